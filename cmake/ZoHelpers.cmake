@@ -1,0 +1,49 @@
+# Small helpers so every target in the tree reads the same way.
+#
+#   zo_cc_library(NAME zo_common HDRS a.h SRCS a.cc DEPS absl::status)
+#   zo_cc_test(NAME fp16_test SRCS fp16_test.cc DEPS zo_common [LABELS gpu])
+#   zo_cc_binary(NAME zo-ctl SRCS zo_ctl_main.cc DEPS zo_server)
+#
+# Include paths are written from the repository root ("common/fp16.h"), so
+# every target gets the root and the binary root (generated protos) on its path.
+
+include(CMakeParseArguments)
+
+function(zo_cc_library)
+  cmake_parse_arguments(ZO "" "NAME" "HDRS;SRCS;DEPS;COPTS" ${ARGN})
+  if(ZO_SRCS)
+    add_library(${ZO_NAME} STATIC ${ZO_SRCS} ${ZO_HDRS})
+    target_include_directories(${ZO_NAME} PUBLIC ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR})
+    target_link_libraries(${ZO_NAME} PUBLIC ${ZO_DEPS})
+    target_compile_options(${ZO_NAME} PRIVATE ${ZO_WARNINGS} ${ZO_COPTS})
+  else()
+    add_library(${ZO_NAME} INTERFACE)
+    target_include_directories(${ZO_NAME} INTERFACE ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR})
+    target_link_libraries(${ZO_NAME} INTERFACE ${ZO_DEPS})
+  endif()
+endfunction()
+
+function(zo_cc_test)
+  cmake_parse_arguments(ZO "" "NAME;TIMEOUT" "SRCS;DEPS;LABELS;COPTS" ${ARGN})
+  if(NOT BUILD_TESTING)
+    return()
+  endif()
+  add_executable(${ZO_NAME} ${ZO_SRCS})
+  target_link_libraries(${ZO_NAME} PRIVATE ${ZO_DEPS} GTest::gmock GTest::gtest_main)
+  target_compile_options(${ZO_NAME} PRIVATE ${ZO_WARNINGS} ${ZO_COPTS})
+  if(NOT ZO_TIMEOUT)
+    set(ZO_TIMEOUT 300)
+  endif()
+  gtest_discover_tests(${ZO_NAME}
+    WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
+    PROPERTIES LABELS "${ZO_LABELS}" TIMEOUT ${ZO_TIMEOUT}
+    DISCOVERY_TIMEOUT 60)
+endfunction()
+
+function(zo_cc_binary)
+  cmake_parse_arguments(ZO "" "NAME" "SRCS;DEPS;COPTS" ${ARGN})
+  add_executable(${ZO_NAME} ${ZO_SRCS})
+  target_link_libraries(${ZO_NAME} PRIVATE ${ZO_DEPS})
+  target_compile_options(${ZO_NAME} PRIVATE ${ZO_WARNINGS} ${ZO_COPTS})
+  set_target_properties(${ZO_NAME} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bin)
+endfunction()

@@ -1,0 +1,2 @@
+#include "common/sharding.h"
+#include "gtest/gtest.h"
