@@ -1,0 +1,71 @@
+#include "common/manifest_file.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace zo {
+namespace {
+
+absl::Status Bad(size_t index, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat("manifest tensors[", index, "]: ", what));
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<TensorSpec>> ParseManifestJson(const std::string& text) {
+  const nlohmann::json doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) return absl::InvalidArgumentError("manifest is not valid JSON");
+  if (!doc.is_object() || !doc.contains("tensors") || !doc["tensors"].is_array()) {
+    return absl::InvalidArgumentError("manifest must be an object with a \"tensors\" array");
+  }
+  std::vector<TensorSpec> specs;
+  const nlohmann::json& tensors = doc["tensors"];
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const nlohmann::json& t = tensors[i];
+    if (!t.is_object()) return Bad(i, "must be an object");
+    TensorSpec spec;
+    if (!t.contains("name") || !t["name"].is_string()) return Bad(i, "\"name\" must be a string");
+    spec.name = t["name"].get<std::string>();
+    if (!t.contains("shape") || !t["shape"].is_array()) {
+      return Bad(i, absl::StrCat("'", spec.name, "': \"shape\" must be an array of integers"));
+    }
+    for (const nlohmann::json& d : t["shape"]) {
+      if (!d.is_number_integer()) {
+        return Bad(i, absl::StrCat("'", spec.name, "': shape entry ", d.dump(),
+                                   " is not an integer"));
+      }
+      spec.shape.push_back(d.get<int64_t>());
+    }
+    if (t.contains("dtype")) {
+      const auto dtype = t["dtype"].is_string()
+                             ? ParseDType(t["dtype"].get<std::string>())
+                             : std::nullopt;
+      if (!dtype) {
+        return Bad(i, absl::StrCat("'", spec.name, "': dtype ", t["dtype"].dump(),
+                                   " is not one of fp32, fp16, bf16"));
+      }
+      spec.dtype = *dtype;
+    }
+    specs.push_back(std::move(spec));
+  }
+  // Shapes and names are validated where they are used (ShardMap::Create).
+  return specs;
+}
+
+absl::StatusOr<std::vector<TensorSpec>> LoadManifestFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open manifest file ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  auto specs = ParseManifestJson(text.str());
+  if (!specs.ok()) {
+    return absl::Status(specs.status().code(), absl::StrCat(path, ": ", specs.status().message()));
+  }
+  return specs;
+}
+
+}  // namespace zo

@@ -1,0 +1,70 @@
+#include "common/units.h"
+
+#include <cmath>
+#include <cstdlib>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace zo {
+namespace {
+
+std::string ThreeDigits(double v, const char* unit) {
+  if (v >= 100) return absl::StrFormat("%.1f %s", v, unit);
+  if (v >= 10) return absl::StrFormat("%.2f %s", v, unit);
+  return absl::StrFormat("%.2f %s", v, unit);
+}
+
+}  // namespace
+
+std::string FormatBytes(double bytes) {
+  static constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
+  if (bytes < 1024) return absl::StrFormat("%.0f B", bytes);
+  int u = -1;
+  while (bytes >= 1024 && u < 4) {
+    bytes /= 1024;
+    ++u;
+  }
+  return ThreeDigits(bytes, kUnits[u]);
+}
+
+std::string FormatCount(double count) {
+  static constexpr const char* kUnits[] = {"k", "M", "B", "T"};
+  if (count < 1000) return absl::StrFormat("%.0f", count);
+  int u = -1;
+  while (count >= 1000 && u < 3) {
+    count /= 1000;
+    ++u;
+  }
+  return ThreeDigits(count, kUnits[u]);
+}
+
+absl::StatusOr<int64_t> ParseCount(const std::string& text) {
+  std::string t(absl::StripAsciiWhitespace(text));
+  double multiplier = 1;
+  if (!t.empty()) {
+    switch (absl::ascii_tolower(static_cast<unsigned char>(t.back()))) {
+      case 'k': multiplier = 1e3; break;
+      case 'm': multiplier = 1e6; break;
+      case 'b': multiplier = 1e9; break;
+      case 't': multiplier = 1e12; break;
+      default: break;
+    }
+    if (multiplier != 1) t.pop_back();
+  }
+  char* end = nullptr;
+  const double v = t.empty() ? 0 : std::strtod(t.c_str(), &end);
+  if (t.empty() || end != t.c_str() + t.size() || !std::isfinite(v)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", text, "' is not a count (write e.g. 13B, 350M, 7e9 or 1000)"));
+  }
+  const double n = std::round(v * multiplier);
+  if (n < 1 || n >= 4.6e18) {
+    return absl::InvalidArgumentError(absl::StrCat("count '", text, "' must be between 1 and 4.6e18"));
+  }
+  return static_cast<int64_t>(n);
+}
+
+}  // namespace zo
