@@ -1,0 +1,213 @@
+// Loads a DeepSpeed-style JSON config (DESIGN.md, "Config") into typed,
+// validated structs that carry the defaults DeepSpeed applies today. Every key,
+// its default and the DeepSpeed surprises are listed in common/config.md.
+//
+//   ZO_ASSIGN_OR_RETURN(LoadedConfig loaded, LoadConfigFile(path, {.dp_world_size = 4}));
+//   const OptimizerParams& adam = loaded.config.optimizer.params;
+//
+// Errors are INVALID_ARGUMENT naming the key path and the value
+// ("optimizer.params.betas[1] = 1.5: must be in [0, 1)"); an unknown key is a
+// warning naming its full path.
+#ifndef ZO_COMMON_CONFIG_H_
+#define ZO_COMMON_CONFIG_H_
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace zo {
+
+enum class OptimizerType { kAdam, kAdamW, kAdagrad, kLion };
+enum class SchedulerType { kWarmupLR, kWarmupDecayLR, kWarmupCosineLR };
+enum class WarmupType { kLog, kLinear };
+enum class OffloadDevice { kNone, kCpu, kNvme };
+
+// DeepSpeed's spelling of each value: "AdamW", "WarmupLR", "log", "nvme".
+std::string_view EnumName(OptimizerType type);
+std::string_view EnumName(SchedulerType type);
+std::string_view EnumName(WarmupType type);
+std::string_view EnumName(OffloadDevice device);
+
+// `optimizer.params`. Each type reads the subset it needs (Adagrad: lr, eps,
+// weight_decay; Lion: lr, betas, weight_decay).
+struct OptimizerParams {
+  double lr = 1e-3;                            // >= 0
+  std::array<double, 2> betas = {0.9, 0.999};  // each in [0, 1)
+  double eps = 1e-8;                           // > 0
+  double weight_decay = 0.0;                   // >= 0
+  bool bias_correction = true;
+  // true: decoupled weight decay (AdamW) even for type Adam, as in DeepSpeed.
+  // Always true for type AdamW.
+  bool adam_w_mode = true;
+  friend bool operator==(const OptimizerParams&, const OptimizerParams&) = default;
+};
+
+// `optimizer`. An absent section means {type Adam, default params}.
+struct OptimizerConfig {
+  OptimizerType type = OptimizerType::kAdam;  // required when the section is given
+  OptimizerParams params;
+  friend bool operator==(const OptimizerConfig&, const OptimizerConfig&) = default;
+};
+
+// `scheduler.params`. Fields a type does not read keep their defaults.
+struct SchedulerParams {
+  double warmup_min_lr = 0.0;       // WarmupLR, WarmupDecayLR; >= 0
+  double warmup_max_lr = 1e-3;      // WarmupLR, WarmupDecayLR; >= 0
+  int64_t warmup_num_steps = 1000;  // >= 0
+  WarmupType warmup_type = WarmupType::kLog;
+  // WarmupDecayLR, WarmupCosineLR: required, > warmup_num_steps. 0 otherwise.
+  int64_t total_num_steps = 0;
+  double warmup_min_ratio = 0.0;  // WarmupCosineLR; in [0, 1]
+  double cos_min_ratio = 1e-4;    // WarmupCosineLR; in [0, 1]
+  friend bool operator==(const SchedulerParams&, const SchedulerParams&) = default;
+};
+
+// `scheduler`. No section means a constant learning rate.
+struct SchedulerConfig {
+  SchedulerType type = SchedulerType::kWarmupLR;  // required
+  SchedulerParams params;
+  friend bool operator==(const SchedulerConfig&, const SchedulerConfig&) = default;
+};
+
+// `fp16`: mixed precision with loss scaling.
+struct Fp16Config {
+  bool enabled = false;
+  double loss_scale = 0.0;              // 0: dynamic; > 0: static scale
+  int initial_scale_power = 16;         // dynamic scale starts at 2^this; in [0, 127]
+  int loss_scale_window = 1000;         // overflow-free steps before the scale doubles; >= 1
+  int hysteresis = 2;                   // overflows tolerated before the scale halves; >= 1
+  bool consecutive_hysteresis = false;  // refill hysteresis after each good step
+  double min_loss_scale = 1.0;          // > 0
+  bool auto_cast = false;
+  friend bool operator==(const Fp16Config&, const Fp16Config&) = default;
+};
+
+// `bf16` (DeepSpeed also reads the older name `bfloat16`). No loss scaling.
+struct Bf16Config {
+  bool enabled = false;
+  friend bool operator==(const Bf16Config&, const Bf16Config&) = default;
+};
+
+// `zero_optimization.offload_optimizer`.
+struct OffloadOptimizerConfig {
+  OffloadDevice device = OffloadDevice::kNone;
+  std::string nvme_path;  // required for device nvme
+  bool pin_memory = false;
+  int buffer_count = 4;  // >= 1; >= 3 for nvme (read, update and write in flight)
+  bool fast_init = false;
+  friend bool operator==(const OffloadOptimizerConfig&, const OffloadOptimizerConfig&) = default;
+};
+
+// `zero_optimization.offload_param`.
+struct OffloadParamConfig {
+  OffloadDevice device = OffloadDevice::kNone;
+  std::string nvme_path;  // required for device nvme
+  bool pin_memory = false;
+  int buffer_count = 5;                // >= 1
+  int64_t buffer_size = 100'000'000;   // elements; > 0
+  int64_t max_in_cpu = 1'000'000'000;  // elements; >= 0
+  friend bool operator==(const OffloadParamConfig&, const OffloadParamConfig&) = default;
+};
+
+// `zero_optimization`.
+struct ZeroConfig {
+  int stage = 0;                           // in [0, 3]
+  int64_t sub_group_size = 1'000'000'000;  // elements per NVMe sub-group; > 0
+  OffloadOptimizerConfig offload_optimizer;
+  OffloadParamConfig offload_param;
+  friend bool operator==(const ZeroConfig&, const ZeroConfig&) = default;
+};
+
+// `aio`: the NVMe I/O engine.
+struct AioConfig {
+  int64_t block_size = 1'048'576;  // bytes; a power of two >= 4096
+  int queue_depth = 8;             // >= 1
+  int intra_op_parallelism = 1;    // >= 1; DeepSpeed's old name: thread_count
+  bool single_submit = false;
+  bool overlap_events = true;
+  bool use_gds = false;
+  friend bool operator==(const AioConfig&, const AioConfig&) = default;
+};
+
+// `zo.dpu`: delayed parameter update (DESIGN.md, "One training step").
+struct DpuConfig {
+  bool enabled = false;
+  int warmup_steps = 40;  // steps that wait for v_t before step t+1; >= 0
+  friend bool operator==(const DpuConfig&, const DpuConfig&) = default;
+};
+
+// `zo.auth`: file paths; empty means unused.
+struct AuthConfig {
+  std::string token_file;
+  std::string tls_cert;  // requires tls_key, and the other way round
+  std::string tls_key;
+  std::string tls_ca;
+  friend bool operator==(const AuthConfig&, const AuthConfig&) = default;
+};
+
+// `zo`: what DeepSpeed has no key for.
+struct ZoConfig {
+  // "host:port" ("[::1]:port" for IPv6), distinct; empty: an embedded server.
+  std::vector<std::string> servers;
+  int64_t chunk_elems = 4 << 20;  // elements per shard chunk; > 0
+  DpuConfig dpu;
+  AuthConfig auth;
+  friend bool operator==(const ZoConfig&, const ZoConfig&) = default;
+};
+
+struct Config {
+  // Always resolved (>= 1) by ParseConfig, so that train_batch_size ==
+  // micro * gradient_accumulation_steps * dp_world_size.
+  int64_t train_batch_size = 0;
+  int64_t train_micro_batch_size_per_gpu = 0;
+  int64_t gradient_accumulation_steps = 0;
+  OptimizerConfig optimizer;
+  std::optional<SchedulerConfig> scheduler;  // nullopt: constant lr
+  Fp16Config fp16;
+  Bf16Config bf16;                 // at most one of fp16 and bf16 is enabled
+  double gradient_clipping = 1.0;  // global L2 norm limit; 0 disables; >= 0
+  ZeroConfig zero_optimization;
+  AioConfig aio;
+  int steps_per_print = 10;  // >= 1
+  bool wall_clock_breakdown = false;
+  ZoConfig zo;
+  friend bool operator==(const Config&, const Config&) = default;
+};
+
+struct ConfigOptions {
+  int dp_world_size = 1;  // data-parallel replicas, for the batch-size rule; >= 1
+};
+
+struct LoadedConfig {
+  Config config;
+  // Unknown keys, renamed keys, settings overridden: worth a person's look.
+  // Each is also logged at WARNING.
+  std::vector<std::string> warnings;
+  // DeepSpeed keys accepted with no effect in zo, and defaults worth knowing
+  // about. Each is also logged at INFO.
+  std::vector<std::string> notes;
+};
+
+// Parses a config from JSON text. INVALID_ARGUMENT for malformed JSON (with
+// the parser's position), a wrong type, a missing required value or an
+// impossible value.
+absl::StatusOr<LoadedConfig> ParseConfig(const std::string& json_text,
+                                         const ConfigOptions& options = {});
+
+// Reads and parses the file at `path`: NOT_FOUND when it does not exist,
+// otherwise as ParseConfig; error messages start with the path.
+absl::StatusOr<LoadedConfig> LoadConfigFile(const std::string& path,
+                                            const ConfigOptions& options = {});
+
+// The config as JSON that ParseConfig (with the same dp_world_size) turns back
+// into an equal Config. indent < 0: one line.
+std::string ConfigToJson(const Config& config, int indent = -1);
+
+}  // namespace zo
+
+#endif  // ZO_COMMON_CONFIG_H_
