@@ -34,9 +34,13 @@ function(zo_cc_test)
   if(NOT ZO_TIMEOUT)
     set(ZO_TIMEOUT 300)
   endif()
+  set(props TIMEOUT ${ZO_TIMEOUT})
+  if(ZO_LABELS)
+    list(APPEND props LABELS "${ZO_LABELS}")
+  endif()
   gtest_discover_tests(${ZO_NAME}
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
-    PROPERTIES LABELS "${ZO_LABELS}" TIMEOUT ${ZO_TIMEOUT}
+    PROPERTIES ${props}
     DISCOVERY_TIMEOUT 60)
 endfunction()
 
