@@ -11,10 +11,9 @@
 namespace zo {
 namespace {
 
-std::string ThreeDigits(double v, const char* unit) {
-  if (v >= 100) return absl::StrFormat("%.1f %s", v, unit);
-  if (v >= 10) return absl::StrFormat("%.2f %s", v, unit);
-  return absl::StrFormat("%.2f %s", v, unit);
+// Two decimals below 100, one above: "1.86 GiB", "11.18 GiB", "217.9 GiB".
+std::string Scaled(double v, const char* unit) {
+  return absl::StrFormat(v >= 100 ? "%.1f %s" : "%.2f %s", v, unit);
 }
 
 }  // namespace
@@ -27,7 +26,7 @@ std::string FormatBytes(double bytes) {
     bytes /= 1024;
     ++u;
   }
-  return ThreeDigits(bytes, kUnits[u]);
+  return Scaled(bytes, kUnits[u]);
 }
 
 std::string FormatCount(double count) {
@@ -38,7 +37,7 @@ std::string FormatCount(double count) {
     count /= 1000;
     ++u;
   }
-  return ThreeDigits(count, kUnits[u]);
+  return Scaled(count, kUnits[u]);
 }
 
 absl::StatusOr<int64_t> ParseCount(const std::string& text) {

@@ -1,0 +1,190 @@
+#include "server/memory_estimate.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/sharding.h"
+#include "common/status_macros.h"
+#include "common/units.h"
+#include "nlohmann/json.hpp"
+
+namespace zo {
+namespace {
+
+// Bytes per element of the fp32 optimizer state.
+constexpr int64_t kMasterBytes = 4;
+constexpr int64_t kMomentBytes = 8;  // m and v
+constexpr int64_t kGradAccumBytes = 4;
+
+// Whether `sizes` splits into at most `parts` contiguous groups none larger
+// than `cap`.
+bool FitsIn(const std::vector<int64_t>& sizes, int parts, int64_t cap) {
+  int used = 1;
+  int64_t current = 0;
+  for (int64_t s : sizes) {
+    if (s > cap) return false;
+    if (current + s > cap) {
+      ++used;
+      current = 0;
+    }
+    current += s;
+  }
+  return used <= parts;
+}
+
+// Largest stage of the best contiguous split (DeepSpeed's `parameters`
+// partitioning); a lone tensor is assumed divisible, as when only the total
+// parameter count is known.
+int64_t LargestStage(const std::vector<int64_t>& sizes, int stages) {
+  const int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
+  if (sizes.size() == 1) return (total + stages - 1) / stages;
+  int64_t lo = (total + stages - 1) / stages, hi = total;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (FitsIn(sizes, stages, mid)) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return lo;
+}
+
+absl::Status CheckAtLeast(const char* what, int64_t value, int64_t min) {
+  if (value >= min) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(what, " must be >= ", min, ", got ", value));
+}
+
+}  // namespace
+
+absl::StatusOr<MemoryEstimate> EstimateMemory(const EstimateInput& input) {
+  ZO_RETURN_IF_ERROR(CheckAtLeast("pipeline stages", input.pipeline_stages, 1));
+  ZO_RETURN_IF_ERROR(CheckAtLeast("dp ranks", input.dp_ranks, 1));
+  ZO_RETURN_IF_ERROR(CheckAtLeast("servers", input.servers, 1));
+  ZO_RETURN_IF_ERROR(CheckAtLeast("chunk_elems", input.chunk_elems, 1));
+  ZO_RETURN_IF_ERROR(CheckAtLeast("sub_group_size", input.sub_group_size, 1));
+  if (input.nvme) ZO_RETURN_IF_ERROR(CheckAtLeast("buffer_count", input.buffer_count, 3));
+  if (input.precision == DType::kFloat32) {
+    return absl::InvalidArgumentError("precision must be fp16 or bf16");
+  }
+  std::vector<TensorSpec> flat;
+  for (size_t i = 0; i < input.tensor_elems.size(); ++i) {
+    flat.push_back({absl::StrCat("t", i), {input.tensor_elems[i]}, input.precision});
+  }
+  ZO_ASSIGN_OR_RETURN(ShardMap map, ShardMap::Create(flat, input.chunk_elems, input.servers));
+  if (map.total_elems() < 1) return absl::InvalidArgumentError("the model has no parameters");
+
+  MemoryEstimate e;
+  e.input = input;
+  e.total_params = map.total_elems();
+
+  const int64_t lp = static_cast<int64_t>(DTypeSize(input.precision));
+  e.gpu.stage_params = LargestStage(input.tensor_elems, input.pipeline_stages);
+  e.gpu.param_bytes = e.gpu.stage_params * lp;
+  e.gpu.grad_bytes = e.gpu.stage_params * lp;
+  e.gpu.total_bytes = e.gpu.param_bytes + e.gpu.grad_bytes;
+
+  ServerEstimate& s = e.server;
+  for (int i = 0; i < input.servers; ++i) s.elems = std::max(s.elems, map.ElemsOnServer(i));
+  s.master_bytes = s.elems * kMasterBytes;
+  s.moment_bytes = s.elems * kMomentBytes;
+  s.grad_accum_bytes = s.elems * kGradAccumBytes;
+  s.low_precision_bytes = s.elems * lp;
+  s.ram_bytes = s.grad_accum_bytes + s.low_precision_bytes;
+  if (input.nvme) {
+    // Each buffer holds one sub-group's master, m and v; a sub-group never
+    // exceeds what the server owns.
+    s.sub_group_elems = std::min(input.sub_group_size, s.elems);
+    s.io_buffer_bytes = input.buffer_count * s.sub_group_elems * (kMasterBytes + kMomentBytes);
+    s.ram_bytes += s.io_buffer_bytes;
+    s.nvme_bytes = s.master_bytes + s.moment_bytes;
+  } else {
+    s.ram_bytes += s.master_bytes + s.moment_bytes;
+  }
+  return e;
+}
+
+namespace {
+
+std::string Row(const std::string& what, const std::string& ram, const std::string& nvme = "") {
+  return absl::StrFormat("  %-38s %12s %12s\n", what, ram, nvme);
+}
+
+}  // namespace
+
+std::string FormatEstimateTable(const MemoryEstimate& e) {
+  const EstimateInput& in = e.input;
+  const std::string lp(DTypeName(in.precision));
+  const ServerEstimate& s = e.server;
+  std::string out = absl::StrFormat(
+      "zo memory estimate\n"
+      "  model    %s parameters in %d tensor(s), %s\n"
+      "  workers  %d pipeline stage(s) x %d dp rank(s) = %d GPU(s)\n"
+      "  servers  %d, chunks of %s elements, optimizer state in %s\n\n",
+      FormatCount(static_cast<double>(e.total_params)), static_cast<int>(in.tensor_elems.size()),
+      lp, in.pipeline_stages, in.dp_ranks, in.pipeline_stages * in.dp_ranks, in.servers,
+      FormatCount(static_cast<double>(in.chunk_elems)), in.nvme ? "NVMe" : "RAM");
+
+  auto bytes = [](int64_t b) { return FormatBytes(static_cast<double>(b)); };
+  absl::StrAppendFormat(&out, "per GPU (largest stage: %s parameters)\n",
+                        FormatCount(static_cast<double>(e.gpu.stage_params)));
+  out += Row(lp + " parameters", bytes(e.gpu.param_bytes));
+  out += Row(lp + " gradients", bytes(e.gpu.grad_bytes));
+  out += Row("total, before activations", bytes(e.gpu.total_bytes));
+
+  absl::StrAppendFormat(&out, "\nper server (largest share: %s elements)\n",
+                        FormatCount(static_cast<double>(s.elems)));
+  out += Row("", "RAM", "NVMe");
+  const bool nvme = in.nvme;
+  out += Row("fp32 master weights", nvme ? "-" : bytes(s.master_bytes),
+             nvme ? bytes(s.master_bytes) : "-");
+  out += Row("fp32 Adam moments (m, v)", nvme ? "-" : bytes(s.moment_bytes),
+             nvme ? bytes(s.moment_bytes) : "-");
+  out += Row("fp32 gradient accumulator", bytes(s.grad_accum_bytes), "-");
+  out += Row(lp + " copy served to pulls", bytes(s.low_precision_bytes), "-");
+  if (nvme) {
+    out += Row(absl::StrFormat("swap buffers (%d x %s elements)", in.buffer_count,
+                               FormatCount(static_cast<double>(s.sub_group_elems))),
+               bytes(s.io_buffer_bytes), "-");
+  }
+  out += Row("total", bytes(s.ram_bytes), bytes(s.nvme_bytes));
+  out += "\nActivations, GPU workspace and gRPC buffers are not included.\n";
+  return out;
+}
+
+std::string FormatEstimateJson(const MemoryEstimate& e) {
+  const EstimateInput& in = e.input;
+  const ServerEstimate& s = e.server;
+  nlohmann::json j = {
+      {"parameters", e.total_params},
+      {"tensors", in.tensor_elems.size()},
+      {"precision", std::string(DTypeName(in.precision))},
+      {"pipeline_stages", in.pipeline_stages},
+      {"dp_ranks", in.dp_ranks},
+      {"gpus", in.pipeline_stages * in.dp_ranks},
+      {"servers", in.servers},
+      {"chunk_elems", in.chunk_elems},
+      {"optimizer_device", in.nvme ? "nvme" : "cpu"},
+      {"gpu",
+       {{"stage_params", e.gpu.stage_params},
+        {"param_bytes", e.gpu.param_bytes},
+        {"grad_bytes", e.gpu.grad_bytes},
+        {"total_bytes", e.gpu.total_bytes}}},
+      {"server",
+       {{"elems", s.elems},
+        {"master_bytes", s.master_bytes},
+        {"moment_bytes", s.moment_bytes},
+        {"grad_accum_bytes", s.grad_accum_bytes},
+        {"low_precision_bytes", s.low_precision_bytes},
+        {"io_buffer_bytes", s.io_buffer_bytes},
+        {"sub_group_elems", s.sub_group_elems},
+        {"ram_bytes", s.ram_bytes},
+        {"nvme_bytes", s.nvme_bytes}}},
+  };
+  return j.dump(2) + "\n";
+}
+
+}  // namespace zo

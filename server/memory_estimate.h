@@ -1,0 +1,69 @@
+// Memory sizing for a zo deployment, in the spirit of DeepSpeed's estimators
+// but for our tiers: bytes per GPU, per server RAM and per server NVMe
+// (DESIGN.md, "Memory tiers").
+#ifndef ZO_SERVER_MEMORY_ESTIMATE_H_
+#define ZO_SERVER_MEMORY_ESTIMATE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/dtype.h"
+
+namespace zo {
+
+struct EstimateInput {
+  // Parameter count of each tensor in manifest order; a single entry when
+  // only the total is known. Stages are balanced over these contiguously.
+  std::vector<int64_t> tensor_elems;
+  int pipeline_stages = 1;
+  int dp_ranks = 1;  // replicas of each stage, i.e. GPUs per stage
+  int servers = 1;
+  DType precision = DType::kFloat16;  // fp16 or bf16
+  bool nvme = false;                  // optimizer state (master, m, v) on NVMe
+  int64_t chunk_elems = int64_t{4} << 20;
+  int64_t sub_group_size = 1000000000;  // DeepSpeed's default
+  int buffer_count = 4;
+};
+
+struct GpuEstimate {
+  int64_t stage_params = 0;  // parameters of the largest stage
+  int64_t param_bytes = 0;
+  int64_t grad_bytes = 0;
+  int64_t total_bytes = 0;  // before activations and workspace
+};
+
+// For the server holding the most elements.
+struct ServerEstimate {
+  int64_t elems = 0;
+  int64_t master_bytes = 0;       // fp32 master weights
+  int64_t moment_bytes = 0;       // fp32 Adam m and v
+  int64_t grad_accum_bytes = 0;   // fp32 gradient accumulator (always RAM)
+  int64_t low_precision_bytes = 0;  // fp16/bf16 copy served to pulls (always RAM)
+  int64_t io_buffer_bytes = 0;    // swap buffers, NVMe only
+  int64_t sub_group_elems = 0;    // sub-group actually used (clamped to elems)
+  int64_t ram_bytes = 0;
+  int64_t nvme_bytes = 0;
+};
+
+struct MemoryEstimate {
+  EstimateInput input;
+  int64_t total_params = 0;
+  GpuEstimate gpu;
+  ServerEstimate server;
+};
+
+// INVALID_ARGUMENT on counts below 1, no parameters, a precision other than
+// fp16/bf16, or an NVMe estimate with fewer than 3 buffers.
+absl::StatusOr<MemoryEstimate> EstimateMemory(const EstimateInput& input);
+
+// A table for people.
+std::string FormatEstimateTable(const MemoryEstimate& estimate);
+
+// One JSON object for scripts; every size in bytes.
+std::string FormatEstimateJson(const MemoryEstimate& estimate);
+
+}  // namespace zo
+
+#endif  // ZO_SERVER_MEMORY_ESTIMATE_H_

@@ -1,0 +1,119 @@
+#include "server/memory_estimate.h"
+
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace zo {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::StatusIs;
+
+// Figures below are computed by hand from DESIGN.md's "Memory tiers":
+// GPU 2+2 bytes/param; server RAM 4 (master) + 8 (m, v) + 4 (grad accumulator)
+// + 2 (low-precision copy); with NVMe the 12 bytes of optimizer state move to
+// disk and RAM gains buffer_count sub-group buffers of 12 bytes/element.
+
+TEST(MemoryEstimateTest, OneBillionParamsInRam) {
+  EstimateInput in;
+  in.tensor_elems = {1000000000};
+  ZO_ASSERT_OK_AND_ASSIGN(MemoryEstimate e, EstimateMemory(in));
+  EXPECT_EQ(e.gpu.stage_params, 1000000000);
+  EXPECT_EQ(e.gpu.total_bytes, 4000000000);
+  EXPECT_EQ(e.server.elems, 1000000000);
+  EXPECT_EQ(e.server.master_bytes, 4000000000);
+  EXPECT_EQ(e.server.moment_bytes, 8000000000);
+  EXPECT_EQ(e.server.grad_accum_bytes, 4000000000);
+  EXPECT_EQ(e.server.low_precision_bytes, 2000000000);
+  EXPECT_EQ(e.server.ram_bytes, 18000000000);
+  EXPECT_EQ(e.server.nvme_bytes, 0);
+}
+
+TEST(MemoryEstimateTest, ThirteenBillionOnNvmeOverTwoServers) {
+  EstimateInput in;
+  in.tensor_elems = {13000000000};
+  in.pipeline_stages = 4;
+  in.servers = 2;
+  in.precision = DType::kBFloat16;
+  in.nvme = true;
+  in.sub_group_size = 100000000;
+  // 13e9 / 4 Mi = 3099 full chunks and one of 1,851,904 elements. Server 0
+  // holds the 1550 even chunks (all full), server 1 1549 full + the short one.
+  ZO_ASSERT_OK_AND_ASSIGN(MemoryEstimate e, EstimateMemory(in));
+  EXPECT_EQ(e.gpu.stage_params, 3250000000);
+  EXPECT_EQ(e.gpu.param_bytes, 6500000000);
+  EXPECT_EQ(e.server.elems, int64_t{1550} * 4194304);
+  EXPECT_EQ(e.server.nvme_bytes, int64_t{12} * 6501171200);
+  EXPECT_EQ(e.server.io_buffer_bytes, int64_t{4} * 100000000 * 12);
+  EXPECT_EQ(e.server.ram_bytes, int64_t{6} * 6501171200 + 4800000000);
+}
+
+TEST(MemoryEstimateTest, SubGroupNeverExceedsTheServersShare) {
+  EstimateInput in;
+  in.tensor_elems = {1000};
+  in.nvme = true;  // sub_group_size keeps DeepSpeed's 1e9 default
+  ZO_ASSERT_OK_AND_ASSIGN(MemoryEstimate e, EstimateMemory(in));
+  EXPECT_EQ(e.server.sub_group_elems, 1000);
+  EXPECT_EQ(e.server.io_buffer_bytes, 4 * 1000 * 12);
+}
+
+TEST(MemoryEstimateTest, StagesBalanceWholeTensorsContiguously) {
+  EstimateInput in;
+  in.tensor_elems = {5, 1, 1, 1, 5, 1};
+  in.pipeline_stages = 2;  // [5 1 1][1 5 1]
+  ZO_ASSERT_OK_AND_ASSIGN(MemoryEstimate two, EstimateMemory(in));
+  EXPECT_EQ(two.gpu.stage_params, 7);
+  in.pipeline_stages = 3;  // [5][1 1 1][5 1] or [5 1][1 1][5 1]
+  ZO_ASSERT_OK_AND_ASSIGN(MemoryEstimate three, EstimateMemory(in));
+  EXPECT_EQ(three.gpu.stage_params, 6);
+  in.pipeline_stages = 10;  // more stages than tensors: the largest tensor
+  ZO_ASSERT_OK_AND_ASSIGN(MemoryEstimate ten, EstimateMemory(in));
+  EXPECT_EQ(ten.gpu.stage_params, 5);
+}
+
+TEST(MemoryEstimateTest, RejectsImpossibleInput) {
+  EstimateInput in;
+  in.tensor_elems = {100};
+  in.servers = 0;
+  EXPECT_THAT(EstimateMemory(in),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("servers must be >= 1, got 0")));
+  in.servers = 1;
+  in.nvme = true;
+  in.buffer_count = 2;
+  EXPECT_THAT(EstimateMemory(in),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("buffer_count must be >= 3")));
+  in.nvme = false;
+  in.precision = DType::kFloat32;
+  EXPECT_THAT(EstimateMemory(in),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("fp16 or bf16")));
+  in.precision = DType::kFloat16;
+  in.tensor_elems = {0};
+  EXPECT_THAT(EstimateMemory(in),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no parameters")));
+}
+
+TEST(MemoryEstimateTest, TableAndJsonCarryTheFigures) {
+  EstimateInput in;
+  in.tensor_elems = {1000000000};
+  in.nvme = true;
+  in.sub_group_size = 1000000;
+  ZO_ASSERT_OK_AND_ASSIGN(MemoryEstimate e, EstimateMemory(in));
+  const std::string table = FormatEstimateTable(e);
+  EXPECT_THAT(table, HasSubstr("1.00 B parameters"));
+  EXPECT_THAT(table, HasSubstr("optimizer state in NVMe"));
+  EXPECT_THAT(table, HasSubstr("swap buffers (4 x 1.00 M elements)"));
+  // 6e9 + 48e6 bytes = 5.63 GiB of RAM; 12e9 bytes = 11.18 GiB of NVMe.
+  EXPECT_THAT(table, ::testing::ContainsRegex("total +5.63 GiB +11.18 GiB"));
+
+  const nlohmann::json j = nlohmann::json::parse(FormatEstimateJson(e));
+  EXPECT_EQ(j["parameters"], 1000000000);
+  EXPECT_EQ(j["optimizer_device"], "nvme");
+  EXPECT_EQ(j["server"]["ram_bytes"], int64_t{6000000000} + 48000000);
+  EXPECT_EQ(j["server"]["nvme_bytes"], 12000000000);
+  EXPECT_EQ(j["gpu"]["total_bytes"], 4000000000);
+}
+
+}  // namespace
+}  // namespace zo
