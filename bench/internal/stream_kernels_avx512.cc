@@ -1,0 +1,5 @@
+// STREAM-style baseline compiled for the avx512 path (flags in bench/CMakeLists.txt).
+#include "bench/internal/stream_kernels.h"
+
+#define ZO_STREAM_SUFFIX Avx512
+#include "bench/internal/stream_kernels.inc"
