@@ -1,0 +1,379 @@
+#include "offload/tier/tiered_state.h"
+
+#include <algorithm>
+#include <cstring>
+#include <iterator>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "offload/aligned_buffer.h"
+#include "offload/cpu_optimizer.h"
+#include "offload/io/aligned_buffer_pool.h"
+#include "offload/io/direct_file.h"
+#include "offload/tier/swap_file.h"
+#include "offload/tier/swap_layout.h"
+#include "offload/tier/swap_pipeline.h"
+#include "offload/tier/tile_runner.h"
+
+namespace zo {
+namespace {
+
+constexpr int64_t kStateBytesPerElem = kStateArrays * sizeof(float);
+
+absl::Status ValidateOptions(const TieredStateOptions& o, const SwapLayout& layout,
+                             int64_t total_elems, const ThreadPool* pool) {
+  if (pool == nullptr) return absl::InvalidArgumentError("tiered state: no thread pool");
+  if (total_elems < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tiered state: total_elems = ", total_elems, " is negative"));
+  }
+  if (o.sub_group_elems <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sub_group_elems (zero_optimization.sub_group_size) = ", o.sub_group_elems,
+                     ": must be positive"));
+  }
+  if (layout.nvme_sub_groups() == 0) return absl::OkStatus();
+  if (o.swap_dir.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ram_budget_bytes = ", o.ram_budget_bytes, " holds ", layout.ram_sub_groups(), " of ",
+        layout.num_sub_groups(), " sub-groups (", total_elems * kStateBytesPerElem,
+        " bytes of state) and swap_dir is empty: give an NVMe path or a larger budget"));
+  }
+  if (o.buffer_count < 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("buffer_count (offload_optimizer.buffer_count) = ", o.buffer_count,
+                     ": the NVMe pipeline needs at least 3 (read k+1, update k, write k-1)"));
+  }
+  ZO_RETURN_IF_ERROR(ValidateIoEngineOptions(o.io));
+  if (kSwapAlignBytes % o.io.alignment != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("I/O engine option alignment = ", o.io.alignment,
+                                                   ": must divide ", kSwapAlignBytes));
+  }
+  return absl::OkStatus();
+}
+
+// `what` failed: the status, saying the state now needs restore.
+absl::Status Failed(absl::string_view what, const absl::Status& status) {
+  const std::string message =
+      absl::StrCat(what, " failed; the optimizer state needs restore: ", status.message());
+  return absl::Status(status.code(), message);
+}
+
+}  // namespace
+
+struct TieredOptimizerState::Impl {
+  Impl(const TieredStateOptions& o, int64_t total, ThreadPool* p)
+      : options(o), layout(total, o.sub_group_elems, o.ram_budget_bytes), pool(p) {}
+
+  // Copies in or out: n elements of sub-group `sg` whose state starts at p,
+  // m and v, from or to position `src` of the caller's spans.
+  using PieceFn =
+      std::function<void(int64_t sg, float* p, float* m, float* v, int64_t src, int64_t n)>;
+
+  float* Ram(int array) const { return ram[array].as<float>(); }
+  void ForRamTiles(const std::function<void(int64_t sg, int64_t begin, int64_t end)>& fn,
+                   const std::function<void()>& pump) const;
+  absl::Status CheckRange(absl::string_view what, int64_t offset, int64_t len) const;
+  absl::Status NeedsRestore() const;
+  absl::Status Record(absl::string_view what, absl::Status status);
+  absl::Status Write(absl::string_view what, int64_t offset, int64_t len, const PieceFn& fill);
+  absl::Status Read(int64_t offset, int64_t len, const PieceFn& copy_out);
+  void AddRestored(int64_t begin, int64_t end);
+  int64_t RestoredElems() const;
+
+  const TieredStateOptions options;
+  const SwapLayout layout;
+  ThreadPool* const pool;
+  AlignedBuffer ram[kStateArrays];  // master, m, v of the RAM sub-groups
+
+  // The NVMe tier, null when all is in RAM. In this order so that the engine
+  // (which waits for its in-flight I/O) goes before the buffers and file.
+  std::unique_ptr<SwapFile> file;
+  std::unique_ptr<AlignedBufferPool> buffers;
+  std::unique_ptr<IoEngine> engine;
+  std::unique_ptr<SwapPipeline> pipeline;
+
+  absl::Status error;                   // sticky: the first failure
+  std::map<int64_t, int64_t> restored;  // [begin, end) rewritten since `error`
+};
+
+void TieredOptimizerState::Impl::ForRamTiles(
+    const std::function<void(int64_t sg, int64_t begin, int64_t end)>& fn,
+    const std::function<void()>& pump) const {
+  const int64_t groups = layout.ram_sub_groups();
+  if (groups == 0) return;
+  // Only the last sub-group of all may be shorter, so tile i of the RAM
+  // sub-groups is tile i % per of sub-group i / per.
+  const int64_t per = layout.tiles(0);
+  const int64_t count = (groups - 1) * per + layout.tiles(groups - 1);
+  RunTiles(
+      pool, count,
+      [&](int, int64_t i) {
+        const int64_t sg = i / per;
+        const int64_t begin = (i % per) * kTileElems;
+        fn(sg, begin, std::min(layout.size(sg), begin + kTileElems));
+      },
+      pump);
+}
+
+absl::Status TieredOptimizerState::Impl::CheckRange(absl::string_view what, int64_t offset,
+                                                    int64_t len) const {
+  if (offset < 0 || len < 0 || offset > layout.total_elems() - len) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": elements [", offset, ", ", offset + len,
+                                                   ") are outside the state's [0, ",
+                                                   layout.total_elems(), ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TieredOptimizerState::Impl::NeedsRestore() const {
+  return absl::FailedPreconditionError(
+      absl::StrCat("the optimizer state needs restore (LoadMaster or WriteState of every element; ",
+                   layout.total_elems() - RestoredElems(), " of ", layout.total_elems(),
+                   " not yet rewritten) after: ", absl::StatusCodeToString(error.code()), ": ",
+                   error.message()));
+}
+
+absl::Status TieredOptimizerState::Impl::Record(absl::string_view what, absl::Status status) {
+  if (status.ok()) return status;
+  status = Failed(what, status);
+  if (error.ok()) error = status;  // the first failure is the one to report
+  restored.clear();
+  return status;
+}
+
+void TieredOptimizerState::Impl::AddRestored(int64_t begin, int64_t end) {
+  if (begin == end) return;
+  auto it = restored.upper_bound(begin);
+  if (it != restored.begin() && std::prev(it)->second >= begin) {
+    --it;
+    begin = it->first;
+    end = std::max(end, it->second);
+    it = restored.erase(it);
+  }
+  while (it != restored.end() && it->first <= end) {
+    end = std::max(end, it->second);
+    it = restored.erase(it);
+  }
+  restored.emplace(begin, end);
+  if (begin == 0 && end == layout.total_elems()) {
+    error = absl::OkStatus();
+    restored.clear();
+  }
+}
+
+int64_t TieredOptimizerState::Impl::RestoredElems() const {
+  int64_t n = 0;
+  for (const auto& [begin, end] : restored) n += end - begin;
+  return n;
+}
+
+absl::Status TieredOptimizerState::Impl::Write(absl::string_view what, int64_t offset, int64_t len,
+                                               const PieceFn& fill) {
+  ZO_RETURN_IF_ERROR(CheckRange(what, offset, len));
+  const bool healthy = error.ok();
+  for (int64_t pos = offset; pos < offset + len;) {
+    const int64_t sg = pos / layout.sub_group_elems();
+    const int64_t begin = pos - layout.begin(sg);
+    const int64_t n = std::min(offset + len - pos, layout.size(sg) - begin);
+    if (sg < layout.ram_sub_groups()) {
+      const int64_t at = pos;
+      fill(sg, Ram(kStateMaster) + at, Ram(kStateM) + at, Ram(kStateV) + at, pos - offset, n);
+    } else {
+      const int64_t slot = sg - layout.ram_sub_groups();
+      char* buf = buffers->buffer(0);
+      if (begin == 0 && n == layout.size(sg)) {
+        file->ZeroPadding(slot, buf);  // the whole sub-group: nothing to keep
+      } else {
+        // While restoring, blocks not yet rewritten may be the bad ones.
+        absl::Status read = pipeline->ReadSlot(slot, buf, /*verify=*/healthy);
+        if (!read.ok()) return Record(what, std::move(read));
+      }
+      fill(sg, file->Array(buf, kStateMaster) + begin, file->Array(buf, kStateM) + begin,
+           file->Array(buf, kStateV) + begin, pos - offset, n);
+      absl::Status written = pipeline->WriteSlot(slot, buf);
+      if (!written.ok()) return Record(what, std::move(written));
+    }
+    pos += n;
+  }
+  if (!healthy) AddRestored(offset, offset + len);
+  return absl::OkStatus();
+}
+
+absl::Status TieredOptimizerState::Impl::Read(int64_t offset, int64_t len,
+                                              const PieceFn& copy_out) {
+  if (!error.ok()) return NeedsRestore();
+  ZO_RETURN_IF_ERROR(CheckRange("ReadState", offset, len));
+  for (int64_t pos = offset; pos < offset + len;) {
+    const int64_t sg = pos / layout.sub_group_elems();
+    const int64_t begin = pos - layout.begin(sg);
+    const int64_t n = std::min(offset + len - pos, layout.size(sg) - begin);
+    if (sg < layout.ram_sub_groups()) {
+      copy_out(sg, Ram(kStateMaster) + pos, Ram(kStateM) + pos, Ram(kStateV) + pos, pos - offset,
+               n);
+    } else {
+      char* buf = buffers->buffer(0);
+      absl::Status read = pipeline->ReadSlot(sg - layout.ram_sub_groups(), buf, /*verify=*/true);
+      if (!read.ok()) return Record("ReadState", std::move(read));
+      copy_out(sg, file->Array(buf, kStateMaster) + begin, file->Array(buf, kStateM) + begin,
+               file->Array(buf, kStateV) + begin, pos - offset, n);
+    }
+    pos += n;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<TieredOptimizerState>> TieredOptimizerState::Create(
+    const TieredStateOptions& options, int64_t total_elems, ThreadPool* pool) {
+  return Create(options, total_elems, pool, TieredStateSeams{});
+}
+
+absl::StatusOr<std::unique_ptr<TieredOptimizerState>> TieredOptimizerState::Create(
+    const TieredStateOptions& options, int64_t total_elems, ThreadPool* pool,
+    TieredStateSeams seams) {
+  auto impl = std::make_unique<Impl>(options, std::max<int64_t>(total_elems, 0), pool);
+  ZO_RETURN_IF_ERROR(ValidateOptions(options, impl->layout, total_elems, pool));
+  const SwapLayout& layout = impl->layout;
+
+  const auto ram_bytes = static_cast<size_t>(layout.ram_elems()) * sizeof(float);
+  if (ram_bytes > 0) {
+    for (AlignedBuffer& array : impl->ram) {
+      ZO_ASSIGN_OR_RETURN(array, AlignedBuffer::Allocate(ram_bytes));
+    }
+    // First touch by the worker that will update each tile.
+    impl->ForRamTiles(
+        [&](int64_t sg, int64_t begin, int64_t end) {
+          const int64_t at = layout.begin(sg) + begin;
+          for (int a = 0; a < kStateArrays; ++a) {
+            std::memset(impl->Ram(a) + at, 0, static_cast<size_t>(end - begin) * sizeof(float));
+          }
+        },
+        nullptr);
+  }
+
+  if (layout.nvme_sub_groups() > 0) {
+    ZO_ASSIGN_OR_RETURN(impl->file, SwapFile::Create(layout, options.swap_dir, options.checksums,
+                                                     seams.preallocate));
+    if (seams.make_engine) {
+      ZO_ASSIGN_OR_RETURN(impl->engine, seams.make_engine(options.io));
+    } else {
+      ZO_ASSIGN_OR_RETURN(impl->engine, CreateIoEngine(options.io));
+    }
+    ZO_RETURN_IF_ERROR(impl->engine->RegisterFile(impl->file->fd(), impl->file->path()));
+    const auto count =
+        static_cast<size_t>(std::min<int64_t>(options.buffer_count, layout.nvme_sub_groups()));
+    ZO_ASSIGN_OR_RETURN(impl->buffers, AlignedBufferPool::Create(count, layout.slot_bytes()));
+    ZO_RETURN_IF_ERROR(impl->engine->RegisterBuffers(*impl->buffers));
+    impl->pipeline = std::make_unique<SwapPipeline>(impl->engine.get(), impl->file.get(),
+                                                    impl->buffers.get(), pool);
+  }
+  return std::unique_ptr<TieredOptimizerState>(new TieredOptimizerState(std::move(impl)));
+}
+
+TieredOptimizerState::TieredOptimizerState(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+TieredOptimizerState::~TieredOptimizerState() = default;
+
+int64_t TieredOptimizerState::total_elems() const { return impl_->layout.total_elems(); }
+int64_t TieredOptimizerState::num_sub_groups() const { return impl_->layout.num_sub_groups(); }
+int64_t TieredOptimizerState::ram_sub_groups() const { return impl_->layout.ram_sub_groups(); }
+int64_t TieredOptimizerState::nvme_sub_groups() const { return impl_->layout.nvme_sub_groups(); }
+
+absl::Status TieredOptimizerState::LoadMaster(int64_t offset, absl::Span<const float> values) {
+  return impl_->Write("LoadMaster", offset, static_cast<int64_t>(values.size()),
+                      [&](int64_t, float* p, float* m, float* v, int64_t src, int64_t n) {
+                        const auto bytes = static_cast<size_t>(n) * sizeof(float);
+                        std::memcpy(p, values.data() + src, bytes);
+                        std::memset(m, 0, bytes);
+                        std::memset(v, 0, bytes);
+                      });
+}
+
+absl::Status TieredOptimizerState::ReadState(int64_t offset, absl::Span<float> master,
+                                             absl::Span<float> m, absl::Span<float> v) {
+  const size_t len = std::max({master.size(), m.size(), v.size()});
+  for (absl::Span<float> s : {master, m, v}) {
+    if (!s.empty() && s.size() != len) {
+      return absl::InvalidArgumentError(absl::StrCat("ReadState: spans of ", master.size(), ", ",
+                                                     m.size(), " and ", v.size(),
+                                                     " elements; non-empty ones must match"));
+    }
+  }
+  return impl_->Read(
+      offset, static_cast<int64_t>(len),
+      [&](int64_t, const float* p, const float* pm, const float* pv, int64_t dst, int64_t n) {
+        const auto bytes = static_cast<size_t>(n) * sizeof(float);
+        if (!master.empty()) std::memcpy(master.data() + dst, p, bytes);
+        if (!m.empty()) std::memcpy(m.data() + dst, pm, bytes);
+        if (!v.empty()) std::memcpy(v.data() + dst, pv, bytes);
+      });
+}
+
+absl::Status TieredOptimizerState::WriteState(int64_t offset, absl::Span<const float> master,
+                                              absl::Span<const float> m,
+                                              absl::Span<const float> v) {
+  if (m.size() != master.size() || v.size() != master.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("WriteState: spans of ", master.size(), ", ",
+                                                   m.size(), " and ", v.size(),
+                                                   " elements; all three must match"));
+  }
+  return impl_->Write("WriteState", offset, static_cast<int64_t>(master.size()),
+                      [&](int64_t, float* p, float* pm, float* pv, int64_t src, int64_t n) {
+                        const auto bytes = static_cast<size_t>(n) * sizeof(float);
+                        std::memcpy(p, master.data() + src, bytes);
+                        std::memcpy(pm, m.data() + src, bytes);
+                        std::memcpy(pv, v.data() + src, bytes);
+                      });
+}
+
+absl::Status TieredOptimizerState::AdamStep(const AdamStepConstants& c, TypedConstPtr grad,
+                                            TypedPtr low_precision) {
+  Impl& s = *impl_;
+  if (!s.error.ok()) return s.NeedsRestore();
+  if (s.layout.total_elems() == 0) return absl::OkStatus();
+  if (grad.data == nullptr) return absl::InvalidArgumentError("AdamStep: no gradient");
+  const SwapLayout& layout = s.layout;
+  // One kernel call per tile, RAM or NVMe alike: the same bits either way.
+  const TileKernel kernel = [&](int64_t sg, int64_t begin, int64_t end, float* p, float* m,
+                                float* v) {
+    const auto at = static_cast<size_t>(layout.begin(sg) + begin);
+    AdamUpdate(c, OffsetBy(grad, at), p + begin, m + begin, v + begin, OffsetBy(low_precision, at),
+               static_cast<size_t>(end - begin));
+  };
+  const OverlapFn ram_pass = [&](const std::function<void()>& pump) {
+    s.ForRamTiles(
+        [&](int64_t sg, int64_t begin, int64_t end) {
+          const int64_t base = layout.begin(sg);
+          kernel(sg, begin, end, s.Ram(kStateMaster) + base, s.Ram(kStateM) + base,
+                 s.Ram(kStateV) + base);
+        },
+        pump);
+  };
+  if (s.pipeline == nullptr) {
+    ram_pass(nullptr);
+    return absl::OkStatus();
+  }
+  // The RAM sub-groups are updated while the first NVMe reads are in flight.
+  return s.Record("AdamStep", s.pipeline->Run(&kernel, ram_pass));
+}
+
+absl::Status TieredOptimizerState::IoOnlyPass() {
+  Impl& s = *impl_;
+  if (!s.error.ok()) return s.NeedsRestore();
+  if (s.pipeline == nullptr) return absl::OkStatus();
+  return s.Record("IoOnlyPass", s.pipeline->Run(nullptr, nullptr));
+}
+
+absl::Status TieredOptimizerState::health() const { return impl_->error; }
+
+std::string TieredOptimizerState::swap_path() const {
+  return impl_->file ? impl_->file->path() : std::string();
+}
+
+std::string_view TieredOptimizerState::io_engine_name() const {
+  return impl_->engine ? impl_->engine->name() : std::string_view();
+}
+
+}  // namespace zo

@@ -1,0 +1,131 @@
+// Optimizer state (fp32 master, m, v) of one server's elements, grouped in
+// sub-groups of `sub_group_elems` that stay in RAM up to a byte budget; the
+// rest live in swap files on NVMe (DESIGN.md, "Memory tiers"). A step streams
+// the NVMe-resident sub-groups through `buffer_count` aligned buffers: read
+// sub-group k+1 while updating k with the fused kernel while writing k-1.
+//
+// The fp32 gradient accumulator and the low-precision copy are always in RAM
+// and are passed to each step by the caller (the server's job state).
+//
+// Every block written carries a checksum verified on read; a mismatch, a short
+// read or a failed write fails the step with an error naming the sub-group and
+// offset, and the state then refuses further work (FAILED_PRECONDITION "needs
+// restore") until it is loaded again: it never reports success over partial
+// state. Swap files are scratch; checkpoints are the durable state.
+//
+//   TieredStateOptions opt{.swap_dir = "/nvme/job1", .sub_group_elems = 1 << 24,
+//                          .ram_budget_bytes = 8ull << 30};
+//   ZO_ASSIGN_OR_RETURN(auto state, TieredOptimizerState::Create(opt, elems, &pool));
+//   ZO_RETURN_IF_ERROR(state->LoadMaster(0, initial_weights));
+//   ZO_RETURN_IF_ERROR(state->AdamStep(constants, {accumulator, DType::kFloat32},
+//                                      {fp16_copy, DType::kFloat16}));
+#ifndef ZO_OFFLOAD_TIER_TIERED_STATE_H_
+#define ZO_OFFLOAD_TIER_TIERED_STATE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "offload/io/io_engine.h"
+#include "offload/optimizer_kernels.h"
+#include "offload/thread_pool.h"
+
+namespace zo {
+
+class DirectFile;
+
+struct TieredStateOptions {
+  // Directory for this job's swap files; created if missing. Empty: RAM only
+  // (then ram_budget_bytes must cover all state).
+  std::string swap_dir;
+  int64_t sub_group_elems = 1'000'000'000;  // zero_optimization.sub_group_size
+  // Bytes of optimizer state (12 per element) kept in RAM; sub-groups beyond
+  // it go to NVMe. < 0: no limit (everything in RAM).
+  int64_t ram_budget_bytes = -1;
+  int buffer_count = 4;  // offload_optimizer.buffer_count; >= 3 when anything is on NVMe
+  bool checksums = true;  // off only for benchmarking
+  IoEngineOptions io;     // from the config's aio section
+};
+
+// What Create builds itself unless a test replaces it.
+struct TieredStateSeams {
+  // The I/O engine (default: CreateIoEngine(options.io)), e.g. a
+  // fault-injecting one (offload/io/fault_injecting_backend.h).
+  std::function<absl::StatusOr<std::unique_ptr<IoEngine>>(const IoEngineOptions&)> make_engine;
+  // Reserves the swap file's bytes (default: DirectFile::Allocate).
+  std::function<absl::Status(DirectFile& file, uint64_t bytes)> preallocate;
+};
+
+// Thread-compatible: one call at a time. The pool is borrowed and must
+// outlive the state. (Private members and whether the class uses a pimpl are
+// the implementation's choice; the public methods are the contract.)
+class TieredOptimizerState {
+ public:
+  // Validates options, creates the swap files preallocated to full size (a
+  // full disk is found here, RESOURCE_EXHAUSTED naming the file, not mid-step)
+  // and allocates RAM sub-groups with first touch by the pool's workers.
+  // master, m and v start at zero.
+  static absl::StatusOr<std::unique_ptr<TieredOptimizerState>> Create(
+      const TieredStateOptions& options, int64_t total_elems, ThreadPool* pool);
+  // The same with test seams.
+  static absl::StatusOr<std::unique_ptr<TieredOptimizerState>> Create(
+      const TieredStateOptions& options, int64_t total_elems, ThreadPool* pool,
+      TieredStateSeams seams);
+
+  ~TieredOptimizerState();
+
+  int64_t total_elems() const;
+  int64_t num_sub_groups() const;
+  int64_t ram_sub_groups() const;   // the first ones; the rest are on NVMe
+  int64_t nvme_sub_groups() const;
+
+  // Sets master[offset, offset + values.size()) and zeroes m and v there.
+  // Clears a "needs restore" state when it covers every element since it.
+  // (While restoring, a partly covered NVMe sub-group is read without its
+  // checksums: its other elements are rewritten later anyway.)
+  absl::Status LoadMaster(int64_t offset, absl::Span<const float> values);
+  // Copies state out (checkpoints, tests); any of the spans may be empty, the
+  // others have one size. FAILED_PRECONDITION while the state needs restore.
+  absl::Status ReadState(int64_t offset, absl::Span<float> master, absl::Span<float> m,
+                         absl::Span<float> v);
+  // Sets all three (restore from a checkpoint); the spans have one size.
+  // Clears "needs restore" as LoadMaster does.
+  absl::Status WriteState(int64_t offset, absl::Span<const float> master,
+                          absl::Span<const float> m, absl::Span<const float> v);
+
+  // One fused Adam/AdamW step over all elements: `grad` and `low_precision`
+  // (optional) each cover total_elems, indexed like the state.
+  absl::Status AdamStep(const AdamStepConstants& c, TypedConstPtr grad, TypedPtr low_precision);
+
+  // Reads and writes back every NVMe-resident sub-group through the same
+  // pipeline with no update: the "I/O alone" of `zo-bench nvme`. No checksum
+  // work either (the bytes go back unchanged). A sub-group never written
+  // since Create is zero-filled rather than read: load the state first.
+  absl::Status IoOnlyPass();
+
+  // OK, or the sticky error that put the state in "needs restore".
+  absl::Status health() const;
+
+  // The swap file ("" when everything is in RAM) and the engine moving it
+  // ("io_uring", "pread", ...; "" without one): for logs and benchmarks.
+  std::string swap_path() const;
+  std::string_view io_engine_name() const;
+
+  TieredOptimizerState(const TieredOptimizerState&) = delete;
+  TieredOptimizerState& operator=(const TieredOptimizerState&) = delete;
+
+ private:
+  struct Impl;
+  explicit TieredOptimizerState(std::unique_ptr<Impl> impl);
+
+  const std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zo
+
+#endif  // ZO_OFFLOAD_TIER_TIERED_STATE_H_

@@ -1,0 +1,309 @@
+#include "offload/tier/tiered_state.h"
+
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "offload/io/direct_file.h"
+#include "offload/io/fault_injecting_backend.h"
+#include "offload/io/io_test_util.h"
+#include "offload/tier/swap_file.h"
+#include "offload/tier/swap_layout.h"
+#include "offload/tier/tier_test_util.h"
+
+namespace zo {
+namespace {
+
+using ::testing::HasSubstr;
+using ::zo::testing::ExpectSameBits;
+using ::zo::testing::FirstDifference;
+using ::zo::testing::IsOk;
+using ::zo::testing::Pattern;
+using ::zo::testing::RunSteps;
+using ::zo::testing::ScopedTempDir;
+using ::zo::testing::Snapshot;
+using ::zo::testing::StateSnapshot;
+using ::zo::testing::StatusIs;
+
+constexpr int kSteps = 30;
+
+struct TierCase {
+  std::string name;
+  int64_t total_elems;
+  int64_t sub_group_elems;
+  int64_t ram_sub_groups;  // budget in whole sub-groups
+  int buffer_count = 3;
+  int workers = 2;
+  IoEngineKind engine = IoEngineKind::kAuto;
+  size_t block_size = size_t{1} << 20;
+  int queue_depth = 8;
+  bool checksums = true;
+  bool jumbled_engine = false;  // completions delayed and shuffled
+};
+
+class TieredStateBitIdentityTest : public ::testing::TestWithParam<TierCase> {};
+
+// The same 30 steps with the state on NVMe (wholly or partly) and wholly in
+// RAM give the same bits: master, m, v and the fp16 copy.
+TEST_P(TieredStateBitIdentityTest, NvmeMatchesRam) {
+  const TierCase& tc = GetParam();
+  ScopedTempDir dir;
+  if (absl::Status direct = CheckDirectIo(dir.path()); !direct.ok()) {
+    GTEST_SKIP() << "O_DIRECT unsupported under " << dir.path() << ": " << direct;
+  }
+  const std::vector<float> initial = Pattern(tc.total_elems, 7);
+
+  ThreadPool ram_pool(3);
+  TieredStateOptions ram_options;
+  ram_options.sub_group_elems = tc.sub_group_elems;
+  ZO_ASSERT_OK_AND_ASSIGN(auto ram,
+                          TieredOptimizerState::Create(ram_options, tc.total_elems, &ram_pool));
+  ASSERT_EQ(ram->nvme_sub_groups(), 0);
+  ASSERT_THAT(ram->LoadMaster(0, initial), IsOk());
+
+  ThreadPool pool(tc.workers);
+  TieredStateOptions options;
+  options.swap_dir = dir.File("job");
+  options.sub_group_elems = tc.sub_group_elems;
+  options.ram_budget_bytes = tc.ram_sub_groups * tc.sub_group_elems * 12;
+  options.buffer_count = tc.buffer_count;
+  options.checksums = tc.checksums;
+  options.io.kind = tc.engine;
+  options.io.block_size = tc.block_size;
+  options.io.queue_depth = tc.queue_depth;
+  TieredStateSeams seams;
+  if (tc.jumbled_engine) {
+    seams.make_engine = [](const IoEngineOptions& o) -> absl::StatusOr<std::unique_ptr<IoEngine>> {
+      ZO_ASSIGN_OR_RETURN(auto inner, CreateIoBackend(o));
+      FaultPlan plan;
+      plan.reorder = true;
+      IoFault delay;
+      delay.action = IoFault::Action::kDelay;
+      delay.delay = 2;
+      delay.probability = 0.3;
+      plan.faults.push_back(delay);
+      return CreateFaultInjectingEngine(o, std::move(inner), std::move(plan));
+    };
+  }
+  ZO_ASSERT_OK_AND_ASSIGN(
+      auto nvme, TieredOptimizerState::Create(options, tc.total_elems, &pool, std::move(seams)));
+  const SwapLayout layout(tc.total_elems, tc.sub_group_elems, options.ram_budget_bytes);
+  ASSERT_EQ(nvme->ram_sub_groups(), tc.ram_sub_groups);
+  ASSERT_GT(nvme->nvme_sub_groups(), 0);
+  ASSERT_EQ(nvme->swap_path(), options.swap_dir + "/" + kSwapFileName);
+  struct stat st {};
+  ASSERT_EQ(stat(nvme->swap_path().c_str(), &st), 0);
+  EXPECT_EQ(static_cast<uint64_t>(st.st_size), layout.file_bytes());
+  ASSERT_THAT(nvme->LoadMaster(0, initial), IsOk());
+
+  std::vector<uint16_t> ram_fp16, nvme_fp16;
+  ASSERT_THAT(RunSteps(*ram, 1, kSteps, &ram_fp16), IsOk());
+  ASSERT_THAT(RunSteps(*nvme, 1, kSteps, &nvme_fp16), IsOk());
+  EXPECT_EQ(FirstDifference(ram_fp16, nvme_fp16), "") << "fp16 copy";
+
+  StateSnapshot want, got;
+  ASSERT_THAT(Snapshot(*ram, &want), IsOk());
+  ASSERT_THAT(Snapshot(*nvme, &got), IsOk());
+  ExpectSameBits(want, got);
+  EXPECT_NE(FirstDifference(want.master, initial), "") << "the steps changed nothing";
+
+  // The bare I/O pass leaves every bit where it was.
+  ASSERT_THAT(nvme->IoOnlyPass(), IsOk());
+  ASSERT_THAT(Snapshot(*nvme, &got), IsOk());
+  ExpectSameBits(want, got);
+  ASSERT_THAT(nvme->health(), IsOk());
+
+  const std::string path = nvme->swap_path();
+  nvme.reset();
+  EXPECT_FALSE(std::filesystem::exists(path)) << "swap file left behind";
+  EXPECT_FALSE(std::filesystem::exists(options.swap_dir)) << "swap directory left behind";
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, TieredStateBitIdentityTest,
+                         ::testing::Values(
+                             // Odd total, sub-groups of 40'000 bytes (not a multiple of 4 KiB).
+                             TierCase{.name = "AllOnNvme",
+                                      .total_elems = 100'003,
+                                      .sub_group_elems = 10'000,
+                                      .ram_sub_groups = 0},
+                             TierCase{.name = "OneInRamPread",
+                                      .total_elems = 100'003,
+                                      .sub_group_elems = 10'000,
+                                      .ram_sub_groups = 1,
+                                      .buffer_count = 4,
+                                      .workers = 3,
+                                      .engine = IoEngineKind::kPread},
+                             // Several tiles per sub-group, a short last one, small pieces.
+                             TierCase{.name = "MixedMultiTile",
+                                      .total_elems = 250'001,
+                                      .sub_group_elems = 40'000,
+                                      .ram_sub_groups = 3,
+                                      .block_size = 16 << 10,
+                                      .queue_depth = 4},
+                             TierCase{.name = "MoreBuffersThanSlots",
+                                      .total_elems = 70'001,
+                                      .sub_group_elems = 2 * kTileElems + 5,
+                                      .ram_sub_groups = 0,
+                                      .buffer_count = 8,
+                                      .workers = 1},
+                             TierCase{.name = "OneSubGroup",
+                                      .total_elems = 1'001,
+                                      .sub_group_elems = 1'000'000'000,
+                                      .ram_sub_groups = 0},
+                             TierCase{.name = "NoChecksums",
+                                      .total_elems = 100'003,
+                                      .sub_group_elems = 10'000,
+                                      .ram_sub_groups = 2,
+                                      .checksums = false},
+                             TierCase{.name = "JumbledCompletions",
+                                      .total_elems = 250'001,
+                                      .sub_group_elems = 40'000,
+                                      .ram_sub_groups = 1,
+                                      .workers = 3,
+                                      .block_size = 16 << 10,
+                                      .jumbled_engine = true}),
+                         [](const ::testing::TestParamInfo<TierCase>& info) {
+                           return info.param.name;
+                         });
+
+class TieredStateTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (absl::Status direct = CheckDirectIo(dir_.path()); !direct.ok()) {
+      GTEST_SKIP() << "O_DIRECT unsupported under " << dir_.path() << ": " << direct;
+    }
+  }
+  TieredStateOptions Options(int64_t ram_sub_groups) const {
+    TieredStateOptions options;
+    options.swap_dir = dir_.File("job");
+    options.sub_group_elems = kSubGroup;
+    options.ram_budget_bytes = ram_sub_groups * kSubGroup * 12;
+    return options;
+  }
+
+  static constexpr int64_t kTotal = 100'003;
+  static constexpr int64_t kSubGroup = 10'000;
+  ScopedTempDir dir_;
+  ThreadPool pool_{2};
+};
+
+TEST_F(TieredStateTest, StartsAtZero) {
+  ZO_ASSERT_OK_AND_ASSIGN(auto state, TieredOptimizerState::Create(Options(2), kTotal, &pool_));
+  StateSnapshot got;
+  ASSERT_THAT(Snapshot(*state, &got), IsOk());
+  const std::vector<float> zeros(kTotal, 0.0f);
+  EXPECT_EQ(FirstDifference(got.master, zeros), "");
+  EXPECT_EQ(FirstDifference(got.m, zeros), "");
+  EXPECT_EQ(FirstDifference(got.v, zeros), "");
+}
+
+// Writes and reads in pieces that straddle the RAM/NVMe boundary and
+// sub-groups, read back in other pieces.
+TEST_F(TieredStateTest, ReadWriteRoundTripAcrossTiers) {
+  ZO_ASSERT_OK_AND_ASSIGN(auto state, TieredOptimizerState::Create(Options(2), kTotal, &pool_));
+  ASSERT_EQ(state->ram_sub_groups(), 2);
+  const std::vector<float> master = Pattern(kTotal, 1), m = Pattern(kTotal, 2),
+                           v = Pattern(kTotal, 3, 0.5f);
+  for (int64_t at = 0; at < kTotal; at += 7'777) {
+    const size_t n = static_cast<size_t>(std::min<int64_t>(7'777, kTotal - at));
+    ASSERT_THAT(state->WriteState(at, absl::MakeConstSpan(master).subspan(at, n),
+                                  absl::MakeConstSpan(m).subspan(at, n),
+                                  absl::MakeConstSpan(v).subspan(at, n)),
+                IsOk());
+  }
+  StateSnapshot got;
+  got.master.assign(kTotal, 0.0f);
+  got.m.assign(kTotal, 0.0f);
+  got.v.assign(kTotal, 0.0f);
+  for (int64_t at = 0; at < kTotal; at += 12'345) {
+    const size_t n = static_cast<size_t>(std::min<int64_t>(12'345, kTotal - at));
+    ASSERT_THAT(state->ReadState(at, absl::MakeSpan(got.master).subspan(at, n),
+                                 absl::MakeSpan(got.m).subspan(at, n),
+                                 absl::MakeSpan(got.v).subspan(at, n)),
+                IsOk());
+  }
+  ExpectSameBits({master, m, v}, got);
+
+  // Only v, across the boundary between sub-groups 1 (RAM) and 2 (NVMe).
+  std::vector<float> only_v(5'000);
+  ASSERT_THAT(state->ReadState(17'500, {}, {}, absl::MakeSpan(only_v)), IsOk());
+  EXPECT_EQ(FirstDifference(only_v, std::vector<float>(v.begin() + 17'500, v.begin() + 22'500)),
+            "");
+
+  // LoadMaster sets master and zeroes m and v in its range only.
+  const std::vector<float> loaded = Pattern(30'000, 9);
+  ASSERT_THAT(state->LoadMaster(15'000, loaded), IsOk());
+  StateSnapshot after;
+  ASSERT_THAT(Snapshot(*state, &after), IsOk());
+  for (int64_t i = 0; i < kTotal; ++i) {
+    const bool in = i >= 15'000 && i < 45'000;
+    ASSERT_EQ(after.master[i], in ? loaded[i - 15'000] : master[i]) << i;
+    ASSERT_EQ(after.m[i], in ? 0.0f : m[i]) << i;
+    ASSERT_EQ(after.v[i], in ? 0.0f : v[i]) << i;
+  }
+}
+
+TEST_F(TieredStateTest, RejectsBadArguments) {
+  ZO_ASSERT_OK_AND_ASSIGN(auto state, TieredOptimizerState::Create(Options(0), kTotal, &pool_));
+  std::vector<float> a(10), b(9);
+  EXPECT_THAT(state->ReadState(kTotal - 5, absl::MakeSpan(a), {}, {}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("outside")));
+  EXPECT_THAT(state->LoadMaster(-1, a),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("outside")));
+  EXPECT_THAT(state->ReadState(0, absl::MakeSpan(a), absl::MakeSpan(b), {}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("must match")));
+  EXPECT_THAT(state->WriteState(0, a, a, b),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("must match")));
+  EXPECT_THAT(state->AdamStep(testing::TestStepConstants(1), {}, {}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no gradient")));
+  EXPECT_THAT(state->health(), IsOk());  // bad requests are not failures
+}
+
+TEST_F(TieredStateTest, RejectsBadOptions) {
+  TieredStateOptions options = Options(0);
+  options.buffer_count = 2;
+  EXPECT_THAT(TieredOptimizerState::Create(options, kTotal, &pool_),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("buffer_count")));
+  options = Options(3);
+  options.swap_dir.clear();
+  EXPECT_THAT(TieredOptimizerState::Create(options, kTotal, &pool_),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("swap_dir is empty")));
+  options = Options(0);
+  options.sub_group_elems = 0;
+  EXPECT_THAT(TieredOptimizerState::Create(options, kTotal, &pool_),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("sub_group_elems")));
+  EXPECT_THAT(TieredOptimizerState::Create(Options(0), kTotal, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pool")));
+  // Everything fits: neither a directory nor three buffers are needed.
+  options = Options(0);
+  options.swap_dir.clear();
+  options.ram_budget_bytes = kTotal * 12;
+  options.buffer_count = 1;
+  ZO_ASSERT_OK_AND_ASSIGN(auto state, TieredOptimizerState::Create(options, kTotal, &pool_));
+  EXPECT_EQ(state->nvme_sub_groups(), 0);
+  EXPECT_EQ(state->swap_path(), "");
+}
+
+TEST_F(TieredStateTest, OneStatePerDirectory) {
+  ZO_ASSERT_OK_AND_ASSIGN(auto first, TieredOptimizerState::Create(Options(0), kTotal, &pool_));
+  EXPECT_THAT(TieredOptimizerState::Create(Options(0), kTotal, &pool_),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("in use")));
+  first.reset();
+  EXPECT_THAT(TieredOptimizerState::Create(Options(0), kTotal, &pool_), IsOk());
+}
+
+TEST_F(TieredStateTest, EmptyState) {
+  ZO_ASSERT_OK_AND_ASSIGN(auto state, TieredOptimizerState::Create(Options(0), 0, &pool_));
+  EXPECT_EQ(state->num_sub_groups(), 0);
+  EXPECT_THAT(state->AdamStep(testing::TestStepConstants(1), {}, {}), IsOk());
+  EXPECT_THAT(state->IoOnlyPass(), IsOk());
+}
+
+}  // namespace
+}  // namespace zo
