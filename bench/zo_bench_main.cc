@@ -3,6 +3,8 @@
 //
 //   adam   RAM-resident fused CPU Adam step vs. a STREAM-style kernel with
 //          the same memory traffic, per SIMD path and thread count
+//   nvme   raw O_DIRECT I/O of our engine vs. fio on the same file, and the
+//          pipelined Adam step over NVMe-resident state vs. max(I/O, compute)
 //
 // Usage: zo-bench [flags] <workload>...
 #include <iostream>
@@ -16,25 +18,55 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "bench/adam_bench.h"
+#include "bench/fio.h"
+#include "bench/nvme_bench.h"
 #include "common/command_line.h"
 #include "common/dtype.h"
 #include "common/status_macros.h"
 #include "common/units.h"
 
-ABSL_FLAG(std::string, params, "256Mi",
-          "adam: parameter count; 256Mi = 268435456, also 64M (decimal), 1e8, 1000000");
+ABSL_FLAG(std::string, params, "",
+          "adam, nvme: parameter count; 256Mi = 268435456, also 64M (decimal), 1e8, 1000000 "
+          "(default: adam 256Mi, nvme 64Mi)");
 ABSL_FLAG(std::string, grad_dtype, "fp16",
           "adam: gradient dtype the step reads: fp16, bf16 or fp32 (the copy written is bf16 "
           "for bf16 gradients, fp16 otherwise)");
 ABSL_FLAG(std::string, threads, "",
           "adam: comma-separated thread counts, e.g. 1,2,8 (default: every count from 1 to "
-          "the number of cores)");
-ABSL_FLAG(int, rounds, 7,
-          "adam: timed rounds per (path, threads), after one warm-up; each round runs the "
-          "step and the baseline once, alternating which goes first");
+          "the number of cores); nvme: one count for the step (default: all cores)");
+ABSL_FLAG(int, rounds, 0,
+          "timed rounds (default: adam 7, nvme 5). adam: per (path, threads), after one "
+          "warm-up, the step and the baseline once each, alternating which goes first. "
+          "nvme: per direction one fio run and one zo pass, alternating which goes first; "
+          "for the step part, one each of step, I/O alone and compute alone, rotating");
 ABSL_FLAG(std::string, chunk_elems, "4Mi",
           "adam: elements per chunk the parameters are cut into, as on a server");
 ABSL_FLAG(bool, json, false, "print one JSON object per result line instead of a table");
+ABSL_FLAG(std::string, dir, "/var/tmp",
+          "nvme: directory on the device to measure; a scratch folder zo-bench-nvme-PID is made "
+          "in it and removed afterwards");
+ABSL_FLAG(std::string, size, "1GiB",
+          "nvme: raw I/O file size in bytes, or with K, M, G, T (powers of 1024, as fio): 1G, "
+          "1GiB, 1073741824");
+ABSL_FLAG(std::string, bs, "1MiB",
+          "nvme: block size of each request (fio's --bs and the engine's block size): a power "
+          "of two >= 4K");
+ABSL_FLAG(int, qd, 8, "nvme: requests in flight (fio's --iodepth and the engine's queue depth)");
+ABSL_FLAG(std::string, engine, "auto",
+          "nvme: our engine: auto (io_uring, else the pread pool), io_uring or pread");
+ABSL_FLAG(std::string, fio, "fio", "nvme: the fio binary (searched in PATH)");
+ABSL_FLAG(std::string, fio_engine, "io_uring", "nvme: fio's --ioengine: io_uring or libaio");
+ABSL_FLAG(std::string, fio_args, "",
+          "nvme: more fio options, space-separated, appended to its command line, e.g. "
+          "--fio-args=\"--fixedbufs=1 --registerfiles=1\" (default: none, fio's defaults)");
+ABSL_FLAG(std::string, parts, "io,step",
+          "nvme: what to run: io (raw I/O vs. fio), step (NVMe-resident Adam step), or both");
+ABSL_FLAG(std::string, sub_group, "4Mi",
+          "nvme: elements per sub-group of the step's state (sub_group_size); 12 bytes each "
+          "on disk");
+ABSL_FLAG(int, buffer_count, 4, "nvme: the step pipeline's buffers (>= 3)");
+ABSL_FLAG(bool, checksums, true,
+          "nvme: the step's block checksums, on as a server runs them (--nochecksums: off)");
 
 namespace zo {
 namespace {
@@ -48,7 +80,15 @@ constexpr char kUsage[] =
     "         (scalar, avx2, avx512) and each thread count, vs. a STREAM-style loop\n"
     "         moving the same bytes; ratio = median over rounds of the two speeds.\n"
     "         Results on stdout (table or --json lines), progress on stderr.\n"
-    "         ZO_SIMD=scalar|avx2|avx512 changes which path counts as dispatched.\n\n"
+    "         ZO_SIMD=scalar|avx2|avx512 changes which path counts as dispatched.\n"
+    "  nvme   in a scratch folder under --dir: (io) sequential O_DIRECT read and write of a\n"
+    "         --size file in --bs requests --qd deep, by fio (--fio-engine) and by our\n"
+    "         engine (--engine), alternating for --rounds rounds; ratio = median of the\n"
+    "         per-round zo/fio throughput ratios (target >= 0.90). (step) one Adam step\n"
+    "         over --params elements of state all on NVMe in --sub-group sub-groups, vs.\n"
+    "         the same pipeline doing only the I/O and the same kernel in RAM; ratio =\n"
+    "         median of per-round step / max(io, compute) (target <= 1.2). Prints the\n"
+    "         device and filesystem the files sat on. Needs fio (apt-get install fio).\n\n"
     "Flags may be written with dashes or underscores.";
 
 // ParseCount plus binary suffixes Ki, Mi, Gi (chunk sizes are powers of two).
@@ -71,7 +111,8 @@ absl::StatusOr<int64_t> ParseElems(const std::string& text) {
 
 absl::StatusOr<bench::AdamBenchOptions> AdamOptionsFromFlags() {
   bench::AdamBenchOptions o;
-  ZO_ASSIGN_OR_RETURN(o.params, ParseElems(absl::GetFlag(FLAGS_params)));
+  const std::string params = absl::GetFlag(FLAGS_params);
+  ZO_ASSIGN_OR_RETURN(o.params, ParseElems(params.empty() ? "256Mi" : params));
   ZO_ASSIGN_OR_RETURN(int64_t chunk, ParseElems(absl::GetFlag(FLAGS_chunk_elems)));
   o.chunk_elems = static_cast<size_t>(chunk);
   const std::string dtype = absl::GetFlag(FLAGS_grad_dtype);
@@ -92,7 +133,8 @@ absl::StatusOr<bench::AdamBenchOptions> AdamOptionsFromFlags() {
       o.threads.push_back(n);
     }
   }
-  o.rounds = absl::GetFlag(FLAGS_rounds);
+  const int rounds = absl::GetFlag(FLAGS_rounds);
+  o.rounds = rounds == 0 ? 7 : rounds;
   o.json = absl::GetFlag(FLAGS_json);
   return o;
 }
@@ -107,6 +149,64 @@ int RunAdam() {
   return 0;
 }
 
+absl::StatusOr<bench::NvmeBenchOptions> NvmeOptionsFromFlags() {
+  bench::NvmeBenchOptions o;
+  o.dir = absl::GetFlag(FLAGS_dir);
+  ZO_ASSIGN_OR_RETURN(o.size, bench::ParseByteSize(absl::GetFlag(FLAGS_size)));
+  ZO_ASSIGN_OR_RETURN(o.bs, bench::ParseByteSize(absl::GetFlag(FLAGS_bs)));
+  o.qd = absl::GetFlag(FLAGS_qd);
+  const int rounds = absl::GetFlag(FLAGS_rounds);
+  o.rounds = rounds == 0 ? 5 : rounds;
+  const std::string engine = absl::GetFlag(FLAGS_engine);
+  if (engine == "auto") {
+    o.engine = IoEngineKind::kAuto;
+  } else if (engine == "io_uring") {
+    o.engine = IoEngineKind::kIoUring;
+  } else if (engine == "pread") {
+    o.engine = IoEngineKind::kPread;
+  } else {
+    return absl::InvalidArgumentError("--engine must be auto, io_uring or pread, got '" + engine +
+                                      "'");
+  }
+  o.fio = absl::GetFlag(FLAGS_fio);
+  o.fio_engine = absl::GetFlag(FLAGS_fio_engine);
+  o.fio_args =
+      absl::StrSplit(absl::GetFlag(FLAGS_fio_args), absl::ByAnyChar(" \t"), absl::SkipEmpty());
+  o.raw = o.step = false;
+  const std::string parts = absl::GetFlag(FLAGS_parts);
+  for (const std::string& part : std::vector<std::string>(absl::StrSplit(parts, ','))) {
+    if (part == "io") {
+      o.raw = true;
+    } else if (part == "step") {
+      o.step = true;
+    } else {
+      return absl::InvalidArgumentError("--parts wants io, step or io,step, got '" + parts + "'");
+    }
+  }
+  const std::string params = absl::GetFlag(FLAGS_params);
+  ZO_ASSIGN_OR_RETURN(o.params, ParseElems(params.empty() ? "64Mi" : params));
+  ZO_ASSIGN_OR_RETURN(o.sub_group_elems, ParseElems(absl::GetFlag(FLAGS_sub_group)));
+  o.buffer_count = absl::GetFlag(FLAGS_buffer_count);
+  const std::string threads = absl::GetFlag(FLAGS_threads);
+  if (!threads.empty() && (!absl::SimpleAtoi(threads, &o.threads) || o.threads < 1)) {
+    return absl::InvalidArgumentError("--threads wants one count >= 1 for nvme, got '" + threads +
+                                      "'");
+  }
+  o.checksums = absl::GetFlag(FLAGS_checksums);
+  o.json = absl::GetFlag(FLAGS_json);
+  return o;
+}
+
+int RunNvme() {
+  absl::StatusOr<bench::NvmeBenchOptions> options = NvmeOptionsFromFlags();
+  absl::Status status = options.ok() ? bench::RunNvmeBench(*options, std::cout) : options.status();
+  if (!status.ok()) {
+    std::cerr << "zo-bench nvme: " << status.message() << "\n";
+    return 2;
+  }
+  return 0;
+}
+
 // The registry: name -> runner, in the order `zo-bench --help` lists them.
 struct Workload {
   const char* name;
@@ -114,6 +214,7 @@ struct Workload {
 };
 constexpr Workload kWorkloads[] = {
     {"adam", RunAdam},
+    {"nvme", RunNvme},
 };
 
 int Main(int argc, char** argv) {
