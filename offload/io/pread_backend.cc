@@ -3,13 +3,12 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <condition_variable>
 #include <deque>
+#include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
-
-#include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
 
 namespace zo {
 namespace {
@@ -27,7 +26,9 @@ int64_t Transfer(const IoPiece& p) {
 }
 
 // Thread-compatible from the engine's side; the workers share the queues
-// under mu_.
+// under mu_. std::mutex rather than absl::Mutex: Debian's Abseil is not built
+// for ThreadSanitizer, which then cannot see absl::Mutex and reports every
+// access to these queues as a race.
 class PreadBackend final : public IoBackend {
  public:
   explicit PreadBackend(int threads) {
@@ -35,57 +36,57 @@ class PreadBackend final : public IoBackend {
   }
   ~PreadBackend() override {
     {
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       stop_ = true;
     }
+    work_cv_.notify_all();
     for (std::thread& t : workers_) t.join();
   }
 
   std::string_view name() const override { return "pread"; }
 
   void Submit(absl::Span<const IoPiece> pieces) override {
-    absl::MutexLock lock(&mu_);
-    queue_.insert(queue_.end(), pieces.begin(), pieces.end());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.insert(queue_.end(), pieces.begin(), pieces.end());
+    }
+    work_cv_.notify_all();
   }
 
   absl::Status Wait(size_t min_results, std::vector<IoPieceResult>* out) override {
-    struct Enough {
-      const PreadBackend* self;
-      size_t min;
-      bool operator()() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        return self->results_.size() >= min;
-      }
-    } enough{this, min_results};
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(&enough));
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, [&] { return results_.size() >= min_results; });
     out->insert(out->end(), results_.begin(), results_.end());
     results_.clear();
     return absl::OkStatus();
   }
 
  private:
-  bool HasWorkOrStop() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); }
-
   void Run() {
     for (;;) {
       IoPiece piece;
       {
-        absl::MutexLock lock(&mu_);
-        mu_.Await(absl::Condition(this, &PreadBackend::HasWorkOrStop));
+        std::unique_lock<std::mutex> lock(mu_);
+        work_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
         if (queue_.empty()) return;  // stopping, nothing left
         piece = queue_.front();
         queue_.pop_front();
       }
       const int64_t result = Transfer(piece);
-      absl::MutexLock lock(&mu_);
-      results_.push_back({piece.id, result});
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        results_.push_back({piece.id, result});
+      }
+      done_cv_.notify_all();
     }
   }
 
-  absl::Mutex mu_;
-  std::deque<IoPiece> queue_ ABSL_GUARDED_BY(mu_);
-  std::vector<IoPieceResult> results_ ABSL_GUARDED_BY(mu_);
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::mutex mu_;
+  std::condition_variable work_cv_;  // queue_ gained pieces, or stop_
+  std::condition_variable done_cv_;  // results_ grew
+  std::deque<IoPiece> queue_;             // guarded by mu_
+  std::vector<IoPieceResult> results_;    // guarded by mu_
+  bool stop_ = false;                     // guarded by mu_
   std::vector<std::thread> workers_;
 };
 
