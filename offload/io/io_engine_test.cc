@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <ostream>
 #include <random>
 #include <string>
 #include <utility>
@@ -30,6 +31,11 @@
 #include "offload/io/uring_backend.h"
 
 namespace zo {
+
+// Names the engine in ctest's listing instead of its raw bytes.
+void PrintTo(IoEngineKind kind, std::ostream* os) {
+  *os << (kind == IoEngineKind::kIoUring ? "io_uring" : kind == IoEngineKind::kPread ? "pread" : "auto");
+}
 namespace {
 
 using ::testing::AllOf;
