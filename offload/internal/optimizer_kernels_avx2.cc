@@ -169,6 +169,28 @@ void AdamLoop(const AdamArgs& a, const KernelIo& io, float* p, float* m, float* 
   }
 }
 
+// Runs `vector(grad, p, state, copy)` on every full vector of the range, then
+// once on zero-padded scratch copies of the tail, writing back only its live
+// lanes: the loop of the optimizers with one state array (Adagrad, Lion).
+template <SrcType kSrc, CopyType kCopy, typename Vector>
+void TwoStateLoop(const KernelIo& io, float* p, float* state, size_t n, const Vector& vector) {
+  constexpr size_t gs = SrcSize(kSrc), cs = CopySize(kCopy);
+  const void* const grad = io.grad;  // locals: stores through float* may alias io
+  void* const copy = io.copy;
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    vector(Offset(grad, i * gs), p + i, state + i, Offset(copy, i * cs));
+  }
+  if (const size_t r = n - i; r > 0) {
+    Scratch sg, sp, ss, sc;
+    vector(sg.Fill(Offset(grad, i * gs), r * gs), sp.FillF32(p + i, r), ss.FillF32(state + i, r),
+           sc.bytes);
+    sp.Flush(p + i, r * 4);
+    ss.Flush(state + i, r * 4);
+    if constexpr (kCopy != CopyType::kNone) sc.Flush(Offset(copy, i * cs), r * cs);
+  }
+}
+
 // ---- Adagrad ----
 
 template <SrcType kSrc, CopyType kCopy, bool kL2>
@@ -186,21 +208,7 @@ void AdagradLoop(const AdagradArgs& a, const KernelIo& io, float* p, float* sum,
     _mm256_storeu_ps(pp, p1);
     StoreCopy<kCopy>(cp, p1);
   };
-  constexpr size_t gs = SrcSize(kSrc), cs = CopySize(kCopy);
-  const void* const grad = io.grad;  // locals: stores through float* may alias io
-  void* const copy = io.copy;
-  size_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    vector(Offset(grad, i * gs), p + i, sum + i, Offset(copy, i * cs));
-  }
-  if (const size_t r = n - i; r > 0) {
-    Scratch sg, sp, ss, sc;
-    vector(sg.Fill(Offset(grad, i * gs), r * gs), sp.FillF32(p + i, r), ss.FillF32(sum + i, r),
-           sc.bytes);
-    sp.Flush(p + i, r * 4);
-    ss.Flush(sum + i, r * 4);
-    if constexpr (kCopy != CopyType::kNone) sc.Flush(Offset(copy, i * cs), r * cs);
-  }
+  TwoStateLoop<kSrc, kCopy>(io, p, sum, n, vector);
 }
 
 // ---- Lion ----
@@ -227,21 +235,7 @@ void LionLoop(const LionArgs& a, const KernelIo& io, float* p, float* m, size_t 
     _mm256_storeu_ps(pp, p1);
     StoreCopy<kCopy>(cp, p1);
   };
-  constexpr size_t gs = SrcSize(kSrc), cs = CopySize(kCopy);
-  const void* const grad = io.grad;  // locals: stores through float* may alias io
-  void* const copy = io.copy;
-  size_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    vector(Offset(grad, i * gs), p + i, m + i, Offset(copy, i * cs));
-  }
-  if (const size_t r = n - i; r > 0) {
-    Scratch sg, sp, sm, sc;
-    vector(sg.Fill(Offset(grad, i * gs), r * gs), sp.FillF32(p + i, r), sm.FillF32(m + i, r),
-           sc.bytes);
-    sp.Flush(p + i, r * 4);
-    sm.Flush(m + i, r * 4);
-    if constexpr (kCopy != CopyType::kNone) sc.Flush(Offset(copy, i * cs), r * cs);
-  }
+  TwoStateLoop<kSrc, kCopy>(io, p, m, n, vector);
 }
 
 // ---- accumulation and statistics ----
