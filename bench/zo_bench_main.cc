@@ -139,15 +139,20 @@ absl::StatusOr<bench::AdamBenchOptions> AdamOptionsFromFlags() {
   return o;
 }
 
-int RunAdam() {
-  absl::StatusOr<bench::AdamBenchOptions> options = AdamOptionsFromFlags();
-  absl::Status status = options.ok() ? bench::RunAdamBench(*options, std::cout) : options.status();
+// Runs a workload on its options from the flags; a bad flag or a failed run
+// is one line on stderr and exit code 2.
+template <typename Options>
+int RunWorkload(const char* name, absl::StatusOr<Options> options,
+                absl::Status (*run)(const Options&, std::ostream&)) {
+  const absl::Status status = options.ok() ? run(*options, std::cout) : options.status();
   if (!status.ok()) {
-    std::cerr << "zo-bench adam: " << status.message() << "\n";
+    std::cerr << "zo-bench " << name << ": " << status.message() << "\n";
     return 2;
   }
   return 0;
 }
+
+int RunAdam() { return RunWorkload("adam", AdamOptionsFromFlags(), &bench::RunAdamBench); }
 
 absl::StatusOr<bench::NvmeBenchOptions> NvmeOptionsFromFlags() {
   bench::NvmeBenchOptions o;
@@ -197,15 +202,7 @@ absl::StatusOr<bench::NvmeBenchOptions> NvmeOptionsFromFlags() {
   return o;
 }
 
-int RunNvme() {
-  absl::StatusOr<bench::NvmeBenchOptions> options = NvmeOptionsFromFlags();
-  absl::Status status = options.ok() ? bench::RunNvmeBench(*options, std::cout) : options.status();
-  if (!status.ok()) {
-    std::cerr << "zo-bench nvme: " << status.message() << "\n";
-    return 2;
-  }
-  return 0;
-}
+int RunNvme() { return RunWorkload("nvme", NvmeOptionsFromFlags(), &bench::RunNvmeBench); }
 
 // The registry: name -> runner, in the order `zo-bench --help` lists them.
 struct Workload {
