@@ -248,6 +248,10 @@ template <typename V>
 void VisitZo(V& v, ZoConfig& z) {
   v.Field("servers", z.servers, CheckHostPort);
   v.Field("chunk_elems", z.chunk_elems, Above(0));
+  v.Field("nvme_checksums", z.nvme_checksums);
+  if (!z.nvme_checksums) {
+    v.Note("zo.nvme_checksums is false: swap-file corruption will go undetected (benchmarks only)");
+  }
   v.Object("dpu", z.dpu, VisitDpu<V>);
   v.Object("auth", z.auth, VisitAuth<V>);
 }

@@ -155,6 +155,9 @@ struct ZoConfig {
   // "host:port" ("[::1]:port" for IPv6), distinct; empty: an embedded server.
   std::vector<std::string> servers;
   int64_t chunk_elems = 4 << 20;  // elements per shard chunk; > 0
+  // Checksum every block of NVMe swap files (verified on read). Off for
+  // benchmarking only: corruption then goes undetected.
+  bool nvme_checksums = true;
   DpuConfig dpu;
   AuthConfig auth;
   friend bool operator==(const ZoConfig&, const ZoConfig&) = default;

@@ -84,6 +84,7 @@ TEST(ConfigTest, EmptyConfigHasDeepSpeedDefaults) {
 
   EXPECT_THAT(c.zo.servers, IsEmpty());
   EXPECT_EQ(c.zo.chunk_elems, 4194304);
+  EXPECT_TRUE(c.zo.nvme_checksums);
   EXPECT_FALSE(c.zo.dpu.enabled);
   EXPECT_EQ(c.zo.dpu.warmup_steps, 40);
   EXPECT_EQ(c.zo.auth, AuthConfig{});
@@ -190,6 +191,14 @@ TEST(ConfigTest, IntegersMayBeWrittenAsIntegralFloats) {
   EXPECT_EQ(loaded.config.zero_optimization.sub_group_size, 1'000'000'000);
   EXPECT_EQ(loaded.config.zero_optimization.stage, 3);
   EXPECT_EQ(loaded.config.zo.chunk_elems, 16'000'000);
+}
+
+TEST(ConfigTest, NvmeChecksumsCanBeTurnedOffWithANote) {
+  ZO_ASSERT_OK_AND_ASSIGN(LoadedConfig loaded, Parse(R"("zo": {"nvme_checksums": false})"));
+  EXPECT_FALSE(loaded.config.zo.nvme_checksums);
+  EXPECT_THAT(loaded.notes, Contains(HasSubstr("zo.nvme_checksums is false")));
+  EXPECT_THAT(Parse(R"("zo": {"nvme_checksums": "no"})"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("zo.nvme_checksums")));
 }
 
 TEST(ConfigTest, NullMeansAbsent) {
@@ -451,7 +460,7 @@ TEST(ConfigTest, RoundTripKeepsEveryNonDefaultValue) {
   c.aio = {1 << 16, 32, 3, true, false, true};
   c.steps_per_print = 100;
   c.wall_clock_breakdown = true;
-  c.zo = {{"a:1", "[::1]:2"}, 1000, {true, 0}, {"tok", "cert.pem", "key.pem", "ca.pem"}};
+  c.zo = {{"a:1", "[::1]:2"}, 1000, false, {true, 0}, {"tok", "cert.pem", "key.pem", "ca.pem"}};
 
   const std::string json = ConfigToJson(c, 2);
   EXPECT_THAT(json, AllOf(HasSubstr("\"type\": \"Lion\""), HasSubstr("\"intra_op_parallelism\""),
