@@ -91,29 +91,11 @@ constexpr char kUsage[] =
     "         device and filesystem the files sat on. Needs fio (apt-get install fio).\n\n"
     "Flags may be written with dashes or underscores.";
 
-// ParseCount plus binary suffixes Ki, Mi, Gi (chunk sizes are powers of two).
-absl::StatusOr<int64_t> ParseElems(const std::string& text) {
-  static constexpr struct {
-    const char* suffix;
-    int shift;
-  } kBinary[] = {{"Ki", 10}, {"Mi", 20}, {"Gi", 30}};
-  for (const auto& b : kBinary) {
-    if (text.size() > 2 && text.compare(text.size() - 2, 2, b.suffix) == 0) {
-      int64_t n = 0;
-      if (!absl::SimpleAtoi(text.substr(0, text.size() - 2), &n) || n <= 0 || n > (1 << 30)) {
-        return absl::InvalidArgumentError("not a count: '" + text + "'");
-      }
-      return n << b.shift;
-    }
-  }
-  return ParseCount(text);
-}
-
 absl::StatusOr<bench::AdamBenchOptions> AdamOptionsFromFlags() {
   bench::AdamBenchOptions o;
   const std::string params = absl::GetFlag(FLAGS_params);
-  ZO_ASSIGN_OR_RETURN(o.params, ParseElems(params.empty() ? "256Mi" : params));
-  ZO_ASSIGN_OR_RETURN(int64_t chunk, ParseElems(absl::GetFlag(FLAGS_chunk_elems)));
+  ZO_ASSIGN_OR_RETURN(o.params, ParseCount(params.empty() ? "256Mi" : params));
+  ZO_ASSIGN_OR_RETURN(int64_t chunk, ParseCount(absl::GetFlag(FLAGS_chunk_elems)));
   o.chunk_elems = static_cast<size_t>(chunk);
   const std::string dtype = absl::GetFlag(FLAGS_grad_dtype);
   const std::optional<DType> parsed = ParseDType(dtype);
@@ -189,8 +171,8 @@ absl::StatusOr<bench::NvmeBenchOptions> NvmeOptionsFromFlags() {
     }
   }
   const std::string params = absl::GetFlag(FLAGS_params);
-  ZO_ASSIGN_OR_RETURN(o.params, ParseElems(params.empty() ? "64Mi" : params));
-  ZO_ASSIGN_OR_RETURN(o.sub_group_elems, ParseElems(absl::GetFlag(FLAGS_sub_group)));
+  ZO_ASSIGN_OR_RETURN(o.params, ParseCount(params.empty() ? "64Mi" : params));
+  ZO_ASSIGN_OR_RETURN(o.sub_group_elems, ParseCount(absl::GetFlag(FLAGS_sub_group)));
   o.buffer_count = absl::GetFlag(FLAGS_buffer_count);
   const std::string threads = absl::GetFlag(FLAGS_threads);
   if (!threads.empty() && (!absl::SimpleAtoi(threads, &o.threads) || o.threads < 1)) {

@@ -43,7 +43,19 @@ std::string FormatCount(double count) {
 absl::StatusOr<int64_t> ParseCount(const std::string& text) {
   std::string t(absl::StripAsciiWhitespace(text));
   double multiplier = 1;
-  if (!t.empty()) {
+  // Binary suffixes as buffer sizes are written: 4Ki, 256Mi, 1Gi.
+  static constexpr struct {
+    const char* suffix;
+    double value;
+  } kBinary[] = {{"Ki", 1024.0}, {"Mi", 1048576.0}, {"Gi", 1073741824.0}, {"Ti", 1099511627776.0}};
+  for (const auto& b : kBinary) {
+    if (t.size() > 2 && t.compare(t.size() - 2, 2, b.suffix) == 0) {
+      multiplier = b.value;
+      t.resize(t.size() - 2);
+      break;
+    }
+  }
+  if (!t.empty() && multiplier == 1) {
     switch (absl::ascii_tolower(static_cast<unsigned char>(t.back()))) {
       case 'k': multiplier = 1e3; break;
       case 'm': multiplier = 1e6; break;

@@ -31,6 +31,9 @@ TEST(UnitsTest, ParseCountAcceptsModelSizes) {
   EXPECT_EQ(*ParseCount("125k"), 125000);
   EXPECT_EQ(*ParseCount("7e9"), 7000000000);
   EXPECT_EQ(*ParseCount(" 1000 "), 1000);
+  EXPECT_EQ(*ParseCount("4Mi"), 4194304);
+  EXPECT_EQ(*ParseCount("256Mi"), 268435456);
+  EXPECT_EQ(*ParseCount("1.5Ki"), 1536);
 }
 
 TEST(UnitsTest, ParseCountRejectsGarbage) {
