@@ -3,7 +3,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
-#include "proto/zo/v1/server_info.grpc.pb.h"
+#include "proto/zo/v1/offload_service.grpc.pb.h"
 #include "proto/zo/v1/tensor.pb.h"
 
 namespace zo {

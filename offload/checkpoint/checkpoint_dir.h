@@ -1,0 +1,102 @@
+// A checkpoint on disk: a directory per version under <root>/<job>/, written
+// under a temporary name by every server and committed by the lead server
+// only when all parts are there (DESIGN.md, "Failure, bad input, security").
+//
+//   <root>/<job>/step-00000020.tmp/part-00000.zop, part-00001.zop   (servers)
+//   <root>/<job>/step-00000020.tmp/checkpoint.json                  (lead, last)
+//   rename -> <root>/<job>/step-00000020/, fsync <root>/<job>/       (commit)
+//
+// A directory without a readable checkpoint.json, or still named *.tmp, is
+// not a checkpoint. The root must be one filesystem that every server of the
+// job sees (a shared mount when servers run on several hosts).
+#ifndef ZO_OFFLOAD_CHECKPOINT_CHECKPOINT_DIR_H_
+#define ZO_OFFLOAD_CHECKPOINT_CHECKPOINT_DIR_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/sharding.h"
+#include "offload/checkpoint/checkpoint_part.h"
+
+namespace zo {
+
+// The commit record, checkpoint.json. Step counters are plain numbers so the
+// format needs nothing from the server's types.
+struct CheckpointMeta {
+  int format_version = 1;
+  std::string job;
+  int64_t version = 0;        // finished steps (applied or skipped)
+  int64_t applied_steps = 0;  // Adam's step count
+  // Loss scaler (DeepSpeed's cur_scale, cur_iter, last_overflow_iter, cur_hysteresis).
+  double loss_scale = 1.0;
+  int64_t scaler_iteration = 0;
+  int64_t scaler_last_overflow_iteration = -1;
+  int scaler_hysteresis_left = 1;
+  std::vector<TensorSpec> manifest;
+  int64_t chunk_elems = 0;
+  int num_servers = 0;  // part i holds the chunks c with c mod num_servers == i
+  int dp_world_size = 0;
+  std::string config_json;
+  std::vector<CheckpointPartSummary> parts;  // index i: part of server i
+  friend bool operator==(const CheckpointMeta&, const CheckpointMeta&) = default;
+};
+
+// "step-00000020".
+std::string CheckpointDirName(int64_t version);
+// "part-00003.zop".
+std::string CheckpointPartFileName(int server_index);
+
+// Creates <root>/<job>/step-<version>.tmp (parents as needed), removing a
+// stale one left by an earlier failed attempt; returns its path.
+absl::StatusOr<std::string> BeginCheckpoint(const std::string& root, const std::string& job,
+                                            int64_t version);
+
+// Writes checkpoint.json into `tmp_dir` (temp name, fsync, rename), checks
+// that every listed part exists with its size and index checksum, renames
+// the directory to its final name and fsyncs the parent. Returns the final
+// path. Leaves tmp_dir in place on error.
+absl::StatusOr<std::string> CommitCheckpoint(const std::string& tmp_dir, const CheckpointMeta& meta);
+
+// The committed checkpoint of `job` with the highest version under `root`,
+// or NOT_FOUND naming the directory searched.
+absl::StatusOr<std::string> LatestCheckpoint(const std::string& root, const std::string& job);
+
+// Reads and validates <dir>/checkpoint.json: NOT_FOUND, or DATA_LOSS /
+// INVALID_ARGUMENT naming the file and the field.
+absl::StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir);
+
+// A whole committed checkpoint as one flat index space: reads any range of
+// master/m/v, whatever chunk and part it falls in. Parts are opened lazily.
+// Thread-compatible.
+class CheckpointReader {
+ public:
+  // Reads the meta; the parts are opened on first use.
+  static absl::StatusOr<std::unique_ptr<CheckpointReader>> Open(const std::string& dir);
+  ~CheckpointReader();
+
+  const CheckpointMeta& meta() const;
+  int64_t total_elems() const;
+
+  // Elements [flat_begin, flat_begin + n) of the job's flat space into the
+  // spans (each empty or of one size n). Errors as CheckpointPartReader::Read;
+  // a part whose summary differs from the meta's is DATA_LOSS.
+  absl::Status ReadFlat(int64_t flat_begin, absl::Span<float> master, absl::Span<float> m,
+                        absl::Span<float> v);
+
+  CheckpointReader(const CheckpointReader&) = delete;
+  CheckpointReader& operator=(const CheckpointReader&) = delete;
+
+ private:
+  struct Impl;
+  explicit CheckpointReader(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zo
+
+#endif  // ZO_OFFLOAD_CHECKPOINT_CHECKPOINT_DIR_H_

@@ -1,0 +1,98 @@
+// One server's part of a checkpoint: the fp32 master, m and v of the chunks
+// it owns, in one file, written once and read back by any number of servers
+// (a checkpoint restores onto a different server count). The format is
+// described in offload/checkpoint/design.md.
+//
+//   ZO_ASSIGN_OR_RETURN(auto writer, CheckpointPartWriter::Create(dir + "/part-00000.zop"));
+//   for (chunk : my chunks) ZO_RETURN_IF_ERROR(writer->AddChunk(c, begin, master, m, v));
+//   ZO_ASSIGN_OR_RETURN(CheckpointPartSummary summary, writer->Finish());  // fsynced
+#ifndef ZO_OFFLOAD_CHECKPOINT_CHECKPOINT_PART_H_
+#define ZO_OFFLOAD_CHECKPOINT_CHECKPOINT_PART_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace zo {
+
+// Where one chunk sits in the job's flat index space.
+struct CheckpointChunk {
+  int64_t chunk = 0;
+  int64_t flat_begin = 0;
+  int64_t elems = 0;
+  friend bool operator==(const CheckpointChunk&, const CheckpointChunk&) = default;
+};
+
+// What the commit record (checkpoint.json) lists for each part.
+struct CheckpointPartSummary {
+  std::string file;     // base name inside the checkpoint directory
+  int64_t bytes = 0;    // file size
+  uint64_t index_checksum = 0;  // XXH3-64 of the part's index (covers every block checksum)
+  friend bool operator==(const CheckpointPartSummary&, const CheckpointPartSummary&) = default;
+};
+
+// Not thread-safe. Writes with plain buffered I/O (checkpoints are rare and
+// sequential); Finish fsyncs the file. Destroying an unfinished writer
+// removes the file.
+class CheckpointPartWriter {
+ public:
+  // Creates `path`; ALREADY_EXISTS when it exists, the errno's status
+  // (RESOURCE_EXHAUSTED for a full disk) naming the path otherwise.
+  static absl::StatusOr<std::unique_ptr<CheckpointPartWriter>> Create(const std::string& path);
+  ~CheckpointPartWriter();
+
+  // Appends one chunk; master, m and v have the same size (> 0). Chunks are
+  // added in ascending chunk order, each once.
+  absl::Status AddChunk(int64_t chunk, int64_t flat_begin, absl::Span<const float> master,
+                        absl::Span<const float> m, absl::Span<const float> v);
+
+  // Writes the index and trailer, fsyncs and closes.
+  absl::StatusOr<CheckpointPartSummary> Finish();
+
+  CheckpointPartWriter(const CheckpointPartWriter&) = delete;
+  CheckpointPartWriter& operator=(const CheckpointPartWriter&) = delete;
+
+ private:
+  struct Impl;
+  explicit CheckpointPartWriter(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Thread-compatible (const methods may run concurrently: reads use pread).
+class CheckpointPartReader {
+ public:
+  // Opens and validates header, index and trailer: DATA_LOSS naming the
+  // path for a truncated file, a bad magic or a checksum mismatch of the
+  // index; NOT_FOUND when missing.
+  static absl::StatusOr<std::unique_ptr<CheckpointPartReader>> Open(const std::string& path);
+  ~CheckpointPartReader();
+
+  const std::vector<CheckpointChunk>& chunks() const;
+  // The summary Finish returned when the part was written.
+  const CheckpointPartSummary& summary() const;
+
+  // Reads elements [offset, offset + n) of chunk `chunk` into the spans
+  // (each either empty or of one size n), verifying the checksum of every
+  // block it touches: DATA_LOSS naming path, chunk, array and file offset on
+  // a mismatch; NOT_FOUND when the part has no such chunk; OUT_OF_RANGE past
+  // the chunk's end.
+  absl::Status Read(int64_t chunk, int64_t offset, absl::Span<float> master, absl::Span<float> m,
+                    absl::Span<float> v) const;
+
+  CheckpointPartReader(const CheckpointPartReader&) = delete;
+  CheckpointPartReader& operator=(const CheckpointPartReader&) = delete;
+
+ private:
+  struct Impl;
+  explicit CheckpointPartReader(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zo
+
+#endif  // ZO_OFFLOAD_CHECKPOINT_CHECKPOINT_PART_H_

@@ -1,0 +1,159 @@
+// The worker's side of the offload service (DESIGN.md, "One training step"):
+// open or attach to a job on every server, push each step's low-precision
+// gradients as they become final, pull the weights of a version.
+//
+//   ZO_ASSIGN_OR_RETURN(auto client, OffloadClient::Open(options, config_json, manifest));
+//   for (int64_t step = client->version() + 1; ...; ++step) {
+//     ZO_RETURN_IF_ERROR(client->PullForStep(step, tensors, weights));  // DPU policy inside
+//     ... forward/backward; as each gradient bucket is final:
+//     ZO_RETURN_IF_ERROR(client->Push(step, tensor, grad_bytes));       // returns once queued
+//     ZO_RETURN_IF_ERROR(client->FinishStep(step));                     // every piece acknowledged
+//   }
+//
+// The same API runs against remote servers over gRPC and against an
+// in-process server (ClientOptions::channels, e.g. grpc::Server::InProcessChannel).
+#ifndef ZO_WORKER_CLIENT_OFFLOAD_CLIENT_H_
+#define ZO_WORKER_CLIENT_OFFLOAD_CLIENT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/config.h"
+#include "common/sharding.h"
+#include "proto/zo/v1/job.pb.h"
+
+namespace grpc {
+class Channel;
+}
+
+namespace zo {
+
+struct ClientOptions {
+  std::string job;
+  // Every server of the job as "host:port", in striping order. Ignored when
+  // `channels` is given.
+  std::vector<std::string> servers;
+  // Ready channels, one per server in striping order (the embedded default
+  // passes one in-process channel). Non-empty: used instead of `servers`.
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  // Sent as `authorization: Bearer <token>` on every call; empty: none.
+  std::string auth_token;
+  // PEM root certificates: non-empty means TLS to `servers`.
+  std::string tls_root_certs;
+  int dp_rank = 0;
+  int dp_world_size = 1;
+  // Gradient bytes copied by Push and not yet written to a socket; Push
+  // blocks while more are in flight.
+  int64_t max_bytes_in_flight = int64_t{64} << 20;
+  // Payload bytes per GradientPiece message.
+  int64_t max_piece_bytes = int64_t{1} << 20;
+  // Deadline of each unary call and of each Pull.
+  absl::Duration call_timeout = absl::Seconds(120);
+  // UNAVAILABLE and DEADLINE_EXCEEDED are retried with exponential backoff
+  // (50 ms doubling to 2 s) for at most this long; other errors surface at
+  // once with the server's message.
+  absl::Duration retry_for = absl::Seconds(10);
+  // Re-sending a step after a restart: elements the servers already have
+  // from this dp rank are skipped instead of rejected.
+  bool resend = false;
+};
+
+// The version whose weights a step is computed on, under the delayed
+// parameter update policy: without DPU (or during dpu.warmup_steps) step s
+// uses v_{s-1}; afterwards it runs one version behind, v_{s-2}. Steps are
+// numbered from 1; version 0 is the initial weights.
+int64_t VersionForStep(const DpuConfig& dpu, int64_t step);
+
+// One GradientPiece's worth of a Push: which server, chunk and bytes.
+struct PushPiece {
+  int server = 0;
+  int64_t chunk = 0;
+  int64_t chunk_offset = 0;  // elements
+  int64_t byte_begin = 0;    // into the pushed span
+  int64_t byte_end = 0;
+  friend bool operator==(const PushPiece&, const PushPiece&) = default;
+};
+
+// How Push cuts elements [offset, offset + elems) of tensor `tensor` into
+// pieces of at most max_piece_bytes (a multiple of the element size), each
+// inside one chunk. Pure; exposed for tests.
+std::vector<PushPiece> PlanPush(const ShardMap& map, int tensor, int64_t offset, int64_t elems,
+                                int64_t elem_bytes, int64_t max_piece_bytes);
+
+// Thread-safe: Push may be called from several threads (e.g. one per
+// gradient bucket); FinishStep and Pull from any.
+class OffloadClient {
+ public:
+  // Parses `config_json` (ParseConfig, with dp_world_size), checks that every
+  // tensor has the job's dtype (fp16 with fp16.enabled, bf16 with
+  // bf16.enabled, fp32 otherwise), connects, and sends OpenJob to every
+  // server. The job's version and loss scale come from the lead's reply.
+  static absl::StatusOr<std::unique_ptr<OffloadClient>> Open(const ClientOptions& options,
+                                                             const std::string& config_json,
+                                                             std::vector<TensorSpec> manifest);
+  ~OffloadClient();  // finishes open pushes (errors are logged) and joins threads
+
+  const ShardMap& shard_map() const;
+  const Config& config() const;
+
+  // Queues the gradient of a whole tensor (its elements in the job's dtype)
+  // for `step`: copies the bytes and returns, blocking only while more than
+  // max_bytes_in_flight are queued. INVALID_ARGUMENT for a wrong size or
+  // tensor index; an error of an earlier push of the same step surfaces here
+  // or at FinishStep.
+  absl::Status Push(int64_t step, int tensor, absl::Span<const std::byte> data);
+  // The same for elements [offset, offset + data.size() / elem size) of a tensor.
+  absl::Status PushRange(int64_t step, int tensor, int64_t offset,
+                         absl::Span<const std::byte> data);
+
+  // Waits until every piece pushed for `step` is written and every server's
+  // stream for it has answered; returns the first error (with the server
+  // address and its message).
+  absl::Status FinishStep(int64_t step);
+
+  // Pulls version `version` of `tensors` (manifest indices) into `dst`
+  // (dst[i] is tensor i's full size in the job's dtype), waiting on the
+  // servers until it exists. Returns false, leaving dst untouched, when the
+  // weights equal those of `have_version` (only skipped steps between).
+  absl::StatusOr<bool> Pull(int64_t version, int64_t have_version, absl::Span<const int> tensors,
+                            absl::Span<const absl::Span<std::byte>> dst);
+
+  // Pulls VersionForStep(config.zo.dpu, step) into dst unless dst already
+  // holds it (the client remembers the version last pulled by this method).
+  absl::Status PullForStep(int64_t step, absl::Span<const int> tensors,
+                           absl::Span<const absl::Span<std::byte>> dst);
+
+  // Loss scale for the step after the latest version seen (from the last
+  // pull, open or status).
+  double loss_scale() const;
+  // Latest version seen.
+  int64_t version() const;
+
+  // The lead server's status of the job (refreshes loss_scale and version).
+  absl::StatusOr<v1::JobStatus> JobStatus();
+  // Asks the lead to checkpoint the job at its current version; returns the
+  // committed directory.
+  absl::StatusOr<std::string> Checkpoint();
+  // Asks the lead to restore the job from `path` (empty: its latest
+  // checkpoint); returns the restored version.
+  absl::StatusOr<int64_t> Restore(const std::string& path);
+
+  OffloadClient(const OffloadClient&) = delete;
+  OffloadClient& operator=(const OffloadClient&) = delete;
+
+ private:
+  struct Impl;
+  explicit OffloadClient(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zo
+
+#endif  // ZO_WORKER_CLIENT_OFFLOAD_CLIENT_H_
