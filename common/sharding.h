@@ -20,6 +20,7 @@ struct TensorSpec {
   std::string name;
   std::vector<int64_t> shape;  // empty: a scalar (one element)
   DType dtype = DType::kFloat16;
+  friend bool operator==(const TensorSpec&, const TensorSpec&) = default;
 };
 
 // Number of elements of `shape`; 1 for a scalar.

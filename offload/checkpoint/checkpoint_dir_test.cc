@@ -1,0 +1,348 @@
+#include "offload/checkpoint/checkpoint_dir.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "offload/checkpoint/checkpoint_test_util.h"
+#include "offload/checkpoint/durable_file.h"
+
+namespace zo {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::zo::testing::FlatState;
+using ::zo::testing::FlipByte;
+using ::zo::testing::FreshTestDir;
+using ::zo::testing::IsOk;
+using ::zo::testing::MakeFlatState;
+using ::zo::testing::StatusIs;
+using ::zo::testing::TestMeta;
+using ::zo::testing::WriteTestCheckpoint;
+using ::zo::testing::WriteTestPart;
+
+// 87024 elements in chunks of 20000: chunks 0..4, the last 7024 long; on 2
+// servers part 0 holds chunks 0, 2, 4 and part 1 chunks 1, 3. Chunks are not
+// multiples of a 64 KiB block (16384 elements), so reads cross both.
+FlatState TwoServerState() {
+  return MakeFlatState({{"embed", {300, 100}, DType::kFloat16},
+                        {"w1", {20011}, DType::kBFloat16},
+                        {"w2", {7, 1000}, DType::kFloat16},
+                        {"bias", {13}, DType::kFloat32},
+                        {"w3", {30000}, DType::kFloat16}},
+                       /*chunk_elems=*/20000, /*num_servers=*/2, /*seed=*/7);
+}
+
+// CheckpointMeta's defaulted == needs one on TensorSpec, which has none.
+void ExpectSameMeta(const CheckpointMeta& a, const CheckpointMeta& b) {
+  EXPECT_EQ(a.format_version, b.format_version);
+  EXPECT_EQ(a.job, b.job);
+  EXPECT_EQ(a.version, b.version);
+  EXPECT_EQ(a.applied_steps, b.applied_steps);
+  EXPECT_EQ(a.loss_scale, b.loss_scale);
+  EXPECT_EQ(a.scaler_iteration, b.scaler_iteration);
+  EXPECT_EQ(a.scaler_last_overflow_iteration, b.scaler_last_overflow_iteration);
+  EXPECT_EQ(a.scaler_hysteresis_left, b.scaler_hysteresis_left);
+  ASSERT_EQ(a.manifest.size(), b.manifest.size());
+  for (size_t i = 0; i < a.manifest.size(); ++i) {
+    EXPECT_EQ(a.manifest[i].name, b.manifest[i].name);
+    EXPECT_EQ(a.manifest[i].shape, b.manifest[i].shape);
+    EXPECT_EQ(a.manifest[i].dtype, b.manifest[i].dtype);
+  }
+  EXPECT_EQ(a.chunk_elems, b.chunk_elems);
+  EXPECT_EQ(a.num_servers, b.num_servers);
+  EXPECT_EQ(a.dp_world_size, b.dp_world_size);
+  EXPECT_EQ(a.config_json, b.config_json);
+  EXPECT_EQ(a.parts, b.parts);
+}
+
+void WriteText(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::trunc);
+  out << text;
+}
+
+class CheckpointDirTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = FreshTestDir(::testing::UnitTest::GetInstance()->current_test_info()->name());
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  std::string root_;
+};
+
+TEST_F(CheckpointDirTest, NamesArePadded) {
+  EXPECT_EQ(CheckpointDirName(20), "step-00000020");
+  EXPECT_EQ(CheckpointPartFileName(3), "part-00003.zop");
+}
+
+TEST_F(CheckpointDirTest, CommitRenamesAndTheMetaRoundTrips) {
+  const FlatState s = TwoServerState();
+  ZO_ASSERT_OK_AND_ASSIGN(const std::string tmp, BeginCheckpoint(root_, "gpt", 20));
+  EXPECT_EQ(tmp, root_ + "/gpt/step-00000020.tmp");
+  CheckpointMeta meta = TestMeta("gpt", 20, s);
+  for (int server = 0; server < 2; ++server) {
+    ZO_ASSERT_OK_AND_ASSIGN(CheckpointPartSummary part, WriteTestPart(tmp, s, server));
+    meta.parts.push_back(part);
+  }
+  ZO_ASSERT_OK_AND_ASSIGN(const std::string dir, CommitCheckpoint(tmp, meta));
+  EXPECT_EQ(dir, root_ + "/gpt/step-00000020");
+  EXPECT_FALSE(fs::exists(tmp));
+  EXPECT_TRUE(fs::exists(dir + "/checkpoint.json"));
+  EXPECT_FALSE(fs::exists(dir + "/checkpoint.json.tmp"));
+  ZO_ASSERT_OK_AND_ASSIGN(const CheckpointMeta read, ReadCheckpointMeta(dir));
+  ExpectSameMeta(read, meta);
+  ZO_ASSERT_OK_AND_ASSIGN(auto reader, CheckpointReader::Open(dir));
+  ExpectSameMeta(reader->meta(), meta);
+  EXPECT_EQ(reader->total_elems(), 87024);
+}
+
+TEST_F(CheckpointDirTest, ReadFlatAcrossChunksAndPartsMatchesTheOriginal) {
+  const FlatState s = TwoServerState();
+  ZO_ASSERT_OK_AND_ASSIGN(const std::string dir, WriteTestCheckpoint(root_, "gpt", 3, s));
+  ZO_ASSERT_OK_AND_ASSIGN(auto reader, CheckpointReader::Open(dir));
+  const int64_t total = reader->total_elems();
+  std::vector<std::pair<int64_t, int64_t>> ranges = {
+      {0, total},     {19999, 2}, {19990, 20020}, {39999, 40001}, {80000, 7024},
+      {total - 1, 1}, {16383, 2}, {5, 0},         {60000, 20000}, {1, total - 2}};
+  std::mt19937_64 rng(42);
+  for (int i = 0; i < 40; ++i) {
+    const int64_t begin = static_cast<int64_t>(rng() % static_cast<uint64_t>(total));
+    const int64_t len = static_cast<int64_t>(rng() % static_cast<uint64_t>(total - begin + 1));
+    ranges.emplace_back(begin, len);
+  }
+  for (const auto& [begin, len] : ranges) {
+    SCOPED_TRACE(absl::StrCat("flat [", begin, ", ", begin + len, ")"));
+    std::vector<float> master(len), m(len), v(len);
+    ASSERT_THAT(
+        reader->ReadFlat(begin, absl::MakeSpan(master), absl::MakeSpan(m), absl::MakeSpan(v)),
+        IsOk());
+    EXPECT_TRUE(std::equal(master.begin(), master.end(), s.master.begin() + begin));
+    EXPECT_TRUE(std::equal(m.begin(), m.end(), s.m.begin() + begin));
+    EXPECT_TRUE(std::equal(v.begin(), v.end(), s.v.begin() + begin));
+    std::vector<float> only_master(len);
+    ASSERT_THAT(reader->ReadFlat(begin, absl::MakeSpan(only_master), {}, {}), IsOk());
+    EXPECT_EQ(only_master, master);
+  }
+}
+
+TEST_F(CheckpointDirTest, ReadFlatRejectsBadRanges) {
+  ZO_ASSERT_OK_AND_ASSIGN(const std::string dir,
+                          WriteTestCheckpoint(root_, "gpt", 3, TwoServerState()));
+  ZO_ASSERT_OK_AND_ASSIGN(auto reader, CheckpointReader::Open(dir));
+  std::vector<float> a(10), b(11);
+  EXPECT_THAT(reader->ReadFlat(87020, absl::MakeSpan(a), {}, {}),
+              StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("87024 elements")));
+  EXPECT_THAT(reader->ReadFlat(-1, absl::MakeSpan(a), {}, {}),
+              StatusIs(absl::StatusCode::kOutOfRange, HasSubstr(dir)));
+  EXPECT_THAT(reader->ReadFlat(0, absl::MakeSpan(a), absl::MakeSpan(b), {}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("one size")));
+}
+
+TEST_F(CheckpointDirTest, ACorruptBlockIsDataLossOnlyWhereItIs) {
+  const FlatState s = TwoServerState();
+  ZO_ASSERT_OK_AND_ASSIGN(const std::string dir, WriteTestCheckpoint(root_, "gpt", 3, s));
+  // Part 1's first chunk is chunk 1; its master starts after the 4 KiB header.
+  ASSERT_THAT(FlipByte(dir + "/part-00001.zop", 4096 + 100), IsOk());
+  ZO_ASSERT_OK_AND_ASSIGN(auto reader, CheckpointReader::Open(dir));
+  std::vector<float> buf(100);
+  EXPECT_THAT(reader->ReadFlat(20000, absl::MakeSpan(buf), {}, {}),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr("part-00001.zop"), HasSubstr("chunk 1"))));
+  ASSERT_THAT(reader->ReadFlat(20000, {}, absl::MakeSpan(buf), {}), IsOk());  // m is fine
+  ASSERT_THAT(reader->ReadFlat(0, absl::MakeSpan(buf), {}, {}), IsOk());      // so is part 0
+  EXPECT_TRUE(std::equal(buf.begin(), buf.end(), s.master.begin()));
+}
+
+TEST_F(CheckpointDirTest, AMissingPartFailsTheCommitAndKeepsTheTmpDir) {
+  const FlatState s = TwoServerState();
+  ZO_ASSERT_OK_AND_ASSIGN(const std::string tmp, BeginCheckpoint(root_, "gpt", 5));
+  CheckpointMeta meta = TestMeta("gpt", 5, s);
+  ZO_ASSERT_OK_AND_ASSIGN(CheckpointPartSummary part0, WriteTestPart(tmp, s, 0));
+  meta.parts = {part0, CheckpointPartSummary{"part-00001.zop", 123456, 0x1234}};
+  EXPECT_THAT(
+      CommitCheckpoint(tmp, meta),
+      StatusIs(absl::StatusCode::kNotFound, AllOf(HasSubstr(tmp), HasSubstr("part-00001.zop"))));
+  EXPECT_TRUE(fs::exists(tmp + "/part-00000.zop"));
+  EXPECT_FALSE(fs::exists(tmp + "/checkpoint.json"));
+  EXPECT_FALSE(fs::exists(root_ + "/gpt/step-00000005"));
+  EXPECT_THAT(LatestCheckpoint(root_, "gpt"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr(root_)));
+}
+
+TEST_F(CheckpointDirTest, APartThatDiffersFromTheMetaFailsTheCommit) {
+  const FlatState s = TwoServerState();
+  ZO_ASSERT_OK_AND_ASSIGN(const std::string tmp, BeginCheckpoint(root_, "gpt", 5));
+  CheckpointMeta meta = TestMeta("gpt", 5, s);
+  for (int server = 0; server < 2; ++server) {
+    ZO_ASSERT_OK_AND_ASSIGN(CheckpointPartSummary part, WriteTestPart(tmp, s, server));
+    meta.parts.push_back(part);
+  }
+  CheckpointMeta wrong_checksum = meta;
+  wrong_checksum.parts[1].index_checksum ^= 1;
+  EXPECT_THAT(CommitCheckpoint(tmp, wrong_checksum),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr("part-00001.zop"), HasSubstr("index checksum"))));
+  // Parts written for another chunk size do not hold the chunks the meta implies.
+  CheckpointMeta wrong_chunks = meta;
+  wrong_chunks.chunk_elems = 30000;
+  EXPECT_THAT(CommitCheckpoint(tmp, wrong_chunks),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("the manifest puts")));
+  CheckpointMeta wrong_count = meta;
+  wrong_count.num_servers = 3;
+  EXPECT_THAT(CommitCheckpoint(tmp, wrong_count),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("num_servers 3")));
+  EXPECT_TRUE(fs::exists(tmp));
+  EXPECT_THAT(CommitCheckpoint(tmp, meta), IsOk());
+}
+
+TEST_F(CheckpointDirTest, CommitWantsTheDirectoryOfTheMetasJobAndVersion) {
+  const FlatState s = TwoServerState();
+  ZO_ASSERT_OK_AND_ASSIGN(const std::string tmp, BeginCheckpoint(root_, "gpt", 5));
+  CheckpointMeta meta = TestMeta("gpt", 5, s);
+  for (int server = 0; server < 2; ++server) {
+    ZO_ASSERT_OK_AND_ASSIGN(CheckpointPartSummary part, WriteTestPart(tmp, s, server));
+    meta.parts.push_back(part);
+  }
+  CheckpointMeta other_version = meta;
+  other_version.version = 6;
+  EXPECT_THAT(CommitCheckpoint(tmp, other_version),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("gpt/step-00000006.tmp")));
+  CheckpointMeta other_job = meta;
+  other_job.job = "bert";
+  EXPECT_THAT(CommitCheckpoint(tmp, other_job),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bert/step-00000005.tmp")));
+  EXPECT_THAT(CommitCheckpoint(tmp + "/", meta), IsOk());
+}
+
+TEST_F(CheckpointDirTest, AnExistingVersionIsAlreadyExists) {
+  const FlatState s = TwoServerState();
+  ASSERT_THAT(WriteTestCheckpoint(root_, "gpt", 5, s), IsOk());
+  EXPECT_THAT(BeginCheckpoint(root_, "gpt", 5),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("step-00000005")));
+  // A second commit that got past Begin (two leads) does not replace it.
+  const std::string tmp = root_ + "/gpt/step-00000005.tmp";
+  fs::create_directories(tmp);
+  CheckpointMeta meta = TestMeta("gpt", 5, s);
+  for (int server = 0; server < 2; ++server) {
+    ZO_ASSERT_OK_AND_ASSIGN(CheckpointPartSummary part, WriteTestPart(tmp, s, server));
+    meta.parts.push_back(part);
+  }
+  EXPECT_THAT(CommitCheckpoint(tmp, meta),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("step-00000005")));
+  EXPECT_TRUE(fs::exists(tmp));
+}
+
+TEST_F(CheckpointDirTest, LatestPicksTheHighestCommittedIgnoringTmpAndBrokenDirs) {
+  const FlatState s = TwoServerState();
+  EXPECT_THAT(LatestCheckpoint(root_, "gpt"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr(root_ + "/gpt")));
+  ASSERT_THAT(WriteTestCheckpoint(root_, "gpt", 10, s), IsOk());
+  ASSERT_THAT(WriteTestCheckpoint(root_, "gpt", 20, s), IsOk());
+  ASSERT_THAT(WriteTestCheckpoint(root_, "other", 90, s), IsOk());
+  // Newer, but not committed: a tmp dir with parts, a dir without a record,
+  // one whose record is garbage, one whose record names another version.
+  ZO_ASSERT_OK_AND_ASSIGN(const std::string tmp, BeginCheckpoint(root_, "gpt", 30));
+  ASSERT_THAT(WriteTestPart(tmp, s, 0), IsOk());
+  fs::create_directories(root_ + "/gpt/step-00000040");
+  fs::create_directories(root_ + "/gpt/step-00000050");
+  WriteText(root_ + "/gpt/step-00000050/checkpoint.json", "{not json");
+  fs::copy(root_ + "/gpt/step-00000010", root_ + "/gpt/step-00000060", fs::copy_options::recursive);
+  WriteText(root_ + "/gpt/not-a-step", "");
+  ZO_ASSERT_OK_AND_ASSIGN(const std::string latest, LatestCheckpoint(root_, "gpt"));
+  EXPECT_EQ(latest, root_ + "/gpt/step-00000020");
+}
+
+TEST_F(CheckpointDirTest, BeginRemovesAStaleAttempt) {
+  ZO_ASSERT_OK_AND_ASSIGN(const std::string tmp, BeginCheckpoint(root_, "gpt", 7));
+  WriteText(tmp + "/part-00000.zop", "half written");
+  ZO_ASSERT_OK_AND_ASSIGN(const std::string again, BeginCheckpoint(root_, "gpt", 7));
+  EXPECT_EQ(again, tmp);
+  EXPECT_TRUE(fs::is_empty(tmp));
+  EXPECT_THAT(BeginCheckpoint(root_, "../etc", 7),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("job name '../etc'")));
+  EXPECT_THAT(BeginCheckpoint(root_, "gpt", -1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("-1")));
+}
+
+TEST_F(CheckpointDirTest, ReadMetaNamesTheFileAndTheField) {
+  const std::string dir = root_ + "/step-00000001";
+  fs::create_directories(dir);
+  const std::string file = dir + "/checkpoint.json";
+  EXPECT_THAT(ReadCheckpointMeta(dir), StatusIs(absl::StatusCode::kNotFound, HasSubstr(file)));
+  WriteText(file, "[1, 2");
+  EXPECT_THAT(ReadCheckpointMeta(dir), StatusIs(absl::StatusCode::kDataLoss, HasSubstr(file)));
+
+  // A good record, then one field broken at a time.
+  const FlatState s = TwoServerState();
+  ZO_ASSERT_OK_AND_ASSIGN(const std::string good, WriteTestCheckpoint(root_, "gpt", 1, s));
+  std::ifstream in(good + "/checkpoint.json");
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  auto expect_error = [&](const char* what, nlohmann::json broken, absl::StatusCode code,
+                          const std::string& needle) {
+    SCOPED_TRACE(what);
+    WriteText(file, broken.dump());
+    EXPECT_THAT(ReadCheckpointMeta(dir), StatusIs(code, AllOf(HasSubstr(file), HasSubstr(needle))));
+  };
+  nlohmann::json j = doc;
+  j.erase("chunk_elems");
+  expect_error("missing", j, absl::StatusCode::kDataLoss, "\"chunk_elems\" is missing");
+  j = doc;
+  j["version"] = "one";
+  expect_error("wrong type", j, absl::StatusCode::kDataLoss,
+               "\"version\" = \"one\" is not an integer");
+  j = doc;
+  j["parts"][1]["bytes"] = nullptr;
+  expect_error("part field", j, absl::StatusCode::kDataLoss, "\"parts[1].bytes\"");
+  j = doc;
+  j["parts"][0]["index_checksum"] = "xyz";
+  expect_error("checksum", j, absl::StatusCode::kDataLoss, "parts[0].index_checksum 'xyz'");
+  j = doc;
+  j["num_servers"] = 3;
+  expect_error("part count", j, absl::StatusCode::kInvalidArgument, "num_servers 3");
+  j = doc;
+  j["manifest"]["tensors"][0]["shape"] = {1, "x"};
+  expect_error("manifest", j, absl::StatusCode::kInvalidArgument, "manifest");
+  j = doc;
+  j["format_version"] = 2;
+  expect_error("format", j, absl::StatusCode::kInvalidArgument, "format_version 2");
+}
+
+TEST(AtomicFileWriterTest, CommitReplacesAndAnAbandonedWriteLeavesNothing) {
+  const std::string dir = FreshTestDir("atomic_file_writer");
+  const std::string path = dir + "/out.bin";
+  WriteText(path, "old");
+  {
+    ZO_ASSERT_OK_AND_ASSIGN(auto out, AtomicFileWriter::Create(path));
+    ASSERT_THAT(out->Append("new "), IsOk());
+    EXPECT_TRUE(fs::exists(path + ".tmp"));
+  }
+  EXPECT_FALSE(fs::exists(path + ".tmp"));
+  EXPECT_EQ(fs::file_size(path), 3u);  // still "old"
+  {
+    ZO_ASSERT_OK_AND_ASSIGN(auto out, AtomicFileWriter::Create(path));
+    ASSERT_THAT(out->Append("new "), IsOk());
+    ASSERT_THAT(out->Append("contents"), IsOk());
+    EXPECT_EQ(out->bytes_written(), 12u);
+    ASSERT_THAT(out->Commit(), IsOk());
+  }
+  EXPECT_FALSE(fs::exists(path + ".tmp"));
+  EXPECT_EQ(fs::file_size(path), 12u);
+  EXPECT_THAT(AtomicFileWriter::Create(dir + "/missing/x"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr(dir + "/missing/x.tmp")));
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace zo

@@ -1,0 +1,431 @@
+#include "offload/checkpoint/checkpoint_part.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "common/status_macros.h"
+#include "offload/checkpoint/durable_file.h"
+#include "offload/io/io_error.h"
+
+namespace zo {
+namespace {
+
+// The layout is in offload/checkpoint/design.md; integers are little-endian,
+// which is also how the floats are stored, so the arrays are copied as is.
+static_assert(std::endian::native == std::endian::little,
+              "checkpoint parts are little-endian and written as they are in memory");
+
+constexpr char kMagic[8] = {'Z', 'O', 'C', 'K', 'P', 'T', '0', '1'};
+constexpr uint32_t kFormatVersion = 1;
+constexpr uint64_t kHeaderBytes = 4096;
+constexpr uint64_t kAlignBytes = 4096;        // every array starts on a page
+constexpr uint64_t kBlockBytes = 65536;       // checksum granularity
+constexpr uint64_t kTrailerBytes = 40;        // index offset, length, checksum, version, magic
+constexpr uint64_t kEntryFixedBytes = 6 * 8;  // chunk, flat_begin, elems, 3 offsets
+constexpr int kArrays = 3;
+constexpr const char* kArrayNames[kArrays] = {"master", "m", "v"};
+
+alignas(64) constexpr char kZeros[kAlignBytes] = {};
+
+uint64_t RoundUp(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
+uint64_t Blocks(int64_t elems) {
+  return RoundUp(static_cast<uint64_t>(elems) * sizeof(float), kBlockBytes) / kBlockBytes;
+}
+uint64_t Hash(const char* data, size_t len) { return XXH3_64bits(data, len); }
+
+void PutU64(std::string& out, uint64_t v) {
+  char b[8];
+  std::memcpy(b, &v, 8);
+  out.append(b, 8);
+}
+void PutU32(std::string& out, uint32_t v) {
+  char b[4];
+  std::memcpy(b, &v, 4);
+  out.append(b, 4);
+}
+uint64_t GetU64(const char* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+uint32_t GetU32(const char* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+std::string BaseName(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+std::string Hex(uint64_t v) { return absl::StrCat("0x", absl::Hex(v, absl::kZeroPad16)); }
+
+}  // namespace
+
+// ---------------------------------------------------------------- writer ---
+
+struct CheckpointPartWriter::Impl {
+  std::string path;
+  int fd = -1;
+  uint64_t offset = 0;   // bytes written so far
+  uint64_t entries = 0;  // chunks added
+  std::string index;     // the entries, serialized as they are added
+  int64_t last_chunk = -1;
+  absl::Status error;  // sticky: the first failed write
+  bool finished = false;
+
+  absl::Status Write(absl::string_view bytes) {
+    if (!error.ok()) return error;
+    error = WriteAll(fd, bytes, path, offset);
+    if (!error.ok()) {
+      error =
+          absl::Status(error.code(), absl::StrCat("checkpoint part ", path, ": ", error.message()));
+      return error;
+    }
+    offset += bytes.size();
+    return absl::OkStatus();
+  }
+};
+
+absl::StatusOr<std::unique_ptr<CheckpointPartWriter>> CheckpointPartWriter::Create(
+    const std::string& path) {
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return ZO_ERRNO_STATUS(errno, absl::StrCat("create checkpoint part ", path));
+  auto impl = std::make_unique<Impl>();
+  impl->path = path;
+  impl->fd = fd;
+  // From here the writer owns the file and removes it on failure.
+  std::unique_ptr<CheckpointPartWriter> writer(new CheckpointPartWriter(std::move(impl)));
+  std::string header(kMagic, sizeof(kMagic));
+  PutU32(header, kFormatVersion);
+  header.resize(kHeaderBytes, '\0');
+  ZO_RETURN_IF_ERROR(writer->impl_->Write(header));
+  return writer;
+}
+
+CheckpointPartWriter::CheckpointPartWriter(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+CheckpointPartWriter::~CheckpointPartWriter() {
+  if (impl_->fd >= 0) close(impl_->fd);
+  if (!impl_->finished) unlink(impl_->path.c_str());
+}
+
+absl::Status CheckpointPartWriter::AddChunk(int64_t chunk, int64_t flat_begin,
+                                            absl::Span<const float> master,
+                                            absl::Span<const float> m, absl::Span<const float> v) {
+  Impl& s = *impl_;
+  if (s.finished) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint part ", s.path, " is finished; cannot add chunk ", chunk));
+  }
+  if (!s.error.ok()) return s.error;
+  if (master.empty() || m.size() != master.size() || v.size() != master.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint part ", s.path, ": chunk ", chunk,
+                                                   " needs master, m and v of one size > 0, got ",
+                                                   master.size(), ", ", m.size(), " and ", v.size(),
+                                                   " elements"));
+  }
+  if (chunk <= s.last_chunk || flat_begin < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint part ", s.path, ": chunk ", chunk, " (flat_begin ", flat_begin,
+        ") must be >= 0, come after chunk ", s.last_chunk, " and start at a flat index >= 0"));
+  }
+  const int64_t elems = static_cast<int64_t>(master.size());
+  std::string entry;
+  PutU64(entry, static_cast<uint64_t>(chunk));
+  PutU64(entry, static_cast<uint64_t>(flat_begin));
+  PutU64(entry, static_cast<uint64_t>(elems));
+  const std::array<absl::Span<const float>, kArrays> arrays = {master, m, v};
+  const uint64_t data_bytes = static_cast<uint64_t>(elems) * sizeof(float);
+  const uint64_t region_bytes = RoundUp(data_bytes, kAlignBytes);
+  for (int a = 0; a < kArrays; ++a) PutU64(entry, s.offset + a * region_bytes);
+  for (int a = 0; a < kArrays; ++a) {
+    const char* data = reinterpret_cast<const char*>(arrays[a].data());
+    for (uint64_t b = 0; b < data_bytes; b += kBlockBytes) {
+      PutU64(entry, Hash(data + b, std::min(kBlockBytes, data_bytes - b)));
+    }
+  }
+  for (int a = 0; a < kArrays; ++a) {
+    const char* data = reinterpret_cast<const char*>(arrays[a].data());
+    ZO_RETURN_IF_ERROR(s.Write(absl::string_view(data, data_bytes)));
+    ZO_RETURN_IF_ERROR(s.Write(absl::string_view(kZeros, region_bytes - data_bytes)));
+  }
+  s.index += entry;
+  ++s.entries;
+  s.last_chunk = chunk;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CheckpointPartSummary> CheckpointPartWriter::Finish() {
+  Impl& s = *impl_;
+  if (s.finished) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint part ", s.path, " is already finished"));
+  }
+  if (!s.error.ok()) return s.error;
+  std::string index;
+  PutU64(index, s.entries);
+  index += s.index;
+  const uint64_t index_offset = s.offset;
+  const uint64_t index_bytes = index.size();
+  const uint64_t checksum = Hash(index.data(), index.size());
+  std::string tail = std::move(index);
+  PutU64(tail, index_offset);
+  PutU64(tail, index_bytes);
+  PutU64(tail, checksum);
+  PutU32(tail, kFormatVersion);
+  PutU32(tail, 0);
+  tail.append(kMagic, sizeof(kMagic));
+  ZO_RETURN_IF_ERROR(s.Write(tail));
+  if (fsync(s.fd) != 0) {
+    s.error = ZO_ERRNO_STATUS(errno, absl::StrCat("fsync checkpoint part ", s.path));
+    return s.error;
+  }
+  const int fd = std::exchange(s.fd, -1);
+  if (close(fd) != 0) {
+    s.error = ZO_ERRNO_STATUS(errno, absl::StrCat("close checkpoint part ", s.path));
+    return s.error;
+  }
+  s.finished = true;
+  return CheckpointPartSummary{BaseName(s.path), static_cast<int64_t>(s.offset), checksum};
+}
+
+// ---------------------------------------------------------------- reader ---
+
+struct CheckpointPartReader::Impl {
+  struct Entry {
+    std::array<uint64_t, kArrays> offset;
+    size_t sums = 0;  // first checksum in `sums`: [array][block]
+  };
+  std::string path;
+  int fd = -1;
+  std::vector<CheckpointChunk> chunks;
+  std::vector<Entry> entries;
+  std::vector<uint64_t> sums;
+  CheckpointPartSummary summary;
+
+  absl::Status Corrupt(absl::string_view what) const {
+    return absl::DataLossError(absl::StrCat("checkpoint part ", path, ": ", what));
+  }
+  absl::Status ParseIndex(const std::string& index, uint64_t index_offset);
+  absl::Status ReadArray(size_t e, int array, int64_t offset, absl::Span<float> out) const;
+};
+
+absl::Status CheckpointPartReader::Impl::ParseIndex(const std::string& index,
+                                                    uint64_t index_offset) {
+  const char* p = index.data();
+  const char* const end = p + index.size();
+  if (index.size() < 8) return Corrupt("index shorter than its entry count");
+  const uint64_t count = GetU64(p);
+  p += 8;
+  // Every entry takes at least kEntryFixedBytes + 3 checksums.
+  if (count > index.size() / (kEntryFixedBytes + kArrays * 8)) {
+    return Corrupt(absl::StrCat("index claims ", count, " chunks in ", index.size(), " bytes"));
+  }
+  for (uint64_t i = 0; i < count; ++i) {
+    if (static_cast<uint64_t>(end - p) < kEntryFixedBytes) {
+      return Corrupt(absl::StrCat("index entry ", i, " is cut short"));
+    }
+    const CheckpointChunk c{static_cast<int64_t>(GetU64(p)), static_cast<int64_t>(GetU64(p + 8)),
+                            static_cast<int64_t>(GetU64(p + 16))};
+    Entry entry;
+    for (int a = 0; a < kArrays; ++a) entry.offset[a] = GetU64(p + 24 + 8 * a);
+    p += kEntryFixedBytes;
+    const int64_t prev = chunks.empty() ? -1 : chunks.back().chunk;
+    if (c.chunk <= prev || c.flat_begin < 0 || c.elems <= 0 ||
+        static_cast<uint64_t>(c.elems) > index_offset / sizeof(float)) {
+      return Corrupt(absl::StrCat("index entry ", i, " (chunk ", c.chunk, ", flat_begin ",
+                                  c.flat_begin, ", ", c.elems, " elements) is malformed"));
+    }
+    const uint64_t bytes = static_cast<uint64_t>(c.elems) * sizeof(float);
+    for (int a = 0; a < kArrays; ++a) {
+      const uint64_t off = entry.offset[a];
+      if (off < kHeaderBytes || off % kAlignBytes != 0 || off > index_offset ||
+          bytes > index_offset - off) {
+        return Corrupt(absl::StrCat("chunk ", c.chunk, "'s ", kArrayNames[a], " at offset ", off,
+                                    " (", bytes, " bytes) is outside the data area [", kHeaderBytes,
+                                    ", ", index_offset, ")"));
+      }
+    }
+    const uint64_t n = kArrays * Blocks(c.elems);
+    if (static_cast<uint64_t>(end - p) / 8 < n) {
+      return Corrupt(absl::StrCat("index entry ", i, " (chunk ", c.chunk, ") is cut short"));
+    }
+    entry.sums = sums.size();
+    for (uint64_t k = 0; k < n; ++k) sums.push_back(GetU64(p + 8 * k));
+    p += 8 * n;
+    chunks.push_back(c);
+    entries.push_back(entry);
+  }
+  if (p != end) return Corrupt(absl::StrCat("index has ", end - p, " bytes past its last entry"));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<CheckpointPartReader>> CheckpointPartReader::Open(
+    const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ZO_ERRNO_STATUS(errno, absl::StrCat("open checkpoint part ", path));
+  auto impl = std::make_unique<Impl>();
+  impl->path = path;
+  impl->fd = fd;
+  std::unique_ptr<CheckpointPartReader> reader(new CheckpointPartReader(std::move(impl)));
+  Impl& s = *reader->impl_;
+
+  struct stat st;
+  if (fstat(fd, &st) != 0) return ZO_ERRNO_STATUS(errno, absl::StrCat("fstat ", path));
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size < kHeaderBytes + kTrailerBytes) {
+    return s.Corrupt(absl::StrCat("the file is ", size,
+                                  " bytes, shorter than a header and a "
+                                  "trailer (",
+                                  kHeaderBytes + kTrailerBytes, "): truncated"));
+  }
+  char head[12];
+  ZO_RETURN_IF_ERROR(PreadAll(fd, head, sizeof(head), 0, path));
+  if (std::memcmp(head, kMagic, sizeof(kMagic)) != 0) {
+    return s.Corrupt("bad magic at offset 0: not a zo checkpoint part");
+  }
+  if (const uint32_t version = GetU32(head + 8); version != kFormatVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint part ", path, " has format version ", version,
+                     "; this build reads version ", kFormatVersion));
+  }
+  char trailer[kTrailerBytes];
+  ZO_RETURN_IF_ERROR(PreadAll(fd, trailer, kTrailerBytes, size - kTrailerBytes, path));
+  if (std::memcmp(trailer + 32, kMagic, sizeof(kMagic)) != 0) {
+    return s.Corrupt(absl::StrCat("bad trailer magic at offset ", size - 8,
+                                  ": the file is truncated or was never finished"));
+  }
+  if (const uint32_t version = GetU32(trailer + 24); version != kFormatVersion) {
+    return s.Corrupt(
+        absl::StrCat("the trailer says format version ", version, ", the header ", kFormatVersion));
+  }
+  const uint64_t index_offset = GetU64(trailer);
+  const uint64_t index_bytes = GetU64(trailer + 8);
+  const uint64_t checksum = GetU64(trailer + 16);
+  if (index_offset < kHeaderBytes || index_offset % kAlignBytes != 0 ||
+      index_offset > size - kTrailerBytes || index_bytes != size - kTrailerBytes - index_offset) {
+    return s.Corrupt(absl::StrCat("the trailer puts the index at offset ", index_offset, " (",
+                                  index_bytes, " bytes), which does not fit the file's ", size,
+                                  " bytes: truncated or corrupt"));
+  }
+  std::string index(index_bytes, '\0');
+  ZO_RETURN_IF_ERROR(PreadAll(fd, index.data(), index.size(), index_offset, path));
+  if (const uint64_t actual = Hash(index.data(), index.size()); actual != checksum) {
+    return s.Corrupt(absl::StrCat("index checksum mismatch: the index at offset ", index_offset,
+                                  " (", index_bytes, " bytes) hashes to ", Hex(actual),
+                                  ", the trailer says ", Hex(checksum)));
+  }
+  ZO_RETURN_IF_ERROR(s.ParseIndex(index, index_offset));
+  s.summary = CheckpointPartSummary{BaseName(path), static_cast<int64_t>(size), checksum};
+  return reader;
+}
+
+CheckpointPartReader::CheckpointPartReader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+CheckpointPartReader::~CheckpointPartReader() {
+  if (impl_->fd >= 0) close(impl_->fd);
+}
+
+const std::vector<CheckpointChunk>& CheckpointPartReader::chunks() const { return impl_->chunks; }
+
+const CheckpointPartSummary& CheckpointPartReader::summary() const { return impl_->summary; }
+
+// Reads whole 64 KiB blocks so that each can be verified: runs of blocks that
+// lie inside `out` go straight into it, the partial blocks at either end
+// through a bounce buffer.
+absl::Status CheckpointPartReader::Impl::ReadArray(size_t e, int array, int64_t offset,
+                                                   absl::Span<float> out) const {
+  const CheckpointChunk& c = chunks[e];
+  const uint64_t base = entries[e].offset[array];
+  const uint64_t data_bytes = static_cast<uint64_t>(c.elems) * sizeof(float);
+  const uint64_t b0 = static_cast<uint64_t>(offset) * sizeof(float);
+  const uint64_t b1 = b0 + out.size() * sizeof(float);
+  char* const dst = reinterpret_cast<char*>(out.data());
+  const uint64_t* const sums = this->sums.data() + entries[e].sums + array * Blocks(c.elems);
+  std::vector<char> bounce;
+  auto block_end = [&](uint64_t k) { return std::min((k + 1) * kBlockBytes, data_bytes); };
+  auto verify = [&](uint64_t k, const char* data) -> absl::Status {
+    const uint64_t len = block_end(k) - k * kBlockBytes;
+    const uint64_t actual = Hash(data, len);
+    if (actual == sums[k]) return absl::OkStatus();
+    return absl::DataLossError(absl::StrCat(
+        "checksum mismatch in checkpoint part ", path, ": chunk ", c.chunk, " (flat elements [",
+        c.flat_begin, ", ", c.flat_begin + c.elems, ")), ", kArrayNames[array], " block ", k,
+        " at file offset ", base + k * kBlockBytes, " (", len, " bytes) hashes to ", Hex(actual),
+        ", written as ", Hex(sums[k]), "; the part is corrupt: restore from another checkpoint"));
+  };
+  auto read_range = [&](char* buf, uint64_t begin, uint64_t end) -> absl::Status {
+    absl::Status status = PreadAll(fd, buf, end - begin, base + begin, path);
+    if (status.ok()) return status;
+    return absl::Status(status.code(), absl::StrCat("read chunk ", c.chunk, " ", kArrayNames[array],
+                                                    ": ", status.message()));
+  };
+  for (uint64_t k = b0 / kBlockBytes; k * kBlockBytes < b1;) {
+    const uint64_t begin = k * kBlockBytes;
+    if (begin >= b0 && block_end(k) <= b1) {
+      uint64_t j = k + 1;  // the run of whole blocks k..j-1
+      while (j * kBlockBytes < b1 && block_end(j) <= b1) ++j;
+      char* buf = dst + (begin - b0);
+      ZO_RETURN_IF_ERROR(read_range(buf, begin, block_end(j - 1)));
+      for (uint64_t i = k; i < j; ++i) {
+        ZO_RETURN_IF_ERROR(verify(i, buf + (i - k) * kBlockBytes));
+      }
+      k = j;
+      continue;
+    }
+    bounce.resize(kBlockBytes);
+    ZO_RETURN_IF_ERROR(read_range(bounce.data(), begin, block_end(k)));
+    ZO_RETURN_IF_ERROR(verify(k, bounce.data()));
+    const uint64_t from = std::max(begin, b0);
+    const uint64_t to = std::min(block_end(k), b1);
+    std::memcpy(dst + (from - b0), bounce.data() + (from - begin), to - from);
+    ++k;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointPartReader::Read(int64_t chunk, int64_t offset, absl::Span<float> master,
+                                        absl::Span<float> m, absl::Span<float> v) const {
+  const Impl& s = *impl_;
+  const std::array<absl::Span<float>, kArrays> outs = {master, m, v};
+  size_t n = 0;
+  for (const absl::Span<float>& out : outs) n = std::max(n, out.size());
+  for (int a = 0; a < kArrays; ++a) {
+    if (!outs[a].empty() && outs[a].size() != n) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint part ", s.path, ": read of chunk ", chunk, " got spans of ", master.size(),
+          ", ", m.size(), " and ", v.size(), " elements; each must be empty or of one size"));
+    }
+  }
+  const auto it =
+      std::lower_bound(s.chunks.begin(), s.chunks.end(), chunk,
+                       [](const CheckpointChunk& c, int64_t id) { return c.chunk < id; });
+  if (it == s.chunks.end() || it->chunk != chunk) {
+    return absl::NotFoundError(absl::StrCat("checkpoint part ", s.path, " has no chunk ", chunk));
+  }
+  if (offset < 0 || offset > it->elems || static_cast<int64_t>(n) > it->elems - offset) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "checkpoint part ", s.path, ": elements [", offset, ", ", offset + static_cast<int64_t>(n),
+        ") are outside chunk ", chunk, "'s ", it->elems, " elements"));
+  }
+  const size_t e = static_cast<size_t>(it - s.chunks.begin());
+  for (int a = 0; a < kArrays; ++a) {
+    if (!outs[a].empty()) ZO_RETURN_IF_ERROR(s.ReadArray(e, a, offset, outs[a]));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace zo

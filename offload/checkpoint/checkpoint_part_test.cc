@@ -1,0 +1,278 @@
+#include "offload/checkpoint/checkpoint_part.h"
+
+#include <signal.h>
+#include <sys/resource.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "offload/checkpoint/checkpoint_test_util.h"
+
+namespace zo {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::zo::testing::CheckpointPattern;
+using ::zo::testing::FlipByte;
+using ::zo::testing::FreshTestDir;
+using ::zo::testing::IsOk;
+using ::zo::testing::StatusIs;
+
+// The layout of design.md: a 4 KiB header, then per chunk master, m and v,
+// each padded to 4 KiB.
+constexpr uint64_t kHeader = 4096;
+constexpr int64_t kBlockElems = 65536 / 4;
+uint64_t Region(int64_t elems) { return (static_cast<uint64_t>(elems) * 4 + 4095) / 4096 * 4096; }
+
+struct TestChunk {
+  int64_t chunk;
+  int64_t flat_begin;
+  std::vector<float> master, m, v;
+};
+
+TestChunk MakeChunk(int64_t chunk, int64_t flat_begin, int64_t elems) {
+  const uint64_t seed = static_cast<uint64_t>(chunk) * 3;
+  return {chunk, flat_begin, CheckpointPattern(elems, seed), CheckpointPattern(elems, seed + 1),
+          CheckpointPattern(elems, seed + 2)};
+}
+
+absl::StatusOr<CheckpointPartSummary> WritePart(const std::string& path,
+                                                const std::vector<TestChunk>& chunks) {
+  ZO_ASSIGN_OR_RETURN(auto writer, CheckpointPartWriter::Create(path));
+  for (const TestChunk& c : chunks) {
+    ZO_RETURN_IF_ERROR(writer->AddChunk(c.chunk, c.flat_begin, c.master, c.m, c.v));
+  }
+  return writer->Finish();
+}
+
+class CheckpointPartTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = FreshTestDir(::testing::UnitTest::GetInstance()->current_test_info()->name());
+    path_ = dir_ + "/part-00000.zop";
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // Odd sizes: one element, under a block, exactly a block, a block and one,
+  // several blocks and a tail.
+  std::vector<TestChunk> OddChunks() const {
+    return {MakeChunk(0, 0, 1), MakeChunk(3, 300, 1000), MakeChunk(7, 700, kBlockElems),
+            MakeChunk(9, 900, kBlockElems + 1), MakeChunk(12, 1200, 100003)};
+  }
+
+  std::string dir_;
+  std::string path_;
+};
+
+TEST_F(CheckpointPartTest, RoundTripsChunksOfOddSizes) {
+  const std::vector<TestChunk> chunks = OddChunks();
+  ZO_ASSERT_OK_AND_ASSIGN(const CheckpointPartSummary summary, WritePart(path_, chunks));
+  EXPECT_EQ(summary.file, "part-00000.zop");
+  EXPECT_EQ(summary.bytes, static_cast<int64_t>(std::filesystem::file_size(path_)));
+
+  ZO_ASSERT_OK_AND_ASSIGN(auto reader, CheckpointPartReader::Open(path_));
+  EXPECT_EQ(reader->summary(), summary);
+  ASSERT_EQ(reader->chunks().size(), chunks.size());
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const TestChunk& c = chunks[i];
+    const int64_t n = static_cast<int64_t>(c.master.size());
+    EXPECT_EQ(reader->chunks()[i], (CheckpointChunk{c.chunk, c.flat_begin, n}));
+    std::vector<float> master(n), m(n), v(n);
+    ASSERT_THAT(
+        reader->Read(c.chunk, 0, absl::MakeSpan(master), absl::MakeSpan(m), absl::MakeSpan(v)),
+        IsOk());
+    EXPECT_EQ(master, c.master) << "chunk " << c.chunk;
+    EXPECT_EQ(m, c.m) << "chunk " << c.chunk;
+    EXPECT_EQ(v, c.v) << "chunk " << c.chunk;
+  }
+}
+
+TEST_F(CheckpointPartTest, PartialReadsAtUnalignedOffsetsAcrossBlocks) {
+  const TestChunk c = MakeChunk(4, 4000, 4 * kBlockElems + 123);
+  ASSERT_THAT(WritePart(path_, {c}), IsOk());
+  ZO_ASSERT_OK_AND_ASSIGN(auto reader, CheckpointPartReader::Open(path_));
+  const int64_t n = static_cast<int64_t>(c.master.size());
+  const std::vector<std::pair<int64_t, int64_t>> ranges = {
+      {0, 1},     {kBlockElems - 1, 2},           {kBlockElems - 3, kBlockElems + 7},
+      {1, n - 1}, {3 * kBlockElems + 5, 130},     {n - 1, 1},
+      {5, 0},     {kBlockElems, 2 * kBlockElems}, {kBlockElems + 1, 3 * kBlockElems - 1}};
+  for (const auto& [offset, len] : ranges) {
+    SCOPED_TRACE(absl::StrCat("elements [", offset, ", ", offset + len, ")"));
+    std::vector<float> master(len), m(len), v(len);
+    ASSERT_THAT(
+        reader->Read(c.chunk, offset, absl::MakeSpan(master), absl::MakeSpan(m), absl::MakeSpan(v)),
+        IsOk());
+    EXPECT_TRUE(std::equal(master.begin(), master.end(), c.master.begin() + offset));
+    EXPECT_TRUE(std::equal(m.begin(), m.end(), c.m.begin() + offset));
+    EXPECT_TRUE(std::equal(v.begin(), v.end(), c.v.begin() + offset));
+    // One array alone.
+    std::vector<float> only_v(len);
+    ASSERT_THAT(reader->Read(c.chunk, offset, {}, {}, absl::MakeSpan(only_v)), IsOk());
+    EXPECT_EQ(only_v, v);
+  }
+}
+
+TEST_F(CheckpointPartTest, FlippedDataByteIsDataLossAndOtherBlocksStillRead) {
+  const std::vector<TestChunk> chunks = {MakeChunk(0, 0, 1000),
+                                         MakeChunk(2, 2 * 100000, 3 * kBlockElems)};
+  ASSERT_THAT(WritePart(path_, chunks), IsOk());
+  // Chunk 2's m array, block 1, byte 10.
+  const uint64_t m_offset = kHeader + 3 * Region(1000) + Region(3 * kBlockElems);
+  const uint64_t block_offset = m_offset + 65536;
+  ASSERT_THAT(FlipByte(path_, block_offset + 10), IsOk());
+
+  ZO_ASSERT_OK_AND_ASSIGN(auto reader, CheckpointPartReader::Open(path_));  // index intact
+  std::vector<float> buf(3 * kBlockElems);
+  EXPECT_THAT(reader->Read(2, 0, {}, absl::MakeSpan(buf), {}),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr(path_), HasSubstr("chunk 2"), HasSubstr("m block 1"),
+                             HasSubstr(absl::StrCat("offset ", block_offset)))));
+  // Any read touching block 1 fails, even of one element far from the byte.
+  std::vector<float> one(1);
+  EXPECT_THAT(reader->Read(2, 2 * kBlockElems - 1, {}, absl::MakeSpan(one), {}),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("m block 1")));
+  // Blocks 0 and 2 of m, the other arrays and the other chunk still read.
+  std::vector<float> block(kBlockElems);
+  ASSERT_THAT(reader->Read(2, 0, {}, absl::MakeSpan(block), {}), IsOk());
+  EXPECT_TRUE(std::equal(block.begin(), block.end(), chunks[1].m.begin()));
+  ASSERT_THAT(reader->Read(2, 2 * kBlockElems, {}, absl::MakeSpan(block), {}), IsOk());
+  EXPECT_TRUE(std::equal(block.begin(), block.end(), chunks[1].m.begin() + 2 * kBlockElems));
+  ASSERT_THAT(reader->Read(2, 0, absl::MakeSpan(buf), {}, {}), IsOk());
+  EXPECT_EQ(buf, chunks[1].master);
+  std::vector<float> small(1000);
+  EXPECT_THAT(
+      reader->Read(0, 0, absl::MakeSpan(small), absl::MakeSpan(small), absl::MakeSpan(small)),
+      IsOk());
+}
+
+TEST_F(CheckpointPartTest, TruncatedFileIsDataLossAtOpen) {
+  ZO_ASSERT_OK_AND_ASSIGN(const CheckpointPartSummary summary, WritePart(path_, OddChunks()));
+  for (const uint64_t size :
+       {static_cast<uint64_t>(summary.bytes) - 1, static_cast<uint64_t>(summary.bytes) / 2,
+        uint64_t{4200}, uint64_t{100}, uint64_t{0}}) {
+    SCOPED_TRACE(absl::StrCat("cut to ", size, " bytes"));
+    std::filesystem::resize_file(path_, size);
+    EXPECT_THAT(CheckpointPartReader::Open(path_),
+                StatusIs(absl::StatusCode::kDataLoss, HasSubstr(path_)));
+  }
+}
+
+TEST_F(CheckpointPartTest, FlippedIndexByteIsDataLoss) {
+  ZO_ASSERT_OK_AND_ASSIGN(const CheckpointPartSummary summary, WritePart(path_, OddChunks()));
+  // The trailer's first field is the index offset (design.md).
+  std::ifstream in(path_, std::ios::binary);
+  in.seekg(summary.bytes - 40);
+  uint64_t index_offset = 0;
+  in.read(reinterpret_cast<char*>(&index_offset), 8);
+  ASSERT_TRUE(in.good());
+  ASSERT_THAT(FlipByte(path_, index_offset + 20), IsOk());
+  EXPECT_THAT(CheckpointPartReader::Open(path_),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr(path_), HasSubstr("index checksum mismatch"))));
+}
+
+TEST_F(CheckpointPartTest, BadMagicIsDataLoss) {
+  ASSERT_THAT(WritePart(path_, OddChunks()), IsOk());
+  ASSERT_THAT(FlipByte(path_, 3), IsOk());
+  EXPECT_THAT(CheckpointPartReader::Open(path_),
+              StatusIs(absl::StatusCode::kDataLoss, AllOf(HasSubstr(path_), HasSubstr("magic"))));
+}
+
+TEST_F(CheckpointPartTest, UnfinishedWriterRemovesItsFile) {
+  {
+    ZO_ASSERT_OK_AND_ASSIGN(auto writer, CheckpointPartWriter::Create(path_));
+    const TestChunk c = MakeChunk(0, 0, 10);
+    ASSERT_THAT(writer->AddChunk(0, 0, c.master, c.m, c.v), IsOk());
+    EXPECT_TRUE(std::filesystem::exists(path_));
+  }
+  EXPECT_FALSE(std::filesystem::exists(path_));
+  EXPECT_THAT(CheckpointPartReader::Open(path_),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr(path_)));
+}
+
+TEST_F(CheckpointPartTest, CreateRefusesAnExistingFile) {
+  ASSERT_THAT(WritePart(path_, OddChunks()), IsOk());
+  EXPECT_THAT(CheckpointPartWriter::Create(path_),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr(path_)));
+  EXPECT_THAT(CheckpointPartReader::Open(path_), IsOk());  // untouched
+}
+
+TEST_F(CheckpointPartTest, AddChunkRejectsBadArguments) {
+  ZO_ASSERT_OK_AND_ASSIGN(auto writer, CheckpointPartWriter::Create(path_));
+  const TestChunk c = MakeChunk(5, 50, 10);
+  const std::vector<float> short_m(9);
+  EXPECT_THAT(writer->AddChunk(5, 50, c.master, short_m, c.v),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("one size")));
+  EXPECT_THAT(writer->AddChunk(5, 50, {}, {}, {}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("one size")));
+  ASSERT_THAT(writer->AddChunk(5, 50, c.master, c.m, c.v), IsOk());
+  EXPECT_THAT(writer->AddChunk(5, 50, c.master, c.m, c.v),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("come after chunk 5")));
+  EXPECT_THAT(writer->AddChunk(4, 40, c.master, c.m, c.v),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("come after chunk 5")));
+  ASSERT_THAT(writer->Finish(), IsOk());
+  EXPECT_THAT(writer->Finish(), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr(path_)));
+  ZO_ASSERT_OK_AND_ASSIGN(auto reader, CheckpointPartReader::Open(path_));
+  EXPECT_EQ(reader->chunks(), (std::vector<CheckpointChunk>{{5, 50, 10}}));
+}
+
+TEST_F(CheckpointPartTest, ReadRejectsBadArguments) {
+  ASSERT_THAT(WritePart(path_, {MakeChunk(1, 10, 100)}), IsOk());
+  ZO_ASSERT_OK_AND_ASSIGN(auto reader, CheckpointPartReader::Open(path_));
+  std::vector<float> a(10), b(9);
+  EXPECT_THAT(reader->Read(2, 0, absl::MakeSpan(a), {}, {}),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no chunk 2")));
+  EXPECT_THAT(reader->Read(1, 91, absl::MakeSpan(a), {}, {}),
+              StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("[91, 101)")));
+  EXPECT_THAT(reader->Read(1, -1, absl::MakeSpan(a), {}, {}),
+              StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("chunk 1")));
+  EXPECT_THAT(reader->Read(1, 0, absl::MakeSpan(a), absl::MakeSpan(b), {}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("one size")));
+  EXPECT_THAT(reader->Read(1, 90, absl::MakeSpan(a), {}, absl::MakeSpan(a)), IsOk());
+}
+
+TEST_F(CheckpointPartTest, EmptyPartRoundTrips) {
+  // A server that owns no chunk (more servers than chunks) still writes a part.
+  ZO_ASSERT_OK_AND_ASSIGN(const CheckpointPartSummary summary, WritePart(path_, {}));
+  ZO_ASSERT_OK_AND_ASSIGN(auto reader, CheckpointPartReader::Open(path_));
+  EXPECT_TRUE(reader->chunks().empty());
+  EXPECT_EQ(reader->summary(), summary);
+}
+
+// A file past RLIMIT_FSIZE fails its write with EFBIG (once SIGXFSZ is
+// ignored), the portable stand-in for a full disk: both must come back as
+// RESOURCE_EXHAUSTED naming the file, sticky, and leave no file behind.
+TEST_F(CheckpointPartTest, FileSizeLimitIsResourceExhaustedAndRemovesTheFile) {
+  struct sigaction ignore = {}, old_action = {};
+  ignore.sa_handler = SIG_IGN;
+  ASSERT_EQ(sigaction(SIGXFSZ, &ignore, &old_action), 0);
+  rlimit old_limit;
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  const TestChunk c = MakeChunk(0, 0, 1 << 20);  // 4 MiB per array
+  absl::Status added, finished;
+  {
+    ZO_ASSERT_OK_AND_ASSIGN(auto writer, CheckpointPartWriter::Create(path_));
+    rlimit limit = old_limit;
+    limit.rlim_cur = 1 << 20;
+    ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &limit), 0);
+    added = writer->AddChunk(0, 0, c.master, c.m, c.v);
+    finished = writer->Finish().status();
+    ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  }
+  ASSERT_EQ(sigaction(SIGXFSZ, &old_action, nullptr), 0);
+  EXPECT_THAT(added, StatusIs(absl::StatusCode::kResourceExhausted,
+                              AllOf(HasSubstr(path_), HasSubstr("EFBIG"))));
+  EXPECT_EQ(finished, added);
+  EXPECT_FALSE(std::filesystem::exists(path_));
+}
+
+}  // namespace
+}  // namespace zo
