@@ -26,6 +26,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/config.h"
+#include "common/dpu_policy.h"
 #include "common/sharding.h"
 #include "proto/zo/v1/job.pb.h"
 
@@ -65,12 +66,6 @@ struct ClientOptions {
   bool resend = false;
 };
 
-// The version whose weights a step is computed on, under the delayed
-// parameter update policy: without DPU (or during dpu.warmup_steps) step s
-// uses v_{s-1}; afterwards it runs one version behind, v_{s-2}. Steps are
-// numbered from 1; version 0 is the initial weights.
-int64_t VersionForStep(const DpuConfig& dpu, int64_t step);
-
 // One GradientPiece's worth of a Push: which server, chunk and bytes.
 struct PushPiece {
   int server = 0;
@@ -103,6 +98,11 @@ class OffloadClient {
   const ShardMap& shard_map() const;
   const Config& config() const;
 
+  // Sets the initial fp32 weights of tensor `tensor` on the servers that own
+  // it (accepted only while the job is at version 0; the master starts from
+  // them and version 0's low-precision copy is their rounding). Synchronous.
+  absl::Status InitParams(int tensor, absl::Span<const float> values);
+
   // Queues the gradient of a whole tensor (its elements in the job's dtype)
   // for `step`: copies the bytes and returns, blocking only while more than
   // max_bytes_in_flight are queued. INVALID_ARGUMENT for a wrong size or
@@ -125,7 +125,7 @@ class OffloadClient {
   absl::StatusOr<bool> Pull(int64_t version, int64_t have_version, absl::Span<const int> tensors,
                             absl::Span<const absl::Span<std::byte>> dst);
 
-  // Pulls VersionForStep(config.zo.dpu, step) into dst unless dst already
+  // Pulls VersionForStep(config.zo.dpu, step, base version) (common/dpu_policy.h) into dst unless dst already
   // holds it (the client remembers the version last pulled by this method).
   absl::Status PullForStep(int64_t step, absl::Span<const int> tensors,
                            absl::Span<const absl::Span<std::byte>> dst);

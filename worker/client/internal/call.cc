@@ -1,0 +1,122 @@
+#include "worker/client/internal/call.h"
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "proto/rpc_util.h"
+
+namespace zo::client_internal {
+
+std::unique_ptr<grpc::ClientContext> NewContext(const CallSettings& settings) {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(absl::ToChronoTime(absl::Now() + settings.timeout));
+  if (!settings.auth_token.empty()) {
+    context->AddMetadata(kAuthMetadataKey, BearerValue(settings.auth_token));
+  }
+  return context;
+}
+
+bool IsRetryable(absl::StatusCode code) {
+  return code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded;
+}
+
+absl::Status ServerError(absl::string_view server, const absl::Status& status) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat("server ", server, ": ", status.message()));
+}
+
+bool CallGroup::Register(grpc::ClientContext* context) {
+  std::lock_guard lock(mu_);
+  if (cancelled_) return false;
+  contexts_.insert(context);
+  return true;
+}
+
+void CallGroup::Unregister(grpc::ClientContext* context) {
+  std::lock_guard lock(mu_);
+  contexts_.erase(context);
+}
+
+void CallGroup::CancelAll() {
+  {
+    std::lock_guard lock(mu_);
+    cancelled_ = true;
+    // TryCancel only marks the call; it never waits on it, so holding mu_
+    // here cannot deadlock with a call that is finishing.
+    for (grpc::ClientContext* context : contexts_) context->TryCancel();
+  }
+  cancelled_cv_.notify_all();
+}
+
+bool CallGroup::cancelled() const {
+  std::lock_guard lock(mu_);
+  return cancelled_;
+}
+
+bool CallGroup::Sleep(absl::Duration d) {
+  std::unique_lock lock(mu_);
+  return !cancelled_cv_.wait_for(lock, absl::ToChronoNanoseconds(d), [&] { return cancelled_; });
+}
+
+absl::Status RetryCall(const CallSettings& settings, absl::string_view server, CallGroup* group,
+                       absl::FunctionRef<absl::Status(grpc::ClientContext&)> attempt) {
+  const absl::Time start = absl::Now();
+  const absl::Time give_up = start + settings.retry_for;
+  absl::Duration backoff = settings.first_backoff;
+  for (int attempts = 1;; ++attempts) {
+    std::unique_ptr<grpc::ClientContext> context = NewContext(settings);
+    if (group != nullptr && !group->Register(context.get())) {
+      return ServerError(server, absl::CancelledError("call cancelled"));
+    }
+    absl::Status status = attempt(*context);
+    if (group != nullptr) group->Unregister(context.get());
+    if (status.ok()) return status;
+
+    const bool cancelled = group != nullptr && group->cancelled();
+    if (cancelled || !IsRetryable(status.code()) || absl::Now() + backoff > give_up) {
+      absl::Status error = ServerError(server, status);
+      if (attempts > 1) {
+        error = absl::Status(
+            error.code(),
+            absl::StrCat(
+                error.message(), " (gave up after ", attempts, " attempts in ",
+                absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1))),
+                ")"));
+      }
+      return error;
+    }
+    if (group != nullptr) {
+      if (!group->Sleep(backoff)) {
+        return ServerError(server, absl::CancelledError("call cancelled"));
+      }
+    } else {
+      absl::SleepFor(backoff);
+    }
+    backoff = std::min(backoff * 2, settings.max_backoff);
+  }
+}
+
+absl::Status RunInParallel(size_t n, CallGroup& group, absl::FunctionRef<absl::Status(size_t)> fn) {
+  std::mutex mu;
+  absl::Status first_error;  // guarded by mu
+  auto run = [&](size_t i) {
+    absl::Status status = fn(i);
+    if (status.ok()) return;
+    std::lock_guard lock(mu);
+    if (first_error.ok()) {
+      first_error = std::move(status);
+      group.CancelAll();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (size_t i = 1; i < n; ++i) threads.emplace_back(run, i);
+  if (n > 0) run(0);
+  for (std::thread& t : threads) t.join();
+  return first_error;
+}
+
+}  // namespace zo::client_internal

@@ -1,0 +1,78 @@
+// How the client makes every call: a fresh context with a deadline and the
+// token, retries of the transient codes with exponential backoff, errors that
+// name the server, and cancellation of a group of calls (a Pull stops asking
+// the other servers once one has failed).
+#ifndef ZO_WORKER_CLIENT_INTERNAL_CALL_H_
+#define ZO_WORKER_CLIENT_INTERNAL_CALL_H_
+
+#include <condition_variable>
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "grpcpp/client_context.h"
+
+namespace zo::client_internal {
+
+struct CallSettings {
+  std::string auth_token;  // empty: no authorization metadata
+  absl::Duration timeout = absl::Seconds(120);
+  // UNAVAILABLE and DEADLINE_EXCEEDED are retried for at most this long.
+  absl::Duration retry_for = absl::Seconds(10);
+  absl::Duration first_backoff = absl::Milliseconds(50);
+  absl::Duration max_backoff = absl::Seconds(2);
+};
+
+// A context whose deadline is now + settings.timeout, carrying the token.
+std::unique_ptr<grpc::ClientContext> NewContext(const CallSettings& settings);
+
+// The codes worth calling again: the server was unreachable or too slow.
+bool IsRetryable(absl::StatusCode code);
+
+// `status` with the same code and "server <name>: " before its message.
+absl::Status ServerError(absl::string_view server, const absl::Status& status);
+
+// Calls that can be cancelled together. Thread-safe.
+class CallGroup {
+ public:
+  // Adds a call's context; false when the group is already cancelled (the
+  // call should not start). The context must stay alive until Unregister.
+  bool Register(grpc::ClientContext* context);
+  void Unregister(grpc::ClientContext* context);
+  // Cancels every registered call and every later Register and Sleep.
+  void CancelAll();
+  bool cancelled() const;
+  // Sleeps for `d`; false, early, when the group is cancelled.
+  bool Sleep(absl::Duration d);
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cancelled_cv_;
+  bool cancelled_ = false;                   // guarded by mu_
+  std::set<grpc::ClientContext*> contexts_;  // guarded by mu_
+};
+
+// Runs `attempt` with a fresh context (NewContext) until it returns OK, a
+// code that is not retryable, or settings.retry_for has passed, sleeping
+// first_backoff, doubling to max_backoff, between attempts. The error keeps
+// the last attempt's code and message, prefixed by ServerError(server, ...)
+// and followed by the number of attempts when there was more than one.
+// `group` (may be null) cancels the calls and the waits between them.
+absl::Status RetryCall(const CallSettings& settings, absl::string_view server, CallGroup* group,
+                       absl::FunctionRef<absl::Status(grpc::ClientContext&)> attempt);
+
+// Runs fn(i) for every i in [0, n), fn(0) on the calling thread and the
+// others on threads of their own (one per server: calls to different servers
+// overlap). The first fn to fail cancels `group`, which fn's calls should
+// use; its error is returned, not the cancellations it caused.
+absl::Status RunInParallel(size_t n, CallGroup& group, absl::FunctionRef<absl::Status(size_t)> fn);
+
+}  // namespace zo::client_internal
+
+#endif  // ZO_WORKER_CLIENT_INTERNAL_CALL_H_

@@ -1,0 +1,41 @@
+#include "worker/client/internal/proto_convert.h"
+
+namespace zo::client_internal {
+
+v1::DType ToProto(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return v1::DTYPE_FP32;
+    case DType::kFloat16:
+      return v1::DTYPE_FP16;
+    case DType::kBFloat16:
+      return v1::DTYPE_BF16;
+  }
+  return v1::DTYPE_UNSPECIFIED;
+}
+
+std::optional<DType> FromProto(v1::DType dtype) {
+  switch (dtype) {
+    case v1::DTYPE_FP32:
+      return DType::kFloat32;
+    case v1::DTYPE_FP16:
+      return DType::kFloat16;
+    case v1::DTYPE_BF16:
+      return DType::kBFloat16;
+    default:
+      return std::nullopt;
+  }
+}
+
+v1::Manifest ToProto(const std::vector<TensorSpec>& tensors) {
+  v1::Manifest manifest;
+  for (const TensorSpec& t : tensors) {
+    v1::TensorSpec* spec = manifest.add_tensors();
+    spec->set_name(t.name);
+    for (int64_t d : t.shape) spec->add_shape(d);
+    spec->set_dtype(ToProto(t.dtype));
+  }
+  return manifest;
+}
+
+}  // namespace zo::client_internal

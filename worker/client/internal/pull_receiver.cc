@@ -1,0 +1,141 @@
+#include "worker/client/internal/pull_receiver.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "worker/client/internal/proto_convert.h"
+
+namespace zo::client_internal {
+
+PullReceiver::PullReceiver(const ShardMap& map, DType dtype, int server, int64_t version,
+                           int64_t have_version, absl::Span<const int> tensors,
+                           absl::Span<const absl::Span<std::byte>> dst)
+    : map_(map), dtype_(dtype), version_(version), have_version_(have_version) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    Slot slot;
+    slot.tensor = tensors[i];
+    slot.dst = dst[i];
+    for (const TensorPiece& p : map.PiecesOfTensor(tensors[i])) {
+      if (p.server != server) continue;
+      const int64_t begin = p.tensor_offset;
+      const int64_t end = p.tensor_offset + p.length;
+      if (!slot.owned.empty() && slot.owned.back().second == begin) {
+        slot.owned.back().second = end;
+      } else {
+        slot.owned.emplace_back(begin, end);
+      }
+      slot.owned_elems += p.length;
+    }
+    if (slot.owned_elems > 0) slots_.push_back(std::move(slot));
+  }
+  std::sort(slots_.begin(), slots_.end(),
+            [](const Slot& a, const Slot& b) { return a.tensor < b.tensor; });
+  for (const Slot& slot : slots_) tensor_ids_.push_back(slot.tensor);
+}
+
+std::string PullReceiver::TensorLabel(int t) const {
+  return absl::StrCat("tensor #", t, " '", map_.tensors()[t].name, "'");
+}
+
+void PullReceiver::Reset() {
+  for (Slot& slot : slots_) slot.received.clear();
+  unchanged_ = false;
+  pieces_ = 0;
+  loss_scale_ = 0;
+}
+
+absl::Status PullReceiver::Accept(const v1::ParamPiece& piece) {
+  if (piece.version() != version_) {
+    return absl::InternalError(absl::StrCat("sent a piece of version ", piece.version(),
+                                            " for a pull of version ", version_));
+  }
+  if (!std::isfinite(piece.loss_scale()) || piece.loss_scale() <= 0) {
+    return absl::InternalError(
+        absl::StrCat("sent loss scale ", piece.loss_scale(), " with version ", version_));
+  }
+  if (unchanged_) {
+    return absl::InternalError("sent more pieces after saying the weights are unchanged");
+  }
+  if (piece.unchanged()) {
+    if (have_version_ < 0) {
+      return absl::InternalError(
+          absl::StrCat("said version ", version_, " is unchanged, but the client holds none"));
+    }
+    if (pieces_ > 0) {
+      return absl::InternalError("said the weights are unchanged after sending some of them");
+    }
+    if (!piece.data().empty()) {
+      return absl::InternalError("sent data on a piece that says the weights are unchanged");
+    }
+    unchanged_ = true;
+    loss_scale_ = piece.loss_scale();
+    return absl::OkStatus();
+  }
+
+  auto slot = std::lower_bound(slots_.begin(), slots_.end(), piece.tensor(),
+                               [](const Slot& s, int t) { return s.tensor < t; });
+  if (slot == slots_.end() || slot->tensor != piece.tensor()) {
+    return absl::InternalError(
+        absl::StrCat("sent a piece of tensor #", piece.tensor(), ", which was not asked of it"));
+  }
+  if (FromProto(piece.dtype()) != dtype_) {
+    return absl::InternalError(absl::StrCat("sent ", TensorLabel(piece.tensor()), " as ",
+                                            v1::DType_Name(piece.dtype()), ", the job's dtype is ",
+                                            std::string(DTypeName(dtype_))));
+  }
+  const int64_t elem_bytes = static_cast<int64_t>(DTypeSize(dtype_));
+  const int64_t bytes = static_cast<int64_t>(piece.data().size());
+  if (bytes == 0 || bytes % elem_bytes != 0) {
+    return absl::InternalError(absl::StrCat("sent a piece of ", TensorLabel(piece.tensor()),
+                                            " with ", bytes, " bytes, not a positive multiple of ",
+                                            elem_bytes));
+  }
+  const int64_t begin = piece.offset();
+  const int64_t elems = bytes / elem_bytes;
+  // The run must lie inside one run the server owns (which lies inside the
+  // tensor). Owned runs are ascending: the candidate is the last that
+  // begins at or before `begin`. Compared as a length, so a huge offset
+  // cannot overflow.
+  auto run =
+      std::upper_bound(slot->owned.begin(), slot->owned.end(), begin,
+                       [](int64_t b, const std::pair<int64_t, int64_t>& r) { return b < r.first; });
+  if (begin < 0 || run == slot->owned.begin() || elems > std::prev(run)->second - begin) {
+    return absl::InternalError(absl::StrCat("sent ", elems, " elements at offset ", begin, " of ",
+                                            TensorLabel(piece.tensor()),
+                                            ", which are not all among the ones it owns"));
+  }
+  const int64_t end = begin + elems;
+  std::memcpy(slot->dst.data() + begin * elem_bytes, piece.data().data(),
+              static_cast<size_t>(bytes));
+  slot->received.emplace_back(begin, end);
+  ++pieces_;
+  loss_scale_ = piece.loss_scale();
+  return absl::OkStatus();
+}
+
+absl::Status PullReceiver::Finish() const {
+  if (unchanged_) return absl::OkStatus();
+  for (const Slot& slot : slots_) {
+    std::vector<std::pair<int64_t, int64_t>> runs = slot.received;
+    std::sort(runs.begin(), runs.end());
+    int64_t elems = 0;
+    for (size_t i = 0; i < runs.size(); ++i) {
+      if (i > 0 && runs[i].first < runs[i - 1].second) {
+        return absl::DataLossError(absl::StrCat("sent elements [", runs[i].first, ", ",
+                                                std::min(runs[i].second, runs[i - 1].second),
+                                                ") of ", TensorLabel(slot.tensor), " twice"));
+      }
+      elems += runs[i].second - runs[i].first;
+    }
+    if (elems != slot.owned_elems) {
+      return absl::DataLossError(absl::StrCat("sent ", elems, " of the ", slot.owned_elems,
+                                              " elements of ", TensorLabel(slot.tensor),
+                                              " it owns, for version ", version_));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace zo::client_internal

@@ -1,0 +1,128 @@
+#include "worker/client/internal/push_stream.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "proto/rpc_util.h"
+#include "worker/client/internal/call.h"
+
+namespace zo::client_internal {
+
+PushStream::PushStream(v1::Offload::Stub* stub, std::string server, int64_t step,
+                       std::unique_ptr<grpc::ClientContext> context, ByteBudget* budget)
+    : stub_(stub),
+      server_(std::move(server)),
+      step_(step),
+      context_(std::move(context)),
+      budget_(budget),
+      thread_([this] { Run(); }) {}
+
+PushStream::~PushStream() {
+  bool done;
+  {
+    std::lock_guard lock(mu_);
+    done = done_;
+  }
+  if (!done) Cancel();
+  thread_.join();
+}
+
+absl::Status PushStream::Enqueue(std::unique_ptr<v1::GradientPiece> piece) {
+  {
+    std::lock_guard lock(mu_);
+    if (status_.ok() && !closing_) {
+      queue_.push_back(std::move(piece));
+      work_cv_.notify_one();
+      return absl::OkStatus();
+    }
+  }
+  budget_->Release(step_, static_cast<int64_t>(piece->data().size()));
+  std::lock_guard lock(mu_);
+  if (!status_.ok()) return status_;
+  return absl::FailedPreconditionError(
+      absl::StrCat("step ", step_, " is being finished; push its gradients before FinishStep"));
+}
+
+void PushStream::Close() {
+  std::lock_guard lock(mu_);
+  closing_ = true;
+  work_cv_.notify_one();
+}
+
+void PushStream::Cancel() {
+  context_->TryCancel();
+  std::lock_guard lock(mu_);
+  closing_ = true;
+  DropQueueLocked();
+  work_cv_.notify_one();
+}
+
+bool PushStream::WaitFor(absl::Duration timeout) {
+  std::unique_lock lock(mu_);
+  if (timeout == absl::InfiniteDuration()) {  // wait_for(nanoseconds::max()) would overflow
+    done_cv_.wait(lock, [&] { return done_; });
+    return true;
+  }
+  return done_cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout), [&] { return done_; });
+}
+
+absl::Status PushStream::status() const {
+  std::lock_guard lock(mu_);
+  return status_;
+}
+
+void PushStream::DropQueueLocked() {
+  for (const auto& piece : queue_) {
+    budget_->Release(step_, static_cast<int64_t>(piece->data().size()));
+  }
+  queue_.clear();
+}
+
+void PushStream::Run() {
+  v1::PushGradientsResponse response;
+  std::unique_ptr<grpc::ClientWriter<v1::GradientPiece>> writer =
+      stub_->PushGradients(context_.get(), &response);
+  int64_t pieces = 0;
+  bool resend = false;
+  bool write_failed = false;
+  for (;;) {
+    std::unique_ptr<v1::GradientPiece> piece;
+    {
+      std::unique_lock lock(mu_);
+      work_cv_.wait(lock, [&] { return !queue_.empty() || closing_; });
+      if (queue_.empty()) break;  // closing, and everything is written
+      piece = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    // Write returns once gRPC has taken the message (flow control allowing);
+    // only then do its bytes stop counting against max_bytes_in_flight.
+    resend = resend || piece->resend();
+    const bool ok = writer->Write(*piece);
+    budget_->Release(step_, static_cast<int64_t>(piece->data().size()));
+    if (!ok) {
+      write_failed = true;
+      break;
+    }
+    ++pieces;
+  }
+  if (!write_failed) writer->WritesDone();
+  absl::Status status = FromGrpcStatus(writer->Finish());
+  if (status.ok() && write_failed) {
+    status = absl::AbortedError(absl::StrCat("the call for step ", step_,
+                                             " ended before every gradient piece was written"));
+  } else if (status.ok() && !resend && response.pieces() != pieces) {
+    // A re-sent step may have pieces the server already had; it counts
+    // those differently, so the check is for fresh steps only.
+    status = absl::DataLossError(absl::StrCat("acknowledged ", response.pieces(), " of the ",
+                                              pieces, " gradient pieces sent for step ", step_));
+  }
+  {
+    std::lock_guard lock(mu_);
+    status_ = ServerError(server_, status);
+    DropQueueLocked();  // pieces queued after a failed Write
+    done_ = true;
+  }
+  done_cv_.notify_all();
+}
+
+}  // namespace zo::client_internal

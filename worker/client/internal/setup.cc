@@ -1,0 +1,96 @@
+#include "worker/client/internal/setup.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/channel_arguments.h"
+
+namespace zo::client_internal {
+
+namespace {
+
+absl::Status ValidateJobName(const std::string& job) {
+  const bool ok =
+      !job.empty() && job.size() <= 128 && std::all_of(job.begin(), job.end(), [](char c) {
+        return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+               c == '.' || c == '_' || c == '-';
+      });
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("job name '", job, "' must be 1 to 128 characters of [A-Za-z0-9._-]"));
+}
+
+}  // namespace
+
+std::pair<DType, const char*> JobDType(const Config& config) {
+  if (config.fp16.enabled) return {DType::kFloat16, "fp16.enabled is true"};
+  if (config.bf16.enabled) return {DType::kBFloat16, "bf16.enabled is true"};
+  return {DType::kFloat32, "neither fp16 nor bf16 is enabled"};
+}
+
+absl::Status ValidateOptions(const ClientOptions& options, int64_t elem_bytes) {
+  ZO_RETURN_IF_ERROR(ValidateJobName(options.job));
+  if (options.servers.empty() && options.channels.empty()) {
+    return absl::InvalidArgumentError(
+        "no servers: give ClientOptions::servers (zo.servers in the config) or channels");
+  }
+  if (options.dp_world_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dp_world_size must be >= 1, got ", options.dp_world_size));
+  }
+  if (options.dp_rank < 0 || options.dp_rank >= options.dp_world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dp_rank ", options.dp_rank,
+                     " is outside [0, dp_world_size = ", options.dp_world_size, ")"));
+  }
+  if (options.max_bytes_in_flight < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_bytes_in_flight must be >= 1, got ", options.max_bytes_in_flight));
+  }
+  if (options.max_piece_bytes < elem_bytes ||
+      options.max_piece_bytes > kMaxMessageBytes - kPieceOverheadBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("max_piece_bytes must be in [", elem_bytes, ", ",
+                                                   kMaxMessageBytes - kPieceOverheadBytes,
+                                                   "], got ", options.max_piece_bytes));
+  }
+  if (options.call_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("call_timeout must be positive, got ",
+                                                   absl::FormatDuration(options.call_timeout)));
+  }
+  if (options.retry_for < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("retry_for must not be negative, got ",
+                                                   absl::FormatDuration(options.retry_for)));
+  }
+  return absl::OkStatus();
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
+                                           const std::string& tls_root_certs) {
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  // A connection of this client's own rather than one shared with every
+  // channel of the process to the same address (gRPC's global subchannel
+  // pool): dp ranks or tests that live in one process then do not squeeze
+  // their gradients through one TCP connection.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  // BDP probing (gRPC's default, kept explicitly) grows the HTTP/2 windows to
+  // the link's bandwidth-delay product, which long gradient streams need.
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 1);
+  // After a failed connect gRPC waits before the next one, by default up to
+  // 120 s; calls meanwhile fail at once. Cap it near our own retry backoff so
+  // that retry_for covers a server restart.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  std::shared_ptr<grpc::ChannelCredentials> credentials =
+      tls_root_certs.empty()
+          ? grpc::InsecureChannelCredentials()
+          : grpc::SslCredentials(grpc::SslCredentialsOptions{
+                .pem_root_certs = tls_root_certs, .pem_private_key = "", .pem_cert_chain = ""});
+  return grpc::CreateCustomChannel(address, credentials, args);
+}
+
+}  // namespace zo::client_internal

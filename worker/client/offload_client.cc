@@ -1,0 +1,568 @@
+#include "worker/client/offload_client.h"
+
+#include <algorithm>
+#include <bit>
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "proto/rpc_util.h"
+#include "proto/zo/v1/offload_service.grpc.pb.h"
+#include "worker/client/internal/byte_budget.h"
+#include "worker/client/internal/call.h"
+#include "worker/client/internal/proto_convert.h"
+#include "worker/client/internal/pull_receiver.h"
+#include "worker/client/internal/push_stream.h"
+#include "worker/client/internal/setup.h"
+
+namespace zo {
+namespace {
+
+using client_internal::ByteBudget;
+using client_internal::CallGroup;
+using client_internal::CallSettings;
+using client_internal::JobDType;
+using client_internal::MakeChannel;
+using client_internal::PullReceiver;
+using client_internal::PushStream;
+using client_internal::RetryCall;
+using client_internal::RunInParallel;
+using client_internal::ValidateOptions;
+
+// How long the destructor lets unfinished pushes end before cancelling them.
+constexpr absl::Duration kCloseGrace = absl::Seconds(5);
+
+}  // namespace
+
+std::vector<PushPiece> PlanPush(const ShardMap& map, int tensor, int64_t offset, int64_t elems,
+                                int64_t elem_bytes, int64_t max_piece_bytes) {
+  std::vector<PushPiece> pieces;
+  const int64_t max_elems = std::max<int64_t>(1, max_piece_bytes / elem_bytes);
+  const int64_t first = map.TensorRange(tensor).begin + offset;
+  const int64_t last = first + elems;
+  for (int64_t pos = first; pos < last;) {
+    const int64_t chunk = pos / map.chunk_elems();
+    const int64_t chunk_begin = chunk * map.chunk_elems();
+    const int64_t end = std::min({last, chunk_begin + map.chunk_elems(), pos + max_elems});
+    pieces.push_back({.server = map.ServerOfChunk(chunk),
+                      .chunk = chunk,
+                      .chunk_offset = pos - chunk_begin,
+                      .byte_begin = (pos - first) * elem_bytes,
+                      .byte_end = (end - first) * elem_bytes});
+    pos = end;
+  }
+  return pieces;
+}
+
+// Members fixed at Open are const; the open push calls, the job's state and
+// what PullForStep last pulled each have their own mutex, so a Push never
+// waits on a Pull. Lock order: pull_for_step_mu before state_mu; mu before a
+// PushStream's own.
+struct OffloadClient::Impl {
+  Impl(const ClientOptions& options_in, Config config_in, DType dtype_in, ShardMap map_in,
+       std::vector<std::string> names_in, std::vector<std::shared_ptr<grpc::Channel>> channels_in)
+      : options(options_in),
+        call{.auth_token = options_in.auth_token,
+             .timeout = options_in.call_timeout,
+             .retry_for = options_in.retry_for},
+        config(std::move(config_in)),
+        dtype(dtype_in),
+        elem_bytes(static_cast<int64_t>(DTypeSize(dtype_in))),
+        map(std::move(map_in)),
+        names(std::move(names_in)),
+        channels(std::move(channels_in)),
+        budget(options_in.max_bytes_in_flight) {
+    for (const auto& channel : channels) stubs.push_back(v1::Offload::NewStub(channel));
+  }
+
+  ~Impl();
+
+  // A unary call to server `server` with retries; `call` makes one attempt.
+  // `group` (may be null) cancels it.
+  template <typename Response, typename Call>
+  absl::StatusOr<Response> Unary(int server, Call call, CallGroup* group = nullptr);
+
+  // INVALID_ARGUMENT unless `tensor` is a manifest index.
+  absl::Status CheckTensorIndex(int tensor) const {
+    if (tensor >= 0 && tensor < static_cast<int>(map.tensors().size())) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor index ", tensor, " is outside the manifest's ", map.tensors().size(), " tensors"));
+  }
+  std::string TensorLabel(int t) const {
+    return absl::StrCat("tensor #", t, " '", map.tensors()[t].name, "'");
+  }
+  // The error of an earlier push of `step`, if one failed. Requires mu.
+  absl::Status StepErrorLocked(int64_t step) const;
+  absl::Status PushRange(int64_t step, int tensor, int64_t offset,
+                         absl::Span<const std::byte> data);
+  absl::Status FinishStep(int64_t step);
+  absl::Status InitParams(int tensor, absl::Span<const float> values);
+  // One server's part of InitParams, retried (a range sent again overwrites).
+  absl::Status InitParamsOn(int server, const std::vector<PushPiece>& pieces,
+                            absl::Span<const float> values, CallGroup& group);
+  absl::StatusOr<bool> Pull(int64_t version, int64_t have_version, absl::Span<const int> tensors,
+                            absl::Span<const absl::Span<std::byte>> dst);
+  // One server's part of a Pull, retried.
+  absl::Status PullFrom(int server, int64_t version, int64_t have_version, PullReceiver& receiver,
+                        CallGroup& group);
+  void SetStatus(const v1::JobStatus& status);
+
+  const ClientOptions options;
+  const CallSettings call;
+  const Config config;
+  const DType dtype;
+  const int64_t elem_bytes;
+  const ShardMap map;
+  const std::vector<std::string> names;  // per server: its address, or "inproc:<i>"
+  const std::vector<std::shared_ptr<grpc::Channel>> channels;
+  std::vector<std::unique_ptr<v1::Offload::Stub>> stubs;  // fixed after construction
+  ByteBudget budget;
+
+  // Open push calls by step, then server. A stream is added by the first
+  // piece of its (server, step) and removed by FinishStep.
+  std::mutex mu;
+  std::map<int64_t, std::map<int, std::unique_ptr<PushStream>>> streams;  // guarded by mu
+
+  mutable std::mutex state_mu;
+  int64_t version = 0;    // guarded by state_mu
+  double loss_scale = 1;  // guarded by state_mu
+  // Oldest version the servers can serve: 0, or the version restored to.
+  int64_t base_version = 0;  // guarded by state_mu
+
+  // Serializes PullForStep (and Restore, which invalidates what it pulled).
+  std::mutex pull_for_step_mu;
+  int64_t pulled_version = -1;  // guarded by pull_for_step_mu; -1: nothing pulled
+};
+
+OffloadClient::Impl::~Impl() {
+  std::map<int64_t, std::map<int, std::unique_ptr<PushStream>>> open;
+  {
+    std::lock_guard lock(mu);
+    open.swap(streams);
+  }
+  for (auto& [step, by_server] : open) {
+    for (auto& [server, stream] : by_server) stream->Close();
+  }
+  const absl::Time give_up = absl::Now() + kCloseGrace;
+  for (auto& [step, by_server] : open) {
+    for (auto& [server, stream] : by_server) {
+      if (!stream->WaitFor(std::max(give_up - absl::Now(), absl::ZeroDuration()))) {
+        ZO_LOG(WARNING) << "cancelling the unfinished gradient push of step " << step
+                        << " to server " << names[server];
+        stream->Cancel();
+      } else if (absl::Status s = stream->status(); !s.ok()) {
+        ZO_LOG(WARNING) << "gradient push of step " << step << " was never finished: " << s;
+      }
+    }
+  }
+  // The streams' destructors join their threads.
+}
+
+template <typename Response, typename Call>
+absl::StatusOr<Response> OffloadClient::Impl::Unary(int server, Call call_once, CallGroup* group) {
+  Response response;
+  absl::Status status = RetryCall(call, names[server], group, [&](grpc::ClientContext& context) {
+    response.Clear();
+    return FromGrpcStatus(call_once(*stubs[server], context, response));
+  });
+  if (!status.ok()) return status;
+  return response;
+}
+
+void OffloadClient::Impl::SetStatus(const v1::JobStatus& status) {
+  std::lock_guard lock(state_mu);
+  version = status.version();
+  loss_scale = status.loss_scale();
+  base_version = status.base_version();
+}
+
+absl::Status OffloadClient::Impl::StepErrorLocked(int64_t step) const {
+  auto it = streams.find(step);
+  if (it == streams.end()) return absl::OkStatus();
+  for (const auto& [server, stream] : it->second) {
+    if (absl::Status s = stream->status(); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status OffloadClient::Impl::PushRange(int64_t step, int tensor, int64_t offset,
+                                            absl::Span<const std::byte> data) {
+  if (step < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot push step ", step, ": steps are numbered from 1"));
+  }
+  ZO_RETURN_IF_ERROR(CheckTensorIndex(tensor));
+  const int64_t bytes = static_cast<int64_t>(data.size());
+  if (bytes % elem_bytes != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pushed ", bytes, " bytes for ", TensorLabel(tensor), ", not a multiple of ",
+                     std::string(DTypeName(dtype)), "'s ", elem_bytes));
+  }
+  const int64_t elems = bytes / elem_bytes;
+  const int64_t tensor_elems = map.TensorRange(tensor).size();
+  if (offset < 0 || offset > tensor_elems || elems > tensor_elems - offset) {
+    return absl::InvalidArgumentError(absl::StrCat("pushed elements [", offset, ", ",
+                                                   offset + elems, ") of ", TensorLabel(tensor),
+                                                   ", which has ", tensor_elems));
+  }
+  {
+    std::lock_guard lock(mu);
+    ZO_RETURN_IF_ERROR(StepErrorLocked(step));
+  }
+  for (const PushPiece& p :
+       PlanPush(map, tensor, offset, elems, elem_bytes, options.max_piece_bytes)) {
+    const int64_t piece_bytes = p.byte_end - p.byte_begin;
+    budget.Acquire(step, piece_bytes);
+    auto piece = std::make_unique<v1::GradientPiece>();
+    piece->set_job(options.job);
+    piece->set_step(step);
+    piece->set_dp_rank(options.dp_rank);
+    piece->set_chunk(p.chunk);
+    piece->set_offset(p.chunk_offset);
+    piece->set_dtype(client_internal::ToProto(dtype));
+    piece->set_data(data.data() + p.byte_begin, static_cast<size_t>(piece_bytes));
+    piece->set_resend(options.resend);
+
+    // Enqueue under mu, so that FinishStep cannot take the stream away
+    // between finding it and queuing on it.
+    std::lock_guard lock(mu);
+    std::unique_ptr<PushStream>& stream = streams[step][p.server];
+    if (stream == nullptr) {
+      stream = std::make_unique<PushStream>(stubs[p.server].get(), names[p.server], step,
+                                            client_internal::NewContext(call), &budget);
+    }
+    ZO_RETURN_IF_ERROR(stream->Enqueue(std::move(piece)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status OffloadClient::Impl::FinishStep(int64_t step) {
+  std::map<int, std::unique_ptr<PushStream>> open;
+  {
+    std::lock_guard lock(mu);
+    auto it = streams.find(step);
+    if (it == streams.end()) return absl::OkStatus();
+    open = std::move(it->second);
+    streams.erase(it);
+  }
+  for (auto& [server, stream] : open) stream->Close();
+  absl::Status first;
+  // Each call has a deadline (call_timeout from its first piece), so this
+  // wait ends.
+  for (auto& [server, stream] : open) {
+    stream->WaitFor(absl::InfiniteDuration());
+    first.Update(stream->status());
+  }
+  return first;
+}
+
+absl::Status OffloadClient::Impl::InitParamsOn(int server, const std::vector<PushPiece>& pieces,
+                                               absl::Span<const float> values, CallGroup& group) {
+  static_assert(std::endian::native == std::endian::little,
+                "the wire carries little-endian fp32; add a byte swap for this host");
+  const auto* bytes = reinterpret_cast<const char*>(values.data());
+  return RetryCall(call, names[server], &group, [&](grpc::ClientContext& context) {
+    v1::InitParamsResponse response;
+    std::unique_ptr<grpc::ClientWriter<v1::ParamInitPiece>> writer =
+        stubs[server]->InitParams(&context, &response);
+    int64_t written = 0;
+    v1::ParamInitPiece piece;
+    piece.set_job(options.job);
+    for (const PushPiece& p : pieces) {
+      if (p.server != server) continue;
+      piece.set_chunk(p.chunk);
+      piece.set_offset(p.chunk_offset);
+      piece.set_data(bytes + p.byte_begin, static_cast<size_t>(p.byte_end - p.byte_begin));
+      if (!writer->Write(piece)) break;  // the call ended; Finish says why
+      ++written;
+    }
+    writer->WritesDone();
+    ZO_RETURN_IF_ERROR(FromGrpcStatus(writer->Finish()));
+    if (response.pieces() != written) {
+      return absl::DataLossError(absl::StrCat("acknowledged ", response.pieces(), " of the ",
+                                              written, " initial weight pieces sent"));
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::Status OffloadClient::Impl::InitParams(int tensor, absl::Span<const float> values) {
+  ZO_RETURN_IF_ERROR(CheckTensorIndex(tensor));
+  const int64_t elems = map.TensorRange(tensor).size();
+  if (static_cast<int64_t>(values.size()) != elems) {
+    return absl::InvalidArgumentError(absl::StrCat("initial weights of ", TensorLabel(tensor),
+                                                   ": got ", values.size(), " values for ", elems,
+                                                   " elements"));
+  }
+  const std::vector<PushPiece> pieces =
+      PlanPush(map, tensor, 0, elems, sizeof(float), options.max_piece_bytes);
+  std::vector<int> servers;
+  for (const PushPiece& p : pieces) {
+    if (std::find(servers.begin(), servers.end(), p.server) == servers.end()) {
+      servers.push_back(p.server);
+    }
+  }
+  CallGroup group;
+  return RunInParallel(servers.size(), group,
+                       [&](size_t i) { return InitParamsOn(servers[i], pieces, values, group); });
+}
+
+absl::Status OffloadClient::Impl::PullFrom(int server, int64_t version, int64_t have_version,
+                                           PullReceiver& receiver, CallGroup& group) {
+  v1::PullParamsRequest request;
+  request.set_job(options.job);
+  request.set_version(version);
+  request.set_have_version(have_version);
+  for (int t : receiver.tensors()) request.add_tensors(t);
+  return RetryCall(call, names[server], &group, [&](grpc::ClientContext& context) {
+    receiver.Reset();
+    std::unique_ptr<grpc::ClientReader<v1::ParamPiece>> reader =
+        stubs[server]->PullParams(&context, request);
+    v1::ParamPiece piece;
+    while (reader->Read(&piece)) {
+      if (absl::Status s = receiver.Accept(piece); !s.ok()) {
+        context.TryCancel();
+        reader->Finish();
+        return s;
+      }
+    }
+    ZO_RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
+    return receiver.Finish();
+  });
+}
+
+absl::StatusOr<bool> OffloadClient::Impl::Pull(int64_t version, int64_t have_version,
+                                               absl::Span<const int> tensors,
+                                               absl::Span<const absl::Span<std::byte>> dst) {
+  if (version < 0 || have_version < -1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot pull version ", version, " over version ", have_version));
+  }
+  if (tensors.empty() || tensors.size() != dst.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pull of ", tensors.size(), " tensors into ", dst.size(), " buffers"));
+  }
+  std::vector<bool> seen(map.tensors().size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const int t = tensors[i];
+    ZO_RETURN_IF_ERROR(CheckTensorIndex(t));
+    if (seen[t]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(TensorLabel(t), " is asked for twice in one pull"));
+    }
+    seen[t] = true;
+    const int64_t want = map.TensorRange(t).size() * elem_bytes;
+    if (static_cast<int64_t>(dst[i].size()) != want) {
+      return absl::InvalidArgumentError(absl::StrCat("the buffer for ", TensorLabel(t), " has ",
+                                                     dst[i].size(), " bytes; it needs ", want));
+    }
+  }
+
+  std::vector<int> servers;
+  std::vector<std::unique_ptr<PullReceiver>> receivers;
+  for (int s = 0; s < map.num_servers(); ++s) {
+    auto receiver =
+        std::make_unique<PullReceiver>(map, dtype, s, version, have_version, tensors, dst);
+    if (receiver->tensors().empty()) continue;  // owns nothing of these tensors
+    servers.push_back(s);
+    receivers.push_back(std::move(receiver));
+  }
+  if (receivers.empty()) return true;  // only empty tensors: dst holds any version
+
+  CallGroup group;
+  ZO_RETURN_IF_ERROR(RunInParallel(receivers.size(), group, [&](size_t i) {
+    return PullFrom(servers[i], version, have_version, *receivers[i], group);
+  }));
+
+  const bool unchanged =
+      std::all_of(receivers.begin(), receivers.end(), [](const auto& r) { return r->unchanged(); });
+  {
+    std::lock_guard lock(state_mu);
+    if (version >= this->version) {
+      this->version = version;
+      loss_scale = receivers.front()->loss_scale();
+    }
+  }
+  return !unchanged;
+}
+
+absl::StatusOr<std::unique_ptr<OffloadClient>> OffloadClient::Open(
+    const ClientOptions& options, const std::string& config_json,
+    std::vector<TensorSpec> manifest) {
+  ZO_ASSIGN_OR_RETURN(LoadedConfig loaded,
+                      ParseConfig(config_json, {.dp_world_size = options.dp_world_size}));
+  const auto [dtype, dtype_reason] = JobDType(loaded.config);
+  ZO_RETURN_IF_ERROR(ValidateOptions(options, static_cast<int64_t>(DTypeSize(dtype))));
+  for (const TensorSpec& t : manifest) {
+    if (t.dtype != dtype) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", t.name, "' of the manifest is ", std::string(DTypeName(t.dtype)),
+          ", but the job's dtype is ", std::string(DTypeName(dtype)), " (", dtype_reason, ")"));
+    }
+  }
+  const v1::Manifest wire_manifest = client_internal::ToProto(manifest);
+
+  std::vector<std::string> names;
+  std::vector<std::shared_ptr<grpc::Channel>> channels = options.channels;
+  if (!channels.empty()) {
+    for (size_t i = 0; i < channels.size(); ++i) names.push_back(absl::StrCat("inproc:", i));
+  } else {
+    names = options.servers;
+    for (const std::string& address : names) {
+      channels.push_back(MakeChannel(address, options.tls_root_certs));
+    }
+  }
+  ZO_ASSIGN_OR_RETURN(ShardMap map,
+                      ShardMap::Create(std::move(manifest), loaded.config.zo.chunk_elems,
+                                       static_cast<int>(channels.size())));
+  auto impl = std::make_unique<Impl>(options, std::move(loaded.config), dtype, std::move(map),
+                                     names, std::move(channels));
+
+  // In parallel: a server's OpenJob may wait for the others of the job.
+  const int num_servers = static_cast<int>(names.size());
+  std::vector<v1::OpenJobResponse> replies(num_servers);
+  CallGroup group;
+  ZO_RETURN_IF_ERROR(RunInParallel(num_servers, group, [&](size_t i) -> absl::Status {
+    v1::OpenJobRequest request;
+    request.set_job(options.job);
+    *request.mutable_manifest() = wire_manifest;
+    request.set_config_json(config_json);
+    request.set_dp_world_size(options.dp_world_size);
+    for (const std::string& name : names) request.add_servers(name);
+    request.set_server_index(static_cast<int>(i));
+    ZO_ASSIGN_OR_RETURN(replies[i], impl->Unary<v1::OpenJobResponse>(
+                                        static_cast<int>(i),
+                                        [&](v1::Offload::Stub& stub, grpc::ClientContext& context,
+                                            v1::OpenJobResponse& response) {
+                                          return stub.OpenJob(&context, request, &response);
+                                        },
+                                        &group));
+    return absl::OkStatus();
+  }));
+
+  const v1::JobStatus& lead = replies[0].status();
+  impl->SetStatus(lead);
+  ZO_LOG(INFO) << (replies[0].attached() ? "attached to" : "opened") << " job " << options.job
+               << " on " << num_servers << " server(s) at version " << lead.version()
+               << " as dp rank " << options.dp_rank << " of " << options.dp_world_size;
+  if (!lead.needs_restore().empty()) {
+    ZO_LOG(WARNING) << "job " << options.job << " needs a restore: " << lead.needs_restore();
+  }
+  return std::unique_ptr<OffloadClient>(new OffloadClient(std::move(impl)));
+}
+
+OffloadClient::OffloadClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+OffloadClient::~OffloadClient() = default;
+
+const ShardMap& OffloadClient::shard_map() const { return impl_->map; }
+const Config& OffloadClient::config() const { return impl_->config; }
+
+absl::Status OffloadClient::InitParams(int tensor, absl::Span<const float> values) {
+  return impl_->InitParams(tensor, values);
+}
+
+absl::Status OffloadClient::Push(int64_t step, int tensor, absl::Span<const std::byte> data) {
+  if (tensor >= 0 && tensor < static_cast<int>(impl_->map.tensors().size())) {
+    const int64_t want = impl_->map.TensorRange(tensor).size() * impl_->elem_bytes;
+    if (static_cast<int64_t>(data.size()) != want) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pushed ", data.size(), " bytes for ", impl_->TensorLabel(tensor),
+                       ", which has ", impl_->map.TensorRange(tensor).size(), " elements of ",
+                       std::string(DTypeName(impl_->dtype)), " (", want, " bytes)"));
+    }
+  }
+  return impl_->PushRange(step, tensor, 0, data);
+}
+
+absl::Status OffloadClient::PushRange(int64_t step, int tensor, int64_t offset,
+                                      absl::Span<const std::byte> data) {
+  return impl_->PushRange(step, tensor, offset, data);
+}
+
+absl::Status OffloadClient::FinishStep(int64_t step) { return impl_->FinishStep(step); }
+
+absl::StatusOr<bool> OffloadClient::Pull(int64_t version, int64_t have_version,
+                                         absl::Span<const int> tensors,
+                                         absl::Span<const absl::Span<std::byte>> dst) {
+  return impl_->Pull(version, have_version, tensors, dst);
+}
+
+absl::Status OffloadClient::PullForStep(int64_t step, absl::Span<const int> tensors,
+                                        absl::Span<const absl::Span<std::byte>> dst) {
+  if (step < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot pull for step ", step, ": steps are numbered from 1"));
+  }
+  std::lock_guard lock(impl_->pull_for_step_mu);
+  int64_t version = VersionForStep(impl_->config.zo.dpu, step);
+  {
+    // After a restore to v_r the servers hold nothing older: the first step
+    // of a resumed DPU run computes on v_r rather than v_{r-1}.
+    std::lock_guard state_lock(impl_->state_mu);
+    version = std::max(version, impl_->base_version);
+  }
+  if (version == impl_->pulled_version) return absl::OkStatus();
+  ZO_RETURN_IF_ERROR(impl_->Pull(version, impl_->pulled_version, tensors, dst).status());
+  impl_->pulled_version = version;
+  return absl::OkStatus();
+}
+
+double OffloadClient::loss_scale() const {
+  std::lock_guard lock(impl_->state_mu);
+  return impl_->loss_scale;
+}
+
+int64_t OffloadClient::version() const {
+  std::lock_guard lock(impl_->state_mu);
+  return impl_->version;
+}
+
+absl::StatusOr<v1::JobStatus> OffloadClient::JobStatus() {
+  v1::GetJobStatusRequest request;
+  request.set_job(impl_->options.job);
+  ZO_ASSIGN_OR_RETURN(
+      v1::JobStatus status,
+      impl_->Unary<v1::JobStatus>(
+          0, [&](v1::Offload::Stub& stub, grpc::ClientContext& context, v1::JobStatus& response) {
+            return stub.GetJobStatus(&context, request, &response);
+          }));
+  impl_->SetStatus(status);
+  return status;
+}
+
+absl::StatusOr<std::string> OffloadClient::Checkpoint() {
+  v1::CheckpointRequest request;
+  request.set_job(impl_->options.job);
+  ZO_ASSIGN_OR_RETURN(
+      v1::CheckpointResponse response,
+      impl_->Unary<v1::CheckpointResponse>(
+          0, [&](v1::Offload::Stub& stub, grpc::ClientContext& context, v1::CheckpointResponse& r) {
+            return stub.Checkpoint(&context, request, &r);
+          }));
+  return response.path();
+}
+
+absl::StatusOr<int64_t> OffloadClient::Restore(const std::string& path) {
+  v1::RestoreRequest request;
+  request.set_job(impl_->options.job);
+  request.set_path(path);
+  ZO_ASSIGN_OR_RETURN(
+      v1::RestoreResponse response,
+      impl_->Unary<v1::RestoreResponse>(
+          0, [&](v1::Offload::Stub& stub, grpc::ClientContext& context, v1::RestoreResponse& r) {
+            return stub.Restore(&context, request, &r);
+          }));
+  // Whatever PullForStep put in the caller's buffers is not the restored
+  // weights, even at an equal version number.
+  std::lock_guard pull_lock(impl_->pull_for_step_mu);
+  impl_->pulled_version = -1;
+  std::lock_guard state_lock(impl_->state_mu);
+  impl_->version = response.version();
+  impl_->base_version = response.version();
+  return response.version();
+}
+
+}  // namespace zo
