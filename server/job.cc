@@ -1,0 +1,864 @@
+#include "server/job.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/convert.h"
+#include "common/dpu_policy.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "common/units.h"
+#include "offload/checkpoint/checkpoint_dir.h"
+#include "offload/checkpoint/checkpoint_part.h"
+#include "offload/io/io_engine.h"
+#include "offload/optimizer_kernels.h"
+
+namespace zo {
+namespace {
+
+constexpr int64_t kStateBytesPerElem = 12;        // master, m, v
+constexpr int64_t kMaxPullPieceBytes = 1 << 20;   // payload of one ParamPiece
+constexpr int kScaleHistory = 8;
+
+// fp32 master -> the job's dtype.
+void RoundMaster(const float* src, void* dst, size_t n, DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16: FloatToHalf(src, static_cast<uint16_t*>(dst), n); break;
+    case DType::kBFloat16: FloatToBf16(src, static_cast<uint16_t*>(dst), n); break;
+    case DType::kFloat32: std::memcpy(dst, src, n * sizeof(float)); break;
+  }
+}
+
+bool SameManifest(const std::vector<TensorSpec>& a, const std::vector<TensorSpec>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].name != b[i].name || a[i].shape != b[i].shape) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Job>> Job::Create(JobSpec spec, const JobResources& resources) {
+  std::unique_ptr<Job> job(new Job(std::move(spec), resources));
+  ZO_RETURN_IF_ERROR(job->Init());
+  job->step_thread_ = std::thread([j = job.get()] { j->StepLoop(); });
+  return job;
+}
+
+Job::Job(JobSpec spec, const JobResources& resources)
+    : spec_(std::move(spec)), resources_(resources), map_(*spec_.shard_map) {}
+
+absl::Status Job::Init() {
+  const int s = spec_.server_index;
+  for (int64_t c : map_.ChunksOfServer(s)) {
+    const int64_t elems = map_.ChunkRange(c).size();
+    chunks_.push_back({.id = c, .local_offset = local_elems_, .elems = elems});
+    local_elems_ += elems;
+  }
+
+  const Config& config = spec_.config;
+  const OffloadOptimizerConfig& offload = config.zero_optimization.offload_optimizer;
+  TieredStateOptions options;
+  options.sub_group_elems = config.zero_optimization.sub_group_size;
+  options.buffer_count = offload.buffer_count;
+  options.checksums = config.zo.nvme_checksums;
+  options.io = IoEngineOptionsFromConfig(config.aio);
+  const int64_t state_bytes = local_elems_ * kStateBytesPerElem;
+  if (offload.device == OffloadDevice::kNvme) {
+    const std::string root = resources_.nvme_root.empty() ? offload.nvme_path : resources_.nvme_root;
+    options.swap_dir = (std::filesystem::path(root) / absl::StrCat(spec_.name, ".server", s)).string();
+    options.ram_budget_bytes = std::max<int64_t>(resources_.ram_budget_bytes, 0);
+  } else if (resources_.ram_budget_bytes >= 0 && state_bytes > resources_.ram_budget_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "job ", spec_.name, " needs ", FormatBytes(state_bytes),
+        " of optimizer state on this server, more than the memory budget of ",
+        FormatBytes(resources_.ram_budget_bytes),
+        "; set zero_optimization.offload_optimizer.device to \"nvme\" or add servers"));
+  }
+  ZO_ASSIGN_OR_RETURN(state_, TieredOptimizerState::Create(options, local_elems_, resources_.pool));
+  ZO_ASSIGN_OR_RETURN(accum_, AlignedBuffer::Allocate(
+                                  static_cast<size_t>(std::max<int64_t>(local_elems_, 1)) * 4));
+  ZO_ASSIGN_OR_RETURN(versions_, ParamVersions::Create(local_elems_, spec_.dtype));
+  std::vector<OptimizerChunk> views;
+  for (const LocalChunk& c : chunks_) {
+    OptimizerChunk v;
+    v.grad = {accum_.as<float>() + c.local_offset, DType::kFloat32};
+    v.n = static_cast<size_t>(c.elems);
+    views.push_back(v);
+    chunk_mu_.push_back(std::make_unique<std::mutex>());
+    coverage_.emplace_back(c.elems, spec_.dp_world_size);
+  }
+  accum_view_ = std::make_unique<CpuOptimizer>(resources_.pool, std::move(views));
+  if (!chunks_.empty()) accum_view_->FirstTouchZero();
+
+  scale_after_version_[0] = LossScaler::FromConfig(config).scale();
+  if (is_lead()) decider_.emplace(config, spec_.dp_world_size);
+  step_open_time_ = absl::Now();
+  ZO_LOG(INFO) << "job " << spec_.name << ": server " << s << " of " << spec_.servers.size()
+               << ", " << chunks_.size() << " chunks, " << FormatCount(local_elems_)
+               << " elements here (" << state_->nvme_sub_groups() << " of "
+               << state_->num_sub_groups() << " sub-groups on NVMe), dp " << spec_.dp_world_size
+               << ", " << DTypeName(spec_.dtype);
+  return absl::OkStatus();
+}
+
+Job::~Job() { Stop(); }
+
+void Job::Stop() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+    for (auto& p : pending_checkpoints_) {
+      p->done.set_value(absl::UnavailableError("the job is shutting down"));
+    }
+    pending_checkpoints_.clear();
+  }
+  cv_.notify_all();
+  if (step_thread_.joinable() && std::this_thread::get_id() != step_thread_.get_id()) {
+    step_thread_.join();
+  }
+}
+
+v1::JobStatus Job::Status() const {
+  std::lock_guard lock(mu_);
+  v1::JobStatus st;
+  st.set_job(spec_.name);
+  st.set_version(version_);
+  st.set_open_step(open_step_);
+  st.set_applied_steps(applied_steps_);
+  st.set_loss_scale(ScaleForVersionLocked(version_));
+  if (!health_.ok()) st.set_needs_restore(std::string(health_.message()));
+  st.set_server_index(spec_.server_index);
+  st.set_num_servers(static_cast<int>(spec_.servers.size()));
+  st.set_dp_world_size(spec_.dp_world_size);
+  st.set_total_elems(map_.total_elems());
+  st.set_local_elems(local_elems_);
+  const int64_t nvme = state_->nvme_sub_groups() == 0
+                           ? 0
+                           : local_elems_ - std::min(local_elems_, state_->ram_sub_groups() *
+                                                                      spec_.config.zero_optimization.sub_group_size);
+  st.set_nvme_elems(nvme);
+  st.set_last_grad_norm(last_grad_norm_);
+  st.set_last_skipped(last_skipped_);
+  st.set_last_lr(last_lr_);
+  st.set_last_checkpoint_step(last_checkpoint_step_);
+  st.set_base_version(base_version_);
+  return st;
+}
+
+double Job::ScaleForVersionLocked(int64_t version) const {
+  auto it = scale_after_version_.upper_bound(version);
+  if (it == scale_after_version_.begin()) return scale_after_version_.begin()->second;
+  return std::prev(it)->second;
+}
+
+absl::StatusOr<int> Job::LocalChunkIndex(int64_t chunk) const {
+  if (chunk < 0 || chunk >= map_.num_chunks()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk ", chunk, " does not exist: job ", spec_.name, " has ",
+                     map_.num_chunks(), " chunks"));
+  }
+  const int owner = map_.ServerOfChunk(chunk);
+  if (owner != spec_.server_index) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk ", chunk, " lives on server ", owner, " (", spec_.servers[owner], "), this is server ",
+        spec_.server_index));
+  }
+  return static_cast<int>(chunk / map_.num_servers());
+}
+
+// ---------------------------------------------------------------- worker calls
+
+absl::Status Job::InitParams(const v1::ParamInitPiece& piece) {
+  ZO_ASSIGN_OR_RETURN(const int i, LocalChunkIndex(piece.chunk()));
+  const LocalChunk& c = chunks_[i];
+  if (piece.data().empty() || piece.data().size() % 4 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "initial weights of chunk ", piece.chunk(), ": ", piece.data().size(),
+        " bytes is not a positive multiple of 4 (fp32)"));
+  }
+  const int64_t n = static_cast<int64_t>(piece.data().size() / 4);
+  if (piece.offset() < 0 || piece.offset() > c.elems - n) {
+    return absl::OutOfRangeError(absl::StrCat("initial weights: elements [", piece.offset(), ", ",
+                                              piece.offset() + n, ") are outside chunk ",
+                                              piece.chunk(), " of ", c.elems, " elements"));
+  }
+  std::lock_guard state_lock(state_mu_);
+  {
+    std::lock_guard lock(mu_);
+    ZO_RETURN_IF_ERROR(health_);
+    if (version_ != 0 || applied_steps_ != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", spec_.name, " is at version ", version_,
+          "; initial weights are accepted only at version 0"));
+    }
+  }
+  std::vector<float> values(static_cast<size_t>(n));
+  std::memcpy(values.data(), piece.data().data(), piece.data().size());
+  ZO_RETURN_IF_ERROR(state_->LoadMaster(c.local_offset + piece.offset(), values));
+  char* lp = static_cast<char*>(versions_->base_data());
+  RoundMaster(values.data(), lp + (c.local_offset + piece.offset()) * DTypeSize(spec_.dtype),
+              values.size(), spec_.dtype);
+  return absl::OkStatus();
+}
+
+absl::Status Job::PushGradient(const v1::GradientPiece& piece, absl::Time deadline) {
+  if (piece.dp_rank() < 0 || piece.dp_rank() >= spec_.dp_world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("dp_rank ", piece.dp_rank(),
+                                                   " is outside [0, ", spec_.dp_world_size,
+                                                   ") for job ", spec_.name));
+  }
+  ZO_ASSIGN_OR_RETURN(const int i, LocalChunkIndex(piece.chunk()));
+  const LocalChunk& c = chunks_[i];
+  absl::StatusOr<DType> dtype = DTypeFromProto(piece.dtype());
+  if (!dtype.ok() || *dtype != spec_.dtype) {
+    return absl::InvalidArgumentError(absl::StrCat("gradient dtype ", v1::DType_Name(piece.dtype()),
+                                                   " is not the job's ", std::string(DTypeName(spec_.dtype))));
+  }
+  const size_t elem = DTypeSize(spec_.dtype);
+  if (piece.data().empty() || piece.data().size() % elem != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gradient piece for chunk ", piece.chunk(), ": ", piece.data().size(),
+        " bytes is not a positive multiple of the ", std::string(DTypeName(spec_.dtype)), " size ", elem));
+  }
+  const int64_t n = static_cast<int64_t>(piece.data().size() / elem);
+  if (piece.offset() < 0 || piece.offset() > c.elems - n) {
+    return absl::OutOfRangeError(absl::StrCat("gradient piece: elements [", piece.offset(), ", ",
+                                              piece.offset() + n, ") are outside chunk ",
+                                              piece.chunk(), " of ", c.elems, " elements"));
+  }
+
+  std::vector<FlatRange> gaps;
+  {
+    std::unique_lock lock(mu_);
+    const int64_t generation = generation_;
+    // A push for the next step waits until this chunk's update is done.
+    while (health_.ok() && !stop_ && generation == generation_ && piece.step() == open_step_ + 1) {
+      if (cv_.wait_until(lock, absl::ToChronoTime(deadline)) == std::cv_status::timeout) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "step ", piece.step(), " waited for step ", open_step_, " of job ", spec_.name,
+            " to finish until the deadline"));
+      }
+    }
+    if (stop_) return absl::UnavailableError("the server is shutting down");
+    if (!health_.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", spec_.name, " needs restore: ", health_.message()));
+    }
+    if (generation != generation_) {
+      return absl::AbortedError(absl::StrCat("job ", spec_.name, " was restored to version ",
+                                             version_, " while this push waited"));
+    }
+    if (piece.step() != open_step_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "step ", piece.step(), " is not open: job ", spec_.name, " is at version ", version_,
+          " and takes gradients for step ", open_step_));
+    }
+    const bool was_complete = coverage_[i].complete();
+    ZO_ASSIGN_OR_RETURN(gaps, coverage_[i].Claim(piece.dp_rank(), piece.offset(),
+                                                 piece.offset() + n, piece.resend()));
+    if (!was_complete && coverage_[i].complete()) ++complete_chunks_;
+    ++pending_accumulations_;
+  }
+  {
+    std::lock_guard chunk_lock(*chunk_mu_[i]);
+    float* acc = accum_.as<float>() + c.local_offset;
+    for (const FlatRange& g : gaps) {
+      const char* src = piece.data().data() + (g.begin - piece.offset()) * elem;
+      AccumulateGradient({src, spec_.dtype}, acc + g.begin, static_cast<size_t>(g.size()),
+                         /*overwrite=*/false, nullptr);
+    }
+  }
+  {
+    std::lock_guard lock(mu_);
+    --pending_accumulations_;
+  }
+  cv_.notify_all();
+  return absl::OkStatus();
+}
+
+absl::Status Job::PullParams(const v1::PullParamsRequest& request, absl::Time deadline,
+                             const std::function<bool(const v1::ParamPiece&)>& emit) {
+  const absl::Time start = absl::Now();
+  std::vector<int> tensors(request.tensors().begin(), request.tensors().end());
+  if (tensors.empty()) {
+    for (int t = 0; t < static_cast<int>(map_.tensors().size()); ++t) tensors.push_back(t);
+  }
+  for (int t : tensors) {
+    if (t < 0 || t >= static_cast<int>(map_.tensors().size())) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor index ", t, " is outside the ",
+                                                     map_.tensors().size(), "-tensor manifest"));
+    }
+  }
+  if (request.version() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("version ", request.version(), " < 0"));
+  }
+  double loss_scale = 1.0;
+  {
+    std::unique_lock lock(mu_);
+    while (!stop_ && version_ < request.version()) {
+      if (cv_.wait_until(lock, absl::ToChronoTime(deadline)) == std::cv_status::timeout) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "version ", request.version(), " of job ", spec_.name,
+            " did not exist before the deadline (the job is at version ", version_,
+            ", waiting for gradients of step ", open_step_, ")"));
+      }
+    }
+    if (stop_) return absl::UnavailableError("the server is shutting down");
+    loss_scale = ScaleForVersionLocked(request.version());
+  }
+  if (request.have_version() >= 0) {
+    const std::optional<int64_t> want = versions_->DataVersion(request.version());
+    const std::optional<int64_t> have = versions_->DataVersion(request.have_version());
+    if (want.has_value() && want == have) {
+      v1::ParamPiece piece;
+      piece.set_version(request.version());
+      piece.set_unchanged(true);
+      piece.set_loss_scale(loss_scale);
+      emit(piece);
+      return absl::OkStatus();
+    }
+  }
+  ZO_ASSIGN_OR_RETURN(ParamVersions::Lease lease, versions_->Acquire(request.version()));
+  const char* data = static_cast<const char*>(lease.data());
+  const int64_t elem = static_cast<int64_t>(DTypeSize(spec_.dtype));
+  const int64_t max_elems = kMaxPullPieceBytes / elem;
+  v1::ParamPiece piece;
+  piece.set_dtype(DTypeToProto(spec_.dtype));
+  piece.set_version(request.version());
+  piece.set_loss_scale(loss_scale);
+  for (int t : tensors) {
+    for (const TensorPiece& p : map_.PiecesOfTensor(t)) {
+      if (p.server != spec_.server_index) continue;
+      const int64_t local = chunks_[p.chunk / map_.num_servers()].local_offset + p.chunk_offset;
+      for (int64_t k = 0; k < p.length; k += max_elems) {
+        const int64_t len = std::min(max_elems, p.length - k);
+        piece.set_tensor(t);
+        piece.set_offset(p.tensor_offset + k);
+        piece.set_data(data + (local + k) * elem, static_cast<size_t>(len * elem));
+        if (!emit(piece)) return absl::CancelledError("the caller went away");
+      }
+    }
+  }
+  serve_ns_ += absl::ToInt64Nanoseconds(absl::Now() - start);
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------- the step
+
+bool Job::ReadyToReportLocked() const {
+  return health_.ok() && pending_accumulations_ == 0 &&
+         complete_chunks_ == static_cast<int>(chunks_.size());
+}
+
+v1::StepStats Job::ComputeStepStats(int64_t step, int64_t generation) {
+  v1::StepStats stats;
+  stats.set_job(spec_.name);
+  stats.set_step(step);
+  stats.set_server_index(spec_.server_index);
+  stats.set_generation(generation);
+  if (chunks_.empty()) return stats;
+  const StepGradStats s = accum_view_->ComputeGradStats();
+  for (size_t i = 0; i < chunks_.size(); ++i) {
+    stats.add_chunks(chunks_[i].id);
+    stats.add_chunk_sum_squares(s.per_chunk[i].sum_squares);
+  }
+  stats.set_non_finite(s.total.non_finite);
+  return stats;
+}
+
+bool Job::RetryUntilAborted(int64_t generation, const char* what,
+                            const std::function<absl::Status()>& call) {
+  absl::Duration backoff = absl::Milliseconds(50);
+  for (;;) {
+    const absl::Status s = call();
+    if (s.ok()) return true;
+    std::unique_lock lock(mu_);
+    if (AbortedLocked(generation)) return false;
+    ZO_LOG(WARNING) << "job " << spec_.name << ": " << what << " failed, retrying: " << s;
+    cv_.wait_for(lock, absl::ToChronoNanoseconds(backoff));
+    if (AbortedLocked(generation)) return false;
+    backoff = std::min(backoff * 2, absl::Seconds(2));
+  }
+}
+
+void Job::StepLoop() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] {
+      return stop_ || (is_lead() && !pending_checkpoints_.empty()) || ReadyToReportLocked();
+    });
+    if (stop_) return;
+    if (is_lead() && !pending_checkpoints_.empty()) {
+      RunCheckpointLocked(lock);
+      continue;
+    }
+    const int64_t step = open_step_;
+    const int64_t generation = generation_;
+    lock.unlock();
+
+    const absl::Time ready = absl::Now();
+    v1::StepStats stats;
+    {
+      std::lock_guard state_lock(state_mu_);
+      stats = ComputeStepStats(step, generation);
+    }
+    bool reported = true;
+    if (is_lead()) {
+      (void)OnStepStats(stats);
+    } else {
+      reported = RetryUntilAborted(generation, "reporting step statistics to the lead", [&] {
+        return resources_.peers->ReportStepStats(spec_.servers[0], stats, resources_.peer_timeout);
+      });
+    }
+    lock.lock();
+    if (!reported || AbortedLocked(generation)) continue;
+
+    if (is_lead()) {
+      const int servers = static_cast<int>(spec_.servers.size());
+      cv_.wait(lock, [&] {
+        return AbortedLocked(generation) || static_cast<int>(partials_[step].size()) == servers;
+      });
+      if (AbortedLocked(generation)) continue;
+      // Chunk order, whatever server reported it.
+      std::map<int64_t, double> by_chunk;
+      bool non_finite = false;
+      for (const auto& [server, s] : partials_[step]) {
+        for (int k = 0; k < s.chunks_size() && k < s.chunk_sum_squares_size(); ++k) {
+          by_chunk[s.chunks(k)] = s.chunk_sum_squares(k);
+        }
+        non_finite = non_finite || s.non_finite();
+      }
+      partials_.erase(partials_.begin(), partials_.upper_bound(step));
+      std::vector<double> sums;
+      sums.reserve(by_chunk.size());
+      for (const auto& [chunk, sum] : by_chunk) sums.push_back(sum);
+      const double used = ScaleForVersionLocked(VersionForStep(spec_.config.zo.dpu, step, base_version_));
+      const StepDecision d = decider_->Decide(sums, non_finite, used);
+      v1::StepCommit commit;
+      commit.set_job(spec_.name);
+      commit.set_step(step);
+      commit.set_skip(d.skip);
+      commit.set_grad_multiplier(d.grad_multiplier);
+      commit.set_lr(d.lr);
+      commit.set_applied_steps(d.applied_steps);
+      commit.set_next_loss_scale(d.next_loss_scale);
+      commit.set_grad_norm(d.grad_norm);
+      commit.set_generation(generation);
+      lock.unlock();
+      bool sent = true;
+      for (int i = 1; i < servers && sent; ++i) {
+        sent = RetryUntilAborted(generation, "sending the step's commit", [&] {
+          return resources_.peers->CommitStep(spec_.servers[i], commit, resources_.peer_timeout);
+        });
+      }
+      lock.lock();
+      if (!sent || AbortedLocked(generation)) continue;
+      commit_ = commit;
+    } else {
+      cv_.wait(lock, [&] {
+        return AbortedLocked(generation) || (commit_.has_value() && commit_->step() == step);
+      });
+      if (AbortedLocked(generation)) continue;
+    }
+    const v1::StepCommit commit = *commit_;
+    commit_.reset();
+    lock.unlock();
+
+    const absl::Time update_start = absl::Now();
+    absl::Status applied;
+    {
+      std::lock_guard state_lock(state_mu_);
+      applied = Apply(commit);
+    }
+    const absl::Time update_end = absl::Now();
+    lock.lock();
+    if (generation != generation_) continue;
+    if (!applied.ok()) {
+      health_ = applied;
+      ZO_LOG(ERROR) << "job " << spec_.name << ": step " << step
+                    << " failed; the job needs restore from a checkpoint: " << applied;
+      cv_.notify_all();
+      continue;
+    }
+    for (ChunkCoverage& c : coverage_) c.Reset();
+    complete_chunks_ = 0;
+    version_ = step;
+    open_step_ = step + 1;
+    applied_steps_ = commit.applied_steps();
+    last_grad_norm_ = commit.grad_norm();
+    last_skipped_ = commit.skip();
+    if (!commit.skip()) last_lr_ = commit.lr();
+    scale_after_version_[step] = commit.next_loss_scale();
+    while (scale_after_version_.size() > kScaleHistory) {
+      scale_after_version_.erase(scale_after_version_.begin());
+    }
+    const absl::Duration wait = ready - step_open_time_;
+    step_open_time_ = update_end;
+    cv_.notify_all();
+    LogStep(commit, wait, update_end - update_start);
+  }
+}
+
+absl::Status Job::Apply(const v1::StepCommit& commit) {
+  if (commit.skip()) {
+    versions_->RecordSkip(commit.step());
+  } else {
+    const OptimizerParams& p = spec_.config.optimizer.params;
+    AdamHyperParams hp;
+    hp.lr = commit.lr();
+    hp.beta1 = p.betas[0];
+    hp.beta2 = p.betas[1];
+    hp.eps = p.eps;
+    hp.weight_decay = p.weight_decay;
+    hp.adam_w_mode = spec_.config.optimizer.type == OptimizerType::kAdamW || p.adam_w_mode;
+    hp.bias_correction = p.bias_correction;
+    const AdamStepConstants c =
+        MakeAdamStepConstants(hp, commit.applied_steps(), commit.grad_multiplier());
+    void* lp = versions_->BeginWrite();
+    ZO_RETURN_IF_ERROR(state_->AdamStep(c, {accum_.as<float>(), DType::kFloat32}, {lp, spec_.dtype}));
+    versions_->CommitWrite(commit.step());
+  }
+  ZeroAccumulator();
+  return absl::OkStatus();
+}
+
+void Job::ZeroAccumulator() {
+  if (chunks_.empty()) return;
+  accum_view_->ForEachSegment([](const OptimizerChunk& c, size_t begin, size_t end) {
+    float* g = const_cast<float*>(static_cast<const float*>(c.grad.data));
+    std::memset(g + begin, 0, (end - begin) * sizeof(float));
+  });
+}
+
+void Job::LogStep(const v1::StepCommit& commit, absl::Duration wait, absl::Duration update) {
+  const int every = resources_.log_every > 0 ? resources_.log_every : spec_.config.steps_per_print;
+  const absl::Duration serve = absl::Nanoseconds(serve_ns_.exchange(0));
+  if (commit.step() % every != 0 && !commit.skip()) return;
+  ZO_LOG(INFO) << absl::StrFormat(
+      "job %s step %d: loss_scale %g grad_norm %.4g lr %.3g%s | wait %.1f ms update %.1f ms "
+      "serve %.1f ms",
+      spec_.name, commit.step(), commit.next_loss_scale(), commit.grad_norm(), commit.lr(),
+      commit.skip() ? " SKIPPED (overflow)" : "", absl::ToDoubleMilliseconds(wait),
+      absl::ToDoubleMilliseconds(update), absl::ToDoubleMilliseconds(serve));
+}
+
+// ---------------------------------------------------------------- coordination
+
+absl::Status Job::OnStepStats(const v1::StepStats& stats) {
+  if (!is_lead()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step statistics sent to server ", spec_.server_index, "; the lead is server 0"));
+  }
+  if (stats.server_index() < 0 || stats.server_index() >= static_cast<int>(spec_.servers.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("server_index ", stats.server_index(),
+                                                   " is outside the job's server list"));
+  }
+  if (stats.chunks_size() != stats.chunk_sum_squares_size()) {
+    return absl::InvalidArgumentError("chunks and chunk_sum_squares differ in length");
+  }
+  for (int64_t c : stats.chunks()) {
+    if (c < 0 || c >= map_.num_chunks() || map_.ServerOfChunk(c) != stats.server_index()) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk ", c, " does not belong to server ",
+                                                     stats.server_index()));
+    }
+  }
+  {
+    std::lock_guard lock(mu_);
+    if (stats.generation() != generation_) return absl::OkStatus();  // from before a restore
+    if (stats.step() < open_step_) return absl::OkStatus();          // a retry of a decided step
+    if (stats.step() > open_step_ + 1) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "statistics for step ", stats.step(), " but the lead is at step ", open_step_));
+    }
+    partials_[stats.step()][stats.server_index()] = stats;
+  }
+  cv_.notify_all();
+  return absl::OkStatus();
+}
+
+absl::Status Job::OnCommit(const v1::StepCommit& commit) {
+  {
+    std::lock_guard lock(mu_);
+    if (commit.generation() != generation_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "commit of generation ", commit.generation(), " but this server is at generation ",
+          generation_, " (a restore happened in between)"));
+    }
+    if (commit.step() <= version_) return absl::OkStatus();  // a retry of an applied step
+    if (commit.step() != open_step_) {
+      return absl::FailedPreconditionError(absl::StrCat("commit for step ", commit.step(),
+                                                        " but the open step is ", open_step_));
+    }
+    commit_ = commit;
+  }
+  cv_.notify_all();
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------- checkpoints
+
+absl::StatusOr<v1::CheckpointResponse> Job::Checkpoint(absl::Time deadline) {
+  if (!is_lead()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoints are run by the lead server (", spec_.servers[0], "), this is server ",
+        spec_.server_index));
+  }
+  if (resources_.checkpoint_root.empty()) {
+    return absl::FailedPreconditionError(
+        "zo-server was started without --checkpoint-dir; checkpoints are off");
+  }
+  auto pending = std::make_shared<PendingCheckpoint>();
+  std::future<absl::StatusOr<v1::CheckpointResponse>> done = pending->done.get_future();
+  {
+    std::lock_guard lock(mu_);
+    if (stop_) return absl::UnavailableError("the server is shutting down");
+    pending_checkpoints_.push_back(pending);
+  }
+  cv_.notify_all();
+  if (done.wait_until(absl::ToChronoTime(deadline)) != std::future_status::ready) {
+    return absl::DeadlineExceededError(
+        "the checkpoint did not finish before the deadline; it runs between steps and will "
+        "still be committed");
+  }
+  return done.get();
+}
+
+void Job::RunCheckpointLocked(std::unique_lock<std::mutex>& lock) {
+  std::deque<std::shared_ptr<PendingCheckpoint>> requests;
+  requests.swap(pending_checkpoints_);
+  const int64_t version = version_;
+  const int64_t generation = generation_;
+  absl::StatusOr<v1::CheckpointResponse> result;
+  if (!health_.ok()) {
+    result = absl::FailedPreconditionError(
+        absl::StrCat("job ", spec_.name, " needs restore: ", health_.message()));
+    for (auto& r : requests) r->done.set_value(result);
+    return;
+  }
+  lock.unlock();
+  result = WriteCheckpoint(version, generation);
+  lock.lock();
+  if (result.ok()) last_checkpoint_step_ = version;
+  for (auto& r : requests) r->done.set_value(result);
+}
+
+absl::StatusOr<v1::CheckpointResponse> Job::WriteCheckpoint(int64_t version, int64_t generation) {
+  const absl::Time start = absl::Now();
+  ZO_ASSIGN_OR_RETURN(const std::string dir,
+                      BeginCheckpoint(resources_.checkpoint_root, spec_.name, version));
+  CheckpointMeta meta;
+  meta.job = spec_.name;
+  meta.version = version;
+  meta.manifest = spec_.manifest;
+  meta.chunk_elems = map_.chunk_elems();
+  meta.num_servers = static_cast<int>(spec_.servers.size());
+  meta.dp_world_size = spec_.dp_world_size;
+  meta.config_json = spec_.config_json;
+  {
+    std::lock_guard lock(mu_);
+    meta.applied_steps = decider_->applied_steps();
+    const LossScalerState& s = decider_->scaler().state();
+    meta.loss_scale = s.scale;
+    meta.scaler_iteration = s.iteration;
+    meta.scaler_last_overflow_iteration = s.last_overflow_iteration;
+    meta.scaler_hysteresis_left = s.hysteresis_left;
+  }
+  ZO_ASSIGN_OR_RETURN(v1::WriteCheckpointPartResponse own, WriteOwnPart(version, dir));
+  std::vector<v1::WriteCheckpointPartResponse> parts = {own};
+  v1::WriteCheckpointPartRequest request;
+  request.set_job(spec_.name);
+  request.set_version(version);
+  request.set_dir(dir);
+  request.set_generation(generation);
+  for (size_t i = 1; i < spec_.servers.size(); ++i) {
+    absl::StatusOr<v1::WriteCheckpointPartResponse> part = resources_.peers->WriteCheckpointPart(
+        spec_.servers[i], request, resources_.peer_timeout * 10);
+    if (!part.ok()) return part.status();
+    parts.push_back(*std::move(part));
+  }
+  for (const auto& p : parts) {
+    uint64_t checksum = 0;
+    if (!absl::SimpleHexAtoi(p.index_checksum(), &checksum)) {
+      return absl::DataLossError(absl::StrCat("part ", p.file(), ": bad checksum \"",
+                                              p.index_checksum(), "\""));
+    }
+    meta.parts.push_back({.file = p.file(), .bytes = p.bytes(), .index_checksum = checksum});
+  }
+  ZO_ASSIGN_OR_RETURN(const std::string path, CommitCheckpoint(dir, meta));
+  ZO_LOG(INFO) << "job " << spec_.name << ": checkpoint of version " << version << " committed at "
+               << path << " (" << parts.size() << " parts, "
+               << absl::StrFormat("%.2f s", absl::ToDoubleSeconds(absl::Now() - start)) << ")";
+  v1::CheckpointResponse response;
+  response.set_path(path);
+  response.set_version(version);
+  return response;
+}
+
+absl::StatusOr<v1::WriteCheckpointPartResponse> Job::WriteCheckpointPart(
+    const v1::WriteCheckpointPartRequest& request, absl::Time deadline) {
+  {
+    std::unique_lock lock(mu_);
+    if (request.generation() != generation_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint of generation ", request.generation(), " but this server is at generation ",
+          generation_));
+    }
+    while (!stop_ && version_ < request.version()) {
+      if (cv_.wait_until(lock, absl::ToChronoTime(deadline)) == std::cv_status::timeout) {
+        return absl::DeadlineExceededError(absl::StrCat("version ", request.version(),
+                                                        " not reached before the deadline"));
+      }
+    }
+    if (version_ != request.version()) {
+      return absl::FailedPreconditionError(absl::StrCat("checkpoint of version ", request.version(),
+                                                        " but this server is at version ", version_));
+    }
+    ZO_RETURN_IF_ERROR(health_);
+  }
+  return WriteOwnPart(request.version(), request.dir());
+}
+
+absl::StatusOr<v1::WriteCheckpointPartResponse> Job::WriteOwnPart(int64_t version,
+                                                                  const std::string& dir) {
+  (void)version;
+  const std::string file = CheckpointPartFileName(spec_.server_index);
+  std::lock_guard state_lock(state_mu_);
+  ZO_ASSIGN_OR_RETURN(auto writer,
+                      CheckpointPartWriter::Create((std::filesystem::path(dir) / file).string()));
+  std::vector<float> master, m, v;
+  for (const LocalChunk& c : chunks_) {
+    master.resize(c.elems);
+    m.resize(c.elems);
+    v.resize(c.elems);
+    ZO_RETURN_IF_ERROR(state_->ReadState(c.local_offset, absl::MakeSpan(master), absl::MakeSpan(m),
+                                         absl::MakeSpan(v)));
+    ZO_RETURN_IF_ERROR(writer->AddChunk(c.id, map_.ChunkRange(c.id).begin, master, m, v));
+  }
+  ZO_ASSIGN_OR_RETURN(CheckpointPartSummary summary, writer->Finish());
+  v1::WriteCheckpointPartResponse response;
+  response.set_file(summary.file);
+  response.set_bytes(summary.bytes);
+  response.set_index_checksum(absl::StrFormat("%016x", summary.index_checksum));
+  return response;
+}
+
+absl::StatusOr<v1::RestoreResponse> Job::Restore(const std::string& path, absl::Time deadline) {
+  (void)deadline;
+  if (!is_lead()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "restores are run by the lead server (", spec_.servers[0], "), this is server ",
+        spec_.server_index));
+  }
+  std::string dir = path;
+  if (dir.empty()) {
+    if (resources_.checkpoint_root.empty()) {
+      return absl::FailedPreconditionError(
+          "no checkpoint path given and zo-server was started without --checkpoint-dir");
+    }
+    ZO_ASSIGN_OR_RETURN(dir, LatestCheckpoint(resources_.checkpoint_root, spec_.name));
+  }
+  ZO_ASSIGN_OR_RETURN(const CheckpointMeta meta, ReadCheckpointMeta(dir));
+  if (!SameManifest(meta.manifest, spec_.manifest)) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint ", dir,
+                                                      " holds a different manifest than job ",
+                                                      spec_.name));
+  }
+  int64_t generation;
+  {
+    std::lock_guard lock(mu_);
+    generation = generation_ + 1;
+  }
+  v1::RestorePartRequest request;
+  request.set_job(spec_.name);
+  request.set_path(dir);
+  request.set_generation(generation);
+  absl::Status status = RestorePart(request);
+  for (size_t i = 1; i < spec_.servers.size() && status.ok(); ++i) {
+    status = resources_.peers->RestorePart(spec_.servers[i], request, resources_.peer_timeout * 10);
+  }
+  if (status.ok()) {
+    std::lock_guard lock(mu_);
+    status = decider_->Restore(meta.applied_steps,
+                               {.scale = meta.loss_scale,
+                                .iteration = meta.scaler_iteration,
+                                .last_overflow_iteration = meta.scaler_last_overflow_iteration,
+                                .hysteresis_left = meta.scaler_hysteresis_left});
+  }
+  if (!status.ok()) {
+    {
+      std::lock_guard lock(mu_);
+      health_ = absl::DataLossError(absl::StrCat("partial restore from ", dir, ": ", status.message()));
+    }
+    cv_.notify_all();
+    return status;
+  }
+  ZO_LOG(INFO) << "job " << spec_.name << ": restored version " << meta.version << " from " << dir
+               << " (written by " << meta.num_servers << " servers, now " << spec_.servers.size()
+               << ")";
+  v1::RestoreResponse response;
+  response.set_path(dir);
+  response.set_version(meta.version);
+  return response;
+}
+
+absl::Status Job::RestorePart(const v1::RestorePartRequest& request) {
+  ZO_ASSIGN_OR_RETURN(auto reader, CheckpointReader::Open(request.path()));
+  const CheckpointMeta& meta = reader->meta();
+  if (!SameManifest(meta.manifest, spec_.manifest)) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint ", request.path(),
+                                                      " holds a different manifest than job ",
+                                                      spec_.name));
+  }
+  std::lock_guard state_lock(state_mu_);
+  {
+    std::unique_lock lock(mu_);
+    generation_ = request.generation();
+    health_ = absl::UnavailableError("a restore is in progress");
+    commit_.reset();
+    partials_.clear();
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return pending_accumulations_ == 0; });
+    for (ChunkCoverage& c : coverage_) c.Reset();
+    complete_chunks_ = 0;
+  }
+  versions_->Reset(meta.version);
+  absl::Status status;
+  std::vector<float> master, m, v;
+  char* lp = static_cast<char*>(versions_->base_data());
+  for (const LocalChunk& c : chunks_) {
+    master.resize(c.elems);
+    m.resize(c.elems);
+    v.resize(c.elems);
+    status = reader->ReadFlat(map_.ChunkRange(c.id).begin, absl::MakeSpan(master),
+                              absl::MakeSpan(m), absl::MakeSpan(v));
+    if (status.ok()) status = state_->WriteState(c.local_offset, master, m, v);
+    if (!status.ok()) break;
+    RoundMaster(master.data(), lp + c.local_offset * DTypeSize(spec_.dtype), master.size(),
+                spec_.dtype);
+  }
+  ZeroAccumulator();
+  versions_->CommitBase();
+  {
+    std::lock_guard lock(mu_);
+    version_ = meta.version;
+    base_version_ = meta.version;
+    open_step_ = meta.version + 1;
+    applied_steps_ = meta.applied_steps;
+    scale_after_version_ = {{meta.version, meta.loss_scale}};
+    last_checkpoint_step_ = meta.version;
+    health_ = status.ok() ? absl::OkStatus()
+                          : absl::DataLossError(absl::StrCat("restore from ", request.path(),
+                                                             " failed: ", status.message()));
+    step_open_time_ = absl::Now();
+  }
+  cv_.notify_all();
+  return status;
+}
+
+}  // namespace zo

@@ -1,0 +1,181 @@
+// One job on one server (DESIGN.md, "One training step"): the optimizer
+// state of the chunks this server owns, the fp32 gradient accumulator, the
+// per-chunk accounting of pushes, the served low-precision versions, and the
+// step thread that turns a complete step into an update:
+//
+//   all owned chunks have every dp rank's gradients for step t
+//     -> per-chunk statistics to the lead (server 0)
+//     -> lead: StepDecider over every server's chunks -> CommitStep to all
+//     -> fused Adam over the owned chunks (RAM or NVMe sub-groups)
+//     -> version t served; pushes for step t + 1 proceed
+//
+// The lead also runs checkpoints between steps and restores. Every RPC
+// handler validates its request fully before touching state.
+//
+// Thread-safe: handlers run on gRPC threads; one step thread per job.
+#ifndef ZO_SERVER_JOB_H_
+#define ZO_SERVER_JOB_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "offload/aligned_buffer.h"
+#include "offload/cpu_optimizer.h"
+#include "offload/thread_pool.h"
+#include "offload/tier/tiered_state.h"
+#include "proto/zo/v1/checkpoint.pb.h"
+#include "proto/zo/v1/coordination.pb.h"
+#include "proto/zo/v1/gradients.pb.h"
+#include "proto/zo/v1/job.pb.h"
+#include "proto/zo/v1/params.pb.h"
+#include "server/chunk_coverage.h"
+#include "server/job_spec.h"
+#include "server/param_versions.h"
+#include "server/peer_client.h"
+#include "server/step_decision.h"
+
+namespace zo {
+
+// What the server lends its jobs.
+struct JobResources {
+  ThreadPool* pool = nullptr;
+  PeerClient* peers = nullptr;
+  // Overrides the config's offload_optimizer.nvme_path when set.
+  std::string nvme_root;
+  // Bytes of optimizer state a job may keep in RAM; < 0: no limit.
+  int64_t ram_budget_bytes = -1;
+  // Where the lead writes checkpoints; empty: checkpoints are refused.
+  std::string checkpoint_root;
+  // Steps between log lines; 0: the config's steps_per_print.
+  int log_every = 0;
+  // Deadline of each call to another server (retried until the step is
+  // aborted by a restore or the job stops).
+  absl::Duration peer_timeout = absl::Seconds(30);
+};
+
+class Job {
+ public:
+  static absl::StatusOr<std::unique_ptr<Job>> Create(JobSpec spec, const JobResources& resources);
+  ~Job();  // Stop()
+
+  const JobSpec& spec() const { return spec_; }
+  bool is_lead() const { return spec_.server_index == 0; }
+  v1::JobStatus Status() const;
+
+  // Worker calls.
+  absl::Status InitParams(const v1::ParamInitPiece& piece);
+  absl::Status PushGradient(const v1::GradientPiece& piece, absl::Time deadline);
+  // Streams the pieces of the request this server owns through `emit`,
+  // which returns false when the caller is gone.
+  absl::Status PullParams(const v1::PullParamsRequest& request, absl::Time deadline,
+                          const std::function<bool(const v1::ParamPiece&)>& emit);
+
+  // Server-to-server calls.
+  absl::Status OnStepStats(const v1::StepStats& stats);
+  absl::Status OnCommit(const v1::StepCommit& commit);
+  absl::StatusOr<v1::WriteCheckpointPartResponse> WriteCheckpointPart(
+      const v1::WriteCheckpointPartRequest& request, absl::Time deadline);
+  absl::Status RestorePart(const v1::RestorePartRequest& request);
+
+  // Lead only: run a checkpoint between steps / restore every server.
+  absl::StatusOr<v1::CheckpointResponse> Checkpoint(absl::Time deadline);
+  absl::StatusOr<v1::RestoreResponse> Restore(const std::string& path, absl::Time deadline);
+
+  // Ends the step thread and wakes every waiting call; idempotent.
+  void Stop();
+
+  Job(const Job&) = delete;
+  Job& operator=(const Job&) = delete;
+
+ private:
+  struct LocalChunk {
+    int64_t id = 0;
+    int64_t local_offset = 0;  // into accum_, state_ and the versions
+    int64_t elems = 0;
+  };
+  struct PendingCheckpoint {
+    std::promise<absl::StatusOr<v1::CheckpointResponse>> done;
+  };
+
+  Job(JobSpec spec, const JobResources& resources);
+  absl::Status Init();
+
+  // Validation shared by the worker calls; returns the local chunk index.
+  absl::StatusOr<int> LocalChunkIndex(int64_t chunk) const;
+
+  void StepLoop();
+  bool ReadyToReportLocked() const;
+  v1::StepStats ComputeStepStats(int64_t step, int64_t generation);
+  absl::Status Apply(const v1::StepCommit& commit);
+  void ZeroAccumulator();
+  // Retries `call` until it succeeds or the step is aborted; false when aborted.
+  bool RetryUntilAborted(int64_t generation, const char* what,
+                         const std::function<absl::Status()>& call);
+  bool AbortedLocked(int64_t generation) const { return stop_ || generation != generation_; }
+  void RunCheckpointLocked(std::unique_lock<std::mutex>& lock);
+  absl::StatusOr<v1::CheckpointResponse> WriteCheckpoint(int64_t version, int64_t generation);
+  absl::StatusOr<v1::WriteCheckpointPartResponse> WriteOwnPart(int64_t version,
+                                                               const std::string& dir);
+  void LogStep(const v1::StepCommit& commit, absl::Duration wait, absl::Duration update);
+  double ScaleForVersionLocked(int64_t version) const;
+
+  const JobSpec spec_;
+  const JobResources resources_;
+  const ShardMap& map_;
+  std::vector<LocalChunk> chunks_;
+  int64_t local_elems_ = 0;
+
+  std::unique_ptr<TieredOptimizerState> state_;
+  AlignedBuffer accum_;  // fp32, local_elems_
+  std::unique_ptr<CpuOptimizer> accum_view_;  // stats and zeroing over accum_, threaded
+  std::unique_ptr<ParamVersions> versions_;
+  std::vector<std::unique_ptr<std::mutex>> chunk_mu_;  // accumulation into one chunk
+
+  // Held while the optimizer state or the accumulator is read or written as
+  // a whole (stats, update, checkpoint, restore). Taken before mu_.
+  std::mutex state_mu_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<ChunkCoverage> coverage_;
+  int complete_chunks_ = 0;
+  int pending_accumulations_ = 0;
+  int64_t open_step_ = 1;
+  int64_t version_ = 0;
+  int64_t base_version_ = 0;
+  int64_t applied_steps_ = 0;
+  int64_t generation_ = 0;
+  std::map<int64_t, double> scale_after_version_;  // the newest few
+  double last_grad_norm_ = 0.0;
+  bool last_skipped_ = false;
+  double last_lr_ = 0.0;
+  int64_t last_checkpoint_step_ = -1;
+  absl::Status health_;
+  bool stop_ = false;
+  std::optional<v1::StepCommit> commit_;
+  absl::Time step_open_time_;
+  // Lead only.
+  std::optional<StepDecider> decider_;
+  std::map<int64_t, std::map<int, v1::StepStats>> partials_;  // step -> server -> stats
+  std::deque<std::shared_ptr<PendingCheckpoint>> pending_checkpoints_;
+  std::atomic<int64_t> serve_ns_{0};
+
+  std::thread step_thread_;
+};
+
+}  // namespace zo
+
+#endif  // ZO_SERVER_JOB_H_

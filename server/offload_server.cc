@@ -1,0 +1,105 @@
+#include "server/offload_server.h"
+
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "offload/thread_pool.h"
+#include "server/job_registry.h"
+#include "server/offload_service.h"
+#include "server/peer_client.h"
+
+namespace zo {
+
+struct OffloadServer::Impl {
+  ServerOptions options;
+  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<PeerClient> peers;
+  std::unique_ptr<JobRegistry> registry;
+  std::unique_ptr<OffloadService> service;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+  std::once_flag shutdown_once;
+};
+
+OffloadServer::OffloadServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+absl::StatusOr<std::unique_ptr<OffloadServer>> OffloadServer::Start(const ServerOptions& options) {
+  if (options.tls_cert.empty() != options.tls_key.empty()) {
+    return absl::InvalidArgumentError("TLS needs both a certificate and a key");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  impl->pool = std::make_unique<ThreadPool>(options.threads);
+  impl->peers = std::make_unique<PeerClient>(
+      PeerCredentials{.auth_token = options.auth_token, .tls_root_certs = options.tls_root_certs});
+  impl->registry = std::make_unique<JobRegistry>(JobResources{
+      .pool = impl->pool.get(),
+      .peers = impl->peers.get(),
+      .nvme_root = options.nvme_path,
+      .ram_budget_bytes = options.memory_budget_bytes,
+      .checkpoint_root = options.checkpoint_dir,
+      .log_every = options.log_every,
+  });
+  impl->service = std::make_unique<OffloadService>(impl->registry.get(), options.auth_token,
+                                                   options.max_message_bytes);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  if (!options.listen.empty()) {
+    std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
+    if (!options.tls_cert.empty()) {
+      grpc::SslServerCredentialsOptions ssl;
+      ssl.pem_key_cert_pairs.push_back({options.tls_key, options.tls_cert});
+      creds = grpc::SslServerCredentials(ssl);
+    }
+    builder.AddListeningPort(options.listen, creds, &impl->port);
+  }
+  builder.RegisterService(impl->service.get());
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  impl->server = builder.BuildAndStart();
+  if (impl->server == nullptr || (!options.listen.empty() && impl->port == 0)) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options.listen,
+                     " (address in use, or not a local address?)"));
+  }
+  grpc::HealthCheckServiceInterface* health = impl->server->GetHealthCheckService();
+  if (health != nullptr) health->SetServingStatus(true);
+  ZO_LOG(INFO) << "zo-server listening on "
+               << (options.listen.empty() ? std::string("in-process only")
+                                          : absl::StrCat(options.listen, " (port ", impl->port, ")"))
+               << (options.tls_cert.empty() ? "" : ", TLS")
+               << (options.auth_token.empty() ? "" : ", token required") << ", "
+               << impl->pool->size() << " optimizer threads";
+  return std::unique_ptr<OffloadServer>(new OffloadServer(std::move(impl)));
+}
+
+OffloadServer::~OffloadServer() { Shutdown(absl::ZeroDuration()); }
+
+int OffloadServer::port() const { return impl_->port; }
+
+std::shared_ptr<grpc::Channel> OffloadServer::InProcessChannel() {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(static_cast<int>(impl_->options.max_message_bytes));
+  args.SetMaxSendMessageSize(static_cast<int>(impl_->options.max_message_bytes));
+  return impl_->server->InProcessChannel(args);
+}
+
+void OffloadServer::Shutdown(absl::Duration grace) {
+  std::call_once(impl_->shutdown_once, [&] {
+    grpc::HealthCheckServiceInterface* health = impl_->server->GetHealthCheckService();
+    if (health != nullptr) health->SetServingStatus(false);
+    impl_->registry->StopAll();  // wakes every call waiting on a step
+    impl_->server->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+    ZO_LOG(INFO) << "zo-server stopped";
+  });
+}
+
+void OffloadServer::Wait() { impl_->server->Wait(); }
+
+}  // namespace zo

@@ -1,0 +1,66 @@
+// A running zo-server: the gRPC server with the offload service, the
+// standard health service and server reflection, on a TCP port and/or
+// in-process (the embedded default of zo-train and the tests: a channel with
+// no socket, the same protocol).
+//
+//   ZO_ASSIGN_OR_RETURN(auto server, OffloadServer::Start({.listen = "127.0.0.1:0"}));
+//   std::cout << server->port();
+//   server->Shutdown(absl::Seconds(5));
+#ifndef ZO_SERVER_OFFLOAD_SERVER_H_
+#define ZO_SERVER_OFFLOAD_SERVER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace grpc {
+class Channel;
+class Server;
+}  // namespace grpc
+
+namespace zo {
+
+struct ServerOptions {
+  // "host:port"; port 0 picks a free one; empty: in-process only.
+  std::string listen = "127.0.0.1:7070";
+  int threads = 0;  // optimizer threads; 0: one per core
+  // Bytes of optimizer state each job may keep in RAM; < 0: no limit.
+  int64_t memory_budget_bytes = -1;
+  std::string nvme_path;       // overrides the config's nvme_path
+  std::string checkpoint_dir;  // empty: checkpoints refused
+  std::string auth_token;      // empty: no token checked
+  // PEM contents. cert + key: the port speaks TLS. root_certs: how this
+  // server checks its peers' certificates when it calls them.
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_root_certs;
+  int64_t max_message_bytes = int64_t{64} << 20;
+  int log_every = 0;  // steps between step log lines; 0: the job's steps_per_print
+};
+
+class OffloadServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<OffloadServer>> Start(const ServerOptions& options);
+  ~OffloadServer();  // Shutdown(0)
+
+  // The bound port (0 when in-process only).
+  int port() const;
+  // A channel to this server that uses no socket.
+  std::shared_ptr<grpc::Channel> InProcessChannel();
+  // Stops the jobs, then lets calls in flight finish for up to `grace`.
+  void Shutdown(absl::Duration grace);
+  // Blocks until Shutdown.
+  void Wait();
+
+ private:
+  struct Impl;
+  explicit OffloadServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zo
+
+#endif  // ZO_SERVER_OFFLOAD_SERVER_H_

@@ -1,0 +1,61 @@
+// The gRPC face of a server: checks the token, turns requests into calls on
+// the jobs of a JobRegistry, and statuses into gRPC statuses. No job logic
+// lives here.
+#ifndef ZO_SERVER_OFFLOAD_SERVICE_H_
+#define ZO_SERVER_OFFLOAD_SERVICE_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "proto/zo/v1/offload_service.grpc.pb.h"
+#include "server/job_registry.h"
+
+namespace zo {
+
+class OffloadService final : public v1::Offload::Service {
+ public:
+  // `auth_token` empty: calls are not checked. The registry is borrowed.
+  OffloadService(JobRegistry* registry, std::string auth_token, int64_t max_message_bytes);
+
+  grpc::Status GetServerInfo(grpc::ServerContext* context, const v1::GetServerInfoRequest* request,
+                             v1::GetServerInfoResponse* response) override;
+  grpc::Status OpenJob(grpc::ServerContext* context, const v1::OpenJobRequest* request,
+                       v1::OpenJobResponse* response) override;
+  grpc::Status GetJobStatus(grpc::ServerContext* context, const v1::GetJobStatusRequest* request,
+                            v1::JobStatus* response) override;
+  grpc::Status CloseJob(grpc::ServerContext* context, const v1::CloseJobRequest* request,
+                        v1::CloseJobResponse* response) override;
+  grpc::Status InitParams(grpc::ServerContext* context,
+                          grpc::ServerReader<v1::ParamInitPiece>* reader,
+                          v1::InitParamsResponse* response) override;
+  grpc::Status PushGradients(grpc::ServerContext* context,
+                             grpc::ServerReader<v1::GradientPiece>* reader,
+                             v1::PushGradientsResponse* response) override;
+  grpc::Status PullParams(grpc::ServerContext* context, const v1::PullParamsRequest* request,
+                          grpc::ServerWriter<v1::ParamPiece>* writer) override;
+  grpc::Status ReportStepStats(grpc::ServerContext* context, const v1::StepStats* request,
+                               v1::StepStatsResponse* response) override;
+  grpc::Status CommitStep(grpc::ServerContext* context, const v1::StepCommit* request,
+                          v1::StepCommitResponse* response) override;
+  grpc::Status WriteCheckpointPart(grpc::ServerContext* context,
+                                   const v1::WriteCheckpointPartRequest* request,
+                                   v1::WriteCheckpointPartResponse* response) override;
+  grpc::Status RestorePart(grpc::ServerContext* context, const v1::RestorePartRequest* request,
+                           v1::RestorePartResponse* response) override;
+  grpc::Status Checkpoint(grpc::ServerContext* context, const v1::CheckpointRequest* request,
+                          v1::CheckpointResponse* response) override;
+  grpc::Status Restore(grpc::ServerContext* context, const v1::RestoreRequest* request,
+                       v1::RestoreResponse* response) override;
+
+ private:
+  // UNAUTHENTICATED unless the call carries the token (or none is set).
+  absl::Status CheckAuth(const grpc::ServerContext& context) const;
+
+  JobRegistry* const registry_;
+  const std::string auth_token_;
+  const int64_t max_message_bytes_;
+};
+
+}  // namespace zo
+
+#endif  // ZO_SERVER_OFFLOAD_SERVICE_H_

@@ -1,0 +1,50 @@
+// Calls from one server of a job to the others: step statistics to the lead,
+// the lead's commits, checkpoint and restore of parts. Channels are made on
+// first use with the server's own credentials (the shared token, TLS roots).
+#ifndef ZO_SERVER_PEER_CLIENT_H_
+#define ZO_SERVER_PEER_CLIENT_H_
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/zo/v1/offload_service.grpc.pb.h"
+
+namespace zo {
+
+struct PeerCredentials {
+  std::string auth_token;      // empty: none
+  std::string tls_root_certs;  // PEM; non-empty: TLS
+};
+
+// Thread-safe.
+class PeerClient {
+ public:
+  explicit PeerClient(PeerCredentials credentials);
+
+  absl::Status ReportStepStats(const std::string& address, const v1::StepStats& stats,
+                               absl::Duration timeout);
+  absl::Status CommitStep(const std::string& address, const v1::StepCommit& commit,
+                          absl::Duration timeout);
+  absl::StatusOr<v1::WriteCheckpointPartResponse> WriteCheckpointPart(
+      const std::string& address, const v1::WriteCheckpointPartRequest& request,
+      absl::Duration timeout);
+  absl::Status RestorePart(const std::string& address, const v1::RestorePartRequest& request,
+                           absl::Duration timeout);
+
+ private:
+  v1::Offload::Stub* StubFor(const std::string& address);
+  void Prepare(grpc::ClientContext& context, absl::Duration timeout) const;
+
+  const PeerCredentials credentials_;
+  std::mutex mu_;
+  std::map<std::string, std::unique_ptr<v1::Offload::Stub>> stubs_;
+};
+
+}  // namespace zo
+
+#endif  // ZO_SERVER_PEER_CLIENT_H_

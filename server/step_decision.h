@@ -1,0 +1,66 @@
+// The lead server's per-step decision (DESIGN.md, "Global decisions"): from
+// the gradient statistics of every chunk, whether the step is skipped, what
+// the summed gradients are multiplied by, the learning rate and the next loss
+// scale. Follows DeepSpeed's ZeRO optimizer:
+//
+//   norm      = sqrt(sum of squares of the summed grads) / (dp * loss_scale)
+//   clip      = (norm + 1e-6) / gradient_clipping      (when clipping is on)
+//   combined  = loss_scale * dp * (clip > 1 ? clip : 1)
+//   g_applied = g_summed / combined
+//
+// A step with any Inf/NaN is skipped in every precision (with fp16 the loss
+// scaler also reacts); a skipped step does not advance the LR schedule or
+// Adam's step count.
+#ifndef ZO_SERVER_STEP_DECISION_H_
+#define ZO_SERVER_STEP_DECISION_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "common/config.h"
+#include "server/loss_scaler.h"
+#include "server/lr_schedule.h"
+
+namespace zo {
+
+struct StepDecision {
+  bool skip = false;
+  double grad_multiplier = 0.0;  // 1 / combined; 0 when skipped
+  double lr = 0.0;               // 0 when skipped
+  int64_t applied_steps = 0;     // including this step when applied
+  double loss_scale_used = 1.0;  // what the step's gradients were scaled by
+  double next_loss_scale = 1.0;
+  double grad_norm = 0.0;  // averaged, unscaled; NaN/Inf when non-finite
+};
+
+// A value type owned by the lead's job; not thread-safe.
+class StepDecider {
+ public:
+  StepDecider(const Config& config, int dp_world_size);
+
+  // `chunk_sum_squares` in chunk order (the order fixes the rounding, so the
+  // decision does not depend on how chunks are spread over servers).
+  // `loss_scale_used` is the scale the step's gradients carry: scale() without
+  // the delayed parameter update; with it, the scale that came with the
+  // (older) version the step was computed on.
+  StepDecision Decide(absl::Span<const double> chunk_sum_squares, bool non_finite,
+                      double loss_scale_used);
+
+  int64_t applied_steps() const { return applied_steps_; }
+  const LossScaler& scaler() const { return scaler_; }
+
+  // Checkpoint restore.
+  absl::Status Restore(int64_t applied_steps, const LossScalerState& scaler);
+
+ private:
+  LossScaler scaler_;
+  LrSchedule schedule_;
+  double clipping_;
+  int dp_world_size_;
+  int64_t applied_steps_ = 0;
+};
+
+}  // namespace zo
+
+#endif  // ZO_SERVER_STEP_DECISION_H_

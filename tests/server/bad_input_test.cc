@@ -1,0 +1,215 @@
+// Hostile and malformed calls against a real zo-server process: each gets
+// the right status code and a message a person can act on, and none of them
+// disturbs the job: the steps around them still give the reference result.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "proto/rpc_util.h"
+#include "proto/zo/v1/offload_service.grpc.pb.h"
+#include "tests/server/least_squares.h"
+#include "tests/server/server_process.h"
+#include "tests/server/training_harness.h"
+
+namespace zo::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kToken[] = "s3cret-token";
+
+const std::string kConfig = R"({
+  "train_batch_size": 2, "train_micro_batch_size_per_gpu": 1,
+  "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
+  "gradient_clipping": 0.5,
+  "zo": {"chunk_elems": 256}
+})";
+
+class BadInputTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    token_file_ = absl::StrCat(::testing::TempDir(), "/zo_bad_input_token_", getpid());
+    std::ofstream(token_file_) << kToken << "\n";
+    ZO_ASSERT_OK_AND_ASSIGN(server_, ServerProcess::Start({"--auth-token-file", token_file_,
+                                                           "--max-message-bytes", "1536Ki"}));
+    grpc::ChannelArguments args;
+    args.SetMaxSendMessageSize(8 << 20);
+    stub_ = v1::Offload::NewStub(
+        grpc::CreateCustomChannel(server_->address(), grpc::InsecureChannelCredentials(), args));
+  }
+
+  std::unique_ptr<grpc::ClientContext> Context(const std::string& token = kToken,
+                                               absl::Duration timeout = absl::Seconds(10)) {
+    auto context = std::make_unique<grpc::ClientContext>();
+    if (!token.empty()) context->AddMetadata(kAuthMetadataKey, BearerValue(token));
+    context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    return context;
+  }
+
+  // Pushes one piece on its own stream and returns the call's status.
+  absl::Status PushRaw(const v1::GradientPiece& piece, absl::Duration timeout = absl::Seconds(10)) {
+    auto context = Context(kToken, timeout);
+    v1::PushGradientsResponse response;
+    auto writer = stub_->PushGradients(context.get(), &response);
+    writer->Write(piece);
+    writer->WritesDone();
+    return FromGrpcStatus(writer->Finish());
+  }
+
+  // A well-formed piece of job "bad", step 1, dp rank 1 (which has not pushed).
+  v1::GradientPiece ValidPiece() {
+    v1::GradientPiece piece;
+    piece.set_job("bad");
+    piece.set_step(1);
+    piece.set_dp_rank(1);
+    piece.set_chunk(0);
+    piece.set_offset(0);
+    piece.set_dtype(v1::DTYPE_FP32);
+    piece.set_data(std::string(40, '\x7f'));  // 10 huge floats: would wreck the step
+    return piece;
+  }
+
+  std::string token_file_;
+  std::optional<ServerProcess> server_;
+  std::unique_ptr<v1::Offload::Stub> stub_;
+};
+
+TEST_F(BadInputTest, EachBadCallIsRefusedAndTheJobStillMatchesTheReference) {
+  const LeastSquares p = LeastSquares::Make({300, 100}, 32, 2, 11);
+  ClientOptions options;
+  options.auth_token = kToken;
+  ZO_ASSERT_OK_AND_ASSIGN(auto workers, OpenWorkers(p, DType::kFloat32, "bad", kConfig,
+                                                    {server_->address()}, options));
+  ASSERT_THAT(workers[0]->InitWeights(), IsOk());
+  // Rank 0 delivers step 1; rank 1 has not yet, so the step stays open.
+  ASSERT_THAT(workers[0]->RunStep(1, false), IsOk());
+
+  {  // wrong token, and none at all
+    ClientOptions wrong = options;
+    wrong.auth_token = "guess";
+    wrong.job = "bad";
+    wrong.servers = {server_->address()};
+    EXPECT_THAT(OffloadClient::Open(wrong, kConfig, ManifestOf(p, DType::kFloat32)).status(),
+                StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("wrong token")));
+    v1::GetJobStatusRequest request;
+    request.set_job("bad");
+    v1::JobStatus status;
+    EXPECT_THAT(FromGrpcStatus(stub_->GetJobStatus(Context("").get(), request, &status)),
+                StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("requires a token")));
+  }
+  {  // unknown job
+    v1::GetJobStatusRequest request;
+    request.set_job("nosuchjob");
+    v1::JobStatus status;
+    EXPECT_THAT(FromGrpcStatus(stub_->GetJobStatus(Context().get(), request, &status)),
+                StatusIs(absl::StatusCode::kNotFound, HasSubstr("nosuchjob")));
+  }
+  {  // manifest mismatch on attach
+    ClientOptions other = options;
+    other.job = "bad";
+    other.servers = {server_->address()};
+    std::vector<TensorSpec> manifest = ManifestOf(p, DType::kFloat32);
+    manifest[1].shape = {99};
+    EXPECT_THAT(OffloadClient::Open(other, kConfig, manifest).status(),
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("layer1.weight")));
+  }
+  {  // wrong length: 3 bytes of fp32
+    v1::GradientPiece piece = ValidPiece();
+    piece.set_data("abc");
+    EXPECT_THAT(PushRaw(piece), StatusIs(absl::StatusCode::kInvalidArgument,
+                                         HasSubstr("not a positive multiple")));
+  }
+  {  // offset past the chunk's end
+    v1::GradientPiece piece = ValidPiece();
+    piece.set_offset(250);
+    EXPECT_THAT(PushRaw(piece),
+                StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("outside chunk 0")));
+  }
+  {  // a piece rank 0 already delivered, with garbage values
+    v1::GradientPiece piece = ValidPiece();
+    piece.set_dp_rank(0);
+    EXPECT_THAT(PushRaw(piece),
+                StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("already pushed by dp rank 0")));
+  }
+  {  // a step that is not open: past, far future, and next (which waits, here past its deadline)
+    v1::GradientPiece piece = ValidPiece();
+    piece.set_step(0);
+    EXPECT_THAT(PushRaw(piece), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                         HasSubstr("takes gradients for step 1")));
+    piece.set_step(7);
+    EXPECT_THAT(PushRaw(piece), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                         HasSubstr("step 7 is not open")));
+    piece.set_step(2);
+    EXPECT_THAT(PushRaw(piece, absl::Milliseconds(300)),
+                StatusIs(absl::StatusCode::kDeadlineExceeded, ::testing::_));
+  }
+  {  // dp rank out of range, wrong dtype, chunk that does not exist
+    v1::GradientPiece piece = ValidPiece();
+    piece.set_dp_rank(2);
+    EXPECT_THAT(PushRaw(piece),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dp_rank 2 is outside")));
+    piece = ValidPiece();
+    piece.set_dtype(v1::DTYPE_FP16);
+    EXPECT_THAT(PushRaw(piece), StatusIs(absl::StatusCode::kInvalidArgument,
+                                         HasSubstr("is not the job's fp32")));
+    piece = ValidPiece();
+    piece.set_chunk(99);
+    EXPECT_THAT(PushRaw(piece),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("chunk 99 does not exist")));
+  }
+  {  // a message over the server's limit
+    v1::GradientPiece piece = ValidPiece();
+    piece.set_data(std::string(2 << 20, '\0'));
+    EXPECT_THAT(PushRaw(piece), StatusIs(absl::StatusCode::kResourceExhausted, ::testing::_));
+  }
+  {  // garbage bytes on the socket: the connection is dropped, the server lives
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(server_->port()));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    std::mt19937 rng(3);
+    std::string junk(64 << 10, '\0');
+    for (char& c : junk) c = static_cast<char>(rng());
+    (void)!write(fd, junk.data(), junk.size());
+    timeval tv{.tv_sec = 5, .tv_usec = 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    char buf[4096];
+    while (read(fd, buf, sizeof(buf)) > 0) {
+    }
+    close(fd);
+    v1::GetServerInfoRequest request;
+    v1::GetServerInfoResponse info;
+    EXPECT_THAT(FromGrpcStatus(stub_->GetServerInfo(Context().get(), request, &info)), IsOk());
+    EXPECT_THAT(info.jobs(), ::testing::ElementsAre("bad"));
+  }
+
+  // Rank 1 completes step 1, then both run on: the reference trajectory.
+  ASSERT_THAT(workers[1]->RunStep(1, false), IsOk());
+  ASSERT_THAT(RunSteps(workers, 2, 10), IsOk());
+  ZO_ASSERT_OK_AND_ASSIGN(const std::vector<float> x, workers[0]->PullAll(10));
+  Reference ref(p, {.lr_min = 0.01, .lr_max = 0.01, .clipping = 0.5});
+  for (int s = 1; s <= 10; ++s) ref.Step(s, false, 1.0);
+  double worst = 0;
+  for (int i = 0; i < p.n; ++i) {
+    worst = std::max(worst, std::abs(x[i] - ref.master()[i]) / (1 + std::abs(ref.master()[i])));
+  }
+  EXPECT_LT(worst, 1e-5);
+  server_->Stop();
+}
+
+}  // namespace
+}  // namespace zo::testing

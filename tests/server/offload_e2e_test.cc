@@ -1,0 +1,263 @@
+// The offload tier end to end: real zo-server processes on loopback ports,
+// dp workers as client-library threads, a least-squares problem whose exact
+// gradients make the expected trajectory computable in double precision.
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/server/least_squares.h"
+#include "tests/server/server_process.h"
+#include "tests/server/training_harness.h"
+
+namespace zo::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kSteps = 50;
+
+// AdamW with linear warmup and clipping; 5 chunks of 128 elements over the
+// servers. clipping 0.5 is active for the first steps (initial norm ~2).
+std::string ConfigJson(const std::string& precision = "", const std::string& dpu = "") {
+  std::string config = R"({
+    "train_batch_size": 2, "train_micro_batch_size_per_gpu": 1,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "betas": [0.9, 0.999], "eps": 1e-8,
+                                              "weight_decay": 0.01}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 0.01,
+                                                 "warmup_num_steps": 10, "warmup_type": "linear"}},
+    "gradient_clipping": 0.5,
+    "steps_per_print": 10,
+    PRECISION
+    "zo": {"chunk_elems": 128 DPU}
+  })";
+  config = absl::StrReplaceAll(config, {{"PRECISION", precision}, {"DPU", dpu}});
+  return config;
+}
+
+LeastSquares Problem() { return LeastSquares::Make({200, 333, 64}, 64, 2, 7); }
+
+std::string TempDir(const std::string& name) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/zo_e2e_", getpid(), "_", name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+std::vector<ServerProcess> StartServers(int n, const std::vector<std::string>& args = {}) {
+  std::vector<ServerProcess> servers;
+  for (int i = 0; i < n; ++i) {
+    absl::StatusOr<ServerProcess> s = ServerProcess::Start(args);
+    EXPECT_THAT(s.status(), IsOk());
+    if (s.ok()) servers.push_back(*std::move(s));
+  }
+  return servers;
+}
+
+// Max over elements of |got - want| / (1 + |want|).
+double MaxRelError(const std::vector<float>& got, const std::vector<double>& want) {
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    worst = std::max(worst, std::abs(got[i] - want[i]) / (1 + std::abs(want[i])));
+  }
+  return worst;
+}
+
+// 2 servers x 2 dp ranks, steps 1..50, fp32: the servers' weights after
+// each run, shared by the tests that compare against an uninterrupted run.
+const std::vector<float>& UninterruptedWeights() {
+  static const std::vector<float>* weights = [] {
+    const LeastSquares p = Problem();
+    std::vector<ServerProcess> servers = StartServers(2);
+    auto workers = OpenWorkers(p, DType::kFloat32, "plain", ConfigJson(), Addresses(servers));
+    EXPECT_THAT(workers.status(), IsOk());
+    EXPECT_THAT((*workers)[0]->InitWeights(), IsOk());
+    EXPECT_THAT(RunSteps(*workers, 1, kSteps), IsOk());
+    auto x = (*workers)[0]->PullAll(kSteps);
+    EXPECT_THAT(x.status(), IsOk());
+    return new std::vector<float>(*x);
+  }();
+  return *weights;
+}
+
+TEST(OffloadE2eTest, TwoServersTwoRanksMatchTheDoublePrecisionReference) {
+  const LeastSquares p = Problem();
+  const std::vector<float>& x = UninterruptedWeights();
+  ASSERT_EQ(x.size(), static_cast<size_t>(p.n));
+
+  Reference ref(p, {.clipping = 0.5});
+  for (int s = 1; s <= kSteps; ++s) ref.Step(s, false, 1.0);
+  // fp32 arithmetic on the servers vs double here: each step moves a weight
+  // by at most lr (Adam's normalised step), rounding adds ~2^-24 relative per
+  // op; 50 steps stay far below 1e-5. A wrong formula (no bias correction,
+  // no clipping, lr off by one step) misses by > 1e-3.
+  EXPECT_LT(MaxRelError(x, ref.master()), 1e-5);
+  EXPECT_LT(p.Loss(x), 0.5 * p.Loss(p.x0)) << "training should reduce the loss";
+}
+
+// DeepSpeed's DynamicLossScaler, written from its documented semantics.
+struct ScalerModel {
+  double scale;
+  int window, hysteresis;
+  int64_t iteration = 0, last_overflow = -1;
+  int hysteresis_left;
+  ScalerModel(double s, int w, int h) : scale(s), window(w), hysteresis(h), hysteresis_left(h) {}
+  void Update(bool overflow) {
+    if (overflow) {
+      if (hysteresis == 1 || hysteresis_left == 1) {
+        scale = std::max(scale / 2, 1.0);
+      } else {
+        --hysteresis_left;
+      }
+      last_overflow = iteration;
+    } else if ((iteration - last_overflow) % window == 0) {
+      hysteresis_left = hysteresis;
+      scale *= 2;
+    }
+    ++iteration;
+  }
+};
+
+TEST(OffloadE2eTest, Fp16OverflowSkipsTheStepEverywhereAndFollowsDynamicLossScaling) {
+  const LeastSquares p = Problem();
+  std::vector<ServerProcess> servers = StartServers(2);
+  const std::string config = ConfigJson(
+      R"("fp16": {"enabled": true, "initial_scale_power": 8, "loss_scale_window": 4,
+                  "hysteresis": 2, "min_loss_scale": 1},)");
+  ZO_ASSERT_OK_AND_ASSIGN(auto workers,
+                          OpenWorkers(p, DType::kFloat16, "fp16", config, Addresses(servers)));
+  ASSERT_THAT(workers[0]->InitWeights(), IsOk());
+  const std::set<int64_t> overflow = {3, 4, 5, 11, 20};
+  const int steps = 24;
+
+  ScalerModel model(256.0, 4, 2);
+  Reference ref(p, {.clipping = 0.5, .dtype = DType::kFloat16});
+  for (int s = 1; s <= steps; ++s) {
+    const double scale = model.scale;
+    ASSERT_THAT(RunSteps(workers, s, s, overflow), IsOk());
+    EXPECT_EQ(workers[0]->scales().back(), scale) << "step " << s;
+    {  // wait until step s is decided and applied
+      std::vector<std::byte> buf(p.tensor_sizes[0] * 2);
+      std::vector<absl::Span<std::byte>> dst = {absl::MakeSpan(buf)};
+      ASSERT_THAT(workers[1]->client().Pull(s, s, std::vector<int>{0}, dst).status(), IsOk());
+    }
+    ZO_ASSERT_OK_AND_ASSIGN(const v1::JobStatus st, workers[1]->client().JobStatus());
+    EXPECT_EQ(st.last_skipped(), overflow.count(s) > 0) << "step " << s;
+    ref.Step(s, overflow.count(s) > 0, scale);
+    model.Update(overflow.count(s) > 0);
+    EXPECT_EQ(st.loss_scale(), model.scale) << "after step " << s;
+    if (overflow.count(s) > 0) {
+      // Nothing changed: the pull of version s says so and sends no bytes.
+      std::vector<std::byte> buf(p.tensor_sizes[0] * 2);
+      std::vector<absl::Span<std::byte>> dst = {absl::MakeSpan(buf)};
+      ZO_ASSERT_OK_AND_ASSIGN(const bool changed,
+                              workers[0]->client().Pull(s, s - 1, std::vector<int>{0}, dst));
+      EXPECT_FALSE(changed) << "step " << s;
+    }
+  }
+  // Skipped steps left weights and moments alone: the trajectory matches the
+  // reference that skips the same steps (fp16 weights: a rounding flip of a
+  // weight changes the next gradient by ~2^-11 relative).
+  ZO_ASSERT_OK_AND_ASSIGN(const std::vector<float> x, workers[0]->PullAll(steps));
+  EXPECT_LT(MaxRelError(x, ref.master()), 2e-3);
+}
+
+TEST(OffloadE2eTest, DelayedParameterUpdateMatchesTheOneStepDelayedReference) {
+  const LeastSquares p = Problem();
+  std::vector<ServerProcess> servers = StartServers(2);
+  const std::string config =
+      ConfigJson("", R"(, "dpu": {"enabled": true, "warmup_steps": 3})");
+  ZO_ASSERT_OK_AND_ASSIGN(auto workers,
+                          OpenWorkers(p, DType::kFloat32, "dpu", config, Addresses(servers)));
+  ASSERT_THAT(workers[0]->InitWeights(), IsOk());
+  const int steps = 30;
+  ASSERT_THAT(RunSteps(workers, 1, steps), IsOk());
+  Reference ref(p, {.clipping = 0.5, .dpu = true, .dpu_warmup = 3});
+  Reference undelayed(p, {.clipping = 0.5});
+  for (int s = 1; s <= steps; ++s) {
+    ref.Step(s, false, 1.0);
+    undelayed.Step(s, false, 1.0);
+  }
+  ZO_ASSERT_OK_AND_ASSIGN(const std::vector<float> x, workers[0]->PullAll(steps));
+  EXPECT_LT(MaxRelError(x, ref.master()), 1e-5);
+  // And the delay is real: the undelayed trajectory is elsewhere.
+  EXPECT_GT(MaxRelError(x, undelayed.master()), 1e-4);
+}
+
+TEST(OffloadE2eTest, CheckpointOnTwoServersRestoresOntoThreeIdentically) {
+  const LeastSquares p = Problem();
+  const std::string ckpt = TempDir("ckpt_2to3");
+  std::string path;
+  {
+    std::vector<ServerProcess> servers = StartServers(2, {"--checkpoint-dir", ckpt});
+    ZO_ASSERT_OK_AND_ASSIGN(auto workers,
+                            OpenWorkers(p, DType::kFloat32, "resharded", ConfigJson(), Addresses(servers)));
+    ASSERT_THAT(workers[0]->InitWeights(), IsOk());
+    ASSERT_THAT(RunSteps(workers, 1, 20), IsOk());
+    ZO_ASSERT_OK_AND_ASSIGN(path, workers[0]->client().Checkpoint());
+    EXPECT_THAT(path, HasSubstr("step-"));
+  }
+  std::vector<ServerProcess> servers = StartServers(3, {"--checkpoint-dir", ckpt});
+  ZO_ASSERT_OK_AND_ASSIGN(auto workers,
+                          OpenWorkers(p, DType::kFloat32, "resharded", ConfigJson(), Addresses(servers)));
+  ZO_ASSERT_OK_AND_ASSIGN(const int64_t version, workers[0]->client().Restore(path));
+  EXPECT_EQ(version, 20);
+  ASSERT_THAT(RunSteps(workers, 21, kSteps), IsOk());
+  ZO_ASSERT_OK_AND_ASSIGN(const std::vector<float> x, workers[1]->PullAll(kSteps));
+  // Element-wise Adam and a norm summed in chunk order do not depend on the
+  // server count: bit for bit the uninterrupted run.
+  EXPECT_EQ(x, UninterruptedWeights());
+}
+
+TEST(OffloadE2eTest, KilledServerFailsClientsFastAndRestoreResumesExactly) {
+  const LeastSquares p = Problem();
+  const std::string ckpt = TempDir("ckpt_kill");
+  std::vector<ServerProcess> servers = StartServers(2, {"--checkpoint-dir", ckpt});
+  const std::vector<std::string> addresses = Addresses(servers);
+  ClientOptions options;
+  options.call_timeout = absl::Seconds(10);
+  options.retry_for = absl::Seconds(2);
+  {
+    ZO_ASSERT_OK_AND_ASSIGN(auto workers, OpenWorkers(p, DType::kFloat32, "kill", ConfigJson(),
+                                                      addresses, options));
+    ASSERT_THAT(workers[0]->InitWeights(), IsOk());
+    ASSERT_THAT(RunSteps(workers, 1, 20), IsOk());
+    ASSERT_THAT(workers[0]->client().Checkpoint().status(), IsOk());
+    ASSERT_THAT(RunSteps(workers, 21, 25), IsOk());
+
+    // Step 26 onwards while server 1 dies under it.
+    absl::Status run;
+    const auto start = std::chrono::steady_clock::now();
+    std::thread training([&] { run = RunSteps(workers, 26, kSteps); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    servers[1].Kill();
+    training.join();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_FALSE(run.ok());
+    EXPECT_LT(seconds, 60.0) << "clients must fail within their deadline, not hang";
+    // The survivor still answers.
+    ZO_ASSERT_OK_AND_ASSIGN(const v1::JobStatus st, workers[0]->client().JobStatus());
+    EXPECT_GE(st.version(), 25);
+  }
+  // Restart on the same address, re-attach, restore the last checkpoint, resume.
+  ZO_ASSERT_OK_AND_ASSIGN(servers[1], ServerProcess::Start({"--checkpoint-dir", ckpt},
+                                                           servers[1].port()));
+  ZO_ASSERT_OK_AND_ASSIGN(auto workers, OpenWorkers(p, DType::kFloat32, "kill", ConfigJson(),
+                                                    addresses, options));
+  ZO_ASSERT_OK_AND_ASSIGN(const int64_t version, workers[0]->client().Restore(""));
+  EXPECT_EQ(version, 20);
+  ASSERT_THAT(RunSteps(workers, 21, kSteps), IsOk());
+  ZO_ASSERT_OK_AND_ASSIGN(const std::vector<float> x, workers[0]->PullAll(kSteps));
+  EXPECT_EQ(x, UninterruptedWeights());
+}
+
+}  // namespace
+}  // namespace zo::testing

@@ -1,0 +1,45 @@
+// A real zo-server process for integration tests: started on a free loopback
+// port (read back from --port-file), stopped with SIGTERM or killed with
+// SIGKILL. Its log goes to a file named in failures.
+#ifndef ZO_TESTS_SERVER_SERVER_PROCESS_H_
+#define ZO_TESTS_SERVER_SERVER_PROCESS_H_
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace zo::testing {
+
+class ServerProcess {
+ public:
+  // Starts `zo-server --listen 127.0.0.1:<port> <extra_args>`; port 0 picks
+  // a free one. Waits until it listens.
+  static absl::StatusOr<ServerProcess> Start(const std::vector<std::string>& extra_args,
+                                             int port = 0);
+  ServerProcess(ServerProcess&& other) noexcept;
+  ServerProcess& operator=(ServerProcess&& other) noexcept;
+  ~ServerProcess();  // SIGKILL if still running
+
+  int port() const { return port_; }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  const std::string& log_path() const { return log_path_; }
+  std::string ReadLog() const;
+
+  // SIGTERM and wait: the exit code (-1 when killed by a signal).
+  int Stop();
+  // SIGKILL and wait.
+  void Kill();
+
+ private:
+  ServerProcess() = default;
+  pid_t pid_ = -1;
+  int port_ = 0;
+  std::string log_path_;
+};
+
+}  // namespace zo::testing
+
+#endif  // ZO_TESTS_SERVER_SERVER_PROCESS_H_
