@@ -302,6 +302,11 @@ absl::Status Job::PullParams(const v1::PullParamsRequest& request, absl::Time de
   {
     std::unique_lock lock(mu_);
     while (!stop_ && version_ < request.version()) {
+      if (!health_.ok()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "version ", request.version(), " of job ", spec_.name,
+            " will not come: the job needs restore: ", health_.message()));
+      }
       if (cv_.wait_until(lock, absl::ToChronoTime(deadline)) == std::cv_status::timeout) {
         return absl::DeadlineExceededError(absl::StrCat(
             "version ", request.version(), " of job ", spec_.name,

@@ -23,7 +23,7 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
 ABSL_FLAG(int, threads, 0, "optimizer threads (0: one per core)");
 ABSL_FLAG(std::string, memory_budget, "",
           "bytes of optimizer state (12 per parameter) each job may keep in RAM, e.g. 64Gi; "
-          "beyond it NVMe offload is required. Empty: no limit");
+          "beyond it NVMe offload is required (0: all of it on NVMe). Empty: no limit");
 ABSL_FLAG(std::string, nvme_path, "",
           "directory for NVMe swap files; overrides the job config's offload_optimizer.nvme_path");
 ABSL_FLAG(std::string, checkpoint_dir, "",
@@ -69,8 +69,10 @@ int Run() {
     return 2;
   };
   if (options.threads < 0) return fail(absl::InvalidArgumentError("--threads must be >= 0"));
-  if (!absl::GetFlag(FLAGS_memory_budget).empty()) {
-    absl::StatusOr<int64_t> budget = ParseCount(absl::GetFlag(FLAGS_memory_budget));
+  if (const std::string b = absl::GetFlag(FLAGS_memory_budget); b == "0") {
+    options.memory_budget_bytes = 0;  // all optimizer state on NVMe
+  } else if (!b.empty()) {
+    absl::StatusOr<int64_t> budget = ParseCount(b);
     if (!budget.ok()) return fail(absl::InvalidArgumentError(absl::StrCat("--memory-budget: ", budget.status().message())));
     options.memory_budget_bytes = *budget;
   }

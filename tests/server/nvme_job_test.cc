@@ -1,0 +1,136 @@
+// A job whose optimizer state lives on NVMe swap files, through real
+// zo-server processes: the same trajectory as the RAM-resident run, and a
+// corrupted swap file puts the job in "needs restore" (never silent
+// corruption) until a checkpoint is restored.
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/server/least_squares.h"
+#include "tests/server/server_process.h"
+#include "tests/server/training_harness.h"
+
+namespace zo::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string TempDir(const std::string& name) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/zo_nvme_job_", getpid(), "_", name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// The e2e tests' problem and optimizer; optimizer state in sub-groups of 100
+// elements (not a multiple of 4 KiB of state), all on NVMe (memory budget 0).
+std::string Config(const std::string& nvme_path, bool nvme) {
+  std::string config = R"({
+    "train_batch_size": 2, "train_micro_batch_size_per_gpu": 1,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "betas": [0.9, 0.999], "eps": 1e-8,
+                                              "weight_decay": 0.01}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 0.01,
+                                                 "warmup_num_steps": 10, "warmup_type": "linear"}},
+    "gradient_clipping": 0.5,
+    "zero_optimization": {"sub_group_size": 100,
+                          "offload_optimizer": {"device": "DEVICE", "nvme_path": "PATH"}},
+    "zo": {"chunk_elems": 128}
+  })";
+  return absl::StrReplaceAll(config, {{"DEVICE", nvme ? "nvme" : "cpu"}, {"PATH", nvme_path}});
+}
+
+LeastSquares Problem() { return LeastSquares::Make({200, 333, 64}, 64, 2, 7); }
+
+std::vector<ServerProcess> StartServers(int n, const std::vector<std::string>& args) {
+  std::vector<ServerProcess> servers;
+  for (int i = 0; i < n; ++i) {
+    absl::StatusOr<ServerProcess> s = ServerProcess::Start(args);
+    EXPECT_THAT(s.status(), IsOk());
+    if (s.ok()) servers.push_back(*std::move(s));
+  }
+  return servers;
+}
+
+std::vector<float> Train(const std::string& config, int steps) {
+  const LeastSquares p = Problem();
+  std::vector<ServerProcess> servers = StartServers(2, {});
+  auto workers = OpenWorkers(p, DType::kFloat32, "ram", config, Addresses(servers));
+  EXPECT_THAT(workers.status(), IsOk());
+  EXPECT_THAT((*workers)[0]->InitWeights(), IsOk());
+  EXPECT_THAT(RunSteps(*workers, 1, steps), IsOk());
+  auto x = (*workers)[0]->PullAll(steps);
+  EXPECT_THAT(x.status(), IsOk());
+  return x.ok() ? *x : std::vector<float>{};
+}
+
+TEST(NvmeJobTest, RamOnlyJobOverTheMemoryBudgetIsRefusedAtOpen) {
+  const LeastSquares p = Problem();
+  std::vector<ServerProcess> servers = StartServers(1, {"--memory-budget", "1Ki"});
+  EXPECT_THAT(OpenWorkers(p, DType::kFloat32, "big", Config("", false), Addresses(servers)).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("offload_optimizer.device to \"nvme\"")));
+}
+
+TEST(NvmeJobTest, NvmeResidentStateCorruptionNeedsRestoreAndRestoreResumesExactly) {
+  const LeastSquares p = Problem();
+  const std::string nvme = TempDir("swap");
+  const std::string ckpt = TempDir("ckpt");
+  const std::string config = Config(nvme, true);
+  const std::vector<float> ram = Train(Config("", false), 30);
+
+  std::vector<ServerProcess> servers =
+      StartServers(2, {"--memory-budget", "0", "--checkpoint-dir", ckpt});
+  ClientOptions options;
+  options.call_timeout = absl::Seconds(5);
+  ZO_ASSERT_OK_AND_ASSIGN(auto workers, OpenWorkers(p, DType::kFloat32, "nvme", config,
+                                                    Addresses(servers), options));
+  ZO_ASSERT_OK_AND_ASSIGN(const v1::JobStatus st, workers[0]->client().JobStatus());
+  EXPECT_EQ(st.nvme_elems(), st.local_elems()) << "memory budget 0: everything on NVMe";
+  ASSERT_THAT(workers[0]->InitWeights(), IsOk());
+  ASSERT_THAT(RunSteps(workers, 1, 10), IsOk());
+  ASSERT_THAT(workers[0]->client().Checkpoint().status(), IsOk());
+  ASSERT_THAT(RunSteps(workers, 11, 15), IsOk());
+  ASSERT_THAT(workers[0]->PullAll(15).status(), IsOk());  // step 15 applied and written back
+
+  // Flip one byte of the lead's swap file (a plain buffered write; the
+  // server's O_DIRECT read flushes it first and sees it).
+  const std::filesystem::path swap =
+      std::filesystem::path(nvme) / "nvme.server0" / "optimizer_state.swap";
+  ASSERT_TRUE(std::filesystem::exists(swap)) << swap;
+  {
+    std::fstream f(swap, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    char c = 0;
+    f.read(&c, 1);
+    f.seekp(100);
+    c = static_cast<char>(c ^ 0x5a);
+    f.write(&c, 1);
+  }
+  // Step 16's gradients are accepted; its update reads the corrupted block
+  // and fails; from then on the job refuses steps with a clear status.
+  const absl::Status run = RunSteps(workers, 16, 18);
+  EXPECT_THAT(run, StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("needs restore")));
+  ZO_ASSERT_OK_AND_ASSIGN(const v1::JobStatus broken, workers[0]->client().JobStatus());
+  EXPECT_THAT(broken.needs_restore(), HasSubstr("checksum"));
+  EXPECT_EQ(broken.version(), 15);
+
+  // Restore the checkpoint of step 10 and train on: bit for bit the run whose
+  // state never left RAM.
+  ZO_ASSERT_OK_AND_ASSIGN(auto resumed, OpenWorkers(p, DType::kFloat32, "nvme", config,
+                                                    Addresses(servers), options));
+  workers.clear();
+  ZO_ASSERT_OK_AND_ASSIGN(const int64_t version, resumed[0]->client().Restore(""));
+  EXPECT_EQ(version, 10);
+  ASSERT_THAT(RunSteps(resumed, 11, 30), IsOk());
+  ZO_ASSERT_OK_AND_ASSIGN(const std::vector<float> x, resumed[0]->PullAll(30));
+  EXPECT_EQ(x, ram);
+}
+
+}  // namespace
+}  // namespace zo::testing
