@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/command_line.h"
 #include "common/logging.h"
+#include "common/malloc_tuning.h"
 #include "common/units.h"
 #include "server/offload_server.h"
 
@@ -125,6 +126,7 @@ int Run() {
 }  // namespace zo
 
 int main(int argc, char** argv) {
+  zo::TuneMallocForBulkMessages();
   std::vector<std::string> storage;
   std::vector<char*> args = zo::NormalizeFlagNames(argc, argv, storage);
   zo::SetUsage(zo::kUsage, "server/zo_server_main.cc");

@@ -1,0 +1,12 @@
+#include "common/malloc_tuning.h"
+
+#include <malloc.h>
+
+namespace zo {
+
+void TuneMallocForBulkMessages() {
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+}
+
+}  // namespace zo
