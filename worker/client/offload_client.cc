@@ -12,6 +12,7 @@
 #include "proto/rpc_util.h"
 #include "proto/zo/v1/offload_service.grpc.pb.h"
 #include "worker/client/internal/byte_budget.h"
+#include "worker/client/internal/piece_encoding.h"
 #include "worker/client/internal/call.h"
 #include "worker/client/internal/proto_convert.h"
 #include "worker/client/internal/pull_receiver.h"
@@ -216,22 +217,23 @@ absl::Status OffloadClient::Impl::PushRange(int64_t step, int tensor, int64_t of
        PlanPush(map, tensor, offset, elems, elem_bytes, options.max_piece_bytes)) {
     const int64_t piece_bytes = p.byte_end - p.byte_begin;
     budget.Acquire(step, piece_bytes);
-    auto piece = std::make_unique<v1::GradientPiece>();
-    piece->set_job(options.job);
-    piece->set_step(step);
-    piece->set_dp_rank(options.dp_rank);
-    piece->set_chunk(p.chunk);
-    piece->set_offset(p.chunk_offset);
-    piece->set_dtype(client_internal::ToProto(dtype));
-    piece->set_data(data.data() + p.byte_begin, static_cast<size_t>(piece_bytes));
-    piece->set_resend(options.resend);
+    v1::GradientPiece header;
+    header.set_job(options.job);
+    header.set_step(step);
+    header.set_dp_rank(options.dp_rank);
+    header.set_chunk(p.chunk);
+    header.set_offset(p.chunk_offset);
+    header.set_dtype(client_internal::ToProto(dtype));
+    header.set_resend(options.resend);
+    client_internal::EncodedPiece piece = client_internal::EncodeGradientPiece(
+        header, data.data() + p.byte_begin, static_cast<size_t>(piece_bytes));
 
     // Enqueue under mu, so that FinishStep cannot take the stream away
     // between finding it and queuing on it.
     std::lock_guard lock(mu);
     std::unique_ptr<PushStream>& stream = streams[step][p.server];
     if (stream == nullptr) {
-      stream = std::make_unique<PushStream>(stubs[p.server].get(), names[p.server], step,
+      stream = std::make_unique<PushStream>(channels[p.server], names[p.server], step,
                                             client_internal::NewContext(call), &budget);
     }
     ZO_RETURN_IF_ERROR(stream->Enqueue(std::move(piece)));

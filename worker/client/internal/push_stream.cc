@@ -1,5 +1,7 @@
 #include "worker/client/internal/push_stream.h"
 
+#include "grpcpp/grpcpp.h"
+
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -8,9 +10,9 @@
 
 namespace zo::client_internal {
 
-PushStream::PushStream(v1::Offload::Stub* stub, std::string server, int64_t step,
+PushStream::PushStream(std::shared_ptr<grpc::Channel> channel, std::string server, int64_t step,
                        std::unique_ptr<grpc::ClientContext> context, ByteBudget* budget)
-    : stub_(stub),
+    : channel_(std::move(channel)),
       server_(std::move(server)),
       step_(step),
       context_(std::move(context)),
@@ -27,7 +29,7 @@ PushStream::~PushStream() {
   thread_.join();
 }
 
-absl::Status PushStream::Enqueue(std::unique_ptr<v1::GradientPiece> piece) {
+absl::Status PushStream::Enqueue(EncodedPiece piece) {
   {
     std::lock_guard lock(mu_);
     if (status_.ok() && !closing_) {
@@ -36,7 +38,7 @@ absl::Status PushStream::Enqueue(std::unique_ptr<v1::GradientPiece> piece) {
       return absl::OkStatus();
     }
   }
-  budget_->Release(step_, static_cast<int64_t>(piece->data().size()));
+  budget_->Release(step_, piece.payload_bytes);
   std::lock_guard lock(mu_);
   if (!status_.ok()) return status_;
   return absl::FailedPreconditionError(
@@ -73,20 +75,25 @@ absl::Status PushStream::status() const {
 
 void PushStream::DropQueueLocked() {
   for (const auto& piece : queue_) {
-    budget_->Release(step_, static_cast<int64_t>(piece->data().size()));
+    budget_->Release(step_, piece.payload_bytes);
   }
   queue_.clear();
 }
 
 void PushStream::Run() {
   v1::PushGradientsResponse response;
-  std::unique_ptr<grpc::ClientWriter<v1::GradientPiece>> writer =
-      stub_->PushGradients(context_.get(), &response);
+  // The generated stub's writer takes messages; this one takes the pieces
+  // already serialised (piece_encoding.h) for the same method.
+  const grpc::internal::RpcMethod method("/zo.v1.Offload/PushGradients",
+                                         grpc::internal::RpcMethod::CLIENT_STREAMING, channel_);
+  std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+      grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel_.get(), method,
+                                                                    context_.get(), &response));
   int64_t pieces = 0;
   bool resend = false;
   bool write_failed = false;
   for (;;) {
-    std::unique_ptr<v1::GradientPiece> piece;
+    EncodedPiece piece;
     {
       std::unique_lock lock(mu_);
       work_cv_.wait(lock, [&] { return !queue_.empty() || closing_; });
@@ -96,9 +103,9 @@ void PushStream::Run() {
     }
     // Write returns once gRPC has taken the message (flow control allowing);
     // only then do its bytes stop counting against max_bytes_in_flight.
-    resend = resend || piece->resend();
-    const bool ok = writer->Write(*piece);
-    budget_->Release(step_, static_cast<int64_t>(piece->data().size()));
+    resend = resend || piece.resend;
+    const bool ok = writer->Write(piece.buffer);
+    budget_->Release(step_, piece.payload_bytes);
     if (!ok) {
       write_failed = true;
       break;

@@ -21,6 +21,7 @@
 #include "grpcpp/client_context.h"
 #include "proto/zo/v1/offload_service.grpc.pb.h"
 #include "worker/client/internal/byte_budget.h"
+#include "worker/client/internal/piece_encoding.h"
 
 namespace zo::client_internal {
 
@@ -28,9 +29,9 @@ namespace zo::client_internal {
 // has taken the piece (Write returned) or the piece is dropped.
 class PushStream {
  public:
-  // Starts the call. `stub` and `budget` must outlive the stream; `context`
-  // carries the call's deadline and token.
-  PushStream(v1::Offload::Stub* stub, std::string server, int64_t step,
+  // Starts the call. `budget` must outlive the stream; `context` carries the
+  // call's deadline and token.
+  PushStream(std::shared_ptr<grpc::Channel> channel, std::string server, int64_t step,
              std::unique_ptr<grpc::ClientContext> context, ByteBudget* budget);
   // Cancels the call if it is still open and joins its thread.
   ~PushStream();
@@ -41,7 +42,7 @@ class PushStream {
   // Queues a piece whose payload bytes were acquired from the budget for this
   // step. Once the call has failed the piece is dropped (its bytes released)
   // and the call's error returned; after Close, FAILED_PRECONDITION.
-  absl::Status Enqueue(std::unique_ptr<v1::GradientPiece> piece);
+  absl::Status Enqueue(EncodedPiece piece);
   // No more pieces: once the queue is written, half-close and wait for the
   // server's answer.
   void Close();
@@ -59,7 +60,7 @@ class PushStream {
   // Drops every queued piece, releasing its bytes. Requires mu_.
   void DropQueueLocked();
 
-  v1::Offload::Stub* const stub_;
+  const std::shared_ptr<grpc::Channel> channel_;
   const std::string server_;
   const int64_t step_;
   const std::unique_ptr<grpc::ClientContext> context_;
@@ -68,7 +69,7 @@ class PushStream {
   mutable std::mutex mu_;
   std::condition_variable work_cv_;  // the thread waits: a piece queued, or closing
   std::condition_variable done_cv_;  // WaitFor waits: the call ended
-  std::deque<std::unique_ptr<v1::GradientPiece>> queue_;  // guarded by mu_
+  std::deque<EncodedPiece> queue_;                        // guarded by mu_
   bool closing_ = false;                                  // guarded by mu_
   bool done_ = false;                                     // guarded by mu_
   absl::Status status_;                                   // guarded by mu_
