@@ -5,6 +5,8 @@
 //          the same memory traffic, per SIMD path and thread count
 //   nvme   raw O_DIRECT I/O of our engine vs. fio on the same file, and the
 //          pipelined Adam step over NVMe-resident state vs. max(I/O, compute)
+//   wire   gradient push (OffloadClient -> OffloadServer in a child process)
+//          over loopback vs. a plain TCP stream between the same processes
 //
 // Usage: zo-bench [flags] <workload>...
 #include <iostream>
@@ -20,6 +22,7 @@
 #include "bench/adam_bench.h"
 #include "bench/fio.h"
 #include "bench/nvme_bench.h"
+#include "bench/wire_bench.h"
 #include "common/command_line.h"
 #include "common/dtype.h"
 #include "common/status_macros.h"
@@ -38,9 +41,12 @@ ABSL_FLAG(int, rounds, 0,
           "timed rounds (default: adam 7, nvme 5). adam: per (path, threads), after one "
           "warm-up, the step and the baseline once each, alternating which goes first. "
           "nvme: per direction one fio run and one zo pass, alternating which goes first; "
-          "for the step part, one each of step, I/O alone and compute alone, rotating");
+          "for the step part, one each of step, I/O alone and compute alone, rotating. "
+          "wire: after one warm-up, a gRPC push and a TCP stream each, alternating which goes "
+          "first (default 5)");
 ABSL_FLAG(std::string, chunk_elems, "4Mi",
-          "adam: elements per chunk the parameters are cut into, as on a server");
+          "adam: elements per chunk the parameters are cut into, as on a server; wire: the "
+          "job's zo.chunk_elems");
 ABSL_FLAG(bool, json, false, "print one JSON object per result line instead of a table");
 ABSL_FLAG(std::string, dir, "/var/tmp",
           "nvme: directory on the device to measure; a scratch folder zo-bench-nvme-PID is made "
@@ -65,6 +71,13 @@ ABSL_FLAG(std::string, sub_group, "4Mi",
           "nvme: elements per sub-group of the step's state (sub_group_size); 12 bytes each "
           "on disk");
 ABSL_FLAG(int, buffer_count, 4, "nvme: the step pipeline's buffers (>= 3)");
+ABSL_FLAG(std::string, bytes, "256Mi",
+          "wire: gradient bytes per round (fp16, so an even count): 256Mi, 1Gi, 8M ...");
+ABSL_FLAG(std::string, piece_bytes, "1Mi",
+          "wire: payload bytes per GradientPiece (ClientOptions::max_piece_bytes), also the "
+          "size of each send() of the TCP baseline");
+ABSL_FLAG(std::string, in_flight_bytes, "64Mi",
+          "wire: gradient bytes queued and not yet written (ClientOptions::max_bytes_in_flight)");
 ABSL_FLAG(bool, checksums, true,
           "nvme: the step's block checksums, on as a server runs them (--nochecksums: off)");
 
@@ -88,7 +101,13 @@ constexpr char kUsage[] =
     "         over --params elements of state all on NVMe in --sub-group sub-groups, vs.\n"
     "         the same pipeline doing only the I/O and the same kernel in RAM; ratio =\n"
     "         median of per-round step / max(io, compute) (target <= 1.2). Prints the\n"
-    "         device and filesystem the files sat on. Needs fio (apt-get install fio).\n\n"
+    "         device and filesystem the files sat on. Needs fio (apt-get install fio).\n"
+    "  wire   forks a server process (an OffloadServer and a TCP sink on 127.0.0.1) and\n"
+    "         pushes --bytes of fp16 gradients per round to it with the client library\n"
+    "         (pieces of --piece-bytes, until FinishStep's acknowledgement), vs. the same\n"
+    "         bytes in --piece-bytes send() calls on one TCP connection to the sink, for\n"
+    "         --rounds rounds after a warm-up; ratio = median grpc GB/s / median tcp GB/s\n"
+    "         (target >= 0.6). Run it on its own (it forks before starting threads).\n\n"
     "Flags may be written with dashes or underscores.";
 
 absl::StatusOr<bench::AdamBenchOptions> AdamOptionsFromFlags() {
@@ -186,6 +205,24 @@ absl::StatusOr<bench::NvmeBenchOptions> NvmeOptionsFromFlags() {
 
 int RunNvme() { return RunWorkload("nvme", NvmeOptionsFromFlags(), &bench::RunNvmeBench); }
 
+absl::StatusOr<bench::WireBenchOptions> WireOptionsFromFlags() {
+  bench::WireBenchOptions o;
+  ZO_ASSIGN_OR_RETURN(const uint64_t bytes, bench::ParseByteSize(absl::GetFlag(FLAGS_bytes)));
+  o.bytes = static_cast<int64_t>(bytes);
+  ZO_ASSIGN_OR_RETURN(const uint64_t piece, bench::ParseByteSize(absl::GetFlag(FLAGS_piece_bytes)));
+  o.piece_bytes = static_cast<int64_t>(piece);
+  ZO_ASSIGN_OR_RETURN(const uint64_t in_flight,
+                      bench::ParseByteSize(absl::GetFlag(FLAGS_in_flight_bytes)));
+  o.in_flight_bytes = static_cast<int64_t>(in_flight);
+  ZO_ASSIGN_OR_RETURN(o.chunk_elems, ParseCount(absl::GetFlag(FLAGS_chunk_elems)));
+  const int rounds = absl::GetFlag(FLAGS_rounds);
+  o.rounds = rounds == 0 ? 5 : rounds;
+  o.json = absl::GetFlag(FLAGS_json);
+  return o;
+}
+
+int RunWire() { return RunWorkload("wire", WireOptionsFromFlags(), &bench::RunWireBench); }
+
 // The registry: name -> runner, in the order `zo-bench --help` lists them.
 struct Workload {
   const char* name;
@@ -194,6 +231,7 @@ struct Workload {
 constexpr Workload kWorkloads[] = {
     {"adam", RunAdam},
     {"nvme", RunNvme},
+    {"wire", RunWire},
 };
 
 int Main(int argc, char** argv) {
