@@ -16,6 +16,8 @@ packages=(
   libopenblas-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev fio
+  # test certificates (tests/server/tls_test.cc)
+  openssl
 )
 
 missing=()

@@ -1,103 +1,44 @@
-// `zo-ctl status` and `zo-ctl checkpoint`: the real binary against no server,
-// and against a stand-in Offload service on a loopback port that answers the
-// two calls and checks the auth token.
+// `zo-ctl status`, `zo-ctl checkpoint` and `zo-ctl export`: the real binary
+// against no server, and against two real zo-server processes (token
+// required, checkpoints on) that dp workers trained a few steps through the
+// client library.
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <memory>
+#include <iterator>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
-#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "proto/rpc_util.h"
-#include "proto/zo/v1/offload_service.grpc.pb.h"
+#include "proto/zo/v1/job.pb.h"
 #include "tests/cli/zo_ctl_runner.h"
+#include "tests/server/least_squares.h"
+#include "tests/server/server_process.h"
+#include "tests/server/training_harness.h"
 
-namespace zo {
+namespace zo::testing {
 namespace {
 
+namespace fs = std::filesystem;
 using ::testing::HasSubstr;
-using ::zo::testing::RunZoCtl;
-using ::zo::testing::ZoCtlResult;
+using ::testing::StartsWith;
 
 constexpr char kToken[] = "s3cret";
+constexpr char kJob[] = "ctl";
+constexpr int kSteps = 5;
 
-// Knows one job, "gpt"; wants `authorization: Bearer s3cret`.
-class FakeOffload final : public zo::v1::Offload::Service {
- public:
-  grpc::Status GetJobStatus(grpc::ServerContext* context,
-                            const zo::v1::GetJobStatusRequest* request,
-                            zo::v1::JobStatus* status) override {
-    if (grpc::Status auth = CheckAuth(*context); !auth.ok()) return auth;
-    if (request->job() != "gpt") {
-      return grpc::Status(grpc::StatusCode::NOT_FOUND, "no job '" + request->job() + "'");
-    }
-    status->set_job("gpt");
-    status->set_version(120);
-    status->set_open_step(121);
-    status->set_applied_steps(118);
-    status->set_loss_scale(65536);
-    status->set_server_index(1);
-    status->set_num_servers(2);
-    status->set_dp_world_size(4);
-    status->set_total_elems(124439808);
-    status->set_local_elems(62219904);
-    status->set_last_grad_norm(0.5);
-    status->set_last_lr(6e-4);
-    status->set_last_checkpoint_step(100);
-    return grpc::Status::OK;
-  }
-
-  grpc::Status Checkpoint(grpc::ServerContext* context, const zo::v1::CheckpointRequest* request,
-                          zo::v1::CheckpointResponse* response) override {
-    if (grpc::Status auth = CheckAuth(*context); !auth.ok()) return auth;
-    response->set_path("/ckpt/" + request->job() + "/step-00000120");
-    response->set_version(120);
-    return grpc::Status::OK;
-  }
-
- private:
-  static grpc::Status CheckAuth(const grpc::ServerContext& context) {
-    const auto& metadata = context.client_metadata();
-    const auto it = metadata.find(kAuthMetadataKey);
-    if (it == metadata.end() ||
-        std::string(it->second.data(), it->second.size()) != BearerValue(kToken)) {
-      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing or wrong token");
-    }
-    return grpc::Status::OK;
-  }
-};
-
-class ZoCtlRpcTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    builder.RegisterService(&service_);
-    server_ = builder.BuildAndStart();
-    ASSERT_NE(server_, nullptr);
-    ASSERT_GT(port_, 0);
-    token_file_ = std::filesystem::temp_directory_path().string() + "/zo_ctl_rpc_token_" +
-                  std::to_string(getpid());
-    std::ofstream(token_file_) << kToken << "\n";
-  }
-  void TearDown() override {
-    server_->Shutdown();
-    std::filesystem::remove(token_file_);
-  }
-  std::string Flags(const std::string& job) const {
-    return absl::StrCat("--server 127.0.0.1:", port_, " --job ", job, " --auth-token-file ",
-                        token_file_);
-  }
-
-  FakeOffload service_;
-  std::unique_ptr<grpc::Server> server_;
-  int port_ = 0;
-  std::string token_file_;
-};
+const std::string kConfig = R"({
+  "train_batch_size": 2, "train_micro_batch_size_per_gpu": 1,
+  "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
+  "gradient_clipping": 0.5,
+  "zo": {"chunk_elems": 128}
+})";
 
 TEST(ZoCtlNoServerTest, StatusSaysWhereNoServerRuns) {
   for (const char* command : {"status", "checkpoint"}) {
@@ -119,43 +60,172 @@ TEST(ZoCtlNoServerTest, MissingFlagsExitTwo) {
   EXPECT_THAT(r.err, HasSubstr("/nonexistent/token"));
 }
 
-TEST_F(ZoCtlRpcTest, StatusPrintsTheJobReadably) {
-  const ZoCtlResult r = RunZoCtl("status " + Flags("gpt"));
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_THAT(r.out, HasSubstr(absl::StrCat("job gpt on server 1 of 2 (127.0.0.1:", port_, ")")));
-  EXPECT_THAT(r.out, HasSubstr("120 (gradients are pushed for step 121)"));
-  EXPECT_THAT(r.out, HasSubstr("health           ok"));
-  EXPECT_THAT(r.out, HasSubstr("last checkpoint  step 100"));
+struct Safetensors {
+  nlohmann::json header;
+  std::string data;
+};
+
+Safetensors ParseSafetensors(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  uint64_t n = 0;
+  if (bytes.size() >= 8) std::memcpy(&n, bytes.data(), 8);
+  if (bytes.size() < 8 + n) return {};
+  return {nlohmann::json::parse(bytes.substr(8, n)), bytes.substr(8 + n)};
 }
 
-TEST_F(ZoCtlRpcTest, StatusAsJsonHasEveryField) {
-  const ZoCtlResult r = RunZoCtl("status --json " + Flags("gpt"));
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  const nlohmann::json j = nlohmann::json::parse(r.out);
-  EXPECT_EQ(j["job"], "gpt");
-  EXPECT_EQ(j["version"], 120);
-  EXPECT_EQ(j["total_elems"], 124439808);
-  EXPECT_EQ(j["loss_scale"], 65536.0);
-  EXPECT_EQ(j["last_skipped"], false);
-  EXPECT_EQ(j["needs_restore"], "");
-  EXPECT_EQ(j.size(), static_cast<size_t>(zo::v1::JobStatus::descriptor()->field_count()));
+// Two servers, job "ctl" (fp32, 2 dp ranks) trained steps 1..kSteps; every
+// server has version kSteps when SetUp returns.
+class ZoCtlRpcTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = absl::StrCat(::testing::TempDir(), "/zo_ctl_rpc_", getpid(), "_",
+                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(root_);
+    fs::create_directories(root_ + "/ckpt");
+    token_file_ = root_ + "/token";
+    std::ofstream(token_file_) << kToken << "\n";
+    for (int i = 0; i < 2; ++i) {
+      ZO_ASSERT_OK_AND_ASSIGN(ServerProcess s,
+                              ServerProcess::Start({"--auth-token-file", token_file_,
+                                                    "--checkpoint-dir", root_ + "/ckpt"}));
+      servers_.push_back(std::move(s));
+    }
+    ClientOptions options;
+    options.auth_token = kToken;
+    ZO_ASSERT_OK_AND_ASSIGN(workers_, OpenWorkers(problem_, DType::kFloat32, kJob, kConfig,
+                                                  Addresses(servers_), options));
+    ASSERT_THAT(workers_[0]->InitWeights(), IsOk());
+    ASSERT_THAT(RunSteps(workers_, 1, kSteps), IsOk());
+    // Waits until both servers have applied the last step.
+    ZO_ASSERT_OK_AND_ASSIGN(weights_, workers_[1]->PullAll(kSteps));
+  }
+  void TearDown() override {
+    workers_.clear();
+    servers_.clear();
+    fs::remove_all(root_);
+  }
+
+  std::string Flags(int server, const std::string& job = kJob) const {
+    return absl::StrCat("--server ", servers_[server].address(), " --job ", job,
+                        " --auth-token-file ", token_file_);
+  }
+
+  const LeastSquares problem_ = LeastSquares::Make({200, 333, 64}, 32, 2, 5);
+  std::string root_;
+  std::string token_file_;
+  std::vector<ServerProcess> servers_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  std::vector<float> weights_;  // version kSteps, pulled
+};
+
+TEST_F(ZoCtlRpcTest, StatusPrintsWhatTheWorkersDid) {
+  for (int s = 0; s < 2; ++s) {
+    const ZoCtlResult r = RunZoCtl("status " + Flags(s));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_THAT(r.out, StartsWith(absl::StrCat("job ctl on server ", s, " of 2 (",
+                                               servers_[s].address(), ")\n")));
+    EXPECT_THAT(r.out, HasSubstr("version          5 (gradients are pushed for step 6)"));
+    EXPECT_THAT(r.out, HasSubstr("applied steps    5\n"));
+    EXPECT_THAT(r.out, HasSubstr("health           ok"));
+    EXPECT_THAT(r.out, HasSubstr("data parallel    2 rank(s)"));
+    EXPECT_THAT(r.out, HasSubstr("last checkpoint  none"));
+    EXPECT_EQ(r.err, "");
+  }
 }
 
-TEST_F(ZoCtlRpcTest, CheckpointPrintsThePathAndVersion) {
-  const ZoCtlResult r = RunZoCtl("checkpoint " + Flags("gpt"));
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(r.out, "checkpoint of job gpt committed: version 120 at /ckpt/gpt/step-00000120\n");
+TEST_F(ZoCtlRpcTest, StatusAsJsonMatchesTheJob) {
+  int64_t local_elems = 0;
+  for (int s = 0; s < 2; ++s) {
+    const ZoCtlResult r = RunZoCtl("status --json " + Flags(s));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const nlohmann::json j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["job"], kJob);
+    EXPECT_EQ(j["version"], kSteps);
+    EXPECT_EQ(j["open_step"], kSteps + 1);
+    EXPECT_EQ(j["applied_steps"], kSteps);
+    EXPECT_EQ(j["server_index"], s);
+    EXPECT_EQ(j["num_servers"], 2);
+    EXPECT_EQ(j["dp_world_size"], 2);
+    EXPECT_EQ(j["total_elems"], problem_.n);
+    EXPECT_EQ(j["loss_scale"], 1.0);
+    EXPECT_EQ(j["last_skipped"], false);
+    EXPECT_EQ(j["needs_restore"], "");
+    EXPECT_EQ(j["last_checkpoint_step"], -1);
+    EXPECT_EQ(j.size(), static_cast<size_t>(v1::JobStatus::descriptor()->field_count()));
+    local_elems += j["local_elems"].get<int64_t>();
+  }
+  EXPECT_EQ(local_elems, problem_.n) << "the servers' stripes tile the job";
 }
 
-TEST_F(ZoCtlRpcTest, ServerErrorsExitOneWithTheirCode) {
-  ZoCtlResult r = RunZoCtl("status " + Flags("nope"));
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.err, HasSubstr("NOT_FOUND: no job 'nope'"));
-  r = RunZoCtl(absl::StrCat("status --server 127.0.0.1:", port_, " --job gpt"));
+TEST_F(ZoCtlRpcTest, AWrongOrMissingTokenIsUnauthenticated) {
+  const std::string wrong = root_ + "/wrong_token";
+  std::ofstream(wrong) << "guess\n";
+  ZoCtlResult r = RunZoCtl(absl::StrCat("status --server ", servers_[0].address(), " --job ", kJob,
+                                        " --auth-token-file ", wrong));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("UNAUTHENTICATED"));
-  EXPECT_THAT(r.err, HasSubstr("--auth-token-file"));
+  EXPECT_THAT(r.err, HasSubstr("check --auth-token-file"));
+  EXPECT_EQ(r.out, "");
+  r = RunZoCtl(absl::StrCat("checkpoint --server ", servers_[0].address(), " --job ", kJob));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("UNAUTHENTICATED"));
+  EXPECT_FALSE(fs::exists(root_ + "/ckpt/ctl")) << "refused calls write nothing";
+}
+
+TEST_F(ZoCtlRpcTest, AnUnknownJobIsNamed) {
+  for (const char* command : {"status", "checkpoint"}) {
+    const ZoCtlResult r = RunZoCtl(absl::StrCat(command, " ", Flags(0, "nosuchjob")));
+    EXPECT_EQ(r.exit_code, 1) << command;
+    EXPECT_THAT(r.err, HasSubstr("NOT_FOUND"));
+    EXPECT_THAT(r.err, HasSubstr("nosuchjob"));
+    EXPECT_EQ(r.out, "");
+  }
+}
+
+TEST_F(ZoCtlRpcTest, CheckpointOnlyOnTheLead) {
+  const ZoCtlResult r = RunZoCtl("checkpoint " + Flags(1));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("FAILED_PRECONDITION"));
+  EXPECT_THAT(r.err, HasSubstr(servers_[0].address())) << "names the lead";
+}
+
+TEST_F(ZoCtlRpcTest, CheckpointThenExportGivesThePulledWeightsBitForBit) {
+  ZoCtlResult r = RunZoCtl("checkpoint " + Flags(0));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string prefix = "checkpoint of job ctl committed: version 5 at ";
+  ASSERT_THAT(r.out, StartsWith(prefix));
+  ASSERT_EQ(r.out.back(), '\n');
+  const std::string path = r.out.substr(prefix.size(), r.out.size() - prefix.size() - 1);
+  EXPECT_EQ(fs::path(path).lexically_normal(),
+            fs::path(root_ + "/ckpt/ctl/step-00000005").lexically_normal());
+  EXPECT_TRUE(fs::is_regular_file(path + "/checkpoint.json"));
+  EXPECT_TRUE(fs::is_regular_file(path + "/part-00000.zop"));
+  EXPECT_TRUE(fs::is_regular_file(path + "/part-00001.zop"));
+
+  r = RunZoCtl("status --json " + Flags(0));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["last_checkpoint_step"], kSteps);
+
+  const std::string out = root_ + "/ctl.safetensors";
+  r = RunZoCtl("export --checkpoint " + path + " --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("exported 3 tensor(s)"));
+  const Safetensors file = ParseSafetensors(out);
+  EXPECT_EQ(file.header["__metadata__"]["zo_version"], "5");
+  // fp32 job: the weights workers pull are the master weights.
+  ASSERT_EQ(file.data.size(), weights_.size() * 4);
+  EXPECT_EQ(std::memcmp(file.data.data(), weights_.data(), file.data.size()), 0);
+  int64_t begin = 0;
+  for (const TensorSpec& t : ManifestOf(problem_, DType::kFloat32)) {
+    const nlohmann::json& e = file.header.at(t.name);
+    EXPECT_EQ(e.at("dtype"), "F32");
+    EXPECT_EQ(e.at("shape").get<std::vector<int64_t>>(), t.shape);
+    const int64_t end = begin + 4 * NumElements(t.shape);
+    EXPECT_EQ(e.at("data_offsets"), nlohmann::json({begin, end})) << t.name;
+    begin = end;
+  }
 }
 
 }  // namespace
-}  // namespace zo
+}  // namespace zo::testing
