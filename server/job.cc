@@ -93,6 +93,7 @@ absl::Status Job::Init() {
     chunk_mu_.push_back(std::make_unique<std::mutex>());
     coverage_.emplace_back(c.elems, spec_.dp_world_size);
   }
+  chunk_step_.assign(chunks_.size(), 1);
   accum_view_ = std::make_unique<CpuOptimizer>(resources_.pool, std::move(views));
   if (!chunks_.empty()) accum_view_->FirstTouchZero();
 
@@ -238,11 +239,12 @@ absl::Status Job::PushGradient(const v1::GradientPiece& piece, absl::Time deadli
     std::unique_lock lock(mu_);
     const int64_t generation = generation_;
     // A push for the next step waits until this chunk's update is done.
-    while (health_.ok() && !stop_ && generation == generation_ && piece.step() == open_step_ + 1) {
+    while (health_.ok() && !stop_ && generation == generation_ &&
+           piece.step() == chunk_step_[i] + 1) {
       if (cv_.wait_until(lock, absl::ToChronoTime(deadline)) == std::cv_status::timeout) {
         return absl::DeadlineExceededError(absl::StrCat(
-            "step ", piece.step(), " waited for step ", open_step_, " of job ", spec_.name,
-            " to finish until the deadline"));
+            "step ", piece.step(), " waited for step ", chunk_step_[i], " of job ", spec_.name,
+            " to finish updating chunk ", piece.chunk(), " until the deadline"));
       }
     }
     if (stop_) return absl::UnavailableError("the server is shutting down");
@@ -254,10 +256,10 @@ absl::Status Job::PushGradient(const v1::GradientPiece& piece, absl::Time deadli
       return absl::AbortedError(absl::StrCat("job ", spec_.name, " was restored to version ",
                                              version_, " while this push waited"));
     }
-    if (piece.step() != open_step_) {
+    if (piece.step() != chunk_step_[i]) {
       return absl::FailedPreconditionError(absl::StrCat(
           "step ", piece.step(), " is not open: job ", spec_.name, " is at version ", version_,
-          " and takes gradients for step ", open_step_));
+          " and takes gradients for step ", chunk_step_[i]));
     }
     const bool was_complete = coverage_[i].complete();
     ZO_ASSIGN_OR_RETURN(gaps, coverage_[i].Claim(piece.dp_rank(), piece.offset(),
@@ -357,6 +359,7 @@ absl::Status Job::PullParams(const v1::PullParamsRequest& request, absl::Time de
 // ---------------------------------------------------------------- the step
 
 bool Job::ReadyToReportLocked() const {
+  // Between steps every chunk takes gradients for open_step_.
   return health_.ok() && pending_accumulations_ == 0 &&
          complete_chunks_ == static_cast<int>(chunks_.size());
 }
@@ -491,8 +494,6 @@ void Job::StepLoop() {
       cv_.notify_all();
       continue;
     }
-    for (ChunkCoverage& c : coverage_) c.Reset();
-    complete_chunks_ = 0;
     version_ = step;
     open_step_ = step + 1;
     applied_steps_ = commit.applied_steps();
@@ -511,6 +512,7 @@ void Job::StepLoop() {
 }
 
 absl::Status Job::Apply(const v1::StepCommit& commit) {
+  size_t released = 0;
   if (commit.skip()) {
     versions_->RecordSkip(commit.step());
   } else {
@@ -526,11 +528,36 @@ absl::Status Job::Apply(const v1::StepCommit& commit) {
     const AdamStepConstants c =
         MakeAdamStepConstants(hp, commit.applied_steps(), commit.grad_multiplier());
     void* lp = versions_->BeginWrite();
-    ZO_RETURN_IF_ERROR(state_->AdamStep(c, {accum_.as<float>(), DType::kFloat32}, {lp, spec_.dtype}));
+    ZO_RETURN_IF_ERROR(state_->AdamStep(
+        c, {accum_.as<float>(), DType::kFloat32}, {lp, spec_.dtype}, [&](int64_t end) {
+          size_t done = released;
+          while (done < chunks_.size() && chunks_[done].local_offset + chunks_[done].elems <= end) {
+            ++done;
+          }
+          released = ReleaseChunks(released, done, commit.step());
+        }));
     versions_->CommitWrite(commit.step());
   }
-  ZeroAccumulator();
+  ReleaseChunks(released, chunks_.size(), commit.step());
   return absl::OkStatus();
+}
+
+size_t Job::ReleaseChunks(size_t next, size_t end_chunk, int64_t step) {
+  if (next >= end_chunk) return next;
+  float* acc = accum_.as<float>();
+  for (size_t i = next; i < end_chunk; ++i) {
+    std::memset(acc + chunks_[i].local_offset, 0, static_cast<size_t>(chunks_[i].elems) * 4);
+  }
+  {
+    std::lock_guard lock(mu_);
+    for (size_t i = next; i < end_chunk; ++i) {
+      if (coverage_[i].complete()) --complete_chunks_;
+      coverage_[i].Reset();
+      chunk_step_[i] = step + 1;
+    }
+  }
+  cv_.notify_all();
+  return end_chunk;
 }
 
 void Job::ZeroAccumulator() {
@@ -831,6 +858,7 @@ absl::Status Job::RestorePart(const v1::RestorePartRequest& request) {
     cv_.wait(lock, [&] { return pending_accumulations_ == 0; });
     for (ChunkCoverage& c : coverage_) c.Reset();
     complete_chunks_ = 0;
+    std::fill(chunk_step_.begin(), chunk_step_.end(), meta.version + 1);
   }
   versions_->Reset(meta.version);
   absl::Status status;

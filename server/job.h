@@ -120,6 +120,11 @@ class Job {
   bool ReadyToReportLocked() const;
   v1::StepStats ComputeStepStats(int64_t step, int64_t generation);
   absl::Status Apply(const v1::StepCommit& commit);
+  // Chunks [next, end_chunk) are done with step `step`: zero their
+  // accumulators and let step + 1's gradients in (DESIGN.md: no second
+  // gradient buffer, pushes of t+1 into a chunk as soon as its update for t
+  // is done). Returns the new `next`.
+  size_t ReleaseChunks(size_t next, size_t end_chunk, int64_t step);
   void ZeroAccumulator();
   // Retries `call` until it succeeds or the step is aborted; false when aborted.
   bool RetryUntilAborted(int64_t generation, const char* what,
@@ -150,8 +155,11 @@ class Job {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<ChunkCoverage> coverage_;
-  int complete_chunks_ = 0;
+  std::vector<ChunkCoverage> coverage_;  // of the step in chunk_step_
+  // The step each chunk takes gradients for: open_step_, or open_step_ + 1
+  // once its update for open_step_ is done.
+  std::vector<int64_t> chunk_step_;
+  int complete_chunks_ = 0;  // chunks whose coverage is complete
   int pending_accumulations_ = 0;
   int64_t open_step_ = 1;
   int64_t version_ = 0;

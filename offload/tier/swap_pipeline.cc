@@ -143,7 +143,8 @@ void SwapPipeline::Drain() {
   }
 }
 
-absl::Status SwapPipeline::Run(const TileKernel* kernel, const OverlapFn& overlap) {
+absl::Status SwapPipeline::Run(const TileKernel* kernel, const OverlapFn& overlap,
+                               const std::function<void(int64_t slot)>& after_update) {
   if (engine_->in_flight() != 0) {
     return absl::FailedPreconditionError(absl::StrCat("swap pipeline: ", engine_->in_flight(),
                                                       " requests of an earlier run are in flight"));
@@ -169,6 +170,7 @@ absl::Status SwapPipeline::Run(const TileKernel* kernel, const OverlapFn& overla
     if (!error_.ok()) break;
     Process(b, kernel);  // pumps the engine between tiles
     if (!error_.ok()) break;
+    if (after_update) after_update(k);
     bufs_[b].state = BufState::kWriting;
     const IoRequest write{IoOp::kWrite,        file_->fd(),         layout.slot_offset(k),
                           buffers_->buffer(b), layout.slot_bytes(), Tag(b, IoOp::kWrite)};

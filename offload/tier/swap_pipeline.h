@@ -50,8 +50,10 @@ class SwapPipeline {
   // are those read, so the table stays right). `overlap`, if set, runs once
   // after the first reads are queued. The first error (I/O, checksum) ends
   // the run: later sub-groups are left alone and no failed or unverified
-  // sub-group is written back.
-  absl::Status Run(const TileKernel* kernel, const OverlapFn& overlap);
+  // sub-group is written back. `after_update`, if set, runs on the calling
+  // thread once slot k's kernel pass is done (before its write-back).
+  absl::Status Run(const TileKernel* kernel, const OverlapFn& overlap,
+                   const std::function<void(int64_t slot)>& after_update = nullptr);
 
   // The slot into `buf` (slot_bytes, aligned), verified when `verify` and
   // checksums are on; a never-written slot is zero-filled.

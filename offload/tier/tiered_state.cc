@@ -329,7 +329,8 @@ absl::Status TieredOptimizerState::WriteState(int64_t offset, absl::Span<const f
 }
 
 absl::Status TieredOptimizerState::AdamStep(const AdamStepConstants& c, TypedConstPtr grad,
-                                            TypedPtr low_precision) {
+                                            TypedPtr low_precision,
+                                            const std::function<void(int64_t end)>& updated) {
   Impl& s = *impl_;
   if (!s.error.ok()) return s.NeedsRestore();
   if (s.layout.total_elems() == 0) return absl::OkStatus();
@@ -353,10 +354,20 @@ absl::Status TieredOptimizerState::AdamStep(const AdamStepConstants& c, TypedCon
   };
   if (s.pipeline == nullptr) {
     ram_pass(nullptr);
+    if (updated) updated(layout.total_elems());
     return absl::OkStatus();
   }
+  const int64_t ram_groups = layout.ram_sub_groups();
+  const OverlapFn ram_pass_then_report = [&](const std::function<void()>& pump) {
+    ram_pass(pump);
+    if (updated && ram_groups > 0) updated(layout.begin(ram_groups - 1) + layout.size(ram_groups - 1));
+  };
+  const auto slot_done = [&](int64_t slot) {
+    const int64_t sg = ram_groups + slot;
+    if (updated) updated(layout.begin(sg) + layout.size(sg));
+  };
   // The RAM sub-groups are updated while the first NVMe reads are in flight.
-  return s.Record("AdamStep", s.pipeline->Run(&kernel, ram_pass));
+  return s.Record("AdamStep", s.pipeline->Run(&kernel, ram_pass_then_report, slot_done));
 }
 
 absl::Status TieredOptimizerState::IoOnlyPass() {

@@ -100,7 +100,14 @@ class TieredOptimizerState {
 
   // One fused Adam/AdamW step over all elements: `grad` and `low_precision`
   // (optional) each cover total_elems, indexed like the state.
-  absl::Status AdamStep(const AdamStepConstants& c, TypedConstPtr grad, TypedPtr low_precision);
+  // `updated`, if set, is called on the calling thread with growing `end`
+  // whenever elements [0, end) are updated (their gradient no longer read,
+  // their low-precision copy written): after the RAM sub-groups, then after
+  // each NVMe sub-group, last with total_elems. The server uses it to let
+  // the next step's gradients into a chunk as soon as its update is done.
+  // Not called past a failure.
+  absl::Status AdamStep(const AdamStepConstants& c, TypedConstPtr grad, TypedPtr low_precision,
+                        const std::function<void(int64_t end)>& updated = nullptr);
 
   // Reads and writes back every NVMe-resident sub-group through the same
   // pipeline with no update: the "I/O alone" of `zo-bench nvme`. No checksum

@@ -307,3 +307,35 @@ TEST_F(TieredStateTest, EmptyState) {
 
 }  // namespace
 }  // namespace zo
+
+namespace zo {
+namespace {
+
+// The progress hook reports the RAM sub-groups, then each NVMe sub-group in
+// order; when it reports `end`, [0, end) has its low-precision copy and
+// nothing after it has been touched yet.
+TEST_F(TieredStateTest, ReportsEachUpdatedPrefixInOrder) {
+  ZO_ASSERT_OK_AND_ASSIGN(auto state, TieredOptimizerState::Create(Options(2), kTotal, &pool_));
+  ASSERT_THAT(state->LoadMaster(0, Pattern(kTotal, 4)), IsOk());
+  const std::vector<float> grad = Pattern(kTotal, 5);
+  constexpr uint16_t kUntouched = 0xFFFF;  // a NaN the update never writes
+  std::vector<uint16_t> copy(kTotal, kUntouched);
+  std::vector<int64_t> ends;
+  std::string problem;
+  const auto updated = [&](int64_t end) {
+    ends.push_back(end);
+    if (copy[end - 1] == kUntouched) problem += " [0, " + std::to_string(end) + ") not written;";
+    if (end < kTotal && copy[end] != kUntouched) problem += " past " + std::to_string(end) + " written;";
+  };
+  ASSERT_THAT(state->AdamStep(MakeAdamStepConstants({}, 1, 1.0), {grad.data(), DType::kFloat32},
+                              {copy.data(), DType::kFloat16}, updated),
+              IsOk());
+  std::vector<int64_t> want = {20'000};  // the two RAM sub-groups
+  for (int64_t end = 30'000; end < kTotal; end += kSubGroup) want.push_back(end);
+  want.push_back(kTotal);
+  EXPECT_EQ(ends, want);
+  EXPECT_EQ(problem, "");
+}
+
+}  // namespace
+}  // namespace zo

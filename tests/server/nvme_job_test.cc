@@ -30,7 +30,7 @@ std::string TempDir(const std::string& name) {
 
 // The e2e tests' problem and optimizer; optimizer state in sub-groups of 100
 // elements (not a multiple of 4 KiB of state), all on NVMe (memory budget 0).
-std::string Config(const std::string& nvme_path, bool nvme) {
+std::string Config(const std::string& nvme_path, bool nvme, const std::string& dpu = "") {
   std::string config = R"({
     "train_batch_size": 2, "train_micro_batch_size_per_gpu": 1,
     "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "betas": [0.9, 0.999], "eps": 1e-8,
@@ -40,9 +40,10 @@ std::string Config(const std::string& nvme_path, bool nvme) {
     "gradient_clipping": 0.5,
     "zero_optimization": {"sub_group_size": 100,
                           "offload_optimizer": {"device": "DEVICE", "nvme_path": "PATH"}},
-    "zo": {"chunk_elems": 128}
+    "zo": {"chunk_elems": 128 DPU}
   })";
-  return absl::StrReplaceAll(config, {{"DEVICE", nvme ? "nvme" : "cpu"}, {"PATH", nvme_path}});
+  return absl::StrReplaceAll(config,
+                             {{"DEVICE", nvme ? "nvme" : "cpu"}, {"PATH", nvme_path}, {"DPU", dpu}});
 }
 
 LeastSquares Problem() { return LeastSquares::Make({200, 333, 64}, 64, 2, 7); }
@@ -57,9 +58,10 @@ std::vector<ServerProcess> StartServers(int n, const std::vector<std::string>& a
   return servers;
 }
 
-std::vector<float> Train(const std::string& config, int steps) {
+std::vector<float> Train(const std::string& config, int steps,
+                         const std::vector<std::string>& server_args = {}) {
   const LeastSquares p = Problem();
-  std::vector<ServerProcess> servers = StartServers(2, {});
+  std::vector<ServerProcess> servers = StartServers(2, server_args);
   auto workers = OpenWorkers(p, DType::kFloat32, "ram", config, Addresses(servers));
   EXPECT_THAT(workers.status(), IsOk());
   EXPECT_THAT((*workers)[0]->InitWeights(), IsOk());
@@ -75,6 +77,19 @@ TEST(NvmeJobTest, RamOnlyJobOverTheMemoryBudgetIsRefusedAtOpen) {
   EXPECT_THAT(OpenWorkers(p, DType::kFloat32, "big", Config("", false), Addresses(servers)).status(),
               StatusIs(absl::StatusCode::kResourceExhausted,
                        HasSubstr("offload_optimizer.device to \"nvme\"")));
+}
+
+// With the delayed update, step t+1's gradients arrive while step t's update
+// streams the NVMe sub-groups; each chunk takes them as soon as its own
+// update is done. Any gradient let in too early (or zeroed too late) would
+// show in the trajectory.
+TEST(NvmeJobTest, DelayedUpdateOverNvmeStateMatchesTheRamRun) {
+  const std::string dpu = R"(, "dpu": {"enabled": true, "warmup_steps": 2})";
+  const std::vector<float> ram = Train(Config("", false, dpu), 25);
+  const std::vector<float> nvme =
+      Train(Config(TempDir("dpu_swap"), true, dpu), 25, {"--memory-budget", "0"});
+  ASSERT_EQ(nvme.size(), ram.size());
+  EXPECT_EQ(nvme, ram);
 }
 
 TEST(NvmeJobTest, NvmeResidentStateCorruptionNeedsRestoreAndRestoreResumesExactly) {
