@@ -259,5 +259,43 @@ TEST(OffloadE2eTest, KilledServerFailsClientsFastAndRestoreResumesExactly) {
   EXPECT_EQ(x, UninterruptedWeights());
 }
 
+// A worker that dies after delivering part of a step, restarted with
+// `resend`: the servers skip what they already have, take the rest, and the
+// run is bit for bit the uninterrupted one (DESIGN.md: "a restarted worker
+// re-attaches and re-sends the step").
+TEST(OffloadE2eTest, RestartedWorkerResendsAPartlyDeliveredStep) {
+  const LeastSquares p = Problem();
+  std::vector<ServerProcess> servers = StartServers(2);
+  const std::vector<std::string> addresses = Addresses(servers);
+  ZO_ASSERT_OK_AND_ASSIGN(auto workers, OpenWorkers(p, DType::kFloat32, "resend", ConfigJson(),
+                                                    addresses));
+  ASSERT_THAT(workers[0]->InitWeights(), IsOk());
+  ASSERT_THAT(RunSteps(workers, 1, 10), IsOk());
+
+  // Rank 0 pushes the first 150 elements of tensor 0 for step 11 and dies.
+  ZO_ASSERT_OK_AND_ASSIGN(const std::vector<float> v10, workers[0]->PullAll(10));
+  const std::vector<double> g = p.Gradient(0, v10);
+  std::vector<float> g0(g.begin(), g.begin() + 150);
+  ASSERT_THAT(workers[0]->client().PushRange(11, 0, 0, FromFloats(DType::kFloat32, g0.data(), 150)),
+              IsOk());
+  workers[0].reset();  // the destructor ends its open push call
+
+  // Its replacement re-sends the whole step; rank 1 sends its own.
+  ClientOptions options;
+  options.job = "resend";
+  options.servers = addresses;
+  options.dp_rank = 0;
+  options.dp_world_size = 2;
+  options.resend = true;
+  ZO_ASSERT_OK_AND_ASSIGN(auto client, OffloadClient::Open(options, ConfigJson(),
+                                                           ManifestOf(p, DType::kFloat32)));
+  EXPECT_EQ(client->version(), 10);
+  workers[0] = std::make_unique<Worker>(p, 0, DType::kFloat32, std::move(client));
+  ASSERT_THAT(RunSteps(workers, 11, 11), IsOk());
+  ASSERT_THAT(RunSteps(workers, 12, kSteps), IsOk());
+  ZO_ASSERT_OK_AND_ASSIGN(const std::vector<float> x, workers[1]->PullAll(kSteps));
+  EXPECT_EQ(x, UninterruptedWeights());
+}
+
 }  // namespace
 }  // namespace zo::testing
