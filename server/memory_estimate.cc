@@ -92,7 +92,9 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const EstimateInput& input) {
   s.master_bytes = s.elems * kMasterBytes;
   s.moment_bytes = s.elems * kMomentBytes;
   s.grad_accum_bytes = s.elems * kGradAccumBytes;
-  s.low_precision_bytes = s.elems * lp;
+  // Two versions: the latest and the one before (the delayed update pulls
+  // v_t while the step writing v_{t+1} runs).
+  s.low_precision_bytes = 2 * s.elems * lp;
   s.ram_bytes = s.grad_accum_bytes + s.low_precision_bytes;
   if (input.nvme) {
     // Each buffer holds one sub-group's master, m and v; a sub-group never
@@ -144,7 +146,7 @@ std::string FormatEstimateTable(const MemoryEstimate& e) {
   out += Row("fp32 Adam moments (m, v)", nvme ? "-" : bytes(s.moment_bytes),
              nvme ? bytes(s.moment_bytes) : "-");
   out += Row("fp32 gradient accumulator", bytes(s.grad_accum_bytes), "-");
-  out += Row(lp + " copy served to pulls", bytes(s.low_precision_bytes), "-");
+  out += Row(lp + " copies for pulls (2 versions)", bytes(s.low_precision_bytes), "-");
   if (nvme) {
     out += Row(absl::StrFormat("swap buffers (%d x %s elements)", in.buffer_count,
                                FormatCount(static_cast<double>(s.sub_group_elems))),

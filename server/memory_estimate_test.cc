@@ -26,8 +26,8 @@ TEST(MemoryEstimateTest, OneBillionParamsInRam) {
   EXPECT_EQ(e.server.master_bytes, 4000000000);
   EXPECT_EQ(e.server.moment_bytes, 8000000000);
   EXPECT_EQ(e.server.grad_accum_bytes, 4000000000);
-  EXPECT_EQ(e.server.low_precision_bytes, 2000000000);
-  EXPECT_EQ(e.server.ram_bytes, 18000000000);
+  EXPECT_EQ(e.server.low_precision_bytes, 4000000000);  // two fp16 versions
+  EXPECT_EQ(e.server.ram_bytes, 20000000000);
   EXPECT_EQ(e.server.nvme_bytes, 0);
 }
 
@@ -47,7 +47,8 @@ TEST(MemoryEstimateTest, ThirteenBillionOnNvmeOverTwoServers) {
   EXPECT_EQ(e.server.elems, int64_t{1550} * 4194304);
   EXPECT_EQ(e.server.nvme_bytes, int64_t{12} * 6501171200);
   EXPECT_EQ(e.server.io_buffer_bytes, int64_t{4} * 100000000 * 12);
-  EXPECT_EQ(e.server.ram_bytes, int64_t{6} * 6501171200 + 4800000000);
+  // Accumulator 4 B + two bf16 versions 4 B per element, plus the buffers.
+  EXPECT_EQ(e.server.ram_bytes, int64_t{8} * 6501171200 + 4800000000);
 }
 
 TEST(MemoryEstimateTest, SubGroupNeverExceedsTheServersShare) {
@@ -104,13 +105,13 @@ TEST(MemoryEstimateTest, TableAndJsonCarryTheFigures) {
   EXPECT_THAT(table, HasSubstr("1.00 B parameters"));
   EXPECT_THAT(table, HasSubstr("optimizer state in NVMe"));
   EXPECT_THAT(table, HasSubstr("swap buffers (4 x 1.00 M elements)"));
-  // 6e9 + 48e6 bytes = 5.63 GiB of RAM; 12e9 bytes = 11.18 GiB of NVMe.
-  EXPECT_THAT(table, ::testing::ContainsRegex("total +5.63 GiB +11.18 GiB"));
+  // 8e9 + 48e6 bytes = 7.50 GiB of RAM; 12e9 bytes = 11.18 GiB of NVMe.
+  EXPECT_THAT(table, ::testing::ContainsRegex("total +7.50 GiB +11.18 GiB"));
 
   const nlohmann::json j = nlohmann::json::parse(FormatEstimateJson(e));
   EXPECT_EQ(j["parameters"], 1000000000);
   EXPECT_EQ(j["optimizer_device"], "nvme");
-  EXPECT_EQ(j["server"]["ram_bytes"], int64_t{6000000000} + 48000000);
+  EXPECT_EQ(j["server"]["ram_bytes"], int64_t{8000000000} + 48000000);
   EXPECT_EQ(j["server"]["nvme_bytes"], 12000000000);
   EXPECT_EQ(j["gpu"]["total_bytes"], 4000000000);
 }

@@ -35,7 +35,7 @@ Result RunZoCtl(const std::string& args) {
 
 TEST(ZoCtlEstimateTest, JsonFiguresForAConfigFile) {
   // The example config puts optimizer state on NVMe; flags override the
-  // sub-group size. 2e9 params on one server: NVMe 12 B/param, RAM 6 B/param
+  // sub-group size. 2e9 params on one server: NVMe 12 B/param, RAM 8 B/param (accumulator, two fp16 versions)
   // plus 4 buffers of 1e8 elements x 12 B.
   const Result r = RunZoCtl(
       "estimate --params 2B --config " ZO_SOURCE_DIR
@@ -46,7 +46,7 @@ TEST(ZoCtlEstimateTest, JsonFiguresForAConfigFile) {
   const nlohmann::json j = nlohmann::json::parse(r.output.substr(start));
   EXPECT_EQ(j["optimizer_device"], "nvme");
   EXPECT_EQ(j["server"]["nvme_bytes"], int64_t{24000000000});
-  EXPECT_EQ(j["server"]["ram_bytes"], int64_t{12000000000} + 4800000000);
+  EXPECT_EQ(j["server"]["ram_bytes"], int64_t{16000000000} + 4800000000);
   EXPECT_EQ(j["gpu"]["total_bytes"], int64_t{8000000000});
 }
 
@@ -59,7 +59,7 @@ TEST(ZoCtlEstimateTest, TableForAManifest) {
   const Result r = RunZoCtl("estimate --manifest " + manifest + " --precision bf16");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("1.00 M parameters in 2 tensor(s), bf16"));
-  EXPECT_THAT(r.output, HasSubstr("bf16 copy served to pulls"));
+  EXPECT_THAT(r.output, HasSubstr("bf16 copies for pulls (2 versions)"));
 }
 
 TEST(ZoCtlEstimateTest, BadInputExitsTwoWithAReason) {
