@@ -208,30 +208,30 @@ absl::Status Job::InitParams(const v1::ParamInitPiece& piece) {
   return absl::OkStatus();
 }
 
-absl::Status Job::PushGradient(const v1::GradientPiece& piece, absl::Time deadline) {
-  if (piece.dp_rank() < 0 || piece.dp_rank() >= spec_.dp_world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("dp_rank ", piece.dp_rank(),
+absl::Status Job::PushGradient(const GradientPieceView& piece, absl::Time deadline) {
+  if (piece.dp_rank < 0 || piece.dp_rank >= spec_.dp_world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("dp_rank ", piece.dp_rank,
                                                    " is outside [0, ", spec_.dp_world_size,
                                                    ") for job ", spec_.name));
   }
-  ZO_ASSIGN_OR_RETURN(const int i, LocalChunkIndex(piece.chunk()));
+  ZO_ASSIGN_OR_RETURN(const int i, LocalChunkIndex(piece.chunk));
   const LocalChunk& c = chunks_[i];
-  absl::StatusOr<DType> dtype = DTypeFromProto(piece.dtype());
+  absl::StatusOr<DType> dtype = DTypeFromProto(piece.dtype);
   if (!dtype.ok() || *dtype != spec_.dtype) {
-    return absl::InvalidArgumentError(absl::StrCat("gradient dtype ", v1::DType_Name(piece.dtype()),
+    return absl::InvalidArgumentError(absl::StrCat("gradient dtype ", v1::DType_Name(piece.dtype),
                                                    " is not the job's ", std::string(DTypeName(spec_.dtype))));
   }
   const size_t elem = DTypeSize(spec_.dtype);
-  if (piece.data().empty() || piece.data().size() % elem != 0) {
+  if (piece.data_bytes == 0 || piece.data_bytes % elem != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "gradient piece for chunk ", piece.chunk(), ": ", piece.data().size(),
+        "gradient piece for chunk ", piece.chunk, ": ", piece.data_bytes,
         " bytes is not a positive multiple of the ", std::string(DTypeName(spec_.dtype)), " size ", elem));
   }
-  const int64_t n = static_cast<int64_t>(piece.data().size() / elem);
-  if (piece.offset() < 0 || piece.offset() > c.elems - n) {
-    return absl::OutOfRangeError(absl::StrCat("gradient piece: elements [", piece.offset(), ", ",
-                                              piece.offset() + n, ") are outside chunk ",
-                                              piece.chunk(), " of ", c.elems, " elements"));
+  const int64_t n = static_cast<int64_t>(piece.data_bytes / elem);
+  if (piece.offset < 0 || piece.offset > c.elems - n) {
+    return absl::OutOfRangeError(absl::StrCat("gradient piece: elements [", piece.offset, ", ",
+                                              piece.offset + n, ") are outside chunk ",
+                                              piece.chunk, " of ", c.elems, " elements"));
   }
 
   std::vector<FlatRange> gaps;
@@ -240,11 +240,11 @@ absl::Status Job::PushGradient(const v1::GradientPiece& piece, absl::Time deadli
     const int64_t generation = generation_;
     // A push for the next step waits until this chunk's update is done.
     while (health_.ok() && !stop_ && generation == generation_ &&
-           piece.step() == chunk_step_[i] + 1) {
+           piece.step == chunk_step_[i] + 1) {
       if (cv_.wait_until(lock, absl::ToChronoTime(deadline)) == std::cv_status::timeout) {
         return absl::DeadlineExceededError(absl::StrCat(
-            "step ", piece.step(), " waited for step ", chunk_step_[i], " of job ", spec_.name,
-            " to finish updating chunk ", piece.chunk(), " until the deadline"));
+            "step ", piece.step, " waited for step ", chunk_step_[i], " of job ", spec_.name,
+            " to finish updating chunk ", piece.chunk, " until the deadline"));
       }
     }
     if (stop_) return absl::UnavailableError("the server is shutting down");
@@ -256,14 +256,14 @@ absl::Status Job::PushGradient(const v1::GradientPiece& piece, absl::Time deadli
       return absl::AbortedError(absl::StrCat("job ", spec_.name, " was restored to version ",
                                              version_, " while this push waited"));
     }
-    if (piece.step() != chunk_step_[i]) {
+    if (piece.step != chunk_step_[i]) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "step ", piece.step(), " is not open: job ", spec_.name, " is at version ", version_,
+          "step ", piece.step, " is not open: job ", spec_.name, " is at version ", version_,
           " and takes gradients for step ", chunk_step_[i]));
     }
     const bool was_complete = coverage_[i].complete();
-    ZO_ASSIGN_OR_RETURN(gaps, coverage_[i].Claim(piece.dp_rank(), piece.offset(),
-                                                 piece.offset() + n, piece.resend()));
+    ZO_ASSIGN_OR_RETURN(gaps, coverage_[i].Claim(piece.dp_rank, piece.offset,
+                                                 piece.offset + n, piece.resend));
     if (!was_complete && coverage_[i].complete()) ++complete_chunks_;
     ++pending_accumulations_;
   }
@@ -271,9 +271,8 @@ absl::Status Job::PushGradient(const v1::GradientPiece& piece, absl::Time deadli
     std::lock_guard chunk_lock(*chunk_mu_[i]);
     float* acc = accum_.as<float>() + c.local_offset;
     for (const FlatRange& g : gaps) {
-      const char* src = piece.data().data() + (g.begin - piece.offset()) * elem;
-      AccumulateGradient({src, spec_.dtype}, acc + g.begin, static_cast<size_t>(g.size()),
-                         /*overwrite=*/false, nullptr);
+      AccumulateSegments(piece.data, spec_.dtype, static_cast<size_t>(g.begin - piece.offset),
+                         static_cast<size_t>(g.size()), acc + g.begin);
     }
   }
   {

@@ -42,6 +42,7 @@
 #include "proto/zo/v1/job.pb.h"
 #include "proto/zo/v1/params.pb.h"
 #include "server/chunk_coverage.h"
+#include "server/gradient_piece_view.h"
 #include "server/job_spec.h"
 #include "server/param_versions.h"
 #include "server/peer_client.h"
@@ -77,7 +78,7 @@ class Job {
 
   // Worker calls.
   absl::Status InitParams(const v1::ParamInitPiece& piece);
-  absl::Status PushGradient(const v1::GradientPiece& piece, absl::Time deadline);
+  absl::Status PushGradient(const GradientPieceView& piece, absl::Time deadline);
   // Streams the pieces of the request this server owns through `emit`,
   // which returns false when the caller is gone.
   absl::Status PullParams(const v1::PullParamsRequest& request, absl::Time deadline,

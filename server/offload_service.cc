@@ -6,6 +6,8 @@
 #include "absl/time/time.h"
 #include "common/logging.h"
 #include "proto/rpc_util.h"
+#include "grpcpp/support/method_handler.h"
+#include "server/gradient_piece_view.h"
 #include "server/job_spec.h"
 
 namespace zo {
@@ -40,7 +42,18 @@ bool ConstantTimeEquals(const std::string& a, const std::string& b) {
 
 OffloadService::OffloadService(JobRegistry* registry, std::string auth_token,
                                int64_t max_message_bytes)
-    : registry_(registry), auth_token_(std::move(auth_token)), max_message_bytes_(max_message_bytes) {}
+    : registry_(registry), auth_token_(std::move(auth_token)), max_message_bytes_(max_message_bytes) {
+  // Method 5 of zo.v1.Offload is PushGradients (checked by a test that
+  // pushes through the real service).
+  MarkMethodStreamed(5, new grpc::internal::ClientStreamingHandler<OffloadService, grpc::ByteBuffer,
+                                                                   v1::PushGradientsResponse>(
+                            [](OffloadService* service, grpc::ServerContext* context,
+                               grpc::ServerReader<grpc::ByteBuffer>* reader,
+                               v1::PushGradientsResponse* response) {
+                              return service->PushGradientsRaw(context, reader, response);
+                            },
+                            this));
+}
 
 absl::Status OffloadService::CheckAuth(const grpc::ServerContext& context) const {
   if (auth_token_.empty()) return absl::OkStatus();
@@ -112,21 +125,26 @@ grpc::Status OffloadService::InitParams(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status OffloadService::PushGradients(grpc::ServerContext* context,
-                                           grpc::ServerReader<v1::GradientPiece>* reader,
-                                           v1::PushGradientsResponse* response) {
+grpc::Status OffloadService::PushGradientsRaw(grpc::ServerContext* context,
+                                              grpc::ServerReader<grpc::ByteBuffer>* reader,
+                                              v1::PushGradientsResponse* response) {
   ZO_RPC_AUTH(context);
   const absl::Time deadline = DeadlineOf(*context);
-  v1::GradientPiece piece;
+  grpc::ByteBuffer buffer;
+  std::vector<grpc::Slice> slices;
+  GradientPieceView piece;
   std::shared_ptr<Job> job;
-  while (reader->Read(&piece)) {
-    if (job == nullptr || job->spec().name != piece.job()) {
-      ZO_RPC_ASSIGN_OR_RETURN(found, registry_->Find(piece.job()));
+  while (reader->Read(&buffer)) {
+    if (absl::Status s = ParseGradientPiece(buffer, &slices, &piece); !s.ok()) {
+      return ToGrpcStatus(s);
+    }
+    if (job == nullptr || job->spec().name != piece.job) {
+      ZO_RPC_ASSIGN_OR_RETURN(found, registry_->Find(piece.job));
       job = std::move(found);
     }
     if (absl::Status s = job->PushGradient(piece, deadline); !s.ok()) return ToGrpcStatus(s);
     response->set_pieces(response->pieces() + 1);
-    response->set_bytes(response->bytes() + static_cast<int64_t>(piece.data().size()));
+    response->set_bytes(response->bytes() + static_cast<int64_t>(piece.data_bytes));
   }
   return grpc::Status::OK;
 }

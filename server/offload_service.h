@@ -28,9 +28,6 @@ class OffloadService final : public v1::Offload::Service {
   grpc::Status InitParams(grpc::ServerContext* context,
                           grpc::ServerReader<v1::ParamInitPiece>* reader,
                           v1::InitParamsResponse* response) override;
-  grpc::Status PushGradients(grpc::ServerContext* context,
-                             grpc::ServerReader<v1::GradientPiece>* reader,
-                             v1::PushGradientsResponse* response) override;
   grpc::Status PullParams(grpc::ServerContext* context, const v1::PullParamsRequest* request,
                           grpc::ServerWriter<v1::ParamPiece>* writer) override;
   grpc::Status ReportStepStats(grpc::ServerContext* context, const v1::StepStats* request,
@@ -48,6 +45,13 @@ class OffloadService final : public v1::Offload::Service {
                        v1::RestoreResponse* response) override;
 
  private:
+  // PushGradients, installed in place of the generated handler: it reads
+  // each piece as the raw buffer gRPC received and accumulates from its
+  // slices (gradient_piece_view.h) instead of parsing into a message.
+  grpc::Status PushGradientsRaw(grpc::ServerContext* context,
+                                grpc::ServerReader<grpc::ByteBuffer>* reader,
+                                v1::PushGradientsResponse* response);
+
   // UNAUTHENTICATED unless the call carries the token (or none is set).
   absl::Status CheckAuth(const grpc::ServerContext& context) const;
 

@@ -1,0 +1,52 @@
+// A GradientPiece read straight from the buffer gRPC received it in: the
+// header fields parsed, `data` left in place as the slices it arrived in.
+// Parsing the message with protobuf would copy every gradient byte into a
+// std::string first; the server instead accumulates from the slices
+// (AccumulateSegments), so a pushed byte is copied only by the kernel.
+#ifndef ZO_SERVER_GRADIENT_PIECE_VIEW_H_
+#define ZO_SERVER_GRADIENT_PIECE_VIEW_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "common/dtype.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "proto/zo/v1/gradients.pb.h"
+
+namespace zo {
+
+struct GradientPieceView {
+  std::string job;
+  int64_t step = 0;
+  int32_t dp_rank = 0;
+  int64_t chunk = 0;
+  int64_t offset = 0;
+  v1::DType dtype = v1::DTYPE_UNSPECIFIED;
+  bool resend = false;
+  std::vector<absl::Span<const char>> data;  // the payload, in order
+  size_t data_bytes = 0;
+};
+
+// Parses the protobuf wire format of a GradientPiece. The view's data points
+// into `slices`, which receives the buffer's slices and must outlive it.
+// INVALID_ARGUMENT for bytes that are not a GradientPiece.
+absl::Status ParseGradientPiece(const grpc::ByteBuffer& buffer, std::vector<grpc::Slice>* slices,
+                                GradientPieceView* view);
+
+// The same view of a parsed message (in-process callers, tests); points
+// into `piece`.
+GradientPieceView ViewOf(const v1::GradientPiece& piece);
+
+// acc[k] += element (first + k) of `data` for k in [0, n), elements of
+// `dtype` stored back to back across the segments (an element may straddle
+// two). Requires (first + n) elements to be present.
+void AccumulateSegments(absl::Span<const absl::Span<const char>> data, DType dtype, size_t first,
+                        size_t n, float* acc);
+
+}  // namespace zo
+
+#endif  // ZO_SERVER_GRADIENT_PIECE_VIEW_H_

@@ -1,0 +1,128 @@
+#include "server/gradient_piece_view.h"
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/convert.h"
+#include "common/fp16.h"
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "offload/optimizer_kernels.h"
+
+namespace zo {
+namespace {
+
+using ::zo::testing::IsOk;
+using ::zo::testing::StatusIs;
+
+// `bytes` cut at random points into slices, as gRPC may hand them over.
+grpc::ByteBuffer Sliced(const std::string& bytes, std::mt19937& rng, int max_cuts) {
+  std::vector<size_t> cuts = {0, bytes.size()};
+  std::uniform_int_distribution<size_t> at(0, bytes.size());
+  for (int i = std::uniform_int_distribution<int>(0, max_cuts)(rng); i > 0; --i) {
+    cuts.push_back(at(rng));
+  }
+  std::sort(cuts.begin(), cuts.end());
+  std::vector<grpc::Slice> slices;
+  for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+    slices.emplace_back(bytes.data() + cuts[i], cuts[i + 1] - cuts[i]);  // empty ones too
+  }
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+std::string Joined(const GradientPieceView& view) {
+  std::string out;
+  for (const auto& s : view.data) out.append(s.data(), s.size());
+  return out;
+}
+
+TEST(GradientPieceViewTest, ParsesWhatProtobufSerialisesHoweverItIsSliced) {
+  std::mt19937 rng(5);
+  for (int round = 0; round < 200; ++round) {
+    v1::GradientPiece piece;
+    piece.set_job("job-" + std::to_string(round));
+    piece.set_step(rng() % 1000000 + 1);
+    piece.set_dp_rank(round % 3 == 0 ? -1 : static_cast<int>(rng() % 64));
+    piece.set_chunk(rng() % 5000);
+    piece.set_offset(rng() % 100000);
+    piece.set_dtype(round % 2 ? v1::DTYPE_FP16 : v1::DTYPE_BF16);
+    piece.set_resend(round % 5 == 0);
+    std::string data(rng() % 5000, '\0');
+    for (char& c : data) c = static_cast<char>(rng());
+    piece.set_data(data);
+    const grpc::ByteBuffer buffer = Sliced(piece.SerializeAsString(), rng, 8);
+
+    std::vector<grpc::Slice> slices;
+    GradientPieceView view;
+    ASSERT_THAT(ParseGradientPiece(buffer, &slices, &view), IsOk());
+    EXPECT_EQ(view.job, piece.job());
+    EXPECT_EQ(view.step, piece.step());
+    EXPECT_EQ(view.dp_rank, piece.dp_rank());
+    EXPECT_EQ(view.chunk, piece.chunk());
+    EXPECT_EQ(view.offset, piece.offset());
+    EXPECT_EQ(view.dtype, piece.dtype());
+    EXPECT_EQ(view.resend, piece.resend());
+    EXPECT_EQ(view.data_bytes, data.size());
+    EXPECT_EQ(Joined(view), data);
+  }
+}
+
+TEST(GradientPieceViewTest, TruncatedOrGarbageBytesAreRejected) {
+  v1::GradientPiece piece;
+  piece.set_job("job");
+  piece.set_step(3);
+  piece.set_data(std::string(300, 'x'));
+  const std::string bytes = piece.SerializeAsString();
+  std::mt19937 rng(1);
+  std::vector<grpc::Slice> slices;
+  GradientPieceView view;
+  for (size_t cut : {size_t{1}, size_t{4}, bytes.size() - 1}) {  // inside a field
+    const grpc::ByteBuffer buffer = Sliced(bytes.substr(0, cut), rng, 2);
+    EXPECT_THAT(ParseGradientPiece(buffer, &slices, &view),
+                StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("malformed")))
+        << cut;
+  }
+  const grpc::ByteBuffer garbage = Sliced(std::string("\x0f\xff\xff", 3), rng, 0);  // wire type 7
+  EXPECT_THAT(ParseGradientPiece(garbage, &slices, &view),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+}
+
+// Accumulating from any segmentation, elements split across segments
+// included, gives what accumulating from one contiguous array gives.
+TEST(GradientPieceViewTest, AccumulateSegmentsMatchesTheContiguousKernel) {
+  std::mt19937 rng(9);
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16, DType::kFloat32}) {
+    const size_t elem = DTypeSize(dtype);
+    const size_t n = 1000;
+    std::vector<float> values(n);
+    for (float& v : values) v = std::uniform_real_distribution<float>(-4, 4)(rng);
+    std::string bytes(n * elem, '\0');
+    if (dtype == DType::kFloat16) {
+      FloatToHalf(values.data(), reinterpret_cast<uint16_t*>(bytes.data()), n);
+    } else if (dtype == DType::kBFloat16) {
+      FloatToBf16(values.data(), reinterpret_cast<uint16_t*>(bytes.data()), n);
+    } else {
+      std::memcpy(bytes.data(), values.data(), bytes.size());
+    }
+    for (int round = 0; round < 50; ++round) {
+      const grpc::ByteBuffer buffer = Sliced(bytes, rng, 12);
+      std::vector<grpc::Slice> slices;
+      ASSERT_TRUE(buffer.Dump(&slices).ok());
+      std::vector<absl::Span<const char>> segments;
+      for (const grpc::Slice& s : slices) {
+        segments.emplace_back(reinterpret_cast<const char*>(s.begin()), s.size());
+      }
+      const size_t first = rng() % n;
+      const size_t count = rng() % (n - first + 1);
+      std::vector<float> got(count, 0.5f), want(count, 0.5f);
+      AccumulateSegments(segments, dtype, first, count, got.data());
+      AccumulateGradient({bytes.data() + first * elem, dtype}, want.data(), count, false, nullptr);
+      ASSERT_EQ(got, want) << DTypeName(dtype) << " round " << round;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace zo
