@@ -45,8 +45,9 @@ class BadInputTest : public ::testing::Test {
                                                            "--max-message-bytes", "1536Ki"}));
     grpc::ChannelArguments args;
     args.SetMaxSendMessageSize(8 << 20);
-    stub_ = v1::Offload::NewStub(
-        grpc::CreateCustomChannel(server_->address(), grpc::InsecureChannelCredentials(), args));
+    channel_ =
+        grpc::CreateCustomChannel(server_->address(), grpc::InsecureChannelCredentials(), args);
+    stub_ = v1::Offload::NewStub(channel_);
   }
 
   std::unique_ptr<grpc::ClientContext> Context(const std::string& token = kToken,
@@ -82,6 +83,7 @@ class BadInputTest : public ::testing::Test {
 
   std::string token_file_;
   std::optional<ServerProcess> server_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Offload::Stub> stub_;
 };
 
@@ -167,6 +169,21 @@ TEST_F(BadInputTest, EachBadCallIsRefusedAndTheJobStillMatchesTheReference) {
     piece.set_chunk(99);
     EXPECT_THAT(PushRaw(piece),
                 StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("chunk 99 does not exist")));
+  }
+  {  // bytes that are not a GradientPiece at all
+    auto context = Context();
+    v1::PushGradientsResponse response;
+    grpc::internal::RpcMethod method("/zo.v1.Offload/PushGradients",
+                                     grpc::internal::RpcMethod::CLIENT_STREAMING, channel_);
+    std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel_.get(), method,
+                                                                      context.get(), &response));
+    const std::string junk("\x0a\x03" "ba", 4);  // a job name cut short
+    grpc::Slice slice(junk.data(), junk.size());
+    writer->Write(grpc::ByteBuffer(&slice, 1));
+    writer->WritesDone();
+    EXPECT_THAT(FromGrpcStatus(writer->Finish()),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("malformed GradientPiece")));
   }
   {  // a message over the server's limit
     v1::GradientPiece piece = ValidPiece();
