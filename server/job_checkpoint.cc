@@ -1,0 +1,295 @@
+// Job's checkpoint and restore (server/job.h): the lead runs a checkpoint
+// between steps and commits it once every server has written its part; a
+// restore loads every server's chunks from any committed checkpoint,
+// whatever server count wrote it.
+#include <filesystem>
+#include <future>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "offload/checkpoint/checkpoint_dir.h"
+#include "offload/checkpoint/checkpoint_part.h"
+#include "server/job.h"
+#include "server/job_internal.h"
+
+namespace zo {
+
+using job_internal::RoundMaster;
+
+namespace {
+
+// Names and shapes; a checkpoint restores onto the job it was written by.
+bool SameManifest(const std::vector<TensorSpec>& a, const std::vector<TensorSpec>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].name != b[i].name || a[i].shape != b[i].shape) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::CheckpointResponse> Job::Checkpoint(absl::Time deadline) {
+  if (!is_lead()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoints are run by the lead server (", spec_.servers[0], "), this is server ",
+        spec_.server_index));
+  }
+  if (resources_.checkpoint_root.empty()) {
+    return absl::FailedPreconditionError(
+        "zo-server was started without --checkpoint-dir; checkpoints are off");
+  }
+  auto pending = std::make_shared<PendingCheckpoint>();
+  std::future<absl::StatusOr<v1::CheckpointResponse>> done = pending->done.get_future();
+  {
+    std::lock_guard lock(mu_);
+    if (stop_) return absl::UnavailableError("the server is shutting down");
+    pending_checkpoints_.push_back(pending);
+  }
+  cv_.notify_all();
+  if (done.wait_until(absl::ToChronoTime(deadline)) != std::future_status::ready) {
+    return absl::DeadlineExceededError(
+        "the checkpoint did not finish before the deadline; it runs between steps and will "
+        "still be committed");
+  }
+  return done.get();
+}
+
+void Job::RunCheckpointLocked(std::unique_lock<std::mutex>& lock) {
+  std::deque<std::shared_ptr<PendingCheckpoint>> requests;
+  requests.swap(pending_checkpoints_);
+  const int64_t version = version_;
+  const int64_t generation = generation_;
+  absl::StatusOr<v1::CheckpointResponse> result;
+  if (!health_.ok()) {
+    result = absl::FailedPreconditionError(
+        absl::StrCat("job ", spec_.name, " needs restore: ", health_.message()));
+    for (auto& r : requests) r->done.set_value(result);
+    return;
+  }
+  lock.unlock();
+  result = WriteCheckpoint(version, generation);
+  lock.lock();
+  if (result.ok()) last_checkpoint_step_ = version;
+  for (auto& r : requests) r->done.set_value(result);
+}
+
+absl::StatusOr<v1::CheckpointResponse> Job::WriteCheckpoint(int64_t version, int64_t generation) {
+  const absl::Time start = absl::Now();
+  ZO_ASSIGN_OR_RETURN(const std::string dir,
+                      BeginCheckpoint(resources_.checkpoint_root, spec_.name, version));
+  CheckpointMeta meta;
+  meta.job = spec_.name;
+  meta.version = version;
+  meta.manifest = spec_.manifest;
+  meta.chunk_elems = map_.chunk_elems();
+  meta.num_servers = static_cast<int>(spec_.servers.size());
+  meta.dp_world_size = spec_.dp_world_size;
+  meta.config_json = spec_.config_json;
+  {
+    std::lock_guard lock(mu_);
+    meta.applied_steps = decider_->applied_steps();
+    const LossScalerState& s = decider_->scaler().state();
+    meta.loss_scale = s.scale;
+    meta.scaler_iteration = s.iteration;
+    meta.scaler_last_overflow_iteration = s.last_overflow_iteration;
+    meta.scaler_hysteresis_left = s.hysteresis_left;
+  }
+  ZO_ASSIGN_OR_RETURN(v1::WriteCheckpointPartResponse own, WriteOwnPart(version, dir));
+  std::vector<v1::WriteCheckpointPartResponse> parts = {own};
+  v1::WriteCheckpointPartRequest request;
+  request.set_job(spec_.name);
+  request.set_version(version);
+  request.set_dir(dir);
+  request.set_generation(generation);
+  for (size_t i = 1; i < spec_.servers.size(); ++i) {
+    absl::StatusOr<v1::WriteCheckpointPartResponse> part = resources_.peers->WriteCheckpointPart(
+        spec_.servers[i], request, resources_.peer_timeout * 10);
+    if (!part.ok()) return part.status();
+    parts.push_back(*std::move(part));
+  }
+  for (const auto& p : parts) {
+    uint64_t checksum = 0;
+    if (!absl::SimpleHexAtoi(p.index_checksum(), &checksum)) {
+      return absl::DataLossError(absl::StrCat("part ", p.file(), ": bad checksum \"",
+                                              p.index_checksum(), "\""));
+    }
+    meta.parts.push_back({.file = p.file(), .bytes = p.bytes(), .index_checksum = checksum});
+  }
+  ZO_ASSIGN_OR_RETURN(const std::string path, CommitCheckpoint(dir, meta));
+  ZO_LOG(INFO) << "job " << spec_.name << ": checkpoint of version " << version << " committed at "
+               << path << " (" << parts.size() << " parts, "
+               << absl::StrFormat("%.2f s", absl::ToDoubleSeconds(absl::Now() - start)) << ")";
+  v1::CheckpointResponse response;
+  response.set_path(path);
+  response.set_version(version);
+  return response;
+}
+
+absl::StatusOr<v1::WriteCheckpointPartResponse> Job::WriteCheckpointPart(
+    const v1::WriteCheckpointPartRequest& request, absl::Time deadline) {
+  {
+    std::unique_lock lock(mu_);
+    if (request.generation() != generation_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint of generation ", request.generation(), " but this server is at generation ",
+          generation_));
+    }
+    while (!stop_ && version_ < request.version()) {
+      if (cv_.wait_until(lock, absl::ToChronoTime(deadline)) == std::cv_status::timeout) {
+        return absl::DeadlineExceededError(absl::StrCat("version ", request.version(),
+                                                        " not reached before the deadline"));
+      }
+    }
+    if (version_ != request.version()) {
+      return absl::FailedPreconditionError(absl::StrCat("checkpoint of version ", request.version(),
+                                                        " but this server is at version ", version_));
+    }
+    ZO_RETURN_IF_ERROR(health_);
+  }
+  return WriteOwnPart(request.version(), request.dir());
+}
+
+absl::StatusOr<v1::WriteCheckpointPartResponse> Job::WriteOwnPart(int64_t version,
+                                                                  const std::string& dir) {
+  (void)version;
+  const std::string file = CheckpointPartFileName(spec_.server_index);
+  std::lock_guard state_lock(state_mu_);
+  ZO_ASSIGN_OR_RETURN(auto writer,
+                      CheckpointPartWriter::Create((std::filesystem::path(dir) / file).string()));
+  std::vector<float> master, m, v;
+  for (const LocalChunk& c : chunks_) {
+    master.resize(c.elems);
+    m.resize(c.elems);
+    v.resize(c.elems);
+    ZO_RETURN_IF_ERROR(state_->ReadState(c.local_offset, absl::MakeSpan(master), absl::MakeSpan(m),
+                                         absl::MakeSpan(v)));
+    ZO_RETURN_IF_ERROR(writer->AddChunk(c.id, map_.ChunkRange(c.id).begin, master, m, v));
+  }
+  ZO_ASSIGN_OR_RETURN(CheckpointPartSummary summary, writer->Finish());
+  v1::WriteCheckpointPartResponse response;
+  response.set_file(summary.file);
+  response.set_bytes(summary.bytes);
+  response.set_index_checksum(absl::StrFormat("%016x", summary.index_checksum));
+  return response;
+}
+
+absl::StatusOr<v1::RestoreResponse> Job::Restore(const std::string& path, absl::Time deadline) {
+  (void)deadline;
+  if (!is_lead()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "restores are run by the lead server (", spec_.servers[0], "), this is server ",
+        spec_.server_index));
+  }
+  std::string dir = path;
+  if (dir.empty()) {
+    if (resources_.checkpoint_root.empty()) {
+      return absl::FailedPreconditionError(
+          "no checkpoint path given and zo-server was started without --checkpoint-dir");
+    }
+    ZO_ASSIGN_OR_RETURN(dir, LatestCheckpoint(resources_.checkpoint_root, spec_.name));
+  }
+  ZO_ASSIGN_OR_RETURN(const CheckpointMeta meta, ReadCheckpointMeta(dir));
+  if (!SameManifest(meta.manifest, spec_.manifest)) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint ", dir,
+                                                      " holds a different manifest than job ",
+                                                      spec_.name));
+  }
+  int64_t generation;
+  {
+    std::lock_guard lock(mu_);
+    generation = generation_ + 1;
+  }
+  v1::RestorePartRequest request;
+  request.set_job(spec_.name);
+  request.set_path(dir);
+  request.set_generation(generation);
+  absl::Status status = RestorePart(request);
+  for (size_t i = 1; i < spec_.servers.size() && status.ok(); ++i) {
+    status = resources_.peers->RestorePart(spec_.servers[i], request, resources_.peer_timeout * 10);
+  }
+  if (status.ok()) {
+    std::lock_guard lock(mu_);
+    status = decider_->Restore(meta.applied_steps,
+                               {.scale = meta.loss_scale,
+                                .iteration = meta.scaler_iteration,
+                                .last_overflow_iteration = meta.scaler_last_overflow_iteration,
+                                .hysteresis_left = meta.scaler_hysteresis_left});
+  }
+  if (!status.ok()) {
+    {
+      std::lock_guard lock(mu_);
+      health_ = absl::DataLossError(absl::StrCat("partial restore from ", dir, ": ", status.message()));
+    }
+    cv_.notify_all();
+    return status;
+  }
+  ZO_LOG(INFO) << "job " << spec_.name << ": restored version " << meta.version << " from " << dir
+               << " (written by " << meta.num_servers << " servers, now " << spec_.servers.size()
+               << ")";
+  v1::RestoreResponse response;
+  response.set_path(dir);
+  response.set_version(meta.version);
+  return response;
+}
+
+absl::Status Job::RestorePart(const v1::RestorePartRequest& request) {
+  ZO_ASSIGN_OR_RETURN(auto reader, CheckpointReader::Open(request.path()));
+  const CheckpointMeta& meta = reader->meta();
+  if (!SameManifest(meta.manifest, spec_.manifest)) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint ", request.path(),
+                                                      " holds a different manifest than job ",
+                                                      spec_.name));
+  }
+  std::lock_guard state_lock(state_mu_);
+  {
+    std::unique_lock lock(mu_);
+    generation_ = request.generation();
+    health_ = absl::UnavailableError("a restore is in progress");
+    commit_.reset();
+    partials_.clear();
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return pending_accumulations_ == 0; });
+    for (ChunkCoverage& c : coverage_) c.Reset();
+    complete_chunks_ = 0;
+    std::fill(chunk_step_.begin(), chunk_step_.end(), meta.version + 1);
+  }
+  versions_->Reset(meta.version);
+  absl::Status status;
+  std::vector<float> master, m, v;
+  char* lp = static_cast<char*>(versions_->base_data());
+  for (const LocalChunk& c : chunks_) {
+    master.resize(c.elems);
+    m.resize(c.elems);
+    v.resize(c.elems);
+    status = reader->ReadFlat(map_.ChunkRange(c.id).begin, absl::MakeSpan(master),
+                              absl::MakeSpan(m), absl::MakeSpan(v));
+    if (status.ok()) status = state_->WriteState(c.local_offset, master, m, v);
+    if (!status.ok()) break;
+    RoundMaster(master.data(), lp + c.local_offset * DTypeSize(spec_.dtype), master.size(),
+                spec_.dtype);
+  }
+  ZeroAccumulator();
+  versions_->CommitBase();
+  {
+    std::lock_guard lock(mu_);
+    version_ = meta.version;
+    base_version_ = meta.version;
+    open_step_ = meta.version + 1;
+    applied_steps_ = meta.applied_steps;
+    scale_after_version_ = {{meta.version, meta.loss_scale}};
+    last_checkpoint_step_ = meta.version;
+    health_ = status.ok() ? absl::OkStatus()
+                          : absl::DataLossError(absl::StrCat("restore from ", request.path(),
+                                                             " failed: ", status.message()));
+    step_open_time_ = absl::Now();
+  }
+  cv_.notify_all();
+  return status;
+}
+
+}  // namespace zo

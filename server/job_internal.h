@@ -1,0 +1,25 @@
+// Helpers shared by the files that implement Job (job.cc, job_checkpoint.cc).
+#ifndef ZO_SERVER_JOB_INTERNAL_H_
+#define ZO_SERVER_JOB_INTERNAL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "common/convert.h"
+#include "common/dtype.h"
+
+namespace zo::job_internal {
+
+// fp32 master -> the job's dtype: the low-precision copy pulls are served.
+inline void RoundMaster(const float* src, void* dst, size_t n, DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16: FloatToHalf(src, static_cast<uint16_t*>(dst), n); break;
+    case DType::kBFloat16: FloatToBf16(src, static_cast<uint16_t*>(dst), n); break;
+    case DType::kFloat32: std::memcpy(dst, src, n * sizeof(float)); break;
+  }
+}
+
+}  // namespace zo::job_internal
+
+#endif  // ZO_SERVER_JOB_INTERNAL_H_
