@@ -221,6 +221,7 @@ struct RpcTarget {
   std::unique_ptr<zo::v1::Offload::Stub> stub;
   std::string token;  // empty: no authorization metadata
   int timeout_s = 30;
+  bool tls = false;
 };
 
 absl::StatusOr<RpcTarget> RpcTargetFromFlags() {
@@ -246,6 +247,7 @@ absl::StatusOr<RpcTarget> RpcTargetFromFlags() {
     grpc::SslCredentialsOptions ssl;
     ZO_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadSmallFile(ca, "--tls-ca"));
     creds = grpc::SslCredentials(ssl);
+    target.tls = true;
   }
   target.stub = zo::v1::Offload::NewStub(grpc::CreateChannel(target.server, creds));
   return target;
@@ -263,7 +265,8 @@ std::string DescribeRpcError(const RpcTarget& target, const grpc::Status& status
                                   absl::StrReplaceAll(s.message(), {{"\n", " "}}));
   switch (s.code()) {
     case absl::StatusCode::kUnavailable:
-      absl::StrAppend(&line, " (is zo-server running at ", target.server, "?)");
+      absl::StrAppend(&line, " (is zo-server running at ", target.server, "?",
+                      target.tls ? "" : " if it serves TLS, give --tls-ca", ")");
       break;
     case absl::StatusCode::kDeadlineExceeded:
       absl::StrAppend(&line, " (no answer from ", target.server, " within ", target.timeout_s,
