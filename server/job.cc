@@ -528,10 +528,8 @@ absl::Status Job::Apply(const v1::StepCommit& commit) {
 
 size_t Job::ReleaseChunks(size_t next, size_t end_chunk, int64_t step) {
   if (next >= end_chunk) return next;
-  float* acc = accum_.as<float>();
-  for (size_t i = next; i < end_chunk; ++i) {
-    std::memset(acc + chunks_[i].local_offset, 0, static_cast<size_t>(chunks_[i].elems) * 4);
-  }
+  ZeroAccumulator(chunks_[next].local_offset,
+                  chunks_[end_chunk - 1].local_offset + chunks_[end_chunk - 1].elems);
   {
     std::lock_guard lock(mu_);
     for (size_t i = next; i < end_chunk; ++i) {
@@ -544,11 +542,17 @@ size_t Job::ReleaseChunks(size_t next, size_t end_chunk, int64_t step) {
   return end_chunk;
 }
 
-void Job::ZeroAccumulator() {
-  if (chunks_.empty()) return;
-  accum_view_->ForEachSegment([](const OptimizerChunk& c, size_t begin, size_t end) {
-    float* g = const_cast<float*>(static_cast<const float*>(c.grad.data));
-    std::memset(g + begin, 0, (end - begin) * sizeof(float));
+void Job::ZeroAccumulator(int64_t begin, int64_t end) {
+  if (begin >= end) return;
+  // Each worker zeroes its own pieces (the first-touch partition), so a
+  // whole-step release is as parallel as the update was.
+  float* const base = accum_.as<float>();
+  accum_view_->ForEachSegment([&](const OptimizerChunk& c, size_t seg_begin, size_t seg_end) {
+    float* const g = const_cast<float*>(static_cast<const float*>(c.grad.data));
+    const int64_t offset = g - base;
+    const int64_t lo = std::max<int64_t>(begin, offset + static_cast<int64_t>(seg_begin));
+    const int64_t hi = std::min<int64_t>(end, offset + static_cast<int64_t>(seg_end));
+    if (lo < hi) std::memset(base + lo, 0, static_cast<size_t>(hi - lo) * sizeof(float));
   });
 }
 

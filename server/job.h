@@ -126,7 +126,8 @@ class Job {
   // gradient buffer, pushes of t+1 into a chunk as soon as its update for t
   // is done). Returns the new `next`.
   size_t ReleaseChunks(size_t next, size_t end_chunk, int64_t step);
-  void ZeroAccumulator();
+  // Zeroes accumulator elements [begin, end) (local indices), threaded.
+  void ZeroAccumulator(int64_t begin, int64_t end);
   // Retries `call` until it succeeds or the step is aborted; false when aborted.
   bool RetryUntilAborted(int64_t generation, const char* what,
                          const std::function<absl::Status()>& call);

@@ -273,7 +273,7 @@ absl::Status Job::RestorePart(const v1::RestorePartRequest& request) {
     RoundMaster(master.data(), lp + c.local_offset * DTypeSize(spec_.dtype), master.size(),
                 spec_.dtype);
   }
-  ZeroAccumulator();
+  ZeroAccumulator(0, local_elems_);
   versions_->CommitBase();
   {
     std::lock_guard lock(mu_);
