@@ -21,13 +21,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string TempDir(const std::string& name) {
-  const std::string dir = absl::StrCat(::testing::TempDir(), "/zo_nvme_job_", getpid(), "_", name);
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
-
 // The e2e tests' problem and optimizer; optimizer state in sub-groups of 100
 // elements (not a multiple of 4 KiB of state), all on NVMe (memory budget 0).
 std::string Config(const std::string& nvme_path, bool nvme, const std::string& dpu = "") {
@@ -47,16 +40,6 @@ std::string Config(const std::string& nvme_path, bool nvme, const std::string& d
 }
 
 LeastSquares Problem() { return LeastSquares::Make({200, 333, 64}, 64, 2, 7); }
-
-std::vector<ServerProcess> StartServers(int n, const std::vector<std::string>& args) {
-  std::vector<ServerProcess> servers;
-  for (int i = 0; i < n; ++i) {
-    absl::StatusOr<ServerProcess> s = ServerProcess::Start(args);
-    EXPECT_THAT(s.status(), IsOk());
-    if (s.ok()) servers.push_back(*std::move(s));
-  }
-  return servers;
-}
 
 std::vector<float> Train(const std::string& config, int steps,
                          const std::vector<std::string>& server_args = {}) {
@@ -87,15 +70,15 @@ TEST(NvmeJobTest, DelayedUpdateOverNvmeStateMatchesTheRamRun) {
   const std::string dpu = R"(, "dpu": {"enabled": true, "warmup_steps": 2})";
   const std::vector<float> ram = Train(Config("", false, dpu), 25);
   const std::vector<float> nvme =
-      Train(Config(TempDir("dpu_swap"), true, dpu), 25, {"--memory-budget", "0"});
+      Train(Config(FreshTempDir("nvme_job_dpu_swap"), true, dpu), 25, {"--memory-budget", "0"});
   ASSERT_EQ(nvme.size(), ram.size());
   EXPECT_EQ(nvme, ram);
 }
 
 TEST(NvmeJobTest, NvmeResidentStateCorruptionNeedsRestoreAndRestoreResumesExactly) {
   const LeastSquares p = Problem();
-  const std::string nvme = TempDir("swap");
-  const std::string ckpt = TempDir("ckpt");
+  const std::string nvme = FreshTempDir("nvme_job_swap");
+  const std::string ckpt = FreshTempDir("nvme_job_ckpt");
   const std::string config = Config(nvme, true);
   const std::vector<float> ram = Train(Config("", false), 30);
 

@@ -44,23 +44,6 @@ std::string ConfigJson(const std::string& precision = "", const std::string& dpu
 
 LeastSquares Problem() { return LeastSquares::Make({200, 333, 64}, 64, 2, 7); }
 
-std::string TempDir(const std::string& name) {
-  const std::string dir = absl::StrCat(::testing::TempDir(), "/zo_e2e_", getpid(), "_", name);
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
-
-std::vector<ServerProcess> StartServers(int n, const std::vector<std::string>& args = {}) {
-  std::vector<ServerProcess> servers;
-  for (int i = 0; i < n; ++i) {
-    absl::StatusOr<ServerProcess> s = ServerProcess::Start(args);
-    EXPECT_THAT(s.status(), IsOk());
-    if (s.ok()) servers.push_back(*std::move(s));
-  }
-  return servers;
-}
-
 // Max over elements of |got - want| / (1 + |want|).
 double MaxRelError(const std::vector<float>& got, const std::vector<double>& want) {
   double worst = 0;
@@ -193,7 +176,7 @@ TEST(OffloadE2eTest, DelayedParameterUpdateMatchesTheOneStepDelayedReference) {
 
 TEST(OffloadE2eTest, CheckpointOnTwoServersRestoresOntoThreeIdentically) {
   const LeastSquares p = Problem();
-  const std::string ckpt = TempDir("ckpt_2to3");
+  const std::string ckpt = FreshTempDir("e2e_ckpt_2to3");
   std::string path;
   {
     std::vector<ServerProcess> servers = StartServers(2, {"--checkpoint-dir", ckpt});
@@ -218,7 +201,7 @@ TEST(OffloadE2eTest, CheckpointOnTwoServersRestoresOntoThreeIdentically) {
 
 TEST(OffloadE2eTest, KilledServerFailsClientsFastAndRestoreResumesExactly) {
   const LeastSquares p = Problem();
-  const std::string ckpt = TempDir("ckpt_kill");
+  const std::string ckpt = FreshTempDir("e2e_ckpt_kill");
   std::vector<ServerProcess> servers = StartServers(2, {"--checkpoint-dir", ckpt});
   const std::vector<std::string> addresses = Addresses(servers);
   ClientOptions options;

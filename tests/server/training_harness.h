@@ -3,7 +3,10 @@
 #ifndef ZO_TESTS_SERVER_TRAINING_HARNESS_H_
 #define ZO_TESTS_SERVER_TRAINING_HARNESS_H_
 
+#include <unistd.h>
+
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <set>
 #include <string>
@@ -13,6 +16,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/testing/status_matchers.h"
+#include "gtest/gtest.h"
 #include "tests/server/least_squares.h"
 #include "tests/server/server_process.h"
 #include "worker/client/offload_client.h"
@@ -156,6 +161,25 @@ inline absl::Status RunSteps(std::vector<std::unique_ptr<Worker>>& workers, int6
   for (auto& t : threads) t.join();
   for (const absl::Status& s : results) ZO_RETURN_IF_ERROR(s);
   return absl::OkStatus();
+}
+
+// An empty directory under the test temp dir, unique to this process.
+inline std::string FreshTempDir(const std::string& name) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/zo_", name, "_", getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// `n` zo-server processes with `args`; a failed start fails the test.
+inline std::vector<ServerProcess> StartServers(int n, const std::vector<std::string>& args = {}) {
+  std::vector<ServerProcess> servers;
+  for (int i = 0; i < n; ++i) {
+    absl::StatusOr<ServerProcess> s = ServerProcess::Start(args);
+    EXPECT_THAT(s.status(), IsOk());
+    if (s.ok()) servers.push_back(*std::move(s));
+  }
+  return servers;
 }
 
 inline std::vector<std::string> Addresses(const std::vector<ServerProcess>& servers) {
