@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "offload/checkpoint/checkpoint_test_util.h"
+#include "tests/cli/safetensors_file.h"
 #include "tests/cli/zo_ctl_runner.h"
 
 namespace zo {
@@ -25,6 +26,8 @@ using ::zo::testing::FlatState;
 using ::zo::testing::FlipByte;
 using ::zo::testing::FreshTestDir;
 using ::zo::testing::IsOk;
+using ::zo::testing::ParseSafetensors;
+using ::zo::testing::Safetensors;
 using ::zo::testing::MakeFlatState;
 using ::zo::testing::RunZoCtl;
 using ::zo::testing::WriteTestCheckpoint;
@@ -36,20 +39,6 @@ FlatState TestState(uint64_t seed) {
                         {"h.0.ln.b", {64}, DType::kFloat32},
                         {"lm_head", {9000}, DType::kFloat16}},
                        /*chunk_elems=*/10000, /*num_servers=*/2, seed);
-}
-
-struct Safetensors {
-  nlohmann::json header;
-  std::string data;
-};
-
-Safetensors Parse(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  uint64_t n = 0;
-  if (bytes.size() >= 8) std::memcpy(&n, bytes.data(), 8);
-  if (bytes.size() < 8 + n) return {};
-  return {nlohmann::json::parse(bytes.substr(8, n)), bytes.substr(8 + n)};
 }
 
 void ExpectMasterOf(const Safetensors& file, const FlatState& s) {
@@ -86,7 +75,7 @@ TEST_F(ZoCtlExportTest, ExportsACheckpointAsSafetensors) {
   EXPECT_THAT(r.out, HasSubstr(out));
   EXPECT_THAT(r.err, HasSubstr("[4/4] lm_head"));  // progress on stderr only
   EXPECT_THAT(r.out, Not(HasSubstr("[4/4]")));
-  const Safetensors file = Parse(out);
+  const Safetensors file = ParseSafetensors(out);
   ExpectMasterOf(file, s);
   EXPECT_EQ(file.header["__metadata__"]["zo_version"], "12");
 }
@@ -99,7 +88,7 @@ TEST_F(ZoCtlExportTest, AJobDirectoryMeansItsLatestCheckpoint) {
   const ZoCtlResult r = RunZoCtl("export --checkpoint " + root_ + "/gpt/ --out " + out);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_THAT(r.err, HasSubstr("step-00000009"));
-  const Safetensors file = Parse(out);
+  const Safetensors file = ParseSafetensors(out);
   ExpectMasterOf(file, newer);
   EXPECT_EQ(file.header["__metadata__"]["zo_version"], "9");
 }

@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "proto/zo/v1/job.pb.h"
+#include "tests/cli/safetensors_file.h"
 #include "tests/cli/zo_ctl_runner.h"
 #include "tests/server/least_squares.h"
 #include "tests/server/server_process.h"
@@ -58,20 +59,6 @@ TEST(ZoCtlNoServerTest, MissingFlagsExitTwo) {
   r = RunZoCtl("checkpoint --server 127.0.0.1:1 --job x --auth-token-file /nonexistent/token");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("/nonexistent/token"));
-}
-
-struct Safetensors {
-  nlohmann::json header;
-  std::string data;
-};
-
-Safetensors ParseSafetensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  uint64_t n = 0;
-  if (bytes.size() >= 8) std::memcpy(&n, bytes.data(), 8);
-  if (bytes.size() < 8 + n) return {};
-  return {nlohmann::json::parse(bytes.substr(8, n)), bytes.substr(8 + n)};
 }
 
 // Two servers, job "ctl" (fp32, 2 dp ranks) trained steps 1..kSteps; every
