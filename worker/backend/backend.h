@@ -1,0 +1,121 @@
+// What a worker computes with: memory and the ops of the models in
+// worker/model/, behind one interface so the CPU backend (cpu/) and the CUDA
+// backend (a later issue) are interchangeable.
+//
+// Conventions every backend follows:
+//   - Activations are 2-D, [rows, features], rows = micro-batch x sequence.
+//   - Ops compute in fp32 whatever the storage dtype, and round what they
+//     return to that dtype (activations and their gradients take the dtype of
+//     the op's main input), exactly where a GPU kernel would store fp16/bf16.
+//   - Parameter gradients accumulate (+=) into tensors the caller owns,
+//     normally fp32, so micro-batches sum without fp16 rounding.
+//   - Indices (tokens, targets) are host arrays; a device backend copies them
+//     (rows x 4 bytes).
+//   - Shapes are the caller's responsibility: a mismatch is a bug in the
+//     model, and the CPU backend aborts naming the op and the shapes.
+//   - Work may be queued (a GPU stream); Download and Synchronize wait for it.
+//     Ops may be called from several threads on distinct output tensors.
+#ifndef ZO_WORKER_BACKEND_BACKEND_H_
+#define ZO_WORKER_BACKEND_BACKEND_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "common/dtype.h"
+#include "worker/backend/tensor.h"
+
+namespace zo::backend {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // "cpu", "cuda:0".
+  virtual std::string name() const = 0;
+
+  // ---- memory ----
+  // Contents unspecified.
+  virtual Tensor Empty(DType dtype, Shape shape) = 0;
+  virtual Tensor Zeros(DType dtype, Shape shape) = 0;
+  virtual void SetZero(Tensor& t) = 0;
+  // Host bytes in the tensor's storage dtype (what crosses the wire: pulled
+  // weights, pushed gradients, activations between processes).
+  // INVALID_ARGUMENT when the sizes differ.
+  virtual absl::Status Upload(absl::Span<const std::byte> src, Tensor& dst) = 0;
+  virtual absl::Status Download(const Tensor& src, absl::Span<std::byte> dst) = 0;
+  // fp32 host values; Upload rounds them to dst's dtype.
+  virtual absl::Status UploadFloat(absl::Span<const float> src, Tensor& dst) = 0;
+  virtual absl::Status DownloadFloat(const Tensor& src, absl::Span<float> dst) = 0;
+  // A copy of src rounded to `dtype` (fp32 -> fp16 overflows to inf, which
+  // is how the servers learn of a gradient overflow).
+  virtual Tensor Cast(const Tensor& src, DType dtype) = 0;
+  // Waits for all queued work.
+  virtual void Synchronize() = 0;
+
+  // ---- dense ----
+  // y[rows, out] = x[rows, in] · w[out, in]^T + b[out]; b may be undefined.
+  virtual Tensor Linear(const Tensor& x, const Tensor& w, const Tensor& b) = 0;
+  // dw += dy^T · x; *db += column sums of dy when db is not null. Returns
+  // dx = dy · w in x's dtype when want_dx, else an undefined tensor.
+  virtual Tensor LinearBackward(const Tensor& x, const Tensor& w, const Tensor& dy, bool want_dx,
+                                Tensor& dw, Tensor* db) = 0;
+
+  // ---- embedding ----
+  // y[r] = wte[tokens[r]] + wpe[r mod block_size], rows = tokens.size(), in
+  // wte's dtype. Every token must be in [0, wte.dim(0)).
+  virtual Tensor Embedding(absl::Span<const int32_t> tokens, int block_size, const Tensor& wte,
+                           const Tensor& wpe) = 0;
+  // dwte[tokens[r]] += dy[r]; dwpe[r mod block_size] += dy[r].
+  virtual void EmbeddingBackward(absl::Span<const int32_t> tokens, int block_size,
+                                 const Tensor& dy, Tensor& dwte, Tensor& dwpe) = 0;
+
+  // ---- normalisation and pointwise ----
+  // torch.nn.LayerNorm over the last dimension: y = (x - mean) * rstd * gamma
+  // + beta, rstd = 1 / sqrt(var + eps) (biased variance). Writes the fp32
+  // per-row mean and rstd ([rows]) for the backward.
+  virtual Tensor LayerNorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
+                           Tensor& mean, Tensor& rstd) = 0;
+  // Returns dx; dgamma += Σ_rows dy·x̂, dbeta += Σ_rows dy.
+  virtual Tensor LayerNormBackward(const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                                   const Tensor& rstd, const Tensor& dy, Tensor& dgamma,
+                                   Tensor& dbeta) = 0;
+  // torch.nn.GELU() (the erf form).
+  virtual Tensor Gelu(const Tensor& x) = 0;
+  virtual Tensor GeluBackward(const Tensor& x, const Tensor& dy) = 0;
+  virtual Tensor Relu(const Tensor& x) = 0;
+  virtual Tensor ReluBackward(const Tensor& x, const Tensor& dy) = 0;
+  // a + b (the residual), in a's dtype.
+  virtual Tensor Add(const Tensor& a, const Tensor& b) = 0;
+  // y += x.
+  virtual void AddInto(const Tensor& x, Tensor& y) = 0;
+
+  // ---- attention ----
+  // Causal multi-head self-attention. qkv is [batch * T, 3C]: columns [0, C)
+  // are the queries, [C, 2C) the keys, [2C, 3C) the values, each C split into
+  // `heads` heads of C / heads consecutive columns. Per sequence and head:
+  // softmax(q k^T / sqrt(C / heads)) with key positions after the query
+  // masked out, times v. Returns y [batch * T, C] (heads side by side) and
+  // writes the probabilities [batch, heads, T, T] (in qkv's dtype) to *probs
+  // for the backward.
+  virtual Tensor Attention(const Tensor& qkv, int batch, int heads, Tensor& probs) = 0;
+  // Returns dqkv [batch * T, 3C].
+  virtual Tensor AttentionBackward(const Tensor& qkv, const Tensor& probs, const Tensor& dy,
+                                   int batch, int heads) = 0;
+
+  // ---- loss ----
+  // Mean over rows of -log softmax(logits[r])[targets[r]], as an fp32
+  // tensor of shape {1} (downloaded when the step's loss is reported, so a
+  // device backend need not wait here). Every target in [0, logits.dim(1)).
+  virtual Tensor CrossEntropy(const Tensor& logits, absl::Span<const int32_t> targets) = 0;
+  // The gradient of scale x that mean: scale · (softmax(logits) −
+  // onehot(targets)) / rows, in logits' dtype.
+  virtual Tensor CrossEntropyBackward(const Tensor& logits, absl::Span<const int32_t> targets,
+                                      float scale) = 0;
+};
+
+}  // namespace zo::backend
+
+#endif  // ZO_WORKER_BACKEND_BACKEND_H_

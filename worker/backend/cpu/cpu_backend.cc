@@ -1,0 +1,146 @@
+// The CPU backend's memory: fp32 arrays holding values of the tensor's dtype.
+#include "worker/backend/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/convert.h"
+#include "worker/backend/cpu/internal/cpu_backend_impl.h"
+
+extern "C" void openblas_set_num_threads(int num_threads);
+
+namespace zo::backend {
+namespace cpu {
+namespace {
+
+absl::Status SizeMismatch(const char* what, const Tensor& t, size_t got, size_t want) {
+  return absl::InvalidArgumentError(absl::StrCat(what, ": ", got, " host ", "values/bytes for a ",
+                                                 std::string(DTypeName(t.dtype())), " tensor ",
+                                                 ShapeString(t.shape()), " that needs ", want));
+}
+
+}  // namespace
+
+void RoundTo(DType dtype, float* values, int64_t n) {
+  if (dtype == DType::kFloat32 || n == 0) return;
+  // Round through a small stack buffer so no allocation sits on the op path.
+  constexpr int64_t kBlock = 2048;
+  uint16_t bits[kBlock];
+  for (int64_t i = 0; i < n; i += kBlock) {
+    const size_t m = static_cast<size_t>(std::min(kBlock, n - i));
+    if (dtype == DType::kFloat16) {
+      FloatToHalf(values + i, bits, m);
+      HalfToFloat(bits, values + i, m);
+    } else {
+      FloatToBf16(values + i, bits, m);
+      Bf16ToFloat(bits, values + i, m);
+    }
+  }
+}
+
+void CheckShape(bool ok, const char* op, const std::string& what) {
+  if (ok) return;
+  std::fprintf(stderr, "zo cpu backend: %s: %s\n", op, what.c_str());
+  std::abort();
+}
+
+CpuBackend::CpuBackend(const CpuBackendOptions& options) {
+  if (options.blas_threads > 0) openblas_set_num_threads(options.blas_threads);
+}
+
+Tensor CpuBackend::Empty(DType dtype, Shape shape) {
+  const int64_t n = NumElements(shape);
+  // 64-byte aligned so SIMD loops and OpenBLAS see whole cache lines.
+  const size_t bytes = static_cast<size_t>((std::max<int64_t>(n, 1) * 4 + 63) / 64 * 64);
+  std::shared_ptr<void> storage(std::aligned_alloc(64, bytes), std::free);
+  CheckShape(storage != nullptr, "Empty", absl::StrCat("out of memory allocating ", bytes, " bytes"));
+  return Tensor(dtype, std::move(shape), std::move(storage));
+}
+
+Tensor CpuBackend::Zeros(DType dtype, Shape shape) {
+  Tensor t = Empty(dtype, std::move(shape));
+  SetZero(t);
+  return t;
+}
+
+void CpuBackend::SetZero(Tensor& t) { std::memset(t.storage(), 0, t.numel() * sizeof(float)); }
+
+absl::Status CpuBackend::Upload(absl::Span<const std::byte> src, Tensor& dst) {
+  const size_t want = static_cast<size_t>(dst.nbytes());
+  if (src.size() != want) return SizeMismatch("Upload", dst, src.size(), want);
+  const size_t n = static_cast<size_t>(dst.numel());
+  switch (dst.dtype()) {
+    case DType::kFloat32: std::memcpy(Data(dst), src.data(), want); break;
+    case DType::kFloat16: {
+      std::vector<uint16_t> bits(n);
+      std::memcpy(bits.data(), src.data(), want);
+      HalfToFloat(bits.data(), Data(dst), n);
+      break;
+    }
+    case DType::kBFloat16: {
+      std::vector<uint16_t> bits(n);
+      std::memcpy(bits.data(), src.data(), want);
+      Bf16ToFloat(bits.data(), Data(dst), n);
+      break;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Download(const Tensor& src, absl::Span<std::byte> dst) {
+  const size_t want = static_cast<size_t>(src.nbytes());
+  if (dst.size() != want) return SizeMismatch("Download", src, dst.size(), want);
+  const size_t n = static_cast<size_t>(src.numel());
+  switch (src.dtype()) {
+    case DType::kFloat32: std::memcpy(dst.data(), Data(src), want); break;
+    case DType::kFloat16:
+    case DType::kBFloat16: {
+      std::vector<uint16_t> bits(n);
+      if (src.dtype() == DType::kFloat16) {
+        FloatToHalf(Data(src), bits.data(), n);
+      } else {
+        FloatToBf16(Data(src), bits.data(), n);
+      }
+      std::memcpy(dst.data(), bits.data(), want);
+      break;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::UploadFloat(absl::Span<const float> src, Tensor& dst) {
+  if (static_cast<int64_t>(src.size()) != dst.numel()) {
+    return SizeMismatch("UploadFloat", dst, src.size(), static_cast<size_t>(dst.numel()));
+  }
+  std::memcpy(Data(dst), src.data(), src.size() * sizeof(float));
+  RoundTo(dst.dtype(), Data(dst), dst.numel());
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::DownloadFloat(const Tensor& src, absl::Span<float> dst) {
+  if (static_cast<int64_t>(dst.size()) != src.numel()) {
+    return SizeMismatch("DownloadFloat", src, dst.size(), static_cast<size_t>(src.numel()));
+  }
+  std::memcpy(dst.data(), Data(src), dst.size() * sizeof(float));
+  return absl::OkStatus();
+}
+
+Tensor CpuBackend::Cast(const Tensor& src, DType dtype) {
+  Tensor dst = Empty(dtype, src.shape());
+  std::memcpy(Data(dst), Data(src), src.numel() * sizeof(float));
+  RoundTo(dtype, Data(dst), dst.numel());
+  return dst;
+}
+
+}  // namespace cpu
+
+std::unique_ptr<Backend> MakeCpuBackend(const CpuBackendOptions& options) {
+  return std::make_unique<cpu::CpuBackend>(options);
+}
+
+}  // namespace zo::backend
