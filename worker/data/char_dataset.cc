@@ -8,7 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "worker/data/internal/counter_rng.h"
+#include "common/counter_rng.h"
 #include "worker/data/text_entropy.h"
 
 namespace zo {
@@ -71,9 +71,9 @@ absl::StatusOr<CharBatch> CharDataset::Sample(int batch, int block_size, uint64_
   out.targets.resize(cells);
   out.starts.resize(batch);
   for (int row = 0; row < batch; ++row) {
-    const uint64_t r = data_internal::CounterRandom(seed_, step, static_cast<uint64_t>(dp_rank),
+    const uint64_t r = CounterRandom(seed_, step, static_cast<uint64_t>(dp_rank),
                                                     static_cast<uint64_t>(row));
-    const uint64_t start = data_internal::UniformBelow(r, choices);
+    const uint64_t start = UniformBelow(r, choices);
     out.starts[row] = static_cast<int64_t>(start);
     const auto window = ids_.begin() + static_cast<std::ptrdiff_t>(start);
     const size_t offset = static_cast<size_t>(row) * static_cast<size_t>(block_size);

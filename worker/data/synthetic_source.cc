@@ -4,7 +4,7 @@
 #include <cctype>
 #include <string_view>
 
-#include "worker/data/internal/counter_rng.h"
+#include "common/counter_rng.h"
 
 namespace zo {
 namespace {
@@ -27,7 +27,7 @@ class Draws {
 
   // Uniform in [0, n).
   size_t Below(size_t n) {
-    return data_internal::UniformBelow(data_internal::CounterRandom(seed_, next_++), n);
+    return UniformBelow(CounterRandom(seed_, next_++), n);
   }
   bool Chance(int percent) { return Below(100) < static_cast<size_t>(percent); }
 

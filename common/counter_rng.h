@@ -1,15 +1,16 @@
 // A counter-based random number: a pure function of its keys, not a stream.
 //
-// Sampling in CharDataset and generation in SyntheticText must not depend on
+// Sampling in CharDataset, generation in SyntheticText and model
+// initialisation must not depend on
 // call order or on how many draws came before (a dp rank that restarts at
 // step 1000 must see what it would have seen had it run from step 0), so
 // every draw hashes its own coordinates instead of advancing shared state.
-#ifndef ZO_WORKER_DATA_INTERNAL_COUNTER_RNG_H_
-#define ZO_WORKER_DATA_INTERNAL_COUNTER_RNG_H_
+#ifndef ZO_COMMON_COUNTER_RNG_H_
+#define ZO_COMMON_COUNTER_RNG_H_
 
 #include <cstdint>
 
-namespace zo::data_internal {
+namespace zo {
 
 // SplitMix64's finalizer: a bijection on 64 bits with full avalanche.
 inline uint64_t Mix64(uint64_t x) {
@@ -33,6 +34,6 @@ inline uint64_t UniformBelow(uint64_t random, uint64_t n) {
   return static_cast<uint64_t>((static_cast<unsigned __int128>(random) * n) >> 64);
 }
 
-}  // namespace zo::data_internal
+}  // namespace zo
 
-#endif  // ZO_WORKER_DATA_INTERNAL_COUNTER_RNG_H_
+#endif  // ZO_COMMON_COUNTER_RNG_H_
