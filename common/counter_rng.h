@@ -1,10 +1,11 @@
 // A counter-based random number: a pure function of its keys, not a stream.
 //
 // Sampling in CharDataset, generation in SyntheticText and model
-// initialisation must not depend on
-// call order or on how many draws came before (a dp rank that restarts at
-// step 1000 must see what it would have seen had it run from step 0), so
-// every draw hashes its own coordinates instead of advancing shared state.
+// initialisation must not depend on call order or on how many draws came
+// before (a dp rank that restarts at step 1000 must see what it would have
+// seen had it run from step 0; a tensor's initial values must not depend on
+// how the model is cut into stages), so every draw hashes its own
+// coordinates instead of advancing shared state.
 #ifndef ZO_COMMON_COUNTER_RNG_H_
 #define ZO_COMMON_COUNTER_RNG_H_
 
