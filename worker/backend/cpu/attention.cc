@@ -1,0 +1,138 @@
+// Causal multi-head self-attention: per sequence and head, the products are
+// OpenBLAS sgemm calls on strided views of qkv (leading dimension 3C); the
+// softmax and its backward are row loops.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "worker/backend/cpu/internal/cpu_backend_impl.h"
+
+namespace zo::backend::cpu {
+namespace {
+
+// The sizes of one Attention call, validated.
+struct Dims {
+  int t;  // sequence length
+  int c;  // model width
+  int d;  // head width, c / heads
+};
+
+Dims CheckDims(const char* op, const Tensor& qkv, int batch, int heads, const std::string& more) {
+  const bool ok = qkv.rank() == 2 && batch > 0 && heads > 0 && qkv.dim(0) % batch == 0 &&
+                  qkv.dim(1) % (3 * heads) == 0;
+  CheckShape(
+      ok, op,
+      absl::StrCat("qkv ", ShapeString(qkv.shape()), ", batch ", batch, ", heads ", heads, more));
+  const int t = static_cast<int>(qkv.dim(0) / batch);
+  const int c = static_cast<int>(qkv.dim(1) / 3);
+  return Dims{t, c, c / heads};
+}
+
+}  // namespace
+
+Tensor CpuBackend::Attention(const Tensor& qkv, int batch, int heads, Tensor& probs) {
+  const std::string probs_desc = absl::StrCat(", probs ", ShapeString(probs.shape()), " ",
+                                              std::string(DTypeName(probs.dtype())), ", qkv ",
+                                              std::string(DTypeName(qkv.dtype())));
+  const Dims dims = CheckDims("Attention", qkv, batch, heads, probs_desc);
+  const int t = dims.t, c = dims.c, d = dims.d;
+  CheckShape(probs.shape() == Shape{batch, heads, t, t} && probs.dtype() == qkv.dtype(),
+             "Attention",
+             absl::StrCat("qkv ", ShapeString(qkv.shape()), ", batch ", batch, ", heads ", heads,
+                          probs_desc, " (want probs [", batch, ", ", heads, ", ", t, ", ", t,
+                          "] in qkv's dtype)"));
+  Tensor y = Empty(qkv.dtype(), {qkv.dim(0), c});
+  if (y.numel() == 0) return y;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const int ld = 3 * c;
+  for (int b = 0; b < batch; ++b) {
+    const float* seq = Data(qkv) + static_cast<int64_t>(b) * t * ld;
+    for (int h = 0; h < heads; ++h) {
+      const float* q = seq + h * d;
+      const float* k = q + c;
+      const float* v = q + 2 * c;
+      float* p = Data(probs) + (static_cast<int64_t>(b) * heads + h) * t * t;
+      // S[t, t] = q · k^T / sqrt(d), straight into probs.
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t, t, d, scale, q, ld, k, ld, 0.0f, p,
+                  t);
+      for (int i = 0; i < t; ++i) {
+        float* row = p + static_cast<int64_t>(i) * t;
+        float max = row[0];
+        for (int j = 1; j <= i; ++j) max = std::max(max, row[j]);
+        float sum = 0.0f;
+        for (int j = 0; j <= i; ++j) {
+          row[j] = std::exp(row[j] - max);
+          sum += row[j];
+        }
+        const float inv = 1.0f / sum;
+        for (int j = 0; j <= i; ++j) row[j] *= inv;
+        std::fill(row + i + 1, row + t, 0.0f);
+      }
+      // Stored as the GPU would store it; y is computed from what is stored.
+      RoundTo(probs.dtype(), p, static_cast<int64_t>(t) * t);
+      // y[t, d] = P · v, into columns [h d, (h + 1) d) of y.
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, t, d, t, 1.0f, p, t, v, ld, 0.0f,
+                  Data(y) + static_cast<int64_t>(b) * t * c + h * d, c);
+    }
+  }
+  RoundTo(y.dtype(), Data(y), y.numel());
+  return y;
+}
+
+Tensor CpuBackend::AttentionBackward(const Tensor& qkv, const Tensor& probs, const Tensor& dy,
+                                     int batch, int heads) {
+  const std::string more =
+      absl::StrCat(", probs ", ShapeString(probs.shape()), ", dy ", ShapeString(dy.shape()));
+  const Dims dims = CheckDims("AttentionBackward", qkv, batch, heads, more);
+  const int t = dims.t, c = dims.c, d = dims.d;
+  CheckShape(
+      probs.shape() == Shape{batch, heads, t, t} && dy.shape() == Shape{qkv.dim(0), c},
+      "AttentionBackward",
+      absl::StrCat("qkv ", ShapeString(qkv.shape()), ", batch ", batch, ", heads ", heads, more));
+  Tensor dqkv = Empty(qkv.dtype(), qkv.shape());
+  if (dqkv.numel() == 0) return dqkv;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const int ld = 3 * c;
+  std::vector<float> ds(static_cast<size_t>(t) * t);  // dP, then dS in place
+  for (int b = 0; b < batch; ++b) {
+    const float* seq = Data(qkv) + static_cast<int64_t>(b) * t * ld;
+    float* dseq = Data(dqkv) + static_cast<int64_t>(b) * t * ld;
+    const float* dyseq = Data(dy) + static_cast<int64_t>(b) * t * c;
+    for (int h = 0; h < heads; ++h) {
+      const float* q = seq + h * d;
+      const float* k = q + c;
+      const float* v = q + 2 * c;
+      float* dq = dseq + h * d;
+      float* dk = dq + c;
+      float* dv = dq + 2 * c;
+      const float* g = dyseq + h * d;
+      const float* p = Data(probs) + (static_cast<int64_t>(b) * heads + h) * t * t;
+      // dP[t, t] = dy · v^T; dv[t, d] = P^T · dy.
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t, t, d, 1.0f, g, c, v, ld, 0.0f,
+                  ds.data(), t);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t, d, t, 1.0f, p, t, g, c, 0.0f, dv, ld);
+      // dS = P ∘ (dP − rowsum(dP ∘ P)); masked entries have P = 0.
+      for (int i = 0; i < t; ++i) {
+        const float* prow = p + static_cast<int64_t>(i) * t;
+        float* srow = ds.data() + static_cast<int64_t>(i) * t;
+        float dot = 0.0f;
+        for (int j = 0; j < t; ++j) dot += srow[j] * prow[j];
+        for (int j = 0; j < t; ++j) srow[j] = prow[j] * (srow[j] - dot);
+      }
+      // dq = dS · k / sqrt(d); dk = dS^T · q / sqrt(d).
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, t, d, t, scale, ds.data(), t, k, ld,
+                  0.0f, dq, ld);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t, d, t, scale, ds.data(), t, q, ld,
+                  0.0f, dk, ld);
+    }
+  }
+  RoundTo(dqkv.dtype(), Data(dqkv), dqkv.numel());
+  return dqkv;
+}
+
+}  // namespace zo::backend::cpu
