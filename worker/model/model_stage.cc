@@ -1,0 +1,186 @@
+#include "worker/model/model_stage.h"
+
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace zo::model {
+
+using backend::Tensor;
+
+absl::StatusOr<std::unique_ptr<ModelStage>> ModelStage::Create(backend::Backend& backend,
+                                                                Model& model,
+                                                                std::vector<int> bounds,
+                                                                const StageOptions& options,
+                                                                BatchSource& source,
+                                                                ParamLink& link) {
+  const int virtual_stages = options.stages * options.chunks;
+  if (options.stage < 0 || options.stage >= options.stages || options.chunks < 1 ||
+      options.micro_batches < 1 || options.checkpoint_every < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "stage ", options.stage, " of ", options.stages, " with ", options.chunks, " chunks, ",
+        options.micro_batches, " micro-batches, checkpoint every ", options.checkpoint_every));
+  }
+  if (static_cast<int>(bounds.size()) != virtual_stages + 1 || bounds.front() != 0 ||
+      bounds.back() != static_cast<int>(model.layers.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "partition has ", bounds.size(), " boundaries for ", virtual_stages,
+        " virtual stages of ", model.layers.size(), " layers"));
+  }
+  for (int v = 0; v < virtual_stages; ++v) {
+    if (bounds[v] >= bounds[v + 1]) {
+      return absl::InvalidArgumentError(absl::StrCat("virtual stage ", v, " has no layers"));
+    }
+  }
+  return std::unique_ptr<ModelStage>(
+      new ModelStage(backend, model, std::move(bounds), options, source, link));
+}
+
+ModelStage::ModelStage(backend::Backend& backend, Model& model, std::vector<int> bounds,
+                       const StageOptions& options, BatchSource& source, ParamLink& link)
+    : backend_(backend),
+      model_(model),
+      bounds_(std::move(bounds)),
+      options_(options),
+      source_(source),
+      link_(link) {
+  // Manifest order is layer order, and a stage's chunks are in layer order.
+  for (int c = 0; c < options_.chunks; ++c) {
+    const int v = VirtualStage(c);
+    for (int j = bounds_[v]; j < bounds_[v + 1]; ++j) {
+      Layer& layer = *model_.layers[j];
+      layer.Bind(backend_, options_.dtype);
+      for (Param& p : layer.params()) params_.push_back(&p);
+    }
+  }
+}
+
+bool ModelStage::IsLastVirtual(int chunk) const {
+  return VirtualStage(chunk) == options_.stages * options_.chunks - 1;
+}
+
+bool ModelStage::has_loss() const { return options_.stage == options_.stages - 1; }
+
+absl::Status ModelStage::BeginStep(int64_t step) {
+  step_ = step;
+  batches_.clear();
+  live_.clear();
+  losses_.clear();
+  for (Param* p : params_) backend_.SetZero(p->grad);
+  ZO_RETURN_IF_ERROR(link_.LoadWeights(step, params_));
+  loss_scale_ = link_.LossScale(step);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const MicroBatch*> ModelStage::Batch(int micro_batch) {
+  auto it = batches_.find(micro_batch);
+  if (it == batches_.end()) {
+    ZO_ASSIGN_OR_RETURN(MicroBatch mb, source_.Get(step_, micro_batch));
+    it = batches_.emplace(micro_batch, std::move(mb)).first;
+  }
+  return &it->second;
+}
+
+absl::Status ModelStage::LoadMicroBatch(int64_t step, int micro_batch) {
+  if (step != step_) {
+    return absl::InternalError(absl::StrCat("micro-batch load for step ", step, " in step ", step_));
+  }
+  return Batch(micro_batch).status();
+}
+
+Tensor ModelStage::RunForward(int begin, int end, int first, Tensor x, const MicroBatch& mb,
+                              std::vector<Saved>& saved) {
+  for (int j = begin; j < end; ++j) x = model_.layers[j]->Forward(backend_, x, mb, saved[j - first]);
+  return x;
+}
+
+absl::StatusOr<Tensor> ModelStage::Forward(int micro_batch, int chunk, Tensor input) {
+  const int v = VirtualStage(chunk);
+  const int begin = bounds_[v];
+  const int end = bounds_[v + 1];
+  if (begin > 0 && !input.defined()) {
+    return absl::InternalError(absl::StrCat("virtual stage ", v, " got no input activation"));
+  }
+  ZO_ASSIGN_OR_RETURN(const MicroBatch* mb, Batch(micro_batch));
+  Live& live = live_[{micro_batch, chunk}];
+  live.saved.assign(end - begin, Saved());
+  const int k = options_.checkpoint_every;
+  Tensor x = std::move(input);
+  if (k == 0) {
+    x = RunForward(begin, end, begin, std::move(x), *mb, live.saved);
+  } else {
+    // Keep each run's input; what the run's layers save is dropped here and
+    // rebuilt by the backward.
+    for (int run = begin; run < end; run += k) {
+      live.run_inputs.push_back(x);
+      const int run_end = std::min(end, run + k);
+      x = RunForward(run, run_end, begin, std::move(x), *mb, live.saved);
+      for (int j = run; j < run_end; ++j) live.saved[j - begin].clear();
+    }
+  }
+  if (!IsLastVirtual(chunk)) return x;
+  live.logits = x;
+  losses_.push_back(backend_.CrossEntropy(x, mb->targets));
+  return Tensor();
+}
+
+absl::StatusOr<Tensor> ModelStage::Backward(int micro_batch, int chunk, Tensor grad_output,
+                                            bool last_for_chunk) {
+  auto it = live_.find({micro_batch, chunk});
+  if (it == live_.end()) {
+    return absl::InternalError(absl::StrCat("backward of micro-batch ", micro_batch, " chunk ",
+                                            chunk, " before its forward"));
+  }
+  Live& live = it->second;
+  ZO_ASSIGN_OR_RETURN(const MicroBatch* mb, Batch(micro_batch));
+  const int v = VirtualStage(chunk);
+  const int begin = bounds_[v];
+  const int end = bounds_[v + 1];
+  Tensor dy = std::move(grad_output);
+  if (IsLastVirtual(chunk)) {
+    // d(loss_scale * mean over micro-batches of the mean loss) / d logits.
+    const float scale = static_cast<float>(loss_scale_ / options_.micro_batches);
+    dy = backend_.CrossEntropyBackward(live.logits, mb->targets, scale);
+    live.logits = Tensor();
+  } else if (!dy.defined()) {
+    return absl::InternalError(absl::StrCat("virtual stage ", v, " got no output gradient"));
+  }
+  const int k = options_.checkpoint_every;
+  for (int j = end - 1; j >= begin; --j) {
+    if (k > 0 && ((j - begin) % k == k - 1 || j == end - 1)) {
+      // Recompute the run that ends at j from its saved input.
+      const int run = begin + (j - begin) / k * k;
+      RunForward(run, j + 1, begin, live.run_inputs[(j - begin) / k], *mb, live.saved);
+    }
+    dy = model_.layers[j]->Backward(backend_, dy, *mb, live.saved[j - begin], j > 0);
+    live.saved[j - begin].clear();
+    if (last_for_chunk) {
+      for (const Param& p : model_.layers[j]->params()) {
+        ZO_RETURN_IF_ERROR(link_.PushGradient(step_, p));
+      }
+    }
+  }
+  live_.erase(it);
+  return dy;
+}
+
+absl::Status ModelStage::FinishStep(int64_t step) {
+  ZO_RETURN_IF_ERROR(link_.FinishStep(step));
+  step_rows_ = 0;
+  for (const auto& [mb, batch] : batches_) step_rows_ += batch.rows();
+  if (has_loss()) {
+    double sum = 0;
+    for (const Tensor& loss : losses_) {
+      float value = 0;
+      ZO_RETURN_IF_ERROR(backend_.DownloadFloat(loss, absl::MakeSpan(&value, 1)));
+      sum += value;
+    }
+    step_loss_ = losses_.empty() ? std::numeric_limits<double>::quiet_NaN()
+                                 : sum / static_cast<double>(losses_.size());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace zo::model

@@ -1,0 +1,124 @@
+// One pipeline stage of a model: the layers of its virtual stages, run by the
+// executor (worker/pipeline/executor.h) through the StageModule interface.
+//
+// Weights come from and gradients go to a ParamLink (the offload servers in
+// zo-train); micro-batches from a BatchSource. With activation
+// checkpointing every k layers, the forward keeps only the input of each run
+// of k layers and the backward recomputes the run before going through it.
+// When a chunk's last backward of the step passes a layer, that layer's
+// gradients are final and go to the link at once, while the rest of the
+// backward still runs.
+#ifndef ZO_WORKER_MODEL_MODEL_STAGE_H_
+#define ZO_WORKER_MODEL_MODEL_STAGE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "worker/backend/backend.h"
+#include "worker/model/model.h"
+#include "worker/pipeline/stage_module.h"
+
+namespace zo::model {
+
+class ParamLink {
+ public:
+  virtual ~ParamLink() = default;
+  // Writes the weights to compute `step` with into every param's value.
+  virtual absl::Status LoadWeights(int64_t step, absl::Span<Param* const> params) = 0;
+  // The loss scale of `step`'s gradients (1 without fp16); asked after
+  // LoadWeights.
+  virtual double LossScale(int64_t step) = 0;
+  // param.grad (fp32, loss-scaled, summed over the micro-batches) is final.
+  virtual absl::Status PushGradient(int64_t step, const Param& param) = 0;
+  // Every gradient of `step` is acknowledged.
+  virtual absl::Status FinishStep(int64_t step) = 0;
+};
+
+class BatchSource {
+ public:
+  virtual ~BatchSource() = default;
+  virtual absl::StatusOr<MicroBatch> Get(int64_t step, int micro_batch) = 0;
+};
+
+struct StageOptions {
+  int stage = 0;
+  int stages = 1;
+  int chunks = 1;  // virtual stages per stage (interleaved 1F1B)
+  int micro_batches = 1;
+  DType dtype = DType::kFloat32;  // weights and activations
+  int checkpoint_every = 0;       // layers per recomputed run; 0: keep everything
+};
+
+class ModelStage final : public pipeline::StageModule {
+ public:
+  // `bounds` cuts model.layers into stages * chunks virtual stages (see
+  // partition.h); virtual stage c * stages + s runs on stage s as chunk c.
+  // Binds this stage's parameters on `backend`. The model, backend, source
+  // and link must outlive the stage.
+  static absl::StatusOr<std::unique_ptr<ModelStage>> Create(backend::Backend& backend,
+                                                            Model& model,
+                                                            std::vector<int> bounds,
+                                                            const StageOptions& options,
+                                                            BatchSource& source, ParamLink& link);
+
+  absl::Status BeginStep(int64_t step) override;
+  absl::Status LoadMicroBatch(int64_t step, int micro_batch) override;
+  absl::StatusOr<backend::Tensor> Forward(int micro_batch, int chunk,
+                                          backend::Tensor input) override;
+  absl::StatusOr<backend::Tensor> Backward(int micro_batch, int chunk,
+                                           backend::Tensor grad_output,
+                                           bool last_for_chunk) override;
+  absl::Status FinishStep(int64_t step) override;
+
+  // This stage's parameters, in manifest order.
+  absl::Span<Param* const> params() const { return params_; }
+  // Whether this stage computes the loss (holds the last virtual stage).
+  bool has_loss() const;
+  // Mean loss over the micro-batches of the last finished step (unscaled);
+  // meaningful only when has_loss().
+  double step_loss() const { return step_loss_; }
+  // Micro-batch rows (samples or tokens) of the last finished step.
+  int64_t step_rows() const { return step_rows_; }
+
+ private:
+  struct Live {  // one (micro-batch, chunk) between its forward and backward
+    std::vector<backend::Tensor> run_inputs;  // checkpointing: input of each run
+    std::vector<Saved> saved;                 // per layer; empty for dropped runs
+    backend::Tensor logits;                   // last virtual stage
+  };
+
+  ModelStage(backend::Backend& backend, Model& model, std::vector<int> bounds,
+             const StageOptions& options, BatchSource& source, ParamLink& link);
+
+  int VirtualStage(int chunk) const { return chunk * options_.stages + options_.stage; }
+  bool IsLastVirtual(int chunk) const;
+  absl::StatusOr<const MicroBatch*> Batch(int micro_batch);
+  // Forward of layers [begin, end) of the model from x, filling saved[j - first].
+  backend::Tensor RunForward(int begin, int end, int first, backend::Tensor x,
+                             const MicroBatch& mb, std::vector<Saved>& saved);
+
+  backend::Backend& backend_;
+  Model& model_;
+  std::vector<int> bounds_;
+  StageOptions options_;
+  BatchSource& source_;
+  ParamLink& link_;
+  std::vector<Param*> params_;
+
+  int64_t step_ = -1;
+  double loss_scale_ = 1;
+  std::map<int, MicroBatch> batches_;
+  std::map<std::pair<int, int>, Live> live_;
+  std::vector<backend::Tensor> losses_;
+  double step_loss_ = 0;
+  int64_t step_rows_ = 0;
+};
+
+}  // namespace zo::model
+
+#endif  // ZO_WORKER_MODEL_MODEL_STAGE_H_

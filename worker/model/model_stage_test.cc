@@ -1,0 +1,299 @@
+// A model cut into pipeline stages computes what the uncut model computes:
+// the same loss and the same gradients, bit for bit, for every schedule,
+// with and without activation checkpointing. And each model layer's
+// backward agrees with finite differences of its forward.
+#include "worker/model/model_stage.h"
+
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/backend/cpu/cpu_backend.h"
+#include "worker/model/basic_layers.h"
+#include "worker/model/partition.h"
+#include "worker/model/transformer_block.h"
+#include "worker/pipeline/executor.h"
+#include "worker/pipeline/in_process_transport.h"
+#include "worker/pipeline/schedule.h"
+
+namespace zo::model {
+namespace {
+
+constexpr uint64_t kSeed = 99;
+
+// Weights from InitialValues (rounded to the dtype); every pushed gradient
+// recorded by name, with how often it was pushed.
+class MemoryLink final : public ParamLink {
+ public:
+  explicit MemoryLink(backend::Backend& b) : b_(b) {}
+  absl::Status LoadWeights(int64_t, absl::Span<Param* const> params) override {
+    for (Param* p : params) {
+      if (absl::Status s = b_.UploadFloat(InitialValues(*p, kSeed), p->value); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+  double LossScale(int64_t) override { return 8; }
+  absl::Status PushGradient(int64_t, const Param& p) override {
+    std::vector<float> g(static_cast<size_t>(p.numel()));
+    if (absl::Status s = b_.DownloadFloat(p.grad, absl::MakeSpan(g)); !s.ok()) return s;
+    std::lock_guard<std::mutex> lock(mu_);
+    grads_[p.name] = std::move(g);
+    ++pushes_[p.name];
+    return absl::OkStatus();
+  }
+  absl::Status FinishStep(int64_t) override { return absl::OkStatus(); }
+
+  std::map<std::string, std::vector<float>> grads_;
+  std::map<std::string, int> pushes_;
+
+ private:
+  backend::Backend& b_;
+  std::mutex mu_;
+};
+
+class TokenSource final : public BatchSource {
+ public:
+  TokenSource(int batch, int block, int vocab) : batch_(batch), block_(block), vocab_(vocab) {}
+  absl::StatusOr<MicroBatch> Get(int64_t step, int micro_batch) override {
+    MicroBatch mb;
+    mb.batch = batch_;
+    mb.block_size = block_;
+    for (int i = 0; i < batch_ * block_; ++i) {
+      mb.tokens.push_back(static_cast<int32_t>((i * 7 + micro_batch * 3 + step) % vocab_));
+      mb.targets.push_back(static_cast<int32_t>((i * 5 + micro_batch + 1) % vocab_));
+    }
+    return mb;
+  }
+
+ private:
+  int batch_, block_, vocab_;
+};
+
+struct RunResult {
+  double loss = 0;
+  std::map<std::string, std::vector<float>> grads;
+  std::map<std::string, int> pushes;
+};
+
+// One step of GPT-lite (fp16 storage) on `stages` x `chunks` virtual stages.
+RunResult RunGpt(int stages, int chunks, int micro_batches, const std::string& schedule,
+                 int checkpoint_every) {
+  auto backend = backend::MakeCpuBackend({.blas_threads = 1});
+  auto model = MakeGpt({.n_layer = 4, .n_embd = 16, .n_head = 2, .block_size = 6, .vocab = 11});
+  EXPECT_TRUE(model.ok());
+  std::vector<LayerWeightInfo> infos;
+  for (const auto& l : model->layers) infos.push_back({l->type(), l->param_count()});
+  auto bounds = PartitionLayers(infos, stages * chunks, "uniform");
+  EXPECT_TRUE(bounds.ok());
+  auto programs = schedule == "gpipe"  ? pipeline::GPipeSchedule(stages, micro_batches)
+                  : chunks == 1        ? pipeline::OneFOneBSchedule(stages, micro_batches)
+                                       : pipeline::InterleavedOneFOneBSchedule(stages, micro_batches, chunks);
+  EXPECT_TRUE(programs.ok());
+  TokenSource source(2, 6, 11);
+  MemoryLink link(*backend);
+  pipeline::InProcessFabric fabric(stages);
+  std::vector<std::unique_ptr<ModelStage>> modules;
+  std::vector<std::unique_ptr<pipeline::Executor>> executors;
+  for (int s = 0; s < stages; ++s) {
+    auto m = ModelStage::Create(*backend, *model, *bounds,
+                                {.stage = s, .stages = stages, .chunks = chunks,
+                                 .micro_batches = micro_batches, .dtype = DType::kFloat16,
+                                 .checkpoint_every = checkpoint_every},
+                                source, link);
+    EXPECT_TRUE(m.ok()) << m.status();
+    modules.push_back(std::move(*m));
+    executors.push_back(std::make_unique<pipeline::Executor>(s, stages, chunks, (*programs)[s],
+                                                             *modules.back(), fabric.ForStage(s)));
+  }
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> status(stages);
+  for (int s = 0; s < stages; ++s) {
+    threads.emplace_back([&, s] {
+      auto t = executors[s]->RunStep(1);
+      status[s] = t.status();
+      if (!t.ok()) fabric.Abort(t.status());
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& s : status) EXPECT_TRUE(s.ok()) << s;
+  return {modules.back()->step_loss(), link.grads_, link.pushes_};
+}
+
+TEST(ModelStageTest, TwoStagesComputeExactlyWhatOneStageComputes) {
+  const RunResult one = RunGpt(1, 1, 3, "1f1b", 0);
+  ASSERT_TRUE(std::isfinite(one.loss));
+  EXPECT_NEAR(one.loss, std::log(11.0), 0.2);  // near-uniform predictions at init
+  for (const std::string schedule : {"1f1b", "gpipe"}) {
+    const RunResult two = RunGpt(2, 1, 3, schedule, 0);
+    EXPECT_EQ(two.loss, one.loss) << schedule;
+    EXPECT_EQ(two.grads, one.grads) << schedule;
+  }
+  const RunResult interleaved = RunGpt(2, 2, 4, "interleaved", 0);
+  const RunResult one4 = RunGpt(1, 1, 4, "1f1b", 0);
+  EXPECT_EQ(interleaved.loss, one4.loss);
+  EXPECT_EQ(interleaved.grads, one4.grads);
+}
+
+TEST(ModelStageTest, EveryGradientIsPushedOnceAndIsNonZero) {
+  const RunResult r = RunGpt(2, 1, 2, "1f1b", 0);
+  auto model = MakeGpt({.n_layer = 4, .n_embd = 16, .n_head = 2, .block_size = 6, .vocab = 11});
+  ASSERT_EQ(r.pushes.size(), model->Manifest(DType::kFloat16).size());
+  for (const auto& [name, count] : r.pushes) EXPECT_EQ(count, 1) << name;
+  for (const auto& [name, g] : r.grads) {
+    double norm = 0;
+    for (float x : g) norm += double{x} * x;
+    EXPECT_GT(norm, 0) << name;
+  }
+}
+
+TEST(ModelStageTest, ActivationCheckpointingChangesNothing) {
+  const RunResult plain = RunGpt(2, 1, 3, "1f1b", 0);
+  for (int k : {1, 2, 5}) {
+    const RunResult recomputed = RunGpt(2, 1, 3, "1f1b", k);
+    EXPECT_EQ(recomputed.loss, plain.loss) << k;
+    EXPECT_EQ(recomputed.grads, plain.grads) << k;
+  }
+}
+
+// Finite differences through whole layers in fp32 storage: the step h must
+// stay well above fp32 resolution, so the tolerance is looser than the
+// per-op double-precision checks in worker/backend/cpu/ops_test.cc.
+void CheckLayerGradients(Layer& layer, const MicroBatch& mb, int64_t in_features,
+                         bool has_input) {
+  auto b = backend::MakeCpuBackend({.blas_threads = 1});
+  layer.Bind(*b, DType::kFloat32);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0, 1);
+  for (Param& p : layer.params()) {
+    std::vector<float> v = InitialValues(p, 5);
+    for (float& x : v) x += 0.1f * normal(rng);  // break symmetric inits (gamma 1, beta 0)
+    ASSERT_TRUE(b->UploadFloat(v, p.value).ok());
+  }
+  std::vector<float> x(static_cast<size_t>(mb.rows() * in_features));
+  for (float& v : x) v = normal(rng);
+  backend::Tensor xt;
+  if (has_input) {
+    xt = b->Empty(DType::kFloat32, {mb.rows(), in_features});
+    ASSERT_TRUE(b->UploadFloat(x, xt).ok());
+  }
+  Saved saved;
+  backend::Tensor y = layer.Forward(*b, xt, mb, saved);
+  std::vector<float> r(static_cast<size_t>(y.numel()));
+  for (float& v : r) v = normal(rng);
+  auto loss = [&](const backend::Tensor& input) {
+    Saved s;
+    backend::Tensor out = layer.Forward(*b, input, mb, s);
+    std::vector<float> o(static_cast<size_t>(out.numel()));
+    EXPECT_TRUE(b->DownloadFloat(out, absl::MakeSpan(o)).ok());
+    double l = 0;
+    for (size_t i = 0; i < o.size(); ++i) l += double{o[i]} * r[i];
+    return l;
+  };
+  backend::Tensor dy = b->Empty(DType::kFloat32, y.shape());
+  ASSERT_TRUE(b->UploadFloat(r, dy).ok());
+  backend::Tensor dx = layer.Backward(*b, dy, mb, saved, has_input);
+  const double h = 1e-2;
+  auto expect_close = [&](double analytic, double numeric, const std::string& what) {
+    EXPECT_NEAR(analytic, numeric, 2e-2 * (1 + std::abs(numeric))) << what;
+  };
+  if (has_input) {
+    std::vector<float> g(x.size());
+    ASSERT_TRUE(b->DownloadFloat(dx, absl::MakeSpan(g)).ok());
+    for (size_t i = 0; i < x.size(); i += 7) {
+      std::vector<float> xp = x, xm = x;
+      xp[i] += h;
+      xm[i] -= h;
+      backend::Tensor tp = b->Empty(DType::kFloat32, xt.shape()), tm = b->Empty(DType::kFloat32, xt.shape());
+      ASSERT_TRUE(b->UploadFloat(xp, tp).ok());
+      ASSERT_TRUE(b->UploadFloat(xm, tm).ok());
+      expect_close(g[i], (loss(tp) - loss(tm)) / (2 * h), "dx[" + std::to_string(i) + "]");
+    }
+  }
+  for (Param& p : layer.params()) {
+    std::vector<float> v(static_cast<size_t>(p.numel())), g(v.size());
+    ASSERT_TRUE(b->DownloadFloat(p.value, absl::MakeSpan(v)).ok());
+    ASSERT_TRUE(b->DownloadFloat(p.grad, absl::MakeSpan(g)).ok());
+    for (size_t i = 0; i < v.size(); i += 5) {
+      std::vector<float> w = v;
+      w[i] = v[i] + h;
+      ASSERT_TRUE(b->UploadFloat(w, p.value).ok());
+      const double up = loss(xt);
+      w[i] = v[i] - h;
+      ASSERT_TRUE(b->UploadFloat(w, p.value).ok());
+      const double down = loss(xt);
+      ASSERT_TRUE(b->UploadFloat(v, p.value).ok());
+      expect_close(g[i], (up - down) / (2 * h), p.name + "[" + std::to_string(i) + "]");
+    }
+  }
+}
+
+MicroBatch Tokens(int batch, int block, int vocab) {
+  MicroBatch mb;
+  mb.batch = batch;
+  mb.block_size = block;
+  for (int i = 0; i < batch * block; ++i) mb.tokens.push_back((i * 3 + 1) % vocab);
+  return mb;
+}
+
+TEST(LayerGradientTest, TransformerBlock) {
+  TransformerBlock block("h.0", 8, 2, 2);
+  CheckLayerGradients(block, Tokens(2, 4, 5), 8, true);
+}
+
+TEST(LayerGradientTest, EmbeddingLinearLayerNormActivations) {
+  EmbeddingLayer embed("embed", 5, 4, 6);
+  CheckLayerGradients(embed, Tokens(2, 4, 5), 0, false);
+  LinearLayer linear("fc", 6, 3);
+  CheckLayerGradients(linear, Tokens(2, 4, 5), 6, true);
+  LayerNormLayer norm("ln", 6);
+  CheckLayerGradients(norm, Tokens(2, 4, 5), 6, true);
+  GeluLayer gelu("gelu");
+  CheckLayerGradients(gelu, Tokens(2, 4, 5), 6, true);
+}
+
+TEST(ModelStageTest, RefusesAPartitionThatDoesNotFit) {
+  auto backend = backend::MakeCpuBackend();
+  auto model = MakeGpt({.n_layer = 2, .n_embd = 8, .n_head = 2, .block_size = 4, .vocab = 5});
+  TokenSource source(1, 4, 5);
+  MemoryLink link(*backend);
+  EXPECT_THAT(ModelStage::Create(*backend, *model, {0, 2, 5}, {.stages = 3}, source, link)
+                  .status()
+                  .message(),
+              ::testing::HasSubstr("3 boundaries for 3 virtual stages"));
+  EXPECT_THAT(ModelStage::Create(*backend, *model, {0, 2, 2, 5}, {.stages = 3}, source, link)
+                  .status()
+                  .message(),
+              ::testing::HasSubstr("virtual stage 1 has no layers"));
+}
+
+TEST(ModelTest, MlpTaskLabelsAreFloorOfTheSquaredNormModC) {
+  MlpConfig c{.width = 8, .depth = 1, .classes = 5};
+  MicroBatch mb = MlpMicroBatch(c, 1, 3, 0, 0, 50);
+  ASSERT_EQ(mb.features.size(), 400u);
+  for (int r = 0; r < 50; ++r) {
+    double dot = 0;
+    for (int j = 0; j < 8; ++j) {
+      const float x = mb.features[r * 8 + j];
+      ASSERT_GE(x, 0);
+      ASSERT_LT(x, 1);
+      dot += double{x} * x;
+    }
+    EXPECT_EQ(mb.targets[r], static_cast<int>(std::floor(dot)) % 5);
+  }
+  EXPECT_EQ(MlpMicroBatch(c, 1, 3, 0, 0, 50).features, mb.features);  // a pure function
+  EXPECT_NE(MlpMicroBatch(c, 1, 3, 0, 1, 50).features, mb.features);  // per dp rank
+}
+
+TEST(ModelTest, GptConfigErrorsNameTheField) {
+  EXPECT_THAT(MakeGpt({.n_embd = 10, .n_head = 4}).status().message(),
+              ::testing::HasSubstr("n_embd (10) must be a multiple of n_head (4)"));
+  EXPECT_THAT(MakeGpt({.n_layer = 0}).status().message(),
+              ::testing::HasSubstr("n_layer must be positive"));
+}
+
+}  // namespace
+}  // namespace zo::model
