@@ -1,0 +1,60 @@
+// A stage's ParamLink to the offload servers: weights pulled with the
+// client's DPU policy, each final gradient cast to the job's dtype and
+// queued on the client's asynchronous push.
+#ifndef ZO_WORKER_TRAIN_OFFLOAD_LINK_H_
+#define ZO_WORKER_TRAIN_OFFLOAD_LINK_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "worker/backend/backend.h"
+#include "worker/client/offload_client.h"
+#include "worker/model/model_stage.h"
+
+namespace zo::train {
+
+class OffloadLink final : public model::ParamLink {
+ public:
+  // `manifest` is the job's (model.Manifest(dtype)); parameters are found in
+  // it by name.
+  OffloadLink(OffloadClient* client, backend::Backend& backend,
+              const std::vector<TensorSpec>& manifest, DType dtype);
+
+  // A restarted worker swaps its resend client for a plain one after the
+  // first step.
+  void set_client(OffloadClient* client) { client_ = client; }
+
+  // Sets the initial weights of `params` on the servers when the job is at
+  // version 0 (a fresh job); a no-op for a job that has trained.
+  absl::Status InitializeIfFresh(absl::Span<model::Param* const> params, uint64_t seed);
+
+  absl::Status LoadWeights(int64_t step, absl::Span<model::Param* const> params) override;
+  double LossScale(int64_t step) override;
+  absl::Status PushGradient(int64_t step, const model::Param& param) override;
+  absl::Status FinishStep(int64_t step) override;
+
+  // Seconds spent in Push (blocked on bytes in flight) during the last step.
+  double push_queue_s() const { return push_queue_s_; }
+
+ private:
+  absl::StatusOr<int> TensorIndex(const std::string& name) const;
+
+  OffloadClient* client_;
+  backend::Backend& backend_;
+  DType dtype_;
+  std::map<std::string, int> index_;
+  // Host copies of the pulled weights: PullForStep skips a version it
+  // already delivered into them.
+  std::vector<std::vector<std::byte>> weights_;
+  std::vector<int> pulled_tensors_;
+  std::vector<std::byte> grad_bytes_;
+  double push_queue_s_ = 0;
+};
+
+}  // namespace zo::train
+
+#endif  // ZO_WORKER_TRAIN_OFFLOAD_LINK_H_

@@ -1,0 +1,307 @@
+#include "worker/train/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <optional>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/config.h"
+#include "common/status_macros.h"
+#include "worker/backend/cpu/cpu_backend.h"
+#include "worker/client/offload_client.h"
+#include "worker/data/char_dataset.h"
+#include "worker/data/synthetic_source.h"
+#include "worker/model/model_stage.h"
+#include "worker/model/partition.h"
+#include "worker/pipeline/executor.h"
+#include "worker/pipeline/in_process_transport.h"
+#include "worker/pipeline/schedule.h"
+#include "worker/pipeline/tcp_transport.h"
+#include "worker/train/batch_sources.h"
+#include "worker/train/offload_link.h"
+#include "worker/train/progress.h"
+#include "worker/train/step_outcomes.h"
+
+namespace zo::train {
+namespace {
+
+// Bytes of synthetic text for a run without --data: plenty for a demo.
+constexpr size_t kSyntheticBytes = size_t{1} << 20;
+
+absl::Status CheckOptions(const TrainOptions& o) {
+  if (o.model != "gpt" && o.model != "mlp") {
+    return absl::InvalidArgumentError(absl::StrCat("--model must be gpt or mlp, not '", o.model, "'"));
+  }
+  if (o.pipeline_stages < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--pipeline-stages must be >= 1, got ", o.pipeline_stages));
+  }
+  if (o.stage >= o.pipeline_stages) {
+    return absl::InvalidArgumentError(absl::StrCat("--stage ", o.stage, " is outside the ",
+                                                   o.pipeline_stages, " pipeline stages"));
+  }
+  if (o.stage >= 0 && o.pipeline_stages > 1) {
+    if (static_cast<int>(o.stage_addresses.size()) != o.pipeline_stages) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--stage needs --stage-addresses with one host:port per pipeline stage (",
+          o.pipeline_stages, "), got ", o.stage_addresses.size()));
+    }
+    if (o.servers.empty()) {
+      return absl::InvalidArgumentError(
+          "--stage runs one stage of a multi-process pipeline, whose processes must share "
+          "offload servers: give --servers (the embedded server lives in one process)");
+    }
+  }
+  if (o.steps < 1) return absl::InvalidArgumentError(absl::StrCat("--steps must be >= 1, got ", o.steps));
+  if (o.checkpoint_every < 0) {
+    return absl::InvalidArgumentError("--checkpoint-every must be >= 0");
+  }
+  if (o.activation_checkpoint_every < 0) {
+    return absl::InvalidArgumentError("--activation-checkpoint-every must be >= 0");
+  }
+  if (o.schedule != "gpipe" && o.schedule != "1f1b" && o.schedule != "interleaved") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--schedule must be gpipe, 1f1b or interleaved, not '", o.schedule, "'"));
+  }
+  if (o.schedule != "interleaved" && o.virtual_chunks != 1) {
+    return absl::InvalidArgumentError("--virtual-chunks needs --schedule interleaved");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<pipeline::StageProgram>> Programs(const TrainOptions& o,
+                                                              int micro_batches) {
+  if (o.schedule == "gpipe") return pipeline::GPipeSchedule(o.pipeline_stages, micro_batches);
+  if (o.schedule == "1f1b") return pipeline::OneFOneBSchedule(o.pipeline_stages, micro_batches);
+  return pipeline::InterleavedOneFOneBSchedule(o.pipeline_stages, micro_batches, o.virtual_chunks);
+}
+
+// One stage of this process: its client(s), link, module and executor.
+struct LocalStage {
+  int stage = 0;
+  std::unique_ptr<OffloadClient> client;
+  std::unique_ptr<OffloadClient> resend_client;  // the first step after a restart
+  std::unique_ptr<OffloadLink> link;
+  std::unique_ptr<model::ModelStage> module;
+  std::unique_ptr<pipeline::Executor> executor;
+};
+
+}  // namespace
+
+absl::Status Train(const TrainOptions& o) {
+  ZO_RETURN_IF_ERROR(CheckOptions(o));
+  ZO_ASSIGN_OR_RETURN(LoadedConfig loaded,
+                      ParseConfig(o.config_json, {.dp_world_size = o.dp_world_size}));
+  const Config& config = loaded.config;
+  const DType dtype = config.fp16.enabled   ? DType::kFloat16
+                      : config.bf16.enabled ? DType::kBFloat16
+                                            : DType::kFloat32;
+  const int micro_batches = static_cast<int>(config.gradient_accumulation_steps);
+  const int micro_batch_size = static_cast<int>(config.train_micro_batch_size_per_gpu);
+
+  // Data and model.
+  std::optional<CharDataset> text;
+  model::Model model;
+  if (o.model == "gpt") {
+    if (o.data_path.empty()) {
+      ZO_ASSIGN_OR_RETURN(text, CharDataset::FromText(SyntheticText(kSyntheticBytes, o.seed), o.seed));
+    } else {
+      ZO_ASSIGN_OR_RETURN(text, CharDataset::FromFile(o.data_path, o.seed));
+    }
+    model::GptConfig gpt = o.gpt;
+    gpt.vocab = text->vocab().size();
+    ZO_ASSIGN_OR_RETURN(model, model::MakeGpt(gpt));
+  } else {
+    ZO_ASSIGN_OR_RETURN(model, model::MakeMlp(o.mlp, dtype));
+  }
+  const int virtual_stages = o.pipeline_stages * o.virtual_chunks;
+  std::vector<model::LayerWeightInfo> infos;
+  for (const auto& layer : model.layers) infos.push_back({layer->type(), layer->param_count()});
+  ZO_ASSIGN_OR_RETURN(std::vector<int> bounds,
+                      model::PartitionLayers(infos, virtual_stages, o.partition_method));
+  ZO_ASSIGN_OR_RETURN(std::vector<pipeline::StageProgram> programs, Programs(o, micro_batches));
+
+  std::fprintf(o.out, "zo-train: %s\n", model.Describe().c_str());
+  std::fprintf(o.out,
+               "zo-train: %s, %d micro-batches of %d per step, %d pipeline stage%s (%s, %s), "
+               "%s\n",
+               std::string(DTypeName(dtype)).c_str(), micro_batches, micro_batch_size,
+               o.pipeline_stages, o.pipeline_stages == 1 ? "" : "s", o.schedule.c_str(),
+               o.partition_method.c_str(),
+               o.servers.empty() ? "embedded offload server"
+                                 : absl::StrCat(o.servers.size(), " offload server(s)").c_str());
+  for (int v = 0; v < virtual_stages; ++v) {
+    int64_t params = 0;
+    for (int j = bounds[v]; j < bounds[v + 1]; ++j) params += model.layers[j]->param_count();
+    std::fprintf(o.out, "zo-train:   stage %d%s: layers %s .. %s (%lld parameters)\n",
+                 v % o.pipeline_stages,
+                 o.virtual_chunks > 1 ? absl::StrCat(" chunk ", v / o.pipeline_stages).c_str() : "",
+                 model.layers[bounds[v]]->name().c_str(),
+                 model.layers[bounds[v + 1] - 1]->name().c_str(), static_cast<long long>(params));
+  }
+
+  std::unique_ptr<backend::Backend> backend =
+      backend::MakeCpuBackend({.blas_threads = o.blas_threads});
+  std::unique_ptr<model::BatchSource> source;
+  if (text) {
+    source = std::make_unique<TextBatchSource>(*text, micro_batch_size, o.gpt.block_size,
+                                               micro_batches, o.dp_rank, o.dp_world_size);
+  } else {
+    source = std::make_unique<MlpBatchSource>(o.mlp, o.seed, micro_batch_size, o.dp_rank);
+  }
+
+  // One client per local stage: each pulls and pushes only its own tensors.
+  const std::vector<TensorSpec> manifest = model.Manifest(dtype);
+  ClientOptions client_options;
+  client_options.job = o.job;
+  client_options.servers = o.servers;
+  client_options.channels = o.channels;
+  client_options.auth_token = o.auth_token;
+  client_options.tls_root_certs = o.tls_root_certs;
+  client_options.dp_rank = o.dp_rank;
+  client_options.dp_world_size = o.dp_world_size;
+  std::vector<int> local_ids;
+  if (o.stage >= 0) {
+    local_ids = {o.stage};
+  } else {
+    for (int s = 0; s < o.pipeline_stages; ++s) local_ids.push_back(s);
+  }
+  std::vector<LocalStage> local(local_ids.size());
+  int64_t version = 0;
+  for (size_t i = 0; i < local.size(); ++i) {
+    LocalStage& ls = local[i];
+    ls.stage = local_ids[i];
+    ZO_ASSIGN_OR_RETURN(ls.client, OffloadClient::Open(client_options, o.config_json, manifest));
+    version = ls.client->version();
+    if (version > 0) {
+      // A job that has trained: this worker may have died inside step
+      // version + 1, so the servers may hold part of it from this rank.
+      ClientOptions resend = client_options;
+      resend.resend = true;
+      ZO_ASSIGN_OR_RETURN(ls.resend_client, OffloadClient::Open(resend, o.config_json, manifest));
+    }
+    ls.link = std::make_unique<OffloadLink>(
+        ls.resend_client ? ls.resend_client.get() : ls.client.get(), *backend, manifest, dtype);
+    model::StageOptions stage_options{.stage = ls.stage,
+                                      .stages = o.pipeline_stages,
+                                      .chunks = o.virtual_chunks,
+                                      .micro_batches = micro_batches,
+                                      .dtype = dtype,
+                                      .checkpoint_every = o.activation_checkpoint_every};
+    ZO_ASSIGN_OR_RETURN(ls.module, model::ModelStage::Create(*backend, model, bounds,
+                                                              stage_options, *source, *ls.link));
+    ZO_RETURN_IF_ERROR(ls.link->InitializeIfFresh(ls.module->params(), o.seed));
+  }
+  if (version >= o.steps) {
+    std::fprintf(o.out, "zo-train: job '%s' is at step %lld already (--steps %lld): nothing to do\n",
+                 o.job.c_str(), static_cast<long long>(version), static_cast<long long>(o.steps));
+    return absl::OkStatus();
+  }
+  if (version > 0) {
+    std::fprintf(o.out, "zo-train: attached to job '%s' at version %lld; resuming at step %lld\n",
+                 o.job.c_str(), static_cast<long long>(version),
+                 static_cast<long long>(version + 1));
+  }
+
+  // Transport: threads of this process, or TCP to the other stages' processes.
+  std::unique_ptr<pipeline::InProcessFabric> fabric;
+  std::unique_ptr<pipeline::TcpTransport> tcp;
+  if (o.stage < 0 || o.pipeline_stages == 1) {
+    fabric = std::make_unique<pipeline::InProcessFabric>(o.pipeline_stages);
+  } else {
+    std::fprintf(o.out, "zo-train: connecting to the other pipeline stages (%s)\n",
+                 absl::StrJoin(o.stage_addresses, ", ").c_str());
+    ZO_ASSIGN_OR_RETURN(tcp, pipeline::TcpTransport::Connect(
+                                 {.stage = o.stage,
+                                  .stages = o.pipeline_stages,
+                                  .addresses = o.stage_addresses,
+                                  .job = o.job},
+                                 *backend));
+  }
+  for (LocalStage& ls : local) {
+    pipeline::Transport& transport =
+        fabric ? fabric->ForStage(ls.stage) : static_cast<pipeline::Transport&>(*tcp);
+    ls.executor = std::make_unique<pipeline::Executor>(ls.stage, o.pipeline_stages,
+                                                       o.virtual_chunks, programs[ls.stage],
+                                                       *ls.module, transport);
+  }
+
+  const int64_t first_step = version + 1;
+  ZO_ASSIGN_OR_RETURN(Progress progress,
+                      Progress::Open(o.out, first_step, o.steps, config.steps_per_print,
+                                     o.metrics_out));
+  StepOutcomes outcomes;
+  model::ModelStage* loss_stage = nullptr;
+  for (LocalStage& ls : local) {
+    if (ls.module->has_loss()) loss_stage = ls.module.get();
+  }
+  const bool checkpoints_here = local.front().stage == 0 && o.dp_rank == 0;
+
+  for (int64_t step = first_step; step <= o.steps; ++step) {
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<absl::StatusOr<pipeline::StepTimes>> times(local.size());
+    if (local.size() == 1) {
+      times[0] = local[0].executor->RunStep(step);
+    } else {
+      std::vector<std::thread> threads;
+      for (size_t i = 0; i < local.size(); ++i) {
+        threads.emplace_back([&, i] {
+          times[i] = local[i].executor->RunStep(step);
+          // One failed stage must not leave its neighbours waiting.
+          if (!times[i].ok()) fabric->Abort(times[i].status());
+        });
+      }
+      for (auto& t : threads) t.join();
+    }
+    for (auto& t : times) {
+      if (!t.ok()) return t.status();
+    }
+    StepReport report;
+    report.step = step;
+    report.step_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    for (auto& t : times) {
+      report.compute_s = std::max(report.compute_s, t->compute_s);
+      report.push_s = std::max(report.push_s, t->push_s);
+      report.wait_s = std::max(report.wait_s, t->pull_s);
+      report.transfer_s = std::max(report.transfer_s, t->transfer_s);
+    }
+    report.loss_scale = local.front().link->LossScale(step);
+    if (loss_stage != nullptr) report.loss = loss_stage->step_loss();
+    report.samples = int64_t{micro_batches} * micro_batch_size;
+    if (text) report.tokens = report.samples * o.gpt.block_size;
+
+    if (local.front().resend_client) {
+      // The step the worker may have died in is done: back to strict pushes.
+      for (LocalStage& ls : local) {
+        ls.link->set_client(ls.client.get());
+        ls.resend_client.reset();
+      }
+    }
+    ZO_ASSIGN_OR_RETURN(v1::JobStatus status, local.front().client->JobStatus());
+    outcomes.Observe(status.version(), status.applied_steps(), status.last_skipped(),
+                     status.last_grad_norm(), status.last_lr());
+    ZO_RETURN_IF_ERROR(progress.Step(report, outcomes));
+    if (checkpoints_here && o.checkpoint_every > 0 && step % o.checkpoint_every == 0) {
+      ZO_ASSIGN_OR_RETURN(std::string path, local.front().client->Checkpoint());
+      std::fprintf(o.out, "zo-train: checkpoint of step %lld (servers' latest version) in %s\n",
+                   static_cast<long long>(step), path.c_str());
+    }
+  }
+  // With DPU the servers finish the last step after the worker; wait for it
+  // so every step's outcome is known.
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  for (;;) {
+    ZO_ASSIGN_OR_RETURN(v1::JobStatus status, local.front().client->JobStatus());
+    outcomes.Observe(status.version(), status.applied_steps(), status.last_skipped(),
+                     status.last_grad_norm(), status.last_lr());
+    if (status.version() >= o.steps || absl::Now() > deadline) break;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return progress.Finish(outcomes);
+}
+
+}  // namespace zo::train
