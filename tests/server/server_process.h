@@ -4,12 +4,12 @@
 #ifndef ZO_TESTS_SERVER_SERVER_PROCESS_H_
 #define ZO_TESTS_SERVER_SERVER_PROCESS_H_
 
-#include <sys/types.h>
 
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "tests/support/child_process.h"
 
 namespace zo::testing {
 
@@ -19,13 +19,11 @@ class ServerProcess {
   // a free one. Waits until it listens.
   static absl::StatusOr<ServerProcess> Start(const std::vector<std::string>& extra_args,
                                              int port = 0);
-  ServerProcess(ServerProcess&& other) noexcept;
-  ServerProcess& operator=(ServerProcess&& other) noexcept;
-  ~ServerProcess();  // SIGKILL if still running
+  // Destruction sends SIGKILL if the server still runs.
 
   int port() const { return port_; }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
-  const std::string& log_path() const { return log_path_; }
+  const std::string& log_path() const { return process_.log_path(); }
   std::string ReadLog() const;
 
   // SIGTERM and wait: the exit code (-1 when killed by a signal).
@@ -35,9 +33,8 @@ class ServerProcess {
 
  private:
   ServerProcess() = default;
-  pid_t pid_ = -1;
+  ChildProcess process_;
   int port_ = 0;
-  std::string log_path_;
 };
 
 }  // namespace zo::testing
