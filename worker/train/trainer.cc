@@ -143,8 +143,15 @@ absl::Status Train(const TrainOptions& o) {
                  model.layers[bounds[v + 1] - 1]->name().c_str(), static_cast<long long>(params));
   }
 
+  // Stages as threads share the cores: OpenBLAS threads per stage times
+  // stages should not exceed them.
+  const int threads_here = o.stage < 0 ? o.pipeline_stages : 1;
+  int blas_threads = o.blas_threads;
+  if (blas_threads == 0 && threads_here > 1) {
+    blas_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / threads_here);
+  }
   std::unique_ptr<backend::Backend> backend =
-      backend::MakeCpuBackend({.blas_threads = o.blas_threads});
+      backend::MakeCpuBackend({.blas_threads = blas_threads});
   std::unique_ptr<model::BatchSource> source;
   if (text) {
     source = std::make_unique<TextBatchSource>(*text, micro_batch_size, o.gpt.block_size,

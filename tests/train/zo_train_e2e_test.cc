@@ -1,0 +1,301 @@
+// zo-train end to end, as users run it: real zo-train processes, real
+// zo-server processes, pipeline stages in separate processes over TCP.
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/server/server_process.h"
+#include "tests/server/training_harness.h"
+#include "tests/support/child_process.h"
+#include "worker/data/char_dataset.h"
+#include "worker/data/synthetic_source.h"
+
+namespace zo::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct StepLine {
+  int64_t step = 0;
+  std::optional<double> loss;
+  double loss_scale = 0;
+  std::optional<bool> skipped;
+};
+
+std::vector<StepLine> ReadMetrics(const std::string& path) {
+  std::vector<StepLine> lines;
+  std::ifstream in(path);
+  std::string text;
+  while (std::getline(in, text)) {
+    const nlohmann::json j = nlohmann::json::parse(text);
+    StepLine l;
+    l.step = j.at("step").get<int64_t>();
+    if (!j.at("loss").is_null()) l.loss = j.at("loss").get<double>();
+    l.loss_scale = j.at("loss_scale").get<double>();
+    if (!j.at("skipped").is_null()) l.skipped = j.at("skipped").get<bool>();
+    for (const char* key : {"step_s", "samples_per_s", "tokens_per_s"}) {
+      EXPECT_TRUE(j.contains(key)) << key << " missing in " << text;
+    }
+    lines.push_back(l);
+  }
+  return lines;
+}
+
+// A tiny GPT-lite that learns in seconds on 2 cores.
+const std::vector<std::string> kTinyGpt = {"--n-layer", "2", "--n-embd", "64", "--n-head", "4",
+                                           "--block-size", "32"};
+
+std::string Config(bool dpu, int dpu_warmup = 0) {
+  return absl::StrCat(R"({"train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": 2,
+    "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.99], "weight_decay": 0.01}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 3e-3,
+                  "warmup_num_steps": 10, "warmup_type": "linear"}},
+    "fp16": {"enabled": true, "initial_scale_power": 12}, "gradient_clipping": 1.0,
+    "steps_per_print": 10, "zo": {"chunk_elems": 30000, "dpu": {"enabled": )",
+                      dpu ? "true" : "false", R"(, "warmup_steps": )", dpu_warmup, "}}}");
+}
+
+std::string WriteFile(const std::string& dir, const std::string& name, const std::string& text) {
+  const std::string path = dir + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+absl::StatusOr<ChildProcess> StartTrain(std::vector<std::string> args, const std::string& log) {
+  args.insert(args.begin(), ZO_TRAIN_PATH);
+  return ChildProcess::Start(args, log);
+}
+
+// Runs zo-train to completion (at most `limit`), expecting exit code 0.
+void RunTrain(const std::vector<std::string>& args, const std::string& log,
+              std::chrono::seconds limit = 120s) {
+  auto p = StartTrain(args, log);
+  ASSERT_TRUE(p.ok()) << p.status();
+  const std::optional<int> code = p->Wait(limit);
+  ASSERT_TRUE(code.has_value()) << "zo-train still running after " << limit.count() << " s:\n"
+                                << p->ReadLog();
+  ASSERT_EQ(*code, 0) << p->ReadLog();
+}
+
+std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// A free loopback port (bound and released: a port another process could
+// take in between, which loopback tests accept).
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// tinyshakespeare lives beside the repository (../shared/data), never in it.
+std::string ShakespearePath() {
+  for (const std::string& candidate : {std::string(ZO_SOURCE_DIR) + "/../shared/data/tinyshakespeare.txt",
+                                      std::string("/work/shared/data/tinyshakespeare.txt")}) {
+    if (std::filesystem::exists(candidate)) return candidate;
+  }
+  return "";
+}
+
+TEST(ZoTrainE2eTest, EmbeddedGptLearnsFarBelowTheUnigramEntropy) {
+  const std::string dir = FreshTempDir("zo_train_embedded");
+  const std::string data = ShakespearePath();
+  // A model that learned only character frequencies scores the unigram
+  // entropy; one that uses context goes below it. Half a nat below
+  // (1.44 x 0.5 = 0.72 bits per character) is far beyond noise: the step
+  // losses of this run scatter by ~0.05 nats around their trend.
+  absl::StatusOr<CharDataset> text =
+      data.empty() ? CharDataset::FromText(SyntheticText(1 << 20, 1337))
+                   : CharDataset::FromFile(data);
+  ASSERT_TRUE(text.ok()) << text.status();
+  const double unigram_nats = text->UnigramEntropyBits() * std::log(2.0);
+  if (data.empty()) {
+    std::cerr << "tinyshakespeare.txt not found beside the repository; training on the "
+                 "synthetic text instead\n";
+  }
+  const std::string metrics = dir + "/metrics.jsonl";
+  std::vector<std::string> args =
+      Concat({"--config", WriteFile(dir, "ds.json", Config(false)), "--steps", "150",
+              "--metrics-out", metrics},
+             kTinyGpt);
+  if (!data.empty()) args = Concat(args, {"--data", data});
+  RunTrain(args, dir + "/train.log");
+
+  const std::vector<StepLine> lines = ReadMetrics(metrics);
+  ASSERT_EQ(lines.size(), 150u);
+  for (size_t i = 0; i < lines.size(); ++i) {
+    ASSERT_EQ(lines[i].step, static_cast<int64_t>(i + 1));
+    ASSERT_TRUE(lines[i].loss.has_value());
+    ASSERT_TRUE(lines[i].skipped.has_value()) << "step " << lines[i].step;
+  }
+  // At initialisation every character is about equally likely: ln(vocab).
+  EXPECT_NEAR(*lines[0].loss, std::log(static_cast<double>(text->vocab().size())), 0.15);
+  double last10 = 0;
+  for (size_t i = 140; i < 150; ++i) last10 += *lines[i].loss / 10;
+  EXPECT_LT(last10, unigram_nats - 0.5) << "unigram entropy " << unigram_nats << " nats";
+}
+
+TEST(ZoTrainE2eTest, TwoStageProcessesOverTcpFollowTheEmbeddedRun) {
+  const std::string dir = FreshTempDir("zo_train_tcp");
+  constexpr int kSteps = 30;
+  constexpr int kDpuWarmup = 8;  // steps 1..9 compute on the newest weights
+  // The single-process reference: embedded server, no DPU.
+  const std::string ref_metrics = dir + "/ref.jsonl";
+  RunTrain(Concat({"--config", WriteFile(dir, "plain.json", Config(false)), "--steps",
+                   std::to_string(kSteps), "--metrics-out", ref_metrics},
+                  kTinyGpt),
+           dir + "/ref.log");
+  const std::vector<StepLine> ref = ReadMetrics(ref_metrics);
+  ASSERT_EQ(ref.size(), static_cast<size_t>(kSteps));
+
+  // 2 zo-servers, 2 stage processes talking TCP, DPU after kDpuWarmup.
+  std::vector<ServerProcess> servers = StartServers(2);
+  ASSERT_EQ(servers.size(), 2u);
+  const std::string stages = absl::StrCat("127.0.0.1:", FreePort(), ",127.0.0.1:", FreePort());
+  const std::string config = WriteFile(dir, "dpu.json", Config(true, kDpuWarmup));
+  std::vector<ChildProcess> workers;
+  for (int s = 0; s < 2; ++s) {
+    auto p = StartTrain(Concat({"--config", config, "--steps", std::to_string(kSteps),
+                                "--pipeline-stages", "2", "--stage", std::to_string(s),
+                                "--stage-addresses", stages, "--servers",
+                                absl::StrCat(servers[0].address(), ",", servers[1].address()),
+                                "--job", "tcp", "--partition-method", "type:block",
+                                "--metrics-out", absl::StrCat(dir, "/stage", s, ".jsonl")},
+                               kTinyGpt),
+                        absl::StrCat(dir, "/stage", s, ".log"));
+    ASSERT_TRUE(p.ok()) << p.status();
+    workers.push_back(std::move(*p));
+  }
+  for (ChildProcess& w : workers) {
+    const std::optional<int> code = w.Wait(120s);
+    ASSERT_TRUE(code.has_value()) << w.ReadLog();
+    ASSERT_EQ(*code, 0) << w.ReadLog();
+  }
+  EXPECT_THAT(workers[0].ReadLog(), ::testing::HasSubstr("stage 0: layers embed .. h.0"));
+  const std::vector<StepLine> stage0 = ReadMetrics(dir + "/stage0.jsonl");
+  const std::vector<StepLine> stage1 = ReadMetrics(dir + "/stage1.jsonl");
+  ASSERT_EQ(stage0.size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(stage1.size(), static_cast<size_t>(kSteps));
+  EXPECT_FALSE(stage0[0].loss.has_value());  // the loss lives on the last stage
+  for (int i = 0; i <= kDpuWarmup; ++i) {
+    ASSERT_TRUE(stage1[i].loss.has_value());
+    // fp16 activations and weights: the two runs may round differently
+    // (another summation order of the gradient norm), not more.
+    EXPECT_NEAR(*stage1[i].loss, *ref[i].loss, 2e-3 * *ref[i].loss) << "step " << i + 1;
+  }
+  // After DPU starts the curves part, but the pipeline keeps learning.
+  auto mean = [&](int from, int to) {
+    double sum = 0;
+    for (int i = from; i < to; ++i) sum += *stage1[i].loss;
+    return sum / (to - from);
+  };
+  EXPECT_LT(mean(kSteps - 5, kSteps), mean(kDpuWarmup - 2, kDpuWarmup + 3) - 0.1);
+}
+
+TEST(ZoTrainE2eTest, KilledWorkerRestartsFromTheServersVersion) {
+  const std::string dir = FreshTempDir("zo_train_restart");
+  constexpr int kSteps = 40;
+  std::vector<ServerProcess> servers = StartServers(1);
+  ASSERT_EQ(servers.size(), 1u);
+  const std::string config = WriteFile(dir, "ds.json", Config(true, 5));
+  auto args = [&](const std::string& job, const std::string& metrics) {
+    return Concat({"--config", config, "--steps", std::to_string(kSteps), "--servers",
+                   servers[0].address(), "--job", job, "--metrics-out", metrics},
+                  kTinyGpt);
+  };
+  // The uninterrupted run, as its own job on the same server.
+  RunTrain(args("whole", dir + "/whole.jsonl"), dir + "/whole.log");
+  const std::vector<StepLine> whole = ReadMetrics(dir + "/whole.jsonl");
+  ASSERT_EQ(whole.size(), static_cast<size_t>(kSteps));
+
+  // Kill -9 once 12 steps are reported, then start the same command again.
+  const std::string metrics = dir + "/killed.jsonl";
+  auto first = StartTrain(args("killed", metrics), dir + "/first.log");
+  ASSERT_TRUE(first.ok()) << first.status();
+  const auto give_up = std::chrono::steady_clock::now() + 60s;
+  while (ReadMetrics(metrics).size() < 12 && std::chrono::steady_clock::now() < give_up) {
+    ASSERT_FALSE(first->Wait(5ms).has_value()) << "finished before it was killed:\n"
+                                               << first->ReadLog();
+  }
+  first->Kill();
+  const size_t reported = ReadMetrics(metrics).size();
+  ASSERT_GE(reported, 12u);
+  ASSERT_LT(reported, static_cast<size_t>(kSteps));
+  RunTrain(args("killed", metrics), dir + "/second.log");
+
+  // The restart attached at the servers' version and went on from there.
+  std::ifstream in(dir + "/second.log");
+  const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::smatch match;
+  ASSERT_TRUE(std::regex_search(log, match,
+                                std::regex("attached to job 'killed' at version (\\d+); "
+                                           "resuming at step (\\d+)")))
+      << log;
+  const int64_t version = std::stoll(match[1]);
+  EXPECT_GE(version, static_cast<int64_t>(reported));  // nothing reported is redone
+  EXPECT_EQ(std::stoll(match[2]), version + 1);
+  const std::vector<StepLine> lines = ReadMetrics(metrics);
+  ASSERT_GE(lines.size(), reported + 1);
+  // Each step the restarted worker ran has exactly the loss of the
+  // uninterrupted run: same servers' state, same data, same weights.
+  int checked = 0;
+  for (size_t i = reported; i < lines.size(); ++i) {
+    const StepLine& l = lines[i];
+    ASSERT_GT(l.step, version);
+    ASSERT_TRUE(l.loss.has_value());
+    EXPECT_EQ(*l.loss, *whole[l.step - 1].loss) << "step " << l.step;
+    ++checked;
+  }
+  EXPECT_EQ(lines.back().step, kSteps);
+  EXPECT_GE(checked, kSteps - static_cast<int>(version));
+}
+
+TEST(ZoTrainE2eTest, BadFlagsAreNamed) {
+  const std::string dir = FreshTempDir("zo_train_flags");
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{"--model", "cnn"}, "--model must be gpt or mlp, not 'cnn'"},
+      {{"--n-embd", "30", "--n-head", "4"}, "n_embd (30) must be a multiple of n_head (4)"},
+      {{"--pipeline-stages", "2", "--stage", "1"}, "--stage needs --stage-addresses"},
+      {{"--partition-method", "balanced"}, "unknown partition method 'balanced'"},
+      {{"--data", dir + "/missing.txt"}, "missing.txt"},
+      {{"--config", dir + "/missing.json"}, "--config: cannot read"},
+      {{"--pipeline-stages", "9", "--n-layer", "2"}, "cannot cut 5 layers into 9 pipeline stages"},
+  };
+  for (const Case& c : cases) {
+    auto p = StartTrain(c.args, dir + "/bad.log");
+    ASSERT_TRUE(p.ok());
+    const std::optional<int> code = p->Wait(60s);
+    ASSERT_TRUE(code.has_value());
+    EXPECT_EQ(*code, 1) << c.message;
+    EXPECT_THAT(p->ReadLog(), ::testing::HasSubstr(c.message));
+  }
+}
+
+}  // namespace
+}  // namespace zo::testing
