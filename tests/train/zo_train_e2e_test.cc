@@ -138,7 +138,8 @@ TEST(ZoTrainE2eTest, EmbeddedGptLearnsFarBelowTheUnigramEntropy) {
   const std::string metrics = dir + "/metrics.jsonl";
   std::vector<std::string> args =
       Concat({"--config", WriteFile(dir, "ds.json", Config(false)), "--steps", "150",
-              "--metrics-out", metrics},
+              "--metrics-out", metrics, "--checkpoint-every", "75", "--checkpoint-dir",
+              dir + "/ckpt"},
              kTinyGpt);
   if (!data.empty()) args = Concat(args, {"--data", data});
   RunTrain(args, dir + "/train.log");
@@ -155,6 +156,11 @@ TEST(ZoTrainE2eTest, EmbeddedGptLearnsFarBelowTheUnigramEntropy) {
   double last10 = 0;
   for (size_t i = 140; i < 150; ++i) last10 += *lines[i].loss / 10;
   EXPECT_LT(last10, unigram_nats - 0.5) << "unigram entropy " << unigram_nats << " nats";
+  // --checkpoint-every asked the embedded server for committed checkpoints.
+  for (const char* step : {"step-00000075", "step-00000150"}) {
+    EXPECT_TRUE(std::filesystem::exists(dir + "/ckpt/zo-train/" + step + "/checkpoint.json"))
+        << step;
+  }
 }
 
 TEST(ZoTrainE2eTest, TwoStageProcessesOverTcpFollowTheEmbeddedRun) {

@@ -121,6 +121,11 @@ absl::Status Progress::FlushMetrics(const StepOutcomes& outcomes, bool final) {
   return absl::OkStatus();
 }
 
+void Progress::Note(const std::string& line) {
+  std::fprintf(out_, "%s%s\n", bar_ ? "\r\33[2K" : "", line.c_str());
+  std::fflush(out_);
+}
+
 absl::Status Progress::Finish(const StepOutcomes& outcomes) {
   absl::Status flushed = absl::OkStatus();
   if (metrics_ != nullptr) {

@@ -40,6 +40,8 @@ class Progress {
   // One finished step; prints its line when it is due. Its metrics line
   // waits until `outcomes` knows whether the servers skipped it.
   absl::Status Step(const StepReport& report, const StepOutcomes& outcomes);
+  // A line of its own between the progress lines (clears the bar first).
+  void Note(const std::string& line);
   // Writes the metrics lines still waiting (unknown outcomes as null) and the
   // summary.
   absl::Status Finish(const StepOutcomes& outcomes);

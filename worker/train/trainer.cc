@@ -294,8 +294,7 @@ absl::Status Train(const TrainOptions& o) {
     ZO_RETURN_IF_ERROR(progress.Step(report, outcomes));
     if (checkpoints_here && o.checkpoint_every > 0 && step % o.checkpoint_every == 0) {
       ZO_ASSIGN_OR_RETURN(std::string path, local.front().client->Checkpoint());
-      std::fprintf(o.out, "zo-train: checkpoint of step %lld (servers' latest version) in %s\n",
-                   static_cast<long long>(step), path.c_str());
+      progress.Note(absl::StrCat("zo-train: checkpoint written: ", path));
     }
   }
   // With DPU the servers finish the last step after the worker; wait for it
