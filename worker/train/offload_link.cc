@@ -1,7 +1,5 @@
 #include "worker/train/offload_link.h"
 
-#include <chrono>
-
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "worker/model/param.h"
@@ -47,7 +45,6 @@ absl::Status OffloadLink::LoadWeights(int64_t step, absl::Span<model::Param* con
   for (size_t i = 0; i < params.size(); ++i) {
     ZO_RETURN_IF_ERROR(backend_.Upload(weights_[i], params[i]->value));
   }
-  push_queue_s_ = 0;
   return absl::OkStatus();
 }
 
@@ -60,10 +57,7 @@ absl::Status OffloadLink::PushGradient(int64_t step, const model::Param& param) 
   backend::Tensor low = backend_.Cast(param.grad, dtype_);
   grad_bytes_.resize(static_cast<size_t>(low.nbytes()));
   ZO_RETURN_IF_ERROR(backend_.Download(low, absl::MakeSpan(grad_bytes_)));
-  const auto start = std::chrono::steady_clock::now();
-  absl::Status pushed = client_->Push(step, index, grad_bytes_);
-  push_queue_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return pushed;
+  return client_->Push(step, index, grad_bytes_);
 }
 
 absl::Status OffloadLink::FinishStep(int64_t step) { return client_->FinishStep(step); }

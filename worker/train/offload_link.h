@@ -37,9 +37,6 @@ class OffloadLink final : public model::ParamLink {
   absl::Status PushGradient(int64_t step, const model::Param& param) override;
   absl::Status FinishStep(int64_t step) override;
 
-  // Seconds spent in Push (blocked on bytes in flight) during the last step.
-  double push_queue_s() const { return push_queue_s_; }
-
  private:
   absl::StatusOr<int> TensorIndex(const std::string& name) const;
 
@@ -52,7 +49,6 @@ class OffloadLink final : public model::ParamLink {
   std::vector<std::vector<std::byte>> weights_;
   std::vector<int> pulled_tensors_;
   std::vector<std::byte> grad_bytes_;
-  double push_queue_s_ = 0;
 };
 
 }  // namespace zo::train

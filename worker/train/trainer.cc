@@ -89,119 +89,190 @@ struct LocalStage {
   std::unique_ptr<pipeline::Executor> executor;
 };
 
+
+// What the options and config make of the run, before anything connects.
+struct Plan {
+  Config config;
+  DType dtype = DType::kFloat32;
+  int micro_batches = 1;
+  int micro_batch_size = 1;
+  std::optional<CharDataset> text;  // GPT-lite's data
+  model::Model model;
+  std::vector<int> bounds;  // virtual stage v holds layers [bounds[v], bounds[v + 1])
+  std::vector<pipeline::StageProgram> programs;
+};
+
+absl::StatusOr<Plan> MakePlan(const TrainOptions& o) {
+  Plan plan;
+  ZO_ASSIGN_OR_RETURN(LoadedConfig loaded,
+                      ParseConfig(o.config_json, {.dp_world_size = o.dp_world_size}));
+  plan.config = loaded.config;
+  plan.dtype = plan.config.fp16.enabled   ? DType::kFloat16
+               : plan.config.bf16.enabled ? DType::kBFloat16
+                                          : DType::kFloat32;
+  plan.micro_batches = static_cast<int>(plan.config.gradient_accumulation_steps);
+  plan.micro_batch_size = static_cast<int>(plan.config.train_micro_batch_size_per_gpu);
+  if (o.model == "gpt") {
+    if (o.data_path.empty()) {
+      ZO_ASSIGN_OR_RETURN(plan.text,
+                          CharDataset::FromText(SyntheticText(kSyntheticBytes, o.seed), o.seed));
+    } else {
+      ZO_ASSIGN_OR_RETURN(plan.text, CharDataset::FromFile(o.data_path, o.seed));
+    }
+    model::GptConfig gpt = o.gpt;
+    gpt.vocab = plan.text->vocab().size();
+    ZO_ASSIGN_OR_RETURN(plan.model, model::MakeGpt(gpt));
+  } else {
+    ZO_ASSIGN_OR_RETURN(plan.model, model::MakeMlp(o.mlp, plan.dtype));
+  }
+  std::vector<model::LayerWeightInfo> infos;
+  for (const auto& layer : plan.model.layers) {
+    infos.push_back({layer->type(), layer->param_count()});
+  }
+  ZO_ASSIGN_OR_RETURN(plan.bounds, model::PartitionLayers(infos, o.pipeline_stages * o.virtual_chunks,
+                                                          o.partition_method));
+  ZO_ASSIGN_OR_RETURN(plan.programs, Programs(o, plan.micro_batches));
+  return plan;
+}
+
+void PrintPlan(const TrainOptions& o, const Plan& plan) {
+  std::fprintf(o.out, "zo-train: %s\n", plan.model.Describe().c_str());
+  const std::string servers = o.servers.empty()
+                                  ? "embedded offload server"
+                                  : absl::StrCat(o.servers.size(), " offload server(s)");
+  std::fprintf(o.out,
+               "zo-train: %s, %d micro-batches of %d per step, %d pipeline stage%s (%s, %s), "
+               "%s\n",
+               std::string(DTypeName(plan.dtype)).c_str(), plan.micro_batches,
+               plan.micro_batch_size, o.pipeline_stages, o.pipeline_stages == 1 ? "" : "s",
+               o.schedule.c_str(), o.partition_method.c_str(), servers.c_str());
+  for (int v = 0; v + 1 < static_cast<int>(plan.bounds.size()); ++v) {
+    int64_t params = 0;
+    for (int j = plan.bounds[v]; j < plan.bounds[v + 1]; ++j) {
+      params += plan.model.layers[j]->param_count();
+    }
+    const std::string chunk =
+        o.virtual_chunks > 1 ? absl::StrCat(" chunk ", v / o.pipeline_stages) : "";
+    std::fprintf(o.out, "zo-train:   stage %d%s: layers %s .. %s (%lld parameters)\n",
+                 v % o.pipeline_stages, chunk.c_str(),
+                 plan.model.layers[plan.bounds[v]]->name().c_str(),
+                 plan.model.layers[plan.bounds[v + 1] - 1]->name().c_str(),
+                 static_cast<long long>(params));
+  }
+}
+
+// Opens stage `stage`'s client (and, for a job that has trained, a resend
+// client for the step this worker may have died in), link and module.
+absl::StatusOr<LocalStage> OpenStage(const TrainOptions& o, Plan& plan,
+                                     backend::Backend& backend, model::BatchSource& source,
+                                     int stage) {
+  const std::vector<TensorSpec> manifest = plan.model.Manifest(plan.dtype);
+  ClientOptions options;
+  options.job = o.job;
+  options.servers = o.servers;
+  options.channels = o.channels;
+  options.auth_token = o.auth_token;
+  options.tls_root_certs = o.tls_root_certs;
+  options.dp_rank = o.dp_rank;
+  options.dp_world_size = o.dp_world_size;
+  LocalStage ls;
+  ls.stage = stage;
+  ZO_ASSIGN_OR_RETURN(ls.client, OffloadClient::Open(options, o.config_json, manifest));
+  if (ls.client->version() > 0) {
+    // The servers may hold part of step version + 1 from this rank.
+    options.resend = true;
+    ZO_ASSIGN_OR_RETURN(ls.resend_client, OffloadClient::Open(options, o.config_json, manifest));
+  }
+  ls.link = std::make_unique<OffloadLink>(
+      ls.resend_client ? ls.resend_client.get() : ls.client.get(), backend, manifest, plan.dtype);
+  const model::StageOptions stage_options{.stage = stage,
+                                          .stages = o.pipeline_stages,
+                                          .chunks = o.virtual_chunks,
+                                          .micro_batches = plan.micro_batches,
+                                          .dtype = plan.dtype,
+                                          .checkpoint_every = o.activation_checkpoint_every};
+  ZO_ASSIGN_OR_RETURN(ls.module, model::ModelStage::Create(backend, plan.model, plan.bounds,
+                                                            stage_options, source, *ls.link));
+  ZO_RETURN_IF_ERROR(ls.link->InitializeIfFresh(ls.module->params(), o.seed));
+  return ls;
+}
+
+// Runs one step on every local stage (threads when there are several) and
+// reports the slowest stage's time in each part of the step.
+absl::StatusOr<StepReport> RunStep(std::vector<LocalStage>& local,
+                                   pipeline::InProcessFabric* fabric, int64_t step) {
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<absl::StatusOr<pipeline::StepTimes>> times(local.size());
+  if (local.size() == 1) {
+    times[0] = local[0].executor->RunStep(step);
+  } else {
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < local.size(); ++i) {
+      threads.emplace_back([&, i] {
+        times[i] = local[i].executor->RunStep(step);
+        // One failed stage must not leave its neighbours waiting.
+        if (!times[i].ok()) fabric->Abort(times[i].status());
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  StepReport report;
+  report.step = step;
+  report.step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (auto& t : times) {
+    if (!t.ok()) return t.status();
+    report.compute_s = std::max(report.compute_s, t->compute_s);
+    report.push_s = std::max(report.push_s, t->push_s);
+    report.wait_s = std::max(report.wait_s, t->pull_s);
+    report.transfer_s = std::max(report.transfer_s, t->transfer_s);
+  }
+  report.loss_scale = local.front().link->LossScale(step);
+  for (LocalStage& ls : local) {
+    if (ls.module->has_loss()) report.loss = ls.module->step_loss();
+  }
+  return report;
+}
+
+absl::StatusOr<int64_t> ObserveJob(OffloadClient& client, StepOutcomes& outcomes) {
+  ZO_ASSIGN_OR_RETURN(v1::JobStatus status, client.JobStatus());
+  outcomes.Observe(status.version(), status.applied_steps(), status.last_skipped(),
+                   status.last_grad_norm(), status.last_lr());
+  return status.version();
+}
+
 }  // namespace
 
 absl::Status Train(const TrainOptions& o) {
   ZO_RETURN_IF_ERROR(CheckOptions(o));
-  ZO_ASSIGN_OR_RETURN(LoadedConfig loaded,
-                      ParseConfig(o.config_json, {.dp_world_size = o.dp_world_size}));
-  const Config& config = loaded.config;
-  const DType dtype = config.fp16.enabled   ? DType::kFloat16
-                      : config.bf16.enabled ? DType::kBFloat16
-                                            : DType::kFloat32;
-  const int micro_batches = static_cast<int>(config.gradient_accumulation_steps);
-  const int micro_batch_size = static_cast<int>(config.train_micro_batch_size_per_gpu);
-
-  // Data and model.
-  std::optional<CharDataset> text;
-  model::Model model;
-  if (o.model == "gpt") {
-    if (o.data_path.empty()) {
-      ZO_ASSIGN_OR_RETURN(text, CharDataset::FromText(SyntheticText(kSyntheticBytes, o.seed), o.seed));
-    } else {
-      ZO_ASSIGN_OR_RETURN(text, CharDataset::FromFile(o.data_path, o.seed));
-    }
-    model::GptConfig gpt = o.gpt;
-    gpt.vocab = text->vocab().size();
-    ZO_ASSIGN_OR_RETURN(model, model::MakeGpt(gpt));
-  } else {
-    ZO_ASSIGN_OR_RETURN(model, model::MakeMlp(o.mlp, dtype));
-  }
-  const int virtual_stages = o.pipeline_stages * o.virtual_chunks;
-  std::vector<model::LayerWeightInfo> infos;
-  for (const auto& layer : model.layers) infos.push_back({layer->type(), layer->param_count()});
-  ZO_ASSIGN_OR_RETURN(std::vector<int> bounds,
-                      model::PartitionLayers(infos, virtual_stages, o.partition_method));
-  ZO_ASSIGN_OR_RETURN(std::vector<pipeline::StageProgram> programs, Programs(o, micro_batches));
-
-  std::fprintf(o.out, "zo-train: %s\n", model.Describe().c_str());
-  std::fprintf(o.out,
-               "zo-train: %s, %d micro-batches of %d per step, %d pipeline stage%s (%s, %s), "
-               "%s\n",
-               std::string(DTypeName(dtype)).c_str(), micro_batches, micro_batch_size,
-               o.pipeline_stages, o.pipeline_stages == 1 ? "" : "s", o.schedule.c_str(),
-               o.partition_method.c_str(),
-               o.servers.empty() ? "embedded offload server"
-                                 : absl::StrCat(o.servers.size(), " offload server(s)").c_str());
-  for (int v = 0; v < virtual_stages; ++v) {
-    int64_t params = 0;
-    for (int j = bounds[v]; j < bounds[v + 1]; ++j) params += model.layers[j]->param_count();
-    std::fprintf(o.out, "zo-train:   stage %d%s: layers %s .. %s (%lld parameters)\n",
-                 v % o.pipeline_stages,
-                 o.virtual_chunks > 1 ? absl::StrCat(" chunk ", v / o.pipeline_stages).c_str() : "",
-                 model.layers[bounds[v]]->name().c_str(),
-                 model.layers[bounds[v + 1] - 1]->name().c_str(), static_cast<long long>(params));
-  }
+  ZO_ASSIGN_OR_RETURN(Plan plan, MakePlan(o));
+  PrintPlan(o, plan);
 
   // Stages as threads share the cores: OpenBLAS threads per stage times
   // stages should not exceed them.
-  const int threads_here = o.stage < 0 ? o.pipeline_stages : 1;
+  const int stages_here = o.stage < 0 ? o.pipeline_stages : 1;
   int blas_threads = o.blas_threads;
-  if (blas_threads == 0 && threads_here > 1) {
-    blas_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / threads_here);
+  if (blas_threads == 0 && stages_here > 1) {
+    blas_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / stages_here);
   }
   std::unique_ptr<backend::Backend> backend =
       backend::MakeCpuBackend({.blas_threads = blas_threads});
   std::unique_ptr<model::BatchSource> source;
-  if (text) {
-    source = std::make_unique<TextBatchSource>(*text, micro_batch_size, o.gpt.block_size,
-                                               micro_batches, o.dp_rank, o.dp_world_size);
+  if (plan.text) {
+    source = std::make_unique<TextBatchSource>(*plan.text, plan.micro_batch_size,
+                                               o.gpt.block_size, plan.micro_batches, o.dp_rank,
+                                               o.dp_world_size);
   } else {
-    source = std::make_unique<MlpBatchSource>(o.mlp, o.seed, micro_batch_size, o.dp_rank);
+    source = std::make_unique<MlpBatchSource>(o.mlp, o.seed, plan.micro_batch_size, o.dp_rank);
   }
 
   // One client per local stage: each pulls and pushes only its own tensors.
-  const std::vector<TensorSpec> manifest = model.Manifest(dtype);
-  ClientOptions client_options;
-  client_options.job = o.job;
-  client_options.servers = o.servers;
-  client_options.channels = o.channels;
-  client_options.auth_token = o.auth_token;
-  client_options.tls_root_certs = o.tls_root_certs;
-  client_options.dp_rank = o.dp_rank;
-  client_options.dp_world_size = o.dp_world_size;
-  std::vector<int> local_ids;
-  if (o.stage >= 0) {
-    local_ids = {o.stage};
-  } else {
-    for (int s = 0; s < o.pipeline_stages; ++s) local_ids.push_back(s);
+  std::vector<LocalStage> local;
+  for (int s = 0; s < o.pipeline_stages; ++s) {
+    if (o.stage >= 0 && s != o.stage) continue;
+    ZO_ASSIGN_OR_RETURN(LocalStage ls, OpenStage(o, plan, *backend, *source, s));
+    local.push_back(std::move(ls));
   }
-  std::vector<LocalStage> local(local_ids.size());
-  int64_t version = 0;
-  for (size_t i = 0; i < local.size(); ++i) {
-    LocalStage& ls = local[i];
-    ls.stage = local_ids[i];
-    ZO_ASSIGN_OR_RETURN(ls.client, OffloadClient::Open(client_options, o.config_json, manifest));
-    version = ls.client->version();
-    if (version > 0) {
-      // A job that has trained: this worker may have died inside step
-      // version + 1, so the servers may hold part of it from this rank.
-      ClientOptions resend = client_options;
-      resend.resend = true;
-      ZO_ASSIGN_OR_RETURN(ls.resend_client, OffloadClient::Open(resend, o.config_json, manifest));
-    }
-    ls.link = std::make_unique<OffloadLink>(
-        ls.resend_client ? ls.resend_client.get() : ls.client.get(), *backend, manifest, dtype);
-    model::StageOptions stage_options{.stage = ls.stage,
-                                      .stages = o.pipeline_stages,
-                                      .chunks = o.virtual_chunks,
-                                      .micro_batches = micro_batches,
-                                      .dtype = dtype,
-                                      .checkpoint_every = o.activation_checkpoint_every};
-    ZO_ASSIGN_OR_RETURN(ls.module, model::ModelStage::Create(*backend, model, bounds,
-                                                              stage_options, *source, *ls.link));
-    ZO_RETURN_IF_ERROR(ls.link->InitializeIfFresh(ls.module->params(), o.seed));
-  }
+  const int64_t version = local.front().client->version();
   if (version >= o.steps) {
     std::fprintf(o.out, "zo-train: job '%s' is at step %lld already (--steps %lld): nothing to do\n",
                  o.job.c_str(), static_cast<long long>(version), static_cast<long long>(o.steps));
@@ -221,66 +292,30 @@ absl::Status Train(const TrainOptions& o) {
   } else {
     std::fprintf(o.out, "zo-train: connecting to the other pipeline stages (%s)\n",
                  absl::StrJoin(o.stage_addresses, ", ").c_str());
-    ZO_ASSIGN_OR_RETURN(tcp, pipeline::TcpTransport::Connect(
-                                 {.stage = o.stage,
-                                  .stages = o.pipeline_stages,
-                                  .addresses = o.stage_addresses,
-                                  .job = o.job},
-                                 *backend));
+    ZO_ASSIGN_OR_RETURN(tcp, pipeline::TcpTransport::Connect({.stage = o.stage,
+                                                              .stages = o.pipeline_stages,
+                                                              .addresses = o.stage_addresses,
+                                                              .job = o.job},
+                                                             *backend));
   }
   for (LocalStage& ls : local) {
     pipeline::Transport& transport =
         fabric ? fabric->ForStage(ls.stage) : static_cast<pipeline::Transport&>(*tcp);
     ls.executor = std::make_unique<pipeline::Executor>(ls.stage, o.pipeline_stages,
-                                                       o.virtual_chunks, programs[ls.stage],
+                                                       o.virtual_chunks, plan.programs[ls.stage],
                                                        *ls.module, transport);
   }
 
-  const int64_t first_step = version + 1;
-  ZO_ASSIGN_OR_RETURN(Progress progress,
-                      Progress::Open(o.out, first_step, o.steps, config.steps_per_print,
-                                     o.metrics_out));
+  ZO_ASSIGN_OR_RETURN(Progress progress, Progress::Open(o.out, version + 1, o.steps,
+                                                        plan.config.steps_per_print,
+                                                        o.metrics_out));
   StepOutcomes outcomes;
-  model::ModelStage* loss_stage = nullptr;
-  for (LocalStage& ls : local) {
-    if (ls.module->has_loss()) loss_stage = ls.module.get();
-  }
+  OffloadClient& status_client = *local.front().client;
   const bool checkpoints_here = local.front().stage == 0 && o.dp_rank == 0;
-
-  for (int64_t step = first_step; step <= o.steps; ++step) {
-    const auto start = std::chrono::steady_clock::now();
-    std::vector<absl::StatusOr<pipeline::StepTimes>> times(local.size());
-    if (local.size() == 1) {
-      times[0] = local[0].executor->RunStep(step);
-    } else {
-      std::vector<std::thread> threads;
-      for (size_t i = 0; i < local.size(); ++i) {
-        threads.emplace_back([&, i] {
-          times[i] = local[i].executor->RunStep(step);
-          // One failed stage must not leave its neighbours waiting.
-          if (!times[i].ok()) fabric->Abort(times[i].status());
-        });
-      }
-      for (auto& t : threads) t.join();
-    }
-    for (auto& t : times) {
-      if (!t.ok()) return t.status();
-    }
-    StepReport report;
-    report.step = step;
-    report.step_s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    for (auto& t : times) {
-      report.compute_s = std::max(report.compute_s, t->compute_s);
-      report.push_s = std::max(report.push_s, t->push_s);
-      report.wait_s = std::max(report.wait_s, t->pull_s);
-      report.transfer_s = std::max(report.transfer_s, t->transfer_s);
-    }
-    report.loss_scale = local.front().link->LossScale(step);
-    if (loss_stage != nullptr) report.loss = loss_stage->step_loss();
-    report.samples = int64_t{micro_batches} * micro_batch_size;
-    if (text) report.tokens = report.samples * o.gpt.block_size;
-
+  for (int64_t step = version + 1; step <= o.steps; ++step) {
+    ZO_ASSIGN_OR_RETURN(StepReport report, RunStep(local, fabric.get(), step));
+    report.samples = int64_t{plan.micro_batches} * plan.micro_batch_size;
+    if (plan.text) report.tokens = report.samples * o.gpt.block_size;
     if (local.front().resend_client) {
       // The step the worker may have died in is done: back to strict pushes.
       for (LocalStage& ls : local) {
@@ -288,12 +323,10 @@ absl::Status Train(const TrainOptions& o) {
         ls.resend_client.reset();
       }
     }
-    ZO_ASSIGN_OR_RETURN(v1::JobStatus status, local.front().client->JobStatus());
-    outcomes.Observe(status.version(), status.applied_steps(), status.last_skipped(),
-                     status.last_grad_norm(), status.last_lr());
+    ZO_RETURN_IF_ERROR(ObserveJob(status_client, outcomes).status());
     ZO_RETURN_IF_ERROR(progress.Step(report, outcomes));
     if (checkpoints_here && o.checkpoint_every > 0 && step % o.checkpoint_every == 0) {
-      ZO_ASSIGN_OR_RETURN(std::string path, local.front().client->Checkpoint());
+      ZO_ASSIGN_OR_RETURN(std::string path, status_client.Checkpoint());
       progress.Note(absl::StrCat("zo-train: checkpoint written: ", path));
     }
   }
@@ -301,10 +334,8 @@ absl::Status Train(const TrainOptions& o) {
   // so every step's outcome is known.
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
   for (;;) {
-    ZO_ASSIGN_OR_RETURN(v1::JobStatus status, local.front().client->JobStatus());
-    outcomes.Observe(status.version(), status.applied_steps(), status.last_skipped(),
-                     status.last_grad_norm(), status.last_lr());
-    if (status.version() >= o.steps || absl::Now() > deadline) break;
+    ZO_ASSIGN_OR_RETURN(int64_t now, ObserveJob(status_client, outcomes));
+    if (now >= o.steps || absl::Now() > deadline) break;
     absl::SleepFor(absl::Milliseconds(5));
   }
   return progress.Finish(outcomes);
