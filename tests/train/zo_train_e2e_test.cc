@@ -276,6 +276,14 @@ TEST(ZoTrainE2eTest, KilledWorkerRestartsFromTheServersVersion) {
   }
   EXPECT_EQ(lines.back().step, kSteps);
   EXPECT_GE(checked, kSteps - static_cast<int>(version));
+
+  // Attaching another model to the job is refused with the server's reason.
+  std::vector<std::string> other = args("killed", dir + "/other.jsonl");
+  other.insert(other.end(), {"--n-layer", "3"});
+  auto mismatch = StartTrain(other, dir + "/other.log");
+  ASSERT_TRUE(mismatch.ok());
+  ASSERT_EQ(mismatch->Wait(60s), std::optional<int>(1)) << mismatch->ReadLog();
+  EXPECT_THAT(mismatch->ReadLog(), ::testing::HasSubstr("job killed exists with another description"));
 }
 
 TEST(ZoTrainE2eTest, BadFlagsAreNamed) {
