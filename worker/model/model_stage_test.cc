@@ -43,12 +43,14 @@ class MemoryLink final : public ParamLink {
     std::lock_guard<std::mutex> lock(mu_);
     grads_[p.name] = std::move(g);
     ++pushes_[p.name];
+    order_.push_back(p.name);
     return absl::OkStatus();
   }
   absl::Status FinishStep(int64_t) override { return absl::OkStatus(); }
 
   std::map<std::string, std::vector<float>> grads_;
   std::map<std::string, int> pushes_;
+  std::vector<std::string> order_;
 
  private:
   backend::Backend& b_;
@@ -77,6 +79,7 @@ struct RunResult {
   double loss = 0;
   std::map<std::string, std::vector<float>> grads;
   std::map<std::string, int> pushes;
+  std::vector<std::string> order;
 };
 
 // One step of GPT-lite (fp16 storage) on `stages` x `chunks` virtual stages.
@@ -120,7 +123,7 @@ RunResult RunGpt(int stages, int chunks, int micro_batches, const std::string& s
   }
   for (auto& t : threads) t.join();
   for (auto& s : status) EXPECT_TRUE(s.ok()) << s;
-  return {modules.back()->step_loss(), link.grads_, link.pushes_};
+  return {modules.back()->step_loss(), link.grads_, link.pushes_, link.order_};
 }
 
 TEST(ModelStageTest, TwoStagesComputeExactlyWhatOneStageComputes) {
@@ -143,6 +146,12 @@ TEST(ModelStageTest, EveryGradientIsPushedOnceAndIsNonZero) {
   auto model = MakeGpt({.n_layer = 4, .n_embd = 16, .n_head = 2, .block_size = 6, .vocab = 11});
   ASSERT_EQ(r.pushes.size(), model->Manifest(DType::kFloat16).size());
   for (const auto& [name, count] : r.pushes) EXPECT_EQ(count, 1) << name;
+  // Pushed layer by layer as the last backward passes them (1 stage: the
+  // head's first, the embedding's last), not all at the end of the step.
+  const RunResult one = RunGpt(1, 1, 2, "1f1b", 0);
+  ASSERT_FALSE(one.order.empty());
+  EXPECT_EQ(one.order.front(), "lm_head.weight");
+  EXPECT_EQ(one.order.back(), "embed.wpe");
   for (const auto& [name, g] : r.grads) {
     double norm = 0;
     for (float x : g) norm += double{x} * x;
