@@ -144,7 +144,7 @@ GradientPieceView ViewOf(const v1::GradientPiece& piece) {
 }
 
 void AccumulateSegments(absl::Span<const absl::Span<const char>> data, DType dtype, size_t first,
-                        size_t n, float* acc) {
+                        size_t n, float* acc, bool overwrite) {
   const size_t elem = DTypeSize(dtype);
   size_t byte = first * elem;  // position in the concatenated payload
   const size_t end = (first + n) * elem;
@@ -155,8 +155,7 @@ void AccumulateSegments(absl::Span<const absl::Span<const char>> data, DType dty
     const size_t in_seg = byte - seg_begin;
     const size_t whole = std::min(data[seg].size() - in_seg, end - byte) / elem;
     if (whole > 0) {
-      AccumulateGradient({data[seg].data() + in_seg, dtype}, acc, whole, /*overwrite=*/false,
-                         nullptr);
+      AccumulateGradient({data[seg].data() + in_seg, dtype}, acc, whole, overwrite, nullptr);
       acc += whole;
       byte += whole * elem;
       continue;
@@ -167,7 +166,7 @@ void AccumulateSegments(absl::Span<const absl::Span<const char>> data, DType dty
       while (byte >= seg_begin + data[seg].size()) seg_begin += data[seg++].size();
       element[k] = data[seg][byte - seg_begin];
     }
-    AccumulateGradient({element, dtype}, acc, 1, /*overwrite=*/false, nullptr);
+    AccumulateGradient({element, dtype}, acc, 1, overwrite, nullptr);
     ++acc;
   }
 }

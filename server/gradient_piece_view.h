@@ -41,11 +41,11 @@ absl::Status ParseGradientPiece(const grpc::ByteBuffer& buffer, std::vector<grpc
 // into `piece`.
 GradientPieceView ViewOf(const v1::GradientPiece& piece);
 
-// acc[k] += element (first + k) of `data` for k in [0, n), elements of
-// `dtype` stored back to back across the segments (an element may straddle
-// two). Requires (first + n) elements to be present.
+// acc[k] += element (first + k) of `data` for k in [0, n) (acc[k] = ... when
+// `overwrite`), elements of `dtype` stored back to back across the segments
+// (an element may straddle two). Requires (first + n) elements to be present.
 void AccumulateSegments(absl::Span<const absl::Span<const char>> data, DType dtype, size_t first,
-                        size_t n, float* acc);
+                        size_t n, float* acc, bool overwrite = false);
 
 }  // namespace zo
 

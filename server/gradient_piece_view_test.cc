@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "common/bf16.h"
 #include "common/convert.h"
 #include "common/fp16.h"
 #include "common/testing/status_matchers.h"
@@ -90,8 +91,9 @@ TEST(GradientPieceViewTest, TruncatedOrGarbageBytesAreRejected) {
 }
 
 // Accumulating from any segmentation, elements split across segments
-// included, gives what accumulating from one contiguous array gives.
-TEST(GradientPieceViewTest, AccumulateSegmentsMatchesTheContiguousKernel) {
+// included, gives the element-wise sum (or the values, overwriting) computed
+// with the scalar conversions.
+TEST(GradientPieceViewTest, AccumulateSegmentsAddsOrStoresEveryElement) {
   std::mt19937 rng(9);
   for (DType dtype : {DType::kFloat16, DType::kBFloat16, DType::kFloat32}) {
     const size_t elem = DTypeSize(dtype);
@@ -116,10 +118,20 @@ TEST(GradientPieceViewTest, AccumulateSegmentsMatchesTheContiguousKernel) {
       }
       const size_t first = rng() % n;
       const size_t count = rng() % (n - first + 1);
-      std::vector<float> got(count, 0.5f), want(count, 0.5f);
-      AccumulateSegments(segments, dtype, first, count, got.data());
-      AccumulateGradient({bytes.data() + first * elem, dtype}, want.data(), count, false, nullptr);
-      ASSERT_EQ(got, want) << DTypeName(dtype) << " round " << round;
+      // Adding (dp ranks summed) and storing (one rank: no read of the old value).
+      for (bool overwrite : {false, true}) {
+        std::vector<float> got(count, 0.5f), want(count, 0.5f);
+        AccumulateSegments(segments, dtype, first, count, got.data(), overwrite);
+        const auto* bits = reinterpret_cast<const uint16_t*>(bytes.data());
+        for (size_t k = 0; k < count; ++k) {
+          const float g = dtype == DType::kFloat16    ? HalfBitsToFloat(bits[first + k])
+                          : dtype == DType::kBFloat16 ? Bf16BitsToFloat(bits[first + k])
+                                                      : values[first + k];
+          want[k] = overwrite ? g : want[k] + g;
+        }
+        ASSERT_EQ(got, want) << DTypeName(dtype) << " round " << round << " overwrite "
+                             << overwrite;
+      }
     }
   }
 }

@@ -257,7 +257,7 @@ absl::Status Job::PushGradient(const GradientPieceView& piece, absl::Time deadli
     float* acc = accum_.as<float>() + c.local_offset;
     for (const FlatRange& g : gaps) {
       AccumulateSegments(piece.data, spec_.dtype, static_cast<size_t>(g.begin - piece.offset),
-                         static_cast<size_t>(g.size()), acc + g.begin);
+                         static_cast<size_t>(g.size()), acc + g.begin, StoresGradients());
     }
   }
   {
@@ -528,8 +528,10 @@ absl::Status Job::Apply(const v1::StepCommit& commit) {
 
 size_t Job::ReleaseChunks(size_t next, size_t end_chunk, int64_t step) {
   if (next >= end_chunk) return next;
-  ZeroAccumulator(chunks_[next].local_offset,
-                  chunks_[end_chunk - 1].local_offset + chunks_[end_chunk - 1].elems);
+  if (!StoresGradients()) {
+    ZeroAccumulator(chunks_[next].local_offset,
+                    chunks_[end_chunk - 1].local_offset + chunks_[end_chunk - 1].elems);
+  }
   {
     std::lock_guard lock(mu_);
     for (size_t i = next; i < end_chunk; ++i) {

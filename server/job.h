@@ -122,12 +122,16 @@ class Job {
   v1::StepStats ComputeStepStats(int64_t step, int64_t generation);
   absl::Status Apply(const v1::StepCommit& commit);
   // Chunks [next, end_chunk) are done with step `step`: zero their
-  // accumulators and let step + 1's gradients in (DESIGN.md: no second
+  // accumulators (unless StoresGradients) and let step + 1's gradients in (DESIGN.md: no second
   // gradient buffer, pushes of t+1 into a chunk as soon as its update for t
   // is done). Returns the new `next`.
   size_t ReleaseChunks(size_t next, size_t end_chunk, int64_t step);
   // Zeroes accumulator elements [begin, end) (local indices), threaded.
   void ZeroAccumulator(int64_t begin, int64_t end);
+  // With one dp rank every element arrives exactly once per step (chunk
+  // coverage), so a push stores instead of adding: no read of the
+  // accumulator while receiving, and no zeroing between steps.
+  bool StoresGradients() const { return spec_.dp_world_size == 1; }
   // Retries `call` until it succeeds or the step is aborted; false when aborted.
   bool RetryUntilAborted(int64_t generation, const char* what,
                          const std::function<absl::Status()>& call);
