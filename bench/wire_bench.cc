@@ -316,8 +316,10 @@ absl::StatusOr<double> WaitForVersion(OffloadClient& client, int64_t step) {
 
 absl::StatusOr<WireResult> Measure(const WireBenchOptions& o, const ServerChild& child) {
   const int64_t elems = o.bytes / 2;
-  const std::vector<uint16_t> grad = MakeGradient(elems);
-  const auto data = absl::MakeConstSpan(reinterpret_cast<const std::byte*>(grad.data()),
+  // Shared, so PushShared sends it in place, as a worker hands over its
+  // staging buffer.
+  const auto grad = std::make_shared<const std::vector<uint16_t>>(MakeGradient(elems));
+  const auto data = absl::MakeConstSpan(reinterpret_cast<const std::byte*>(grad->data()),
                                         static_cast<size_t>(o.bytes));
   ClientOptions options;
   options.job = "wire";
@@ -336,7 +338,7 @@ absl::StatusOr<WireResult> Measure(const WireBenchOptions& o, const ServerChild&
   auto grpc_round = [&]() -> absl::StatusOr<Transfer> {
     ++step;
     ZO_ASSIGN_OR_RETURN(Transfer t, TimeTransfer(child.pid(), [&]() -> absl::Status {
-                          ZO_RETURN_IF_ERROR(client->Push(step, 0, data));
+                          ZO_RETURN_IF_ERROR(client->PushShared(step, 0, grad, data));
                           return client->FinishStep(step);
                         }));
     ZO_ASSIGN_OR_RETURN(double step_s, WaitForVersion(*client, step));
@@ -413,7 +415,8 @@ void Print(const WireBenchOptions& o, const WireResult& r, std::ostream& out) {
   out << absl::StrFormat(
       "\nwire: %s of fp16 gradients per round from this process to a child process over "
       "127.0.0.1\n"
-      "  grpc = OffloadClient Push of one tensor (%d elements, chunks of %d) in pieces of %d "
+      "  grpc = OffloadClient PushShared (no client copy) of one tensor (%d elements, chunks of "
+      "%d) in pieces of %d "
       "bytes,\n         %d bytes in flight, until FinishStep has every piece acknowledged by "
       "the OffloadServer\n"
       "  tcp  = the same bytes in send() calls of %d bytes on one connection, until the sink "

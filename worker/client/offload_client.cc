@@ -97,8 +97,11 @@ struct OffloadClient::Impl {
   }
   // The error of an earlier push of `step`, if one failed. Requires mu.
   absl::Status StepErrorLocked(int64_t step) const;
+  // `owner` null: the bytes are copied; otherwise they are sent in place.
   absl::Status PushRange(int64_t step, int tensor, int64_t offset,
-                         absl::Span<const std::byte> data);
+                         absl::Span<const std::byte> data, std::shared_ptr<const void> owner);
+  // Push's check that `data` is the whole tensor.
+  absl::Status CheckWholeTensor(int tensor, size_t bytes) const;
   absl::Status FinishStep(int64_t step);
   absl::Status InitParams(int tensor, absl::Span<const float> values);
   // One server's part of InitParams, retried (a range sent again overwrites).
@@ -190,7 +193,8 @@ absl::Status OffloadClient::Impl::StepErrorLocked(int64_t step) const {
 }
 
 absl::Status OffloadClient::Impl::PushRange(int64_t step, int tensor, int64_t offset,
-                                            absl::Span<const std::byte> data) {
+                                            absl::Span<const std::byte> data,
+                                            std::shared_ptr<const void> owner) {
   if (step < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot push step ", step, ": steps are numbered from 1"));
@@ -226,7 +230,7 @@ absl::Status OffloadClient::Impl::PushRange(int64_t step, int tensor, int64_t of
     header.set_dtype(client_internal::ToProto(dtype));
     header.set_resend(options.resend);
     client_internal::EncodedPiece piece = client_internal::EncodeGradientPiece(
-        header, data.data() + p.byte_begin, static_cast<size_t>(piece_bytes));
+        header, data.data() + p.byte_begin, static_cast<size_t>(piece_bytes), owner);
 
     // Enqueue under mu, so that FinishStep cannot take the stream away
     // between finding it and queuing on it.
@@ -466,22 +470,35 @@ absl::Status OffloadClient::InitParams(int tensor, absl::Span<const float> value
   return impl_->InitParams(tensor, values);
 }
 
-absl::Status OffloadClient::Push(int64_t step, int tensor, absl::Span<const std::byte> data) {
-  if (tensor >= 0 && tensor < static_cast<int>(impl_->map.tensors().size())) {
-    const int64_t want = impl_->map.TensorRange(tensor).size() * impl_->elem_bytes;
-    if (static_cast<int64_t>(data.size()) != want) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("pushed ", data.size(), " bytes for ", impl_->TensorLabel(tensor),
-                       ", which has ", impl_->map.TensorRange(tensor).size(), " elements of ",
-                       std::string(DTypeName(impl_->dtype)), " (", want, " bytes)"));
-    }
+absl::Status OffloadClient::Impl::CheckWholeTensor(int tensor, size_t bytes) const {
+  if (tensor < 0 || tensor >= static_cast<int>(map.tensors().size())) {
+    return absl::OkStatus();  // PushRange names the bad index
   }
-  return impl_->PushRange(step, tensor, 0, data);
+  const int64_t want = map.TensorRange(tensor).size() * elem_bytes;
+  if (static_cast<int64_t>(bytes) == want) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "pushed ", bytes, " bytes for ", TensorLabel(tensor), ", which has ",
+      map.TensorRange(tensor).size(), " elements of ", std::string(DTypeName(dtype)), " (", want,
+      " bytes)"));
+}
+
+absl::Status OffloadClient::Push(int64_t step, int tensor, absl::Span<const std::byte> data) {
+  ZO_RETURN_IF_ERROR(impl_->CheckWholeTensor(tensor, data.size()));
+  return impl_->PushRange(step, tensor, 0, data, nullptr);
+}
+
+absl::Status OffloadClient::PushShared(int64_t step, int tensor, std::shared_ptr<const void> owner,
+                                       absl::Span<const std::byte> data) {
+  if (owner == nullptr) {
+    return absl::InvalidArgumentError("PushShared needs an owner of the pushed bytes");
+  }
+  ZO_RETURN_IF_ERROR(impl_->CheckWholeTensor(tensor, data.size()));
+  return impl_->PushRange(step, tensor, 0, data, std::move(owner));
 }
 
 absl::Status OffloadClient::PushRange(int64_t step, int tensor, int64_t offset,
                                       absl::Span<const std::byte> data) {
-  return impl_->PushRange(step, tensor, offset, data);
+  return impl_->PushRange(step, tensor, offset, data, nullptr);
 }
 
 absl::Status OffloadClient::FinishStep(int64_t step) { return impl_->FinishStep(step); }

@@ -109,6 +109,12 @@ class OffloadClient {
   // tensor index; an error of an earlier push of the same step surfaces here
   // or at FinishStep.
   absl::Status Push(int64_t step, int tensor, absl::Span<const std::byte> data);
+  // Push without the copy: the pieces point into `data`, which must stay
+  // valid and unchanged while `owner` lives; the client holds a reference to
+  // `owner` until gRPC has written the last byte (a staging buffer handed
+  // over, e.g. a std::shared_ptr<std::vector<std::byte>>).
+  absl::Status PushShared(int64_t step, int tensor, std::shared_ptr<const void> owner,
+                          absl::Span<const std::byte> data);
   // The same for elements [offset, offset + data.size() / elem size) of a tensor.
   absl::Status PushRange(int64_t step, int tensor, int64_t offset,
                          absl::Span<const std::byte> data);

@@ -23,19 +23,29 @@ size_t PutVarint(uint64_t v, uint8_t* out) {
 }  // namespace
 
 EncodedPiece EncodeGradientPiece(const v1::GradientPiece& header, const std::byte* data,
-                                 size_t size) {
+                                 size_t size, std::shared_ptr<const void> owner) {
   const std::string head = header.SerializeAsString();
   uint8_t prefix[11];
   prefix[0] = kDataTag;
   const size_t prefix_len = 1 + PutVarint(size, prefix + 1);
-  grpc_slice slice = grpc_slice_malloc(head.size() + prefix_len + size);
+  const size_t copied = owner == nullptr ? size : 0;
+  grpc_slice slice = grpc_slice_malloc(head.size() + prefix_len + copied);
   uint8_t* out = GRPC_SLICE_START_PTR(slice);
   std::memcpy(out, head.data(), head.size());
   std::memcpy(out + head.size(), prefix, prefix_len);
-  if (size > 0) std::memcpy(out + head.size() + prefix_len, data, size);
-  grpc::Slice owned(slice, grpc::Slice::STEAL_REF);
+  if (copied > 0) std::memcpy(out + head.size() + prefix_len, data, copied);
+  grpc::Slice slices[2] = {grpc::Slice(slice, grpc::Slice::STEAL_REF), grpc::Slice()};
+  size_t count = 1;
+  if (owner != nullptr && size > 0) {
+    // gRPC only reads the payload; the slice API wants a non-const pointer.
+    slices[1] = grpc::Slice(
+        const_cast<std::byte*>(data), size,
+        [](void* held) { delete static_cast<std::shared_ptr<const void>*>(held); },
+        new std::shared_ptr<const void>(std::move(owner)));
+    count = 2;
+  }
   EncodedPiece piece;
-  piece.buffer = grpc::ByteBuffer(&owned, 1);
+  piece.buffer = grpc::ByteBuffer(slices, count);
   piece.payload_bytes = static_cast<int64_t>(size);
   piece.resend = header.resend();
   return piece;

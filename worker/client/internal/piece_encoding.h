@@ -1,6 +1,7 @@
 // A GradientPiece serialised straight from the caller's gradient bytes into
-// the one buffer gRPC sends: one copy on the client instead of two (into the
-// message's `bytes` field, then into gRPC's slice). The bytes on the wire are
+// the buffer gRPC sends: one copy on the client instead of two (into the
+// message's `bytes` field, then into gRPC's slice), or none when the caller
+// shares ownership of the bytes. The bytes on the wire are
 // an ordinary GradientPiece: the header fields, then `data` (field 7), which
 // protobuf accepts in any order.
 #ifndef ZO_WORKER_CLIENT_INTERNAL_PIECE_ENCODING_H_
@@ -8,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "grpcpp/support/byte_buffer.h"
 #include "proto/zo/v1/gradients.pb.h"
@@ -20,9 +22,11 @@ struct EncodedPiece {
   bool resend = false;
 };
 
-// `header` has every field but `data`.
+// `header` has every field but `data`. With an `owner`, the payload is not
+// copied: the buffer's second slice points at `data` and holds a reference
+// to `owner` until gRPC lets go of it.
 EncodedPiece EncodeGradientPiece(const v1::GradientPiece& header, const std::byte* data,
-                                 size_t size);
+                                 size_t size, std::shared_ptr<const void> owner = nullptr);
 
 }  // namespace zo::client_internal
 

@@ -1,5 +1,7 @@
 #include "worker/client/internal/piece_encoding.h"
 
+#include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -32,16 +34,41 @@ TEST(PieceEncodingTest, ParsesAsTheSameGradientPiece) {
     header.set_offset(4096);
     header.set_dtype(v1::DTYPE_BF16);
     header.set_resend(size % 2 == 1);
-    const EncodedPiece piece = EncodeGradientPiece(header, data.data(), data.size());
-    EXPECT_EQ(piece.payload_bytes, static_cast<int64_t>(size));
-    EXPECT_EQ(piece.resend, header.resend());
-
-    v1::GradientPiece parsed;
-    ASSERT_TRUE(parsed.ParseFromString(Flatten(piece.buffer))) << size;
     v1::GradientPiece expected = header;
     expected.set_data(reinterpret_cast<const char*>(data.data()), data.size());
-    EXPECT_EQ(parsed.SerializeAsString(), expected.SerializeAsString()) << size;
+    // Copied, and sent in place with the caller's buffer as a second slice.
+    auto owner = std::make_shared<int>(0);
+    for (bool shared : {false, true}) {
+      const EncodedPiece piece = EncodeGradientPiece(header, data.data(), data.size(),
+                                                     shared ? owner : nullptr);
+      EXPECT_EQ(piece.payload_bytes, static_cast<int64_t>(size));
+      EXPECT_EQ(piece.resend, header.resend());
+      v1::GradientPiece parsed;
+      ASSERT_TRUE(parsed.ParseFromString(Flatten(piece.buffer))) << size;
+      EXPECT_EQ(parsed.SerializeAsString(), expected.SerializeAsString()) << size;
+    }
   }
+}
+
+// The in-place payload points into the caller's bytes and keeps their owner
+// alive exactly as long as gRPC holds the buffer.
+TEST(PieceEncodingTest, SharedPayloadIsNotCopiedAndHoldsItsOwner) {
+  auto bytes = std::make_shared<std::vector<std::byte>>(4096, std::byte{7});
+  std::weak_ptr<std::vector<std::byte>> watch = bytes;
+  v1::GradientPiece header;
+  header.set_job("j");
+  std::optional<EncodedPiece> piece =
+      EncodeGradientPiece(header, bytes->data() + 100, 1000, bytes);
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(piece->buffer.Dump(&slices).ok());
+  ASSERT_EQ(slices.size(), 2u);
+  EXPECT_EQ(static_cast<const void*>(slices[1].begin()),
+            static_cast<const void*>(bytes->data() + 100));
+  bytes.reset();
+  EXPECT_FALSE(watch.expired());  // the piece (and the dumped slices) hold it
+  slices.clear();
+  piece.reset();
+  EXPECT_TRUE(watch.expired());
 }
 
 }  // namespace
