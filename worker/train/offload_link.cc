@@ -55,9 +55,12 @@ absl::Status OffloadLink::PushGradient(int64_t step, const model::Param& param) 
   // fp32 -> fp16 turns an overflowing gradient into inf: that is how the
   // servers see the overflow and skip the step.
   backend::Tensor low = backend_.Cast(param.grad, dtype_);
-  grad_bytes_.resize(static_cast<size_t>(low.nbytes()));
-  ZO_RETURN_IF_ERROR(backend_.Download(low, absl::MakeSpan(grad_bytes_)));
-  return client_->Push(step, index, grad_bytes_);
+  // A fresh staging buffer handed to the client: sent in place, freed when
+  // gRPC has written it.
+  auto bytes = std::make_shared<std::vector<std::byte>>(static_cast<size_t>(low.nbytes()));
+  ZO_RETURN_IF_ERROR(backend_.Download(low, absl::MakeSpan(*bytes)));
+  const absl::Span<const std::byte> view(*bytes);
+  return client_->PushShared(step, index, std::move(bytes), view);
 }
 
 absl::Status OffloadLink::FinishStep(int64_t step) { return client_->FinishStep(step); }

@@ -1,6 +1,6 @@
 // A stage's ParamLink to the offload servers: weights pulled with the
-// client's DPU policy, each final gradient cast to the job's dtype and
-// queued on the client's asynchronous push.
+// client's DPU policy, each final gradient cast to the job's dtype into a
+// staging buffer that the client's asynchronous push sends without a copy.
 #ifndef ZO_WORKER_TRAIN_OFFLOAD_LINK_H_
 #define ZO_WORKER_TRAIN_OFFLOAD_LINK_H_
 
@@ -48,7 +48,6 @@ class OffloadLink final : public model::ParamLink {
   // already delivered into them.
   std::vector<std::vector<std::byte>> weights_;
   std::vector<int> pulled_tensors_;
-  std::vector<std::byte> grad_bytes_;
 };
 
 }  // namespace zo::train
