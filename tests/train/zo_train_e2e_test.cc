@@ -161,6 +161,24 @@ TEST(ZoTrainE2eTest, EmbeddedGptLearnsFarBelowTheUnigramEntropy) {
     EXPECT_TRUE(std::filesystem::exists(dir + "/ckpt/zo-train/" + step + "/checkpoint.json"))
         << step;
   }
+
+  // A new process restores the step-75 checkpoint into its own embedded
+  // server and trains steps 76..80 exactly as the first run did.
+  const std::string resumed = dir + "/resumed.jsonl";
+  std::vector<std::string> again = args;
+  for (size_t i = 0; i + 1 < again.size(); ++i) {
+    if (again[i] == "--steps") again[i + 1] = "80";
+    if (again[i] == "--metrics-out") again[i + 1] = resumed;
+  }
+  again = Concat(again, {"--restore", dir + "/ckpt/zo-train/step-00000075"});
+  RunTrain(again, dir + "/resumed.log");
+  const std::vector<StepLine> after = ReadMetrics(resumed);
+  ASSERT_EQ(after.size(), 5u);
+  for (const StepLine& l : after) {
+    ASSERT_TRUE(l.loss.has_value());
+    EXPECT_EQ(*l.loss, *lines[l.step - 1].loss) << "step " << l.step;
+  }
+  EXPECT_EQ(after.front().step, 76);
 }
 
 TEST(ZoTrainE2eTest, TwoStageProcessesOverTcpFollowTheEmbeddedRun) {

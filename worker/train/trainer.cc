@@ -163,10 +163,7 @@ void PrintPlan(const TrainOptions& o, const Plan& plan) {
 
 // Opens stage `stage`'s client (and, for a job that has trained, a resend
 // client for the step this worker may have died in), link and module.
-absl::StatusOr<LocalStage> OpenStage(const TrainOptions& o, Plan& plan,
-                                     backend::Backend& backend, model::BatchSource& source,
-                                     int stage) {
-  const std::vector<TensorSpec> manifest = plan.model.Manifest(plan.dtype);
+ClientOptions MakeClientOptions(const TrainOptions& o) {
   ClientOptions options;
   options.job = o.job;
   options.servers = o.servers;
@@ -175,6 +172,27 @@ absl::StatusOr<LocalStage> OpenStage(const TrainOptions& o, Plan& plan,
   options.tls_root_certs = o.tls_root_certs;
   options.dp_rank = o.dp_rank;
   options.dp_world_size = o.dp_world_size;
+  return options;
+}
+
+// --restore: the job goes back to a checkpoint before any stage attaches, so
+// every stage's client starts from the restored version.
+absl::Status RestoreJob(const TrainOptions& o, const Plan& plan) {
+  ZO_ASSIGN_OR_RETURN(std::unique_ptr<OffloadClient> client,
+                      OffloadClient::Open(MakeClientOptions(o), o.config_json,
+                                          plan.model.Manifest(plan.dtype)));
+  ZO_ASSIGN_OR_RETURN(int64_t version, client->Restore(o.restore == "latest" ? "" : o.restore));
+  std::fprintf(o.out, "zo-train: restored job '%s' to version %lld from %s\n", o.job.c_str(),
+               static_cast<long long>(version),
+               o.restore == "latest" ? "its latest checkpoint" : o.restore.c_str());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LocalStage> OpenStage(const TrainOptions& o, Plan& plan,
+                                     backend::Backend& backend, model::BatchSource& source,
+                                     int stage) {
+  const std::vector<TensorSpec> manifest = plan.model.Manifest(plan.dtype);
+  ClientOptions options = MakeClientOptions(o);
   LocalStage ls;
   ls.stage = stage;
   ZO_ASSIGN_OR_RETURN(ls.client, OffloadClient::Open(options, o.config_json, manifest));
@@ -265,6 +283,7 @@ absl::Status Train(const TrainOptions& o) {
     source = std::make_unique<MlpBatchSource>(o.mlp, o.seed, plan.micro_batch_size, o.dp_rank);
   }
 
+  if (!o.restore.empty()) ZO_RETURN_IF_ERROR(RestoreJob(o, plan));
   // One client per local stage: each pulls and pushes only its own tensors.
   std::vector<LocalStage> local;
   for (int s = 0; s < o.pipeline_stages; ++s) {

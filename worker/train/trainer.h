@@ -51,6 +51,9 @@ struct TrainOptions {
 
   int64_t steps = 100;
   int64_t checkpoint_every = 0;  // steps; 0: never
+  // Before training, restore the job from a checkpoint: "latest" (the
+  // servers' newest of this job) or a checkpoint directory; empty: no.
+  std::string restore;
   std::string metrics_out;
   int blas_threads = 0;
   std::FILE* out = stdout;

@@ -61,7 +61,11 @@ ABSL_FLAG(int64_t, steps, 200, "train until the job has done this many steps");
 ABSL_FLAG(int64_t, checkpoint_every, 0,
           "ask the servers for a checkpoint every N steps (needs a checkpoint directory on the "
           "servers; --checkpoint-dir for the embedded one); 0: never");
-ABSL_FLAG(std::string, checkpoint_dir, "", "embedded server: where checkpoints go");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "embedded server: where checkpoints go and --restore looks");
+ABSL_FLAG(std::string, restore, "",
+          "before training, restore the job from a checkpoint: 'latest' (the servers' newest "
+          "for this job) or a checkpoint directory; then train on to --steps");
 ABSL_FLAG(std::string, metrics_out, "",
           "append one JSON object per step (step, loss, loss_scale, skipped, step_s, "
           "samples_per_s, ...) to this file");
@@ -163,6 +167,7 @@ absl::Status Run() {
   o.dp_world_size = absl::GetFlag(FLAGS_dp_world_size);
   o.steps = absl::GetFlag(FLAGS_steps);
   o.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  o.restore = absl::GetFlag(FLAGS_restore);
   o.metrics_out = absl::GetFlag(FLAGS_metrics_out);
   o.blas_threads = absl::GetFlag(FLAGS_blas_threads);
 
