@@ -168,8 +168,6 @@ absl::StatusOr<Tensor> ModelStage::Backward(int micro_batch, int chunk, Tensor g
 
 absl::Status ModelStage::FinishStep(int64_t step) {
   ZO_RETURN_IF_ERROR(link_.FinishStep(step));
-  step_rows_ = 0;
-  for (const auto& [mb, batch] : batches_) step_rows_ += batch.rows();
   if (has_loss()) {
     double sum = 0;
     for (const Tensor& loss : losses_) {

@@ -82,8 +82,6 @@ class ModelStage final : public pipeline::StageModule {
   // Mean loss over the micro-batches of the last finished step (unscaled);
   // meaningful only when has_loss().
   double step_loss() const { return step_loss_; }
-  // Micro-batch rows (samples or tokens) of the last finished step.
-  int64_t step_rows() const { return step_rows_; }
 
  private:
   struct Live {  // one (micro-batch, chunk) between its forward and backward
@@ -116,7 +114,6 @@ class ModelStage final : public pipeline::StageModule {
   std::map<std::pair<int, int>, Live> live_;
   std::vector<backend::Tensor> losses_;
   double step_loss_ = 0;
-  int64_t step_rows_ = 0;
 };
 
 }  // namespace zo::model
