@@ -1,13 +1,34 @@
 #include "common/command_line.h"
 
 #include <algorithm>
+#include <fstream>
+#include <sstream>
 
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 
 namespace zo {
+
+absl::StatusOr<std::string> ReadFlagFile(const std::string& flag, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("--", flag, ": cannot read ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+absl::StatusOr<std::string> ReadTokenFile(const std::string& flag, const std::string& path) {
+  absl::StatusOr<std::string> text = ReadFlagFile(flag, path);
+  if (!text.ok()) return text.status();
+  std::string token(absl::StripAsciiWhitespace(*text));
+  if (token.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", path, " is empty"));
+  }
+  return token;
+}
 
 std::vector<char*> NormalizeFlagNames(int argc, char** argv, std::vector<std::string>& storage) {
   storage.assign(argv, argv + argc);

@@ -5,7 +5,17 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+
 namespace zo {
+
+// The contents of the file named by flag --`flag` (config, PEM, token).
+// NOT_FOUND "--<flag>: cannot read <path>" when it cannot be opened.
+absl::StatusOr<std::string> ReadFlagFile(const std::string& flag, const std::string& path);
+
+// A shared-secret token file: its contents without surrounding whitespace.
+// INVALID_ARGUMENT "--<flag>: <path> is empty" when nothing is left.
+absl::StatusOr<std::string> ReadTokenFile(const std::string& flag, const std::string& path);
 
 // Users type `--auth-token-file`; absl flags are C identifiers
 // (`auth_token_file`). Returns argv with dashes in flag names turned into

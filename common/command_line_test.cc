@@ -1,5 +1,11 @@
 #include "common/command_line.h"
 
+#include <unistd.h>
+
+#include <fstream>
+
+#include "common/testing/status_matchers.h"
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -23,6 +29,24 @@ TEST(CommandLineTest, DashesInFlagNamesBecomeUnderscores) {
   EXPECT_STREQ(out[7], "-1e-3");  // a negative number, not a flag
   EXPECT_STREQ(out[9], "--not-a-flag");
   EXPECT_EQ(out[10], nullptr);
+}
+
+TEST(ReadFlagFileTest, ReadsTheFileOrNamesTheFlagAndPath) {
+  const std::string path = ::testing::TempDir() + "/zo_flag_file_" + std::to_string(getpid());
+  std::ofstream(path) << "  s3cret\n";
+  absl::StatusOr<std::string> raw = ReadFlagFile("tls-ca", path);
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  EXPECT_EQ(*raw, "  s3cret\n");
+  absl::StatusOr<std::string> token = ReadTokenFile("auth-token-file", path);
+  ASSERT_TRUE(token.ok()) << token.status();
+  EXPECT_EQ(*token, "s3cret");
+  EXPECT_THAT(ReadFlagFile("config", path + ".missing").status(),
+              testing::StatusIs(absl::StatusCode::kNotFound,
+                                ::testing::HasSubstr("--config: cannot read " + path)));
+  std::ofstream(path) << " \n\t";
+  EXPECT_THAT(ReadTokenFile("auth-token-file", path).status(),
+              testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                ::testing::HasSubstr("--auth-token-file: " + path + " is empty")));
 }
 
 }  // namespace

@@ -207,14 +207,6 @@ int RunExport() {
 
 // ------------------------------------------------------------------- RPCs ---
 
-absl::StatusOr<std::string> ReadSmallFile(const std::string& path, const char* flag) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat(flag, ": cannot read ", path));
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 // What a status or checkpoint call needs besides its request.
 struct RpcTarget {
   std::string server;
@@ -236,16 +228,12 @@ absl::StatusOr<RpcTarget> RpcTargetFromFlags() {
         absl::StrCat("--timeout must be >= 1 second, got ", target.timeout_s));
   }
   if (const std::string file = absl::GetFlag(FLAGS_auth_token_file); !file.empty()) {
-    ZO_ASSIGN_OR_RETURN(std::string token, ReadSmallFile(file, "--auth-token-file"));
-    target.token = std::string(absl::StripAsciiWhitespace(token));
-    if (target.token.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("--auth-token-file: ", file, " is empty"));
-    }
+    ZO_ASSIGN_OR_RETURN(target.token, ReadTokenFile("auth-token-file", file));
   }
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
   if (const std::string ca = absl::GetFlag(FLAGS_tls_ca); !ca.empty()) {
     grpc::SslCredentialsOptions ssl;
-    ZO_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadSmallFile(ca, "--tls-ca"));
+    ZO_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadFlagFile("tls-ca", ca));
     creds = grpc::SslCredentials(ssl);
     target.tls = true;
   }

@@ -50,14 +50,6 @@ constexpr char kUsage[] =
     "                 [--tls-cert F --tls-key F] [--tls-ca F]\n\n"
     "Stops gracefully on SIGTERM or SIGINT. Flags may be written with dashes or underscores.";
 
-absl::StatusOr<std::string> ReadFile(const std::string& flag, const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("--", flag, ": cannot read ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 int Run() {
   ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
@@ -83,18 +75,15 @@ int Run() {
   }
   options.max_message_bytes = *max_message;
   if (const std::string f = absl::GetFlag(FLAGS_auth_token_file); !f.empty()) {
-    absl::StatusOr<std::string> token = ReadFile("auth-token-file", f);
+    absl::StatusOr<std::string> token = ReadTokenFile("auth-token-file", f);
     if (!token.ok()) return fail(token.status());
-    options.auth_token = std::string(absl::StripAsciiWhitespace(*token));
-    if (options.auth_token.empty()) {
-      return fail(absl::InvalidArgumentError(absl::StrCat("--auth-token-file: ", f, " is empty")));
-    }
+    options.auth_token = *std::move(token);
   }
   for (auto [flag, name, dst] : {std::tuple{&FLAGS_tls_cert, "tls-cert", &options.tls_cert},
                                  std::tuple{&FLAGS_tls_key, "tls-key", &options.tls_key},
                                  std::tuple{&FLAGS_tls_ca, "tls-ca", &options.tls_root_certs}}) {
     if (const std::string f = absl::GetFlag(*flag); !f.empty()) {
-      absl::StatusOr<std::string> pem = ReadFile(name, f);
+      absl::StatusOr<std::string> pem = ReadFlagFile(name, f);
       if (!pem.ok()) return fail(pem.status());
       *dst = *std::move(pem);
     }

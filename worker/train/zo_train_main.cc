@@ -107,14 +107,6 @@ std::string Usage() {
       "\n\nFlags may be written with dashes or underscores.");
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& flag, const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("--", flag, ": cannot read ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 std::vector<std::string> SplitList(const std::string& text) {
   std::vector<std::string> out;
   for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
@@ -128,7 +120,7 @@ absl::Status Run() {
   if (!absl::GetFlag(FLAGS_verbose)) SetMinLogLevel(LogLevel::kWarning);
   train::TrainOptions o;
   if (std::string path = absl::GetFlag(FLAGS_config); !path.empty()) {
-    auto text = ReadFile("config", path);
+    auto text = ReadFlagFile("config", path);
     if (!text.ok()) return text.status();
     o.config_json = *text;
   } else {
@@ -154,12 +146,12 @@ absl::Status Run() {
   o.servers = SplitList(absl::GetFlag(FLAGS_servers));
   o.job = absl::GetFlag(FLAGS_job);
   if (std::string path = absl::GetFlag(FLAGS_auth_token_file); !path.empty()) {
-    auto token = ReadFile("auth-token-file", path);
+    auto token = ReadTokenFile("auth-token-file", path);
     if (!token.ok()) return token.status();
-    o.auth_token = std::string(absl::StripAsciiWhitespace(*token));
+    o.auth_token = *std::move(token);
   }
   if (std::string path = absl::GetFlag(FLAGS_tls_ca); !path.empty()) {
-    auto ca = ReadFile("tls-ca", path);
+    auto ca = ReadFlagFile("tls-ca", path);
     if (!ca.ok()) return ca.status();
     o.tls_root_certs = *ca;
   }
