@@ -27,6 +27,15 @@ TEST(EmbeddedServerTest, InProcessChannelTrainsToTheReference) {
   ASSERT_THAT(workers[0]->InitWeights(), IsOk());
   ASSERT_THAT(RunSteps(workers, 1, 20), IsOk());
   ZO_ASSERT_OK_AND_ASSIGN(const std::vector<float> x, workers[0]->PullAll(20));
+  // PullForStep says whether it wrote new weights: step 21 computes on v20,
+  // which a second call for the same step does not fetch again.
+  std::vector<std::byte> w(static_cast<size_t>(p.tensor_sizes[0]) * sizeof(float));
+  const std::vector<absl::Span<std::byte>> dst = {absl::MakeSpan(w)};
+  const std::vector<int> all = {0};
+  ZO_ASSERT_OK_AND_ASSIGN(bool fresh, workers[0]->client().PullForStep(21, all, dst));
+  EXPECT_TRUE(fresh);
+  ZO_ASSERT_OK_AND_ASSIGN(bool again, workers[0]->client().PullForStep(21, all, dst));
+  EXPECT_FALSE(again);
   Reference ref(p, {.lr_min = 0.01, .lr_max = 0.01, .clipping = 0.5});
   for (int s = 1; s <= 20; ++s) ref.Step(s, false, 1.0);
   for (int i = 0; i < p.n; ++i) {

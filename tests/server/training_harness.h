@@ -110,7 +110,7 @@ class Worker {
     }
     std::vector<absl::Span<std::byte>> dst;
     for (auto& b : buffers_) dst.push_back(absl::MakeSpan(b));
-    ZO_RETURN_IF_ERROR(client_->PullForStep(step, tensors_, dst));
+    ZO_RETURN_IF_ERROR(client_->PullForStep(step, tensors_, dst).status());
     std::vector<float> x;
     for (auto& b : buffers_) {
       std::vector<float> part = ToFloats(dtype_, b);

@@ -509,8 +509,8 @@ absl::StatusOr<bool> OffloadClient::Pull(int64_t version, int64_t have_version,
   return impl_->Pull(version, have_version, tensors, dst);
 }
 
-absl::Status OffloadClient::PullForStep(int64_t step, absl::Span<const int> tensors,
-                                        absl::Span<const absl::Span<std::byte>> dst) {
+absl::StatusOr<bool> OffloadClient::PullForStep(int64_t step, absl::Span<const int> tensors,
+                                                absl::Span<const absl::Span<std::byte>> dst) {
   if (step < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot pull for step ", step, ": steps are numbered from 1"));
@@ -523,10 +523,10 @@ absl::Status OffloadClient::PullForStep(int64_t step, absl::Span<const int> tens
     std::lock_guard state_lock(impl_->state_mu);
     version = std::max(version, impl_->base_version);
   }
-  if (version == impl_->pulled_version) return absl::OkStatus();
-  ZO_RETURN_IF_ERROR(impl_->Pull(version, impl_->pulled_version, tensors, dst).status());
+  if (version == impl_->pulled_version) return false;
+  ZO_ASSIGN_OR_RETURN(bool changed, impl_->Pull(version, impl_->pulled_version, tensors, dst));
   impl_->pulled_version = version;
-  return absl::OkStatus();
+  return changed;
 }
 
 double OffloadClient::loss_scale() const {

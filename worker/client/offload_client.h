@@ -4,7 +4,7 @@
 //
 //   ZO_ASSIGN_OR_RETURN(auto client, OffloadClient::Open(options, config_json, manifest));
 //   for (int64_t step = client->version() + 1; ...; ++step) {
-//     ZO_RETURN_IF_ERROR(client->PullForStep(step, tensors, weights));  // DPU policy inside
+//     ZO_RETURN_IF_ERROR(client->PullForStep(step, tensors, weights).status());  // DPU inside
 //     ... forward/backward; as each gradient bucket is final:
 //     ZO_RETURN_IF_ERROR(client->Push(step, tensor, grad_bytes));       // returns once queued
 //     ZO_RETURN_IF_ERROR(client->FinishStep(step));                     // every piece acknowledged
@@ -131,10 +131,12 @@ class OffloadClient {
   absl::StatusOr<bool> Pull(int64_t version, int64_t have_version, absl::Span<const int> tensors,
                             absl::Span<const absl::Span<std::byte>> dst);
 
-  // Pulls VersionForStep(config.zo.dpu, step, base version) (common/dpu_policy.h) into dst unless dst already
-  // holds it (the client remembers the version last pulled by this method).
-  absl::Status PullForStep(int64_t step, absl::Span<const int> tensors,
-                           absl::Span<const absl::Span<std::byte>> dst);
+  // Pulls VersionForStep(config.zo.dpu, step, base version)
+  // (common/dpu_policy.h) into dst unless dst already holds its weights (the
+  // client remembers the version last pulled by this method). Returns whether
+  // dst changed, so a caller copies weights to the device only when they did.
+  absl::StatusOr<bool> PullForStep(int64_t step, absl::Span<const int> tensors,
+                                   absl::Span<const absl::Span<std::byte>> dst);
 
   // Loss scale for the step after the latest version seen (from the last
   // pull, open or status).

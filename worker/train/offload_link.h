@@ -48,6 +48,7 @@ class OffloadLink final : public model::ParamLink {
   // already delivered into them.
   std::vector<std::vector<std::byte>> weights_;
   std::vector<int> pulled_tensors_;
+  bool uploaded_ = false;  // the params hold weights_
 };
 
 }  // namespace zo::train
