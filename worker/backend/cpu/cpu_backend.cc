@@ -6,7 +6,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/convert.h"
@@ -74,20 +73,12 @@ absl::Status CpuBackend::Upload(absl::Span<const std::byte> src, Tensor& dst) {
   const size_t want = static_cast<size_t>(dst.nbytes());
   if (src.size() != want) return SizeMismatch("Upload", dst, src.size(), want);
   const size_t n = static_cast<size_t>(dst.numel());
+  // common/convert.h needs no alignment, so the wire bytes convert in place.
+  const auto* bits = reinterpret_cast<const uint16_t*>(src.data());
   switch (dst.dtype()) {
     case DType::kFloat32: std::memcpy(Data(dst), src.data(), want); break;
-    case DType::kFloat16: {
-      std::vector<uint16_t> bits(n);
-      std::memcpy(bits.data(), src.data(), want);
-      HalfToFloat(bits.data(), Data(dst), n);
-      break;
-    }
-    case DType::kBFloat16: {
-      std::vector<uint16_t> bits(n);
-      std::memcpy(bits.data(), src.data(), want);
-      Bf16ToFloat(bits.data(), Data(dst), n);
-      break;
-    }
+    case DType::kFloat16: HalfToFloat(bits, Data(dst), n); break;
+    case DType::kBFloat16: Bf16ToFloat(bits, Data(dst), n); break;
   }
   return absl::OkStatus();
 }
@@ -96,19 +87,11 @@ absl::Status CpuBackend::Download(const Tensor& src, absl::Span<std::byte> dst) 
   const size_t want = static_cast<size_t>(src.nbytes());
   if (dst.size() != want) return SizeMismatch("Download", src, dst.size(), want);
   const size_t n = static_cast<size_t>(src.numel());
+  auto* bits = reinterpret_cast<uint16_t*>(dst.data());
   switch (src.dtype()) {
     case DType::kFloat32: std::memcpy(dst.data(), Data(src), want); break;
-    case DType::kFloat16:
-    case DType::kBFloat16: {
-      std::vector<uint16_t> bits(n);
-      if (src.dtype() == DType::kFloat16) {
-        FloatToHalf(Data(src), bits.data(), n);
-      } else {
-        FloatToBf16(Data(src), bits.data(), n);
-      }
-      std::memcpy(dst.data(), bits.data(), want);
-      break;
-    }
+    case DType::kFloat16: FloatToHalf(Data(src), bits, n); break;
+    case DType::kBFloat16: FloatToBf16(Data(src), bits, n); break;
   }
   return absl::OkStatus();
 }
