@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_replace.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -24,22 +23,13 @@ using ::testing::HasSubstr;
 // The e2e tests' problem and optimizer; optimizer state in sub-groups of 100
 // elements (not a multiple of 4 KiB of state), all on NVMe (memory budget 0).
 std::string Config(const std::string& nvme_path, bool nvme, const std::string& dpu = "") {
-  std::string config = R"({
-    "train_batch_size": 2, "train_micro_batch_size_per_gpu": 1,
-    "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "betas": [0.9, 0.999], "eps": 1e-8,
-                                              "weight_decay": 0.01}},
-    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 0.01,
-                                                 "warmup_num_steps": 10, "warmup_type": "linear"}},
-    "gradient_clipping": 0.5,
-    "zero_optimization": {"sub_group_size": 100,
-                          "offload_optimizer": {"device": "DEVICE", "nvme_path": "PATH"}},
-    "zo": {"chunk_elems": 128 DPU}
-  })";
-  return absl::StrReplaceAll(config,
-                             {{"DEVICE", nvme ? "nvme" : "cpu"}, {"PATH", nvme_path}, {"DPU", dpu}});
+  return ReferenceJobConfig(absl::StrCat(R"("zero_optimization": {"sub_group_size": 100,
+                          "offload_optimizer": {"device": ")",
+                                         nvme ? "nvme" : "cpu", R"(", "nvme_path": ")", nvme_path,
+                                         R"("}}, "zo": {"chunk_elems": 128 )", dpu, "}"));
 }
 
-LeastSquares Problem() { return LeastSquares::Make({200, 333, 64}, 64, 2, 7); }
+LeastSquares Problem() { return ReferenceProblem(); }
 
 std::vector<float> Train(const std::string& config, int steps,
                          const std::vector<std::string>& server_args = {}) {

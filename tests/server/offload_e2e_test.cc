@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_replace.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -27,22 +26,12 @@ constexpr int kSteps = 50;
 // AdamW with linear warmup and clipping; 5 chunks of 128 elements over the
 // servers. clipping 0.5 is active for the first steps (initial norm ~2).
 std::string ConfigJson(const std::string& precision = "", const std::string& dpu = "") {
-  std::string config = R"({
-    "train_batch_size": 2, "train_micro_batch_size_per_gpu": 1,
-    "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "betas": [0.9, 0.999], "eps": 1e-8,
-                                              "weight_decay": 0.01}},
-    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 0.01,
-                                                 "warmup_num_steps": 10, "warmup_type": "linear"}},
-    "gradient_clipping": 0.5,
-    "steps_per_print": 10,
-    PRECISION
-    "zo": {"chunk_elems": 128 DPU}
-  })";
-  config = absl::StrReplaceAll(config, {{"PRECISION", precision}, {"DPU", dpu}});
-  return config;
+  return ReferenceJobConfig(
+      absl::StrCat(R"("steps_per_print": 10, )", precision, R"( "zo": {"chunk_elems": 128 )", dpu,
+                   "}"));
 }
 
-LeastSquares Problem() { return LeastSquares::Make({200, 333, 64}, 64, 2, 7); }
+LeastSquares Problem() { return ReferenceProblem(); }
 
 // Max over elements of |got - want| / (1 + |want|).
 double MaxRelError(const std::vector<float>& got, const std::vector<double>& want) {

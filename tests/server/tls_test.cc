@@ -31,15 +31,7 @@ using ::testing::HasSubstr;
 constexpr char kToken[] = "tls-token";
 constexpr int kSteps = 8;
 
-const std::string kConfig = R"({
-  "train_batch_size": 2, "train_micro_batch_size_per_gpu": 1,
-  "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "betas": [0.9, 0.999], "eps": 1e-8,
-                                            "weight_decay": 0.01}},
-  "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 0.01,
-                                               "warmup_num_steps": 10, "warmup_type": "linear"}},
-  "gradient_clipping": 0.5,
-  "zo": {"chunk_elems": 128}
-})";
+const std::string kConfig = ReferenceJobConfig(R"("zo": {"chunk_elems": 128})");
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

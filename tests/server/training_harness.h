@@ -163,6 +163,25 @@ inline absl::Status RunSteps(std::vector<std::unique_ptr<Worker>>& workers, int6
   return absl::OkStatus();
 }
 
+// The job config the tests' double-precision Reference follows: AdamW (lr
+// 0.01, weight decay 0.01), WarmupLR linear over 10 steps from 0, clipping
+// at 0.5, 2 dp ranks of one micro-batch. `fields` adds top-level fields
+// ("\"zo\": {...}"), comma-separated, no trailing comma.
+inline std::string ReferenceJobConfig(const std::string& fields) {
+  return absl::StrCat(R"({
+    "train_batch_size": 2, "train_micro_batch_size_per_gpu": 1,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "betas": [0.9, 0.999], "eps": 1e-8,
+                                              "weight_decay": 0.01}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 0.01,
+                                                 "warmup_num_steps": 10, "warmup_type": "linear"}},
+    "gradient_clipping": 0.5,
+    )", fields, "}");
+}
+
+// The least-squares problem of the multi-server tests: 3 tensors (597
+// elements), 64 rows per dp rank, 2 ranks.
+inline LeastSquares ReferenceProblem() { return LeastSquares::Make({200, 333, 64}, 64, 2, 7); }
+
 // An empty directory under the test temp dir, unique to this process.
 inline std::string FreshTempDir(const std::string& name) {
   const std::string dir = absl::StrCat(::testing::TempDir(), "/zo_", name, "_", getpid());
