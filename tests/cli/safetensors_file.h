@@ -9,7 +9,10 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <vector>
 
+#include "common/sharding.h"
+#include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 
 namespace zo::testing {
@@ -27,6 +30,23 @@ inline Safetensors ParseSafetensors(const std::string& path) {
   if (bytes.size() >= 8) std::memcpy(&n, bytes.data(), 8);
   if (bytes.size() < 8 + n) return {};
   return {nlohmann::json::parse(bytes.substr(8, n)), bytes.substr(8 + n)};
+}
+
+// The file holds exactly `master` (fp32, manifest order), each tensor with
+// dtype F32, its shape and its byte range.
+inline void ExpectFp32Export(const Safetensors& file, const std::vector<TensorSpec>& manifest,
+                             const std::vector<float>& master) {
+  ASSERT_EQ(file.data.size(), master.size() * 4);
+  EXPECT_EQ(std::memcmp(file.data.data(), master.data(), file.data.size()), 0);
+  int64_t begin = 0;
+  for (const TensorSpec& t : manifest) {
+    const nlohmann::json& e = file.header.at(t.name);
+    EXPECT_EQ(e.at("dtype"), "F32");
+    EXPECT_EQ(e.at("shape").get<std::vector<int64_t>>(), t.shape);
+    const int64_t end = begin + 4 * NumElements(t.shape);
+    EXPECT_EQ(e.at("data_offsets"), nlohmann::json({begin, end})) << t.name;
+    begin = end;
+  }
 }
 
 }  // namespace zo::testing

@@ -42,17 +42,7 @@ FlatState TestState(uint64_t seed) {
 }
 
 void ExpectMasterOf(const Safetensors& file, const FlatState& s) {
-  ASSERT_EQ(file.data.size(), s.master.size() * 4);
-  EXPECT_EQ(std::memcmp(file.data.data(), s.master.data(), file.data.size()), 0);
-  int64_t begin = 0;
-  for (const TensorSpec& t : s.manifest) {
-    const nlohmann::json& e = file.header.at(t.name);
-    EXPECT_EQ(e.at("dtype"), "F32");
-    EXPECT_EQ(e.at("shape").get<std::vector<int64_t>>(), t.shape);
-    const int64_t end = begin + 4 * NumElements(t.shape);
-    EXPECT_EQ(e.at("data_offsets"), nlohmann::json({begin, end})) << t.name;
-    begin = end;
-  }
+  ExpectFp32Export(file, s.manifest, s.master);
 }
 
 class ZoCtlExportTest : public ::testing::Test {

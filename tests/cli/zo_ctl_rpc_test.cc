@@ -201,17 +201,7 @@ TEST_F(ZoCtlRpcTest, CheckpointThenExportGivesThePulledWeightsBitForBit) {
   const Safetensors file = ParseSafetensors(out);
   EXPECT_EQ(file.header["__metadata__"]["zo_version"], "5");
   // fp32 job: the weights workers pull are the master weights.
-  ASSERT_EQ(file.data.size(), weights_.size() * 4);
-  EXPECT_EQ(std::memcmp(file.data.data(), weights_.data(), file.data.size()), 0);
-  int64_t begin = 0;
-  for (const TensorSpec& t : ManifestOf(problem_, DType::kFloat32)) {
-    const nlohmann::json& e = file.header.at(t.name);
-    EXPECT_EQ(e.at("dtype"), "F32");
-    EXPECT_EQ(e.at("shape").get<std::vector<int64_t>>(), t.shape);
-    const int64_t end = begin + 4 * NumElements(t.shape);
-    EXPECT_EQ(e.at("data_offsets"), nlohmann::json({begin, end})) << t.name;
-    begin = end;
-  }
+  ExpectFp32Export(file, ManifestOf(problem_, DType::kFloat32), weights_);
 }
 
 }  // namespace
