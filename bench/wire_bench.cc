@@ -29,8 +29,8 @@
 #include "common/dtype.h"
 #include "common/fp16.h"
 #include "common/logging.h"
-#include "common/sharding.h"
 #include "common/malloc_tuning.h"
+#include "common/sharding.h"
 #include "common/status_macros.h"
 #include "common/units.h"
 #include "nlohmann/json.hpp"
@@ -351,11 +351,14 @@ absl::StatusOr<WireResult> Measure(const WireBenchOptions& o, const ServerChild&
   };
 
   // Warm-up: connections, HTTP/2 windows, first touch of both sides' buffers.
-  ZO_ASSIGN_OR_RETURN(Transfer warm_grpc, grpc_round());
-  ZO_ASSIGN_OR_RETURN(Transfer warm_tcp, tcp_round());
+  for (int r = 0; r < o.warmup_rounds; ++r) {
+    ZO_ASSIGN_OR_RETURN(Transfer warm_grpc, grpc_round());
+    ZO_ASSIGN_OR_RETURN(Transfer warm_tcp, tcp_round());
+    std::cerr << absl::StrFormat("wire: warm-up %d/%d: grpc %.3f GB/s, tcp %.3f GB/s\n", r + 1,
+                                 o.warmup_rounds, o.bytes / warm_grpc.seconds / kGB,
+                                 o.bytes / warm_tcp.seconds / kGB);
+  }
   result.step_s.clear();
-  std::cerr << absl::StrFormat("wire: warm-up: grpc %.3f GB/s, tcp %.3f GB/s\n",
-                               o.bytes / warm_grpc.seconds / kGB, o.bytes / warm_tcp.seconds / kGB);
   const double mib = static_cast<double>(o.bytes) / (1 << 20);
   for (int r = 0; r < o.rounds; ++r) {
     Transfer grpc, tcp_t;
@@ -401,6 +404,7 @@ void Print(const WireBenchOptions& o, const WireResult& r, std::ostream& out) {
                               {"tcp_gb_per_s_min", tcp.min},
                               {"tcp_gb_per_s_max", tcp.max},
                               {"rounds", o.rounds},
+                              {"warmup_rounds", o.warmup_rounds},
                               {"piece_bytes", o.piece_bytes},
                               {"in_flight_bytes", o.in_flight_bytes},
                               {"chunk_elems", o.chunk_elems},
@@ -421,13 +425,13 @@ void Print(const WireBenchOptions& o, const WireResult& r, std::ostream& out) {
       "the OffloadServer\n"
       "  tcp  = the same bytes in send() calls of %d bytes on one connection, until the sink "
       "acknowledges\n"
-      "  %d rounds after one warm-up, alternating which goes first; the server's optimizer "
+      "  %d rounds after %d of warm-up, alternating which goes first; the server's optimizer "
       "step (median %.3f s)\n  runs between rounds, untimed; GB = 1e9 bytes\n"
       "  ratio = median grpc GB/s / median tcp GB/s (target >= 0.6)\n\n"
       "%-11s %-9s %10s %9s %7s   %-14s %s\n",
       FormatBytes(static_cast<double>(o.bytes)), o.bytes / 2, o.chunk_elems, o.piece_bytes,
-      o.in_flight_bytes, o.piece_bytes, o.rounds, Median(r.step_s), "bytes", "piece", "grpc GB/s",
-      "tcp GB/s", "ratio", "grpc min..max", "tcp min..max");
+      o.in_flight_bytes, o.piece_bytes, o.rounds, o.warmup_rounds, Median(r.step_s), "bytes",
+      "piece", "grpc GB/s", "tcp GB/s", "ratio", "grpc min..max", "tcp min..max");
   out << absl::StrFormat("%-11d %-9d %10.3f %9.3f %7.3f   %-14s %.3f..%.3f\n", o.bytes,
                          o.piece_bytes, grpc.median, tcp.median, ratio,
                          absl::StrFormat("%.3f..%.3f", grpc.min, grpc.max), tcp.min, tcp.max);
@@ -447,6 +451,10 @@ absl::Status ValidateWireBenchOptions(const WireBenchOptions& o) {
         absl::StrCat("--bytes must be a positive even count (fp16 elements), got ", o.bytes));
   }
   if (o.rounds < 1) return absl::InvalidArgumentError("--rounds must be at least 1");
+  if (o.warmup_rounds < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--warmup-rounds must not be negative, got ", o.warmup_rounds));
+  }
   if (o.piece_bytes < 2 || o.piece_bytes > kMaxPieceBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("--piece-bytes must be in [2, ", kMaxPieceBytes, "], got ", o.piece_bytes));

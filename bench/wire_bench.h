@@ -8,7 +8,10 @@
 // tensor of `bytes` with OffloadClient (Push, then FinishStep, which returns
 // once the server has acknowledged every piece) and, alternating which goes
 // first, sends the same bytes over one TCP connection in send() calls of
-// `piece_bytes` until the sink acknowledges them. Rounds never overlap the
+// `piece_bytes` until the sink acknowledges them. The first rounds of each
+// are warm-up, not timed: HTTP/2 windows grow over a few transfers, and the
+// server's allocator takes as many rounds to hold the bytes a grown window
+// lets in at once. Rounds never overlap the
 // server's optimizer step: each gRPC round waits for its version before the
 // next transfer starts. Each round also counts the minor page faults of both
 // processes during each transfer (per MiB moved): the cost of buffers that
@@ -27,7 +30,8 @@ namespace zo::bench {
 
 struct WireBenchOptions {
   int64_t bytes = int64_t{256} << 20;           // per round; fp16, so an even count
-  int rounds = 5;                               // timed rounds, after one warm-up
+  int rounds = 5;                               // timed rounds, after the warm-up
+  int warmup_rounds = 3;                        // untimed rounds of each before them
   int64_t piece_bytes = int64_t{1} << 20;       // GradientPiece payload; TCP write size
   int64_t in_flight_bytes = int64_t{64} << 20;  // ClientOptions::max_bytes_in_flight
   int64_t chunk_elems = int64_t{4} << 20;       // zo.chunk_elems of the job

@@ -33,6 +33,10 @@ TEST(WireBenchOptionsTest, NamesTheBadFlag) {
   EXPECT_THAT(ValidateWireBenchOptions(o),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--rounds")));
   o = WireBenchOptions();
+  o.warmup_rounds = -1;
+  EXPECT_THAT(ValidateWireBenchOptions(o),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--warmup-rounds")));
+  o = WireBenchOptions();
   o.in_flight_bytes = 0;
   EXPECT_THAT(ValidateWireBenchOptions(o),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--in-flight-bytes")));
@@ -44,6 +48,7 @@ TEST(WireBenchTest, SmallRunPrintsOneJsonLine) {
   WireBenchOptions o;
   o.bytes = int64_t{8} << 20;
   o.rounds = 1;
+  o.warmup_rounds = 1;
   o.chunk_elems = int64_t{1} << 20;  // four chunks: several pieces and chunks per push
   o.json = true;
   std::ostringstream out;

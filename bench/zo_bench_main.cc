@@ -42,8 +42,11 @@ ABSL_FLAG(int, rounds, 0,
           "warm-up, the step and the baseline once each, alternating which goes first. "
           "nvme: per direction one fio run and one zo pass, alternating which goes first; "
           "for the step part, one each of step, I/O alone and compute alone, rotating. "
-          "wire: after one warm-up, a gRPC push and a TCP stream each, alternating which goes "
-          "first (default 5)");
+          "wire: after --warmup-rounds, a gRPC push and a TCP stream each, alternating which "
+          "goes first (default 5)");
+ABSL_FLAG(int, warmup_rounds, 3,
+          "wire: untimed rounds of each transfer before the timed ones (HTTP/2 windows and "
+          "the server's buffers grow over the first few)");
 ABSL_FLAG(std::string, chunk_elems, "4Mi",
           "adam: elements per chunk the parameters are cut into, as on a server; wire: the "
           "job's zo.chunk_elems");
@@ -106,7 +109,7 @@ constexpr char kUsage[] =
     "         pushes --bytes of fp16 gradients per round to it with the client library\n"
     "         (pieces of --piece-bytes, until FinishStep's acknowledgement), vs. the same\n"
     "         bytes in --piece-bytes send() calls on one TCP connection to the sink, for\n"
-    "         --rounds rounds after a warm-up; ratio = median grpc GB/s / median tcp GB/s\n"
+    "         --rounds rounds after --warmup-rounds; ratio = median grpc GB/s / median tcp GB/s\n"
     "         (target >= 0.6). Run it on its own (it forks before starting threads).\n\n"
     "Flags may be written with dashes or underscores.";
 
@@ -217,6 +220,7 @@ absl::StatusOr<bench::WireBenchOptions> WireOptionsFromFlags() {
   ZO_ASSIGN_OR_RETURN(o.chunk_elems, ParseCount(absl::GetFlag(FLAGS_chunk_elems)));
   const int rounds = absl::GetFlag(FLAGS_rounds);
   o.rounds = rounds == 0 ? 5 : rounds;
+  o.warmup_rounds = absl::GetFlag(FLAGS_warmup_rounds);
   o.json = absl::GetFlag(FLAGS_json);
   return o;
 }
