@@ -31,7 +31,8 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
           "directory checkpoints are written to (shared by every server of a job); empty: "
           "checkpoints are refused");
 ABSL_FLAG(std::string, auth_token_file, "",
-          "file holding the shared token every call must carry (also used to call peers)");
+          "file holding the shared token every zo.v1 call must carry (also used to call peers); "
+          "the gRPC health service and reflection answer without it");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve TLS (needs --tls-key)");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls-cert");
 ABSL_FLAG(std::string, tls_ca, "", "PEM root certificates to verify peer servers with");

@@ -1,7 +1,13 @@
 // The standard services of a real zo-server process, called the way generic
 // tools (grpc_health_probe, grpcurl) call them: no generated code, the
-// protobuf bytes written and read by hand. Then a graceful SIGTERM.
+// protobuf bytes written and read by hand, and no token, although the server
+// requires one for zo.v1 (README: probes need no secret). Then a graceful
+// SIGTERM.
+#include <unistd.h>
+
 #include <cstdint>
+#include <cstdio>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -95,7 +101,9 @@ void* Tag(int tag) { return reinterpret_cast<void*>(static_cast<intptr_t>(tag));
 class HealthTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ZO_ASSERT_OK_AND_ASSIGN(server_, ServerProcess::Start({}));
+    token_file_ = absl::StrCat(::testing::TempDir(), "/zo_health_token_", getpid());
+    std::ofstream(token_file_) << "health-test-token\n";
+    ZO_ASSERT_OK_AND_ASSIGN(server_, ServerProcess::Start({"--auth-token-file", token_file_}));
     stub_ = std::make_unique<grpc::GenericStub>(
         grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
   }
@@ -105,6 +113,7 @@ class HealthTest : public ::testing::Test {
     bool ok;
     while (cq_.Next(&tag, &ok)) {
     }
+    std::remove(token_file_.c_str());
   }
 
   std::unique_ptr<grpc::ClientContext> Context() {
@@ -113,12 +122,25 @@ class HealthTest : public ::testing::Test {
     return context;
   }
 
+  std::string token_file_;
   std::optional<ServerProcess> server_;
   std::unique_ptr<grpc::GenericStub> stub_;
   grpc::CompletionQueue cq_;
 };
 
 TEST_F(HealthTest, HealthReflectionAndAGracefulStop) {
+  {  // The token is in force: zo.v1 without it is refused.
+    auto context = Context();
+    const grpc::ByteBuffer request = ToBuffer("");  // GetServerInfoRequest{}
+    auto call =
+        stub_->PrepareUnaryCall(context.get(), "/zo.v1.Offload/GetServerInfo", request, &cq_);
+    call->StartCall();
+    grpc::ByteBuffer response;
+    grpc::Status status;
+    call->Finish(&response, &status, Tag(1));
+    ASSERT_TRUE(Await(cq_, 1));
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED) << status.error_message();
+  }
   {  // grpc.health.v1.Health/Check, service "" (the server as a whole)
     auto context = Context();
     const grpc::ByteBuffer request = ToBuffer("");  // HealthCheckRequest{}
