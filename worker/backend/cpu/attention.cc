@@ -22,12 +22,15 @@ struct Dims {
   int d;  // head width, c / heads
 };
 
-Dims CheckDims(const char* op, const Tensor& qkv, int batch, int heads, const std::string& more) {
+// `more` describes the call's other tensors, for the message.
+template <typename Describe>
+Dims CheckDims(const char* op, const Tensor& qkv, int batch, int heads, Describe&& more) {
   const bool ok = qkv.rank() == 2 && batch > 0 && heads > 0 && qkv.dim(0) % batch == 0 &&
                   qkv.dim(1) % (3 * heads) == 0;
-  CheckShape(
-      ok, op,
-      absl::StrCat("qkv ", ShapeString(qkv.shape()), ", batch ", batch, ", heads ", heads, more));
+  CheckShape(ok, op, [&] {
+    return absl::StrCat("qkv ", ShapeString(qkv.shape()), ", batch ", batch, ", heads ", heads,
+                        more());
+  });
   const int t = static_cast<int>(qkv.dim(0) / batch);
   const int c = static_cast<int>(qkv.dim(1) / 3);
   return Dims{t, c, c / heads};
@@ -36,16 +39,19 @@ Dims CheckDims(const char* op, const Tensor& qkv, int batch, int heads, const st
 }  // namespace
 
 Tensor CpuBackend::Attention(const Tensor& qkv, int batch, int heads, Tensor& probs) {
-  const std::string probs_desc = absl::StrCat(", probs ", ShapeString(probs.shape()), " ",
-                                              std::string(DTypeName(probs.dtype())), ", qkv ",
-                                              std::string(DTypeName(qkv.dtype())));
+  const auto probs_desc = [&] {
+    return absl::StrCat(", probs ", ShapeString(probs.shape()), " ",
+                        std::string(DTypeName(probs.dtype())), ", qkv ",
+                        std::string(DTypeName(qkv.dtype())));
+  };
   const Dims dims = CheckDims("Attention", qkv, batch, heads, probs_desc);
   const int t = dims.t, c = dims.c, d = dims.d;
   CheckShape(probs.shape() == Shape{batch, heads, t, t} && probs.dtype() == qkv.dtype(),
-             "Attention",
-             absl::StrCat("qkv ", ShapeString(qkv.shape()), ", batch ", batch, ", heads ", heads,
-                          probs_desc, " (want probs [", batch, ", ", heads, ", ", t, ", ", t,
-                          "] in qkv's dtype)"));
+             "Attention", [&] {
+               return absl::StrCat("qkv ", ShapeString(qkv.shape()), ", batch ", batch, ", heads ",
+                                   heads, probs_desc(), " (want probs [", batch, ", ", heads, ", ",
+                                   t, ", ", t, "] in qkv's dtype)");
+             });
   Tensor y = Empty(qkv.dtype(), {qkv.dim(0), c});
   if (y.numel() == 0) return y;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
@@ -86,14 +92,16 @@ Tensor CpuBackend::Attention(const Tensor& qkv, int batch, int heads, Tensor& pr
 
 Tensor CpuBackend::AttentionBackward(const Tensor& qkv, const Tensor& probs, const Tensor& dy,
                                      int batch, int heads) {
-  const std::string more =
-      absl::StrCat(", probs ", ShapeString(probs.shape()), ", dy ", ShapeString(dy.shape()));
+  const auto more = [&] {
+    return absl::StrCat(", probs ", ShapeString(probs.shape()), ", dy ", ShapeString(dy.shape()));
+  };
   const Dims dims = CheckDims("AttentionBackward", qkv, batch, heads, more);
   const int t = dims.t, c = dims.c, d = dims.d;
-  CheckShape(
-      probs.shape() == Shape{batch, heads, t, t} && dy.shape() == Shape{qkv.dim(0), c},
-      "AttentionBackward",
-      absl::StrCat("qkv ", ShapeString(qkv.shape()), ", batch ", batch, ", heads ", heads, more));
+  CheckShape(probs.shape() == Shape{batch, heads, t, t} && dy.shape() == Shape{qkv.dim(0), c},
+             "AttentionBackward", [&] {
+               return absl::StrCat("qkv ", ShapeString(qkv.shape()), ", batch ", batch, ", heads ",
+                                   heads, more());
+             });
   Tensor dqkv = Empty(qkv.dtype(), qkv.shape());
   if (dqkv.numel() == 0) return dqkv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));

@@ -42,8 +42,7 @@ void RoundTo(DType dtype, float* values, int64_t n) {
   }
 }
 
-void CheckShape(bool ok, const char* op, const std::string& what) {
-  if (ok) return;
+void ShapeError(const char* op, const std::string& what) {
   std::fprintf(stderr, "zo cpu backend: %s: %s\n", op, what.c_str());
   std::abort();
 }
@@ -57,7 +56,8 @@ Tensor CpuBackend::Empty(DType dtype, Shape shape) {
   // 64-byte aligned so SIMD loops and OpenBLAS see whole cache lines.
   const size_t bytes = static_cast<size_t>((std::max<int64_t>(n, 1) * 4 + 63) / 64 * 64);
   std::shared_ptr<void> storage(std::aligned_alloc(64, bytes), std::free);
-  CheckShape(storage != nullptr, "Empty", absl::StrCat("out of memory allocating ", bytes, " bytes"));
+  CheckShape(storage != nullptr, "Empty",
+             [&] { return absl::StrCat("out of memory allocating ", bytes, " bytes"); });
   return Tensor(dtype, std::move(shape), std::move(storage));
 }
 
@@ -76,9 +76,15 @@ absl::Status CpuBackend::Upload(absl::Span<const std::byte> src, Tensor& dst) {
   // common/convert.h needs no alignment, so the wire bytes convert in place.
   const auto* bits = reinterpret_cast<const uint16_t*>(src.data());
   switch (dst.dtype()) {
-    case DType::kFloat32: std::memcpy(Data(dst), src.data(), want); break;
-    case DType::kFloat16: HalfToFloat(bits, Data(dst), n); break;
-    case DType::kBFloat16: Bf16ToFloat(bits, Data(dst), n); break;
+    case DType::kFloat32:
+      std::memcpy(Data(dst), src.data(), want);
+      break;
+    case DType::kFloat16:
+      HalfToFloat(bits, Data(dst), n);
+      break;
+    case DType::kBFloat16:
+      Bf16ToFloat(bits, Data(dst), n);
+      break;
   }
   return absl::OkStatus();
 }
@@ -89,9 +95,15 @@ absl::Status CpuBackend::Download(const Tensor& src, absl::Span<std::byte> dst) 
   const size_t n = static_cast<size_t>(src.numel());
   auto* bits = reinterpret_cast<uint16_t*>(dst.data());
   switch (src.dtype()) {
-    case DType::kFloat32: std::memcpy(dst.data(), Data(src), want); break;
-    case DType::kFloat16: FloatToHalf(Data(src), bits, n); break;
-    case DType::kBFloat16: FloatToBf16(Data(src), bits, n); break;
+    case DType::kFloat32:
+      std::memcpy(dst.data(), Data(src), want);
+      break;
+    case DType::kFloat16:
+      FloatToHalf(Data(src), bits, n);
+      break;
+    case DType::kBFloat16:
+      FloatToBf16(Data(src), bits, n);
+      break;
   }
   return absl::OkStatus();
 }

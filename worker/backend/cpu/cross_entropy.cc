@@ -11,15 +11,18 @@ namespace zo::backend::cpu {
 namespace {
 
 void CheckInputs(const char* op, const Tensor& logits, absl::Span<const int32_t> targets) {
-  CheckShape(
-      logits.rank() == 2 && logits.dim(0) == static_cast<int64_t>(targets.size()) &&
-          logits.dim(1) > 0,
-      op, absl::StrCat("logits ", ShapeString(logits.shape()), ", ", targets.size(), " targets"));
+  CheckShape(logits.rank() == 2 && logits.dim(0) == static_cast<int64_t>(targets.size()) &&
+                 logits.dim(1) > 0,
+             op, [&] {
+               return absl::StrCat("logits ", ShapeString(logits.shape()), ", ", targets.size(),
+                                   " targets");
+             });
   const int64_t vocab = logits.dim(1);
   for (size_t r = 0; r < targets.size(); ++r) {
-    CheckShape(targets[r] >= 0 && targets[r] < vocab, op,
-               absl::StrCat("target ", targets[r], " at row ", r, " outside [0, ", vocab,
-                            ") of logits ", ShapeString(logits.shape())));
+    CheckShape(targets[r] >= 0 && targets[r] < vocab, op, [&] {
+      return absl::StrCat("target ", targets[r], " at row ", r, " outside [0, ", vocab,
+                          ") of logits ", ShapeString(logits.shape()));
+    });
   }
 }
 

@@ -20,7 +20,8 @@ Tensor CpuBackend::Embedding(absl::Span<const int32_t> tokens, int block_size, c
                              const Tensor& wpe) {
   CheckShape(block_size > 0 && wte.rank() == 2 && wpe.rank() == 2 && wte.dim(1) == wpe.dim(1) &&
                  wpe.dim(0) >= block_size,
-             "Embedding", EmbeddingShapes(tokens.size(), block_size, wte, wpe, "wte", "wpe"));
+             "Embedding",
+             [&] { return EmbeddingShapes(tokens.size(), block_size, wte, wpe, "wte", "wpe"); });
   const int64_t rows = static_cast<int64_t>(tokens.size());
   const int64_t vocab = wte.dim(0), c = wte.dim(1);
   Tensor y = Empty(wte.dtype(), {rows, c});
@@ -29,9 +30,10 @@ Tensor CpuBackend::Embedding(absl::Span<const int32_t> tokens, int block_size, c
   const float* ppe = Data(wpe);
   for (int64_t r = 0; r < rows; ++r) {
     const int32_t token = tokens[r];
-    CheckShape(token >= 0 && token < vocab, "Embedding",
-               absl::StrCat("token ", token, " at row ", r, " outside [0, ", vocab, ") of wte ",
-                            ShapeString(wte.shape())));
+    CheckShape(token >= 0 && token < vocab, "Embedding", [&] {
+      return absl::StrCat("token ", token, " at row ", r, " outside [0, ", vocab, ") of wte ",
+                          ShapeString(wte.shape()));
+    });
     const float* te = pte + token * c;
     const float* pe = ppe + (r % block_size) * c;
     float* out = py + r * c;
@@ -47,18 +49,21 @@ void CpuBackend::EmbeddingBackward(absl::Span<const int32_t> tokens, int block_s
   CheckShape(block_size > 0 && dwte.rank() == 2 && dwpe.rank() == 2 && dwte.dim(1) == dwpe.dim(1) &&
                  dwpe.dim(0) >= block_size && dy.rank() == 2 && dy.dim(0) == rows &&
                  dy.dim(1) == dwte.dim(1),
-             "EmbeddingBackward",
-             absl::StrCat(EmbeddingShapes(tokens.size(), block_size, dwte, dwpe, "dwte", "dwpe"),
-                          ", dy ", ShapeString(dy.shape())));
+             "EmbeddingBackward", [&] {
+               return absl::StrCat(
+                   EmbeddingShapes(tokens.size(), block_size, dwte, dwpe, "dwte", "dwpe"), ", dy ",
+                   ShapeString(dy.shape()));
+             });
   const int64_t vocab = dwte.dim(0), c = dwte.dim(1);
   const float* pdy = Data(dy);
   float* pte = Data(dwte);
   float* ppe = Data(dwpe);
   for (int64_t r = 0; r < rows; ++r) {
     const int32_t token = tokens[r];
-    CheckShape(token >= 0 && token < vocab, "EmbeddingBackward",
-               absl::StrCat("token ", token, " at row ", r, " outside [0, ", vocab, ") of dwte ",
-                            ShapeString(dwte.shape())));
+    CheckShape(token >= 0 && token < vocab, "EmbeddingBackward", [&] {
+      return absl::StrCat("token ", token, " at row ", r, " outside [0, ", vocab, ") of dwte ",
+                          ShapeString(dwte.shape()));
+    });
     const float* g = pdy + r * c;
     float* te = pte + token * c;
     float* pe = ppe + (r % block_size) * c;

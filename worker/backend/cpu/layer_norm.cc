@@ -10,15 +10,16 @@ namespace zo::backend::cpu {
 
 Tensor CpuBackend::LayerNorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
                              Tensor& mean, Tensor& rstd) {
-  CheckShape(
-      x.rank() == 2 && gamma.shape() == Shape{x.dim(1)} && beta.shape() == gamma.shape() &&
-          mean.shape() == Shape{x.dim(0)} && rstd.shape() == mean.shape() &&
-          mean.dtype() == DType::kFloat32 && rstd.dtype() == DType::kFloat32,
-      "LayerNorm",
-      absl::StrCat("x ", ShapeString(x.shape()), ", gamma ", ShapeString(gamma.shape()), ", beta ",
+  CheckShape(x.rank() == 2 && gamma.shape() == Shape{x.dim(1)} && beta.shape() == gamma.shape() &&
+                 mean.shape() == Shape{x.dim(0)} && rstd.shape() == mean.shape() &&
+                 mean.dtype() == DType::kFloat32 && rstd.dtype() == DType::kFloat32,
+             "LayerNorm", [&] {
+               return absl::StrCat(
+                   "x ", ShapeString(x.shape()), ", gamma ", ShapeString(gamma.shape()), ", beta ",
                    ShapeString(beta.shape()), ", mean ", ShapeString(mean.shape()), " ",
                    std::string(DTypeName(mean.dtype())), ", rstd ", ShapeString(rstd.shape()), " ",
-                   std::string(DTypeName(rstd.dtype()))));
+                   std::string(DTypeName(rstd.dtype())));
+             });
   const int64_t rows = x.dim(0), c = x.dim(1);
   Tensor y = Empty(x.dtype(), x.shape());
   const float* px = Data(x);
@@ -51,17 +52,18 @@ Tensor CpuBackend::LayerNorm(const Tensor& x, const Tensor& gamma, const Tensor&
 Tensor CpuBackend::LayerNormBackward(const Tensor& x, const Tensor& gamma, const Tensor& mean,
                                      const Tensor& rstd, const Tensor& dy, Tensor& dgamma,
                                      Tensor& dbeta) {
-  CheckShape(
-      x.rank() == 2 && gamma.shape() == Shape{x.dim(1)} && mean.shape() == Shape{x.dim(0)} &&
-          rstd.shape() == mean.shape() && mean.dtype() == DType::kFloat32 &&
-          rstd.dtype() == DType::kFloat32 && dy.shape() == x.shape() &&
-          dgamma.shape() == gamma.shape() && dbeta.shape() == gamma.shape(),
-      "LayerNormBackward",
-      absl::StrCat("x ", ShapeString(x.shape()), ", gamma ", ShapeString(gamma.shape()), ", mean ",
+  CheckShape(x.rank() == 2 && gamma.shape() == Shape{x.dim(1)} && mean.shape() == Shape{x.dim(0)} &&
+                 rstd.shape() == mean.shape() && mean.dtype() == DType::kFloat32 &&
+                 rstd.dtype() == DType::kFloat32 && dy.shape() == x.shape() &&
+                 dgamma.shape() == gamma.shape() && dbeta.shape() == gamma.shape(),
+             "LayerNormBackward", [&] {
+               return absl::StrCat(
+                   "x ", ShapeString(x.shape()), ", gamma ", ShapeString(gamma.shape()), ", mean ",
                    ShapeString(mean.shape()), " ", std::string(DTypeName(mean.dtype())), ", rstd ",
                    ShapeString(rstd.shape()), " ", std::string(DTypeName(rstd.dtype())), ", dy ",
                    ShapeString(dy.shape()), ", dgamma ", ShapeString(dgamma.shape()), ", dbeta ",
-                   ShapeString(dbeta.shape())));
+                   ShapeString(dbeta.shape()));
+             });
   const int64_t rows = x.dim(0), c = x.dim(1);
   Tensor dx = Empty(x.dtype(), x.shape());
   const float* px = Data(x);

@@ -18,9 +18,10 @@ int Ld(int64_t n) { return static_cast<int>(std::max<int64_t>(n, 1)); }
 Tensor CpuBackend::Linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   CheckShape(x.rank() == 2 && w.rank() == 2 && x.dim(1) == w.dim(1) &&
                  (!b.defined() || (b.rank() == 1 && b.dim(0) == w.dim(0))),
-             "Linear",
-             absl::StrCat("x ", ShapeString(x.shape()), ", w ", ShapeString(w.shape()), ", b ",
-                          b.defined() ? ShapeString(b.shape()) : "undefined"));
+             "Linear", [&] {
+               return absl::StrCat("x ", ShapeString(x.shape()), ", w ", ShapeString(w.shape()),
+                                   ", b ", b.defined() ? ShapeString(b.shape()) : "undefined");
+             });
   const int64_t rows = x.dim(0), in = x.dim(1), out = w.dim(0);
   Tensor y = Empty(x.dtype(), {rows, out});
   float* py = Data(y);
@@ -48,10 +49,12 @@ Tensor CpuBackend::LinearBackward(const Tensor& x, const Tensor& w, const Tensor
   CheckShape(x.rank() == 2 && w.rank() == 2 && dy.rank() == 2 && x.dim(1) == w.dim(1) &&
                  dy.dim(0) == x.dim(0) && dy.dim(1) == w.dim(0) && dw.shape() == w.shape() &&
                  (db == nullptr || (db->rank() == 1 && db->dim(0) == w.dim(0))),
-             "LinearBackward",
-             absl::StrCat("x ", ShapeString(x.shape()), ", w ", ShapeString(w.shape()), ", dy ",
-                          ShapeString(dy.shape()), ", dw ", ShapeString(dw.shape()), ", db ",
-                          db != nullptr ? ShapeString(db->shape()) : "null"));
+             "LinearBackward", [&] {
+               return absl::StrCat("x ", ShapeString(x.shape()), ", w ", ShapeString(w.shape()),
+                                   ", dy ", ShapeString(dy.shape()), ", dw ",
+                                   ShapeString(dw.shape()), ", db ",
+                                   db != nullptr ? ShapeString(db->shape()) : "null");
+             });
   const int64_t rows = x.dim(0), in = x.dim(1), out = w.dim(0);
   const float* pdy = Data(dy);
   Tensor dx;

@@ -13,9 +13,10 @@ constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
 
 void CheckSameShape(const char* op, const char* a_name, const Tensor& a, const char* b_name,
                     const Tensor& b) {
-  CheckShape(
-      a.shape() == b.shape(), op,
-      absl::StrCat(a_name, " ", ShapeString(a.shape()), ", ", b_name, " ", ShapeString(b.shape())));
+  CheckShape(a.shape() == b.shape(), op, [&] {
+    return absl::StrCat(a_name, " ", ShapeString(a.shape()), ", ", b_name, " ",
+                        ShapeString(b.shape()));
+  });
 }
 
 }  // namespace

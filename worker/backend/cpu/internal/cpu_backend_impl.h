@@ -20,9 +20,18 @@ inline float* Data(const Tensor& t) { return static_cast<float*>(t.storage()); }
 // nothing to do for fp32.
 void RoundTo(DType dtype, float* values, int64_t n);
 
-// Aborts with "<op>: <what>" when `ok` is false: a shape mismatch is a bug in
-// the calling model, not bad user input.
-void CheckShape(bool ok, const char* op, const std::string& what);
+// Prints "<op>: <what>" and aborts: a shape mismatch is a bug in the calling
+// model, not bad user input.
+[[noreturn]] void ShapeError(const char* op, const std::string& what);
+
+// ShapeError(op, describe()) when `ok` is false. The message is built only
+// then: some checks run per token, and formatting shapes every time cost a
+// string per call on the hot path.
+template <typename Describe>
+void CheckShape(bool ok, const char* op, Describe&& describe) {
+  if (!ok) [[unlikely]]
+    ShapeError(op, describe());
+}
 
 class CpuBackend final : public Backend {
  public:
