@@ -19,75 +19,70 @@ void CheckSameShape(const char* op, const char* a_name, const Tensor& a, const c
   });
 }
 
+// out[i] = f(x[i]); `out` has x's shape (callers round it to its dtype).
+template <typename F>
+void Map(const Tensor& x, Tensor& out, F f) {
+  const float* px = Data(x);
+  float* po = Data(out);
+  for (int64_t i = 0, n = x.numel(); i < n; ++i) po[i] = f(px[i]);
+}
+
+// out[i] = f(a[i], b[i]); a, b and `out` have one shape (out may be a or b).
+template <typename F>
+void Zip(const Tensor& a, const Tensor& b, Tensor& out, F f) {
+  const float* pa = Data(a);
+  const float* pb = Data(b);
+  float* po = Data(out);
+  for (int64_t i = 0, n = a.numel(); i < n; ++i) po[i] = f(pa[i], pb[i]);
+}
+
 }  // namespace
 
 Tensor CpuBackend::Gelu(const Tensor& x) {
   Tensor y = Empty(x.dtype(), x.shape());
-  const float* px = Data(x);
-  float* py = Data(y);
-  const int64_t n = x.numel();
-  for (int64_t i = 0; i < n; ++i) py[i] = 0.5f * px[i] * (1.0f + std::erf(px[i] * kInvSqrt2));
-  RoundTo(y.dtype(), py, n);
+  Map(x, y, [](float v) { return 0.5f * v * (1.0f + std::erf(v * kInvSqrt2)); });
+  RoundTo(y.dtype(), Data(y), y.numel());
   return y;
 }
 
 Tensor CpuBackend::GeluBackward(const Tensor& x, const Tensor& dy) {
   CheckSameShape("GeluBackward", "x", x, "dy", dy);
   Tensor dx = Empty(x.dtype(), x.shape());
-  const float* px = Data(x);
-  const float* pdy = Data(dy);
-  float* pdx = Data(dx);
-  const int64_t n = x.numel();
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = px[i];
+  Zip(x, dy, dx, [](float v, float g) {
     const float cdf = 0.5f * (1.0f + std::erf(v * kInvSqrt2));
     const float pdf = kInvSqrt2Pi * std::exp(-0.5f * v * v);
-    pdx[i] = pdy[i] * (cdf + v * pdf);
-  }
-  RoundTo(dx.dtype(), pdx, n);
+    return g * (cdf + v * pdf);
+  });
+  RoundTo(dx.dtype(), Data(dx), dx.numel());
   return dx;
 }
 
 Tensor CpuBackend::Relu(const Tensor& x) {
   Tensor y = Empty(x.dtype(), x.shape());
-  const float* px = Data(x);
-  float* py = Data(y);
-  const int64_t n = x.numel();
-  for (int64_t i = 0; i < n; ++i) py[i] = px[i] > 0.0f ? px[i] : 0.0f;
+  Map(x, y, [](float v) { return v > 0.0f ? v : 0.0f; });
   return y;  // already representable: each value is an input or zero
 }
 
 Tensor CpuBackend::ReluBackward(const Tensor& x, const Tensor& dy) {
   CheckSameShape("ReluBackward", "x", x, "dy", dy);
   Tensor dx = Empty(x.dtype(), x.shape());
-  const float* px = Data(x);
-  const float* pdy = Data(dy);
-  float* pdx = Data(dx);
-  const int64_t n = x.numel();
-  for (int64_t i = 0; i < n; ++i) pdx[i] = px[i] > 0.0f ? pdy[i] : 0.0f;
-  RoundTo(dx.dtype(), pdx, n);  // dy may be stored wider than x
+  Zip(x, dy, dx, [](float v, float g) { return v > 0.0f ? g : 0.0f; });
+  RoundTo(dx.dtype(), Data(dx), dx.numel());  // dy may be stored wider than x
   return dx;
 }
 
 Tensor CpuBackend::Add(const Tensor& a, const Tensor& b) {
   CheckSameShape("Add", "a", a, "b", b);
   Tensor y = Empty(a.dtype(), a.shape());
-  const float* pa = Data(a);
-  const float* pb = Data(b);
-  float* py = Data(y);
-  const int64_t n = a.numel();
-  for (int64_t i = 0; i < n; ++i) py[i] = pa[i] + pb[i];
-  RoundTo(y.dtype(), py, n);
+  Zip(a, b, y, [](float u, float v) { return u + v; });
+  RoundTo(y.dtype(), Data(y), y.numel());
   return y;
 }
 
 void CpuBackend::AddInto(const Tensor& x, Tensor& y) {
   CheckSameShape("AddInto", "x", x, "y", y);
-  const float* px = Data(x);
-  float* py = Data(y);
-  const int64_t n = x.numel();
-  for (int64_t i = 0; i < n; ++i) py[i] += px[i];
-  RoundTo(y.dtype(), py, n);
+  Zip(y, x, y, [](float u, float v) { return u + v; });
+  RoundTo(y.dtype(), Data(y), y.numel());
 }
 
 }  // namespace zo::backend::cpu
