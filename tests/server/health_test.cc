@@ -122,6 +122,21 @@ class HealthTest : public ::testing::Test {
     return context;
   }
 
+  // One unary call of `method` with the serialised `request`, no token; the
+  // reply's bytes land in `response`.
+  grpc::Status UnaryCall(const std::string& method, const std::string& request,
+                         std::string* response) {
+    auto context = Context();
+    auto call = stub_->PrepareUnaryCall(context.get(), method, ToBuffer(request), &cq_);
+    call->StartCall();
+    grpc::ByteBuffer reply;
+    grpc::Status status;
+    call->Finish(&reply, &status, Tag(1));
+    if (!Await(cq_, 1)) return grpc::Status(grpc::StatusCode::UNKNOWN, "the call did not finish");
+    *response = FromBuffer(reply);
+    return status;
+  }
+
   std::string token_file_;
   std::optional<ServerProcess> server_;
   std::unique_ptr<grpc::GenericStub> stub_;
@@ -129,31 +144,18 @@ class HealthTest : public ::testing::Test {
 };
 
 TEST_F(HealthTest, HealthReflectionAndAGracefulStop) {
+  std::string response;
   {  // The token is in force: zo.v1 without it is refused.
-    auto context = Context();
-    const grpc::ByteBuffer request = ToBuffer("");  // GetServerInfoRequest{}
-    auto call =
-        stub_->PrepareUnaryCall(context.get(), "/zo.v1.Offload/GetServerInfo", request, &cq_);
-    call->StartCall();
-    grpc::ByteBuffer response;
-    grpc::Status status;
-    call->Finish(&response, &status, Tag(1));
-    ASSERT_TRUE(Await(cq_, 1));
+    const grpc::Status status =
+        UnaryCall("/zo.v1.Offload/GetServerInfo", "", &response);  // GetServerInfoRequest{}
     EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED) << status.error_message();
   }
   {  // grpc.health.v1.Health/Check, service "" (the server as a whole)
-    auto context = Context();
-    const grpc::ByteBuffer request = ToBuffer("");  // HealthCheckRequest{}
-    auto call =
-        stub_->PrepareUnaryCall(context.get(), "/grpc.health.v1.Health/Check", request, &cq_);
-    call->StartCall();
-    grpc::ByteBuffer response;
-    grpc::Status status;
-    call->Finish(&response, &status, Tag(1));
-    ASSERT_TRUE(Await(cq_, 1));
+    const grpc::Status status =
+        UnaryCall("/grpc.health.v1.Health/Check", "", &response);  // HealthCheckRequest{}
     ASSERT_TRUE(status.ok()) << status.error_code() << ": " << status.error_message();
     // HealthCheckResponse{status: SERVING}: field 1, varint 1.
-    EXPECT_EQ(FromBuffer(response), std::string("\x08\x01", 2));
+    EXPECT_EQ(response, std::string("\x08\x01", 2));
   }
   {  // grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo, list_services
     auto context = Context();
