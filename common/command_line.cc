@@ -39,7 +39,8 @@ std::vector<char*> NormalizeFlagNames(int argc, char** argv, std::vector<std::st
     if (flags_done || arg.size() < 3 || arg[0] != '-') continue;
     const size_t name_begin = arg[1] == '-' ? 2 : 1;
     // "-1e-3" is a value, not a flag.
-    if (name_begin >= arg.size() || !absl::ascii_isalpha(static_cast<unsigned char>(arg[name_begin]))) {
+    if (name_begin >= arg.size() ||
+        !absl::ascii_isalpha(static_cast<unsigned char>(arg[name_begin]))) {
       continue;
     }
     const size_t name_end = std::min(arg.find('='), arg.size());

@@ -5,7 +5,6 @@
 #include <fstream>
 
 #include "common/testing/status_matchers.h"
-
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -13,12 +12,11 @@ namespace zo {
 namespace {
 
 TEST(CommandLineTest, DashesInFlagNamesBecomeUnderscores) {
-  const char* args[] = {"zo-ctl",  "estimate",           "--pipeline-stages=4",
-                        "-dp-ranks", "--nvme-path", "/mnt/nvme-0", "--name=a-b",
-                        "-1e-3",   "--",         "--not-a-flag"};
+  const char* args[] = {"zo-ctl",      "estimate",    "--pipeline-stages=4", "-dp-ranks",
+                        "--nvme-path", "/mnt/nvme-0", "--name=a-b",          "-1e-3",
+                        "--",          "--not-a-flag"};
   std::vector<std::string> storage;
-  std::vector<char*> out =
-      NormalizeFlagNames(10, const_cast<char**>(args), storage);
+  std::vector<char*> out = NormalizeFlagNames(10, const_cast<char**>(args), storage);
   ASSERT_EQ(out.size(), 11u);
   EXPECT_STREQ(out[1], "estimate");
   EXPECT_STREQ(out[2], "--pipeline_stages=4");

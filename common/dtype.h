@@ -15,9 +15,12 @@ constexpr size_t DTypeSize(DType t) { return t == DType::kFloat32 ? 4 : 2; }
 // "fp32", "fp16", "bf16".
 constexpr std::string_view DTypeName(DType t) {
   switch (t) {
-    case DType::kFloat32: return "fp32";
-    case DType::kFloat16: return "fp16";
-    case DType::kBFloat16: return "bf16";
+    case DType::kFloat32:
+      return "fp32";
+    case DType::kFloat16:
+      return "fp16";
+    case DType::kBFloat16:
+      return "bf16";
   }
   return "?";
 }

@@ -45,15 +45,21 @@ const char* Basename(const char* path) {
 
 std::string_view LogLevelName(LogLevel level) {
   switch (level) {
-    case LogLevel::kDebug: return "DEBUG";
-    case LogLevel::kInfo: return "INFO";
-    case LogLevel::kWarning: return "WARNING";
-    case LogLevel::kError: return "ERROR";
+    case LogLevel::kDebug:
+      return "DEBUG";
+    case LogLevel::kInfo:
+      return "INFO";
+    case LogLevel::kWarning:
+      return "WARNING";
+    case LogLevel::kError:
+      return "ERROR";
   }
   return "?";
 }
 
-LogLevel MinLogLevel() { return static_cast<LogLevel>(MinLevelStorage().load(std::memory_order_relaxed)); }
+LogLevel MinLogLevel() {
+  return static_cast<LogLevel>(MinLevelStorage().load(std::memory_order_relaxed));
+}
 
 void SetMinLogLevel(LogLevel level) {
   MinLevelStorage().store(static_cast<int>(level), std::memory_order_relaxed);
@@ -82,8 +88,8 @@ LogMessage::~LogMessage() {
   // One write per line so concurrent messages never interleave mid-line.
   const std::string line =
       absl::StrCat(absl::FormatTime("%Y-%m-%d %H:%M:%E3S", absl::Now(), absl::LocalTimeZone()), " ",
-                   std::string(LogLevelName(level_).substr(0, 1)), " ", Basename(file_), ":", line_, "] ", text,
-                   "\n");
+                   std::string(LogLevelName(level_).substr(0, 1)), " ", Basename(file_), ":", line_,
+                   "] ", text, "\n");
   std::fwrite(line.data(), 1, line.size(), stderr);
 }
 

@@ -59,12 +59,11 @@ struct Voidify {
 #define ZO_LOG_LEVEL_WARNING ::zo::LogLevel::kWarning
 #define ZO_LOG_LEVEL_ERROR ::zo::LogLevel::kError
 
-#define ZO_LOG(severity)                                                        \
-  (ZO_LOG_LEVEL_##severity < ::zo::MinLogLevel())                              \
-      ? (void)0                                                                 \
-      : ::zo::logging_internal::Voidify() &                                     \
-            ::zo::logging_internal::LogMessage(ZO_LOG_LEVEL_##severity, __FILE__, \
-                                               __LINE__)                        \
+#define ZO_LOG(severity)                                                                    \
+  (ZO_LOG_LEVEL_##severity < ::zo::MinLogLevel())                                           \
+      ? (void)0                                                                             \
+      : ::zo::logging_internal::Voidify() &                                                 \
+            ::zo::logging_internal::LogMessage(ZO_LOG_LEVEL_##severity, __FILE__, __LINE__) \
                 .stream()
 
 #endif  // ZO_COMMON_LOGGING_H_

@@ -15,7 +15,9 @@ TEST(LoggingTest, SinkReceivesMessagesAtOrAboveTheMinimumLevel) {
   {
     testing::ScopedLogCapture capture;
     ZO_LOG(INFO) << "dropped " << 1;
-    ZO_LOG(WARNING) << "unknown key '" << "foo" << "'";
+    ZO_LOG(WARNING) << "unknown key '"
+                    << "foo"
+                    << "'";
     ZO_LOG(ERROR) << "bad";
     EXPECT_THAT(capture.lines(), ElementsAre("WARNING: unknown key 'foo'", "ERROR: bad"));
   }

@@ -35,15 +35,14 @@ absl::StatusOr<std::vector<TensorSpec>> ParseManifestJson(const std::string& tex
     }
     for (const nlohmann::json& d : t["shape"]) {
       if (!d.is_number_integer()) {
-        return Bad(i, absl::StrCat("'", spec.name, "': shape entry ", d.dump(),
-                                   " is not an integer"));
+        return Bad(i,
+                   absl::StrCat("'", spec.name, "': shape entry ", d.dump(), " is not an integer"));
       }
       spec.shape.push_back(d.get<int64_t>());
     }
     if (t.contains("dtype")) {
-      const auto dtype = t["dtype"].is_string()
-                             ? ParseDType(t["dtype"].get<std::string>())
-                             : std::nullopt;
+      const auto dtype =
+          t["dtype"].is_string() ? ParseDType(t["dtype"].get<std::string>()) : std::nullopt;
       if (!dtype) {
         return Bad(i, absl::StrCat("'", spec.name, "': dtype ", t["dtype"].dump(),
                                    " is not one of fp32, fp16, bf16"));

@@ -88,8 +88,8 @@ std::vector<TensorPiece> ShardMap::PiecesOfTensor(int t) const {
   for (int64_t pos = r.begin; pos < r.end;) {
     const int64_t chunk = pos / chunk_elems_;
     const int64_t end = std::min(r.end, (chunk + 1) * chunk_elems_);
-    pieces.push_back({t, chunk, ServerOfChunk(chunk), pos - r.begin, pos - chunk * chunk_elems_,
-                      end - pos});
+    pieces.push_back(
+        {t, chunk, ServerOfChunk(chunk), pos - r.begin, pos - chunk * chunk_elems_, end - pos});
     pos = end;
   }
   return pieces;

@@ -9,10 +9,10 @@
 #include "absl/status/statusor.h"
 
 // Returns the status from the enclosing function when `expr` is not OK.
-#define ZO_RETURN_IF_ERROR(expr)                       \
-  do {                                                 \
-    ::absl::Status zo_status_ = (expr);                \
-    if (!zo_status_.ok()) return zo_status_;           \
+#define ZO_RETURN_IF_ERROR(expr)             \
+  do {                                       \
+    ::absl::Status zo_status_ = (expr);      \
+    if (!zo_status_.ok()) return zo_status_; \
   } while (false)
 
 #define ZO_STATUS_MACROS_CONCAT_INNER_(x, y) x##y
@@ -23,8 +23,8 @@
 #define ZO_ASSIGN_OR_RETURN(lhs, rexpr) \
   ZO_ASSIGN_OR_RETURN_IMPL_(ZO_STATUS_MACROS_CONCAT_(zo_statusor_, __LINE__), lhs, rexpr)
 
-#define ZO_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, rexpr) \
-  auto statusor = (rexpr);                              \
+#define ZO_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, rexpr)    \
+  auto statusor = (rexpr);                                 \
   if (!statusor.ok()) return std::move(statusor).status(); \
   lhs = std::move(statusor).value()
 

@@ -57,11 +57,20 @@ absl::StatusOr<int64_t> ParseCount(const std::string& text) {
   }
   if (!t.empty() && multiplier == 1) {
     switch (absl::ascii_tolower(static_cast<unsigned char>(t.back()))) {
-      case 'k': multiplier = 1e3; break;
-      case 'm': multiplier = 1e6; break;
-      case 'b': multiplier = 1e9; break;
-      case 't': multiplier = 1e12; break;
-      default: break;
+      case 'k':
+        multiplier = 1e3;
+        break;
+      case 'm':
+        multiplier = 1e6;
+        break;
+      case 'b':
+        multiplier = 1e9;
+        break;
+      case 't':
+        multiplier = 1e12;
+        break;
+      default:
+        break;
     }
     if (multiplier != 1) t.pop_back();
   }
@@ -73,7 +82,8 @@ absl::StatusOr<int64_t> ParseCount(const std::string& text) {
   }
   const double n = std::round(v * multiplier);
   if (n < 1 || n >= 4.6e18) {
-    return absl::InvalidArgumentError(absl::StrCat("count '", text, "' must be between 1 and 4.6e18"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("count '", text, "' must be between 1 and 4.6e18"));
   }
   return static_cast<int64_t>(n);
 }

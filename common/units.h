@@ -16,7 +16,8 @@ std::string FormatBytes(double bytes);
 std::string FormatCount(double count);
 
 // Parses a count as people write model sizes: "13B", "1.3b", "350M", "7e9",
-// "125k", "1000", or with binary suffixes as buffer sizes are: "4Mi", "256Mi". The result must be a positive integer below 2^62.
+// "125k", "1000", or with binary suffixes as buffer sizes are: "4Mi", "256Mi". The result must be a
+// positive integer below 2^62.
 absl::StatusOr<int64_t> ParseCount(const std::string& text);
 
 }  // namespace zo

@@ -37,12 +37,15 @@ TEST(UnitsTest, ParseCountAcceptsModelSizes) {
 }
 
 TEST(UnitsTest, ParseCountRejectsGarbage) {
-  EXPECT_THAT(ParseCount(""), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not a count")));
+  EXPECT_THAT(ParseCount(""),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not a count")));
   EXPECT_THAT(ParseCount("13X"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'13X'")));
-  EXPECT_THAT(ParseCount("B"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not a count")));
+  EXPECT_THAT(ParseCount("B"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not a count")));
   EXPECT_THAT(ParseCount("-5"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("between")));
   EXPECT_THAT(ParseCount("0"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("between")));
-  EXPECT_THAT(ParseCount("1e30"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("between")));
+  EXPECT_THAT(ParseCount("1e30"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("between")));
 }
 
 }  // namespace

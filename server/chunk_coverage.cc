@@ -20,10 +20,10 @@ absl::StatusOr<std::vector<FlatRange>> ChunkCoverage::Claim(int rank, int64_t be
   if (it != ranges.begin() && std::prev(it)->second > begin) --it;
   for (; it != ranges.end() && it->first < end; ++it) {
     if (!resend) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "elements [", std::max(begin, it->first), ", ", std::min(end, it->second),
-          ") of this chunk were already pushed by dp rank ", rank,
-          " for this step; each element is pushed once per rank per step"));
+      return absl::AlreadyExistsError(
+          absl::StrCat("elements [", std::max(begin, it->first), ", ", std::min(end, it->second),
+                       ") of this chunk were already pushed by dp rank ", rank,
+                       " for this step; each element is pushed once per rank per step"));
     }
     if (it->first > cursor) gaps.push_back({cursor, it->first});
     cursor = std::max(cursor, it->second);

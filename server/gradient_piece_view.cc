@@ -88,15 +88,26 @@ absl::Status ParseGradientPiece(const grpc::ByteBuffer& buffer, std::vector<grpc
         uint64_t v;
         if (!in.ReadVarint(&v)) return Malformed("truncated varint");
         switch (field) {
-          case v1::GradientPiece::kStepFieldNumber: view->step = static_cast<int64_t>(v); break;
-          case v1::GradientPiece::kDpRankFieldNumber: view->dp_rank = static_cast<int32_t>(v); break;
-          case v1::GradientPiece::kChunkFieldNumber: view->chunk = static_cast<int64_t>(v); break;
-          case v1::GradientPiece::kOffsetFieldNumber: view->offset = static_cast<int64_t>(v); break;
+          case v1::GradientPiece::kStepFieldNumber:
+            view->step = static_cast<int64_t>(v);
+            break;
+          case v1::GradientPiece::kDpRankFieldNumber:
+            view->dp_rank = static_cast<int32_t>(v);
+            break;
+          case v1::GradientPiece::kChunkFieldNumber:
+            view->chunk = static_cast<int64_t>(v);
+            break;
+          case v1::GradientPiece::kOffsetFieldNumber:
+            view->offset = static_cast<int64_t>(v);
+            break;
           case v1::GradientPiece::kDtypeFieldNumber:
             view->dtype = static_cast<v1::DType>(static_cast<int32_t>(v));
             break;
-          case v1::GradientPiece::kResendFieldNumber: view->resend = v != 0; break;
-          default: break;  // unknown: ignored, as protobuf would
+          case v1::GradientPiece::kResendFieldNumber:
+            view->resend = v != 0;
+            break;
+          default:
+            break;  // unknown: ignored, as protobuf would
         }
         break;
       }
@@ -123,7 +134,8 @@ absl::Status ParseGradientPiece(const grpc::ByteBuffer& buffer, std::vector<grpc
       case 5:
         if (!in.ReadSpans(4, nullptr)) return Malformed("truncated fixed32");
         break;
-      default: return Malformed("unknown wire type");
+      default:
+        return Malformed("unknown wire type");
     }
   }
   return absl::OkStatus();

@@ -22,8 +22,8 @@ using job_internal::RoundMaster;
 
 namespace {
 
-constexpr int64_t kStateBytesPerElem = 12;        // master, m, v
-constexpr int64_t kMaxPullPieceBytes = 1 << 20;   // payload of one ParamPiece
+constexpr int64_t kStateBytesPerElem = 12;       // master, m, v
+constexpr int64_t kMaxPullPieceBytes = 1 << 20;  // payload of one ParamPiece
 constexpr int kScaleHistory = 8;
 
 }  // namespace
@@ -55,8 +55,10 @@ absl::Status Job::Init() {
   options.io = IoEngineOptionsFromConfig(config.aio);
   const int64_t state_bytes = local_elems_ * kStateBytesPerElem;
   if (offload.device == OffloadDevice::kNvme) {
-    const std::string root = resources_.nvme_root.empty() ? offload.nvme_path : resources_.nvme_root;
-    options.swap_dir = (std::filesystem::path(root) / absl::StrCat(spec_.name, ".server", s)).string();
+    const std::string root =
+        resources_.nvme_root.empty() ? offload.nvme_path : resources_.nvme_root;
+    options.swap_dir =
+        (std::filesystem::path(root) / absl::StrCat(spec_.name, ".server", s)).string();
     options.ram_budget_bytes = std::max<int64_t>(resources_.ram_budget_bytes, 0);
   } else if (resources_.ram_budget_bytes >= 0 && state_bytes > resources_.ram_budget_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -66,8 +68,8 @@ absl::Status Job::Init() {
         "; set zero_optimization.offload_optimizer.device to \"nvme\" or add servers"));
   }
   ZO_ASSIGN_OR_RETURN(state_, TieredOptimizerState::Create(options, local_elems_, resources_.pool));
-  ZO_ASSIGN_OR_RETURN(accum_, AlignedBuffer::Allocate(
-                                  static_cast<size_t>(std::max<int64_t>(local_elems_, 1)) * 4));
+  ZO_ASSIGN_OR_RETURN(
+      accum_, AlignedBuffer::Allocate(static_cast<size_t>(std::max<int64_t>(local_elems_, 1)) * 4));
   ZO_ASSIGN_OR_RETURN(versions_, ParamVersions::Create(local_elems_, spec_.dtype));
   std::vector<OptimizerChunk> views;
   for (const LocalChunk& c : chunks_) {
@@ -85,11 +87,11 @@ absl::Status Job::Init() {
   scale_after_version_[0] = LossScaler::FromConfig(config).scale();
   if (is_lead()) decider_.emplace(config, spec_.dp_world_size);
   step_open_time_ = absl::Now();
-  ZO_LOG(INFO) << "job " << spec_.name << ": server " << s << " of " << spec_.servers.size()
-               << ", " << chunks_.size() << " chunks, " << FormatCount(local_elems_)
-               << " elements here (" << state_->nvme_sub_groups() << " of "
-               << state_->num_sub_groups() << " sub-groups on NVMe), dp " << spec_.dp_world_size
-               << ", " << DTypeName(spec_.dtype);
+  ZO_LOG(INFO) << "job " << spec_.name << ": server " << s << " of " << spec_.servers.size() << ", "
+               << chunks_.size() << " chunks, " << FormatCount(local_elems_) << " elements here ("
+               << state_->nvme_sub_groups() << " of " << state_->num_sub_groups()
+               << " sub-groups on NVMe), dp " << spec_.dp_world_size << ", "
+               << DTypeName(spec_.dtype);
   return absl::OkStatus();
 }
 
@@ -124,10 +126,12 @@ v1::JobStatus Job::Status() const {
   st.set_dp_world_size(spec_.dp_world_size);
   st.set_total_elems(map_.total_elems());
   st.set_local_elems(local_elems_);
-  const int64_t nvme = state_->nvme_sub_groups() == 0
-                           ? 0
-                           : local_elems_ - std::min(local_elems_, state_->ram_sub_groups() *
-                                                                      spec_.config.zero_optimization.sub_group_size);
+  const int64_t nvme =
+      state_->nvme_sub_groups() == 0
+          ? 0
+          : local_elems_ -
+                std::min(local_elems_,
+                         state_->ram_sub_groups() * spec_.config.zero_optimization.sub_group_size);
   st.set_nvme_elems(nvme);
   st.set_last_grad_norm(last_grad_norm_);
   st.set_last_skipped(last_skipped_);
@@ -145,15 +149,15 @@ double Job::ScaleForVersionLocked(int64_t version) const {
 
 absl::StatusOr<int> Job::LocalChunkIndex(int64_t chunk) const {
   if (chunk < 0 || chunk >= map_.num_chunks()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("chunk ", chunk, " does not exist: job ", spec_.name, " has ",
-                     map_.num_chunks(), " chunks"));
+    return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk, " does not exist: job ",
+                                                   spec_.name, " has ", map_.num_chunks(),
+                                                   " chunks"));
   }
   const int owner = map_.ServerOfChunk(chunk);
   if (owner != spec_.server_index) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "chunk ", chunk, " lives on server ", owner, " (", spec_.servers[owner], "), this is server ",
-        spec_.server_index));
+    return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk, " lives on server ", owner,
+                                                   " (", spec_.servers[owner], "), this is server ",
+                                                   spec_.server_index));
   }
   return static_cast<int>(chunk / map_.num_servers());
 }
@@ -164,9 +168,9 @@ absl::Status Job::InitParams(const v1::ParamInitPiece& piece) {
   ZO_ASSIGN_OR_RETURN(const int i, LocalChunkIndex(piece.chunk()));
   const LocalChunk& c = chunks_[i];
   if (piece.data().empty() || piece.data().size() % 4 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "initial weights of chunk ", piece.chunk(), ": ", piece.data().size(),
-        " bytes is not a positive multiple of 4 (fp32)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("initial weights of chunk ", piece.chunk(), ": ", piece.data().size(),
+                     " bytes is not a positive multiple of 4 (fp32)"));
   }
   const int64_t n = static_cast<int64_t>(piece.data().size() / 4);
   if (piece.offset() < 0 || piece.offset() > c.elems - n) {
@@ -179,9 +183,9 @@ absl::Status Job::InitParams(const v1::ParamInitPiece& piece) {
     std::lock_guard lock(mu_);
     ZO_RETURN_IF_ERROR(health_);
     if (version_ != 0 || applied_steps_ != 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job ", spec_.name, " is at version ", version_,
-          "; initial weights are accepted only at version 0"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", spec_.name, " is at version ", version_,
+                       "; initial weights are accepted only at version 0"));
     }
   }
   std::vector<float> values(static_cast<size_t>(n));
@@ -195,28 +199,29 @@ absl::Status Job::InitParams(const v1::ParamInitPiece& piece) {
 
 absl::Status Job::PushGradient(const GradientPieceView& piece, absl::Time deadline) {
   if (piece.dp_rank < 0 || piece.dp_rank >= spec_.dp_world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("dp_rank ", piece.dp_rank,
-                                                   " is outside [0, ", spec_.dp_world_size,
-                                                   ") for job ", spec_.name));
+    return absl::InvalidArgumentError(absl::StrCat("dp_rank ", piece.dp_rank, " is outside [0, ",
+                                                   spec_.dp_world_size, ") for job ", spec_.name));
   }
   ZO_ASSIGN_OR_RETURN(const int i, LocalChunkIndex(piece.chunk));
   const LocalChunk& c = chunks_[i];
   absl::StatusOr<DType> dtype = DTypeFromProto(piece.dtype);
   if (!dtype.ok() || *dtype != spec_.dtype) {
     return absl::InvalidArgumentError(absl::StrCat("gradient dtype ", v1::DType_Name(piece.dtype),
-                                                   " is not the job's ", std::string(DTypeName(spec_.dtype))));
+                                                   " is not the job's ",
+                                                   std::string(DTypeName(spec_.dtype))));
   }
   const size_t elem = DTypeSize(spec_.dtype);
   if (piece.data_bytes == 0 || piece.data_bytes % elem != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "gradient piece for chunk ", piece.chunk, ": ", piece.data_bytes,
-        " bytes is not a positive multiple of the ", std::string(DTypeName(spec_.dtype)), " size ", elem));
+    return absl::InvalidArgumentError(
+        absl::StrCat("gradient piece for chunk ", piece.chunk, ": ", piece.data_bytes,
+                     " bytes is not a positive multiple of the ",
+                     std::string(DTypeName(spec_.dtype)), " size ", elem));
   }
   const int64_t n = static_cast<int64_t>(piece.data_bytes / elem);
   if (piece.offset < 0 || piece.offset > c.elems - n) {
     return absl::OutOfRangeError(absl::StrCat("gradient piece: elements [", piece.offset, ", ",
-                                              piece.offset + n, ") are outside chunk ",
-                                              piece.chunk, " of ", c.elems, " elements"));
+                                              piece.offset + n, ") are outside chunk ", piece.chunk,
+                                              " of ", c.elems, " elements"));
   }
 
   std::vector<FlatRange> gaps;
@@ -242,13 +247,13 @@ absl::Status Job::PushGradient(const GradientPieceView& piece, absl::Time deadli
                                              version_, " while this push waited"));
     }
     if (piece.step != chunk_step_[i]) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "step ", piece.step, " is not open: job ", spec_.name, " is at version ", version_,
-          " and takes gradients for step ", chunk_step_[i]));
+      return absl::FailedPreconditionError(
+          absl::StrCat("step ", piece.step, " is not open: job ", spec_.name, " is at version ",
+                       version_, " and takes gradients for step ", chunk_step_[i]));
     }
     const bool was_complete = coverage_[i].complete();
-    ZO_ASSIGN_OR_RETURN(gaps, coverage_[i].Claim(piece.dp_rank, piece.offset,
-                                                 piece.offset + n, piece.resend));
+    ZO_ASSIGN_OR_RETURN(
+        gaps, coverage_[i].Claim(piece.dp_rank, piece.offset, piece.offset + n, piece.resend));
     if (!was_complete && coverage_[i].complete()) ++complete_chunks_;
     ++pending_accumulations_;
   }
@@ -289,15 +294,15 @@ absl::Status Job::PullParams(const v1::PullParamsRequest& request, absl::Time de
     std::unique_lock lock(mu_);
     while (!stop_ && version_ < request.version()) {
       if (!health_.ok()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "version ", request.version(), " of job ", spec_.name,
-            " will not come: the job needs restore: ", health_.message()));
+        return absl::FailedPreconditionError(
+            absl::StrCat("version ", request.version(), " of job ", spec_.name,
+                         " will not come: the job needs restore: ", health_.message()));
       }
       if (cv_.wait_until(lock, absl::ToChronoTime(deadline)) == std::cv_status::timeout) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "version ", request.version(), " of job ", spec_.name,
-            " did not exist before the deadline (the job is at version ", version_,
-            ", waiting for gradients of step ", open_step_, ")"));
+        return absl::DeadlineExceededError(
+            absl::StrCat("version ", request.version(), " of job ", spec_.name,
+                         " did not exist before the deadline (the job is at version ", version_,
+                         ", waiting for gradients of step ", open_step_, ")"));
       }
     }
     if (stop_) return absl::UnavailableError("the server is shutting down");
@@ -430,7 +435,8 @@ void Job::StepLoop() {
       std::vector<double> sums;
       sums.reserve(by_chunk.size());
       for (const auto& [chunk, sum] : by_chunk) sums.push_back(sum);
-      const double used = ScaleForVersionLocked(VersionForStep(spec_.config.zo.dpu, step, base_version_));
+      const double used =
+          ScaleForVersionLocked(VersionForStep(spec_.config.zo.dpu, step, base_version_));
       const StepDecision d = decider_->Decide(sums, non_finite, used);
       v1::StepCommit commit;
       commit.set_job(spec_.name);
@@ -578,16 +584,16 @@ absl::Status Job::OnStepStats(const v1::StepStats& stats) {
         "step statistics sent to server ", spec_.server_index, "; the lead is server 0"));
   }
   if (stats.server_index() < 0 || stats.server_index() >= static_cast<int>(spec_.servers.size())) {
-    return absl::InvalidArgumentError(absl::StrCat("server_index ", stats.server_index(),
-                                                   " is outside the job's server list"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("server_index ", stats.server_index(), " is outside the job's server list"));
   }
   if (stats.chunks_size() != stats.chunk_sum_squares_size()) {
     return absl::InvalidArgumentError("chunks and chunk_sum_squares differ in length");
   }
   for (int64_t c : stats.chunks()) {
     if (c < 0 || c >= map_.num_chunks() || map_.ServerOfChunk(c) != stats.server_index()) {
-      return absl::InvalidArgumentError(absl::StrCat("chunk ", c, " does not belong to server ",
-                                                     stats.server_index()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk ", c, " does not belong to server ", stats.server_index()));
     }
   }
   {
@@ -595,8 +601,8 @@ absl::Status Job::OnStepStats(const v1::StepStats& stats) {
     if (stats.generation() != generation_) return absl::OkStatus();  // from before a restore
     if (stats.step() < open_step_) return absl::OkStatus();          // a retry of a decided step
     if (stats.step() > open_step_ + 1) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "statistics for step ", stats.step(), " but the lead is at step ", open_step_));
+      return absl::FailedPreconditionError(absl::StrCat("statistics for step ", stats.step(),
+                                                        " but the lead is at step ", open_step_));
     }
     partials_[stats.step()][stats.server_index()] = stats;
   }
@@ -614,8 +620,8 @@ absl::Status Job::OnCommit(const v1::StepCommit& commit) {
     }
     if (commit.step() <= version_) return absl::OkStatus();  // a retry of an applied step
     if (commit.step() != open_step_) {
-      return absl::FailedPreconditionError(absl::StrCat("commit for step ", commit.step(),
-                                                        " but the open step is ", open_step_));
+      return absl::FailedPreconditionError(
+          absl::StrCat("commit for step ", commit.step(), " but the open step is ", open_step_));
     }
     commit_ = commit;
   }

@@ -150,7 +150,7 @@ class Job {
   int64_t local_elems_ = 0;
 
   std::unique_ptr<TieredOptimizerState> state_;
-  AlignedBuffer accum_;  // fp32, local_elems_
+  AlignedBuffer accum_;                       // fp32, local_elems_
   std::unique_ptr<CpuOptimizer> accum_view_;  // stats and zeroing over accum_, threaded
   std::unique_ptr<ParamVersions> versions_;
   std::vector<std::unique_ptr<std::mutex>> chunk_mu_;  // accumulation into one chunk

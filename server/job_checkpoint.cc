@@ -35,9 +35,9 @@ bool SameManifest(const std::vector<TensorSpec>& a, const std::vector<TensorSpec
 
 absl::StatusOr<v1::CheckpointResponse> Job::Checkpoint(absl::Time deadline) {
   if (!is_lead()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoints are run by the lead server (", spec_.servers[0], "), this is server ",
-        spec_.server_index));
+    return absl::FailedPreconditionError(absl::StrCat("checkpoints are run by the lead server (",
+                                                      spec_.servers[0], "), this is server ",
+                                                      spec_.server_index));
   }
   if (resources_.checkpoint_root.empty()) {
     return absl::FailedPreconditionError(
@@ -115,8 +115,8 @@ absl::StatusOr<v1::CheckpointResponse> Job::WriteCheckpoint(int64_t version, int
   for (const auto& p : parts) {
     uint64_t checksum = 0;
     if (!absl::SimpleHexAtoi(p.index_checksum(), &checksum)) {
-      return absl::DataLossError(absl::StrCat("part ", p.file(), ": bad checksum \"",
-                                              p.index_checksum(), "\""));
+      return absl::DataLossError(
+          absl::StrCat("part ", p.file(), ": bad checksum \"", p.index_checksum(), "\""));
     }
     meta.parts.push_back({.file = p.file(), .bytes = p.bytes(), .index_checksum = checksum});
   }
@@ -135,19 +135,20 @@ absl::StatusOr<v1::WriteCheckpointPartResponse> Job::WriteCheckpointPart(
   {
     std::unique_lock lock(mu_);
     if (request.generation() != generation_) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "checkpoint of generation ", request.generation(), " but this server is at generation ",
-          generation_));
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint of generation ", request.generation(),
+                       " but this server is at generation ", generation_));
     }
     while (!stop_ && version_ < request.version()) {
       if (cv_.wait_until(lock, absl::ToChronoTime(deadline)) == std::cv_status::timeout) {
-        return absl::DeadlineExceededError(absl::StrCat("version ", request.version(),
-                                                        " not reached before the deadline"));
+        return absl::DeadlineExceededError(
+            absl::StrCat("version ", request.version(), " not reached before the deadline"));
       }
     }
     if (version_ != request.version()) {
       return absl::FailedPreconditionError(absl::StrCat("checkpoint of version ", request.version(),
-                                                        " but this server is at version ", version_));
+                                                        " but this server is at version ",
+                                                        version_));
     }
     ZO_RETURN_IF_ERROR(health_);
   }
@@ -181,9 +182,9 @@ absl::StatusOr<v1::WriteCheckpointPartResponse> Job::WriteOwnPart(int64_t versio
 absl::StatusOr<v1::RestoreResponse> Job::Restore(const std::string& path, absl::Time deadline) {
   (void)deadline;
   if (!is_lead()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "restores are run by the lead server (", spec_.servers[0], "), this is server ",
-        spec_.server_index));
+    return absl::FailedPreconditionError(absl::StrCat("restores are run by the lead server (",
+                                                      spec_.servers[0], "), this is server ",
+                                                      spec_.server_index));
   }
   std::string dir = path;
   if (dir.empty()) {
@@ -195,9 +196,8 @@ absl::StatusOr<v1::RestoreResponse> Job::Restore(const std::string& path, absl::
   }
   ZO_ASSIGN_OR_RETURN(const CheckpointMeta meta, ReadCheckpointMeta(dir));
   if (!SameManifest(meta.manifest, spec_.manifest)) {
-    return absl::FailedPreconditionError(absl::StrCat("checkpoint ", dir,
-                                                      " holds a different manifest than job ",
-                                                      spec_.name));
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint ", dir, " holds a different manifest than job ", spec_.name));
   }
   int64_t generation;
   {
@@ -223,7 +223,8 @@ absl::StatusOr<v1::RestoreResponse> Job::Restore(const std::string& path, absl::
   if (!status.ok()) {
     {
       std::lock_guard lock(mu_);
-      health_ = absl::DataLossError(absl::StrCat("partial restore from ", dir, ": ", status.message()));
+      health_ =
+          absl::DataLossError(absl::StrCat("partial restore from ", dir, ": ", status.message()));
     }
     cv_.notify_all();
     return status;
@@ -241,9 +242,8 @@ absl::Status Job::RestorePart(const v1::RestorePartRequest& request) {
   ZO_ASSIGN_OR_RETURN(auto reader, CheckpointReader::Open(request.path()));
   const CheckpointMeta& meta = reader->meta();
   if (!SameManifest(meta.manifest, spec_.manifest)) {
-    return absl::FailedPreconditionError(absl::StrCat("checkpoint ", request.path(),
-                                                      " holds a different manifest than job ",
-                                                      spec_.name));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", request.path(), " holds a different manifest than job ", spec_.name));
   }
   std::lock_guard state_lock(state_mu_);
   {

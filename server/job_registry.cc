@@ -39,7 +39,8 @@ absl::Status JobRegistry::Close(const std::string& name) {
   {
     std::lock_guard lock(mu_);
     auto it = jobs_.find(name);
-    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job \"", name, "\" on this server"));
+    if (it == jobs_.end())
+      return absl::NotFoundError(absl::StrCat("no job \"", name, "\" on this server"));
     job = std::move(it->second);
     jobs_.erase(it);
   }

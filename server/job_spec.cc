@@ -23,19 +23,26 @@ bool ValidJobName(const std::string& name) {
 
 absl::StatusOr<DType> DTypeFromProto(v1::DType dtype) {
   switch (dtype) {
-    case v1::DTYPE_FP32: return DType::kFloat32;
-    case v1::DTYPE_FP16: return DType::kFloat16;
-    case v1::DTYPE_BF16: return DType::kBFloat16;
-    default: return absl::InvalidArgumentError(absl::StrCat("dtype ", static_cast<int>(dtype),
-                                                            " is not fp32, fp16 or bf16"));
+    case v1::DTYPE_FP32:
+      return DType::kFloat32;
+    case v1::DTYPE_FP16:
+      return DType::kFloat16;
+    case v1::DTYPE_BF16:
+      return DType::kBFloat16;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("dtype ", static_cast<int>(dtype), " is not fp32, fp16 or bf16"));
   }
 }
 
 v1::DType DTypeToProto(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return v1::DTYPE_FP32;
-    case DType::kFloat16: return v1::DTYPE_FP16;
-    case DType::kBFloat16: return v1::DTYPE_BF16;
+    case DType::kFloat32:
+      return v1::DTYPE_FP32;
+    case DType::kFloat16:
+      return v1::DTYPE_FP16;
+    case DType::kBFloat16:
+      return v1::DTYPE_BF16;
   }
   return v1::DTYPE_UNSPECIFIED;
 }
@@ -44,8 +51,8 @@ absl::StatusOr<JobSpec> JobSpecFromRequest(const v1::OpenJobRequest& request) {
   JobSpec spec;
   spec.name = request.job();
   if (!ValidJobName(spec.name)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "job name \"", spec.name, "\" is not 1 to 128 characters of [A-Za-z0-9._-]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("job name \"", spec.name, "\" is not 1 to 128 characters of [A-Za-z0-9._-]"));
   }
   if (request.dp_world_size() < 1) {
     return absl::InvalidArgumentError(
@@ -59,7 +66,8 @@ absl::StatusOr<JobSpec> JobSpecFromRequest(const v1::OpenJobRequest& request) {
     return absl::InvalidArgumentError(
         absl::StrCat("servers: duplicate address in [", absl::StrJoin(spec.servers, ", "), "]"));
   }
-  if (request.server_index() < 0 || request.server_index() >= static_cast<int>(spec.servers.size())) {
+  if (request.server_index() < 0 ||
+      request.server_index() >= static_cast<int>(spec.servers.size())) {
     return absl::InvalidArgumentError(absl::StrCat("server_index = ", request.server_index(),
                                                    ": outside the ", spec.servers.size(),
                                                    "-server list"));
@@ -75,8 +83,8 @@ absl::StatusOr<JobSpec> JobSpecFromRequest(const v1::OpenJobRequest& request) {
   spec.config = std::move(loaded->config);
   const OptimizerType opt = spec.config.optimizer.type;
   if (opt != OptimizerType::kAdam && opt != OptimizerType::kAdamW) {
-    return absl::UnimplementedError(absl::StrCat("optimizer ", std::string(EnumName(opt)),
-                                                 ": zo-server runs Adam and AdamW"));
+    return absl::UnimplementedError(
+        absl::StrCat("optimizer ", std::string(EnumName(opt)), ": zo-server runs Adam and AdamW"));
   }
   spec.dtype = spec.config.fp16.enabled   ? DType::kFloat16
                : spec.config.bf16.enabled ? DType::kBFloat16
@@ -90,15 +98,16 @@ absl::StatusOr<JobSpec> JobSpecFromRequest(const v1::OpenJobRequest& request) {
     absl::StatusOr<DType> dtype = DTypeFromProto(t.dtype());
     if (!dtype.ok() || *dtype != spec.dtype) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "manifest tensor \"", t.name(), "\": dtype must be the job's ", std::string(DTypeName(spec.dtype)),
-          " (from the config's fp16/bf16 sections)"));
+          "manifest tensor \"", t.name(), "\": dtype must be the job's ",
+          std::string(DTypeName(spec.dtype)), " (from the config's fp16/bf16 sections)"));
     }
     spec_t.dtype = *dtype;
     spec.manifest.push_back(std::move(spec_t));
   }
   absl::StatusOr<ShardMap> map = ShardMap::Create(spec.manifest, spec.config.zo.chunk_elems,
                                                   static_cast<int>(spec.servers.size()));
-  if (!map.ok()) return absl::InvalidArgumentError(absl::StrCat("manifest: ", map.status().message()));
+  if (!map.ok())
+    return absl::InvalidArgumentError(absl::StrCat("manifest: ", map.status().message()));
   spec.shard_map = *std::move(map);
   return spec;
 }
@@ -112,9 +121,10 @@ std::string JobSpecMismatch(const JobSpec& a, const JobSpec& b) {
     const TensorSpec& x = a.manifest[i];
     const TensorSpec& y = b.manifest[i];
     if (x.name != y.name || x.shape != y.shape || x.dtype != y.dtype) {
-      return absl::StrCat("manifest tensor ", i, " is \"", y.name, "\" [", absl::StrJoin(y.shape, ","),
-                          "] ", std::string(DTypeName(y.dtype)), ", the job's is \"", x.name, "\" [",
-                          absl::StrJoin(x.shape, ","), "] ", std::string(DTypeName(x.dtype)));
+      return absl::StrCat("manifest tensor ", i, " is \"", y.name, "\" [",
+                          absl::StrJoin(y.shape, ","), "] ", std::string(DTypeName(y.dtype)),
+                          ", the job's is \"", x.name, "\" [", absl::StrJoin(x.shape, ","), "] ",
+                          std::string(DTypeName(x.dtype)));
     }
   }
   if (!(a.config == b.config)) return "the config differs from the job's";
@@ -123,14 +133,14 @@ std::string JobSpecMismatch(const JobSpec& a, const JobSpec& b) {
                         a.dp_world_size);
   }
   if (a.servers != b.servers) {
-    return absl::StrCat("server list [", absl::StrJoin(b.servers, ", "), "] differs from the job's [",
-                        absl::StrJoin(a.servers, ", "), "]");
+    return absl::StrCat("server list [", absl::StrJoin(b.servers, ", "),
+                        "] differs from the job's [", absl::StrJoin(a.servers, ", "), "]");
   }
   if (a.server_index != b.server_index) {
-    return absl::StrCat("server_index ", b.server_index, " differs from the job's ", a.server_index);
+    return absl::StrCat("server_index ", b.server_index, " differs from the job's ",
+                        a.server_index);
   }
   return "";
 }
 
 }  // namespace zo
-

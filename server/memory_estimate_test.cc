@@ -78,8 +78,8 @@ TEST(MemoryEstimateTest, RejectsImpossibleInput) {
   EstimateInput in;
   in.tensor_elems = {100};
   in.servers = 0;
-  EXPECT_THAT(EstimateMemory(in),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("servers must be >= 1, got 0")));
+  EXPECT_THAT(EstimateMemory(in), StatusIs(absl::StatusCode::kInvalidArgument,
+                                           HasSubstr("servers must be >= 1, got 0")));
   in.servers = 1;
   in.nvme = true;
   in.buffer_count = 2;

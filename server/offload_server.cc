@@ -64,15 +64,15 @@ absl::StatusOr<std::unique_ptr<OffloadServer>> OffloadServer::Start(const Server
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
   impl->server = builder.BuildAndStart();
   if (impl->server == nullptr || (!options.listen.empty() && impl->port == 0)) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", options.listen,
-                     " (address in use, or not a local address?)"));
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen,
+                                               " (address in use, or not a local address?)"));
   }
   grpc::HealthCheckServiceInterface* health = impl->server->GetHealthCheckService();
   if (health != nullptr) health->SetServingStatus(true);
   ZO_LOG(INFO) << "zo-server listening on "
-               << (options.listen.empty() ? std::string("in-process only")
-                                          : absl::StrCat(options.listen, " (port ", impl->port, ")"))
+               << (options.listen.empty()
+                       ? std::string("in-process only")
+                       : absl::StrCat(options.listen, " (port ", impl->port, ")"))
                << (options.tls_cert.empty() ? "" : ", TLS")
                << (options.auth_token.empty() ? "" : ", token required") << ", "
                << impl->pool->size() << " optimizer threads";

@@ -5,8 +5,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/logging.h"
-#include "proto/rpc_util.h"
 #include "grpcpp/support/method_handler.h"
+#include "proto/rpc_util.h"
 #include "server/gradient_piece_view.h"
 #include "server/job_spec.h"
 
@@ -28,13 +28,13 @@ bool ConstantTimeEquals(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
-#define ZO_RPC_AUTH(context)                                       \
-  do {                                                             \
+#define ZO_RPC_AUTH(context)                                                     \
+  do {                                                                           \
     if (absl::Status s = CheckAuth(*(context)); !s.ok()) return ToGrpcStatus(s); \
   } while (0)
 
-#define ZO_RPC_ASSIGN_OR_RETURN(lhs, expr) \
-  auto lhs##_or = (expr);                  \
+#define ZO_RPC_ASSIGN_OR_RETURN(lhs, expr)                    \
+  auto lhs##_or = (expr);                                     \
   if (!lhs##_or.ok()) return ToGrpcStatus(lhs##_or.status()); \
   auto lhs = *std::move(lhs##_or)
 
@@ -42,17 +42,19 @@ bool ConstantTimeEquals(const std::string& a, const std::string& b) {
 
 OffloadService::OffloadService(JobRegistry* registry, std::string auth_token,
                                int64_t max_message_bytes)
-    : registry_(registry), auth_token_(std::move(auth_token)), max_message_bytes_(max_message_bytes) {
+    : registry_(registry),
+      auth_token_(std::move(auth_token)),
+      max_message_bytes_(max_message_bytes) {
   // Method 5 of zo.v1.Offload is PushGradients (checked by a test that
   // pushes through the real service).
-  MarkMethodStreamed(5, new grpc::internal::ClientStreamingHandler<OffloadService, grpc::ByteBuffer,
-                                                                   v1::PushGradientsResponse>(
-                            [](OffloadService* service, grpc::ServerContext* context,
-                               grpc::ServerReader<grpc::ByteBuffer>* reader,
-                               v1::PushGradientsResponse* response) {
-                              return service->PushGradientsRaw(context, reader, response);
-                            },
-                            this));
+  MarkMethodStreamed(
+      5, new grpc::internal::ClientStreamingHandler<OffloadService, grpc::ByteBuffer,
+                                                    v1::PushGradientsResponse>(
+             [](OffloadService* service, grpc::ServerContext* context,
+                grpc::ServerReader<grpc::ByteBuffer>* reader, v1::PushGradientsResponse* response) {
+               return service->PushGradientsRaw(context, reader, response);
+             },
+             this));
 }
 
 absl::Status OffloadService::CheckAuth(const grpc::ServerContext& context) const {

@@ -89,9 +89,9 @@ absl::StatusOr<ParamVersions::Lease> ParamVersions::Acquire(int64_t version) {
     }
   }
   const int64_t latest = base_ + static_cast<int64_t>(data_version_.size()) - 1;
-  return absl::FailedPreconditionError(absl::StrCat(
-      "version ", version, " is not held (latest is ", latest,
-      "; only the two newest distinct versions are kept)"));
+  return absl::FailedPreconditionError(
+      absl::StrCat("version ", version, " is not held (latest is ", latest,
+                   "; only the two newest distinct versions are kept)"));
 }
 
 ParamVersions::Lease::~Lease() {

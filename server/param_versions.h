@@ -51,7 +51,9 @@ class ParamVersions {
   // Read access to one version's data while it lives.
   class Lease {
    public:
-    Lease(Lease&& other) noexcept : owner_(other.owner_), buffer_(other.buffer_) { other.owner_ = nullptr; }
+    Lease(Lease&& other) noexcept : owner_(other.owner_), buffer_(other.buffer_) {
+      other.owner_ = nullptr;
+    }
     Lease(const Lease&) = delete;
     Lease& operator=(const Lease&) = delete;
     Lease& operator=(Lease&&) = delete;

@@ -22,14 +22,16 @@ v1::Offload::Stub* PeerClient::StubFor(const std::string& address) {
   auto it = stubs_.find(address);
   if (it == stubs_.end()) {
     std::shared_ptr<grpc::ChannelCredentials> creds =
-        credentials_.tls_root_certs.empty()
-            ? grpc::InsecureChannelCredentials()
-            : grpc::SslCredentials(grpc::SslCredentialsOptions{credentials_.tls_root_certs, "", ""});
+        credentials_.tls_root_certs.empty() ? grpc::InsecureChannelCredentials()
+                                            : grpc::SslCredentials(grpc::SslCredentialsOptions{
+                                                  credentials_.tls_root_certs, "", ""});
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(64 << 20);
     args.SetMaxSendMessageSize(64 << 20);
-    it = stubs_.emplace(address, v1::Offload::NewStub(grpc::CreateCustomChannel(address, creds, args)))
-             .first;
+    it =
+        stubs_
+            .emplace(address, v1::Offload::NewStub(grpc::CreateCustomChannel(address, creds, args)))
+            .first;
   }
   return it->second.get();
 }
@@ -46,7 +48,8 @@ absl::Status PeerClient::ReportStepStats(const std::string& address, const v1::S
   grpc::ClientContext context;
   Prepare(context, timeout);
   v1::StepStatsResponse response;
-  return Named(address, "ReportStepStats", StubFor(address)->ReportStepStats(&context, stats, &response));
+  return Named(address, "ReportStepStats",
+               StubFor(address)->ReportStepStats(&context, stats, &response));
 }
 
 absl::Status PeerClient::CommitStep(const std::string& address, const v1::StepCommit& commit,
@@ -70,7 +73,8 @@ absl::StatusOr<v1::WriteCheckpointPartResponse> PeerClient::WriteCheckpointPart(
 }
 
 absl::Status PeerClient::RestorePart(const std::string& address,
-                                     const v1::RestorePartRequest& request, absl::Duration timeout) {
+                                     const v1::RestorePartRequest& request,
+                                     absl::Duration timeout) {
   grpc::ClientContext context;
   Prepare(context, timeout);
   v1::RestorePartResponse response;

@@ -105,7 +105,8 @@ void SetIfDefault(absl::Flag<T>& flag, const T& value) {
 
 void ApplyConfigDefaults(const Config& config) {
   SetIfDefault(FLAGS_precision, std::string(config.bf16.enabled ? "bf16" : "fp16"));
-  SetIfDefault(FLAGS_nvme, config.zero_optimization.offload_optimizer.device == OffloadDevice::kNvme);
+  SetIfDefault(FLAGS_nvme,
+               config.zero_optimization.offload_optimizer.device == OffloadDevice::kNvme);
   SetIfDefault(FLAGS_sub_group_size, absl::StrCat(config.zero_optimization.sub_group_size));
   SetIfDefault(FLAGS_buffer_count, config.zero_optimization.offload_optimizer.buffer_count);
   SetIfDefault(FLAGS_chunk_elems, absl::StrCat(config.zo.chunk_elems));

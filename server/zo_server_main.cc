@@ -67,7 +67,9 @@ int Run() {
     options.memory_budget_bytes = 0;  // all optimizer state on NVMe
   } else if (!b.empty()) {
     absl::StatusOr<int64_t> budget = ParseCount(b);
-    if (!budget.ok()) return fail(absl::InvalidArgumentError(absl::StrCat("--memory-budget: ", budget.status().message())));
+    if (!budget.ok())
+      return fail(
+          absl::InvalidArgumentError(absl::StrCat("--memory-budget: ", budget.status().message())));
     options.memory_budget_bytes = *budget;
   }
   absl::StatusOr<int64_t> max_message = ParseCount(absl::GetFlag(FLAGS_max_message_bytes));
@@ -106,8 +108,7 @@ int Run() {
   }
   int signal = 0;
   sigwait(&signals, &signal);
-  ZO_LOG(INFO) << "zo-server: " << (signal == SIGTERM ? "SIGTERM" : "SIGINT")
-               << ", shutting down";
+  ZO_LOG(INFO) << "zo-server: " << (signal == SIGTERM ? "SIGTERM" : "SIGINT") << ", shutting down";
   (*server)->Shutdown(absl::Seconds(5));
   return 0;
 }

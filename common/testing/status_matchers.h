@@ -42,7 +42,7 @@ MATCHER_P2(StatusIs, code, message_matcher,
 
 }  // namespace zo::testing
 
-#define ZO_ASSERT_OK_AND_ASSIGN(lhs, rexpr)                                  \
+#define ZO_ASSERT_OK_AND_ASSIGN(lhs, rexpr) \
   ZO_ASSERT_OK_AND_ASSIGN_IMPL_(ZO_TESTING_CONCAT_(zo_statusor_, __LINE__), lhs, rexpr)
 #define ZO_TESTING_CONCAT_INNER_(x, y) x##y
 #define ZO_TESTING_CONCAT_(x, y) ZO_TESTING_CONCAT_INNER_(x, y)

@@ -60,7 +60,8 @@ absl::StatusOr<std::string> BeginCheckpoint(const std::string& root, const std::
 // that every listed part exists with its size and index checksum, renames
 // the directory to its final name and fsyncs the parent. Returns the final
 // path. Leaves tmp_dir in place on error.
-absl::StatusOr<std::string> CommitCheckpoint(const std::string& tmp_dir, const CheckpointMeta& meta);
+absl::StatusOr<std::string> CommitCheckpoint(const std::string& tmp_dir,
+                                             const CheckpointMeta& meta);
 
 // The committed checkpoint of `job` with the highest version under `root`,
 // or NOT_FOUND naming the directory searched.

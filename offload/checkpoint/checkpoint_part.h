@@ -30,8 +30,8 @@ struct CheckpointChunk {
 
 // What the commit record (checkpoint.json) lists for each part.
 struct CheckpointPartSummary {
-  std::string file;     // base name inside the checkpoint directory
-  int64_t bytes = 0;    // file size
+  std::string file;             // base name inside the checkpoint directory
+  int64_t bytes = 0;            // file size
   uint64_t index_checksum = 0;  // XXH3-64 of the part's index (covers every block checksum)
   friend bool operator==(const CheckpointPartSummary&, const CheckpointPartSummary&) = default;
 };

@@ -34,7 +34,9 @@ namespace zo {
 
 // Names the engine in ctest's listing instead of its raw bytes.
 void PrintTo(IoEngineKind kind, std::ostream* os) {
-  *os << (kind == IoEngineKind::kIoUring ? "io_uring" : kind == IoEngineKind::kPread ? "pread" : "auto");
+  *os << (kind == IoEngineKind::kIoUring ? "io_uring"
+          : kind == IoEngineKind::kPread ? "pread"
+                                         : "auto");
 }
 namespace {
 

@@ -82,11 +82,11 @@ class PreadBackend final : public IoBackend {
   }
 
   std::mutex mu_;
-  std::condition_variable work_cv_;  // queue_ gained pieces, or stop_
-  std::condition_variable done_cv_;  // results_ grew
-  std::deque<IoPiece> queue_;             // guarded by mu_
-  std::vector<IoPieceResult> results_;    // guarded by mu_
-  bool stop_ = false;                     // guarded by mu_
+  std::condition_variable work_cv_;     // queue_ gained pieces, or stop_
+  std::condition_variable done_cv_;     // results_ grew
+  std::deque<IoPiece> queue_;           // guarded by mu_
+  std::vector<IoPieceResult> results_;  // guarded by mu_
+  bool stop_ = false;                   // guarded by mu_
   std::vector<std::thread> workers_;
 };
 

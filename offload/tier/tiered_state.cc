@@ -360,7 +360,8 @@ absl::Status TieredOptimizerState::AdamStep(const AdamStepConstants& c, TypedCon
   const int64_t ram_groups = layout.ram_sub_groups();
   const OverlapFn ram_pass_then_report = [&](const std::function<void()>& pump) {
     ram_pass(pump);
-    if (updated && ram_groups > 0) updated(layout.begin(ram_groups - 1) + layout.size(ram_groups - 1));
+    if (updated && ram_groups > 0)
+      updated(layout.begin(ram_groups - 1) + layout.size(ram_groups - 1));
   };
   const auto slot_done = [&](int64_t slot) {
     const int64_t sg = ram_groups + slot;

@@ -47,7 +47,7 @@ struct TieredStateOptions {
   // Bytes of optimizer state (12 per element) kept in RAM; sub-groups beyond
   // it go to NVMe. < 0: no limit (everything in RAM).
   int64_t ram_budget_bytes = -1;
-  int buffer_count = 4;  // offload_optimizer.buffer_count; >= 3 when anything is on NVMe
+  int buffer_count = 4;   // offload_optimizer.buffer_count; >= 3 when anything is on NVMe
   bool checksums = true;  // off only for benchmarking
   IoEngineOptions io;     // from the config's aio section
 };
@@ -81,7 +81,7 @@ class TieredOptimizerState {
 
   int64_t total_elems() const;
   int64_t num_sub_groups() const;
-  int64_t ram_sub_groups() const;   // the first ones; the rest are on NVMe
+  int64_t ram_sub_groups() const;  // the first ones; the rest are on NVMe
   int64_t nvme_sub_groups() const;
 
   // Sets master[offset, offset + values.size()) and zeroes m and v there.
@@ -95,8 +95,8 @@ class TieredOptimizerState {
                          absl::Span<float> v);
   // Sets all three (restore from a checkpoint); the spans have one size.
   // Clears "needs restore" as LoadMaster does.
-  absl::Status WriteState(int64_t offset, absl::Span<const float> master,
-                          absl::Span<const float> m, absl::Span<const float> v);
+  absl::Status WriteState(int64_t offset, absl::Span<const float> master, absl::Span<const float> m,
+                          absl::Span<const float> v);
 
   // One fused Adam/AdamW step over all elements: `grad` and `low_precision`
   // (optional) each cover total_elems, indexed like the state.

@@ -325,7 +325,8 @@ TEST_F(TieredStateTest, ReportsEachUpdatedPrefixInOrder) {
   const auto updated = [&](int64_t end) {
     ends.push_back(end);
     if (copy[end - 1] == kUntouched) problem += " [0, " + std::to_string(end) + ") not written;";
-    if (end < kTotal && copy[end] != kUntouched) problem += " past " + std::to_string(end) + " written;";
+    if (end < kTotal && copy[end] != kUntouched)
+      problem += " past " + std::to_string(end) + " written;";
   };
   ASSERT_THAT(state->AdamStep(MakeAdamStepConstants({}, 1, 1.0), {grad.data(), DType::kFloat32},
                               {copy.data(), DType::kFloat16}, updated),

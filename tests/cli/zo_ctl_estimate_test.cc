@@ -35,11 +35,10 @@ Result RunZoCtl(const std::string& args) {
 
 TEST(ZoCtlEstimateTest, JsonFiguresForAConfigFile) {
   // The example config puts optimizer state on NVMe; flags override the
-  // sub-group size. 2e9 params on one server: NVMe 12 B/param, RAM 8 B/param (accumulator, two fp16 versions)
-  // plus 4 buffers of 1e8 elements x 12 B.
-  const Result r = RunZoCtl(
-      "estimate --params 2B --config " ZO_SOURCE_DIR
-      "/examples/configs/nvme_offload_fp16.json --sub-group-size 1e8 --json");
+  // sub-group size. 2e9 params on one server: NVMe 12 B/param, RAM 8 B/param (accumulator, two fp16
+  // versions) plus 4 buffers of 1e8 elements x 12 B.
+  const Result r = RunZoCtl("estimate --params 2B --config " ZO_SOURCE_DIR
+                            "/examples/configs/nvme_offload_fp16.json --sub-group-size 1e8 --json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const size_t start = r.output.find('{');
   ASSERT_NE(start, std::string::npos) << r.output;

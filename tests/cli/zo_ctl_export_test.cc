@@ -26,10 +26,10 @@ using ::zo::testing::FlatState;
 using ::zo::testing::FlipByte;
 using ::zo::testing::FreshTestDir;
 using ::zo::testing::IsOk;
-using ::zo::testing::ParseSafetensors;
-using ::zo::testing::Safetensors;
 using ::zo::testing::MakeFlatState;
+using ::zo::testing::ParseSafetensors;
 using ::zo::testing::RunZoCtl;
+using ::zo::testing::Safetensors;
 using ::zo::testing::WriteTestCheckpoint;
 using ::zo::testing::ZoCtlResult;
 

@@ -91,8 +91,8 @@ TEST_F(BadInputTest, EachBadCallIsRefusedAndTheJobStillMatchesTheReference) {
   const LeastSquares p = LeastSquares::Make({300, 100}, 32, 2, 11);
   ClientOptions options;
   options.auth_token = kToken;
-  ZO_ASSERT_OK_AND_ASSIGN(auto workers, OpenWorkers(p, DType::kFloat32, "bad", kConfig,
-                                                    {server_->address()}, options));
+  ZO_ASSERT_OK_AND_ASSIGN(
+      auto workers, OpenWorkers(p, DType::kFloat32, "bad", kConfig, {server_->address()}, options));
   ASSERT_THAT(workers[0]->InitWeights(), IsOk());
   // Rank 0 delivers step 1; rank 1 has not yet, so the step stays open.
   ASSERT_THAT(workers[0]->RunStep(1, false), IsOk());
@@ -129,8 +129,8 @@ TEST_F(BadInputTest, EachBadCallIsRefusedAndTheJobStillMatchesTheReference) {
   {  // wrong length: 3 bytes of fp32
     v1::GradientPiece piece = ValidPiece();
     piece.set_data("abc");
-    EXPECT_THAT(PushRaw(piece), StatusIs(absl::StatusCode::kInvalidArgument,
-                                         HasSubstr("not a positive multiple")));
+    EXPECT_THAT(PushRaw(piece),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not a positive multiple")));
   }
   {  // offset past the chunk's end
     v1::GradientPiece piece = ValidPiece();
@@ -141,8 +141,8 @@ TEST_F(BadInputTest, EachBadCallIsRefusedAndTheJobStillMatchesTheReference) {
   {  // a piece rank 0 already delivered, with garbage values
     v1::GradientPiece piece = ValidPiece();
     piece.set_dp_rank(0);
-    EXPECT_THAT(PushRaw(piece),
-                StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("already pushed by dp rank 0")));
+    EXPECT_THAT(PushRaw(piece), StatusIs(absl::StatusCode::kAlreadyExists,
+                                         HasSubstr("already pushed by dp rank 0")));
   }
   {  // a step that is not open: past, far future, and next (which waits, here past its deadline)
     v1::GradientPiece piece = ValidPiece();
@@ -150,8 +150,8 @@ TEST_F(BadInputTest, EachBadCallIsRefusedAndTheJobStillMatchesTheReference) {
     EXPECT_THAT(PushRaw(piece), StatusIs(absl::StatusCode::kFailedPrecondition,
                                          HasSubstr("takes gradients for step 1")));
     piece.set_step(7);
-    EXPECT_THAT(PushRaw(piece), StatusIs(absl::StatusCode::kFailedPrecondition,
-                                         HasSubstr("step 7 is not open")));
+    EXPECT_THAT(PushRaw(piece),
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("step 7 is not open")));
     piece.set_step(2);
     EXPECT_THAT(PushRaw(piece, absl::Milliseconds(300)),
                 StatusIs(absl::StatusCode::kDeadlineExceeded, ::testing::_));
@@ -163,8 +163,8 @@ TEST_F(BadInputTest, EachBadCallIsRefusedAndTheJobStillMatchesTheReference) {
                 StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dp_rank 2 is outside")));
     piece = ValidPiece();
     piece.set_dtype(v1::DTYPE_FP16);
-    EXPECT_THAT(PushRaw(piece), StatusIs(absl::StatusCode::kInvalidArgument,
-                                         HasSubstr("is not the job's fp32")));
+    EXPECT_THAT(PushRaw(piece),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("is not the job's fp32")));
     piece = ValidPiece();
     piece.set_chunk(99);
     EXPECT_THAT(PushRaw(piece),
@@ -178,7 +178,10 @@ TEST_F(BadInputTest, EachBadCallIsRefusedAndTheJobStillMatchesTheReference) {
     std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
         grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel_.get(), method,
                                                                       context.get(), &response));
-    const std::string junk("\x0a\x03" "ba", 4);  // a job name cut short
+    const std::string junk(
+        "\x0a\x03"
+        "ba",
+        4);  // a job name cut short
     grpc::Slice slice(junk.data(), junk.size());
     writer->Write(grpc::ByteBuffer(&slice, 1));
     writer->WritesDone();

@@ -28,12 +28,13 @@ struct LeastSquares {
   int n = 0;  // parameters
   int m = 0;  // rows per dp rank
   int dp = 0;
-  std::vector<int> tensor_sizes;             // they tile [0, n)
-  std::vector<std::vector<double>> a;        // per rank, m x n row-major
-  std::vector<std::vector<double>> b;        // per rank, m
+  std::vector<int> tensor_sizes;       // they tile [0, n)
+  std::vector<std::vector<double>> a;  // per rank, m x n row-major
+  std::vector<std::vector<double>> b;  // per rank, m
   std::vector<float> x0;
 
-  static LeastSquares Make(std::vector<int> tensor_sizes, int rows_per_rank, int dp, uint32_t seed) {
+  static LeastSquares Make(std::vector<int> tensor_sizes, int rows_per_rank, int dp,
+                           uint32_t seed) {
     LeastSquares p;
     p.tensor_sizes = std::move(tensor_sizes);
     for (int s : p.tensor_sizes) p.n += s;
@@ -94,9 +95,12 @@ struct LeastSquares {
 // Rounds v to the job's dtype and back.
 inline float RoundTo(DType dtype, float v) {
   switch (dtype) {
-    case DType::kFloat16: return HalfBitsToFloat(FloatToHalfBits(v));
-    case DType::kBFloat16: return Bf16BitsToFloat(FloatToBf16Bits(v));
-    case DType::kFloat32: return v;
+    case DType::kFloat16:
+      return HalfBitsToFloat(FloatToHalfBits(v));
+    case DType::kBFloat16:
+      return Bf16BitsToFloat(FloatToBf16Bits(v));
+    case DType::kFloat32:
+      return v;
   }
   return v;
 }

@@ -47,9 +47,10 @@ std::vector<float> Train(const std::string& config, int steps,
 TEST(NvmeJobTest, RamOnlyJobOverTheMemoryBudgetIsRefusedAtOpen) {
   const LeastSquares p = Problem();
   std::vector<ServerProcess> servers = StartServers(1, {"--memory-budget", "1Ki"});
-  EXPECT_THAT(OpenWorkers(p, DType::kFloat32, "big", Config("", false), Addresses(servers)).status(),
-              StatusIs(absl::StatusCode::kResourceExhausted,
-                       HasSubstr("offload_optimizer.device to \"nvme\"")));
+  EXPECT_THAT(
+      OpenWorkers(p, DType::kFloat32, "big", Config("", false), Addresses(servers)).status(),
+      StatusIs(absl::StatusCode::kResourceExhausted,
+               HasSubstr("offload_optimizer.device to \"nvme\"")));
 }
 
 // With the delayed update, step t+1's gradients arrive while step t's update
@@ -76,8 +77,8 @@ TEST(NvmeJobTest, NvmeResidentStateCorruptionNeedsRestoreAndRestoreResumesExactl
       StartServers(2, {"--memory-budget", "0", "--checkpoint-dir", ckpt});
   ClientOptions options;
   options.call_timeout = absl::Seconds(5);
-  ZO_ASSERT_OK_AND_ASSIGN(auto workers, OpenWorkers(p, DType::kFloat32, "nvme", config,
-                                                    Addresses(servers), options));
+  ZO_ASSERT_OK_AND_ASSIGN(
+      auto workers, OpenWorkers(p, DType::kFloat32, "nvme", config, Addresses(servers), options));
   ZO_ASSERT_OK_AND_ASSIGN(const v1::JobStatus st, workers[0]->client().JobStatus());
   EXPECT_EQ(st.nvme_elems(), st.local_elems()) << "memory budget 0: everything on NVMe";
   ASSERT_THAT(workers[0]->InitWeights(), IsOk());
@@ -110,8 +111,8 @@ TEST(NvmeJobTest, NvmeResidentStateCorruptionNeedsRestoreAndRestoreResumesExactl
 
   // Restore the checkpoint of step 10 and train on: bit for bit the run whose
   // state never left RAM.
-  ZO_ASSERT_OK_AND_ASSIGN(auto resumed, OpenWorkers(p, DType::kFloat32, "nvme", config,
-                                                    Addresses(servers), options));
+  ZO_ASSERT_OK_AND_ASSIGN(
+      auto resumed, OpenWorkers(p, DType::kFloat32, "nvme", config, Addresses(servers), options));
   workers.clear();
   ZO_ASSERT_OK_AND_ASSIGN(const int64_t version, resumed[0]->client().Restore(""));
   EXPECT_EQ(version, 10);

@@ -26,9 +26,8 @@ constexpr int kSteps = 50;
 // AdamW with linear warmup and clipping; 5 chunks of 128 elements over the
 // servers. clipping 0.5 is active for the first steps (initial norm ~2).
 std::string ConfigJson(const std::string& precision = "", const std::string& dpu = "") {
-  return ReferenceJobConfig(
-      absl::StrCat(R"("steps_per_print": 10, )", precision, R"( "zo": {"chunk_elems": 128 )", dpu,
-                   "}"));
+  return ReferenceJobConfig(absl::StrCat(R"("steps_per_print": 10, )", precision,
+                                         R"( "zo": {"chunk_elems": 128 )", dpu, "}"));
 }
 
 LeastSquares Problem() { return ReferenceProblem(); }
@@ -144,8 +143,7 @@ TEST(OffloadE2eTest, Fp16OverflowSkipsTheStepEverywhereAndFollowsDynamicLossScal
 TEST(OffloadE2eTest, DelayedParameterUpdateMatchesTheOneStepDelayedReference) {
   const LeastSquares p = Problem();
   std::vector<ServerProcess> servers = StartServers(2);
-  const std::string config =
-      ConfigJson("", R"(, "dpu": {"enabled": true, "warmup_steps": 3})");
+  const std::string config = ConfigJson("", R"(, "dpu": {"enabled": true, "warmup_steps": 3})");
   ZO_ASSERT_OK_AND_ASSIGN(auto workers,
                           OpenWorkers(p, DType::kFloat32, "dpu", config, Addresses(servers)));
   ASSERT_THAT(workers[0]->InitWeights(), IsOk());
@@ -169,16 +167,16 @@ TEST(OffloadE2eTest, CheckpointOnTwoServersRestoresOntoThreeIdentically) {
   std::string path;
   {
     std::vector<ServerProcess> servers = StartServers(2, {"--checkpoint-dir", ckpt});
-    ZO_ASSERT_OK_AND_ASSIGN(auto workers,
-                            OpenWorkers(p, DType::kFloat32, "resharded", ConfigJson(), Addresses(servers)));
+    ZO_ASSERT_OK_AND_ASSIGN(auto workers, OpenWorkers(p, DType::kFloat32, "resharded", ConfigJson(),
+                                                      Addresses(servers)));
     ASSERT_THAT(workers[0]->InitWeights(), IsOk());
     ASSERT_THAT(RunSteps(workers, 1, 20), IsOk());
     ZO_ASSERT_OK_AND_ASSIGN(path, workers[0]->client().Checkpoint());
     EXPECT_THAT(path, HasSubstr("step-"));
   }
   std::vector<ServerProcess> servers = StartServers(3, {"--checkpoint-dir", ckpt});
-  ZO_ASSERT_OK_AND_ASSIGN(auto workers,
-                          OpenWorkers(p, DType::kFloat32, "resharded", ConfigJson(), Addresses(servers)));
+  ZO_ASSERT_OK_AND_ASSIGN(
+      auto workers, OpenWorkers(p, DType::kFloat32, "resharded", ConfigJson(), Addresses(servers)));
   ZO_ASSERT_OK_AND_ASSIGN(const int64_t version, workers[0]->client().Restore(path));
   EXPECT_EQ(version, 20);
   ASSERT_THAT(RunSteps(workers, 21, kSteps), IsOk());
@@ -197,8 +195,8 @@ TEST(OffloadE2eTest, KilledServerFailsClientsFastAndRestoreResumesExactly) {
   options.call_timeout = absl::Seconds(10);
   options.retry_for = absl::Seconds(2);
   {
-    ZO_ASSERT_OK_AND_ASSIGN(auto workers, OpenWorkers(p, DType::kFloat32, "kill", ConfigJson(),
-                                                      addresses, options));
+    ZO_ASSERT_OK_AND_ASSIGN(
+        auto workers, OpenWorkers(p, DType::kFloat32, "kill", ConfigJson(), addresses, options));
     ASSERT_THAT(workers[0]->InitWeights(), IsOk());
     ASSERT_THAT(RunSteps(workers, 1, 20), IsOk());
     ASSERT_THAT(workers[0]->client().Checkpoint().status(), IsOk());
@@ -220,10 +218,10 @@ TEST(OffloadE2eTest, KilledServerFailsClientsFastAndRestoreResumesExactly) {
     EXPECT_GE(st.version(), 25);
   }
   // Restart on the same address, re-attach, restore the last checkpoint, resume.
-  ZO_ASSERT_OK_AND_ASSIGN(servers[1], ServerProcess::Start({"--checkpoint-dir", ckpt},
-                                                           servers[1].port()));
-  ZO_ASSERT_OK_AND_ASSIGN(auto workers, OpenWorkers(p, DType::kFloat32, "kill", ConfigJson(),
-                                                    addresses, options));
+  ZO_ASSERT_OK_AND_ASSIGN(servers[1],
+                          ServerProcess::Start({"--checkpoint-dir", ckpt}, servers[1].port()));
+  ZO_ASSERT_OK_AND_ASSIGN(
+      auto workers, OpenWorkers(p, DType::kFloat32, "kill", ConfigJson(), addresses, options));
   ZO_ASSERT_OK_AND_ASSIGN(const int64_t version, workers[0]->client().Restore(""));
   EXPECT_EQ(version, 20);
   ASSERT_THAT(RunSteps(workers, 21, kSteps), IsOk());
@@ -239,8 +237,8 @@ TEST(OffloadE2eTest, RestartedWorkerResendsAPartlyDeliveredStep) {
   const LeastSquares p = Problem();
   std::vector<ServerProcess> servers = StartServers(2);
   const std::vector<std::string> addresses = Addresses(servers);
-  ZO_ASSERT_OK_AND_ASSIGN(auto workers, OpenWorkers(p, DType::kFloat32, "resend", ConfigJson(),
-                                                    addresses));
+  ZO_ASSERT_OK_AND_ASSIGN(auto workers,
+                          OpenWorkers(p, DType::kFloat32, "resend", ConfigJson(), addresses));
   ASSERT_THAT(workers[0]->InitWeights(), IsOk());
   ASSERT_THAT(RunSteps(workers, 1, 10), IsOk());
 
@@ -259,8 +257,8 @@ TEST(OffloadE2eTest, RestartedWorkerResendsAPartlyDeliveredStep) {
   options.dp_rank = 0;
   options.dp_world_size = 2;
   options.resend = true;
-  ZO_ASSERT_OK_AND_ASSIGN(auto client, OffloadClient::Open(options, ConfigJson(),
-                                                           ManifestOf(p, DType::kFloat32)));
+  ZO_ASSERT_OK_AND_ASSIGN(
+      auto client, OffloadClient::Open(options, ConfigJson(), ManifestOf(p, DType::kFloat32)));
   EXPECT_EQ(client->version(), 10);
   workers[0] = std::make_unique<Worker>(p, 0, DType::kFloat32, std::move(client));
   ASSERT_THAT(RunSteps(workers, 11, 11), IsOk());

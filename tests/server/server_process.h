@@ -4,7 +4,6 @@
 #ifndef ZO_TESTS_SERVER_SERVER_PROCESS_H_
 #define ZO_TESTS_SERVER_SERVER_PROCESS_H_
 
-
 #include <string>
 #include <vector>
 

@@ -152,8 +152,8 @@ inline absl::Status RunSteps(std::vector<std::unique_ptr<Worker>>& workers, int6
       for (int64_t s = first; s <= last && results[r].ok(); ++s) {
         results[r] = workers[r]->RunStep(s, r == 0 && overflow_steps.count(s) > 0);
         if (!results[r].ok()) {
-          results[r] = absl::Status(results[r].code(),
-                                    absl::StrCat("rank ", r, " step ", s, ": ", results[r].message()));
+          results[r] = absl::Status(
+              results[r].code(), absl::StrCat("rank ", r, " step ", s, ": ", results[r].message()));
         }
       }
     });
@@ -175,7 +175,8 @@ inline std::string ReferenceJobConfig(const std::string& fields) {
     "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 0.01,
                                                  "warmup_num_steps": 10, "warmup_type": "linear"}},
     "gradient_clipping": 0.5,
-    )", fields, "}");
+    )",
+                      fields, "}");
 }
 
 // The least-squares problem of the multi-server tests: 3 tensors (597

@@ -56,8 +56,8 @@ std::vector<StepLine> ReadMetrics(const std::string& path) {
 }
 
 // A tiny GPT-lite that learns in seconds on 2 cores.
-const std::vector<std::string> kTinyGpt = {"--n-layer", "2", "--n-embd", "64", "--n-head", "4",
-                                           "--block-size", "32"};
+const std::vector<std::string> kTinyGpt = {"--n-layer", "2", "--n-embd",     "64",
+                                           "--n-head",  "4", "--block-size", "32"};
 
 std::string Config(bool dpu, int dpu_warmup = 0) {
   return absl::StrCat(R"({"train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": 2,
@@ -112,8 +112,9 @@ int FreePort() {
 
 // tinyshakespeare lives beside the repository (../shared/data), never in it.
 std::string ShakespearePath() {
-  for (const std::string& candidate : {std::string(ZO_SOURCE_DIR) + "/../shared/data/tinyshakespeare.txt",
-                                      std::string("/work/shared/data/tinyshakespeare.txt")}) {
+  for (const std::string& candidate :
+       {std::string(ZO_SOURCE_DIR) + "/../shared/data/tinyshakespeare.txt",
+        std::string("/work/shared/data/tinyshakespeare.txt")}) {
     if (std::filesystem::exists(candidate)) return candidate;
   }
   return "";
@@ -126,9 +127,9 @@ TEST(ZoTrainE2eTest, EmbeddedGptLearnsFarBelowTheUnigramEntropy) {
   // entropy; one that uses context goes below it. Half a nat below
   // (1.44 x 0.5 = 0.72 bits per character) is far beyond noise: the step
   // losses of this run scatter by ~0.05 nats around their trend.
-  absl::StatusOr<CharDataset> text =
-      data.empty() ? CharDataset::FromText(SyntheticText(1 << 20, 1337))
-                   : CharDataset::FromFile(data);
+  absl::StatusOr<CharDataset> text = data.empty()
+                                         ? CharDataset::FromText(SyntheticText(1 << 20, 1337))
+                                         : CharDataset::FromFile(data);
   ASSERT_TRUE(text.ok()) << text.status();
   const double unigram_nats = text->UnigramEntropyBits() * std::log(2.0);
   if (data.empty()) {
@@ -136,11 +137,10 @@ TEST(ZoTrainE2eTest, EmbeddedGptLearnsFarBelowTheUnigramEntropy) {
                  "synthetic text instead\n";
   }
   const std::string metrics = dir + "/metrics.jsonl";
-  std::vector<std::string> args =
-      Concat({"--config", WriteFile(dir, "ds.json", Config(false)), "--steps", "150",
-              "--metrics-out", metrics, "--checkpoint-every", "75", "--checkpoint-dir",
-              dir + "/ckpt"},
-             kTinyGpt);
+  std::vector<std::string> args = Concat(
+      {"--config", WriteFile(dir, "ds.json", Config(false)), "--steps", "150", "--metrics-out",
+       metrics, "--checkpoint-every", "75", "--checkpoint-dir", dir + "/ckpt"},
+      kTinyGpt);
   if (!data.empty()) args = Concat(args, {"--data", data});
   RunTrain(args, dir + "/train.log");
 
@@ -201,14 +201,14 @@ TEST(ZoTrainE2eTest, TwoStageProcessesOverTcpFollowTheEmbeddedRun) {
   const std::string config = WriteFile(dir, "dpu.json", Config(true, kDpuWarmup));
   std::vector<ChildProcess> workers;
   for (int s = 0; s < 2; ++s) {
-    auto p = StartTrain(Concat({"--config", config, "--steps", std::to_string(kSteps),
-                                "--pipeline-stages", "2", "--stage", std::to_string(s),
-                                "--stage-addresses", stages, "--servers",
-                                absl::StrCat(servers[0].address(), ",", servers[1].address()),
-                                "--job", "tcp", "--partition-method", "type:block",
-                                "--metrics-out", absl::StrCat(dir, "/stage", s, ".jsonl")},
-                               kTinyGpt),
-                        absl::StrCat(dir, "/stage", s, ".log"));
+    auto p = StartTrain(
+        Concat({"--config", config, "--steps", std::to_string(kSteps), "--pipeline-stages", "2",
+                "--stage", std::to_string(s), "--stage-addresses", stages, "--servers",
+                absl::StrCat(servers[0].address(), ",", servers[1].address()), "--job", "tcp",
+                "--partition-method", "type:block", "--metrics-out",
+                absl::StrCat(dir, "/stage", s, ".jsonl")},
+               kTinyGpt),
+        absl::StrCat(dir, "/stage", s, ".log"));
     ASSERT_TRUE(p.ok()) << p.status();
     workers.push_back(std::move(*p));
   }
@@ -301,7 +301,8 @@ TEST(ZoTrainE2eTest, KilledWorkerRestartsFromTheServersVersion) {
   auto mismatch = StartTrain(other, dir + "/other.log");
   ASSERT_TRUE(mismatch.ok());
   ASSERT_EQ(mismatch->Wait(60s), std::optional<int>(1)) << mismatch->ReadLog();
-  EXPECT_THAT(mismatch->ReadLog(), ::testing::HasSubstr("job killed exists with another description"));
+  EXPECT_THAT(mismatch->ReadLog(),
+              ::testing::HasSubstr("job killed exists with another description"));
 }
 
 TEST(ZoTrainE2eTest, BadFlagsAreNamed) {

@@ -69,8 +69,8 @@ class Backend {
   virtual Tensor Embedding(absl::Span<const int32_t> tokens, int block_size, const Tensor& wte,
                            const Tensor& wpe) = 0;
   // dwte[tokens[r]] += dy[r]; dwpe[r mod block_size] += dy[r].
-  virtual void EmbeddingBackward(absl::Span<const int32_t> tokens, int block_size,
-                                 const Tensor& dy, Tensor& dwte, Tensor& dwpe) = 0;
+  virtual void EmbeddingBackward(absl::Span<const int32_t> tokens, int block_size, const Tensor& dy,
+                                 Tensor& dwte, Tensor& dwpe) = 0;
 
   // ---- normalisation and pointwise ----
   // torch.nn.LayerNorm over the last dimension: y = (x - mean) * rstd * gamma

@@ -12,8 +12,8 @@
 #include "proto/rpc_util.h"
 #include "proto/zo/v1/offload_service.grpc.pb.h"
 #include "worker/client/internal/byte_budget.h"
-#include "worker/client/internal/piece_encoding.h"
 #include "worker/client/internal/call.h"
+#include "worker/client/internal/piece_encoding.h"
 #include "worker/client/internal/proto_convert.h"
 #include "worker/client/internal/pull_receiver.h"
 #include "worker/client/internal/push_stream.h"
@@ -98,8 +98,8 @@ struct OffloadClient::Impl {
   // The error of an earlier push of `step`, if one failed. Requires mu.
   absl::Status StepErrorLocked(int64_t step) const;
   // `owner` null: the bytes are copied; otherwise they are sent in place.
-  absl::Status PushRange(int64_t step, int tensor, int64_t offset,
-                         absl::Span<const std::byte> data, std::shared_ptr<const void> owner);
+  absl::Status PushRange(int64_t step, int tensor, int64_t offset, absl::Span<const std::byte> data,
+                         std::shared_ptr<const void> owner);
   // Push's check that `data` is the whole tensor.
   absl::Status CheckWholeTensor(int tensor, size_t bytes) const;
   absl::Status FinishStep(int64_t step);
@@ -476,10 +476,10 @@ absl::Status OffloadClient::Impl::CheckWholeTensor(int tensor, size_t bytes) con
   }
   const int64_t want = map.TensorRange(tensor).size() * elem_bytes;
   if (static_cast<int64_t>(bytes) == want) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "pushed ", bytes, " bytes for ", TensorLabel(tensor), ", which has ",
-      map.TensorRange(tensor).size(), " elements of ", std::string(DTypeName(dtype)), " (", want,
-      " bytes)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("pushed ", bytes, " bytes for ", TensorLabel(tensor), ", which has ",
+                   map.TensorRange(tensor).size(), " elements of ", std::string(DTypeName(dtype)),
+                   " (", want, " bytes)"));
 }
 
 absl::Status OffloadClient::Push(int64_t step, int tensor, absl::Span<const std::byte> data) {

@@ -13,8 +13,7 @@
 
 namespace zo {
 
-CharDataset::CharDataset(std::string text, CharVocab vocab, std::vector<int32_t> ids,
-                         uint64_t seed)
+CharDataset::CharDataset(std::string text, CharVocab vocab, std::vector<int32_t> ids, uint64_t seed)
     : text_(std::move(text)),
       vocab_(std::move(vocab)),
       ids_(std::move(ids)),
@@ -44,8 +43,8 @@ absl::StatusOr<CharDataset> CharDataset::FromText(std::string text, uint64_t see
   return CharDataset(std::move(text), std::move(vocab), std::move(ids).value(), seed);
 }
 
-absl::StatusOr<CharBatch> CharDataset::Sample(int batch, int block_size, uint64_t step,
-                                              int dp_rank, int dp_world) const {
+absl::StatusOr<CharBatch> CharDataset::Sample(int batch, int block_size, uint64_t step, int dp_rank,
+                                              int dp_world) const {
   if (batch <= 0 || block_size <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "char dataset: batch (", batch, ") and block_size (", block_size, ") must be positive"));
@@ -57,8 +56,8 @@ absl::StatusOr<CharBatch> CharDataset::Sample(int batch, int block_size, uint64_
   const uint64_t n = ids_.size();
   if (n < static_cast<uint64_t>(block_size) + 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("char dataset: text of ", n, " characters is shorter than block_size + 1 = ",
-                     block_size + 1));
+        absl::StrCat("char dataset: text of ", n,
+                     " characters is shorter than block_size + 1 = ", block_size + 1));
   }
   // A window needs block_size + 1 characters, so it may start anywhere in
   // [0, n - block_size - 1]: n - block_size choices.
@@ -71,8 +70,8 @@ absl::StatusOr<CharBatch> CharDataset::Sample(int batch, int block_size, uint64_
   out.targets.resize(cells);
   out.starts.resize(batch);
   for (int row = 0; row < batch; ++row) {
-    const uint64_t r = CounterRandom(seed_, step, static_cast<uint64_t>(dp_rank),
-                                                    static_cast<uint64_t>(row));
+    const uint64_t r =
+        CounterRandom(seed_, step, static_cast<uint64_t>(dp_rank), static_cast<uint64_t>(row));
     const uint64_t start = UniformBelow(r, choices);
     out.starts[row] = static_cast<int64_t>(start);
     const auto window = ids_.begin() + static_cast<std::ptrdiff_t>(start);

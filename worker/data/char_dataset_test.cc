@@ -70,8 +70,8 @@ TEST(CharVocabTest, SortedDistinctBytesAndRoundTrip) {
 
 TEST(CharVocabTest, RejectsUnknownBytesAndIds) {
   const CharVocab vocab = CharVocab::FromText("abc");
-  EXPECT_THAT(vocab.Encode("abz"), StatusIs(absl::StatusCode::kInvalidArgument,
-                                            HasSubstr("offset 2")));
+  EXPECT_THAT(vocab.Encode("abz"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("offset 2")));
   EXPECT_THAT(vocab.Decode(std::vector<int32_t>{0, 3}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("id 3 at index 1")));
   EXPECT_THAT(vocab.Decode(std::vector<int32_t>{-1}),
@@ -185,8 +185,7 @@ TEST(CharDatasetTest, RejectsBadSampleArguments) {
 
 TEST(CharDatasetTest, MissingFileIsNotFoundNamingThePath) {
   const std::string path = ::testing::TempDir() + "/no_such_char_dataset.txt";
-  EXPECT_THAT(CharDataset::FromFile(path),
-              StatusIs(absl::StatusCode::kNotFound, HasSubstr(path)));
+  EXPECT_THAT(CharDataset::FromFile(path), StatusIs(absl::StatusCode::kNotFound, HasSubstr(path)));
 }
 
 TEST(CharDatasetTest, EmptyOrTinyFileIsInvalidArgument) {

@@ -10,12 +10,11 @@ namespace zo {
 namespace {
 
 constexpr std::array<std::string_view, 5> kDeterminers = {"the", "a", "every", "no", "my"};
-constexpr std::array<std::string_view, 8> kAdjectives = {"old",  "quiet", "red",  "small",
+constexpr std::array<std::string_view, 8> kAdjectives = {"old",   "quiet", "red",  "small",
                                                          "brave", "green", "dark", "bright"};
-constexpr std::array<std::string_view, 10> kNouns = {"king",   "river", "stone", "bird",
-                                                     "queen",  "garden", "sword", "ship",
-                                                     "tower",  "wolf"};
-constexpr std::array<std::string_view, 8> kVerbs = {"sees",   "finds",  "loves",   "guards",
+constexpr std::array<std::string_view, 10> kNouns = {"king",   "river", "stone", "bird",  "queen",
+                                                     "garden", "sword", "ship",  "tower", "wolf"};
+constexpr std::array<std::string_view, 8> kVerbs = {"sees",    "finds",  "loves",   "guards",
                                                     "follows", "builds", "carries", "hears"};
 constexpr std::array<std::string_view, 4> kPrepositions = {"near", "under", "beyond", "with"};
 
@@ -26,9 +25,7 @@ class Draws {
   explicit Draws(uint64_t seed) : seed_(seed) {}
 
   // Uniform in [0, n).
-  size_t Below(size_t n) {
-    return UniformBelow(CounterRandom(seed_, next_++), n);
-  }
+  size_t Below(size_t n) { return UniformBelow(CounterRandom(seed_, next_++), n); }
   bool Chance(int percent) { return Below(100) < static_cast<size_t>(percent); }
 
   // An index in [0, n): with probability `percent` one of the two that `key`

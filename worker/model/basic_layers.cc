@@ -35,8 +35,7 @@ Tensor FeatureInputLayer::Forward(Backend& b, const Tensor&, const MicroBatch& m
   return x;
 }
 
-Tensor FeatureInputLayer::Backward(Backend&, const Tensor&, const MicroBatch&, const Saved&,
-                                   bool) {
+Tensor FeatureInputLayer::Backward(Backend&, const Tensor&, const MicroBatch&, const Saved&, bool) {
   return Tensor();
 }
 
@@ -95,10 +94,10 @@ Tensor LayerNormLayer::Forward(Backend& b, const Tensor& x, const MicroBatch&, S
   return y;
 }
 
-Tensor LayerNormLayer::Backward(Backend& b, const Tensor& dy, const MicroBatch&,
-                                const Saved& saved, bool) {
-  return b.LayerNormBackward(saved[0], params()[0].value, saved[1], saved[2], dy,
-                             params()[0].grad, params()[1].grad);
+Tensor LayerNormLayer::Backward(Backend& b, const Tensor& dy, const MicroBatch&, const Saved& saved,
+                                bool) {
+  return b.LayerNormBackward(saved[0], params()[0].value, saved[1], saved[2], dy, params()[0].grad,
+                             params()[1].grad);
 }
 
 }  // namespace zo::model

@@ -45,15 +45,16 @@ std::string Model::Describe() const {
 }
 
 absl::StatusOr<Model> MakeGpt(const GptConfig& c) {
-  for (auto [field, value] : {std::pair{"n_layer", c.n_layer}, {"n_embd", c.n_embd},
-                              {"n_head", c.n_head}, {"block_size", c.block_size},
+  for (auto [field, value] : {std::pair{"n_layer", c.n_layer},
+                              {"n_embd", c.n_embd},
+                              {"n_head", c.n_head},
+                              {"block_size", c.block_size},
                               {"vocab", c.vocab}}) {
     if (absl::Status s = RequirePositive("GPT-lite", field, value); !s.ok()) return s;
   }
   if (c.n_embd % c.n_head != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("GPT-lite: n_embd (", c.n_embd,
-                                                   ") must be a multiple of n_head (", c.n_head,
-                                                   ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GPT-lite: n_embd (", c.n_embd, ") must be a multiple of n_head (", c.n_head, ")"));
   }
   Model m;
   m.kind = Model::Kind::kGpt;
@@ -64,9 +65,8 @@ absl::StatusOr<Model> MakeGpt(const GptConfig& c) {
         std::make_unique<TransformerBlock>(absl::StrCat("h.", i), c.n_embd, c.n_head, c.n_layer));
   }
   m.layers.push_back(std::make_unique<LayerNormLayer>("ln_f", c.n_embd));
-  m.layers.push_back(std::make_unique<LinearLayer>("lm_head", c.n_embd, c.vocab,
-                                                   ParamInit::Normal(0.02),
-                                                   ParamInit::Constant(0)));
+  m.layers.push_back(std::make_unique<LinearLayer>(
+      "lm_head", c.n_embd, c.vocab, ParamInit::Normal(0.02), ParamInit::Constant(0)));
   return m;
 }
 
@@ -96,9 +96,9 @@ MicroBatch MlpMicroBatch(const MlpConfig& c, uint64_t seed, int64_t step, int mi
   mb.targets.resize(static_cast<size_t>(batch));
   // One key per (step, micro-batch, rank, sample), so any rank or restarted
   // run draws the same samples.
-  const uint64_t stream = CounterRandom(seed, static_cast<uint64_t>(step),
-                                        static_cast<uint64_t>(micro_batch),
-                                        static_cast<uint64_t>(dp_rank));
+  const uint64_t stream =
+      CounterRandom(seed, static_cast<uint64_t>(step), static_cast<uint64_t>(micro_batch),
+                    static_cast<uint64_t>(dp_rank));
   for (int r = 0; r < batch; ++r) {
     double dot = 0;
     for (int j = 0; j < c.width; ++j) {

@@ -10,12 +10,9 @@ namespace zo::model {
 
 using backend::Tensor;
 
-absl::StatusOr<std::unique_ptr<ModelStage>> ModelStage::Create(backend::Backend& backend,
-                                                                Model& model,
-                                                                std::vector<int> bounds,
-                                                                const StageOptions& options,
-                                                                BatchSource& source,
-                                                                ParamLink& link) {
+absl::StatusOr<std::unique_ptr<ModelStage>> ModelStage::Create(
+    backend::Backend& backend, Model& model, std::vector<int> bounds, const StageOptions& options,
+    BatchSource& source, ParamLink& link) {
   const int virtual_stages = options.stages * options.chunks;
   if (options.stage < 0 || options.stage >= options.stages || options.chunks < 1 ||
       options.micro_batches < 1 || options.checkpoint_every < 0) {
@@ -25,9 +22,9 @@ absl::StatusOr<std::unique_ptr<ModelStage>> ModelStage::Create(backend::Backend&
   }
   if (static_cast<int>(bounds.size()) != virtual_stages + 1 || bounds.front() != 0 ||
       bounds.back() != static_cast<int>(model.layers.size())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "partition has ", bounds.size(), " boundaries for ", virtual_stages,
-        " virtual stages of ", model.layers.size(), " layers"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("partition has ", bounds.size(), " boundaries for ", virtual_stages,
+                     " virtual stages of ", model.layers.size(), " layers"));
   }
   for (int v = 0; v < virtual_stages; ++v) {
     if (bounds[v] >= bounds[v + 1]) {
@@ -85,14 +82,16 @@ absl::StatusOr<const MicroBatch*> ModelStage::Batch(int micro_batch) {
 
 absl::Status ModelStage::LoadMicroBatch(int64_t step, int micro_batch) {
   if (step != step_) {
-    return absl::InternalError(absl::StrCat("micro-batch load for step ", step, " in step ", step_));
+    return absl::InternalError(
+        absl::StrCat("micro-batch load for step ", step, " in step ", step_));
   }
   return Batch(micro_batch).status();
 }
 
 Tensor ModelStage::RunForward(int begin, int end, int first, Tensor x, const MicroBatch& mb,
                               std::vector<Saved>& saved) {
-  for (int j = begin; j < end; ++j) x = model_.layers[j]->Forward(backend_, x, mb, saved[j - first]);
+  for (int j = begin; j < end; ++j)
+    x = model_.layers[j]->Forward(backend_, x, mb, saved[j - first]);
   return x;
 }
 

@@ -60,8 +60,7 @@ class ModelStage final : public pipeline::StageModule {
   // partition.h); virtual stage c * stages + s runs on stage s as chunk c.
   // Binds this stage's parameters on `backend`. The model, backend, source
   // and link must outlive the stage.
-  static absl::StatusOr<std::unique_ptr<ModelStage>> Create(backend::Backend& backend,
-                                                            Model& model,
+  static absl::StatusOr<std::unique_ptr<ModelStage>> Create(backend::Backend& backend, Model& model,
                                                             std::vector<int> bounds,
                                                             const StageOptions& options,
                                                             BatchSource& source, ParamLink& link);
@@ -70,8 +69,7 @@ class ModelStage final : public pipeline::StageModule {
   absl::Status LoadMicroBatch(int64_t step, int micro_batch) override;
   absl::StatusOr<backend::Tensor> Forward(int micro_batch, int chunk,
                                           backend::Tensor input) override;
-  absl::StatusOr<backend::Tensor> Backward(int micro_batch, int chunk,
-                                           backend::Tensor grad_output,
+  absl::StatusOr<backend::Tensor> Backward(int micro_batch, int chunk, backend::Tensor grad_output,
                                            bool last_for_chunk) override;
   absl::Status FinishStep(int64_t step) override;
 
@@ -97,8 +95,8 @@ class ModelStage final : public pipeline::StageModule {
   bool IsLastVirtual(int chunk) const;
   absl::StatusOr<const MicroBatch*> Batch(int micro_batch);
   // Forward of layers [begin, end) of the model from x, filling saved[j - first].
-  backend::Tensor RunForward(int begin, int end, int first, backend::Tensor x,
-                             const MicroBatch& mb, std::vector<Saved>& saved);
+  backend::Tensor RunForward(int begin, int end, int first, backend::Tensor x, const MicroBatch& mb,
+                             std::vector<Saved>& saved);
 
   backend::Backend& backend_;
   Model& model_;

@@ -92,9 +92,10 @@ RunResult RunGpt(int stages, int chunks, int micro_batches, const std::string& s
   for (const auto& l : model->layers) infos.push_back({l->type(), l->param_count()});
   auto bounds = PartitionLayers(infos, stages * chunks, "uniform");
   EXPECT_TRUE(bounds.ok());
-  auto programs = schedule == "gpipe"  ? pipeline::GPipeSchedule(stages, micro_batches)
-                  : chunks == 1        ? pipeline::OneFOneBSchedule(stages, micro_batches)
-                                       : pipeline::InterleavedOneFOneBSchedule(stages, micro_batches, chunks);
+  auto programs = schedule == "gpipe" ? pipeline::GPipeSchedule(stages, micro_batches)
+                  : chunks == 1
+                      ? pipeline::OneFOneBSchedule(stages, micro_batches)
+                      : pipeline::InterleavedOneFOneBSchedule(stages, micro_batches, chunks);
   EXPECT_TRUE(programs.ok());
   TokenSource source(2, 6, 11);
   MemoryLink link(*backend);
@@ -103,8 +104,11 @@ RunResult RunGpt(int stages, int chunks, int micro_batches, const std::string& s
   std::vector<std::unique_ptr<pipeline::Executor>> executors;
   for (int s = 0; s < stages; ++s) {
     auto m = ModelStage::Create(*backend, *model, *bounds,
-                                {.stage = s, .stages = stages, .chunks = chunks,
-                                 .micro_batches = micro_batches, .dtype = DType::kFloat16,
+                                {.stage = s,
+                                 .stages = stages,
+                                 .chunks = chunks,
+                                 .micro_batches = micro_batches,
+                                 .dtype = DType::kFloat16,
                                  .checkpoint_every = checkpoint_every},
                                 source, link);
     EXPECT_TRUE(m.ok()) << m.status();
@@ -171,8 +175,7 @@ TEST(ModelStageTest, ActivationCheckpointingChangesNothing) {
 // Finite differences through whole layers in fp32 storage: the step h must
 // stay well above fp32 resolution, so the tolerance is looser than the
 // per-op double-precision checks in worker/backend/cpu/ops_test.cc.
-void CheckLayerGradients(Layer& layer, const MicroBatch& mb, int64_t in_features,
-                         bool has_input) {
+void CheckLayerGradients(Layer& layer, const MicroBatch& mb, int64_t in_features, bool has_input) {
   auto b = backend::MakeCpuBackend({.blas_threads = 1});
   layer.Bind(*b, DType::kFloat32);
   std::mt19937 rng(3);
@@ -216,7 +219,8 @@ void CheckLayerGradients(Layer& layer, const MicroBatch& mb, int64_t in_features
       std::vector<float> xp = x, xm = x;
       xp[i] += h;
       xm[i] -= h;
-      backend::Tensor tp = b->Empty(DType::kFloat32, xt.shape()), tm = b->Empty(DType::kFloat32, xt.shape());
+      backend::Tensor tp = b->Empty(DType::kFloat32, xt.shape()),
+                      tm = b->Empty(DType::kFloat32, xt.shape());
       ASSERT_TRUE(b->UploadFloat(xp, tp).ok());
       ASSERT_TRUE(b->UploadFloat(xm, tm).ok());
       expect_close(g[i], (loss(tp) - loss(tm)) / (2 * h), "dx[" + std::to_string(i) + "]");

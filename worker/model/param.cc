@@ -28,7 +28,8 @@ std::vector<float> InitialValues(const Param& param, uint64_t seed) {
   for (int64_t i = 0; i < n; ++i) {
     double v = scale;
     switch (param.init.kind) {
-      case ParamInit::Kind::kConstant: break;
+      case ParamInit::Kind::kConstant:
+        break;
       case ParamInit::Kind::kUniform:
         v = scale * (2 * Unit(CounterRandom(seed, key, static_cast<uint64_t>(i))) - 1);
         break;

@@ -38,7 +38,10 @@ std::vector<int> BalancedBoundaries(const std::vector<int64_t>& w, int parts) {
   }
   while (lo < hi) {  // the smallest bottleneck a cut reaches
     const int64_t mid = lo + (hi - lo) / 2;
-    if (Pack(w, parts, mid).empty()) lo = mid + 1; else hi = mid;
+    if (Pack(w, parts, mid).empty())
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   return Pack(w, parts, lo);
 }
@@ -46,7 +49,8 @@ std::vector<int> BalancedBoundaries(const std::vector<int64_t>& w, int parts) {
 absl::StatusOr<std::vector<int>> PartitionLayers(const std::vector<LayerWeightInfo>& layers,
                                                  int parts, const std::string& method) {
   const int n = static_cast<int>(layers.size());
-  if (parts < 1) return absl::InvalidArgumentError(absl::StrCat("stages must be >= 1, got ", parts));
+  if (parts < 1)
+    return absl::InvalidArgumentError(absl::StrCat("stages must be >= 1, got ", parts));
   if (parts > n) {
     return absl::InvalidArgumentError(absl::StrCat("cannot cut ", n, " layers into ", parts,
                                                    " pipeline stages: each needs a layer"));
@@ -75,13 +79,12 @@ absl::StatusOr<std::vector<int>> PartitionLayers(const std::vector<LayerWeightIn
       matched += static_cast<int>(weights[i]);
     }
     if (matched == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("partition method '", method,
-                                                     "': no layer type matches '", pattern,
-                                                     "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("partition method '", method, "': no layer type matches '", pattern, "'"));
     }
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unknown partition method '", method, "' (parameters, uniform or type:REGEX)"));
+    return absl::InvalidArgumentError(absl::StrCat("unknown partition method '", method,
+                                                   "' (parameters, uniform or type:REGEX)"));
   }
   return BalancedBoundaries(weights, parts);
 }

@@ -15,7 +15,22 @@ constexpr float kEps = 1e-5f;
 enum : int { kLn1W, kLn1B, kQkvW, kQkvB, kProjW, kProjB, kLn2W, kLn2B, kFcW, kFcB, kFc2W, kFc2B };
 
 // What Forward saves, by position.
-enum : int { kX, kMean1, kRstd1, kH1, kQkv, kProbs, kAtt, kX2, kMean2, kRstd2, kH2, kF, kG, kSaved };
+enum : int {
+  kX,
+  kMean1,
+  kRstd1,
+  kH1,
+  kQkv,
+  kProbs,
+  kAtt,
+  kX2,
+  kMean2,
+  kRstd2,
+  kH2,
+  kF,
+  kG,
+  kSaved
+};
 
 }  // namespace
 
@@ -73,8 +88,8 @@ Tensor TransformerBlock::Backward(Backend& b, const Tensor& dy, const MicroBatch
       b.LinearBackward(s[kAtt], p[kProjW].value, dx2, true, p[kProjW].grad, &p[kProjB].grad);
   Tensor dqkv = b.AttentionBackward(s[kQkv], s[kProbs], datt, mb.batch, heads_);
   Tensor dh1 = b.LinearBackward(s[kH1], p[kQkvW].value, dqkv, true, p[kQkvW].grad, &p[kQkvB].grad);
-  Tensor dln1 = b.LayerNormBackward(s[kX], p[kLn1W].value, s[kMean1], s[kRstd1], dh1,
-                                    p[kLn1W].grad, p[kLn1B].grad);
+  Tensor dln1 = b.LayerNormBackward(s[kX], p[kLn1W].value, s[kMean1], s[kRstd1], dh1, p[kLn1W].grad,
+                                    p[kLn1B].grad);
   return want_dx ? b.Add(dx2, dln1) : Tensor();
 }
 

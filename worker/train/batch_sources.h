@@ -16,8 +16,8 @@ namespace zo::train {
 class TextBatchSource final : public model::BatchSource {
  public:
   // The dataset must outlive the source.
-  TextBatchSource(const CharDataset& data, int micro_batch_size, int block_size,
-                  int micro_batches, int dp_rank, int dp_world);
+  TextBatchSource(const CharDataset& data, int micro_batch_size, int block_size, int micro_batches,
+                  int dp_rank, int dp_world);
   absl::StatusOr<model::MicroBatch> Get(int64_t step, int micro_batch) override;
 
  private:
@@ -31,8 +31,7 @@ class TextBatchSource final : public model::BatchSource {
 
 class MlpBatchSource final : public model::BatchSource {
  public:
-  MlpBatchSource(const model::MlpConfig& config, uint64_t seed, int micro_batch_size,
-                 int dp_rank);
+  MlpBatchSource(const model::MlpConfig& config, uint64_t seed, int micro_batch_size, int dp_rank);
   absl::StatusOr<model::MicroBatch> Get(int64_t step, int micro_batch) override;
 
  private:

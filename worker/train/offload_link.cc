@@ -20,8 +20,7 @@ absl::StatusOr<int> OffloadLink::TensorIndex(const std::string& name) const {
   return it->second;
 }
 
-absl::Status OffloadLink::InitializeIfFresh(absl::Span<model::Param* const> params,
-                                            uint64_t seed) {
+absl::Status OffloadLink::InitializeIfFresh(absl::Span<model::Param* const> params, uint64_t seed) {
   if (client_->version() != 0) return absl::OkStatus();
   for (model::Param* p : params) {
     ZO_ASSIGN_OR_RETURN(int index, TensorIndex(p->name));

@@ -29,8 +29,8 @@ absl::StatusOr<Progress> Progress::Open(std::FILE* out, int64_t first_step, int6
     // Append: a restarted worker continues the same file.
     progress.metrics_ = std::fopen(metrics_path.c_str(), "a");
     if (progress.metrics_ == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "cannot open --metrics-out file ", metrics_path, ": ", std::strerror(errno)));
+      return absl::FailedPreconditionError(absl::StrCat("cannot open --metrics-out file ",
+                                                        metrics_path, ": ", std::strerror(errno)));
     }
   }
   return progress;
@@ -69,13 +69,12 @@ absl::Status Progress::Step(const StepReport& r, const StepOutcomes& outcomes) {
   }
   if (r.step % steps_per_print_ == 0 || r.step == total_steps_ || r.step == first_step_) {
     const double rate = r.step_s > 0 ? (r.tokens > 0 ? r.tokens : r.samples) / r.step_s : 0;
-    std::string line = absl::StrFormat("step %*d/%d", static_cast<int>(absl::StrCat(total_steps_).size()),
-                                       r.step, total_steps_);
+    std::string line = absl::StrFormat(
+        "step %*d/%d", static_cast<int>(absl::StrCat(total_steps_).size()), r.step, total_steps_);
     if (r.loss) absl::StrAppendFormat(&line, " | loss %.4f", *r.loss);
     absl::StrAppend(&line, " | ", Rate(rate), r.tokens > 0 ? " tokens/s" : " samples/s");
     absl::StrAppendFormat(&line, " | scale %g", r.loss_scale);
-    absl::StrAppendFormat(&line,
-                          " | step %.3fs (compute %.3f, push %.3f, wait for weights %.3f",
+    absl::StrAppendFormat(&line, " | step %.3fs (compute %.3f, push %.3f, wait for weights %.3f",
                           r.step_s, r.compute_s, r.push_s, r.wait_s);
     if (r.transfer_s > 0) absl::StrAppendFormat(&line, ", pipeline %.3f", r.transfer_s);
     line += ")";

@@ -33,7 +33,8 @@ constexpr size_t kSyntheticBytes = size_t{1} << 20;
 
 absl::Status CheckOptions(const TrainOptions& o) {
   if (o.model != "gpt" && o.model != "mlp") {
-    return absl::InvalidArgumentError(absl::StrCat("--model must be gpt or mlp, not '", o.model, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--model must be gpt or mlp, not '", o.model, "'"));
   }
   if (o.pipeline_stages < 1) {
     return absl::InvalidArgumentError(
@@ -45,9 +46,9 @@ absl::Status CheckOptions(const TrainOptions& o) {
   }
   if (o.stage >= 0 && o.pipeline_stages > 1) {
     if (static_cast<int>(o.stage_addresses.size()) != o.pipeline_stages) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--stage needs --stage-addresses with one host:port per pipeline stage (",
-          o.pipeline_stages, "), got ", o.stage_addresses.size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--stage needs --stage-addresses with one host:port per pipeline stage (",
+                       o.pipeline_stages, "), got ", o.stage_addresses.size()));
     }
     if (o.servers.empty()) {
       return absl::InvalidArgumentError(
@@ -55,7 +56,8 @@ absl::Status CheckOptions(const TrainOptions& o) {
           "offload servers: give --servers (the embedded server lives in one process)");
     }
   }
-  if (o.steps < 1) return absl::InvalidArgumentError(absl::StrCat("--steps must be >= 1, got ", o.steps));
+  if (o.steps < 1)
+    return absl::InvalidArgumentError(absl::StrCat("--steps must be >= 1, got ", o.steps));
   if (o.checkpoint_every < 0) {
     return absl::InvalidArgumentError("--checkpoint-every must be >= 0");
   }
@@ -73,7 +75,7 @@ absl::Status CheckOptions(const TrainOptions& o) {
 }
 
 absl::StatusOr<std::vector<pipeline::StageProgram>> Programs(const TrainOptions& o,
-                                                              int micro_batches) {
+                                                             int micro_batches) {
   if (o.schedule == "gpipe") return pipeline::GPipeSchedule(o.pipeline_stages, micro_batches);
   if (o.schedule == "1f1b") return pipeline::OneFOneBSchedule(o.pipeline_stages, micro_batches);
   return pipeline::InterleavedOneFOneBSchedule(o.pipeline_stages, micro_batches, o.virtual_chunks);
@@ -88,7 +90,6 @@ struct LocalStage {
   std::unique_ptr<model::ModelStage> module;
   std::unique_ptr<pipeline::Executor> executor;
 };
-
 
 // What the options and config make of the run, before anything connects.
 struct Plan {
@@ -129,8 +130,9 @@ absl::StatusOr<Plan> MakePlan(const TrainOptions& o) {
   for (const auto& layer : plan.model.layers) {
     infos.push_back({layer->type(), layer->param_count()});
   }
-  ZO_ASSIGN_OR_RETURN(plan.bounds, model::PartitionLayers(infos, o.pipeline_stages * o.virtual_chunks,
-                                                          o.partition_method));
+  ZO_ASSIGN_OR_RETURN(
+      plan.bounds,
+      model::PartitionLayers(infos, o.pipeline_stages * o.virtual_chunks, o.partition_method));
   ZO_ASSIGN_OR_RETURN(plan.programs, Programs(o, plan.micro_batches));
   return plan;
 }
@@ -153,11 +155,10 @@ void PrintPlan(const TrainOptions& o, const Plan& plan) {
     }
     const std::string chunk =
         o.virtual_chunks > 1 ? absl::StrCat(" chunk ", v / o.pipeline_stages) : "";
-    std::fprintf(o.out, "zo-train:   stage %d%s: layers %s .. %s (%lld parameters)\n",
-                 v % o.pipeline_stages, chunk.c_str(),
-                 plan.model.layers[plan.bounds[v]]->name().c_str(),
-                 plan.model.layers[plan.bounds[v + 1] - 1]->name().c_str(),
-                 static_cast<long long>(params));
+    std::fprintf(
+        o.out, "zo-train:   stage %d%s: layers %s .. %s (%lld parameters)\n", v % o.pipeline_stages,
+        chunk.c_str(), plan.model.layers[plan.bounds[v]]->name().c_str(),
+        plan.model.layers[plan.bounds[v + 1] - 1]->name().c_str(), static_cast<long long>(params));
   }
 }
 
@@ -178,9 +179,9 @@ ClientOptions MakeClientOptions(const TrainOptions& o) {
 // --restore: the job goes back to a checkpoint before any stage attaches, so
 // every stage's client starts from the restored version.
 absl::Status RestoreJob(const TrainOptions& o, const Plan& plan) {
-  ZO_ASSIGN_OR_RETURN(std::unique_ptr<OffloadClient> client,
-                      OffloadClient::Open(MakeClientOptions(o), o.config_json,
-                                          plan.model.Manifest(plan.dtype)));
+  ZO_ASSIGN_OR_RETURN(
+      std::unique_ptr<OffloadClient> client,
+      OffloadClient::Open(MakeClientOptions(o), o.config_json, plan.model.Manifest(plan.dtype)));
   ZO_ASSIGN_OR_RETURN(int64_t version, client->Restore(o.restore == "latest" ? "" : o.restore));
   std::fprintf(o.out, "zo-train: restored job '%s' to version %lld from %s\n", o.job.c_str(),
                static_cast<long long>(version),
@@ -188,9 +189,8 @@ absl::Status RestoreJob(const TrainOptions& o, const Plan& plan) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<LocalStage> OpenStage(const TrainOptions& o, Plan& plan,
-                                     backend::Backend& backend, model::BatchSource& source,
-                                     int stage) {
+absl::StatusOr<LocalStage> OpenStage(const TrainOptions& o, Plan& plan, backend::Backend& backend,
+                                     model::BatchSource& source, int stage) {
   const std::vector<TensorSpec> manifest = plan.model.Manifest(plan.dtype);
   ClientOptions options = MakeClientOptions(o);
   LocalStage ls;
@@ -210,7 +210,7 @@ absl::StatusOr<LocalStage> OpenStage(const TrainOptions& o, Plan& plan,
                                           .dtype = plan.dtype,
                                           .checkpoint_every = o.activation_checkpoint_every};
   ZO_ASSIGN_OR_RETURN(ls.module, model::ModelStage::Create(backend, plan.model, plan.bounds,
-                                                            stage_options, source, *ls.link));
+                                                           stage_options, source, *ls.link));
   ZO_RETURN_IF_ERROR(ls.link->InitializeIfFresh(ls.module->params(), o.seed));
   return ls;
 }
@@ -276,9 +276,8 @@ absl::Status Train(const TrainOptions& o) {
       backend::MakeCpuBackend({.blas_threads = blas_threads});
   std::unique_ptr<model::BatchSource> source;
   if (plan.text) {
-    source = std::make_unique<TextBatchSource>(*plan.text, plan.micro_batch_size,
-                                               o.gpt.block_size, plan.micro_batches, o.dp_rank,
-                                               o.dp_world_size);
+    source = std::make_unique<TextBatchSource>(*plan.text, plan.micro_batch_size, o.gpt.block_size,
+                                               plan.micro_batches, o.dp_rank, o.dp_world_size);
   } else {
     source = std::make_unique<MlpBatchSource>(o.mlp, o.seed, plan.micro_batch_size, o.dp_rank);
   }
@@ -293,7 +292,8 @@ absl::Status Train(const TrainOptions& o) {
   }
   const int64_t version = local.front().client->version();
   if (version >= o.steps) {
-    std::fprintf(o.out, "zo-train: job '%s' is at step %lld already (--steps %lld): nothing to do\n",
+    std::fprintf(o.out,
+                 "zo-train: job '%s' is at step %lld already (--steps %lld): nothing to do\n",
                  o.job.c_str(), static_cast<long long>(version), static_cast<long long>(o.steps));
     return absl::OkStatus();
   }
@@ -320,14 +320,14 @@ absl::Status Train(const TrainOptions& o) {
   for (LocalStage& ls : local) {
     pipeline::Transport& transport =
         fabric ? fabric->ForStage(ls.stage) : static_cast<pipeline::Transport&>(*tcp);
-    ls.executor = std::make_unique<pipeline::Executor>(ls.stage, o.pipeline_stages,
-                                                       o.virtual_chunks, plan.programs[ls.stage],
-                                                       *ls.module, transport);
+    ls.executor =
+        std::make_unique<pipeline::Executor>(ls.stage, o.pipeline_stages, o.virtual_chunks,
+                                             plan.programs[ls.stage], *ls.module, transport);
   }
 
-  ZO_ASSIGN_OR_RETURN(Progress progress, Progress::Open(o.out, version + 1, o.steps,
-                                                        plan.config.steps_per_print,
-                                                        o.metrics_out));
+  ZO_ASSIGN_OR_RETURN(
+      Progress progress,
+      Progress::Open(o.out, version + 1, o.steps, plan.config.steps_per_print, o.metrics_out));
   StepOutcomes outcomes;
   OffloadClient& status_client = *local.front().client;
   const bool checkpoints_here = local.front().stage == 0 && o.dp_rank == 0;

@@ -25,7 +25,7 @@ class Channel;
 namespace zo::train {
 
 struct TrainOptions {
-  std::string config_json;  // DeepSpeed-style config
+  std::string config_json;    // DeepSpeed-style config
   std::string model = "gpt";  // gpt | mlp
   model::GptConfig gpt;       // vocab comes from the data
   model::MlpConfig mlp;

@@ -103,8 +103,7 @@ std::string Usage() {
       "                [--servers host:port,...] [--metrics-out FILE]\n\n"
       "Without --servers the optimizer runs on an embedded in-process server.\n"
       "Without --config this demo config is used:\n",
-      kDemoConfig,
-      "\n\nFlags may be written with dashes or underscores.");
+      kDemoConfig, "\n\nFlags may be written with dashes or underscores.");
 }
 
 std::vector<std::string> SplitList(const std::string& text) {

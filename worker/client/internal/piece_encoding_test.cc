@@ -15,15 +15,16 @@ std::string Flatten(const grpc::ByteBuffer& buffer) {
   std::vector<grpc::Slice> slices;
   EXPECT_TRUE(buffer.Dump(&slices).ok());
   std::string out;
-  for (const grpc::Slice& s : slices) out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  for (const grpc::Slice& s : slices)
+    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
   return out;
 }
 
 // protobuf parses the hand-built bytes into the message set_data would give.
 TEST(PieceEncodingTest, ParsesAsTheSameGradientPiece) {
   std::mt19937 rng(1);
-  for (size_t size : {size_t{0}, size_t{1}, size_t{127}, size_t{128}, size_t{16383},
-                      size_t{16384}, size_t{1} << 20}) {
+  for (size_t size : {size_t{0}, size_t{1}, size_t{127}, size_t{128}, size_t{16383}, size_t{16384},
+                      size_t{1} << 20}) {
     std::vector<std::byte> data(size);
     for (std::byte& b : data) b = static_cast<std::byte>(rng());
     v1::GradientPiece header;
@@ -39,8 +40,8 @@ TEST(PieceEncodingTest, ParsesAsTheSameGradientPiece) {
     // Copied, and sent in place with the caller's buffer as a second slice.
     auto owner = std::make_shared<int>(0);
     for (bool shared : {false, true}) {
-      const EncodedPiece piece = EncodeGradientPiece(header, data.data(), data.size(),
-                                                     shared ? owner : nullptr);
+      const EncodedPiece piece =
+          EncodeGradientPiece(header, data.data(), data.size(), shared ? owner : nullptr);
       EXPECT_EQ(piece.payload_bytes, static_cast<int64_t>(size));
       EXPECT_EQ(piece.resend, header.resend());
       v1::GradientPiece parsed;
@@ -57,8 +58,7 @@ TEST(PieceEncodingTest, SharedPayloadIsNotCopiedAndHoldsItsOwner) {
   std::weak_ptr<std::vector<std::byte>> watch = bytes;
   v1::GradientPiece header;
   header.set_job("j");
-  std::optional<EncodedPiece> piece =
-      EncodeGradientPiece(header, bytes->data() + 100, 1000, bytes);
+  std::optional<EncodedPiece> piece = EncodeGradientPiece(header, bytes->data() + 100, 1000, bytes);
   std::vector<grpc::Slice> slices;
   ASSERT_TRUE(piece->buffer.Dump(&slices).ok());
   ASSERT_EQ(slices.size(), 2u);

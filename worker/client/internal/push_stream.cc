@@ -1,10 +1,9 @@
 #include "worker/client/internal/push_stream.h"
 
-#include "grpcpp/grpcpp.h"
-
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "grpcpp/grpcpp.h"
 #include "proto/rpc_util.h"
 #include "worker/client/internal/call.h"
 

@@ -69,10 +69,10 @@ class PushStream {
   mutable std::mutex mu_;
   std::condition_variable work_cv_;  // the thread waits: a piece queued, or closing
   std::condition_variable done_cv_;  // WaitFor waits: the call ended
-  std::deque<EncodedPiece> queue_;                        // guarded by mu_
-  bool closing_ = false;                                  // guarded by mu_
-  bool done_ = false;                                     // guarded by mu_
-  absl::Status status_;                                   // guarded by mu_
+  std::deque<EncodedPiece> queue_;   // guarded by mu_
+  bool closing_ = false;             // guarded by mu_
+  bool done_ = false;                // guarded by mu_
+  absl::Status status_;              // guarded by mu_
 
   std::thread thread_;  // last: starts after every member above exists
 };
