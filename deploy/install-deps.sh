@@ -18,6 +18,8 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev fio
   # test certificates (tests/server/tls_test.cc)
   openssl
+  # the format check of .ci/run (deploy/check-format.sh)
+  clang-format
 )
 
 missing=()
