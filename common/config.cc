@@ -10,8 +10,8 @@
 #include <utility>
 
 #include "absl/status/status.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/host_port.h"
 #include "common/internal/config_rules.h"
 #include "common/internal/json_fields.h"
 #include "common/logging.h"
@@ -87,27 +87,8 @@ std::string CheckBlockSize(int64_t bytes) {
 
 // "host:port", or "[v6 address]:port"; the port in [1, 65535].
 std::string CheckHostPort(const std::string& server) {
-  const std::string shape =
-      "must be host:port (\"[address]:port\" for IPv6) with a port in [1, 65535]";
-  std::string host;
-  std::string port;
-  if (server.starts_with('[')) {
-    const size_t close = server.find("]:");
-    if (close == std::string::npos) return shape;
-    host = server.substr(1, close - 1);
-    port = server.substr(close + 2);
-  } else {
-    const size_t colon = server.rfind(':');
-    if (colon == std::string::npos) return shape;
-    host = server.substr(0, colon);
-    port = server.substr(colon + 1);
-    if (host.find(':') != std::string::npos) return shape;  // bare IPv6
-  }
-  const bool digits = !port.empty() && port.size() <= 5 &&
-                      std::all_of(port.begin(), port.end(), absl::ascii_isdigit);
-  const bool host_ok = !host.empty() && host.find_first_of(" \t/[]") == std::string::npos;
-  if (!host_ok || !digits || std::stoi(port) < 1 || std::stoi(port) > 65535) return shape;
-  return {};
+  if (ParseHostPort(server, PortUse::kConnect).ok()) return {};
+  return "must be " + HostPortRule(PortUse::kConnect);
 }
 
 // The schema: one function per JSON object, shared by JsonReader (parse) and

@@ -20,9 +20,9 @@
 #include <thread>
 #include <utility>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/host_port.h"
 #include "common/status_macros.h"
 #include "worker/pipeline/internal/tcp_wire.h"
 
@@ -85,39 +85,23 @@ class ScopedFd {
   int fd_ = -1;
 };
 
-struct HostPort {
-  std::string host;
-  std::string port;
-};
-
-absl::StatusOr<HostPort> ParseAddress(const std::string& address) {
-  const size_t colon = address.rfind(':');
-  int port = 0;
-  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) ||
-      port < 0 || port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("address '", address, "' is not host:port"));
-  }
-  std::string host = address.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  return HostPort{host, address.substr(colon + 1)};
-}
-
 struct AddrInfoDeleter {
   void operator()(addrinfo* info) const { freeaddrinfo(info); }
 };
 using AddrInfoList = std::unique_ptr<addrinfo, AddrInfoDeleter>;
 
 absl::StatusOr<AddrInfoList> Resolve(const std::string& address, bool passive) {
-  ZO_ASSIGN_OR_RETURN(HostPort hp, ParseAddress(address));
+  // Every stage's address is also where its neighbours connect: port 0 would
+  // leave them nowhere to go.
+  ZO_ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(address, PortUse::kConnect));
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
   addrinfo* list = nullptr;
-  const char* host = hp.host.empty() || hp.host == "*" ? nullptr : hp.host.c_str();
-  if (const int rc = getaddrinfo(host, hp.port.c_str(), &hints, &list); rc != 0) {
+  const char* host = hp.host == "*" ? nullptr : hp.host.c_str();
+  const std::string port = std::to_string(hp.port);
+  if (const int rc = getaddrinfo(host, port.c_str(), &hints, &list); rc != 0) {
     return absl::UnavailableError(absl::StrCat("resolving '", address, "': ", gai_strerror(rc)));
   }
   return AddrInfoList(list);
@@ -373,11 +357,7 @@ absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Connect(
     return absl::InvalidArgumentError("max_message_bytes must be positive");
   }
   for (const std::string& address : options.addresses) {
-    ZO_ASSIGN_OR_RETURN(HostPort hp, ParseAddress(address));
-    if (hp.port == "0") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("address '", address, "': port 0 is not supported"));
-    }
+    ZO_RETURN_IF_ERROR(ParseHostPort(address, PortUse::kConnect).status());
   }
 
   std::unique_ptr<TcpTransport> t(new TcpTransport(options, backend));

@@ -220,6 +220,12 @@ TEST(TcpTransportTest, MissingPeerIsDeadlineExceeded) {
   EXPECT_THAT(
       TcpTransport::Connect(options, *backend),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'127.0.0.1' is not host:port")));
+  // A neighbour cannot connect to "any free port".
+  options.addresses[1] = "127.0.0.1:0";
+  EXPECT_THAT(TcpTransport::Connect(options, *backend),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("'127.0.0.1:0' is not host:port (\"[address]:port\" for IPv6) "
+                                 "with a port in [1, 65535]")));
 }
 
 // The test plays stage 1 of 2 over a raw socket.
