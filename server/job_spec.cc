@@ -21,32 +21,6 @@ bool ValidJobName(const std::string& name) {
 
 }  // namespace
 
-absl::StatusOr<DType> DTypeFromProto(v1::DType dtype) {
-  switch (dtype) {
-    case v1::DTYPE_FP32:
-      return DType::kFloat32;
-    case v1::DTYPE_FP16:
-      return DType::kFloat16;
-    case v1::DTYPE_BF16:
-      return DType::kBFloat16;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("dtype ", static_cast<int>(dtype), " is not fp32, fp16 or bf16"));
-  }
-}
-
-v1::DType DTypeToProto(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return v1::DTYPE_FP32;
-    case DType::kFloat16:
-      return v1::DTYPE_FP16;
-    case DType::kBFloat16:
-      return v1::DTYPE_BF16;
-  }
-  return v1::DTYPE_UNSPECIFIED;
-}
-
 absl::StatusOr<JobSpec> JobSpecFromRequest(const v1::OpenJobRequest& request) {
   JobSpec spec;
   spec.name = request.job();

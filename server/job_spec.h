@@ -15,6 +15,7 @@
 #include "common/sharding.h"
 #include "proto/zo/v1/job.pb.h"
 #include "proto/zo/v1/tensor.pb.h"
+#include "rpc/proto_convert.h"  // DTypeFromProto, DTypeToProto: job.cc uses them
 
 namespace zo {
 
@@ -40,10 +41,6 @@ absl::StatusOr<JobSpec> JobSpecFromRequest(const v1::OpenJobRequest& request);
 // Empty when `b` may attach to the job `a` describes; otherwise what
 // differs, for a FAILED_PRECONDITION message.
 std::string JobSpecMismatch(const JobSpec& a, const JobSpec& b);
-
-// Wire <-> zo conversions.
-absl::StatusOr<DType> DTypeFromProto(v1::DType dtype);
-v1::DType DTypeToProto(DType dtype);
 
 }  // namespace zo
 

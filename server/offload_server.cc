@@ -3,7 +3,9 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "common/host_port.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -30,6 +32,9 @@ OffloadServer::OffloadServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)
 absl::StatusOr<std::unique_ptr<OffloadServer>> OffloadServer::Start(const ServerOptions& options) {
   if (options.tls_cert.empty() != options.tls_key.empty()) {
     return absl::InvalidArgumentError("TLS needs both a certificate and a key");
+  }
+  if (!options.listen.empty()) {
+    ZO_RETURN_IF_ERROR(ParseHostPort(options.listen, PortUse::kListen).status());
   }
   auto impl = std::make_unique<Impl>();
   impl->options = options;

@@ -6,7 +6,7 @@
 #include "absl/time/time.h"
 #include "common/logging.h"
 #include "grpcpp/support/method_handler.h"
-#include "proto/rpc_util.h"
+#include "rpc/rpc_util.h"
 #include "server/gradient_piece_view.h"
 #include "server/job_spec.h"
 

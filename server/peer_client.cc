@@ -1,8 +1,10 @@
 #include "server/peer_client.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
-#include "proto/rpc_util.h"
+#include "rpc/call_context.h"
+#include "rpc/channel.h"
 
 namespace zo {
 namespace {
@@ -17,57 +19,52 @@ absl::Status Named(const std::string& address, const char* call, const grpc::Sta
 
 PeerClient::PeerClient(PeerCredentials credentials) : credentials_(std::move(credentials)) {}
 
-v1::Offload::Stub* PeerClient::StubFor(const std::string& address) {
+absl::StatusOr<v1::Offload::Stub*> PeerClient::StubFor(const std::string& address) {
   std::lock_guard lock(mu_);
   auto it = stubs_.find(address);
   if (it == stubs_.end()) {
-    std::shared_ptr<grpc::ChannelCredentials> creds =
-        credentials_.tls_root_certs.empty() ? grpc::InsecureChannelCredentials()
-                                            : grpc::SslCredentials(grpc::SslCredentialsOptions{
-                                                  credentials_.tls_root_certs, "", ""});
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(64 << 20);
-    args.SetMaxSendMessageSize(64 << 20);
-    it =
-        stubs_
-            .emplace(address, v1::Offload::NewStub(grpc::CreateCustomChannel(address, creds, args)))
-            .first;
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+        NewChannel(address, {.tls_root_certs = credentials_.tls_root_certs});
+    if (!channel.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("peer server ", address, ": ", channel.status().message()));
+    }
+    it = stubs_.emplace(address, v1::Offload::NewStub(*std::move(channel))).first;
   }
   return it->second.get();
 }
 
 void PeerClient::Prepare(grpc::ClientContext& context, absl::Duration timeout) const {
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  if (!credentials_.auth_token.empty()) {
-    context.AddMetadata(kAuthMetadataKey, BearerValue(credentials_.auth_token));
-  }
+  PrepareCallContext({.timeout = timeout, .auth_token = credentials_.auth_token}, context);
 }
 
 absl::Status PeerClient::ReportStepStats(const std::string& address, const v1::StepStats& stats,
                                          absl::Duration timeout) {
+  ZO_ASSIGN_OR_RETURN(v1::Offload::Stub * stub, StubFor(address));
   grpc::ClientContext context;
   Prepare(context, timeout);
   v1::StepStatsResponse response;
-  return Named(address, "ReportStepStats",
-               StubFor(address)->ReportStepStats(&context, stats, &response));
+  return Named(address, "ReportStepStats", stub->ReportStepStats(&context, stats, &response));
 }
 
 absl::Status PeerClient::CommitStep(const std::string& address, const v1::StepCommit& commit,
                                     absl::Duration timeout) {
+  ZO_ASSIGN_OR_RETURN(v1::Offload::Stub * stub, StubFor(address));
   grpc::ClientContext context;
   Prepare(context, timeout);
   v1::StepCommitResponse response;
-  return Named(address, "CommitStep", StubFor(address)->CommitStep(&context, commit, &response));
+  return Named(address, "CommitStep", stub->CommitStep(&context, commit, &response));
 }
 
 absl::StatusOr<v1::WriteCheckpointPartResponse> PeerClient::WriteCheckpointPart(
     const std::string& address, const v1::WriteCheckpointPartRequest& request,
     absl::Duration timeout) {
+  ZO_ASSIGN_OR_RETURN(v1::Offload::Stub * stub, StubFor(address));
   grpc::ClientContext context;
   Prepare(context, timeout);
   v1::WriteCheckpointPartResponse response;
   absl::Status s = Named(address, "WriteCheckpointPart",
-                         StubFor(address)->WriteCheckpointPart(&context, request, &response));
+                         stub->WriteCheckpointPart(&context, request, &response));
   if (!s.ok()) return s;
   return response;
 }
@@ -75,10 +72,11 @@ absl::StatusOr<v1::WriteCheckpointPartResponse> PeerClient::WriteCheckpointPart(
 absl::Status PeerClient::RestorePart(const std::string& address,
                                      const v1::RestorePartRequest& request,
                                      absl::Duration timeout) {
+  ZO_ASSIGN_OR_RETURN(v1::Offload::Stub * stub, StubFor(address));
   grpc::ClientContext context;
   Prepare(context, timeout);
   v1::RestorePartResponse response;
-  return Named(address, "RestorePart", StubFor(address)->RestorePart(&context, request, &response));
+  return Named(address, "RestorePart", stub->RestorePart(&context, request, &response));
 }
 
 }  // namespace zo

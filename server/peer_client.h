@@ -37,7 +37,8 @@ class PeerClient {
                            absl::Duration timeout);
 
  private:
-  v1::Offload::Stub* StubFor(const std::string& address);
+  // INVALID_ARGUMENT when `address` is not host:port (rpc/channel.h).
+  absl::StatusOr<v1::Offload::Stub*> StubFor(const std::string& address);
   void Prepare(grpc::ClientContext& context, absl::Duration timeout) const;
 
   const PeerCredentials credentials_;

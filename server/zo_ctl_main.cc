@@ -6,7 +6,6 @@
 // Exit status: 0 done, 1 the operation failed (server unreachable, an RPC
 // or an export failed), 2 the command line is wrong (a missing or bad flag,
 // an unreadable --config, --auth-token-file or --tls-ca).
-#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -25,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
+#include "absl/time/time.h"
 #include "common/command_line.h"
 #include "common/config.h"
 #include "common/dtype.h"
@@ -37,8 +37,10 @@
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
 #include "offload/checkpoint/checkpoint_dir.h"
-#include "proto/rpc_util.h"
 #include "proto/zo/v1/offload_service.grpc.pb.h"
+#include "rpc/call_context.h"
+#include "rpc/channel.h"
+#include "rpc/rpc_util.h"
 #include "server/memory_estimate.h"
 #include "server/safetensors_export.h"
 
@@ -212,39 +214,36 @@ int RunExport() {
 struct RpcTarget {
   std::string server;
   std::unique_ptr<zo::v1::Offload::Stub> stub;
-  std::string token;  // empty: no authorization metadata
-  int timeout_s = 30;
+  CallOptions call;
   bool tls = false;
 };
 
 absl::StatusOr<RpcTarget> RpcTargetFromFlags() {
   RpcTarget target;
   target.server = absl::GetFlag(FLAGS_server);
-  target.timeout_s = absl::GetFlag(FLAGS_timeout);
+  const int timeout_s = absl::GetFlag(FLAGS_timeout);
   if (target.server.empty() || absl::GetFlag(FLAGS_job).empty()) {
     return absl::InvalidArgumentError("give --server HOST:PORT and --job NAME");
   }
-  if (target.timeout_s < 1) {
+  if (timeout_s < 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--timeout must be >= 1 second, got ", target.timeout_s));
+        absl::StrCat("--timeout must be >= 1 second, got ", timeout_s));
   }
+  target.call.timeout = absl::Seconds(timeout_s);
   if (const std::string file = absl::GetFlag(FLAGS_auth_token_file); !file.empty()) {
-    ZO_ASSIGN_OR_RETURN(target.token, ReadTokenFile("auth-token-file", file));
+    ZO_ASSIGN_OR_RETURN(target.call.auth_token, ReadTokenFile("auth-token-file", file));
   }
-  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+  ChannelOptions channel;
   if (const std::string ca = absl::GetFlag(FLAGS_tls_ca); !ca.empty()) {
-    grpc::SslCredentialsOptions ssl;
-    ZO_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadFlagFile("tls-ca", ca));
-    creds = grpc::SslCredentials(ssl);
+    ZO_ASSIGN_OR_RETURN(channel.tls_root_certs, ReadFlagFile("tls-ca", ca));
     target.tls = true;
   }
-  target.stub = zo::v1::Offload::NewStub(grpc::CreateChannel(target.server, creds));
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> made = NewChannel(target.server, channel);
+  if (!made.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--server ", made.status().message()));
+  }
+  target.stub = v1::Offload::NewStub(*std::move(made));
   return target;
-}
-
-void PrepareContext(const RpcTarget& target, grpc::ClientContext& context) {
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(target.timeout_s));
-  if (!target.token.empty()) context.AddMetadata(kAuthMetadataKey, BearerValue(target.token));
 }
 
 // One line: the code, the server's message and what to check.
@@ -258,8 +257,8 @@ std::string DescribeRpcError(const RpcTarget& target, const grpc::Status& status
                       target.tls ? "" : " if it serves TLS, give --tls-ca", ")");
       break;
     case absl::StatusCode::kDeadlineExceeded:
-      absl::StrAppend(&line, " (no answer from ", target.server, " within ", target.timeout_s,
-                      " s; raise --timeout?)");
+      absl::StrAppend(&line, " (no answer from ", target.server, " within ",
+                      absl::FormatDuration(target.call.timeout), "; raise --timeout?)");
       break;
     case absl::StatusCode::kUnauthenticated:
     case absl::StatusCode::kPermissionDenied:
@@ -363,7 +362,7 @@ int RunStatus() {
   request.set_job(absl::GetFlag(FLAGS_job));
   zo::v1::JobStatus status;
   grpc::ClientContext context;
-  PrepareContext(*target, context);
+  PrepareCallContext(target->call, context);
   const grpc::Status rpc = target->stub->GetJobStatus(&context, request, &status);
   if (!rpc.ok()) {
     std::cerr << "zo-ctl status: " << DescribeRpcError(*target, rpc) << "\n";
@@ -384,7 +383,7 @@ int RunCheckpoint() {
   request.set_job(absl::GetFlag(FLAGS_job));
   zo::v1::CheckpointResponse response;
   grpc::ClientContext context;
-  PrepareContext(*target, context);
+  PrepareCallContext(target->call, context);
   const grpc::Status rpc = target->stub->Checkpoint(&context, request, &response);
   if (!rpc.ok()) {
     std::cerr << "zo-ctl checkpoint: " << DescribeRpcError(*target, rpc) << "\n";

@@ -16,8 +16,10 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "proto/rpc_util.h"
 #include "proto/zo/v1/offload_service.grpc.pb.h"
+#include "rpc/call_context.h"
+#include "rpc/channel.h"
+#include "rpc/rpc_util.h"
 #include "tests/server/least_squares.h"
 #include "tests/server/server_process.h"
 #include "tests/server/training_harness.h"
@@ -43,19 +45,15 @@ class BadInputTest : public ::testing::Test {
     std::ofstream(token_file_) << kToken << "\n";
     ZO_ASSERT_OK_AND_ASSIGN(server_, ServerProcess::Start({"--auth-token-file", token_file_,
                                                            "--max-message-bytes", "1536Ki"}));
-    grpc::ChannelArguments args;
-    args.SetMaxSendMessageSize(8 << 20);
-    channel_ =
-        grpc::CreateCustomChannel(server_->address(), grpc::InsecureChannelCredentials(), args);
+    // Room to send more than the server accepts.
+    ZO_ASSERT_OK_AND_ASSIGN(channel_,
+                            NewChannel(server_->address(), {.max_message_bytes = 8 << 20}));
     stub_ = v1::Offload::NewStub(channel_);
   }
 
   std::unique_ptr<grpc::ClientContext> Context(const std::string& token = kToken,
                                                absl::Duration timeout = absl::Seconds(10)) {
-    auto context = std::make_unique<grpc::ClientContext>();
-    if (!token.empty()) context->AddMetadata(kAuthMetadataKey, BearerValue(token));
-    context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-    return context;
+    return NewCallContext({.timeout = timeout, .auth_token = token});
   }
 
   // Pushes one piece on its own stream and returns the call's status.

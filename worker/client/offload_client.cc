@@ -9,12 +9,14 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
-#include "proto/rpc_util.h"
 #include "proto/zo/v1/offload_service.grpc.pb.h"
+#include "rpc/call_context.h"
+#include "rpc/channel.h"
+#include "rpc/proto_convert.h"
+#include "rpc/rpc_util.h"
 #include "worker/client/internal/byte_budget.h"
 #include "worker/client/internal/call.h"
 #include "worker/client/internal/piece_encoding.h"
-#include "worker/client/internal/proto_convert.h"
 #include "worker/client/internal/pull_receiver.h"
 #include "worker/client/internal/push_stream.h"
 #include "worker/client/internal/setup.h"
@@ -26,7 +28,6 @@ using client_internal::ByteBudget;
 using client_internal::CallGroup;
 using client_internal::CallSettings;
 using client_internal::JobDType;
-using client_internal::MakeChannel;
 using client_internal::PullReceiver;
 using client_internal::PushStream;
 using client_internal::RetryCall;
@@ -66,8 +67,7 @@ struct OffloadClient::Impl {
   Impl(const ClientOptions& options_in, Config config_in, DType dtype_in, ShardMap map_in,
        std::vector<std::string> names_in, std::vector<std::shared_ptr<grpc::Channel>> channels_in)
       : options(options_in),
-        call{.auth_token = options_in.auth_token,
-             .timeout = options_in.call_timeout,
+        call{.attempt = {.timeout = options_in.call_timeout, .auth_token = options_in.auth_token},
              .retry_for = options_in.retry_for},
         config(std::move(config_in)),
         dtype(dtype_in),
@@ -227,7 +227,7 @@ absl::Status OffloadClient::Impl::PushRange(int64_t step, int tensor, int64_t of
     header.set_dp_rank(options.dp_rank);
     header.set_chunk(p.chunk);
     header.set_offset(p.chunk_offset);
-    header.set_dtype(client_internal::ToProto(dtype));
+    header.set_dtype(DTypeToProto(dtype));
     header.set_resend(options.resend);
     client_internal::EncodedPiece piece = client_internal::EncodeGradientPiece(
         header, data.data() + p.byte_begin, static_cast<size_t>(piece_bytes), owner);
@@ -238,7 +238,7 @@ absl::Status OffloadClient::Impl::PushRange(int64_t step, int tensor, int64_t of
     std::unique_ptr<PushStream>& stream = streams[step][p.server];
     if (stream == nullptr) {
       stream = std::make_unique<PushStream>(channels[p.server], names[p.server], step,
-                                            client_internal::NewContext(call), &budget);
+                                            NewCallContext(call.attempt), &budget);
     }
     ZO_RETURN_IF_ERROR(stream->Enqueue(std::move(piece)));
   }
@@ -409,7 +409,7 @@ absl::StatusOr<std::unique_ptr<OffloadClient>> OffloadClient::Open(
           ", but the job's dtype is ", std::string(DTypeName(dtype)), " (", dtype_reason, ")"));
     }
   }
-  const v1::Manifest wire_manifest = client_internal::ToProto(manifest);
+  const v1::Manifest wire_manifest = ManifestToProto(manifest);
 
   std::vector<std::string> names;
   std::vector<std::shared_ptr<grpc::Channel>> channels = options.channels;
@@ -418,7 +418,9 @@ absl::StatusOr<std::unique_ptr<OffloadClient>> OffloadClient::Open(
   } else {
     names = options.servers;
     for (const std::string& address : names) {
-      channels.push_back(MakeChannel(address, options.tls_root_certs));
+      ZO_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                          NewChannel(address, {.tls_root_certs = options.tls_root_certs}));
+      channels.push_back(std::move(channel));
     }
   }
   ZO_ASSIGN_OR_RETURN(ShardMap map,

@@ -172,6 +172,11 @@ TEST(OffloadClientTest, OpenRejectsBadOptions) {
   options.servers.clear();
   EXPECT_THAT(OffloadClient::Open(options, kFp16Config, manifest),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no servers")));
+  // Port 0 is for listening; a client has nowhere to connect.
+  options.servers = {"127.0.0.1:1", "127.0.0.1:0"};
+  EXPECT_THAT(
+      OffloadClient::Open(options, kFp16Config, manifest),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'127.0.0.1:0' is not host:port")));
 }
 
 TEST(OffloadClientTest, OpenGivesUpOnAServerThatDoesNotListen) {

@@ -7,18 +7,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "proto/rpc_util.h"
 
 namespace zo::client_internal {
-
-std::unique_ptr<grpc::ClientContext> NewContext(const CallSettings& settings) {
-  auto context = std::make_unique<grpc::ClientContext>();
-  context->set_deadline(absl::ToChronoTime(absl::Now() + settings.timeout));
-  if (!settings.auth_token.empty()) {
-    context->AddMetadata(kAuthMetadataKey, BearerValue(settings.auth_token));
-  }
-  return context;
-}
 
 bool IsRetryable(absl::StatusCode code) {
   return code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded;
@@ -68,7 +58,7 @@ absl::Status RetryCall(const CallSettings& settings, absl::string_view server, C
   const absl::Time give_up = start + settings.retry_for;
   absl::Duration backoff = settings.first_backoff;
   for (int attempts = 1;; ++attempts) {
-    std::unique_ptr<grpc::ClientContext> context = NewContext(settings);
+    std::unique_ptr<grpc::ClientContext> context = NewCallContext(settings.attempt);
     if (group != nullptr && !group->Register(context.get())) {
       return ServerError(server, absl::CancelledError("call cancelled"));
     }

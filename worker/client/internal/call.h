@@ -1,5 +1,5 @@
 // How the client makes every call: a fresh context with a deadline and the
-// token, retries of the transient codes with exponential backoff, errors that
+// token (rpc/call_context.h), retries of the transient codes with exponential backoff, errors that
 // name the server, and cancellation of a group of calls (a Pull stops asking
 // the other servers once one has failed).
 #ifndef ZO_WORKER_CLIENT_INTERNAL_CALL_H_
@@ -17,20 +17,18 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "grpcpp/client_context.h"
+#include "rpc/call_context.h"
 
 namespace zo::client_internal {
 
 struct CallSettings {
-  std::string auth_token;  // empty: no authorization metadata
-  absl::Duration timeout = absl::Seconds(120);
+  // Deadline and token of each attempt.
+  CallOptions attempt = {.timeout = absl::Seconds(120)};
   // UNAVAILABLE and DEADLINE_EXCEEDED are retried for at most this long.
   absl::Duration retry_for = absl::Seconds(10);
   absl::Duration first_backoff = absl::Milliseconds(50);
   absl::Duration max_backoff = absl::Seconds(2);
 };
-
-// A context whose deadline is now + settings.timeout, carrying the token.
-std::unique_ptr<grpc::ClientContext> NewContext(const CallSettings& settings);
 
 // The codes worth calling again: the server was unreachable or too slow.
 bool IsRetryable(absl::StatusCode code);
@@ -58,7 +56,7 @@ class CallGroup {
   std::set<grpc::ClientContext*> contexts_;  // guarded by mu_
 };
 
-// Runs `attempt` with a fresh context (NewContext) until it returns OK, a
+// Runs `attempt` with a fresh context (NewCallContext(settings.attempt)) until it returns OK, a
 // code that is not retryable, or settings.retry_for has passed, sleeping
 // first_backoff, doubling to max_backoff, between attempts. The error keeps
 // the last attempt's code and message, prefixed by ServerError(server, ...)

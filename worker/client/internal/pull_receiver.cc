@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "worker/client/internal/proto_convert.h"
+#include "rpc/proto_convert.h"
 
 namespace zo::client_internal {
 
@@ -80,7 +80,7 @@ absl::Status PullReceiver::Accept(const v1::ParamPiece& piece) {
     return absl::InternalError(
         absl::StrCat("sent a piece of tensor #", piece.tensor(), ", which was not asked of it"));
   }
-  if (FromProto(piece.dtype()) != dtype_) {
+  if (absl::StatusOr<DType> d = DTypeFromProto(piece.dtype()); !d.ok() || *d != dtype_) {
     return absl::InternalError(absl::StrCat("sent ", TensorLabel(piece.tensor()), " as ",
                                             v1::DType_Name(piece.dtype()), ", the job's dtype is ",
                                             std::string(DTypeName(dtype_))));

@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
-#include "proto/rpc_util.h"
+#include "rpc/rpc_util.h"
 #include "worker/client/internal/call.h"
 
 namespace zo::client_internal {

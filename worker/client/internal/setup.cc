@@ -4,9 +4,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "grpcpp/create_channel.h"
-#include "grpcpp/security/credentials.h"
-#include "grpcpp/support/channel_arguments.h"
 
 namespace zo::client_internal {
 
@@ -65,32 +62,6 @@ absl::Status ValidateOptions(const ClientOptions& options, int64_t elem_bytes) {
                                                    absl::FormatDuration(options.retry_for)));
   }
   return absl::OkStatus();
-}
-
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
-                                           const std::string& tls_root_certs) {
-  grpc::ChannelArguments args;
-  args.SetMaxSendMessageSize(kMaxMessageBytes);
-  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  // A connection of this client's own rather than one shared with every
-  // channel of the process to the same address (gRPC's global subchannel
-  // pool): dp ranks or tests that live in one process then do not squeeze
-  // their gradients through one TCP connection.
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  // BDP probing (gRPC's default, kept explicitly) grows the HTTP/2 windows to
-  // the link's bandwidth-delay product, which long gradient streams need.
-  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 1);
-  // After a failed connect gRPC waits before the next one, by default up to
-  // 120 s; calls meanwhile fail at once. Cap it near our own retry backoff so
-  // that retry_for covers a server restart.
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  std::shared_ptr<grpc::ChannelCredentials> credentials =
-      tls_root_certs.empty()
-          ? grpc::InsecureChannelCredentials()
-          : grpc::SslCredentials(grpc::SslCredentialsOptions{
-                .pem_root_certs = tls_root_certs, .pem_private_key = "", .pem_cert_chain = ""});
-  return grpc::CreateCustomChannel(address, credentials, args);
 }
 
 }  // namespace zo::client_internal

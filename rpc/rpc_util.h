@@ -1,8 +1,8 @@
 // What both ends of the protocol agree on beyond the messages: status
 // conversion between Abseil and gRPC (the codes are the same numbers) and the
 // auth metadata.
-#ifndef ZO_PROTO_RPC_UTIL_H_
-#define ZO_PROTO_RPC_UTIL_H_
+#ifndef ZO_RPC_RPC_UTIL_H_
+#define ZO_RPC_RPC_UTIL_H_
 
 #include <string>
 
@@ -30,4 +30,4 @@ inline constexpr unsigned kProtocolRevision = 1;
 
 }  // namespace zo
 
-#endif  // ZO_PROTO_RPC_UTIL_H_
+#endif  // ZO_RPC_RPC_UTIL_H_

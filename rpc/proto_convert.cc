@@ -1,8 +1,10 @@
-#include "worker/client/internal/proto_convert.h"
+#include "rpc/proto_convert.h"
 
-namespace zo::client_internal {
+#include "absl/strings/str_cat.h"
 
-v1::DType ToProto(DType dtype) {
+namespace zo {
+
+v1::DType DTypeToProto(DType dtype) {
   switch (dtype) {
     case DType::kFloat32:
       return v1::DTYPE_FP32;
@@ -14,7 +16,7 @@ v1::DType ToProto(DType dtype) {
   return v1::DTYPE_UNSPECIFIED;
 }
 
-std::optional<DType> FromProto(v1::DType dtype) {
+absl::StatusOr<DType> DTypeFromProto(v1::DType dtype) {
   switch (dtype) {
     case v1::DTYPE_FP32:
       return DType::kFloat32;
@@ -23,19 +25,20 @@ std::optional<DType> FromProto(v1::DType dtype) {
     case v1::DTYPE_BF16:
       return DType::kBFloat16;
     default:
-      return std::nullopt;
+      return absl::InvalidArgumentError(
+          absl::StrCat("dtype ", static_cast<int>(dtype), " is not fp32, fp16 or bf16"));
   }
 }
 
-v1::Manifest ToProto(const std::vector<TensorSpec>& tensors) {
+v1::Manifest ManifestToProto(const std::vector<TensorSpec>& tensors) {
   v1::Manifest manifest;
   for (const TensorSpec& t : tensors) {
     v1::TensorSpec* spec = manifest.add_tensors();
     spec->set_name(t.name);
     for (int64_t d : t.shape) spec->add_shape(d);
-    spec->set_dtype(ToProto(t.dtype));
+    spec->set_dtype(DTypeToProto(t.dtype));
   }
   return manifest;
 }
 
-}  // namespace zo::client_internal
+}  // namespace zo
