@@ -1,8 +1,8 @@
 // Memory sizing for a zo deployment, in the spirit of DeepSpeed's estimators
 // but for our tiers: bytes per GPU, per server RAM and per server NVMe
 // (DESIGN.md, "Memory tiers").
-#ifndef ZO_SERVER_MEMORY_ESTIMATE_H_
-#define ZO_SERVER_MEMORY_ESTIMATE_H_
+#ifndef ZO_COMMON_MEMORY_ESTIMATE_H_
+#define ZO_COMMON_MEMORY_ESTIMATE_H_
 
 #include <cstdint>
 #include <string>
@@ -66,4 +66,4 @@ std::string FormatEstimateJson(const MemoryEstimate& estimate);
 
 }  // namespace zo
 
-#endif  // ZO_SERVER_MEMORY_ESTIMATE_H_
+#endif  // ZO_COMMON_MEMORY_ESTIMATE_H_

@@ -12,8 +12,8 @@
 // __metadata__ is a string-to-string map (safetensors' rule): "format": "pt",
 // "zo_job", "zo_version" (finished steps, the checkpoint's version) and
 // "zo_step" (Adam's applied step count).
-#ifndef ZO_SERVER_SAFETENSORS_EXPORT_H_
-#define ZO_SERVER_SAFETENSORS_EXPORT_H_
+#ifndef ZO_CTL_SAFETENSORS_EXPORT_H_
+#define ZO_CTL_SAFETENSORS_EXPORT_H_
 
 #include <cstdint>
 #include <functional>
@@ -52,4 +52,4 @@ absl::StatusOr<SafetensorsExportSummary> ExportMasterToSafetensors(
 
 }  // namespace zo
 
-#endif  // ZO_SERVER_SAFETENSORS_EXPORT_H_
+#endif  // ZO_CTL_SAFETENSORS_EXPORT_H_

@@ -1,4 +1,4 @@
-#include "server/memory_estimate.h"
+#include "common/memory_estimate.h"
 
 #include <algorithm>
 #include <numeric>

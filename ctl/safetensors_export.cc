@@ -1,4 +1,4 @@
-#include "server/safetensors_export.h"
+#include "ctl/safetensors_export.h"
 
 #include <algorithm>
 #include <bit>

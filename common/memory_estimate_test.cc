@@ -1,4 +1,4 @@
-#include "server/memory_estimate.h"
+#include "common/memory_estimate.h"
 
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"

@@ -1,0 +1,21 @@
+// zo-ctl's subcommands, each reading its own flags (defined beside it) and
+// returning the exit status: 0 done, 1 the operation failed, 2 the command
+// line is wrong.
+#ifndef ZO_CTL_COMMANDS_H_
+#define ZO_CTL_COMMANDS_H_
+
+#include "absl/flags/declare.h"
+
+// Shared by estimate, status and checkpoint; defined in ctl/zo_ctl_main.cc.
+ABSL_DECLARE_FLAG(bool, json);
+
+namespace zo::ctl {
+
+int RunEstimate();    // ctl/estimate_command.cc
+int RunExport();      // ctl/export_command.cc
+int RunStatus();      // ctl/rpc_commands.cc
+int RunCheckpoint();  // ctl/rpc_commands.cc
+
+}  // namespace zo::ctl
+
+#endif  // ZO_CTL_COMMANDS_H_

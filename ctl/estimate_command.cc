@@ -1,0 +1,114 @@
+// zo-ctl estimate: memory per GPU, per server RAM and per server NVMe
+// (common/memory_estimate.h), from flags and optionally a config.
+#include <cstdint>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "common/config.h"
+#include "common/dtype.h"
+#include "common/manifest_file.h"
+#include "common/memory_estimate.h"
+#include "common/sharding.h"
+#include "common/status_macros.h"
+#include "common/units.h"
+#include "ctl/commands.h"
+
+ABSL_FLAG(std::string, params, "", "estimate: total parameter count, e.g. 13B, 350M, 7e9");
+ABSL_FLAG(std::string, manifest, "",
+          "estimate: model manifest JSON ({\"tensors\": [{\"name\", \"shape\"}]}) instead of "
+          "--params; stages are then balanced over whole tensors");
+ABSL_FLAG(int, pipeline_stages, 1, "estimate: pipeline stages per model replica");
+ABSL_FLAG(int, dp, 1, "estimate: data-parallel ranks, i.e. GPUs per stage");
+ABSL_FLAG(int, servers, 1, "estimate: offload servers the optimizer state is striped over");
+ABSL_FLAG(std::string, precision, "fp16", "estimate: fp16 or bf16");
+ABSL_FLAG(bool, nvme, false, "estimate: optimizer state (master, m, v) on NVMe");
+ABSL_FLAG(std::string, chunk_elems, "4194304",
+          "estimate: elements per chunk (zo.chunk_elems); counts like 4M or 1e8 work");
+ABSL_FLAG(std::string, sub_group_size, "1e9",
+          "estimate: elements per NVMe sub-group (zero_optimization.sub_group_size)");
+ABSL_FLAG(int, buffer_count, 4, "estimate: NVMe swap buffers (offload_optimizer.buffer_count)");
+ABSL_FLAG(std::string, config, "",
+          "estimate: DeepSpeed-style JSON config supplying precision, NVMe offload, "
+          "sub_group_size, buffer_count, chunk_elems and the server count; flags set to "
+          "other than their defaults override it");
+
+namespace zo::ctl {
+namespace {
+
+// Sets each estimate flag still at its default from `config`, so that flags
+// given on the command line win.
+template <typename T>
+void SetIfDefault(absl::Flag<T>& flag, const T& value) {
+  const absl::CommandLineFlag& handle = absl::GetFlagReflectionHandle(flag);
+  if (handle.CurrentValue() == handle.DefaultValue()) absl::SetFlag(&flag, value);
+}
+
+void ApplyConfigDefaults(const Config& config) {
+  SetIfDefault(FLAGS_precision, std::string(config.bf16.enabled ? "bf16" : "fp16"));
+  SetIfDefault(FLAGS_nvme,
+               config.zero_optimization.offload_optimizer.device == OffloadDevice::kNvme);
+  SetIfDefault(FLAGS_sub_group_size, absl::StrCat(config.zero_optimization.sub_group_size));
+  SetIfDefault(FLAGS_buffer_count, config.zero_optimization.offload_optimizer.buffer_count);
+  SetIfDefault(FLAGS_chunk_elems, absl::StrCat(config.zo.chunk_elems));
+  if (!config.zo.servers.empty()) {
+    SetIfDefault(FLAGS_servers, static_cast<int>(config.zo.servers.size()));
+  }
+}
+
+absl::StatusOr<EstimateInput> EstimateInputFromFlags() {
+  EstimateInput in;
+  const std::string params = absl::GetFlag(FLAGS_params);
+  const std::string manifest = absl::GetFlag(FLAGS_manifest);
+  if (params.empty() == manifest.empty()) {
+    return absl::InvalidArgumentError("give exactly one of --params and --manifest");
+  }
+  if (!params.empty()) {
+    ZO_ASSIGN_OR_RETURN(int64_t n, ParseCount(params));
+    in.tensor_elems = {n};
+  } else {
+    ZO_ASSIGN_OR_RETURN(std::vector<TensorSpec> specs, LoadManifestFile(manifest));
+    for (const TensorSpec& t : specs) in.tensor_elems.push_back(NumElements(t.shape));
+    if (in.tensor_elems.empty()) return absl::InvalidArgumentError(manifest + " has no tensors");
+  }
+  if (!absl::GetFlag(FLAGS_config).empty()) {
+    ZO_ASSIGN_OR_RETURN(LoadedConfig loaded, LoadConfigFile(absl::GetFlag(FLAGS_config)));
+    ApplyConfigDefaults(loaded.config);
+  }
+  const std::optional<DType> precision = ParseDType(absl::GetFlag(FLAGS_precision));
+  if (!precision || *precision == DType::kFloat32) {
+    return absl::InvalidArgumentError("--precision must be fp16 or bf16, got '" +
+                                      absl::GetFlag(FLAGS_precision) + "'");
+  }
+  in.precision = *precision;
+  in.pipeline_stages = absl::GetFlag(FLAGS_pipeline_stages);
+  in.dp_ranks = absl::GetFlag(FLAGS_dp);
+  in.servers = absl::GetFlag(FLAGS_servers);
+  in.nvme = absl::GetFlag(FLAGS_nvme);
+  ZO_ASSIGN_OR_RETURN(in.chunk_elems, ParseCount(absl::GetFlag(FLAGS_chunk_elems)));
+  ZO_ASSIGN_OR_RETURN(in.sub_group_size, ParseCount(absl::GetFlag(FLAGS_sub_group_size)));
+  in.buffer_count = absl::GetFlag(FLAGS_buffer_count);
+  return in;
+}
+
+}  // namespace
+
+int RunEstimate() {
+  absl::StatusOr<EstimateInput> in = EstimateInputFromFlags();
+  absl::StatusOr<MemoryEstimate> estimate =
+      in.ok() ? EstimateMemory(*in) : absl::StatusOr<MemoryEstimate>(in.status());
+  if (!estimate.ok()) {
+    std::cerr << "zo-ctl estimate: " << estimate.status().message() << "\n";
+    return 2;
+  }
+  std::cout << (absl::GetFlag(FLAGS_json) ? FormatEstimateJson(*estimate)
+                                          : FormatEstimateTable(*estimate));
+  return 0;
+}
+
+}  // namespace zo::ctl
