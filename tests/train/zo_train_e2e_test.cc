@@ -1,13 +1,18 @@
 // zo-train end to end, as users run it: real zo-train processes, real
 // zo-server processes, pipeline stages in separate processes over TCP.
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <numeric>
 #include <regex>
 #include <string>
@@ -79,6 +84,76 @@ absl::StatusOr<ChildProcess> StartTrain(std::vector<std::string> args, const std
   args.insert(args.begin(), ZO_TRAIN_PATH);
   return ChildProcess::Start(args, log);
 }
+
+// zo-train with its stdout on a pipe, as in `zo-train | tee log` (stderr
+// goes to `log`). Reading the pipe shows how far it has got, without polling.
+class PipedTrain {
+ public:
+  // `pipe_bytes` > 0 shrinks the pipe: once that much is unread, zo-train
+  // blocks on its next progress line and trains no further.
+  static absl::StatusOr<std::unique_ptr<PipedTrain>> Start(std::vector<std::string> args,
+                                                           const std::string& log,
+                                                           int pipe_bytes = 0) {
+    args.insert(args.begin(), ZO_TRAIN_PATH);
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) return absl::InternalError("pipe failed");
+    if (pipe_bytes > 0 && fcntl(fds[1], F_SETPIPE_SZ, pipe_bytes) != pipe_bytes) {
+      return absl::InternalError(absl::StrCat("cannot make a pipe of ", pipe_bytes, " bytes"));
+    }
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+    posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, log.c_str(),
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    auto p = std::unique_ptr<PipedTrain>(new PipedTrain);
+    const int spawned =
+        posix_spawn(&p->pid_, ZO_TRAIN_PATH, &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    close(fds[1]);
+    p->fd_ = fds[0];
+    if (spawned != 0) return absl::InternalError("posix_spawn failed");
+    return p;
+  }
+  ~PipedTrain() {
+    Kill();
+    close(fd_);
+  }
+
+  // Reads stdout until a line matches `line`; returns everything read. Stops
+  // early (no match in the result) when zo-train closes its stdout.
+  std::string ReadUntilLine(const std::regex& line) {
+    char buf[512];
+    for (;;) {
+      for (size_t begin = 0, end; (end = out_.find('\n', begin)) != std::string::npos;
+           begin = end + 1) {
+        if (std::regex_search(out_.substr(begin, end - begin), line)) return out_;
+      }
+      const ssize_t n = read(fd_, buf, sizeof(buf));
+      if (n <= 0) return out_;
+      out_.append(buf, static_cast<size_t>(n));
+    }
+  }
+  // Whether zo-train is still running (it has not exited).
+  bool Running() {
+    int status = 0;
+    return pid_ > 0 && waitpid(pid_, &status, WNOHANG) == 0;
+  }
+  void Kill() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+ private:
+  PipedTrain() = default;
+  pid_t pid_ = -1;
+  int fd_ = -1;
+  std::string out_;
+};
 
 // Runs zo-train to completion (at most `limit`), expecting exit code 0.
 void RunTrain(const std::vector<std::string>& args, const std::string& log,
@@ -303,6 +378,25 @@ TEST(ZoTrainE2eTest, KilledWorkerRestartsFromTheServersVersion) {
   ASSERT_EQ(mismatch->Wait(60s), std::optional<int>(1)) << mismatch->ReadLog();
   EXPECT_THAT(mismatch->ReadLog(),
               ::testing::HasSubstr("job killed exists with another description"));
+}
+
+// `zo-train | tee log`: stdout is a pipe, which stdio buffers fully. The
+// first progress line must come through while zo-train is still training,
+// or a killed run leaves no log.
+TEST(ZoTrainE2eTest, ProgressLinesReachAPipeWhileTraining) {
+  const std::string dir = FreshTempDir("zo_train_pipe");
+  // Only step 1 is printed before the end: a few hundred bytes that a
+  // 4 KiB stdio buffer would keep until exit, and the run far too long to end.
+  std::string config = Config(false);
+  config.replace(config.find("\"steps_per_print\": 10"), 21, "\"steps_per_print\": 999999");
+  auto train = PipedTrain::Start(
+      Concat({"--steps", "1000000", "--config", WriteFile(dir, "ds.json", config)}, kTinyGpt),
+      dir + "/stderr.log");
+  ASSERT_TRUE(train.ok()) << train.status();
+  const std::string out = (*train)->ReadUntilLine(std::regex("^step +1/1000000 \\| loss"));
+  EXPECT_TRUE((*train)->Running()) << "zo-train ended before its output was read:\n" << out;
+  EXPECT_THAT(out, ::testing::ContainsRegex("step +1/1000000 \\| loss"));
+  EXPECT_THAT(out, ::testing::HasSubstr("zo-train: GPT-lite"));
 }
 
 TEST(ZoTrainE2eTest, BadFlagsAreNamed) {

@@ -82,6 +82,9 @@ absl::Status Progress::Step(const StepReport& r, const StepOutcomes& outcomes) {
       line += " | skipped (overflow)";
     }
     std::fprintf(out_, "%s%s\n", bar_ ? "\r\33[2K" : "", line.c_str());
+    // A pipe or file is fully buffered: without this, `zo-train | tee log`
+    // shows nothing until exit and a killed run leaves no log.
+    std::fflush(out_);
   }
   if (bar_) DrawBar(r);
   if (metrics_ != nullptr) {

@@ -160,6 +160,7 @@ void PrintPlan(const TrainOptions& o, const Plan& plan) {
         chunk.c_str(), plan.model.layers[plan.bounds[v]]->name().c_str(),
         plan.model.layers[plan.bounds[v + 1] - 1]->name().c_str(), static_cast<long long>(params));
   }
+  std::fflush(o.out);  // before the servers are reached, which may take a while
 }
 
 // Opens stage `stage`'s client (and, for a job that has trained, a resend
@@ -311,6 +312,7 @@ absl::Status Train(const TrainOptions& o) {
   } else {
     std::fprintf(o.out, "zo-train: connecting to the other pipeline stages (%s)\n",
                  absl::StrJoin(o.stage_addresses, ", ").c_str());
+    std::fflush(o.out);  // the other stages may take a while to come up
     ZO_ASSIGN_OR_RETURN(tcp, pipeline::TcpTransport::Connect({.stage = o.stage,
                                                               .stages = o.pipeline_stages,
                                                               .addresses = o.stage_addresses,
