@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
@@ -239,10 +238,8 @@ constexpr Workload kWorkloads[] = {
 };
 
 int Main(int argc, char** argv) {
-  SetUsage(kUsage, "bench/zo_bench_main");
   std::vector<std::string> storage;
-  std::vector<char*> args = NormalizeFlagNames(argc, argv, storage);
-  std::vector<char*> positional = absl::ParseCommandLine(argc, args.data());
+  std::vector<char*> positional = ParseFlags(argc, argv, kUsage, "bench/zo_bench_main", storage);
   if (positional.size() < 2) {
     std::cerr << "zo-bench: name a workload; try zo-bench --help\n";
     return 2;

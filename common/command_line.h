@@ -23,9 +23,18 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& flag, const std::st
 // spellings work. The returned pointers live as long as `storage`.
 std::vector<char*> NormalizeFlagNames(int argc, char** argv, std::vector<std::string>& storage);
 
-// Installs the usage message and limits `--help` to flags defined in files
-// whose path contains `main_file` (absl otherwise lists its own too).
-void SetUsage(const std::string& usage, const std::string& main_file);
+// The text `--help` prints: `usage`, then each flag defined in a file whose
+// path contains `main_file`, by name, spelled with dashes, with its default
+// and help. No file paths: they would show where the binary was built.
+std::string HelpText(const std::string& usage, const std::string& main_file);
+
+// Parses the command line the way every zo binary does: flag names with dashes
+// or underscores (NormalizeFlagNames), and `--help` (also -h, --helpfull,
+// --helpshort) prints HelpText to stdout and exits 0 (absl would exit 1 and
+// list its own flags with their build paths). Other errors exit as absl does.
+// Returns the positional arguments, argv[0] first; they point into `storage`.
+std::vector<char*> ParseFlags(int argc, char** argv, const std::string& usage,
+                              const std::string& main_file, std::vector<std::string>& storage);
 
 }  // namespace zo
 

@@ -4,12 +4,26 @@
 
 #include <fstream>
 
+#include "absl/flags/flag.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
+ABSL_FLAG(int, probe_depth, 3,
+          "a flag of this test only: its help is long enough to be wrapped onto a second line "
+          "of the help text");
+
 namespace zo {
 namespace {
+
+TEST(HelpTextTest, ListsThisFilesFlagsWithDashesAndNoPaths) {
+  const std::string help = HelpText("usage: probe [--probe-depth N]", "common/command_line_test");
+  EXPECT_EQ(help,
+            "usage: probe [--probe-depth N]\n\nflags:\n"
+            "  --probe-depth (default: 3)\n"
+            "      a flag of this test only: its help is long enough to be wrapped onto a\n"
+            "      second line of the help text\n");
+}
 
 TEST(CommandLineTest, DashesInFlagNamesBecomeUnderscores) {
   const char* args[] = {"zo-ctl",      "estimate",    "--pipeline-stages=4", "-dp-ranks",

@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "common/command_line.h"
 #include "ctl/commands.h"
@@ -38,10 +37,8 @@ constexpr char kUsage[] =
     "Flags may be written with dashes or underscores.";
 
 int Main(int argc, char** argv) {
-  SetUsage(kUsage, "ctl/");
   std::vector<std::string> storage;
-  std::vector<char*> args = NormalizeFlagNames(argc, argv, storage);
-  std::vector<char*> positional = absl::ParseCommandLine(argc, args.data());
+  std::vector<char*> positional = ParseFlags(argc, argv, kUsage, "ctl/", storage);
   if (positional.size() != 2) {
     std::cerr << "zo-ctl: " << absl::ProgramUsageMessage() << "\n";
     return 2;

@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -119,8 +118,6 @@ int Run() {
 int main(int argc, char** argv) {
   zo::TuneMallocForBulkMessages();
   std::vector<std::string> storage;
-  std::vector<char*> args = zo::NormalizeFlagNames(argc, argv, storage);
-  zo::SetUsage(zo::kUsage, "server/zo_server_main.cc");
-  absl::ParseCommandLine(argc, args.data());
+  zo::ParseFlags(argc, argv, zo::kUsage, "server/zo_server_main.cc", storage);
   return zo::Run();
 }

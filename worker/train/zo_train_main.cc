@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -188,9 +187,7 @@ absl::Status Run() {
 int main(int argc, char** argv) {
   zo::TuneMallocForBulkMessages();
   std::vector<std::string> storage;
-  std::vector<char*> args = zo::NormalizeFlagNames(argc, argv, storage);
-  zo::SetUsage(zo::Usage(), "worker/train/zo_train_main.cc");
-  absl::ParseCommandLine(argc, args.data());
+  zo::ParseFlags(argc, argv, zo::Usage(), "worker/train/zo_train_main.cc", storage);
   absl::Status status = zo::Run();
   if (!status.ok()) {
     std::cerr << "zo-train: " << status.message() << "\n";

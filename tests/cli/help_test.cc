@@ -1,0 +1,70 @@
+// The command line of every zo binary. `--help`: exit code 0 (help is what
+// was asked for), a usage line and each flag spelled with dashes, nothing
+// that shows where the binary was built.
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace zo::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+struct Outcome {
+  int exit_code = -1;
+  std::string out;
+};
+
+Outcome RunCommand(const std::string& command) {
+  Outcome r;
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+struct Binary {
+  const char* name;
+  const char* path;
+  const char* a_flag;  // one of its flags, as users write it
+
+  friend void PrintTo(const Binary& b, std::ostream* os) { *os << b.name; }
+};
+
+class HelpTest : public ::testing::TestWithParam<Binary> {};
+
+TEST_P(HelpTest, ExitsZeroWithCleanUsage) {
+  for (const char* help : {"--help", "-h", "--helpfull"}) {
+    const Outcome r = RunCommand(std::string(GetParam().path) + " " + help);
+    EXPECT_EQ(r.exit_code, 0) << help << ":\n" << r.out;
+    EXPECT_THAT(r.out, HasSubstr(std::string("usage: ") + GetParam().name)) << help;
+    EXPECT_THAT(r.out, HasSubstr(std::string("\n  ") + GetParam().a_flag + " (default: "));
+    EXPECT_THAT(r.out, Not(HasSubstr("Flags from")));
+    EXPECT_THAT(r.out, Not(HasSubstr(".cc")));
+    EXPECT_THAT(r.out, Not(HasSubstr(ZO_SOURCE_DIR)));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Binaries, HelpTest,
+                         ::testing::Values(Binary{"zo-train", ZO_TRAIN_PATH, "--pipeline-stages"},
+                                           Binary{"zo-server", ZO_SERVER_PATH, "--memory-budget"},
+                                           Binary{"zo-ctl", ZO_CTL_PATH, "--chunk-elems"},
+                                           Binary{"zo-bench", ZO_BENCH_PATH, "--in-flight-bytes"}),
+                         [](const ::testing::TestParamInfo<Binary>& info) {
+                           std::string name = info.param.name;
+                           name.erase(2, 1);  // "zo-train" -> "zotrain": test names are identifiers
+                           return name;
+                         });
+
+}  // namespace
+}  // namespace zo::testing
