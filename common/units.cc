@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
@@ -85,6 +86,38 @@ absl::StatusOr<int64_t> ParseCount(const std::string& text) {
     return absl::InvalidArgumentError(
         absl::StrCat("count '", text, "' must be between 1 and 4.6e18"));
   }
+  return static_cast<int64_t>(n);
+}
+
+absl::StatusOr<int64_t> ParseBytes(const std::string& flag, const std::string& text) {
+  std::string t(absl::StripAsciiWhitespace(text));
+  const auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, " = '", text, "': ", why,
+                                                   "; write bytes, e.g. 64Gi, 512Mi or 4096"));
+  };
+  if (!t.empty() && (t.back() == 'B' || t.back() == 'b')) t.pop_back();
+  double multiplier = 1;
+  if (!t.empty() && (t.back() == 'i' || t.back() == 'I')) {
+    static constexpr char kUnits[] = "kmgt";
+    const char* unit =
+        t.size() >= 2
+            ? std::strchr(kUnits, absl::ascii_tolower(static_cast<unsigned char>(t[t.size() - 2])))
+            : nullptr;
+    if (unit == nullptr || *unit == '\0') return bad("not a byte size");
+    multiplier = std::ldexp(1.0, 10 * static_cast<int>(unit - kUnits + 1));
+    t.resize(t.size() - 2);
+  } else if (!t.empty() && absl::ascii_isalpha(static_cast<unsigned char>(t.back()))) {
+    return bad(std::strchr("kKmMgGtT", t.back()) != nullptr
+                   ? "ambiguous unit (powers of 1000 or 1024?)"
+                   : "not a byte size");
+  }
+  char* end = nullptr;
+  const double v = t.empty() ? 0 : std::strtod(t.c_str(), &end);
+  if (t.empty() || end != t.c_str() + t.size() || !std::isfinite(v)) {
+    return bad("not a byte size");
+  }
+  const double n = std::round(v * multiplier);
+  if (n < 0 || n >= 4.6e18) return bad("out of range");
   return static_cast<int64_t>(n);
 }
 

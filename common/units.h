@@ -20,6 +20,12 @@ std::string FormatCount(double count);
 // positive integer below 2^62.
 absl::StatusOr<int64_t> ParseCount(const std::string& text);
 
+// Parses a byte size given to flag --`flag`: "64Gi", "512Mi", "1.5GiB",
+// "4096" (binary suffixes Ki, Mi, Gi, Ti, each optionally followed by B).
+// "64G" or "64GB" are refused rather than guessed at. INVALID_ARGUMENT names
+// the flag and shows how to write a size; the result is in [0, 2^62).
+absl::StatusOr<int64_t> ParseBytes(const std::string& flag, const std::string& text);
+
 }  // namespace zo
 
 #endif  // ZO_COMMON_UNITS_H_

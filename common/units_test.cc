@@ -1,5 +1,6 @@
 #include "common/units.h"
 
+#include "absl/strings/str_cat.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -8,6 +9,7 @@ namespace zo {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::StatusIs;
 
 TEST(UnitsTest, FormatBytes) {
@@ -46,6 +48,31 @@ TEST(UnitsTest, ParseCountRejectsGarbage) {
   EXPECT_THAT(ParseCount("0"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("between")));
   EXPECT_THAT(ParseCount("1e30"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("between")));
+}
+
+TEST(UnitsTest, ParseBytesTakesBinarySuffixes) {
+  EXPECT_EQ(*ParseBytes("memory-budget", "64Gi"), int64_t{64} << 30);
+  EXPECT_EQ(*ParseBytes("memory-budget", "512MiB"), int64_t{512} << 20);
+  EXPECT_EQ(*ParseBytes("memory-budget", "1.5Ki"), 1536);
+  EXPECT_EQ(*ParseBytes("memory-budget", " 4096 "), 4096);
+  EXPECT_EQ(*ParseBytes("memory-budget", "4096B"), 4096);
+  EXPECT_EQ(*ParseBytes("memory-budget", "0"), 0);
+  EXPECT_EQ(*ParseBytes("memory-budget", "2ti"), int64_t{2} << 40);
+}
+
+TEST(UnitsTest, ParseBytesNamesTheFlagAndShowsByteSizes) {
+  // A byte flag must not suggest parameter counts ("13B", "350M").
+  for (const char* text : {"lots", "", "64Xi", "i", "1e30", "-1"}) {
+    absl::StatusOr<int64_t> parsed = ParseBytes("memory-budget", text);
+    EXPECT_THAT(parsed, StatusIs(absl::StatusCode::kInvalidArgument,
+                                 HasSubstr(absl::StrCat("--memory-budget = '", text, "'"))));
+    EXPECT_THAT(std::string(parsed.status().message()), HasSubstr("e.g. 64Gi, 512Mi or 4096"));
+    EXPECT_THAT(std::string(parsed.status().message()), Not(HasSubstr("13B")));
+  }
+  EXPECT_THAT(ParseBytes("memory-budget", "64G"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("ambiguous unit")));
+  EXPECT_THAT(ParseBytes("memory-budget", "64GB"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("ambiguous unit")));
 }
 
 }  // namespace

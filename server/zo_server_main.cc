@@ -62,17 +62,15 @@ int Run() {
     return 2;
   };
   if (options.threads < 0) return fail(absl::InvalidArgumentError("--threads must be >= 0"));
-  if (const std::string b = absl::GetFlag(FLAGS_memory_budget); b == "0") {
-    options.memory_budget_bytes = 0;  // all optimizer state on NVMe
-  } else if (!b.empty()) {
-    absl::StatusOr<int64_t> budget = ParseCount(b);
-    if (!budget.ok())
-      return fail(
-          absl::InvalidArgumentError(absl::StrCat("--memory-budget: ", budget.status().message())));
+  if (const std::string b = absl::GetFlag(FLAGS_memory_budget); !b.empty()) {
+    absl::StatusOr<int64_t> budget = ParseBytes("memory-budget", b);  // 0: all of it on NVMe
+    if (!budget.ok()) return fail(budget.status());
     options.memory_budget_bytes = *budget;
   }
-  absl::StatusOr<int64_t> max_message = ParseCount(absl::GetFlag(FLAGS_max_message_bytes));
-  if (!max_message.ok() || *max_message < 4096 || *max_message > (int64_t{1} << 30)) {
+  absl::StatusOr<int64_t> max_message =
+      ParseBytes("max-message-bytes", absl::GetFlag(FLAGS_max_message_bytes));
+  if (!max_message.ok()) return fail(max_message.status());
+  if (*max_message < 4096 || *max_message > (int64_t{1} << 30)) {
     return fail(absl::InvalidArgumentError("--max-message-bytes must be in [4Ki, 1Gi]"));
   }
   options.max_message_bytes = *max_message;

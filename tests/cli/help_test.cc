@@ -1,6 +1,6 @@
 // The command line of every zo binary. `--help`: exit code 0 (help is what
 // was asked for), a usage line and each flag spelled with dashes, nothing
-// that shows where the binary was built.
+// that shows where the binary was built. A byte flag's error.
 #include <sys/wait.h>
 
 #include <array>
@@ -65,6 +65,17 @@ INSTANTIATE_TEST_SUITE_P(Binaries, HelpTest,
                            name.erase(2, 1);  // "zo-train" -> "zotrain": test names are identifiers
                            return name;
                          });
+
+// A byte flag's error names the flag and shows byte sizes, not the
+// parameter counts ("13B", "350M") of a count flag.
+TEST(ByteFlagTest, ZoServerMemoryBudgetNamesTheFlag) {
+  const Outcome r =
+      RunCommand(std::string(ZO_SERVER_PATH) + " --memory-budget lots --listen 127.0.0.1:0");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("--memory-budget = 'lots'"));
+  EXPECT_THAT(r.out, HasSubstr("64Gi, 512Mi"));
+  EXPECT_THAT(r.out, Not(HasSubstr("13B")));
+}
 
 }  // namespace
 }  // namespace zo::testing
