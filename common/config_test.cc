@@ -480,7 +480,36 @@ TEST(ConfigTest, LoadConfigFileErrorsNameThePath) {
   }
   EXPECT_THAT(LoadConfigFile(bad), StatusIs(absl::StatusCode::kInvalidArgument,
                                             HasSubstr(bad + ": fp16.loss_scale = -2")));
+  std::ofstream(bad) << R"({"train_batch_size": 8,)";
+  absl::StatusOr<LoadedConfig> malformed = LoadConfigFile(bad);
+  EXPECT_THAT(malformed, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("malformed JSON")));
+  EXPECT_THAT(std::string(malformed.status().message()), ::testing::StartsWith(bad + ": "));
   std::filesystem::remove(bad);
+}
+
+// zo-train loads the user's file once (its warnings logged once, naming the
+// file) and hands ConfigToJson on to the client and the servers, which parse
+// it again: that must add no warning or note of its own.
+TEST(ConfigTest, LoadedOnceWarnedOnceAndQuietWhenParsedAgain) {
+  const std::string path = std::filesystem::temp_directory_path() / "zo_config_test_warn.json";
+  std::ofstream(path) << R"({"train_batch_size": 8, "gradient_clipping": 1.0, "optimizer":
+      {"type": "AdamW", "params": {"lr": 1e-3, "lr_decay": 0.1}},
+      "aio": {"thread_count": 2}, "zo": {"dpu": {"enable": true}}})";
+  testing::ScopedLogCapture log;
+  ZO_ASSERT_OK_AND_ASSIGN(LoadedConfig loaded, LoadConfigFile(path, {.dp_world_size = 2}));
+  std::filesystem::remove(path);
+  EXPECT_THAT(loaded.warnings, Contains("unknown key 'zo.dpu.enable' ignored"));
+  ZO_ASSERT_OK_AND_ASSIGN(LoadedConfig again,
+                          ParseConfig(ConfigToJson(loaded.config), {.dp_world_size = 2}));
+  EXPECT_TRUE(again.config == loaded.config);
+  EXPECT_THAT(again.warnings, IsEmpty());
+  EXPECT_THAT(again.notes, IsEmpty());
+  int unknown = 0;
+  for (const std::string& line : log.lines()) {
+    unknown += line.find("'zo.dpu.enable'") != std::string::npos;
+  }
+  EXPECT_EQ(unknown, 1);
+  EXPECT_THAT(log.lines(), Contains(HasSubstr(path + ": unknown key 'zo.dpu.enable'")));
 }
 
 }  // namespace

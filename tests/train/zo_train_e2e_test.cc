@@ -411,7 +411,9 @@ TEST(ZoTrainE2eTest, BadFlagsAreNamed) {
       {{"--pipeline-stages", "2", "--stage", "1"}, "--stage needs --stage-addresses"},
       {{"--partition-method", "balanced"}, "unknown partition method 'balanced'"},
       {{"--data", dir + "/missing.txt"}, "missing.txt"},
-      {{"--config", dir + "/missing.json"}, "--config: cannot read"},
+      {{"--config", dir + "/missing.json"}, "--config: cannot open config file " + dir},
+      {{"--config", WriteFile(dir, "broken.json", "{\"fp16\": {\"enabled\": true,}")},
+       "--config: " + dir + "/broken.json: malformed JSON"},
       {{"--pipeline-stages", "9", "--n-layer", "2"}, "cannot cut 5 layers into 9 pipeline stages"},
   };
   for (const Case& c : cases) {

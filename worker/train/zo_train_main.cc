@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/command_line.h"
+#include "common/config.h"
 #include "common/logging.h"
 #include "common/malloc_tuning.h"
 #include "server/offload_server.h"
@@ -118,9 +119,16 @@ absl::Status Run() {
   if (!absl::GetFlag(FLAGS_verbose)) SetMinLogLevel(LogLevel::kWarning);
   train::TrainOptions o;
   if (std::string path = absl::GetFlag(FLAGS_config); !path.empty()) {
-    auto text = ReadFlagFile("config", path);
-    if (!text.ok()) return text.status();
-    o.config_json = *text;
+    // Loaded here so that errors and warnings name the file. The client and
+    // the servers get it as ConfigToJson: they parse it again, and the
+    // normalised form has no unknown or renamed keys to warn about twice.
+    absl::StatusOr<LoadedConfig> loaded =
+        LoadConfigFile(path, {.dp_world_size = absl::GetFlag(FLAGS_dp_world_size)});
+    if (!loaded.ok()) {
+      return absl::Status(loaded.status().code(),
+                          absl::StrCat("--config: ", loaded.status().message()));
+    }
+    o.config_json = ConfigToJson(loaded->config);
   } else {
     o.config_json = kDemoConfig;
   }
