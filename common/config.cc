@@ -251,7 +251,11 @@ void VisitConfig(V& v, Config& c) {
   v.Rename("bfloat16", "bf16", /*warn=*/false);  // both spellings are current in DeepSpeed
   v.Object("bf16", c.bf16, VisitBf16<V>);
   if (!v.Given("gradient_clipping")) {
-    v.Note("gradient_clipping defaults to 1.0 in DeepSpeed: clipping is on unless set to 0");
+    // DeepSpeed's documentation says 1.0; its code (GRADIENT_CLIPPING_DEFAULT)
+    // says 0.0, and the code is what trains.
+    v.Note(
+        "no gradient_clipping: gradients are not clipped (DeepSpeed's code default 0.0, "
+        "though its documentation says 1.0)");
   }
   v.Field("gradient_clipping", c.gradient_clipping, AtLeast(0));
   v.Object("zero_optimization", c.zero_optimization, VisitZero<V>);

@@ -173,7 +173,7 @@ struct Config {
   std::optional<SchedulerConfig> scheduler;  // nullopt: constant lr
   Fp16Config fp16;
   Bf16Config bf16;                 // at most one of fp16 and bf16 is enabled
-  double gradient_clipping = 1.0;  // global L2 norm limit; 0 disables; >= 0
+  double gradient_clipping = 0.0;  // global L2 norm limit; 0 (DeepSpeed's default) disables
   ZeroConfig zero_optimization;
   AioConfig aio;
   int steps_per_print = 10;  // >= 1

@@ -58,7 +58,7 @@ TEST(ConfigTest, EmptyConfigHasDeepSpeedDefaults) {
   EXPECT_EQ(c.fp16.min_loss_scale, 1.0);
   EXPECT_FALSE(c.fp16.auto_cast);
   EXPECT_FALSE(c.bf16.enabled);
-  EXPECT_EQ(c.gradient_clipping, 1.0);
+  EXPECT_EQ(c.gradient_clipping, 0.0);
 
   const ZeroConfig& z = c.zero_optimization;
   EXPECT_EQ(z.stage, 0);
@@ -130,12 +130,15 @@ TEST(ConfigTest, OptimizerTypeIsCaseInsensitive) {
   EXPECT_EQ(EnumName(OptimizerType::kAdamW), "AdamW");
 }
 
-TEST(ConfigTest, GradientClippingDefaultsToOneWithANote) {
+// DeepSpeed's code does not clip when the key is absent
+// (GRADIENT_CLIPPING_DEFAULT = 0.0), whatever its documentation says.
+TEST(ConfigTest, GradientClippingAbsentMeansNoClippingWithANote) {
   ZO_ASSERT_OK_AND_ASSIGN(LoadedConfig loaded, Parse(""));
-  EXPECT_EQ(loaded.config.gradient_clipping, 1.0);
-  EXPECT_THAT(loaded.notes, Contains(HasSubstr("gradient_clipping defaults to 1.0")));
-  ZO_ASSERT_OK_AND_ASSIGN(LoadedConfig off, Parse(R"("gradient_clipping": 0)"));
-  EXPECT_EQ(off.config.gradient_clipping, 0.0);
+  EXPECT_EQ(loaded.config.gradient_clipping, 0.0);
+  EXPECT_THAT(loaded.notes, Contains(HasSubstr("no gradient_clipping: gradients are not clipped")));
+  ZO_ASSERT_OK_AND_ASSIGN(LoadedConfig on, Parse(R"("gradient_clipping": 1.0)"));
+  EXPECT_EQ(on.config.gradient_clipping, 1.0);
+  EXPECT_THAT(on.notes, Not(Contains(HasSubstr("gradient_clipping"))));
 }
 
 TEST(ConfigTest, WarmupLRDefaultsToLogWarmup) {
