@@ -57,7 +57,14 @@ absl::StatusOr<ShardMap> ShardMap::Create(std::vector<TensorSpec> tensors, int64
     }
     offsets.push_back(offsets.back() + n);
   }
-  return ShardMap(std::move(tensors), std::move(offsets), chunk_elems, num_servers);
+  const int64_t effective = EffectiveChunkElems(offsets.back(), chunk_elems, num_servers);
+  return ShardMap(std::move(tensors), std::move(offsets), effective, num_servers);
+}
+
+int64_t EffectiveChunkElems(int64_t total_elems, int64_t chunk_elems, int num_servers) {
+  const int64_t share = (total_elems + num_servers - 1) / num_servers;
+  const int64_t aligned = (share + kChunkAlignElems - 1) / kChunkAlignElems * kChunkAlignElems;
+  return std::min(chunk_elems, std::max(aligned, kChunkAlignElems));
 }
 
 ShardMap::ShardMap(std::vector<TensorSpec> tensors, std::vector<int64_t> offsets,

@@ -1,8 +1,12 @@
 // Sharding math (DESIGN.md, "Sharding"): all tensors of a manifest,
-// concatenated in order, form one flat index space that is cut into chunks of
-// `chunk_elems` elements; chunk c lives on server c mod S. Pure functions of
-// (manifest, chunk_elems, S), so every process computes the same map with no
-// lookup service, and a checkpoint can be restored onto another S.
+// concatenated in order, form one flat index space that is cut into chunks;
+// chunk c lives on server c mod S. A chunk holds `chunk_elems` elements, or
+// fewer when the model is small: at most a 1/S share rounded up to
+// kChunkAlignElems, so that every server holds a part (a 1M-parameter model
+// with the default 4 Mi chunks would otherwise sit wholly on server 0). Pure
+// functions of (manifest, chunk_elems, S), so every process computes the same
+// map with no lookup service, and a checkpoint can be restored onto another S
+// (checkpoints are read by flat range, whatever their chunk size).
 #ifndef ZO_COMMON_SHARDING_H_
 #define ZO_COMMON_SHARDING_H_
 
@@ -45,15 +49,26 @@ struct TensorPiece {
   friend bool operator==(const TensorPiece&, const TensorPiece&) = default;
 };
 
+// A small model's chunks are cut at a multiple of this: 16 KiB of fp32 state,
+// so each chunk's regions of a swap file stay 4 KiB-aligned (O_DIRECT).
+inline constexpr int64_t kChunkAlignElems = 4096;
+
+// The chunk size a map of `total_elems` over `num_servers` uses when asked
+// for `chunk_elems`: min(chunk_elems, ceil(total / S) rounded up to
+// kChunkAlignElems). Applying it to its own result changes nothing.
+int64_t EffectiveChunkElems(int64_t total_elems, int64_t chunk_elems, int num_servers);
+
 // Immutable; safe to share between threads.
 class ShardMap {
  public:
   // Errors (INVALID_ARGUMENT) on chunk_elems < 1, num_servers < 1, a negative
   // dimension, an empty or duplicate tensor name, or an index space past 2^62.
+  // `chunk_elems` is the most elements a chunk holds (EffectiveChunkElems).
   static absl::StatusOr<ShardMap> Create(std::vector<TensorSpec> tensors, int64_t chunk_elems,
                                          int num_servers);
 
   const std::vector<TensorSpec>& tensors() const { return tensors_; }
+  // The chunk size in use: EffectiveChunkElems of the one asked for.
   int64_t chunk_elems() const { return chunk_elems_; }
   int num_servers() const { return num_servers_; }
   int64_t total_elems() const { return total_elems_; }

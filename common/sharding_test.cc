@@ -163,6 +163,43 @@ TEST(ShardMapTest, LargeManifestStaysBalanced) {
   EXPECT_EQ(map.total_elems(), int64_t{40} * 5120 * 5120 * 12);
 }
 
+TEST(ShardMapTest, SmallModelSpreadsOverEveryServer) {
+  // 1M elements with the default 4 Mi chunks: without the cap one chunk,
+  // all of it on server 0.
+  const std::vector<TensorSpec> specs = {{"wte", {1000, 600}, DType::kFloat16},
+                                         {"mlp", {400, 1000}, DType::kFloat16}};
+  ZO_ASSERT_OK_AND_ASSIGN(ShardMap map, ShardMap::Create(specs, 4 << 20, 4));
+  EXPECT_EQ(map.chunk_elems(), 253952);  // ceil(1e6 / 4) = 250000, up to 62 x 4096
+  EXPECT_EQ(map.num_chunks(), 4);
+  for (int s = 0; s < 4; ++s) {
+    EXPECT_EQ(map.ElemsOnServer(s), s < 3 ? 253952 : 1000000 - 3 * 253952) << "server " << s;
+  }
+  // A checkpoint records the chunk size in use; a map made from it is the same.
+  ZO_ASSERT_OK_AND_ASSIGN(ShardMap again, ShardMap::Create(specs, map.chunk_elems(), 4));
+  EXPECT_EQ(again.chunk_elems(), map.chunk_elems());
+  // One server: one chunk, as before the cap.
+  ZO_ASSERT_OK_AND_ASSIGN(ShardMap one, ShardMap::Create(specs, 4 << 20, 1));
+  EXPECT_EQ(one.num_chunks(), 1);
+}
+
+TEST(ShardMapTest, ChunksAreNeverLargerThanAskedOrSmallerThanTheAlignment) {
+  EXPECT_EQ(EffectiveChunkElems(1000000, 30000, 4), 30000);  // small enough already
+  EXPECT_EQ(EffectiveChunkElems(1000, 4 << 20, 8), kChunkAlignElems);
+  EXPECT_EQ(EffectiveChunkElems(0, 4 << 20, 2), kChunkAlignElems);
+  EXPECT_EQ(EffectiveChunkElems(int64_t{13} << 30, 4 << 20, 16), 4 << 20);  // large: unchanged
+  for (int64_t total : {1, 4095, 4097, 1 << 20, 12345678}) {
+    for (int servers : {1, 2, 3, 7}) {
+      const int64_t e = EffectiveChunkElems(total, 4 << 20, servers);
+      EXPECT_EQ(EffectiveChunkElems(total, e, servers), e) << total << " over " << servers;
+      // Every server holds a share once the model has S^2 aligned pieces
+      // (below that, rounding up to the alignment may leave one out).
+      if (total >= int64_t{servers} * servers * kChunkAlignElems) {
+        EXPECT_GE((total + e - 1) / e, servers) << total << " over " << servers;
+      }
+    }
+  }
+}
+
 TEST(ShardMapTest, TensorIndexByName) {
   ZO_ASSERT_OK_AND_ASSIGN(ShardMap map, ShardMap::Create(Specs({{1}, {2}}), 4, 1));
   ZO_ASSERT_OK_AND_ASSIGN(int index, map.TensorIndex("t1"));
