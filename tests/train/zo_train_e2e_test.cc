@@ -293,6 +293,16 @@ TEST(ZoTrainE2eTest, TwoStageProcessesOverTcpFollowTheEmbeddedRun) {
     ASSERT_EQ(*code, 0) << w.ReadLog();
   }
   EXPECT_THAT(workers[0].ReadLog(), ::testing::HasSubstr("stage 0: layers embed .. h.0"));
+  // Said once, when DPU is on; the reference run without it says nothing.
+  for (ChildProcess& w : workers) {
+    const std::string log = w.ReadLog();
+    EXPECT_THAT(log, ::testing::HasSubstr("DPU on after step 8: each step computes its gradients "
+                                          "on weights one step stale"));
+    EXPECT_EQ(log.find("DPU on"), log.rfind("DPU on"));
+  }
+  std::ifstream ref_log(dir + "/ref.log");
+  EXPECT_THAT(std::string(std::istreambuf_iterator<char>(ref_log), {}),
+              ::testing::Not(::testing::HasSubstr("DPU on")));
   const std::vector<StepLine> stage0 = ReadMetrics(dir + "/stage0.jsonl");
   const std::vector<StepLine> stage1 = ReadMetrics(dir + "/stage1.jsonl");
   ASSERT_EQ(stage0.size(), static_cast<size_t>(kSteps));

@@ -160,6 +160,14 @@ void PrintPlan(const TrainOptions& o, const Plan& plan) {
         chunk.c_str(), plan.model.layers[plan.bounds[v]]->name().c_str(),
         plan.model.layers[plan.bounds[v + 1] - 1]->name().c_str(), static_cast<long long>(params));
   }
+  if (plan.config.zo.dpu.enabled) {
+    std::fprintf(o.out,
+                 "zo-train: DPU on after step %d: each step computes its gradients on weights one "
+                 "step stale, so the servers' optimizer step overlaps the next forward/backward. "
+                 "It pays when the compute step takes about as long as the server step; staleness "
+                 "can slow the loss's descent, most while it falls steeply.\n",
+                 plan.config.zo.dpu.warmup_steps);
+  }
   std::fflush(o.out);  // before the servers are reached, which may take a while
 }
 
