@@ -105,12 +105,19 @@ struct StepCase {
   DType copy_dtype;
 };
 
-std::string CaseName(const ::testing::TestParamInfo<StepCase>& info) {
+std::string Describe(const StepCase& c) {
   const char* algo[] = {"AdamW", "AdamL2", "Adagrad", "Lion"};
-  return std::string(algo[static_cast<int>(info.param.algo)]) + "_grad_" +
-         std::string(DTypeName(info.param.grad_dtype)) + "_copy_" +
-         (info.param.with_copy ? std::string(DTypeName(info.param.copy_dtype)) : "none");
+  return std::string(algo[static_cast<int>(c.algo)]) + "_grad_" +
+         std::string(DTypeName(c.grad_dtype)) + "_copy_" +
+         (c.with_copy ? std::string(DTypeName(c.copy_dtype)) : "none");
 }
+
+std::string CaseName(const ::testing::TestParamInfo<StepCase>& info) {
+  return Describe(info.param);
+}
+
+// ctest lists the case, not the struct's raw bytes.
+void PrintTo(const StepCase& c, std::ostream* os) { *os << Describe(c); }
 
 AdamStepConstants AdamConstants(bool adam_w, int64_t step) {
   AdamHyperParams hp;

@@ -21,6 +21,10 @@
 #include "offload/optimizer_kernels_test_util.h"
 
 namespace zo {
+
+// Names the level in ctest's listing instead of its raw bytes.
+void PrintTo(SimdLevel level, std::ostream* os) { *os << SimdLevelName(level); }
+
 namespace {
 
 using kernel_testing::GradBuffer;

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <memory>
 #include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -64,7 +65,10 @@ TEST_P(ThreadPoolSizeTest, WorkersSeeWhatTheCallerWroteBefore) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Sizes, ThreadPoolSizeTest, ::testing::Values(1, 2, 3, 4, 8));
+INSTANTIATE_TEST_SUITE_P(Sizes, ThreadPoolSizeTest, ::testing::Values(1, 2, 3, 4, 8),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return "Threads" + std::to_string(info.param);
+                         });
 
 TEST(ThreadPoolTest, ConcurrentCallersAreSerialized) {
   for (int n : {1, 3}) {

@@ -73,6 +73,9 @@ struct OverlapCase {
   int64_t begin;
   int64_t end;
   std::string overlap;  // the range the error names
+
+  // ctest lists the name, not the raw bytes (heap pointers) of the struct.
+  friend void PrintTo(const OverlapCase& c, std::ostream* os) { *os << c.name; }
 };
 
 class ChunkCoverageOverlapTest : public ::testing::TestWithParam<OverlapCase> {};

@@ -45,6 +45,9 @@ struct TierCase {
   int queue_depth = 8;
   bool checksums = true;
   bool jumbled_engine = false;  // completions delayed and shuffled
+
+  // ctest lists the name, not the raw bytes (heap pointers) of the struct.
+  friend void PrintTo(const TierCase& c, std::ostream* os) { *os << c.name; }
 };
 
 class TieredStateBitIdentityTest : public ::testing::TestWithParam<TierCase> {};
