@@ -109,9 +109,14 @@ TEST(ThreadPoolTest, DestroysIdlePoolsCleanly) {
 TEST(ThreadPoolTest, LongRunningWorkerIsWaitedFor) {
   ThreadPool pool(2);
   std::vector<int> done(2, 0);
+  std::atomic<bool> first_done{false};
   pool.RunOnAll([&](int w) {
-    if (w == 1) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    // Worker 1 ends last: it starts its part only once worker 0 has ended.
+    if (w == 1) {
+      while (!first_done.load()) std::this_thread::yield();
+    }
     done[w] = 1;
+    if (w == 0) first_done = true;
   });
   EXPECT_THAT(done, ::testing::Each(1));
 }

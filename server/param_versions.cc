@@ -25,11 +25,22 @@ ParamVersions::ParamVersions(int64_t elems, DType dtype, AlignedBuffer a, Aligne
 
 void ParamVersions::Reset(int64_t version) {
   std::unique_lock lock(mu_);
-  readers_done_.wait(lock, [&] { return buffers_[0].readers == 0 && buffers_[1].readers == 0; });
+  readers_done_.wait(
+      lock, [&] { return Unblocked(buffers_[0].readers == 0 && buffers_[1].readers == 0); });
   base_ = version;
   data_version_ = {version};
   buffers_[0].data_version = -1;
   buffers_[1].data_version = -1;
+}
+
+bool ParamVersions::Unblocked(bool free) {
+  if (!free) ++times_blocked_;
+  return free;
+}
+
+int64_t ParamVersions::times_blocked() const {
+  std::lock_guard lock(mu_);
+  return times_blocked_;
 }
 
 void ParamVersions::CommitBase() {
@@ -43,7 +54,7 @@ void* ParamVersions::BeginWrite() {
   std::unique_lock lock(mu_);
   const int64_t current = data_version_.back();
   const int target = buffers_[0].data_version == current ? 1 : 0;
-  readers_done_.wait(lock, [&] { return buffers_[target].readers == 0; });
+  readers_done_.wait(lock, [&] { return Unblocked(buffers_[target].readers == 0); });
   buffers_[target].data_version = -1;  // no new lease on it until CommitWrite
   writing_ = target;
   return buffers_[target].memory.data();

@@ -69,6 +69,10 @@ class ParamVersions {
   // FAILED_PRECONDITION when the version's data is no longer (or not yet) held.
   absl::StatusOr<Lease> Acquire(int64_t version);
 
+  // How often BeginWrite or Reset found readers in the way and went to wait:
+  // lets a test know, without sleeping, that another thread is blocked.
+  int64_t times_blocked() const;
+
  private:
   struct Buffer {
     AlignedBuffer memory;
@@ -77,6 +81,7 @@ class ParamVersions {
   };
   ParamVersions(int64_t elems, DType dtype, AlignedBuffer a, AlignedBuffer b);
   std::optional<int64_t> DataVersionLocked(int64_t version) const;
+  bool Unblocked(bool free);  // a wait predicate's result, counting the blocks; mu_ held
 
   const int64_t elems_;
   const DType dtype_;
@@ -86,6 +91,7 @@ class ParamVersions {
   int64_t base_ = 0;
   std::vector<int64_t> data_version_;  // index: version - base_
   int writing_ = -1;
+  int64_t times_blocked_ = 0;
 };
 
 }  // namespace zo

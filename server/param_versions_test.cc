@@ -50,9 +50,11 @@ void Write(ParamVersions& v, uint16_t version) {
   v.CommitWrite(version);
 }
 
-// Lets a thread that is about to block get there. Only the absence of
-// progress is asserted after it, never a duration.
-void LetOtherThreadBlock() { std::this_thread::sleep_for(std::chrono::milliseconds(50)); }
+// Returns once `v` has blocked a caller `n` times in all, i.e. the other
+// thread is waiting for readers (an observed state, not a sleep).
+void AwaitBlocked(const ParamVersions& v, int64_t n) {
+  while (v.times_blocked() < n) std::this_thread::yield();
+}
 
 TEST(ParamVersionsTest, VersionZeroIsReadableAndZero) {
   std::unique_ptr<ParamVersions> v = MakeVersions();
@@ -165,10 +167,9 @@ TEST(ParamVersionsTest, BeginWriteWaitsForLeasesOnItsBuffer) {
     target = v->BeginWrite();
     began = true;
   });
-  LetOtherThreadBlock();
+  AwaitBlocked(*v, 1);
   EXPECT_FALSE(began) << "two readers of version 0 remain";
-  old_lease.reset();
-  LetOtherThreadBlock();
+  old_lease.reset();  // 2 -> 1 readers: the writer stays blocked
   EXPECT_FALSE(began) << "one reader of version 0 remains";
   // Readers may keep acquiring the newest version meanwhile.
   EXPECT_THAT(v->Acquire(1), IsOk());
@@ -231,7 +232,7 @@ TEST(ParamVersionsTest, ResetWaitsForReaders) {
     v->Reset(5);
     reset = true;
   });
-  LetOtherThreadBlock();
+  AwaitBlocked(*v, 1);
   EXPECT_FALSE(reset);
   EXPECT_EQ(v->latest(), 1);
   held.reset();

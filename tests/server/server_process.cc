@@ -1,11 +1,13 @@
 #include "tests/server/server_process.h"
 
 #include <signal.h>
+#include <sys/inotify.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <fstream>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -29,16 +31,42 @@ absl::StatusOr<ServerProcess> ServerProcess::Start(const std::vector<std::string
   std::vector<std::string> args = {ZO_SERVER_PATH, "--listen", absl::StrCat("127.0.0.1:", port),
                                    "--port-file", port_file};
   args.insert(args.end(), extra_args.begin(), extra_args.end());
-  ZO_ASSIGN_OR_RETURN(p.process_, ChildProcess::Start(args, UniqueName("log")));
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (std::chrono::steady_clock::now() < give_up) {
+  // zo-server renames the port file into place once it listens: wait for
+  // that rename (inotify) or the process's end, not for a clock.
+  const int watch = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+  if (watch < 0 || inotify_add_watch(watch, ::testing::TempDir().c_str(), IN_MOVED_TO) < 0) {
+    if (watch >= 0) close(watch);
+    return absl::InternalError("inotify on the test temp dir failed");
+  }
+  absl::StatusOr<ChildProcess> child = ChildProcess::Start(args, UniqueName("log"));
+  if (!child.ok()) {
+    close(watch);
+    return child.status();
+  }
+  p.process_ = *std::move(child);
+  const int exited = p.process_.OpenExitFd();
+  absl::Status status = absl::DeadlineExceededError("zo-server did not listen within 30 s: ");
+  for (;;) {
     std::ifstream in(port_file);
-    if (in >> p.port_ && p.port_ > 0) return p;
-    if (p.process_.Wait(std::chrono::milliseconds(20)).has_value()) {
-      return absl::InternalError(absl::StrCat("zo-server exited at start: ", p.ReadLog()));
+    if (in >> p.port_ && p.port_ > 0) {
+      status = absl::OkStatus();
+      break;
+    }
+    if (p.process_.Wait(std::chrono::milliseconds(0)).has_value()) {
+      status = absl::InternalError("zo-server exited at start: ");
+      break;
+    }
+    std::vector<int> fds = {watch};
+    if (exited >= 0) fds.push_back(exited);
+    if (!WaitReadable(fds, std::chrono::seconds(30))) break;
+    char events[4096];
+    while (read(watch, events, sizeof(events)) > 0) {
     }
   }
-  return absl::DeadlineExceededError(absl::StrCat("zo-server did not listen: ", p.ReadLog()));
+  close(watch);
+  if (exited >= 0) close(exited);
+  if (!status.ok()) return absl::Status(status.code(), absl::StrCat(status.message(), p.ReadLog()));
+  return p;
 }
 
 std::string ServerProcess::ReadLog() const { return process_.ReadLog(); }

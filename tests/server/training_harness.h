@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -68,6 +69,9 @@ class Worker {
       : p_(p), rank_(rank), dtype_(dtype), client_(std::move(client)) {}
 
   OffloadClient& client() { return *client_; }
+  // Called with the step number once its gradients are pushed and before
+  // FinishStep waits for the acks: lets a test act in the middle of a step.
+  void set_after_push(std::function<void(int64_t)> hook) { after_push_ = std::move(hook); }
   // Loss scale used by each step so far.
   const std::vector<double>& scales() const { return scales_; }
 
@@ -128,6 +132,7 @@ class Worker {
           FromFloats(dtype_, scaled.data() + begin, p_.tensor_sizes[t]);
       ZO_RETURN_IF_ERROR(client_->Push(step, static_cast<int>(t), bytes));
     }
+    if (after_push_) after_push_(step);
     return client_->FinishStep(step);
   }
 
@@ -139,6 +144,7 @@ class Worker {
   std::vector<std::vector<std::byte>> buffers_;
   std::vector<int> tensors_;
   std::vector<double> scales_;
+  std::function<void(int64_t)> after_push_;
 };
 
 // Runs steps [first, last] on every worker in parallel; `overflow_steps`

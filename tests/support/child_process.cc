@@ -1,13 +1,17 @@
 #include "tests/support/child_process.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
 #include <fstream>
 #include <sstream>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 
@@ -60,18 +64,41 @@ std::string ChildProcess::ReadLog() const {
   return ss.str();
 }
 
-std::optional<int> ChildProcess::Wait(std::chrono::milliseconds timeout) {
-  if (pid_ < 0) return std::nullopt;
+int OpenPidFd(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
+
+bool WaitReadable(const std::vector<int>& fds, std::chrono::milliseconds timeout) {
+  std::vector<pollfd> polled;
+  for (int fd : fds) polled.push_back({.fd = fd, .events = POLLIN, .revents = 0});
   const auto give_up = std::chrono::steady_clock::now() + timeout;
   for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        give_up - std::chrono::steady_clock::now());
+    const int r = poll(polled.data(), polled.size(),
+                       static_cast<int>(std::clamp<int64_t>(left.count(), 0, INT32_MAX)));
+    if (r >= 0 || errno != EINTR) return r > 0;
+  }
+}
+
+std::optional<int> ChildProcess::Wait(std::chrono::milliseconds timeout) {
+  if (pid_ < 0) return std::nullopt;
+  // The process's pidfd turns readable when it ends: one poll, no sleeping
+  // between waitpid calls.
+  if (const int pidfd = OpenPidFd(pid_); pidfd >= 0) {
+    WaitReadable({pidfd}, timeout);
+    close(pidfd);
+  } else {
     int status = 0;
-    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+    if (timeout.count() > 0 && waitpid(pid_, &status, 0) == pid_) {  // no pidfd: block
       pid_ = -1;
       return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     }
-    if (std::chrono::steady_clock::now() >= give_up) return std::nullopt;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  int status = 0;
+  if (waitpid(pid_, &status, WNOHANG) == pid_) {
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  return std::nullopt;
 }
 
 int ChildProcess::Signal(int signal) {

@@ -15,6 +15,11 @@
 
 namespace zo::testing {
 
+// pidfd_open(2): a descriptor that turns readable when `pid` ends.
+int OpenPidFd(pid_t pid);
+// Polls `fds` for input until one is readable (true) or `timeout` passes.
+bool WaitReadable(const std::vector<int>& fds, std::chrono::milliseconds timeout);
+
 class ChildProcess {
  public:
   // args[0] is the executable's path. The log file is truncated.
@@ -30,8 +35,12 @@ class ChildProcess {
   std::string ReadLog() const;
 
   // The exit code once the process has ended (-1: killed by a signal);
-  // empty when it is still running (timeout zero: just look).
+  // empty when it is still running after `timeout` (zero: just look).
+  // Woken by the process's end (a pidfd), not by polling.
   std::optional<int> Wait(std::chrono::milliseconds timeout);
+  // A descriptor that turns readable when the process ends (poll it with
+  // others); the caller closes it. -1 when the process is not running.
+  int OpenExitFd() const { return pid_ > 0 ? OpenPidFd(pid_) : -1; }
   // Sends `signal` and waits: the exit code (-1: ended by the signal).
   int Signal(int signal);
   // SIGKILL and wait.

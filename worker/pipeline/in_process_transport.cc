@@ -71,6 +71,7 @@ absl::StatusOr<backend::Tensor> InProcessFabric::Recv(int from, int to, const Me
   const auto deadline = std::chrono::steady_clock::now() +
                         absl::ToChronoNanoseconds(std::min(recv_timeout_, absl::Hours(24 * 365)));
   std::unique_lock<std::mutex> lock(mu_);
+  if (recv_waits_ && aborted_.ok() && mailbox.empty()) recv_waits_();
   const bool ready =
       changed_.wait_until(lock, deadline, [&] { return !aborted_.ok() || !mailbox.empty(); });
   if (!aborted_.ok()) return aborted_;

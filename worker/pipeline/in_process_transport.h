@@ -10,6 +10,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <utility>
@@ -40,6 +41,11 @@ class InProcessFabric {
   // is OK). The first abort wins.
   void Abort(absl::Status why);
 
+  // Called (with the fabric's lock held) each time a Recv finds its mailbox
+  // empty and starts to wait: lets a test act while a receiver is blocked.
+  // Set it before the fabric is used.
+  void SetRecvWaitHookForTesting(std::function<void()> hook) { recv_waits_ = std::move(hook); }
+
  private:
   class StageTransport;
   struct Message {
@@ -59,6 +65,7 @@ class InProcessFabric {
   std::condition_variable changed_;
   std::vector<std::deque<Message>> mailboxes_;  // [from * stages + to], guarded by mu_
   absl::Status aborted_;                        // guarded by mu_
+  std::function<void()> recv_waits_;
 };
 
 }  // namespace zo::pipeline

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -233,21 +234,27 @@ class RawPeerTest : public ::testing::Test {
  protected:
   void SetUp() override {
     addresses_ = Addresses(2);
-    std::thread stage0(
-        [&] { transport_ = TcpTransport::Connect(Options(0, addresses_), *backend_); });
+    std::atomic<bool> stage0_done{false};
+    std::thread stage0([&] {
+      transport_ = TcpTransport::Connect(Options(0, addresses_), *backend_);
+      stage0_done = true;
+    });
     const int port = std::stoi(addresses_[0].substr(addresses_[0].rfind(':') + 1));
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     addr.sin_port = htons(static_cast<uint16_t>(port));
-    for (int attempt = 0; attempt < 500; ++attempt) {
+    // Stage 0 listening shows only as a connect that succeeds: try until it
+    // does, or until stage 0 has given up (its connect_timeout).
+    while (!stage0_done) {
       fd_ = socket(AF_INET, SOCK_STREAM, 0);
       if (connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) break;
       close(fd_);
       fd_ = -1;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      std::this_thread::yield();
     }
-    ASSERT_GE(fd_, 0);
+    if (fd_ < 0) stage0.join();
+    ASSERT_GE(fd_, 0) << transport_.status();
     const std::string hello =
         hello_override_.empty()
             ? pipeline_internal::EncodeHello({.stages = 2, .stage = 1, .job = "job-1"})
