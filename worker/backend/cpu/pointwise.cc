@@ -1,10 +1,10 @@
-// Element-wise ops: GELU (erf form, kernels in internal/gelu_kernels.h),
+// Element-wise ops: GELU (erf form, kernels in internal/pointwise_kernels.h),
 // ReLU, the residual add, y += x.
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
 #include "worker/backend/cpu/internal/cpu_backend_impl.h"
-#include "worker/backend/cpu/internal/gelu_kernels.h"
+#include "worker/backend/cpu/internal/pointwise_kernels.h"
 
 namespace zo::backend::cpu {
 namespace {

@@ -1,8 +1,8 @@
-// The baseline GELU kernels and the dispatch by SIMD level.
-#include "worker/backend/cpu/internal/gelu_kernels.h"
+// The baseline element-wise kernels and the dispatch by SIMD level.
+#include "worker/backend/cpu/internal/pointwise_kernels.h"
 
-#define ZO_GELU_SUFFIX Scalar
-#include "worker/backend/cpu/internal/gelu_kernels.inc"
+#define ZO_POINTWISE_SUFFIX Scalar
+#include "worker/backend/cpu/internal/pointwise_kernels.inc"
 
 namespace zo::backend::cpu_internal {
 
@@ -30,6 +30,19 @@ void GeluBackward(const float* x, const float* dy, float* dx, int64_t n, SimdLev
 #endif
     default:
       return GeluBackwardScalar(x, dy, dx, n);
+  }
+}
+
+void ExpShifted(const float* x, float shift, float* y, int64_t n, SimdLevel level) {
+  switch (level) {
+#if defined(__x86_64__)
+    case SimdLevel::kAvx2:
+      return ExpShiftedAvx2(x, shift, y, n);
+    case SimdLevel::kAvx512:
+      return ExpShiftedAvx512(x, shift, y, n);
+#endif
+    default:
+      return ExpShiftedScalar(x, shift, y, n);
   }
 }
 

@@ -1,6 +1,6 @@
-// The GELU kernels at every SIMD level this CPU runs, against double
+// The element-wise kernels at every SIMD level this CPU runs, against double
 // references over a dense sweep of inputs, the tails and special values.
-#include "worker/backend/cpu/internal/gelu_kernels.h"
+#include "worker/backend/cpu/internal/pointwise_kernels.h"
 
 #include <cmath>
 #include <limits>
@@ -26,7 +26,7 @@ std::vector<float> Sweep() {
   return x;
 }
 
-class GeluKernelsTest : public ::testing::TestWithParam<SimdLevel> {
+class PointwiseKernelsTest : public ::testing::TestWithParam<SimdLevel> {
  protected:
   void SetUp() override {
     if (!SimdLevelSupported(GetParam())) GTEST_SKIP() << "this CPU cannot run the level";
@@ -35,7 +35,7 @@ class GeluKernelsTest : public ::testing::TestWithParam<SimdLevel> {
 
 // Relative 4e-7 (a few fp32 ulp) of the value itself, down to where fp32
 // goes subnormal: the erfc form has no cancellation in the negative tail.
-TEST_P(GeluKernelsTest, ForwardMatchesDoubleReference) {
+TEST_P(PointwiseKernelsTest, ForwardMatchesDoubleReference) {
   const std::vector<float> x = Sweep();
   std::vector<float> y(x.size());
   GeluForward(x.data(), y.data(), static_cast<int64_t>(x.size()), GetParam());
@@ -55,7 +55,7 @@ TEST_P(GeluKernelsTest, ForwardMatchesDoubleReference) {
 
 // The derivative Φ + x φ crosses zero near x = -0.75, so the bound is
 // relative to the sizes of its two terms (what fp32 can resolve there).
-TEST_P(GeluKernelsTest, BackwardMatchesDoubleReference) {
+TEST_P(PointwiseKernelsTest, BackwardMatchesDoubleReference) {
   const std::vector<float> x = Sweep();
   std::vector<float> dy(x.size());
   for (size_t i = 0; i < x.size(); ++i) dy[i] = i % 3 == 0 ? 1.0f : -0.375f;
@@ -73,7 +73,7 @@ TEST_P(GeluKernelsTest, BackwardMatchesDoubleReference) {
   EXPECT_EQ(bad, 0);
 }
 
-TEST_P(GeluKernelsTest, BackwardInPlaceOverDy) {
+TEST_P(PointwiseKernelsTest, BackwardInPlaceOverDy) {
   const std::vector<float> x = {-3.0f, -0.5f, 0.0f, 0.75f, 2.0f, 9.0f, -1.0f, 0.25f, 4.0f};
   std::vector<float> want(x.size()), g(x.size(), 2.0f);
   GeluBackward(x.data(), g.data(), want.data(), static_cast<int64_t>(x.size()), GetParam());
@@ -81,7 +81,7 @@ TEST_P(GeluKernelsTest, BackwardInPlaceOverDy) {
   EXPECT_EQ(g, want);
 }
 
-TEST_P(GeluKernelsTest, SpecialValues) {
+TEST_P(PointwiseKernelsTest, SpecialValues) {
   const float inf = std::numeric_limits<float>::infinity();
   const std::vector<float> x = {0.0f, -0.0f, inf, std::numeric_limits<float>::quiet_NaN()};
   std::vector<float> y(x.size());
@@ -92,7 +92,37 @@ TEST_P(GeluKernelsTest, SpecialValues) {
   EXPECT_TRUE(std::isnan(y[3]));
 }
 
-INSTANTIATE_TEST_SUITE_P(Levels, GeluKernelsTest, ::testing::ValuesIn(kAllSimdLevels),
+// 2 ulp of the value in fp32's normal range; below e^-87 it flushes to 0.
+TEST_P(PointwiseKernelsTest, ExpShiftedMatchesDoubleReference) {
+  std::vector<float> x;
+  for (int i = -100 * 256; i <= 88 * 256; ++i) x.push_back(static_cast<float>(i) / 256.0f);
+  for (const float shift : {0.0f, 1.5f, -3.25f}) {
+    std::vector<float> y(x.size());
+    ExpShifted(x.data(), shift, y.data(), static_cast<int64_t>(x.size()), GetParam());
+    int bad = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const float arg = x[i] - shift;  // the rounding the caller asked for
+      if (arg > 88.0f) continue;
+      const double want = std::exp(static_cast<double>(arg));
+      const bool ok = arg < -87.0f ? y[i] == 0.0f || std::abs(y[i] - want) <= 2.4e-7 * want
+                                   : std::abs(y[i] - want) <= 2.4e-7 * want;
+      if (!ok && ++bad <= 5) {
+        ADD_FAILURE() << "exp(" << x[i] << " - " << shift << ") = " << y[i] << ", want " << want;
+      }
+    }
+    EXPECT_EQ(bad, 0) << "shift " << shift;
+  }
+}
+
+TEST_P(PointwiseKernelsTest, ExpShiftedInPlace) {
+  std::vector<float> x = {-90.0f, -5.0f, -0.5f, 0.0f, 0.25f, 3.0f, 40.0f, 1.0f, -1.0f};
+  std::vector<float> want(x.size());
+  ExpShifted(x.data(), 1.0f, want.data(), static_cast<int64_t>(x.size()), GetParam());
+  ExpShifted(x.data(), 1.0f, x.data(), static_cast<int64_t>(x.size()), GetParam());
+  EXPECT_EQ(x, want);
+}
+
+INSTANTIATE_TEST_SUITE_P(Levels, PointwiseKernelsTest, ::testing::ValuesIn(kAllSimdLevels),
                          [](const auto& info) { return std::string(SimdLevelName(info.param)); });
 
 }  // namespace
