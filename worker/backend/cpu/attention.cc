@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/backend/cpu/internal/cpu_backend_impl.h"
+#include "worker/backend/cpu/internal/pointwise_kernels.h"
 
 namespace zo::backend::cpu {
 namespace {
@@ -70,11 +71,9 @@ Tensor CpuBackend::Attention(const Tensor& qkv, int batch, int heads, Tensor& pr
         float* row = p + static_cast<int64_t>(i) * t;
         float max = row[0];
         for (int j = 1; j <= i; ++j) max = std::max(max, row[j]);
+        cpu_internal::ExpShifted(row, max, row, i + 1);
         float sum = 0.0f;
-        for (int j = 0; j <= i; ++j) {
-          row[j] = std::exp(row[j] - max);
-          sum += row[j];
-        }
+        for (int j = 0; j <= i; ++j) sum += row[j];
         const float inv = 1.0f / sum;
         for (int j = 0; j <= i; ++j) row[j] *= inv;
         std::fill(row + i + 1, row + t, 0.0f);

@@ -1,17 +1,26 @@
 // The CPU backend's memory: fp32 arrays holding values of the tensor's dtype.
 #include "worker/backend/cpu/cpu_backend.h"
 
+#include <cblas.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/convert.h"
+#include "common/cpu_features.h"
+#include "common/logging.h"
 #include "worker/backend/cpu/internal/cpu_backend_impl.h"
 
-extern "C" void openblas_set_num_threads(int num_threads);
+// A DYNAMIC_ARCH OpenBLAS's kernel selection (driver/others/dynamic.c). Weak:
+// a build for one fixed CPU has neither, and then there is nothing to choose.
+extern "C" void gotoblas_dynamic_init(void) __attribute__((weak));
+extern "C" void gotoblas_dynamic_quit(void) __attribute__((weak));
 
 namespace zo::backend {
 namespace cpu {
@@ -21,6 +30,32 @@ absl::Status SizeMismatch(const char* what, const Tensor& t, size_t got, size_t 
   return absl::InvalidArgumentError(absl::StrCat(what, ": ", got, " host ", "values/bytes for a ",
                                                  std::string(DTypeName(t.dtype())), " tensor ",
                                                  ShapeString(t.shape()), " that needs ", want));
+}
+
+// OpenBLAS picks its kernels by CPU model, and a release older than the
+// CPU (Debian 12's 0.3.21 on Sapphire/Emerald Rapids) falls back to its
+// generic SSE3 "Prescott" kernels: GEMMs 5x slower than its AVX-512 ones on
+// the same core. Unless the user chose (OPENBLAS_CORETYPE), select the
+// kernels for what this CPU runs. Must run before any BLAS call: between
+// quit and init OpenBLAS has no kernels.
+void ChooseOpenBlasKernels() {
+  if (gotoblas_dynamic_init == nullptr || gotoblas_dynamic_quit == nullptr) return;
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return;
+  const std::string chosen = openblas_get_corename();  // a copy: the name changes below
+  if (chosen != "Prescott") return;
+  const CpuFeatures& cpu = HostCpuFeatures();
+  const char* core = SimdLevelSupportedBy(SimdLevel::kAvx512, cpu) ? "SkylakeX"
+                     : cpu.avx2 && cpu.fma                         ? "Haswell"
+                                                                   : nullptr;
+  if (core == nullptr) return;
+  // dynamic_init reads the choice from the environment; put it back after.
+  setenv("OPENBLAS_CORETYPE", core, /*overwrite=*/0);
+  gotoblas_dynamic_quit();
+  gotoblas_dynamic_init();
+  unsetenv("OPENBLAS_CORETYPE");
+  ZO_LOG(INFO) << "cpu backend: OpenBLAS does not know this CPU and chose its " << chosen
+               << " kernels; switched to " << openblas_get_corename()
+               << " (set OPENBLAS_CORETYPE to choose yourself)";
 }
 
 }  // namespace
@@ -48,6 +83,8 @@ void ShapeError(const char* op, const std::string& what) {
 }
 
 CpuBackend::CpuBackend(const CpuBackendOptions& options) {
+  static std::once_flag kernels_chosen;
+  std::call_once(kernels_chosen, ChooseOpenBlasKernels);
   if (options.blas_threads > 0) openblas_set_num_threads(options.blas_threads);
 }
 

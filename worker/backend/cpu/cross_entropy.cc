@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "worker/backend/cpu/internal/cpu_backend_impl.h"
+#include "worker/backend/cpu/internal/pointwise_kernels.h"
 
 namespace zo::backend::cpu {
 namespace {
@@ -26,18 +28,19 @@ void CheckInputs(const char* op, const Tensor& logits, absl::Span<const int32_t>
   }
 }
 
-// A row's softmax normaliser: log Σ exp(row − max) = log_sum, kept apart
-// from max so that row[i] − max stays exact for large logits.
-struct Normaliser {
+// A row's softmax: exp[i] = e^(row[i] − max) (max kept apart so that
+// row[i] − max stays exact for large logits) and their sum.
+struct Softmax {
   float max;
-  float log_sum;
+  float sum;
 };
 
-Normaliser Normalise(const float* row, int64_t n) {
+Softmax ExpRow(const float* row, int64_t n, float* exp) {
   const float max = *std::max_element(row, row + n);
+  cpu_internal::ExpShifted(row, max, exp, n);
   float sum = 0.0f;
-  for (int64_t i = 0; i < n; ++i) sum += std::exp(row[i] - max);
-  return Normaliser{max, std::log(sum)};
+  for (int64_t i = 0; i < n; ++i) sum += exp[i];
+  return Softmax{max, sum};
 }
 
 }  // namespace
@@ -46,10 +49,11 @@ Tensor CpuBackend::CrossEntropy(const Tensor& logits, absl::Span<const int32_t> 
   CheckInputs("CrossEntropy", logits, targets);
   const int64_t rows = logits.dim(0), vocab = logits.dim(1);
   double total = 0.0;  // rows can be many thousands; keep the sum exact enough
+  std::vector<float> exp(static_cast<size_t>(vocab));
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = Data(logits) + r * vocab;
-    const Normaliser z = Normalise(row, vocab);
-    total += static_cast<double>(z.log_sum - (row[targets[r]] - z.max));
+    const Softmax z = ExpRow(row, vocab, exp.data());
+    total += static_cast<double>(std::log(z.sum) - (row[targets[r]] - z.max));
   }
   Tensor loss = Empty(DType::kFloat32, {1});
   Data(loss)[0] = rows > 0 ? static_cast<float>(total / static_cast<double>(rows)) : 0.0f;
@@ -65,8 +69,9 @@ Tensor CpuBackend::CrossEntropyBackward(const Tensor& logits, absl::Span<const i
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = Data(logits) + r * vocab;
     float* out = Data(dlogits) + r * vocab;
-    const Normaliser z = Normalise(row, vocab);
-    for (int64_t i = 0; i < vocab; ++i) out[i] = s * std::exp((row[i] - z.max) - z.log_sum);
+    const Softmax z = ExpRow(row, vocab, out);
+    const float scale = s / z.sum;
+    for (int64_t i = 0; i < vocab; ++i) out[i] *= scale;
     out[targets[r]] -= s;
   }
   RoundTo(dlogits.dtype(), Data(dlogits), dlogits.numel());

@@ -1,15 +1,13 @@
-// Element-wise ops: GELU (erf form), ReLU, the residual add, y += x.
-#include <cmath>
+// Element-wise ops: GELU (erf form, kernels in internal/pointwise_kernels.h),
+// ReLU, the residual add, y += x.
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
 #include "worker/backend/cpu/internal/cpu_backend_impl.h"
+#include "worker/backend/cpu/internal/pointwise_kernels.h"
 
 namespace zo::backend::cpu {
 namespace {
-
-constexpr float kInvSqrt2 = 0.70710678118654752440f;
-constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
 
 void CheckSameShape(const char* op, const char* a_name, const Tensor& a, const char* b_name,
                     const Tensor& b) {
@@ -40,7 +38,7 @@ void Zip(const Tensor& a, const Tensor& b, Tensor& out, F f) {
 
 Tensor CpuBackend::Gelu(const Tensor& x) {
   Tensor y = Empty(x.dtype(), x.shape());
-  Map(x, y, [](float v) { return 0.5f * v * (1.0f + std::erf(v * kInvSqrt2)); });
+  cpu_internal::GeluForward(Data(x), Data(y), y.numel());
   RoundTo(y.dtype(), Data(y), y.numel());
   return y;
 }
@@ -48,11 +46,7 @@ Tensor CpuBackend::Gelu(const Tensor& x) {
 Tensor CpuBackend::GeluBackward(const Tensor& x, const Tensor& dy) {
   CheckSameShape("GeluBackward", "x", x, "dy", dy);
   Tensor dx = Empty(x.dtype(), x.shape());
-  Zip(x, dy, dx, [](float v, float g) {
-    const float cdf = 0.5f * (1.0f + std::erf(v * kInvSqrt2));
-    const float pdf = kInvSqrt2Pi * std::exp(-0.5f * v * v);
-    return g * (cdf + v * pdf);
-  });
+  cpu_internal::GeluBackward(Data(x), Data(dy), Data(dx), dx.numel());
   RoundTo(dx.dtype(), Data(dx), dx.numel());
   return dx;
 }
