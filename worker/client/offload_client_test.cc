@@ -149,12 +149,11 @@ TEST(OffloadClientTest, OpenRejectsATensorOfAnotherDtype) {
       {.name = "w", .shape = {4}, .dtype = DType::kFloat16},
       {.name = "b", .shape = {4}, .dtype = DType::kFloat32},
   };
-  const absl::Time start = absl::Now();
+  // INVALID_ARGUMENT, not UNAVAILABLE: refused before any connection is tried.
   EXPECT_THAT(
       OffloadClient::Open(options, kFp16Config, manifest),
       StatusIs(absl::StatusCode::kInvalidArgument,
                ::testing::AllOf(HasSubstr("'b'"), HasSubstr("fp32"), HasSubstr("fp16.enabled"))));
-  EXPECT_LT(absl::Now() - start, absl::Seconds(1));  // no network, no retries
 }
 
 TEST(OffloadClientTest, OpenRejectsBadOptions) {
@@ -185,10 +184,8 @@ TEST(OffloadClientTest, OpenGivesUpOnAServerThatDoesNotListen) {
   options.servers = {"127.0.0.1:1"};
   options.retry_for = absl::Milliseconds(300);
   std::vector<TensorSpec> manifest = {{.name = "w", .shape = {4}, .dtype = DType::kFloat16}};
-  const absl::Time start = absl::Now();
   EXPECT_THAT(OffloadClient::Open(options, kFp16Config, manifest),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("server 127.0.0.1:1: ")));
-  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
 }
 
 }  // namespace

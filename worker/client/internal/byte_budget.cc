@@ -12,10 +12,12 @@ int64_t ByteBudget::InFlightUpToLocked(int64_t step) const {
 
 void ByteBudget::Acquire(int64_t step, int64_t bytes) {
   std::unique_lock lock(mu_);
-  released_.wait(lock, [&] {
+  for (;;) {
     const int64_t used = InFlightUpToLocked(step);
-    return used == 0 || used + bytes <= limit_;
-  });
+    if (used == 0 || used + bytes <= limit_) break;
+    ++times_blocked_;
+    released_.wait(lock);
+  }
   bytes_by_step_[step] += bytes;
 }
 
@@ -35,6 +37,11 @@ int64_t ByteBudget::in_flight() const {
   int64_t total = 0;
   for (const auto& [step, bytes] : bytes_by_step_) total += bytes;
   return total;
+}
+
+int64_t ByteBudget::times_blocked() const {
+  std::lock_guard lock(mu_);
+  return times_blocked_;
 }
 
 }  // namespace zo::client_internal

@@ -30,6 +30,9 @@ class ByteBudget {
   void Release(int64_t step, int64_t bytes);
 
   int64_t in_flight() const;
+  // How many times an Acquire found the budget full and went to sleep; lets
+  // a test see a waiter block without sleeping itself.
+  int64_t times_blocked() const;
 
  private:
   int64_t InFlightUpToLocked(int64_t step) const;
@@ -38,6 +41,7 @@ class ByteBudget {
   mutable std::mutex mu_;
   std::condition_variable released_;
   std::map<int64_t, int64_t> bytes_by_step_;  // guarded by mu_; no zero entries
+  int64_t times_blocked_ = 0;                 // guarded by mu_
 };
 
 }  // namespace zo::client_internal

@@ -3,11 +3,15 @@
 #include <atomic>
 #include <thread>
 
-#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 
 namespace zo::client_internal {
 namespace {
+
+// Spins until `budget` has seen more than `seen` blocked Acquires, or `done`.
+void WaitForAnotherBlock(const ByteBudget& budget, int64_t seen, const std::atomic<bool>& done) {
+  while (budget.times_blocked() <= seen && !done) std::this_thread::yield();
+}
 
 TEST(ByteBudgetTest, AcquireWaitsForRelease) {
   ByteBudget budget(100);
@@ -17,7 +21,7 @@ TEST(ByteBudgetTest, AcquireWaitsForRelease) {
     budget.Acquire(1, 60);
     acquired = true;
   });
-  absl::SleepFor(absl::Milliseconds(50));
+  WaitForAnotherBlock(budget, 0, acquired);
   EXPECT_FALSE(acquired);
   budget.Release(1, 60);
   t.join();
@@ -29,6 +33,7 @@ TEST(ByteBudgetTest, APieceLargerThanTheLimitPassesAlone) {
   ByteBudget budget(10);
   budget.Acquire(1, 1000);
   EXPECT_EQ(budget.in_flight(), 1000);
+  EXPECT_EQ(budget.times_blocked(), 0);
   budget.Release(1, 1000);
   EXPECT_EQ(budget.in_flight(), 0);
 }
@@ -38,16 +43,20 @@ TEST(ByteBudgetTest, OlderStepsAreNotHeldBackByNewerOnes) {
   budget.Acquire(2, 100);  // step 2's bytes, stuck at a server waiting for step 1
   budget.Acquire(1, 100);  // must not wait on them
   EXPECT_EQ(budget.in_flight(), 200);
+  EXPECT_EQ(budget.times_blocked(), 0);
   std::atomic<bool> acquired{false};
   std::thread t([&] {
     budget.Acquire(2, 10);  // step 2 counts step 1's bytes too
     acquired = true;
   });
-  absl::SleepFor(absl::Milliseconds(50));
+  WaitForAnotherBlock(budget, 0, acquired);
   EXPECT_FALSE(acquired);
+  const int64_t blocked = budget.times_blocked();
   budget.Release(1, 100);
-  absl::SleepFor(absl::Milliseconds(20));
-  EXPECT_FALSE(acquired);  // step 2 is still full by itself
+  // The waiter wakes, looks again and goes back to sleep: step 2 is still
+  // full by itself.
+  WaitForAnotherBlock(budget, blocked, acquired);
+  EXPECT_FALSE(acquired);
   budget.Release(2, 100);
   t.join();
   EXPECT_TRUE(acquired);
