@@ -37,6 +37,10 @@ struct GradientPieceView {
 absl::Status ParseGradientPiece(const grpc::ByteBuffer& buffer, std::vector<grpc::Slice>* slices,
                                 GradientPieceView* view);
 
+// The same, read with protobuf's CodedInputStream (under evaluation).
+absl::Status ParseGradientPieceCoded(const grpc::ByteBuffer& buffer,
+                                     std::vector<grpc::Slice>* slices, GradientPieceView* view);
+
 // The same view of a parsed message (in-process callers, tests); points
 // into `piece`.
 GradientPieceView ViewOf(const v1::GradientPiece& piece);
