@@ -1,13 +1,9 @@
 #include "server/gradient_piece_view.h"
 
 #include <algorithm>
-#include <climits>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream.h"
-#include "google/protobuf/wire_format_lite.h"
 #include "offload/optimizer_kernels.h"
 
 namespace zo {
@@ -75,141 +71,7 @@ absl::Status Malformed(const char* what) {
   return absl::InvalidArgumentError(absl::StrCat("malformed GradientPiece: ", what));
 }
 
-// One message's slices as protobuf's input stream, so that CodedInputStream
-// reads the header from them in place.
-class SliceInputStream final : public google::protobuf::io::ZeroCopyInputStream {
- public:
-  explicit SliceInputStream(const std::vector<grpc::Slice>& slices) : slices_(slices) {}
-
-  bool Next(const void** data, int* size) override {
-    if (backed_up_ > 0) {
-      *data = slices_[next_ - 1].end() - backed_up_;
-      *size = backed_up_;
-      backed_up_ = 0;
-    } else if (next_ < slices_.size()) {
-      const grpc::Slice& s = slices_[next_++];
-      *data = s.begin();
-      *size = static_cast<int>(s.size());
-    } else {
-      return false;
-    }
-    byte_count_ += *size;
-    return true;
-  }
-
-  void BackUp(int count) override {
-    backed_up_ = count;
-    byte_count_ -= count;
-  }
-
-  bool Skip(int count) override {
-    const void* data;
-    int size;
-    while (count > 0 && Next(&data, &size)) {
-      if (size > count) BackUp(size - count);
-      count -= std::min(size, count);
-    }
-    return count == 0;
-  }
-
-  int64_t ByteCount() const override { return byte_count_; }
-
- private:
-  const std::vector<grpc::Slice>& slices_;
-  size_t next_ = 0;
-  int backed_up_ = 0;  // bytes at the end of slices_[next_ - 1] handed back
-  int64_t byte_count_ = 0;
-};
-
-// The next `len` bytes of `in` as spans into its buffers: no copy.
-bool ReadSpans(google::protobuf::io::CodedInputStream& in, uint64_t len,
-               std::vector<absl::Span<const char>>* out) {
-  while (len > 0) {
-    const void* data;
-    int size;
-    if (!in.GetDirectBufferPointer(&data, &size)) return false;
-    const int take = static_cast<int>(std::min<uint64_t>(len, static_cast<uint64_t>(size)));
-    out->emplace_back(static_cast<const char*>(data), take);
-    in.Skip(take);
-    len -= take;
-  }
-  return true;
-}
-
 }  // namespace
-
-absl::Status ParseGradientPieceCoded(const grpc::ByteBuffer& buffer,
-                                     std::vector<grpc::Slice>* slices, GradientPieceView* view) {
-  using google::protobuf::internal::WireFormatLite;
-  slices->clear();
-  if (!buffer.Dump(slices).ok()) return Malformed("unreadable buffer");
-  *view = GradientPieceView{};
-  SliceInputStream stream(*slices);
-  google::protobuf::io::CodedInputStream in(&stream);
-  while (true) {
-    const uint32_t tag = in.ReadTag();
-    if (tag == 0) {
-      if (in.ConsumedEntireMessage()) break;
-      return Malformed("truncated tag or field 0");
-    }
-    const int field = WireFormatLite::GetTagFieldNumber(tag);
-    switch (WireFormatLite::GetTagWireType(tag)) {
-      case WireFormatLite::WIRETYPE_VARINT: {
-        uint64_t v;
-        if (!in.ReadVarint64(&v)) return Malformed("truncated varint");
-        switch (field) {
-          case v1::GradientPiece::kStepFieldNumber:
-            view->step = static_cast<int64_t>(v);
-            break;
-          case v1::GradientPiece::kDpRankFieldNumber:
-            view->dp_rank = static_cast<int32_t>(v);
-            break;
-          case v1::GradientPiece::kChunkFieldNumber:
-            view->chunk = static_cast<int64_t>(v);
-            break;
-          case v1::GradientPiece::kOffsetFieldNumber:
-            view->offset = static_cast<int64_t>(v);
-            break;
-          case v1::GradientPiece::kDtypeFieldNumber:
-            view->dtype = static_cast<v1::DType>(static_cast<int32_t>(v));
-            break;
-          case v1::GradientPiece::kResendFieldNumber:
-            view->resend = v != 0;
-            break;
-          default:
-            break;  // unknown: ignored, as protobuf would
-        }
-        break;
-      }
-      case WireFormatLite::WIRETYPE_LENGTH_DELIMITED: {
-        uint64_t len;
-        if (!in.ReadVarint64(&len)) return Malformed("truncated length");
-        if (len > INT_MAX) return Malformed("truncated field");  // CodedInputStream counts in int
-        if (field == v1::GradientPiece::kJobFieldNumber) {
-          if (len > 1024 || !in.ReadString(&view->job, static_cast<int>(len))) {
-            return Malformed("bad job name");
-          }
-        } else if (field == v1::GradientPiece::kDataFieldNumber) {
-          view->data.clear();  // a repeated field: the last one wins, as in protobuf
-          if (!ReadSpans(in, len, &view->data)) return Malformed("truncated data");
-          view->data_bytes = static_cast<size_t>(len);
-        } else if (!in.Skip(static_cast<int>(len))) {
-          return Malformed("truncated field");
-        }
-        break;
-      }
-      case WireFormatLite::WIRETYPE_FIXED64:
-        if (!in.Skip(8)) return Malformed("truncated fixed64");
-        break;
-      case WireFormatLite::WIRETYPE_FIXED32:
-        if (!in.Skip(4)) return Malformed("truncated fixed32");
-        break;
-      default:
-        return Malformed("unknown wire type");
-    }
-  }
-  return absl::OkStatus();
-}
 
 absl::Status ParseGradientPiece(const grpc::ByteBuffer& buffer, std::vector<grpc::Slice>* slices,
                                 GradientPieceView* view) {

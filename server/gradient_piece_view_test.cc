@@ -42,20 +42,8 @@ std::string Joined(const GradientPieceView& view) {
 using Parser = absl::Status (*)(const grpc::ByteBuffer&, std::vector<grpc::Slice>*,
                                 GradientPieceView*);
 
-struct NamedParser {
-  const char* name;
-  Parser parse;
-};
-
-class GradientPieceParserTest : public ::testing::TestWithParam<NamedParser> {};
-
-INSTANTIATE_TEST_SUITE_P(Parsers, GradientPieceParserTest,
-                         ::testing::Values(NamedParser{"Hand", &ParseGradientPiece},
-                                           NamedParser{"Coded", &ParseGradientPieceCoded}),
-                         [](const auto& info) { return std::string(info.param.name); });
-
-TEST_P(GradientPieceParserTest, ParsesWhatProtobufSerialisesHoweverItIsSliced) {
-  const Parser parse = GetParam().parse;
+TEST(GradientPieceViewTest, ParsesWhatProtobufSerialisesHoweverItIsSliced) {
+  const Parser parse = &ParseGradientPiece;
   std::mt19937 rng(5);
   for (int round = 0; round < 200; ++round) {
     v1::GradientPiece piece;
@@ -86,8 +74,8 @@ TEST_P(GradientPieceParserTest, ParsesWhatProtobufSerialisesHoweverItIsSliced) {
   }
 }
 
-TEST_P(GradientPieceParserTest, TruncatedOrGarbageBytesAreRejected) {
-  const Parser parse = GetParam().parse;
+TEST(GradientPieceViewTest, TruncatedOrGarbageBytesAreRejected) {
+  const Parser parse = &ParseGradientPiece;
   v1::GradientPiece piece;
   piece.set_job("job");
   piece.set_step(3);
@@ -109,8 +97,8 @@ TEST_P(GradientPieceParserTest, TruncatedOrGarbageBytesAreRejected) {
 
 // Fields this server does not know (a newer client's), of every wire type,
 // and a repeated `data` (the last wins) read as protobuf reads them.
-TEST_P(GradientPieceParserTest, SkipsUnknownFieldsAndKeepsTheLastDataAsProtobufDoes) {
-  const Parser parse = GetParam().parse;
+TEST(GradientPieceViewTest, SkipsUnknownFieldsAndKeepsTheLastDataAsProtobufDoes) {
+  const Parser parse = &ParseGradientPiece;
   v1::GradientPiece first;
   first.set_data(std::string(2000, 'a'));
   v1::GradientPiece second;
@@ -139,13 +127,13 @@ TEST_P(GradientPieceParserTest, SkipsUnknownFieldsAndKeepsTheLastDataAsProtobufD
   }
 }
 
-TEST_P(GradientPieceParserTest, RejectsALongJobName) {
+TEST(GradientPieceViewTest, RejectsALongJobName) {
   v1::GradientPiece piece;
   piece.set_job(std::string(1025, 'j'));
   std::mt19937 rng(4);
   std::vector<grpc::Slice> slices;
   GradientPieceView view;
-  EXPECT_THAT(GetParam().parse(Sliced(piece.SerializeAsString(), rng, 3), &slices, &view),
+  EXPECT_THAT(ParseGradientPiece(Sliced(piece.SerializeAsString(), rng, 3), &slices, &view),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("job name")));
 }
 
