@@ -39,7 +39,11 @@ std::string Joined(const GradientPieceView& view) {
   return out;
 }
 
+using Parser = absl::Status (*)(const grpc::ByteBuffer&, std::vector<grpc::Slice>*,
+                                GradientPieceView*);
+
 TEST(GradientPieceViewTest, ParsesWhatProtobufSerialisesHoweverItIsSliced) {
+  const Parser parse = &ParseGradientPiece;
   std::mt19937 rng(5);
   for (int round = 0; round < 200; ++round) {
     v1::GradientPiece piece;
@@ -57,7 +61,7 @@ TEST(GradientPieceViewTest, ParsesWhatProtobufSerialisesHoweverItIsSliced) {
 
     std::vector<grpc::Slice> slices;
     GradientPieceView view;
-    ASSERT_THAT(ParseGradientPiece(buffer, &slices, &view), IsOk());
+    ASSERT_THAT(parse(buffer, &slices, &view), IsOk());
     EXPECT_EQ(view.job, piece.job());
     EXPECT_EQ(view.step, piece.step());
     EXPECT_EQ(view.dp_rank, piece.dp_rank());
@@ -71,6 +75,7 @@ TEST(GradientPieceViewTest, ParsesWhatProtobufSerialisesHoweverItIsSliced) {
 }
 
 TEST(GradientPieceViewTest, TruncatedOrGarbageBytesAreRejected) {
+  const Parser parse = &ParseGradientPiece;
   v1::GradientPiece piece;
   piece.set_job("job");
   piece.set_step(3);
@@ -81,13 +86,55 @@ TEST(GradientPieceViewTest, TruncatedOrGarbageBytesAreRejected) {
   GradientPieceView view;
   for (size_t cut : {size_t{1}, size_t{4}, bytes.size() - 1}) {  // inside a field
     const grpc::ByteBuffer buffer = Sliced(bytes.substr(0, cut), rng, 2);
-    EXPECT_THAT(ParseGradientPiece(buffer, &slices, &view),
+    EXPECT_THAT(parse(buffer, &slices, &view),
                 StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("malformed")))
         << cut;
   }
   const grpc::ByteBuffer garbage = Sliced(std::string("\x0f\xff\xff", 3), rng, 0);  // wire type 7
-  EXPECT_THAT(ParseGradientPiece(garbage, &slices, &view),
+  EXPECT_THAT(parse(garbage, &slices, &view),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+}
+
+// Fields this server does not know (a newer client's), of every wire type,
+// and a repeated `data` (the last wins) read as protobuf reads them.
+TEST(GradientPieceViewTest, SkipsUnknownFieldsAndKeepsTheLastDataAsProtobufDoes) {
+  const Parser parse = &ParseGradientPiece;
+  v1::GradientPiece first;
+  first.set_data(std::string(2000, 'a'));
+  v1::GradientPiece second;
+  second.set_job("job");
+  second.set_step(7);
+  second.set_chunk(300);
+  second.set_data(std::string(3000, 'b'));
+  const std::string unknown = std::string("\xa0\x01\x96\x01", 4)  // field 20, varint 150
+                              + std::string("\xa9\x01", 2) + std::string(8, 'x')  // 21, fixed64
+                              + std::string("\xb5\x01", 2) + std::string(4, 'y')  // 22, fixed32
+                              + std::string("\xba\x01\x90\x03", 4) + std::string(400, 'z');  // 23
+  const std::string bytes =
+      unknown + first.SerializeAsString() + unknown + second.SerializeAsString() + unknown;
+  v1::GradientPiece want;
+  ASSERT_TRUE(want.ParseFromString(bytes));
+  std::mt19937 rng(3);
+  for (int round = 0; round < 100; ++round) {
+    std::vector<grpc::Slice> slices;
+    GradientPieceView view;
+    ASSERT_THAT(parse(Sliced(bytes, rng, 10), &slices, &view), IsOk());
+    EXPECT_EQ(view.job, want.job());
+    EXPECT_EQ(view.step, want.step());
+    EXPECT_EQ(view.chunk, want.chunk());
+    EXPECT_EQ(Joined(view), want.data());
+    EXPECT_EQ(view.data_bytes, want.data().size());
+  }
+}
+
+TEST(GradientPieceViewTest, RejectsALongJobName) {
+  v1::GradientPiece piece;
+  piece.set_job(std::string(1025, 'j'));
+  std::mt19937 rng(4);
+  std::vector<grpc::Slice> slices;
+  GradientPieceView view;
+  EXPECT_THAT(ParseGradientPiece(Sliced(piece.SerializeAsString(), rng, 3), &slices, &view),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("job name")));
 }
 
 // Accumulating from any segmentation, elements split across segments
