@@ -448,6 +448,9 @@ void Job::StepLoop() {
       commit.set_next_loss_scale(d.next_loss_scale);
       commit.set_grad_norm(d.grad_norm);
       commit.set_generation(generation);
+      if (!d.failure.ok()) {
+        commit.set_failure(absl::StrCat("job ", spec_.name, ": ", d.failure.message()));
+      }
       lock.unlock();
       bool sent = true;
       for (int i = 1; i < servers && sent; ++i) {
@@ -493,6 +496,11 @@ void Job::StepLoop() {
     scale_after_version_[step] = commit.next_loss_scale();
     while (scale_after_version_.size() > kScaleHistory) {
       scale_after_version_.erase(scale_after_version_.begin());
+    }
+    if (!commit.failure().empty()) {
+      // Skipping on cannot help; a restore (after a config change) clears it.
+      health_ = absl::FailedPreconditionError(commit.failure());
+      ZO_LOG(ERROR) << commit.failure();
     }
     const absl::Duration wait = ready - step_open_time_;
     step_open_time_ = update_end;

@@ -15,6 +15,7 @@
 #include "offload/checkpoint/checkpoint_part.h"
 #include "server/job.h"
 #include "server/job_internal.h"
+#include "server/lr_schedule.h"
 
 namespace zo {
 
@@ -98,6 +99,10 @@ absl::StatusOr<v1::CheckpointResponse> Job::WriteCheckpoint(int64_t version, int
     meta.scaler_iteration = s.iteration;
     meta.scaler_last_overflow_iteration = s.last_overflow_iteration;
     meta.scaler_hysteresis_left = s.hysteresis_left;
+    meta.has_last_step = true;
+    meta.last_grad_norm = last_grad_norm_;
+    meta.last_lr = last_lr_;
+    meta.last_skipped = last_skipped_;
   }
   ZO_ASSIGN_OR_RETURN(v1::WriteCheckpointPartResponse own, WriteOwnPart(version, dir));
   std::vector<v1::WriteCheckpointPartResponse> parts = {own};
@@ -283,6 +288,22 @@ absl::Status Job::RestorePart(const v1::RestorePartRequest& request) {
     applied_steps_ = meta.applied_steps;
     scale_after_version_ = {{meta.version, meta.loss_scale}};
     last_checkpoint_step_ = meta.version;
+    if (meta.has_last_step) {
+      last_grad_norm_ = meta.last_grad_norm;
+      last_lr_ = meta.last_lr;
+      last_skipped_ = meta.last_skipped;
+    } else {
+      // Written before checkpoints kept the newest step: the lr is a function
+      // of the applied steps; the norm is gone.
+      last_lr_ = meta.applied_steps > 0
+                     ? LrSchedule::FromConfig(spec_.config).LrAt(meta.applied_steps - 1)
+                     : 0.0;
+      last_grad_norm_ = 0.0;
+      last_skipped_ = false;
+      ZO_LOG(INFO) << "job " << spec_.name << ": checkpoint " << request.path()
+                   << " predates last_step; last_lr recomputed from the schedule, last_grad_norm "
+                      "reads 0 until the next step";
+    }
     health_ = status.ok() ? absl::OkStatus()
                           : absl::DataLossError(absl::StrCat("restore from ", request.path(),
                                                              " failed: ", status.message()));
