@@ -91,10 +91,10 @@ absl::StatusOr<v1::CheckpointResponse> Job::WriteCheckpoint(int64_t version, int
   meta.num_servers = static_cast<int>(spec_.servers.size());
   meta.dp_world_size = spec_.dp_world_size;
   meta.config_json = spec_.config_json;
+  meta.applied_steps = coordinator_->applied_steps();
   {
     std::lock_guard lock(mu_);
-    meta.applied_steps = decider_->applied_steps();
-    const LossScalerState& s = decider_->scaler().state();
+    const LossScalerState s = coordinator_->scaler_state();
     meta.loss_scale = s.scale;
     meta.scaler_iteration = s.iteration;
     meta.scaler_last_overflow_iteration = s.last_overflow_iteration;
@@ -168,7 +168,7 @@ absl::StatusOr<v1::WriteCheckpointPartResponse> Job::WriteOwnPart(int64_t versio
   ZO_ASSIGN_OR_RETURN(auto writer,
                       CheckpointPartWriter::Create((std::filesystem::path(dir) / file).string()));
   std::vector<float> master, m, v;
-  for (const LocalChunk& c : chunks_) {
+  for (const LocalChunk& c : chunks()) {
     master.resize(c.elems);
     m.resize(c.elems);
     v.resize(c.elems);
@@ -218,18 +218,17 @@ absl::StatusOr<v1::RestoreResponse> Job::Restore(const std::string& path, absl::
     status = resources_.peers->RestorePart(spec_.servers[i], request, resources_.peer_timeout * 10);
   }
   if (status.ok()) {
-    std::lock_guard lock(mu_);
-    status = decider_->Restore(meta.applied_steps,
-                               {.scale = meta.loss_scale,
-                                .iteration = meta.scaler_iteration,
-                                .last_overflow_iteration = meta.scaler_last_overflow_iteration,
-                                .hysteresis_left = meta.scaler_hysteresis_left});
+    status = coordinator_->RestoreDecider(
+        meta.applied_steps, {.scale = meta.loss_scale,
+                             .iteration = meta.scaler_iteration,
+                             .last_overflow_iteration = meta.scaler_last_overflow_iteration,
+                             .hysteresis_left = meta.scaler_hysteresis_left});
   }
   if (!status.ok()) {
     {
       std::lock_guard lock(mu_);
-      health_ =
-          absl::DataLossError(absl::StrCat("partial restore from ", dir, ": ", status.message()));
+      SetHealthLocked(
+          absl::DataLossError(absl::StrCat("partial restore from ", dir, ": ", status.message())));
     }
     cv_.notify_all();
     return status;
@@ -252,22 +251,20 @@ absl::Status Job::RestorePart(const v1::RestorePartRequest& request) {
   }
   std::lock_guard state_lock(state_mu_);
   {
-    std::unique_lock lock(mu_);
+    std::lock_guard lock(mu_);
     generation_ = request.generation();
-    health_ = absl::UnavailableError("a restore is in progress");
-    commit_.reset();
-    partials_.clear();
-    cv_.notify_all();
-    cv_.wait(lock, [&] { return pending_accumulations_ == 0; });
-    for (ChunkCoverage& c : coverage_) c.Reset();
-    complete_chunks_ = 0;
-    std::fill(chunk_step_.begin(), chunk_step_.end(), meta.version + 1);
+    SetHealthLocked(absl::UnavailableError("a restore is in progress"));
   }
+  // Aborts the step in progress and drops what the old generation sent.
+  coordinator_->Restart(request.generation(), meta.version + 1);
+  cv_.notify_all();
+  // Aborts the pushes that wait and forgets what was delivered.
+  accum_->Reset(meta.version + 1);
   versions_->Reset(meta.version);
   absl::Status status;
   std::vector<float> master, m, v;
   char* lp = static_cast<char*>(versions_->base_data());
-  for (const LocalChunk& c : chunks_) {
+  for (const LocalChunk& c : chunks()) {
     master.resize(c.elems);
     m.resize(c.elems);
     v.resize(c.elems);
@@ -278,7 +275,6 @@ absl::Status Job::RestorePart(const v1::RestorePartRequest& request) {
     RoundMaster(master.data(), lp + c.local_offset * DTypeSize(spec_.dtype), master.size(),
                 spec_.dtype);
   }
-  ZeroAccumulator(0, local_elems_);
   versions_->CommitBase();
   {
     std::lock_guard lock(mu_);
@@ -304,9 +300,9 @@ absl::Status Job::RestorePart(const v1::RestorePartRequest& request) {
                    << " predates last_step; last_lr recomputed from the schedule, last_grad_norm "
                       "reads 0 until the next step";
     }
-    health_ = status.ok() ? absl::OkStatus()
-                          : absl::DataLossError(absl::StrCat("restore from ", request.path(),
-                                                             " failed: ", status.message()));
+    SetHealthLocked(status.ok() ? absl::OkStatus()
+                                : absl::DataLossError(absl::StrCat("restore from ", request.path(),
+                                                                   " failed: ", status.message())));
     step_open_time_ = absl::Now();
   }
   cv_.notify_all();

@@ -58,7 +58,9 @@ void ExpectSameMeta(const CheckpointMeta& a, const CheckpointMeta& b) {
   EXPECT_EQ(a.scaler_hysteresis_left, b.scaler_hysteresis_left);
   EXPECT_EQ(a.has_last_step, b.has_last_step);
   EXPECT_EQ(std::isnan(a.last_grad_norm), std::isnan(b.last_grad_norm));
-  if (!std::isnan(a.last_grad_norm)) EXPECT_EQ(a.last_grad_norm, b.last_grad_norm);
+  if (!std::isnan(a.last_grad_norm)) {
+    EXPECT_EQ(a.last_grad_norm, b.last_grad_norm);
+  }
   EXPECT_EQ(a.last_lr, b.last_lr);
   EXPECT_EQ(a.last_skipped, b.last_skipped);
   ASSERT_EQ(a.manifest.size(), b.manifest.size());
