@@ -1,18 +1,23 @@
-// One job on one server (DESIGN.md, "One training step"): the optimizer
-// state of the chunks this server owns, the fp32 gradient accumulator, the
-// per-chunk accounting of pushes, the served low-precision versions, and the
-// step thread that turns a complete step into an update:
+// One job on one server (DESIGN.md, "One training step"): the composition
+// the service calls. Each concern lives in its own piece:
 //
-//   all owned chunks have every dp rank's gradients for step t
-//     -> per-chunk statistics to the lead (server 0)
-//     -> lead: StepDecider over every server's chunks -> CommitStep to all
-//     -> fused Adam over the owned chunks (RAM or NVMe sub-groups)
+//   GradientAccumulator  pushes, chunk coverage, the fp32 accumulator
+//   StepCoordinator      stats -> lead decides -> commit, lead and follower
+//   state_checkpoint.h   this server's state into and out of a checkpoint
+//   TieredOptimizerState the optimizer state (RAM or NVMe sub-groups)
+//   ParamVersions        the low-precision versions pulls are served
+//
+// Job owns the step thread that joins them:
+//
+//   accumulator Ready() -> Stats -> coordinator round -> the commit
+//     -> fused Adam over the owned chunks, releasing chunks as it goes
 //     -> version t served; pushes for step t + 1 proceed
 //
-// The lead also runs checkpoints between steps and restores. Every RPC
+// and, on the lead, checkpoints between steps and restores. Every RPC
 // handler validates its request fully before touching state.
 //
-// Thread-safe: handlers run on gRPC threads; one step thread per job.
+// Thread-safe: handlers run on gRPC threads; one step thread per job. Lock
+// order: state_mu_, then mu_, then the pieces' own mutexes.
 #ifndef ZO_SERVER_JOB_H_
 #define ZO_SERVER_JOB_H_
 

@@ -14,25 +14,9 @@
 #include "offload/checkpoint/checkpoint_dir.h"
 #include "offload/checkpoint/checkpoint_part.h"
 #include "server/job.h"
-#include "server/job_internal.h"
-#include "server/lr_schedule.h"
+#include "server/state_checkpoint.h"
 
 namespace zo {
-
-using job_internal::RoundMaster;
-
-namespace {
-
-// Names and shapes; a checkpoint restores onto the job it was written by.
-bool SameManifest(const std::vector<TensorSpec>& a, const std::vector<TensorSpec>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i].name != b[i].name || a[i].shape != b[i].shape) return false;
-  }
-  return true;
-}
-
-}  // namespace
 
 absl::StatusOr<v1::CheckpointResponse> Job::Checkpoint(absl::Time deadline) {
   if (!is_lead()) {
@@ -165,18 +149,9 @@ absl::StatusOr<v1::WriteCheckpointPartResponse> Job::WriteOwnPart(int64_t versio
   (void)version;
   const std::string file = CheckpointPartFileName(spec_.server_index);
   std::lock_guard state_lock(state_mu_);
-  ZO_ASSIGN_OR_RETURN(auto writer,
-                      CheckpointPartWriter::Create((std::filesystem::path(dir) / file).string()));
-  std::vector<float> master, m, v;
-  for (const LocalChunk& c : chunks()) {
-    master.resize(c.elems);
-    m.resize(c.elems);
-    v.resize(c.elems);
-    ZO_RETURN_IF_ERROR(state_->ReadState(c.local_offset, absl::MakeSpan(master), absl::MakeSpan(m),
-                                         absl::MakeSpan(v)));
-    ZO_RETURN_IF_ERROR(writer->AddChunk(c.id, map_.ChunkRange(c.id).begin, master, m, v));
-  }
-  ZO_ASSIGN_OR_RETURN(CheckpointPartSummary summary, writer->Finish());
+  ZO_ASSIGN_OR_RETURN(
+      const CheckpointPartSummary summary,
+      WriteStatePart(*state_, chunks(), map_, (std::filesystem::path(dir) / file).string()));
   v1::WriteCheckpointPartResponse response;
   response.set_file(summary.file);
   response.set_bytes(summary.bytes);
@@ -261,20 +236,8 @@ absl::Status Job::RestorePart(const v1::RestorePartRequest& request) {
   // Aborts the pushes that wait and forgets what was delivered.
   accum_->Reset(meta.version + 1);
   versions_->Reset(meta.version);
-  absl::Status status;
-  std::vector<float> master, m, v;
-  char* lp = static_cast<char*>(versions_->base_data());
-  for (const LocalChunk& c : chunks()) {
-    master.resize(c.elems);
-    m.resize(c.elems);
-    v.resize(c.elems);
-    status = reader->ReadFlat(map_.ChunkRange(c.id).begin, absl::MakeSpan(master),
-                              absl::MakeSpan(m), absl::MakeSpan(v));
-    if (status.ok()) status = state_->WriteState(c.local_offset, master, m, v);
-    if (!status.ok()) break;
-    RoundMaster(master.data(), lp + c.local_offset * DTypeSize(spec_.dtype), master.size(),
-                spec_.dtype);
-  }
+  const absl::Status status =
+      LoadStatePart(*reader, chunks(), map_, *state_, versions_->base_data(), spec_.dtype);
   versions_->CommitBase();
   {
     std::lock_guard lock(mu_);
@@ -284,18 +247,11 @@ absl::Status Job::RestorePart(const v1::RestorePartRequest& request) {
     applied_steps_ = meta.applied_steps;
     scale_after_version_ = {{meta.version, meta.loss_scale}};
     last_checkpoint_step_ = meta.version;
-    if (meta.has_last_step) {
-      last_grad_norm_ = meta.last_grad_norm;
-      last_lr_ = meta.last_lr;
-      last_skipped_ = meta.last_skipped;
-    } else {
-      // Written before checkpoints kept the newest step: the lr is a function
-      // of the applied steps; the norm is gone.
-      last_lr_ = meta.applied_steps > 0
-                     ? LrSchedule::FromConfig(spec_.config).LrAt(meta.applied_steps - 1)
-                     : 0.0;
-      last_grad_norm_ = 0.0;
-      last_skipped_ = false;
+    const LastStep last = LastStepOf(meta, spec_.config);
+    last_grad_norm_ = last.grad_norm;
+    last_lr_ = last.lr;
+    last_skipped_ = last.skipped;
+    if (last.derived) {
       ZO_LOG(INFO) << "job " << spec_.name << ": checkpoint " << request.path()
                    << " predates last_step; last_lr recomputed from the schedule, last_grad_norm "
                       "reads 0 until the next step";

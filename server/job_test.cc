@@ -55,8 +55,10 @@ class JobTest : public ::testing::Test {
     absl::StatusOr<JobSpec> spec = JobSpecFromRequest(r);
     EXPECT_THAT(spec.status(), IsOk());
     if (!spec.ok()) return nullptr;
-    absl::StatusOr<std::unique_ptr<Job>> job =
-        Job::Create(*std::move(spec), {.pool = &pool_, .checkpoint_root = root_});
+    JobResources resources;
+    resources.pool = &pool_;
+    resources.checkpoint_root = root_;
+    absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(*std::move(spec), resources);
     EXPECT_THAT(job.status(), IsOk());
     return job.ok() ? *std::move(job) : nullptr;
   }
