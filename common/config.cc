@@ -233,6 +233,7 @@ void VisitZo(V& v, ZoConfig& z) {
   if (!z.nvme_checksums) {
     v.Note("zo.nvme_checksums is false: swap-file corruption will go undetected (benchmarks only)");
   }
+  v.Field("max_consecutive_skips", z.max_consecutive_skips, AtLeast(0));
   v.Object("dpu", z.dpu, VisitDpu<V>);
   v.Object("auth", z.auth, VisitAuth<V>);
 }

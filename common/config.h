@@ -160,6 +160,10 @@ struct ZoConfig {
   bool nvme_checksums = true;
   DpuConfig dpu;
   AuthConfig auth;
+  // Consecutive steps skipped for non-finite gradients at a loss scale that
+  // cannot go lower (fp16.min_loss_scale, a static scale, or none at all)
+  // before the job fails; 0: never. DeepSpeed fails at the first such step.
+  int64_t max_consecutive_skips = 100;  // >= 0
   friend bool operator==(const ZoConfig&, const ZoConfig&) = default;
 };
 

@@ -370,6 +370,8 @@ TEST(ConfigTest, BadValuesAreErrorsNamingKeyAndValue) {
            {R"("zo": {"servers": ["a:1", "b:2", "a:1"]})",
             "zo.servers[2] = \"a:1\": duplicate server"},
            {R"("zo": {"chunk_elems": 0})", "zo.chunk_elems = 0: must be > 0"},
+           {R"("zo": {"max_consecutive_skips": -1})",
+            "zo.max_consecutive_skips = -1: must be >= 0"},
            {R"("zo": {"dpu": {"warmup_steps": -1}})", "zo.dpu.warmup_steps = -1: must be >= 0"},
            {R"("zo": {"auth": {"tls_cert": "c.pem"}})",
             "zo.auth.tls_key: required when zo.auth.tls_cert is given"},
@@ -463,7 +465,7 @@ TEST(ConfigTest, RoundTripKeepsEveryNonDefaultValue) {
   c.aio = {1 << 16, 32, 3, true, false, true};
   c.steps_per_print = 100;
   c.wall_clock_breakdown = true;
-  c.zo = {{"a:1", "[::1]:2"}, 1000, false, {true, 0}, {"tok", "cert.pem", "key.pem", "ca.pem"}};
+  c.zo = {{"a:1", "[::1]:2"}, 1000, false, {true, 0}, {"tok", "cert.pem", "key.pem", "ca.pem"}, 7};
 
   const std::string json = ConfigToJson(c, 2);
   EXPECT_THAT(json, AllOf(HasSubstr("\"type\": \"Lion\""), HasSubstr("\"intra_op_parallelism\""),

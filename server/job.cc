@@ -40,9 +40,10 @@ Job::Job(JobSpec spec, const JobResources& resources)
 
 absl::Status Job::Init() {
   const int s = spec_.server_index;
+  std::vector<LocalChunk> owned;
   for (int64_t c : map_.ChunksOfServer(s)) {
     const int64_t elems = map_.ChunkRange(c).size();
-    chunks_.push_back({.id = c, .local_offset = local_elems_, .elems = elems});
+    owned.push_back({.id = c, .local_offset = local_elems_, .elems = elems});
     local_elems_ += elems;
   }
 
@@ -68,27 +69,43 @@ absl::Status Job::Init() {
         "; set zero_optimization.offload_optimizer.device to \"nvme\" or add servers"));
   }
   ZO_ASSIGN_OR_RETURN(state_, TieredOptimizerState::Create(options, local_elems_, resources_.pool));
-  ZO_ASSIGN_OR_RETURN(
-      accum_, AlignedBuffer::Allocate(static_cast<size_t>(std::max<int64_t>(local_elems_, 1)) * 4));
+  ZO_ASSIGN_OR_RETURN(accum_, GradientAccumulator::Create({
+                                  .job = spec_.name,
+                                  .chunks = std::move(owned),
+                                  .dp_world_size = spec_.dp_world_size,
+                                  .dtype = spec_.dtype,
+                                  .pool = resources_.pool,
+                                  // The step thread waits on cv_ for Ready().
+                                  .on_ready =
+                                      [this] {
+                                        std::lock_guard lock(mu_);
+                                        cv_.notify_all();
+                                      },
+                              }));
   ZO_ASSIGN_OR_RETURN(versions_, ParamVersions::Create(local_elems_, spec_.dtype));
-  std::vector<OptimizerChunk> views;
-  for (const LocalChunk& c : chunks_) {
-    OptimizerChunk v;
-    v.grad = {accum_.as<float>() + c.local_offset, DType::kFloat32};
-    v.n = static_cast<size_t>(c.elems);
-    views.push_back(v);
-    chunk_mu_.push_back(std::make_unique<std::mutex>());
-    coverage_.emplace_back(c.elems, spec_.dp_world_size);
-  }
-  chunk_step_.assign(chunks_.size(), 1);
-  accum_view_ = std::make_unique<CpuOptimizer>(resources_.pool, std::move(views));
-  if (!chunks_.empty()) accum_view_->FirstTouchZero();
 
   scale_after_version_[0] = LossScaler::FromConfig(config).scale();
-  if (is_lead()) decider_.emplace(config, spec_.dp_world_size);
+  coordinator_ = std::make_unique<StepCoordinator>(StepCoordinator::Options{
+      .job = spec_.name,
+      .map = &map_,
+      .server_index = s,
+      .dp_world_size = spec_.dp_world_size,
+      .config = &spec_.config,
+      .report_stats =
+          [this](const v1::StepStats& stats) {
+            return resources_.peers->ReportStepStats(spec_.servers[0], stats,
+                                                     resources_.peer_timeout);
+          },
+      .send_commit =
+          [this](int server, const v1::StepCommit& commit) {
+            return resources_.peers->CommitStep(spec_.servers[server], commit,
+                                                resources_.peer_timeout);
+          },
+      .initial_backoff = absl::Milliseconds(50),
+  });
   step_open_time_ = absl::Now();
   ZO_LOG(INFO) << "job " << spec_.name << ": server " << s << " of " << spec_.servers.size() << ", "
-               << chunks_.size() << " chunks, " << FormatCount(local_elems_) << " elements here ("
+               << chunks().size() << " chunks, " << FormatCount(local_elems_) << " elements here ("
                << state_->nvme_sub_groups() << " of " << state_->num_sub_groups()
                << " sub-groups on NVMe), dp " << spec_.dp_world_size << ", "
                << DTypeName(spec_.dtype);
@@ -101,6 +118,8 @@ void Job::Stop() {
   {
     std::lock_guard lock(mu_);
     stop_ = true;
+    if (accum_ != nullptr) accum_->Close(absl::UnavailableError("the server is shutting down"));
+    if (coordinator_ != nullptr) coordinator_->Stop();
     for (auto& p : pending_checkpoints_) {
       p->done.set_value(absl::UnavailableError("the job is shutting down"));
     }
@@ -166,7 +185,7 @@ absl::StatusOr<int> Job::LocalChunkIndex(int64_t chunk) const {
 
 absl::Status Job::InitParams(const v1::ParamInitPiece& piece) {
   ZO_ASSIGN_OR_RETURN(const int i, LocalChunkIndex(piece.chunk()));
-  const LocalChunk& c = chunks_[i];
+  const LocalChunk& c = chunks()[i];
   if (piece.data().empty() || piece.data().size() % 4 != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("initial weights of chunk ", piece.chunk(), ": ", piece.data().size(),
@@ -198,79 +217,14 @@ absl::Status Job::InitParams(const v1::ParamInitPiece& piece) {
 }
 
 absl::Status Job::PushGradient(const GradientPieceView& piece, absl::Time deadline) {
-  if (piece.dp_rank < 0 || piece.dp_rank >= spec_.dp_world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("dp_rank ", piece.dp_rank, " is outside [0, ",
-                                                   spec_.dp_world_size, ") for job ", spec_.name));
-  }
   ZO_ASSIGN_OR_RETURN(const int i, LocalChunkIndex(piece.chunk));
-  const LocalChunk& c = chunks_[i];
   absl::StatusOr<DType> dtype = DTypeFromProto(piece.dtype);
   if (!dtype.ok() || *dtype != spec_.dtype) {
     return absl::InvalidArgumentError(absl::StrCat("gradient dtype ", v1::DType_Name(piece.dtype),
                                                    " is not the job's ",
                                                    std::string(DTypeName(spec_.dtype))));
   }
-  const size_t elem = DTypeSize(spec_.dtype);
-  if (piece.data_bytes == 0 || piece.data_bytes % elem != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("gradient piece for chunk ", piece.chunk, ": ", piece.data_bytes,
-                     " bytes is not a positive multiple of the ",
-                     std::string(DTypeName(spec_.dtype)), " size ", elem));
-  }
-  const int64_t n = static_cast<int64_t>(piece.data_bytes / elem);
-  if (piece.offset < 0 || piece.offset > c.elems - n) {
-    return absl::OutOfRangeError(absl::StrCat("gradient piece: elements [", piece.offset, ", ",
-                                              piece.offset + n, ") are outside chunk ", piece.chunk,
-                                              " of ", c.elems, " elements"));
-  }
-
-  std::vector<FlatRange> gaps;
-  {
-    std::unique_lock lock(mu_);
-    const int64_t generation = generation_;
-    // A push for the next step waits until this chunk's update is done.
-    while (health_.ok() && !stop_ && generation == generation_ &&
-           piece.step == chunk_step_[i] + 1) {
-      if (cv_.wait_until(lock, absl::ToChronoTime(deadline)) == std::cv_status::timeout) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "step ", piece.step, " waited for step ", chunk_step_[i], " of job ", spec_.name,
-            " to finish updating chunk ", piece.chunk, " until the deadline"));
-      }
-    }
-    if (stop_) return absl::UnavailableError("the server is shutting down");
-    if (!health_.ok()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("job ", spec_.name, " needs restore: ", health_.message()));
-    }
-    if (generation != generation_) {
-      return absl::AbortedError(absl::StrCat("job ", spec_.name, " was restored to version ",
-                                             version_, " while this push waited"));
-    }
-    if (piece.step != chunk_step_[i]) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("step ", piece.step, " is not open: job ", spec_.name, " is at version ",
-                       version_, " and takes gradients for step ", chunk_step_[i]));
-    }
-    const bool was_complete = coverage_[i].complete();
-    ZO_ASSIGN_OR_RETURN(
-        gaps, coverage_[i].Claim(piece.dp_rank, piece.offset, piece.offset + n, piece.resend));
-    if (!was_complete && coverage_[i].complete()) ++complete_chunks_;
-    ++pending_accumulations_;
-  }
-  {
-    std::lock_guard chunk_lock(*chunk_mu_[i]);
-    float* acc = accum_.as<float>() + c.local_offset;
-    for (const FlatRange& g : gaps) {
-      AccumulateSegments(piece.data, spec_.dtype, static_cast<size_t>(g.begin - piece.offset),
-                         static_cast<size_t>(g.size()), acc + g.begin, StoresGradients());
-    }
-  }
-  {
-    std::lock_guard lock(mu_);
-    --pending_accumulations_;
-  }
-  cv_.notify_all();
-  return absl::OkStatus();
+  return accum_->Push(i, piece, deadline);
 }
 
 absl::Status Job::PullParams(const v1::PullParamsRequest& request, absl::Time deadline,
@@ -331,7 +285,7 @@ absl::Status Job::PullParams(const v1::PullParamsRequest& request, absl::Time de
   for (int t : tensors) {
     for (const TensorPiece& p : map_.PiecesOfTensor(t)) {
       if (p.server != spec_.server_index) continue;
-      const int64_t local = chunks_[p.chunk / map_.num_servers()].local_offset + p.chunk_offset;
+      const int64_t local = chunks()[p.chunk / map_.num_servers()].local_offset + p.chunk_offset;
       for (int64_t k = 0; k < p.length; k += max_elems) {
         const int64_t len = std::min(max_elems, p.length - k);
         piece.set_tensor(t);
@@ -349,8 +303,7 @@ absl::Status Job::PullParams(const v1::PullParamsRequest& request, absl::Time de
 
 bool Job::ReadyToReportLocked() const {
   // Between steps every chunk takes gradients for open_step_.
-  return health_.ok() && pending_accumulations_ == 0 &&
-         complete_chunks_ == static_cast<int>(chunks_.size());
+  return health_.ok() && accum_->Ready();
 }
 
 v1::StepStats Job::ComputeStepStats(int64_t step, int64_t generation) {
@@ -359,29 +312,14 @@ v1::StepStats Job::ComputeStepStats(int64_t step, int64_t generation) {
   stats.set_step(step);
   stats.set_server_index(spec_.server_index);
   stats.set_generation(generation);
-  if (chunks_.empty()) return stats;
-  const StepGradStats s = accum_view_->ComputeGradStats();
-  for (size_t i = 0; i < chunks_.size(); ++i) {
-    stats.add_chunks(chunks_[i].id);
+  if (chunks().empty()) return stats;
+  const StepGradStats s = accum_->Stats();
+  for (size_t i = 0; i < chunks().size(); ++i) {
+    stats.add_chunks(chunks()[i].id);
     stats.add_chunk_sum_squares(s.per_chunk[i].sum_squares);
   }
   stats.set_non_finite(s.total.non_finite);
   return stats;
-}
-
-bool Job::RetryUntilAborted(int64_t generation, const char* what,
-                            const std::function<absl::Status()>& call) {
-  absl::Duration backoff = absl::Milliseconds(50);
-  for (;;) {
-    const absl::Status s = call();
-    if (s.ok()) return true;
-    std::unique_lock lock(mu_);
-    if (AbortedLocked(generation)) return false;
-    ZO_LOG(WARNING) << "job " << spec_.name << ": " << what << " failed, retrying: " << s;
-    cv_.wait_for(lock, absl::ToChronoNanoseconds(backoff));
-    if (AbortedLocked(generation)) return false;
-    backoff = std::min(backoff * 2, absl::Seconds(2));
-  }
 }
 
 void Job::StepLoop() {
@@ -397,6 +335,10 @@ void Job::StepLoop() {
     }
     const int64_t step = open_step_;
     const int64_t generation = generation_;
+    // The scale the step's gradients carry: with DPU, that of the older
+    // version the workers computed on.
+    const double scale_used =
+        ScaleForVersionLocked(VersionForStep(spec_.config.zo.dpu, step, base_version_));
     lock.unlock();
 
     const absl::Time ready = absl::Now();
@@ -405,67 +347,11 @@ void Job::StepLoop() {
       std::lock_guard state_lock(state_mu_);
       stats = ComputeStepStats(step, generation);
     }
-    bool reported = true;
-    if (is_lead()) {
-      (void)OnStepStats(stats);
-    } else {
-      reported = RetryUntilAborted(generation, "reporting step statistics to the lead", [&] {
-        return resources_.peers->ReportStepStats(spec_.servers[0], stats, resources_.peer_timeout);
-      });
-    }
+    const std::optional<v1::StepCommit> decided =
+        is_lead() ? coordinator_->LeadRound(stats, scale_used) : coordinator_->FollowerRound(stats);
     lock.lock();
-    if (!reported || AbortedLocked(generation)) continue;
-
-    if (is_lead()) {
-      const int servers = static_cast<int>(spec_.servers.size());
-      cv_.wait(lock, [&] {
-        return AbortedLocked(generation) || static_cast<int>(partials_[step].size()) == servers;
-      });
-      if (AbortedLocked(generation)) continue;
-      // Chunk order, whatever server reported it.
-      std::map<int64_t, double> by_chunk;
-      bool non_finite = false;
-      for (const auto& [server, s] : partials_[step]) {
-        for (int k = 0; k < s.chunks_size() && k < s.chunk_sum_squares_size(); ++k) {
-          by_chunk[s.chunks(k)] = s.chunk_sum_squares(k);
-        }
-        non_finite = non_finite || s.non_finite();
-      }
-      partials_.erase(partials_.begin(), partials_.upper_bound(step));
-      std::vector<double> sums;
-      sums.reserve(by_chunk.size());
-      for (const auto& [chunk, sum] : by_chunk) sums.push_back(sum);
-      const double used =
-          ScaleForVersionLocked(VersionForStep(spec_.config.zo.dpu, step, base_version_));
-      const StepDecision d = decider_->Decide(sums, non_finite, used);
-      v1::StepCommit commit;
-      commit.set_job(spec_.name);
-      commit.set_step(step);
-      commit.set_skip(d.skip);
-      commit.set_grad_multiplier(d.grad_multiplier);
-      commit.set_lr(d.lr);
-      commit.set_applied_steps(d.applied_steps);
-      commit.set_next_loss_scale(d.next_loss_scale);
-      commit.set_grad_norm(d.grad_norm);
-      commit.set_generation(generation);
-      lock.unlock();
-      bool sent = true;
-      for (int i = 1; i < servers && sent; ++i) {
-        sent = RetryUntilAborted(generation, "sending the step's commit", [&] {
-          return resources_.peers->CommitStep(spec_.servers[i], commit, resources_.peer_timeout);
-        });
-      }
-      lock.lock();
-      if (!sent || AbortedLocked(generation)) continue;
-      commit_ = commit;
-    } else {
-      cv_.wait(lock, [&] {
-        return AbortedLocked(generation) || (commit_.has_value() && commit_->step() == step);
-      });
-      if (AbortedLocked(generation)) continue;
-    }
-    const v1::StepCommit commit = *commit_;
-    commit_.reset();
+    if (!decided.has_value() || AbortedLocked(generation)) continue;
+    const v1::StepCommit& commit = *decided;
     lock.unlock();
 
     const absl::Time update_start = absl::Now();
@@ -478,7 +364,7 @@ void Job::StepLoop() {
     lock.lock();
     if (generation != generation_) continue;
     if (!applied.ok()) {
-      health_ = applied;
+      SetHealthLocked(applied);
       ZO_LOG(ERROR) << "job " << spec_.name << ": step " << step
                     << " failed; the job needs restore from a checkpoint: " << applied;
       cv_.notify_all();
@@ -486,6 +372,7 @@ void Job::StepLoop() {
     }
     version_ = step;
     open_step_ = step + 1;
+    coordinator_->Advance(step);
     applied_steps_ = commit.applied_steps();
     last_grad_norm_ = commit.grad_norm();
     last_skipped_ = commit.skip();
@@ -493,6 +380,11 @@ void Job::StepLoop() {
     scale_after_version_[step] = commit.next_loss_scale();
     while (scale_after_version_.size() > kScaleHistory) {
       scale_after_version_.erase(scale_after_version_.begin());
+    }
+    if (!commit.failure().empty()) {
+      // Skipping on cannot help; a restore (after a config change) clears it.
+      SetHealthLocked(absl::FailedPreconditionError(commit.failure()));
+      ZO_LOG(ERROR) << commit.failure();
     }
     const absl::Duration wait = ready - step_open_time_;
     step_open_time_ = update_end;
@@ -519,49 +411,23 @@ absl::Status Job::Apply(const v1::StepCommit& commit) {
         MakeAdamStepConstants(hp, commit.applied_steps(), commit.grad_multiplier());
     void* lp = versions_->BeginWrite();
     ZO_RETURN_IF_ERROR(state_->AdamStep(
-        c, {accum_.as<float>(), DType::kFloat32}, {lp, spec_.dtype}, [&](int64_t end) {
-          size_t done = released;
-          while (done < chunks_.size() && chunks_[done].local_offset + chunks_[done].elems <= end) {
-            ++done;
-          }
-          released = ReleaseChunks(released, done, commit.step());
-        }));
+        c, {accum_->data(), DType::kFloat32}, {lp, spec_.dtype},
+        [&](int64_t end) { released = accum_->ReleaseBelow(released, end, commit.step()); }));
     versions_->CommitWrite(commit.step());
   }
-  ReleaseChunks(released, chunks_.size(), commit.step());
+  accum_->Release(released, chunks().size(), commit.step());
   return absl::OkStatus();
 }
 
-size_t Job::ReleaseChunks(size_t next, size_t end_chunk, int64_t step) {
-  if (next >= end_chunk) return next;
-  if (!StoresGradients()) {
-    ZeroAccumulator(chunks_[next].local_offset,
-                    chunks_[end_chunk - 1].local_offset + chunks_[end_chunk - 1].elems);
+void Job::SetHealthLocked(absl::Status health) {
+  health_ = std::move(health);
+  if (stop_) return;  // closed for good
+  if (health_.ok()) {
+    accum_->Reopen();
+  } else {
+    accum_->Close(absl::FailedPreconditionError(
+        absl::StrCat("job ", spec_.name, " needs restore: ", health_.message())));
   }
-  {
-    std::lock_guard lock(mu_);
-    for (size_t i = next; i < end_chunk; ++i) {
-      if (coverage_[i].complete()) --complete_chunks_;
-      coverage_[i].Reset();
-      chunk_step_[i] = step + 1;
-    }
-  }
-  cv_.notify_all();
-  return end_chunk;
-}
-
-void Job::ZeroAccumulator(int64_t begin, int64_t end) {
-  if (begin >= end) return;
-  // Each worker zeroes its own pieces (the first-touch partition), so a
-  // whole-step release is as parallel as the update was.
-  float* const base = accum_.as<float>();
-  accum_view_->ForEachSegment([&](const OptimizerChunk& c, size_t seg_begin, size_t seg_end) {
-    float* const g = const_cast<float*>(static_cast<const float*>(c.grad.data));
-    const int64_t offset = g - base;
-    const int64_t lo = std::max<int64_t>(begin, offset + static_cast<int64_t>(seg_begin));
-    const int64_t hi = std::min<int64_t>(end, offset + static_cast<int64_t>(seg_end));
-    if (lo < hi) std::memset(base + lo, 0, static_cast<size_t>(hi - lo) * sizeof(float));
-  });
 }
 
 void Job::LogStep(const v1::StepCommit& commit, absl::Duration wait, absl::Duration update) {
@@ -579,54 +445,9 @@ void Job::LogStep(const v1::StepCommit& commit, absl::Duration wait, absl::Durat
 // ---------------------------------------------------------------- coordination
 
 absl::Status Job::OnStepStats(const v1::StepStats& stats) {
-  if (!is_lead()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "step statistics sent to server ", spec_.server_index, "; the lead is server 0"));
-  }
-  if (stats.server_index() < 0 || stats.server_index() >= static_cast<int>(spec_.servers.size())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("server_index ", stats.server_index(), " is outside the job's server list"));
-  }
-  if (stats.chunks_size() != stats.chunk_sum_squares_size()) {
-    return absl::InvalidArgumentError("chunks and chunk_sum_squares differ in length");
-  }
-  for (int64_t c : stats.chunks()) {
-    if (c < 0 || c >= map_.num_chunks() || map_.ServerOfChunk(c) != stats.server_index()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("chunk ", c, " does not belong to server ", stats.server_index()));
-    }
-  }
-  {
-    std::lock_guard lock(mu_);
-    if (stats.generation() != generation_) return absl::OkStatus();  // from before a restore
-    if (stats.step() < open_step_) return absl::OkStatus();          // a retry of a decided step
-    if (stats.step() > open_step_ + 1) {
-      return absl::FailedPreconditionError(absl::StrCat("statistics for step ", stats.step(),
-                                                        " but the lead is at step ", open_step_));
-    }
-    partials_[stats.step()][stats.server_index()] = stats;
-  }
-  cv_.notify_all();
-  return absl::OkStatus();
+  return coordinator_->OnStepStats(stats);
 }
 
-absl::Status Job::OnCommit(const v1::StepCommit& commit) {
-  {
-    std::lock_guard lock(mu_);
-    if (commit.generation() != generation_) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "commit of generation ", commit.generation(), " but this server is at generation ",
-          generation_, " (a restore happened in between)"));
-    }
-    if (commit.step() <= version_) return absl::OkStatus();  // a retry of an applied step
-    if (commit.step() != open_step_) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("commit for step ", commit.step(), " but the open step is ", open_step_));
-    }
-    commit_ = commit;
-  }
-  cv_.notify_all();
-  return absl::OkStatus();
-}
+absl::Status Job::OnCommit(const v1::StepCommit& commit) { return coordinator_->OnCommit(commit); }
 
 }  // namespace zo

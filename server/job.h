@@ -1,18 +1,23 @@
-// One job on one server (DESIGN.md, "One training step"): the optimizer
-// state of the chunks this server owns, the fp32 gradient accumulator, the
-// per-chunk accounting of pushes, the served low-precision versions, and the
-// step thread that turns a complete step into an update:
+// One job on one server (DESIGN.md, "One training step"): the composition
+// the service calls. Each concern lives in its own piece:
 //
-//   all owned chunks have every dp rank's gradients for step t
-//     -> per-chunk statistics to the lead (server 0)
-//     -> lead: StepDecider over every server's chunks -> CommitStep to all
-//     -> fused Adam over the owned chunks (RAM or NVMe sub-groups)
+//   GradientAccumulator  pushes, chunk coverage, the fp32 accumulator
+//   StepCoordinator      stats -> lead decides -> commit, lead and follower
+//   state_checkpoint.h   this server's state into and out of a checkpoint
+//   TieredOptimizerState the optimizer state (RAM or NVMe sub-groups)
+//   ParamVersions        the low-precision versions pulls are served
+//
+// Job owns the step thread that joins them:
+//
+//   accumulator Ready() -> Stats -> coordinator round -> the commit
+//     -> fused Adam over the owned chunks, releasing chunks as it goes
 //     -> version t served; pushes for step t + 1 proceed
 //
-// The lead also runs checkpoints between steps and restores. Every RPC
+// and, on the lead, checkpoints between steps and restores. Every RPC
 // handler validates its request fully before touching state.
 //
-// Thread-safe: handlers run on gRPC threads; one step thread per job.
+// Thread-safe: handlers run on gRPC threads; one step thread per job. Lock
+// order: state_mu_, then mu_, then the pieces' own mutexes.
 #ifndef ZO_SERVER_JOB_H_
 #define ZO_SERVER_JOB_H_
 
@@ -41,12 +46,12 @@
 #include "proto/zo/v1/gradients.pb.h"
 #include "proto/zo/v1/job.pb.h"
 #include "proto/zo/v1/params.pb.h"
-#include "server/chunk_coverage.h"
+#include "server/gradient_accumulator.h"
 #include "server/gradient_piece_view.h"
 #include "server/job_spec.h"
 #include "server/param_versions.h"
 #include "server/peer_client.h"
-#include "server/step_decision.h"
+#include "server/step_coordinator.h"
 
 namespace zo {
 
@@ -102,11 +107,6 @@ class Job {
   Job& operator=(const Job&) = delete;
 
  private:
-  struct LocalChunk {
-    int64_t id = 0;
-    int64_t local_offset = 0;  // into accum_, state_ and the versions
-    int64_t elems = 0;
-  };
   struct PendingCheckpoint {
     std::promise<absl::StatusOr<v1::CheckpointResponse>> done;
   };
@@ -121,20 +121,10 @@ class Job {
   bool ReadyToReportLocked() const;
   v1::StepStats ComputeStepStats(int64_t step, int64_t generation);
   absl::Status Apply(const v1::StepCommit& commit);
-  // Chunks [next, end_chunk) are done with step `step`: zero their
-  // accumulators (unless StoresGradients) and let step + 1's gradients in (DESIGN.md: no second
-  // gradient buffer, pushes of t+1 into a chunk as soon as its update for t
-  // is done). Returns the new `next`.
-  size_t ReleaseChunks(size_t next, size_t end_chunk, int64_t step);
-  // Zeroes accumulator elements [begin, end) (local indices), threaded.
-  void ZeroAccumulator(int64_t begin, int64_t end);
-  // With one dp rank every element arrives exactly once per step (chunk
-  // coverage), so a push stores instead of adding: no read of the
-  // accumulator while receiving, and no zeroing between steps.
-  bool StoresGradients() const { return spec_.dp_world_size == 1; }
-  // Retries `call` until it succeeds or the step is aborted; false when aborted.
-  bool RetryUntilAborted(int64_t generation, const char* what,
-                         const std::function<absl::Status()>& call);
+  const std::vector<LocalChunk>& chunks() const { return accum_->chunks(); }
+  // Sets health_ and closes (or reopens) the accumulator to match: pushes
+  // fail with the reason while the job needs a restore.
+  void SetHealthLocked(absl::Status health);
   bool AbortedLocked(int64_t generation) const { return stop_ || generation != generation_; }
   void RunCheckpointLocked(std::unique_lock<std::mutex>& lock);
   absl::StatusOr<v1::CheckpointResponse> WriteCheckpoint(int64_t version, int64_t generation);
@@ -146,14 +136,12 @@ class Job {
   const JobSpec spec_;
   const JobResources resources_;
   const ShardMap& map_;
-  std::vector<LocalChunk> chunks_;
   int64_t local_elems_ = 0;
 
   std::unique_ptr<TieredOptimizerState> state_;
-  AlignedBuffer accum_;                       // fp32, local_elems_
-  std::unique_ptr<CpuOptimizer> accum_view_;  // stats and zeroing over accum_, threaded
+  std::unique_ptr<GradientAccumulator> accum_;
   std::unique_ptr<ParamVersions> versions_;
-  std::vector<std::unique_ptr<std::mutex>> chunk_mu_;  // accumulation into one chunk
+  std::unique_ptr<StepCoordinator> coordinator_;
 
   // Held while the optimizer state or the accumulator is read or written as
   // a whole (stats, update, checkpoint, restore). Taken before mu_.
@@ -161,12 +149,6 @@ class Job {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<ChunkCoverage> coverage_;  // of the step in chunk_step_
-  // The step each chunk takes gradients for: open_step_, or open_step_ + 1
-  // once its update for open_step_ is done.
-  std::vector<int64_t> chunk_step_;
-  int complete_chunks_ = 0;  // chunks whose coverage is complete
-  int pending_accumulations_ = 0;
   int64_t open_step_ = 1;
   int64_t version_ = 0;
   int64_t base_version_ = 0;
@@ -179,11 +161,8 @@ class Job {
   int64_t last_checkpoint_step_ = -1;
   absl::Status health_;
   bool stop_ = false;
-  std::optional<v1::StepCommit> commit_;
   absl::Time step_open_time_;
   // Lead only.
-  std::optional<StepDecider> decider_;
-  std::map<int64_t, std::map<int, v1::StepStats>> partials_;  // step -> server -> stats
   std::deque<std::shared_ptr<PendingCheckpoint>> pending_checkpoints_;
   std::atomic<int64_t> serve_ns_{0};
 

@@ -14,24 +14,9 @@
 #include "offload/checkpoint/checkpoint_dir.h"
 #include "offload/checkpoint/checkpoint_part.h"
 #include "server/job.h"
-#include "server/job_internal.h"
+#include "server/state_checkpoint.h"
 
 namespace zo {
-
-using job_internal::RoundMaster;
-
-namespace {
-
-// Names and shapes; a checkpoint restores onto the job it was written by.
-bool SameManifest(const std::vector<TensorSpec>& a, const std::vector<TensorSpec>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i].name != b[i].name || a[i].shape != b[i].shape) return false;
-  }
-  return true;
-}
-
-}  // namespace
 
 absl::StatusOr<v1::CheckpointResponse> Job::Checkpoint(absl::Time deadline) {
   if (!is_lead()) {
@@ -90,14 +75,18 @@ absl::StatusOr<v1::CheckpointResponse> Job::WriteCheckpoint(int64_t version, int
   meta.num_servers = static_cast<int>(spec_.servers.size());
   meta.dp_world_size = spec_.dp_world_size;
   meta.config_json = spec_.config_json;
+  meta.applied_steps = coordinator_->applied_steps();
   {
     std::lock_guard lock(mu_);
-    meta.applied_steps = decider_->applied_steps();
-    const LossScalerState& s = decider_->scaler().state();
+    const LossScalerState s = coordinator_->scaler_state();
     meta.loss_scale = s.scale;
     meta.scaler_iteration = s.iteration;
     meta.scaler_last_overflow_iteration = s.last_overflow_iteration;
     meta.scaler_hysteresis_left = s.hysteresis_left;
+    meta.has_last_step = true;
+    meta.last_grad_norm = last_grad_norm_;
+    meta.last_lr = last_lr_;
+    meta.last_skipped = last_skipped_;
   }
   ZO_ASSIGN_OR_RETURN(v1::WriteCheckpointPartResponse own, WriteOwnPart(version, dir));
   std::vector<v1::WriteCheckpointPartResponse> parts = {own};
@@ -160,18 +149,9 @@ absl::StatusOr<v1::WriteCheckpointPartResponse> Job::WriteOwnPart(int64_t versio
   (void)version;
   const std::string file = CheckpointPartFileName(spec_.server_index);
   std::lock_guard state_lock(state_mu_);
-  ZO_ASSIGN_OR_RETURN(auto writer,
-                      CheckpointPartWriter::Create((std::filesystem::path(dir) / file).string()));
-  std::vector<float> master, m, v;
-  for (const LocalChunk& c : chunks_) {
-    master.resize(c.elems);
-    m.resize(c.elems);
-    v.resize(c.elems);
-    ZO_RETURN_IF_ERROR(state_->ReadState(c.local_offset, absl::MakeSpan(master), absl::MakeSpan(m),
-                                         absl::MakeSpan(v)));
-    ZO_RETURN_IF_ERROR(writer->AddChunk(c.id, map_.ChunkRange(c.id).begin, master, m, v));
-  }
-  ZO_ASSIGN_OR_RETURN(CheckpointPartSummary summary, writer->Finish());
+  ZO_ASSIGN_OR_RETURN(
+      const CheckpointPartSummary summary,
+      WriteStatePart(*state_, chunks(), map_, (std::filesystem::path(dir) / file).string()));
   v1::WriteCheckpointPartResponse response;
   response.set_file(summary.file);
   response.set_bytes(summary.bytes);
@@ -213,18 +193,17 @@ absl::StatusOr<v1::RestoreResponse> Job::Restore(const std::string& path, absl::
     status = resources_.peers->RestorePart(spec_.servers[i], request, resources_.peer_timeout * 10);
   }
   if (status.ok()) {
-    std::lock_guard lock(mu_);
-    status = decider_->Restore(meta.applied_steps,
-                               {.scale = meta.loss_scale,
-                                .iteration = meta.scaler_iteration,
-                                .last_overflow_iteration = meta.scaler_last_overflow_iteration,
-                                .hysteresis_left = meta.scaler_hysteresis_left});
+    status = coordinator_->RestoreDecider(
+        meta.applied_steps, {.scale = meta.loss_scale,
+                             .iteration = meta.scaler_iteration,
+                             .last_overflow_iteration = meta.scaler_last_overflow_iteration,
+                             .hysteresis_left = meta.scaler_hysteresis_left});
   }
   if (!status.ok()) {
     {
       std::lock_guard lock(mu_);
-      health_ =
-          absl::DataLossError(absl::StrCat("partial restore from ", dir, ": ", status.message()));
+      SetHealthLocked(
+          absl::DataLossError(absl::StrCat("partial restore from ", dir, ": ", status.message())));
     }
     cv_.notify_all();
     return status;
@@ -247,33 +226,18 @@ absl::Status Job::RestorePart(const v1::RestorePartRequest& request) {
   }
   std::lock_guard state_lock(state_mu_);
   {
-    std::unique_lock lock(mu_);
+    std::lock_guard lock(mu_);
     generation_ = request.generation();
-    health_ = absl::UnavailableError("a restore is in progress");
-    commit_.reset();
-    partials_.clear();
-    cv_.notify_all();
-    cv_.wait(lock, [&] { return pending_accumulations_ == 0; });
-    for (ChunkCoverage& c : coverage_) c.Reset();
-    complete_chunks_ = 0;
-    std::fill(chunk_step_.begin(), chunk_step_.end(), meta.version + 1);
+    SetHealthLocked(absl::UnavailableError("a restore is in progress"));
   }
+  // Aborts the step in progress and drops what the old generation sent.
+  coordinator_->Restart(request.generation(), meta.version + 1);
+  cv_.notify_all();
+  // Aborts the pushes that wait and forgets what was delivered.
+  accum_->Reset(meta.version + 1);
   versions_->Reset(meta.version);
-  absl::Status status;
-  std::vector<float> master, m, v;
-  char* lp = static_cast<char*>(versions_->base_data());
-  for (const LocalChunk& c : chunks_) {
-    master.resize(c.elems);
-    m.resize(c.elems);
-    v.resize(c.elems);
-    status = reader->ReadFlat(map_.ChunkRange(c.id).begin, absl::MakeSpan(master),
-                              absl::MakeSpan(m), absl::MakeSpan(v));
-    if (status.ok()) status = state_->WriteState(c.local_offset, master, m, v);
-    if (!status.ok()) break;
-    RoundMaster(master.data(), lp + c.local_offset * DTypeSize(spec_.dtype), master.size(),
-                spec_.dtype);
-  }
-  ZeroAccumulator(0, local_elems_);
+  const absl::Status status =
+      LoadStatePart(*reader, chunks(), map_, *state_, versions_->base_data(), spec_.dtype);
   versions_->CommitBase();
   {
     std::lock_guard lock(mu_);
@@ -283,9 +247,18 @@ absl::Status Job::RestorePart(const v1::RestorePartRequest& request) {
     applied_steps_ = meta.applied_steps;
     scale_after_version_ = {{meta.version, meta.loss_scale}};
     last_checkpoint_step_ = meta.version;
-    health_ = status.ok() ? absl::OkStatus()
-                          : absl::DataLossError(absl::StrCat("restore from ", request.path(),
-                                                             " failed: ", status.message()));
+    const LastStep last = LastStepOf(meta, spec_.config);
+    last_grad_norm_ = last.grad_norm;
+    last_lr_ = last.lr;
+    last_skipped_ = last.skipped;
+    if (last.derived) {
+      ZO_LOG(INFO) << "job " << spec_.name << ": checkpoint " << request.path()
+                   << " predates last_step; last_lr recomputed from the schedule, last_grad_norm "
+                      "reads 0 until the next step";
+    }
+    SetHealthLocked(status.ok() ? absl::OkStatus()
+                                : absl::DataLossError(absl::StrCat("restore from ", request.path(),
+                                                                   " failed: ", status.message())));
     step_open_time_ = absl::Now();
   }
   cv_.notify_all();

@@ -1,10 +1,14 @@
 #include "server/job_spec.h"
 
+#include <algorithm>
 #include <set>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/status_macros.h"
+#include "nlohmann/json.hpp"
 
 namespace zo {
 namespace {
@@ -17,6 +21,44 @@ bool ValidJobName(const std::string& name) {
     if (!ok) return false;
   }
   return name != "." && name != "..";
+}
+
+// "/optimizer/params/betas/1" -> "optimizer.params.betas[1]".
+std::string KeyPath(const std::string& pointer) {
+  std::string path;
+  for (const absl::string_view part : absl::StrSplit(pointer, '/', absl::SkipEmpty())) {
+    const bool index = std::all_of(part.begin(), part.end(), absl::ascii_isdigit);
+    if (index) {
+      absl::StrAppend(&path, "[", part, "]");
+    } else {
+      absl::StrAppend(&path, path.empty() ? "" : ".", part);
+    }
+  }
+  return path;
+}
+
+// Every key whose value differs, with both values: "fp16.enabled is true, the
+// job's is false". Compares the configs as ConfigToJson writes them, so
+// defaults count and spelling does not.
+std::string ConfigDifferences(const Config& job, const Config& request) {
+  using Json = nlohmann::json;
+  const Json a = Json::parse(ConfigToJson(job)).flatten();
+  const Json b = Json::parse(ConfigToJson(request)).flatten();
+  std::vector<std::string> diffs;
+  auto value = [](const Json& flat, const std::string& key) {
+    const auto it = flat.find(key);
+    return it == flat.end() ? std::string("absent") : it->dump();
+  };
+  std::set<std::string> keys;
+  for (const auto& [key, v] : a.items()) keys.insert(key);
+  for (const auto& [key, v] : b.items()) keys.insert(key);
+  for (const std::string& key : keys) {
+    const std::string x = value(a, key);
+    const std::string y = value(b, key);
+    if (x != y) diffs.push_back(absl::StrCat(KeyPath(key), " is ", y, ", the job's is ", x));
+  }
+  if (diffs.empty()) return "the config differs from the job's";
+  return absl::StrCat("config ", absl::StrJoin(diffs, "; "));
 }
 
 }  // namespace
@@ -101,11 +143,13 @@ std::string JobSpecMismatch(const JobSpec& a, const JobSpec& b) {
                           std::string(DTypeName(x.dtype)));
     }
   }
-  if (!(a.config == b.config)) return "the config differs from the job's";
+  // Before the config: train_batch_size follows from dp_world_size, and the
+  // width is what a person changed.
   if (a.dp_world_size != b.dp_world_size) {
     return absl::StrCat("dp_world_size ", b.dp_world_size, " differs from the job's ",
                         a.dp_world_size);
   }
+  if (!(a.config == b.config)) return ConfigDifferences(a.config, b.config);
   if (a.servers != b.servers) {
     return absl::StrCat("server list [", absl::StrJoin(b.servers, ", "),
                         "] differs from the job's [", absl::StrJoin(a.servers, ", "), "]");

@@ -32,6 +32,13 @@ struct StepDecision {
   double loss_scale_used = 1.0;  // what the step's gradients were scaled by
   double next_loss_scale = 1.0;
   double grad_norm = 0.0;  // averaged, unscaled; NaN/Inf when non-finite
+  // Consecutive skipped steps, this one included, at a loss scale that
+  // cannot go lower (min_loss_scale, a static scale, or none): skips that no
+  // longer cure themselves. 0 when this step is applied.
+  int64_t stuck_skips = 0;
+  // Not OK (FAILED_PRECONDITION) once stuck_skips reaches
+  // zo.max_consecutive_skips: the job fails after this (skipped) step.
+  absl::Status failure;
 };
 
 // A value type owned by the lead's job; not thread-safe.
@@ -50,7 +57,7 @@ class StepDecider {
   int64_t applied_steps() const { return applied_steps_; }
   const LossScaler& scaler() const { return scaler_; }
 
-  // Checkpoint restore.
+  // Checkpoint restore (the count of stuck skips starts again from 0).
   absl::Status Restore(int64_t applied_steps, const LossScalerState& scaler);
 
  private:
@@ -58,7 +65,9 @@ class StepDecider {
   LrSchedule schedule_;
   double clipping_;
   int dp_world_size_;
+  int64_t max_consecutive_skips_;
   int64_t applied_steps_ = 0;
+  int64_t stuck_skips_ = 0;
 };
 
 }  // namespace zo

@@ -19,6 +19,7 @@
 namespace zo {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::DoubleNear;
 using ::testing::HasSubstr;
 using testing::IsOk;
@@ -339,6 +340,62 @@ TEST(StepDecisionTest, Bf16NeverChangesScale) {
     EXPECT_EQ(decider.scaler().scale(), 1.0);
   }
   EXPECT_EQ(decider.applied_steps(), 6);
+}
+
+// Dynamic scale 2^2 with min 1 and hysteresis 1: overflows halve it to the
+// floor in two steps; only skips at the floor count towards the limit.
+TEST(StepDecisionTest, FailsAfterMaxConsecutiveSkipsAtMinScale) {
+  ZO_ASSERT_OK_AND_ASSIGN(
+      LoadedConfig loaded,
+      Parse(R"("fp16": {"enabled": true, "initial_scale_power": 2, "hysteresis": 1,
+                        "min_loss_scale": 1}, "zo": {"max_consecutive_skips": 3})"));
+  StepDecider decider(loaded.config, 1);
+  // 4 -> 2 -> 1: not at the floor yet.
+  EXPECT_EQ(decider.Decide({1.0}, true, 4).stuck_skips, 0);
+  EXPECT_EQ(decider.Decide({1.0}, true, 2).stuck_skips, 0);
+  EXPECT_EQ(decider.scaler().scale(), 1.0);
+  // At the floor: 1, 2, then an applied step starts the count again.
+  EXPECT_EQ(decider.Decide({1.0}, true, 1).stuck_skips, 1);
+  EXPECT_EQ(decider.Decide({1.0}, true, 1).stuck_skips, 2);
+  StepDecision d = decider.Decide({1.0}, false, 1);
+  EXPECT_FALSE(d.skip);
+  EXPECT_EQ(d.stuck_skips, 0);
+  EXPECT_THAT(d.failure, IsOk());
+  for (int i = 1; i < 3; ++i) {
+    d = decider.Decide({1.0}, true, 1);
+    EXPECT_EQ(d.stuck_skips, i);
+    EXPECT_THAT(d.failure, IsOk());
+  }
+  d = decider.Decide({1.0}, true, 1);
+  EXPECT_TRUE(d.skip);
+  EXPECT_EQ(d.stuck_skips, 3);
+  EXPECT_THAT(
+      d.failure,
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               AllOf(HasSubstr("3 consecutive steps"), HasSubstr("loss scale 1 "),
+                     HasSubstr("fp16.min_loss_scale"), HasSubstr("zo.max_consecutive_skips = 3"))));
+}
+
+TEST(StepDecisionTest, ZeroMaxConsecutiveSkipsNeverFails) {
+  ZO_ASSERT_OK_AND_ASSIGN(
+      LoadedConfig loaded,
+      Parse(R"("bf16": {"enabled": true}, "zo": {"max_consecutive_skips": 0})"));
+  StepDecider decider(loaded.config, 1);
+  for (int i = 1; i <= 1000; ++i) {
+    const StepDecision d = decider.Decide({1.0}, true, 1);
+    ASSERT_EQ(d.stuck_skips, i);
+    ASSERT_THAT(d.failure, IsOk());
+  }
+}
+
+TEST(StepDecisionTest, DefaultFailsBf16AfterHundredNonFiniteSteps) {
+  ZO_ASSERT_OK_AND_ASSIGN(LoadedConfig loaded, Parse(R"("bf16": {"enabled": true})"));
+  EXPECT_EQ(loaded.config.zo.max_consecutive_skips, 100);
+  StepDecider decider(loaded.config, 1);
+  for (int i = 1; i < 100; ++i) ASSERT_THAT(decider.Decide({kNaN}, false, 1).failure, IsOk());
+  EXPECT_THAT(
+      decider.Decide({kNaN}, false, 1).failure,
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no loss scaling without fp16")));
 }
 
 std::string FullConfig() {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -143,6 +144,11 @@ struct MetaReader {
         key, [](const Json& x) { return x.is_string(); }, "a string");
     if (j != nullptr) value = j->get<std::string>();
   }
+  void Field(const char* key, bool& value) {
+    const Json* j = Get(
+        key, [](const Json& x) { return x.is_boolean(); }, "a boolean");
+    if (j != nullptr) value = j->get<bool>();
+  }
 };
 
 OrderedJson MetaToJson(const CheckpointMeta& meta) {
@@ -155,6 +161,13 @@ OrderedJson MetaToJson(const CheckpointMeta& meta) {
     tensors.push_back({{"name", t.name}, {"shape", t.shape}, {"dtype", DTypeName(t.dtype)}});
   }
   doc["manifest"] = {{"tensors", std::move(tensors)}};
+  if (meta.has_last_step) {
+    // JSON has no NaN/Inf: null stands for a non-finite norm.
+    OrderedJson norm = std::isfinite(meta.last_grad_norm) ? OrderedJson(meta.last_grad_norm)
+                                                          : OrderedJson(nullptr);
+    doc["last_step"] = {
+        {"grad_norm", std::move(norm)}, {"lr", meta.last_lr}, {"skipped", meta.last_skipped}};
+  }
   OrderedJson parts = OrderedJson::array();
   for (const CheckpointPartSummary& p : meta.parts) {
     parts.push_back(
@@ -359,6 +372,22 @@ absl::StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir) {
   absl::StatusOr<std::vector<TensorSpec>> specs = ParseManifestJson(manifest->dump());
   if (!specs.ok()) return WithContext(specs.status(), absl::StrCat(file, ": field \"manifest\""));
   meta.manifest = *std::move(specs);
+  if (const auto last = doc.find("last_step"); last != doc.end()) {
+    if (!last->is_object()) {
+      return absl::DataLossError(absl::StrCat(file, ": field \"last_step\" is not an object"));
+    }
+    MetaReader lr{*last, file, "last_step.", absl::OkStatus()};
+    const auto norm = last->find("grad_norm");
+    if (norm != last->end() && norm->is_null()) {
+      meta.last_grad_norm = std::numeric_limits<double>::quiet_NaN();
+    } else {
+      lr.Field("grad_norm", meta.last_grad_norm);
+    }
+    lr.Field("lr", meta.last_lr);
+    lr.Field("skipped", meta.last_skipped);
+    ZO_RETURN_IF_ERROR(lr.status);
+    meta.has_last_step = true;
+  }
   const auto parts = doc.find("parts");
   if (parts == doc.end() || !parts->is_array()) {
     return absl::DataLossError(absl::StrCat(file, ": field \"parts\" is missing or not an array"));

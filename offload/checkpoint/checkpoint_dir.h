@@ -37,6 +37,12 @@ struct CheckpointMeta {
   int64_t scaler_iteration = 0;
   int64_t scaler_last_overflow_iteration = -1;
   int scaler_hysteresis_left = 1;
+  // The newest step as JobStatus reports it. Optional in checkpoint.json
+  // ("last_step"): older checkpoints lack it and read has_last_step false.
+  bool has_last_step = false;
+  double last_grad_norm = 0.0;  // NaN: the step's gradients were non-finite
+  double last_lr = 0.0;         // of the newest applied step
+  bool last_skipped = false;
   std::vector<TensorSpec> manifest;
   int64_t chunk_elems = 0;
   int num_servers = 0;  // part i holds the chunks c with c mod num_servers == i

@@ -1,9 +1,11 @@
 #include "offload/checkpoint/checkpoint_dir.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -54,6 +56,13 @@ void ExpectSameMeta(const CheckpointMeta& a, const CheckpointMeta& b) {
   EXPECT_EQ(a.scaler_iteration, b.scaler_iteration);
   EXPECT_EQ(a.scaler_last_overflow_iteration, b.scaler_last_overflow_iteration);
   EXPECT_EQ(a.scaler_hysteresis_left, b.scaler_hysteresis_left);
+  EXPECT_EQ(a.has_last_step, b.has_last_step);
+  EXPECT_EQ(std::isnan(a.last_grad_norm), std::isnan(b.last_grad_norm));
+  if (!std::isnan(a.last_grad_norm)) {
+    EXPECT_EQ(a.last_grad_norm, b.last_grad_norm);
+  }
+  EXPECT_EQ(a.last_lr, b.last_lr);
+  EXPECT_EQ(a.last_skipped, b.last_skipped);
   ASSERT_EQ(a.manifest.size(), b.manifest.size());
   for (size_t i = 0; i < a.manifest.size(); ++i) {
     EXPECT_EQ(a.manifest[i].name, b.manifest[i].name);
@@ -106,6 +115,28 @@ TEST_F(CheckpointDirTest, CommitRenamesAndTheMetaRoundTrips) {
   ZO_ASSERT_OK_AND_ASSIGN(auto reader, CheckpointReader::Open(dir));
   ExpectSameMeta(reader->meta(), meta);
   EXPECT_EQ(reader->total_elems(), 87024);
+}
+
+TEST_F(CheckpointDirTest, TheLastStepRoundTripsNonFiniteNormIncluded) {
+  const FlatState s = TwoServerState();
+  for (double norm : {0.8125, std::numeric_limits<double>::infinity()}) {
+    SCOPED_TRACE(norm);
+    const int64_t version = std::isfinite(norm) ? 20 : 21;
+    ZO_ASSERT_OK_AND_ASSIGN(const std::string tmp, BeginCheckpoint(root_, "gpt", version));
+    CheckpointMeta meta = TestMeta("gpt", version, s);
+    meta.has_last_step = true;
+    meta.last_grad_norm = norm;
+    meta.last_lr = 6e-4;
+    meta.last_skipped = !std::isfinite(norm);
+    for (int server = 0; server < 2; ++server) {
+      ZO_ASSERT_OK_AND_ASSIGN(CheckpointPartSummary part, WriteTestPart(tmp, s, server));
+      meta.parts.push_back(part);
+    }
+    ZO_ASSERT_OK_AND_ASSIGN(const std::string dir, CommitCheckpoint(tmp, meta));
+    ZO_ASSERT_OK_AND_ASSIGN(const CheckpointMeta read, ReadCheckpointMeta(dir));
+    if (!std::isfinite(norm)) meta.last_grad_norm = std::numeric_limits<double>::quiet_NaN();
+    ExpectSameMeta(read, meta);
+  }
 }
 
 TEST_F(CheckpointDirTest, ReadFlatAcrossChunksAndPartsMatchesTheOriginal) {
@@ -314,6 +345,9 @@ TEST_F(CheckpointDirTest, ReadMetaNamesTheFileAndTheField) {
   j = doc;
   j["manifest"]["tensors"][0]["shape"] = {1, "x"};
   expect_error("manifest", j, absl::StatusCode::kInvalidArgument, "manifest");
+  j = doc;
+  j["last_step"] = {{"grad_norm", 1.0}, {"lr", "fast"}, {"skipped", false}};
+  expect_error("last step", j, absl::StatusCode::kDataLoss, "\"last_step.lr\" = \"fast\"");
   j = doc;
   j["format_version"] = 2;
   expect_error("format", j, absl::StatusCode::kInvalidArgument, "format_version 2");

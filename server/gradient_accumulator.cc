@@ -1,0 +1,199 @@
+#include "server/gradient_accumulator.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace zo {
+
+absl::StatusOr<std::unique_ptr<GradientAccumulator>> GradientAccumulator::Create(Options options) {
+  std::unique_ptr<GradientAccumulator> a(new GradientAccumulator(std::move(options)));
+  ZO_ASSIGN_OR_RETURN(
+      a->accum_, AlignedBuffer::Allocate(
+                     static_cast<size_t>(std::max<int64_t>(a->local_elems_, 1)) * sizeof(float)));
+  std::vector<OptimizerChunk> views;
+  for (const LocalChunk& c : a->chunks_) {
+    OptimizerChunk v;
+    v.grad = {a->accum_.as<float>() + c.local_offset, DType::kFloat32};
+    v.n = static_cast<size_t>(c.elems);
+    views.push_back(v);
+    a->chunk_mu_.push_back(std::make_unique<absl::Mutex>());
+  }
+  a->view_ = std::make_unique<CpuOptimizer>(a->pool_, std::move(views));
+  if (!a->chunks_.empty()) a->view_->FirstTouchZero();
+  return a;
+}
+
+namespace {
+
+int64_t SumElems(const std::vector<LocalChunk>& chunks) {
+  int64_t n = 0;
+  for (const LocalChunk& c : chunks) n += c.elems;
+  return n;
+}
+
+}  // namespace
+
+GradientAccumulator::GradientAccumulator(Options options)
+    : job_(std::move(options.job)),
+      chunks_(std::move(options.chunks)),
+      local_elems_(SumElems(chunks_)),
+      dp_world_size_(options.dp_world_size),
+      dtype_(options.dtype),
+      pool_(options.pool),
+      on_ready_(std::move(options.on_ready)) {
+  absl::MutexLock lock(&mu_);
+  for (const LocalChunk& c : chunks_) coverage_.emplace_back(c.elems, dp_world_size_);
+  chunk_step_.assign(chunks_.size(), 1);
+}
+
+absl::Status GradientAccumulator::Push(int index, const GradientPieceView& piece,
+                                       absl::Time deadline) {
+  if (piece.dp_rank < 0 || piece.dp_rank >= dp_world_size_) {
+    return absl::InvalidArgumentError(absl::StrCat("dp_rank ", piece.dp_rank, " is outside [0, ",
+                                                   dp_world_size_, ") for job ", job_));
+  }
+  const LocalChunk& c = chunks_[static_cast<size_t>(index)];
+  const size_t elem = DTypeSize(dtype_);
+  if (piece.data_bytes == 0 || piece.data_bytes % elem != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("gradient piece for chunk ", piece.chunk, ": ",
+                                                   piece.data_bytes,
+                                                   " bytes is not a positive multiple of the ",
+                                                   std::string(DTypeName(dtype_)), " size ", elem));
+  }
+  const int64_t n = static_cast<int64_t>(piece.data_bytes / elem);
+  if (piece.offset < 0 || piece.offset > c.elems - n) {
+    return absl::OutOfRangeError(absl::StrCat("gradient piece: elements [", piece.offset, ", ",
+                                              piece.offset + n, ") are outside chunk ", piece.chunk,
+                                              " of ", c.elems, " elements"));
+  }
+
+  std::vector<FlatRange> gaps;
+  {
+    absl::MutexLock lock(&mu_);
+    const int64_t resets = resets_;
+    // A push for the next step waits until this chunk's update is done.
+    auto can_go = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return !closed_.ok() || resets != resets_ || piece.step != chunk_step_[index] + 1;
+    };
+    ++waiting_;
+    const bool went = mu_.AwaitWithDeadline(absl::Condition(&can_go), deadline);
+    --waiting_;
+    if (!went) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("step ", piece.step, " waited for step ", chunk_step_[index], " of job ",
+                       job_, " to finish updating chunk ", piece.chunk, " until the deadline"));
+    }
+    ZO_RETURN_IF_ERROR(closed_);
+    if (resets != resets_) {
+      return absl::AbortedError(absl::StrCat("job ", job_, " was restored to version ",
+                                             chunk_step_[index] - 1, " while this push waited"));
+    }
+    if (piece.step != chunk_step_[index]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "step ", piece.step, " is not open: job ", job_, " takes gradients for step ",
+          chunk_step_[index], " in chunk ", piece.chunk));
+    }
+    ChunkCoverage& coverage = coverage_[index];
+    const bool was_complete = coverage.complete();
+    ZO_ASSIGN_OR_RETURN(
+        gaps, coverage.Claim(piece.dp_rank, piece.offset, piece.offset + n, piece.resend));
+    if (!was_complete && coverage.complete()) ++complete_chunks_;
+    ++adding_;
+  }
+  {
+    absl::MutexLock chunk_lock(chunk_mu_[index].get());
+    float* acc = accum_.as<float>() + c.local_offset;
+    for (const FlatRange& g : gaps) {
+      AccumulateSegments(piece.data, dtype_, static_cast<size_t>(g.begin - piece.offset),
+                         static_cast<size_t>(g.size()), acc + g.begin, StoresGradients());
+    }
+  }
+  bool ready;
+  {
+    absl::MutexLock lock(&mu_);
+    --adding_;
+    ready = adding_ == 0 && complete_chunks_ == static_cast<int>(chunks_.size());
+  }
+  if (ready && on_ready_) on_ready_();
+  return absl::OkStatus();
+}
+
+bool GradientAccumulator::Ready() const {
+  absl::MutexLock lock(&mu_);
+  return closed_.ok() && adding_ == 0 && complete_chunks_ == static_cast<int>(chunks_.size());
+}
+
+int GradientAccumulator::waiting() const {
+  absl::MutexLock lock(&mu_);
+  return waiting_;
+}
+
+StepGradStats GradientAccumulator::Stats() const {
+  if (chunks_.empty()) return {};
+  return view_->ComputeGradStats();
+}
+
+void GradientAccumulator::Release(size_t begin, size_t end, int64_t step) {
+  if (begin >= end) return;
+  if (!StoresGradients()) {
+    Zero(chunks_[begin].local_offset, chunks_[end - 1].local_offset + chunks_[end - 1].elems);
+  }
+  absl::MutexLock lock(&mu_);
+  for (size_t i = begin; i < end; ++i) {
+    if (coverage_[i].complete()) --complete_chunks_;
+    coverage_[i].Reset();
+    chunk_step_[i] = step + 1;
+  }
+}
+
+size_t GradientAccumulator::ReleaseBelow(size_t next, int64_t end_elem, int64_t step) {
+  size_t done = next;
+  while (done < chunks_.size() && chunks_[done].local_offset + chunks_[done].elems <= end_elem) {
+    ++done;
+  }
+  Release(next, done, step);
+  return done;
+}
+
+void GradientAccumulator::Close(absl::Status status) {
+  absl::MutexLock lock(&mu_);
+  closed_ = std::move(status);
+}
+
+void GradientAccumulator::Reopen() {
+  absl::MutexLock lock(&mu_);
+  closed_ = absl::OkStatus();
+}
+
+void GradientAccumulator::Reset(int64_t step) {
+  {
+    absl::MutexLock lock(&mu_);
+    ++resets_;
+    auto idle = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return adding_ == 0; };
+    mu_.Await(absl::Condition(&idle));
+    for (ChunkCoverage& c : coverage_) c.Reset();
+    complete_chunks_ = 0;
+    std::fill(chunk_step_.begin(), chunk_step_.end(), step);
+  }
+  Zero(0, local_elems_);
+}
+
+void GradientAccumulator::Zero(int64_t begin, int64_t end) {
+  if (begin >= end) return;
+  // Each worker zeroes its own pieces (the first-touch partition), so a
+  // whole-step release is as parallel as the update was.
+  float* const base = accum_.as<float>();
+  view_->ForEachSegment([&](const OptimizerChunk& c, size_t seg_begin, size_t seg_end) {
+    float* const g = const_cast<float*>(static_cast<const float*>(c.grad.data));
+    const int64_t offset = g - base;
+    const int64_t lo = std::max<int64_t>(begin, offset + static_cast<int64_t>(seg_begin));
+    const int64_t hi = std::min<int64_t>(end, offset + static_cast<int64_t>(seg_end));
+    if (lo < hi) std::memset(base + lo, 0, static_cast<size_t>(hi - lo) * sizeof(float));
+  });
+}
+
+}  // namespace zo

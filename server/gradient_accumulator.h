@@ -1,0 +1,143 @@
+// The fp32 gradient accumulator of the chunks one server owns, and the
+// per-chunk accounting of pushes into it (docs/architecture.md, "One
+// training step"):
+//
+//   Push(step t, rank r, range)  -> waits while its chunk still updates t-1,
+//                                   then claims the range in the chunk's
+//                                   coverage and adds (or stores) it
+//   Ready()                      -> every chunk has every rank's gradients
+//   Stats() / data()             -> the step thread reads the whole buffer
+//   Release(chunks, t)           -> those chunks are zeroed and take t + 1
+//
+// There is no second gradient buffer: a chunk takes pushes for t + 1 as soon
+// as its update for t is done. With one dp rank every element arrives
+// exactly once per step, so a push stores instead of adding and nothing is
+// zeroed between steps.
+//
+// Thread-safety: Push, Ready, Close, Reopen and Reset may be called from any
+// thread. Stats, data and Release belong to the one step thread, and only
+// between Ready() and the Release of a chunk: pushes into that chunk wait
+// until it is released, so the step thread reads and writes it unlocked.
+#ifndef ZO_SERVER_GRADIENT_ACCUMULATOR_H_
+#define ZO_SERVER_GRADIENT_ACCUMULATOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/dtype.h"
+#include "offload/aligned_buffer.h"
+#include "offload/cpu_optimizer.h"
+#include "offload/thread_pool.h"
+#include "server/chunk_coverage.h"
+#include "server/gradient_piece_view.h"
+
+namespace zo {
+
+// One chunk this server owns, placed in the server's local index space (the
+// accumulator, the optimizer state and the served versions share it).
+struct LocalChunk {
+  int64_t id = 0;            // global chunk index
+  int64_t local_offset = 0;  // first local element
+  int64_t elems = 0;
+};
+
+class GradientAccumulator {
+ public:
+  struct Options {
+    std::string job;  // for messages
+    std::vector<LocalChunk> chunks;
+    int dp_world_size = 1;
+    DType dtype = DType::kFloat16;  // of pushed gradients
+    ThreadPool* pool = nullptr;     // borrowed; outlives the accumulator
+    // Called, with no lock of the accumulator held, whenever Ready() may
+    // have become true.
+    std::function<void()> on_ready;
+  };
+
+  static absl::StatusOr<std::unique_ptr<GradientAccumulator>> Create(Options options);
+
+  const std::vector<LocalChunk>& chunks() const { return chunks_; }
+  int64_t local_elems() const { return local_elems_; }
+
+  // Accumulates `piece` into local chunk `index` (the caller has checked that
+  // this server owns it and the dtype). A piece for the step after its
+  // chunk's waits until the chunk is released, at most until `deadline`.
+  // INVALID_ARGUMENT / OUT_OF_RANGE for a bad rank, size or range;
+  // FAILED_PRECONDITION for a step that is not open; ALREADY_EXISTS for a
+  // repeated range (ChunkCoverage); ABORTED when a Reset happened while it
+  // waited; DEADLINE_EXCEEDED; and the Close status while closed.
+  absl::Status Push(int index, const GradientPieceView& piece, absl::Time deadline);
+
+  // Every chunk is complete for the step it takes and no push is still adding.
+  bool Ready() const;
+  // Pushes waiting for their chunk's release.
+  int waiting() const;
+
+  // Step thread, while Ready(): per-chunk statistics of the buffer.
+  StepGradStats Stats() const;
+  // Step thread: the whole buffer, local_elems() floats.
+  float* data() { return accum_.as<float>(); }
+
+  // Step thread: chunks [begin, end) are done with `step`. Zeroes them
+  // (unless pushes store) and lets their pushes for step + 1 in.
+  void Release(size_t begin, size_t end, int64_t step);
+  // Step thread, during an update that has finished the local elements
+  // below `end_elem`: releases the chunks in [next, ...) that lie wholly
+  // below it; returns the first chunk not released.
+  size_t ReleaseBelow(size_t next, int64_t end_elem, int64_t step);
+
+  // Pushes, waiting or new, fail with `status` (not OK) until Reopen.
+  void Close(absl::Status status);
+  void Reopen();
+  // For a restore: aborts waiting pushes, waits for the ones adding, forgets
+  // every delivery and zeroes the buffer; every chunk then takes `step`.
+  // Call while closed, and not while the step thread reads the buffer.
+  void Reset(int64_t step);
+
+  GradientAccumulator(const GradientAccumulator&) = delete;
+  GradientAccumulator& operator=(const GradientAccumulator&) = delete;
+
+ private:
+  explicit GradientAccumulator(Options options);
+
+  // With one dp rank a push stores: no read of the buffer while receiving
+  // and no zeroing between steps.
+  bool StoresGradients() const { return dp_world_size_ == 1; }
+  // Local elements [begin, end), each pool worker its own part.
+  void Zero(int64_t begin, int64_t end);
+
+  const std::string job_;
+  const std::vector<LocalChunk> chunks_;
+  const int64_t local_elems_;
+  const int dp_world_size_;
+  const DType dtype_;
+  ThreadPool* const pool_;
+  const std::function<void()> on_ready_;
+
+  AlignedBuffer accum_;                 // fp32, local_elems_
+  std::unique_ptr<CpuOptimizer> view_;  // stats and zeroing over accum_, threaded
+  // Held while adding into one chunk: two ranks may push the same chunk.
+  std::vector<std::unique_ptr<absl::Mutex>> chunk_mu_;
+
+  mutable absl::Mutex mu_;
+  std::vector<ChunkCoverage> coverage_ ABSL_GUARDED_BY(mu_);  // of the step in chunk_step_
+  // The step each chunk takes gradients for.
+  std::vector<int64_t> chunk_step_ ABSL_GUARDED_BY(mu_);
+  int complete_chunks_ ABSL_GUARDED_BY(mu_) = 0;
+  int adding_ ABSL_GUARDED_BY(mu_) = 0;  // pushes claimed but not yet added
+  int waiting_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t resets_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status closed_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace zo
+
+#endif  // ZO_SERVER_GRADIENT_ACCUMULATOR_H_

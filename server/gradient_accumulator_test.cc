@@ -1,0 +1,179 @@
+#include "server/gradient_accumulator.h"
+
+#include <atomic>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace zo {
+namespace {
+
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+using testing::IsOk;
+using testing::StatusIs;
+
+// Two local chunks: global 1 (10 elements at 0) and global 3 (6 at 10).
+const std::vector<LocalChunk> kChunks = {{.id = 1, .local_offset = 0, .elems = 10},
+                                         {.id = 3, .local_offset = 10, .elems = 6}};
+
+struct Fixture {
+  explicit Fixture(int dp) {
+    auto a = GradientAccumulator::Create({.job = "acc",
+                                          .chunks = kChunks,
+                                          .dp_world_size = dp,
+                                          .dtype = DType::kFloat32,
+                                          .pool = &pool,
+                                          .on_ready = [this] { ++ready_calls; }});
+    EXPECT_THAT(a.status(), IsOk());
+    acc = *std::move(a);
+  }
+
+  // fp32 values at [offset, offset + values.size()) of local chunk `index`.
+  absl::Status Push(int index, int64_t step, int rank, int64_t offset, std::vector<float> values,
+                    absl::Time deadline = absl::InfiniteFuture(), bool resend = false) {
+    v1::GradientPiece p;
+    p.set_job("acc");
+    p.set_step(step);
+    p.set_dp_rank(rank);
+    p.set_chunk(kChunks[index].id);
+    p.set_offset(offset);
+    p.set_dtype(v1::DTYPE_FP32);
+    p.set_resend(resend);
+    p.set_data(std::string(reinterpret_cast<const char*>(values.data()), values.size() * 4));
+    return acc->Push(index, ViewOf(p), deadline);
+  }
+  // Both chunks, every element `value`, for `rank`.
+  absl::Status PushAll(int64_t step, int rank, float value) {
+    if (absl::Status s = Push(0, step, rank, 0, std::vector<float>(10, value)); !s.ok()) return s;
+    return Push(1, step, rank, 0, std::vector<float>(6, value));
+  }
+  std::vector<float> Data() { return std::vector<float>(acc->data(), acc->data() + 16); }
+
+  ThreadPool pool{2};
+  std::atomic<int> ready_calls{0};
+  std::unique_ptr<GradientAccumulator> acc;
+};
+
+TEST(GradientAccumulatorTest, SumsEveryRankAndIsReadyOnlyWhenAllChunksAreComplete) {
+  Fixture f(2);
+  EXPECT_EQ(f.acc->local_elems(), 16);
+  ASSERT_THAT(f.PushAll(1, 0, 1.5f), IsOk());
+  EXPECT_FALSE(f.acc->Ready());
+  ASSERT_THAT(f.Push(0, 1, 1, 0, std::vector<float>(10, 2.0f)), IsOk());
+  EXPECT_FALSE(f.acc->Ready());
+  EXPECT_EQ(f.ready_calls, 0);
+  // The last chunk in two pieces.
+  ASSERT_THAT(f.Push(1, 1, 1, 4, {4, 5}), IsOk());
+  ASSERT_THAT(f.Push(1, 1, 1, 0, {0, 1, 2, 3}), IsOk());
+  EXPECT_TRUE(f.acc->Ready());
+  EXPECT_EQ(f.ready_calls, 1);
+  std::vector<float> want(10, 3.5f);
+  for (float v : {0, 1, 2, 3, 4, 5}) want.push_back(1.5f + v);
+  EXPECT_THAT(f.Data(), ElementsAreArray(want));
+  const StepGradStats stats = f.acc->Stats();
+  ASSERT_EQ(stats.per_chunk.size(), 2u);
+  EXPECT_DOUBLE_EQ(stats.per_chunk[0].sum_squares, 10 * 3.5 * 3.5);
+  EXPECT_FALSE(stats.total.non_finite);
+}
+
+TEST(GradientAccumulatorTest, ReleaseZeroesAndOpensTheNextStepChunkByChunk) {
+  Fixture f(2);
+  ASSERT_THAT(f.PushAll(1, 0, 1.0f), IsOk());
+  ASSERT_THAT(f.PushAll(1, 1, 2.0f), IsOk());
+  // Step 2 waits for the release of its chunk.
+  EXPECT_THAT(f.Push(0, 2, 0, 0, std::vector<float>(10, 1.0f), absl::Now()),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("finish updating chunk 1")));
+  absl::Status waited;
+  std::thread early([&] { waited = f.Push(0, 2, 0, 0, std::vector<float>(10, 7.0f)); });
+  while (f.acc->waiting() == 0) std::this_thread::yield();
+  // Chunk 0 (elements [0, 10)) is finished once the update passed element 12.
+  EXPECT_EQ(f.acc->ReleaseBelow(0, 12, 1), 1u);
+  early.join();
+  ASSERT_THAT(waited, IsOk());
+  EXPECT_FALSE(f.acc->Ready());
+  std::vector<float> want(10, 7.0f);  // zeroed, then step 2's push
+  want.resize(16, 3.0f);              // chunk 1 still holds step 1
+  EXPECT_THAT(f.Data(), ElementsAreArray(want));
+  EXPECT_THAT(f.Push(1, 2, 0, 0, std::vector<float>(6, 1.0f), absl::Now()),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("chunk 3")));
+  EXPECT_EQ(f.acc->ReleaseBelow(1, 16, 1), 2u);
+  want.assign(10, 7.0f);
+  want.resize(16, 0.0f);
+  EXPECT_THAT(f.Data(), ElementsAreArray(want));
+}
+
+TEST(GradientAccumulatorTest, OneRankStoresAndNeedsNoZeroing) {
+  Fixture f(1);
+  ASSERT_THAT(f.PushAll(1, 0, 5.0f), IsOk());
+  EXPECT_TRUE(f.acc->Ready());
+  f.acc->Release(0, 2, 1);
+  // Not zeroed: the next step's pushes overwrite every element.
+  EXPECT_THAT(f.Data(), ElementsAreArray(std::vector<float>(16, 5.0f)));
+  ASSERT_THAT(f.PushAll(2, 0, 2.0f), IsOk());
+  EXPECT_THAT(f.Data(), ElementsAreArray(std::vector<float>(16, 2.0f)));
+}
+
+TEST(GradientAccumulatorTest, BadPiecesNameWhatIsWrong) {
+  Fixture f(2);
+  EXPECT_THAT(f.Push(0, 1, 2, 0, {1}), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                HasSubstr("dp_rank 2 is outside [0, 2)")));
+  EXPECT_THAT(f.Push(0, 1, 0, 8, {1, 2, 3}),
+              StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("elements [8, 11)")));
+  EXPECT_THAT(f.Push(0, 1, 0, 0, {}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("0 bytes")));
+  EXPECT_THAT(f.Push(0, 7, 0, 0, {1}),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("step 7 is not open: job acc takes gradients for step 1")));
+  ASSERT_THAT(f.Push(0, 1, 0, 0, {1, 1, 1, 1}), IsOk());
+  EXPECT_THAT(f.Push(0, 1, 0, 2, {1, 1, 1}),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("[2, 4)")));
+  // A resend adds only what was not delivered.
+  ASSERT_THAT(f.Push(0, 1, 0, 2, {9, 9, 9}, absl::InfiniteFuture(), /*resend=*/true), IsOk());
+  EXPECT_THAT(std::vector<float>(f.acc->data(), f.acc->data() + 6),
+              ElementsAreArray({1.0f, 1.0f, 1.0f, 1.0f, 9.0f, 0.0f}));
+}
+
+TEST(GradientAccumulatorTest, CloseFailsPushesUntilReopen) {
+  Fixture f(1);
+  ASSERT_THAT(f.PushAll(1, 0, 1.0f), IsOk());
+  absl::Status waited;
+  std::thread waiter([&] { waited = f.Push(0, 2, 0, 0, std::vector<float>(10, 1.0f)); });
+  while (f.acc->waiting() == 0) std::this_thread::yield();
+  f.acc->Close(absl::FailedPreconditionError("job acc needs restore: disk on fire"));
+  waiter.join();
+  EXPECT_THAT(waited, StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("disk on fire")));
+  EXPECT_FALSE(f.acc->Ready());
+  EXPECT_THAT(f.Push(0, 1, 0, 0, {1}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("disk on fire")));
+  f.acc->Reopen();
+  EXPECT_TRUE(f.acc->Ready());
+}
+
+TEST(GradientAccumulatorTest, ResetAbortsWaitingPushesAndStartsAtTheGivenStep) {
+  Fixture f(2);
+  ASSERT_THAT(f.PushAll(1, 0, 1.0f), IsOk());
+  ASSERT_THAT(f.PushAll(1, 1, 1.0f), IsOk());
+  absl::Status waited;
+  std::thread waiter([&] { waited = f.Push(0, 2, 0, 0, std::vector<float>(10, 1.0f)); });
+  while (f.acc->waiting() == 0) std::this_thread::yield();  // the push waits for chunk 1
+  f.acc->Reset(21);
+  waiter.join();
+  EXPECT_THAT(waited,
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("restored to version 20 while")));
+  EXPECT_FALSE(f.acc->Ready());
+  EXPECT_THAT(f.Data(), ElementsAreArray(std::vector<float>(16, 0.0f)));
+  EXPECT_THAT(f.Push(0, 2, 0, 0, {1}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("step 21")));
+  ASSERT_THAT(f.PushAll(21, 0, 1.0f), IsOk());
+  ASSERT_THAT(f.PushAll(21, 1, 1.0f), IsOk());
+  EXPECT_TRUE(f.acc->Ready());
+}
+
+}  // namespace
+}  // namespace zo

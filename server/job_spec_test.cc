@@ -1,0 +1,75 @@
+#include "server/job_spec.h"
+
+#include <string>
+
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace zo {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+v1::OpenJobRequest Request(const std::string& config, int dp) {
+  v1::OpenJobRequest r;
+  r.set_job("spec");
+  v1::TensorSpec* t = r.mutable_manifest()->add_tensors();
+  t->set_name("w");
+  t->add_shape(100);
+  t->set_dtype(v1::DTYPE_FP32);
+  r.set_config_json(config);
+  r.set_dp_world_size(dp);
+  r.add_servers("127.0.0.1:1");
+  r.set_server_index(0);
+  return r;
+}
+
+JobSpec Spec(const std::string& config, int dp = 1) {
+  absl::StatusOr<JobSpec> spec = JobSpecFromRequest(Request(config, dp));
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return *std::move(spec);
+}
+
+TEST(JobSpecMismatchTest, EqualSpecsAttach) {
+  const std::string config = R"({"train_micro_batch_size_per_gpu": 2})";
+  EXPECT_EQ(JobSpecMismatch(Spec(config), Spec(config)), "");
+  // Spelling a default out is the same config.
+  EXPECT_EQ(JobSpecMismatch(Spec(config), Spec(R"({"train_micro_batch_size_per_gpu": 2,
+                                                    "steps_per_print": 10})")),
+            "");
+}
+
+// The batch size follows from dp_world_size: the width, not the derived
+// train_batch_size, is what the message names.
+TEST(JobSpecMismatchTest, DpWorldSizeIsNamedWithBothValues) {
+  const std::string config = R"({"train_micro_batch_size_per_gpu": 2})";
+  EXPECT_EQ(JobSpecMismatch(Spec(config, 2), Spec(config, 4)),
+            "dp_world_size 4 differs from the job's 2");
+}
+
+TEST(JobSpecMismatchTest, ConfigDifferencesNameEveryKeyAndBothValues) {
+  const JobSpec job = Spec(R"({"train_batch_size": 8, "optimizer": {"type": "AdamW",
+      "params": {"lr": 0.001, "betas": [0.9, 0.999]}}})");
+  const JobSpec other = Spec(R"({"train_batch_size": 8, "gradient_clipping": 0,
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.002, "betas": [0.9, 0.95]}}})");
+  const std::string m = JobSpecMismatch(job, other);
+  EXPECT_THAT(m, AllOf(HasSubstr("optimizer.params.lr is 0.002, the job's is 0.001"),
+                       HasSubstr("optimizer.params.betas[1] is 0.95, the job's is 0.999"),
+                       HasSubstr("gradient_clipping is 0.0, the job's is 1.0")));
+  EXPECT_THAT(m, Not(HasSubstr("train_batch_size")));
+  EXPECT_THAT(m, Not(HasSubstr("betas[0]")));
+}
+
+TEST(JobSpecMismatchTest, AKeyOnlyOneSideHasIsAbsentOnTheOther) {
+  const JobSpec job = Spec(R"({"train_batch_size": 8})");
+  const JobSpec other = Spec(R"({"train_batch_size": 8, "scheduler": {"type": "WarmupLR",
+      "params": {"warmup_num_steps": 5}}})");
+  EXPECT_THAT(JobSpecMismatch(job, other),
+              HasSubstr("scheduler.params.warmup_num_steps is 5, the job's is absent"));
+}
+
+}  // namespace
+}  // namespace zo

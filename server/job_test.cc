@@ -1,0 +1,213 @@
+// Job through its public interface, one server (the lead, no peers): pushes
+// make steps, pulls wait for them, checkpoints restore what JobStatus
+// reports, and a run that overflows at the lowest loss scale fails.
+#include "server/job.h"
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/fp16.h"
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "offload/checkpoint/checkpoint_test_util.h"
+#include "offload/thread_pool.h"
+#include "server/lr_schedule.h"
+
+namespace zo {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using testing::IsOk;
+using testing::StatusIs;
+
+constexpr int64_t kElems = 100;  // two chunks of 64 and 36
+
+class JobTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = testing::FreshTestDir(::testing::UnitTest::GetInstance()->current_test_info()->name());
+  }
+  void TearDown() override { std::filesystem::remove_all(root_); }
+
+  // A job over one tensor of kElems elements in chunks of 64.
+  std::unique_ptr<Job> Open(const std::string& config_body, v1::DType dtype = v1::DTYPE_FP32) {
+    v1::OpenJobRequest r;
+    r.set_job("job");
+    v1::TensorSpec* t = r.mutable_manifest()->add_tensors();
+    t->set_name("w");
+    t->add_shape(kElems);
+    t->set_dtype(dtype);
+    // Bodies with a "zo" section set chunk_elems themselves.
+    const bool has_zo = config_body.find("\"zo\"") != std::string::npos;
+    r.set_config_json(absl::StrCat(R"({"train_batch_size": 1)",
+                                   has_zo ? "" : R"(, "zo": {"chunk_elems": 64})",
+                                   config_body.empty() ? "" : ", ", config_body, "}"));
+    r.set_dp_world_size(1);
+    r.add_servers("127.0.0.1:1");
+    absl::StatusOr<JobSpec> spec = JobSpecFromRequest(r);
+    EXPECT_THAT(spec.status(), IsOk());
+    if (!spec.ok()) return nullptr;
+    JobResources resources;
+    resources.pool = &pool_;
+    resources.checkpoint_root = root_;
+    absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(*std::move(spec), resources);
+    EXPECT_THAT(job.status(), IsOk());
+    return job.ok() ? *std::move(job) : nullptr;
+  }
+
+  // Every element's gradient for `step` is `value`.
+  static absl::Status Push(Job& job, int64_t step, float value) {
+    const DType dtype = job.spec().dtype;
+    for (int64_t chunk = 0; chunk < 2; ++chunk) {
+      const int64_t n = chunk == 0 ? 64 : kElems - 64;
+      v1::GradientPiece piece;
+      piece.set_job("job");
+      piece.set_step(step);
+      piece.set_chunk(chunk);
+      piece.set_dtype(DTypeToProto(dtype));
+      std::string data(static_cast<size_t>(n) * DTypeSize(dtype), '\0');
+      for (int64_t i = 0; i < n; ++i) {
+        if (dtype == DType::kFloat32) {
+          std::memcpy(data.data() + i * 4, &value, 4);
+        } else {
+          const uint16_t h = FloatToHalfBits(value);
+          std::memcpy(data.data() + i * 2, &h, 2);
+        }
+      }
+      piece.set_data(std::move(data));
+      if (absl::Status s = job.PushGradient(ViewOf(piece), absl::InfiniteFuture()); !s.ok()) {
+        return s;
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Waits until `version` exists (or will never come).
+  static absl::Status WaitForVersion(Job& job, int64_t version) {
+    v1::PullParamsRequest request;
+    request.set_job("job");
+    request.set_version(version);
+    request.set_have_version(-1);
+    return job.PullParams(request, absl::InfiniteFuture(),
+                          [](const v1::ParamPiece&) { return true; });
+  }
+
+  ThreadPool pool_{2};
+  std::string root_;
+};
+
+TEST_F(JobTest, StepsReportNormAndLr) {
+  std::unique_ptr<Job> job = Open(R"("gradient_clipping": 0)");
+  ASSERT_NE(job, nullptr);
+  ASSERT_THAT(Push(*job, 1, 0.5f), IsOk());
+  ASSERT_THAT(WaitForVersion(*job, 1), IsOk());
+  const v1::JobStatus st = job->Status();
+  EXPECT_EQ(st.version(), 1);
+  EXPECT_EQ(st.applied_steps(), 1);
+  EXPECT_DOUBLE_EQ(st.last_grad_norm(), std::sqrt(kElems * 0.25));
+  EXPECT_DOUBLE_EQ(st.last_lr(), 1e-3);  // DeepSpeed's default Adam lr
+  EXPECT_FALSE(st.last_skipped());
+}
+
+TEST_F(JobTest, RestoreBringsBackTheLastStepsNormAndLr) {
+  const std::string schedule =
+      R"("gradient_clipping": 0, "scheduler": {"type": "WarmupLR", "params": {
+          "warmup_min_lr": 0, "warmup_max_lr": 0.01, "warmup_num_steps": 10,
+          "warmup_type": "linear"}})";
+  std::unique_ptr<Job> job = Open(schedule);
+  ASSERT_NE(job, nullptr);
+  for (int step = 1; step <= 3; ++step) {
+    ASSERT_THAT(Push(*job, step, 0.25f * step), IsOk());
+    ASSERT_THAT(WaitForVersion(*job, step), IsOk());
+  }
+  const v1::JobStatus at3 = job->Status();
+  ASSERT_GT(at3.last_lr(), 0.0);
+  ZO_ASSERT_OK_AND_ASSIGN(const v1::CheckpointResponse ckpt,
+                          job->Checkpoint(absl::InfiniteFuture()));
+  ASSERT_THAT(Push(*job, 4, 2.0f), IsOk());
+  ASSERT_THAT(WaitForVersion(*job, 4), IsOk());
+  ASSERT_NE(job->Status().last_lr(), at3.last_lr());
+
+  // A fresh server restores what the first one reported at version 3.
+  job->Stop();
+  job = Open(schedule);
+  ASSERT_NE(job, nullptr);
+  ZO_ASSERT_OK_AND_ASSIGN(const v1::RestoreResponse restored,
+                          job->Restore(ckpt.path(), absl::InfiniteFuture()));
+  EXPECT_EQ(restored.version(), 3);
+  const v1::JobStatus st = job->Status();
+  EXPECT_EQ(st.version(), 3);
+  EXPECT_EQ(st.last_grad_norm(), at3.last_grad_norm());
+  EXPECT_EQ(st.last_lr(), at3.last_lr());
+  EXPECT_EQ(st.last_skipped(), at3.last_skipped());
+
+  // A checkpoint from before last_step was stored: the lr follows from the
+  // schedule, the norm reads 0.
+  const std::string meta_file = ckpt.path() + "/checkpoint.json";
+  nlohmann::json doc;
+  {
+    std::ifstream in(meta_file);
+    doc = nlohmann::json::parse(in);
+  }
+  ASSERT_TRUE(doc.contains("last_step"));
+  doc.erase("last_step");
+  {
+    std::ofstream out(meta_file, std::ios::trunc);
+    out << doc.dump();
+  }
+  ASSERT_THAT(job->Restore(ckpt.path(), absl::InfiniteFuture()).status(), IsOk());
+  const v1::JobStatus old = job->Status();
+  EXPECT_EQ(old.last_lr(), at3.last_lr());
+  EXPECT_EQ(old.last_grad_norm(), 0.0);
+}
+
+// Loss scale 1 is already the minimum: every overflow is a stuck skip.
+TEST_F(JobTest, FailsAfterMaxConsecutiveSkipsAtTheMinimumScale) {
+  std::unique_ptr<Job> job = Open(R"("fp16": {"enabled": true, "initial_scale_power": 0,
+      "min_loss_scale": 1}, "zo": {"chunk_elems": 64, "max_consecutive_skips": 2})",
+                                  v1::DTYPE_FP16);
+  ASSERT_NE(job, nullptr);
+  const float inf = std::numeric_limits<float>::infinity();
+  ASSERT_THAT(Push(*job, 1, inf), IsOk());
+  ASSERT_THAT(WaitForVersion(*job, 1), IsOk());
+  EXPECT_TRUE(job->Status().last_skipped());
+  EXPECT_EQ(job->Status().needs_restore(), "");
+  ASSERT_THAT(Push(*job, 2, inf), IsOk());
+  // Version 2 (the second skip) exists; nothing after it will.
+  ASSERT_THAT(WaitForVersion(*job, 2), IsOk());
+  const auto failed = AllOf(HasSubstr("2 consecutive steps were skipped"),
+                            HasSubstr("loss scale 1 (fp16.min_loss_scale)"),
+                            HasSubstr("zo.max_consecutive_skips = 2"));
+  EXPECT_THAT(job->Status().needs_restore(), failed);
+  EXPECT_THAT(Push(*job, 3, 1.0f), StatusIs(absl::StatusCode::kFailedPrecondition, failed));
+  EXPECT_THAT(WaitForVersion(*job, 3), StatusIs(absl::StatusCode::kFailedPrecondition, failed));
+  EXPECT_THAT(job->Checkpoint(absl::InfiniteFuture()).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, failed));
+}
+
+TEST_F(JobTest, AnAppliedStepInBetweenStartsTheCountAgain) {
+  std::unique_ptr<Job> job = Open(R"("fp16": {"enabled": true, "initial_scale_power": 0,
+      "min_loss_scale": 1}, "zo": {"chunk_elems": 64, "max_consecutive_skips": 2})",
+                                  v1::DTYPE_FP16);
+  ASSERT_NE(job, nullptr);
+  const float inf = std::numeric_limits<float>::infinity();
+  int64_t step = 0;
+  for (float g : {inf, 1.0f, inf, 1.0f, inf}) {
+    ++step;
+    ASSERT_THAT(Push(*job, step, g), IsOk());
+    ASSERT_THAT(WaitForVersion(*job, step), IsOk());
+    EXPECT_EQ(job->Status().needs_restore(), "") << step;
+  }
+  EXPECT_EQ(job->Status().applied_steps(), 2);
+}
+
+}  // namespace
+}  // namespace zo

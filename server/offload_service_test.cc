@@ -1,0 +1,249 @@
+// OffloadService through an in-process channel: the gRPC face of the job
+// calls (token, status codes, streams), one server, no sockets.
+#include "server/offload_service.h"
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/fp16.h"
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "offload/checkpoint/checkpoint_test_util.h"
+#include "rpc/rpc_util.h"
+#include "server/offload_server.h"
+
+namespace zo {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using testing::IsOk;
+using testing::StatusIs;
+
+constexpr char kToken[] = "sesame";
+constexpr int kElems = 48;  // chunks of 32 and 16
+
+class OffloadServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = testing::FreshTestDir(::testing::UnitTest::GetInstance()->current_test_info()->name());
+    ServerOptions options;
+    options.listen = "";
+    options.threads = 2;
+    options.auth_token = kToken;
+    options.checkpoint_dir = root_;
+    ZO_ASSERT_OK_AND_ASSIGN(server_, OffloadServer::Start(options));
+    stub_ = v1::Offload::NewStub(server_->InProcessChannel());
+  }
+  void TearDown() override {
+    server_->Shutdown(absl::ZeroDuration());
+    std::filesystem::remove_all(root_);
+  }
+
+  std::unique_ptr<grpc::ClientContext> Context(bool with_token = true) {
+    auto c = std::make_unique<grpc::ClientContext>();
+    if (with_token) c->AddMetadata(kAuthMetadataKey, BearerValue(kToken));
+    c->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    return c;
+  }
+
+  static v1::OpenJobRequest OpenRequest(const std::string& config, int dp = 1,
+                                        v1::DType dtype = v1::DTYPE_FP32) {
+    v1::OpenJobRequest r;
+    r.set_job("svc");
+    v1::TensorSpec* t = r.mutable_manifest()->add_tensors();
+    t->set_name("w");
+    t->add_shape(kElems);
+    t->set_dtype(dtype);
+    r.set_config_json(config);
+    r.set_dp_world_size(dp);
+    r.add_servers("127.0.0.1:1");
+    return r;
+  }
+
+  absl::StatusOr<v1::OpenJobResponse> Open(const v1::OpenJobRequest& r) {
+    v1::OpenJobResponse response;
+    const grpc::Status s = stub_->OpenJob(Context().get(), r, &response);
+    if (!s.ok()) return FromGrpcStatus(s);
+    return response;
+  }
+
+  absl::StatusOr<v1::JobStatus> Status() {
+    v1::GetJobStatusRequest r;
+    r.set_job("svc");
+    v1::JobStatus st;
+    const grpc::Status s = stub_->GetJobStatus(Context().get(), r, &st);
+    if (!s.ok()) return FromGrpcStatus(s);
+    return st;
+  }
+
+  // Every element's gradient of `step` is `value`, in the job's dtype.
+  absl::Status Push(int64_t step, float value, v1::DType dtype = v1::DTYPE_FP32) {
+    v1::PushGradientsResponse response;
+    auto context = Context();
+    auto writer = stub_->PushGradients(context.get(), &response);
+    for (int chunk = 0; chunk < 2; ++chunk) {
+      const int n = chunk == 0 ? 32 : kElems - 32;
+      v1::GradientPiece piece;
+      piece.set_job("svc");
+      piece.set_step(step);
+      piece.set_chunk(chunk);
+      piece.set_dtype(dtype);
+      std::string data;
+      for (int i = 0; i < n; ++i) {
+        if (dtype == v1::DTYPE_FP32) {
+          data.append(reinterpret_cast<const char*>(&value), 4);
+        } else {
+          const uint16_t h = FloatToHalfBits(value);
+          data.append(reinterpret_cast<const char*>(&h), 2);
+        }
+      }
+      piece.set_data(data);
+      if (!writer->Write(piece)) break;
+    }
+    writer->WritesDone();
+    return FromGrpcStatus(writer->Finish());
+  }
+
+  // Version `version` of every weight, as floats (fp32 jobs).
+  absl::StatusOr<std::vector<float>> Pull(int64_t version) {
+    v1::PullParamsRequest r;
+    r.set_job("svc");
+    r.set_version(version);
+    r.set_have_version(-1);
+    auto context = Context();
+    auto reader = stub_->PullParams(context.get(), r);
+    std::vector<float> w(kElems);
+    v1::ParamPiece piece;
+    while (reader->Read(&piece)) {
+      std::memcpy(w.data() + piece.offset(), piece.data().data(), piece.data().size());
+    }
+    const grpc::Status s = reader->Finish();
+    if (!s.ok()) return FromGrpcStatus(s);
+    return w;
+  }
+
+  absl::Status Init(float value) {
+    v1::InitParamsResponse response;
+    auto context = Context();
+    auto writer = stub_->InitParams(context.get(), &response);
+    for (int chunk = 0; chunk < 2; ++chunk) {
+      v1::ParamInitPiece piece;
+      piece.set_job("svc");
+      piece.set_chunk(chunk);
+      const std::vector<float> v(chunk == 0 ? 32 : kElems - 32, value);
+      piece.set_data(reinterpret_cast<const char*>(v.data()), v.size() * 4);
+      writer->Write(piece);
+    }
+    writer->WritesDone();
+    return FromGrpcStatus(writer->Finish());
+  }
+
+  std::string root_;
+  std::unique_ptr<OffloadServer> server_;
+  std::unique_ptr<v1::Offload::Stub> stub_;
+};
+
+const char kConfig[] =
+    R"({"train_micro_batch_size_per_gpu": 1, "gradient_clipping": 0, "zo": {"chunk_elems": 32},
+        "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0}}})";
+
+TEST_F(OffloadServiceTest, CallsWithoutTheTokenAreUnauthenticated) {
+  v1::GetJobStatusRequest r;
+  r.set_job("svc");
+  v1::JobStatus st;
+  const grpc::Status s = stub_->GetJobStatus(Context(/*with_token=*/false).get(), r, &st);
+  EXPECT_THAT(FromGrpcStatus(s),
+              StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("requires a token")));
+  EXPECT_THAT(Status().status(), StatusIs(absl::StatusCode::kNotFound, HasSubstr("no job")));
+}
+
+TEST_F(OffloadServiceTest, AttachingNamesWhatDiffers) {
+  ZO_ASSERT_OK_AND_ASSIGN(v1::OpenJobResponse opened, Open(OpenRequest(kConfig)));
+  EXPECT_FALSE(opened.attached());
+  ZO_ASSERT_OK_AND_ASSIGN(v1::OpenJobResponse again, Open(OpenRequest(kConfig)));
+  EXPECT_TRUE(again.attached());
+  EXPECT_THAT(Open(OpenRequest(kConfig, /*dp=*/2)).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("dp_world_size 2 differs from the job's 1")));
+  std::string other = kConfig;
+  other.replace(other.find("0.01"), 4, "0.02");
+  EXPECT_THAT(Open(OpenRequest(other)).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("optimizer.params.lr is 0.02, the job's is 0.01")));
+}
+
+// AdamW's first step moves every weight by lr against the gradient's sign.
+TEST_F(OffloadServiceTest, AStepThroughTheWireAndItsStatusSurviveARestore) {
+  ASSERT_THAT(Open(OpenRequest(kConfig)).status(), IsOk());
+  ASSERT_THAT(Init(1.0f), IsOk());
+  ASSERT_THAT(Push(1, 0.5f), IsOk());
+  ZO_ASSERT_OK_AND_ASSIGN(const std::vector<float> v1, Pull(1));
+  for (float x : v1) EXPECT_NEAR(x, 1.0f - 0.01f, 1e-6f);
+  ZO_ASSERT_OK_AND_ASSIGN(const v1::JobStatus st1, Status());
+  EXPECT_EQ(st1.version(), 1);
+  EXPECT_DOUBLE_EQ(st1.last_grad_norm(), std::sqrt(kElems * 0.25));
+  EXPECT_DOUBLE_EQ(st1.last_lr(), 0.01);
+
+  v1::CheckpointRequest ck;
+  ck.set_job("svc");
+  v1::CheckpointResponse saved;
+  ASSERT_TRUE(stub_->Checkpoint(Context().get(), ck, &saved).ok());
+  ASSERT_THAT(Push(2, -4.0f), IsOk());
+  ASSERT_THAT(Pull(2).status(), IsOk());
+
+  v1::RestoreRequest rr;
+  rr.set_job("svc");
+  rr.set_path(saved.path());
+  v1::RestoreResponse restored;
+  ASSERT_TRUE(stub_->Restore(Context().get(), rr, &restored).ok());
+  EXPECT_EQ(restored.version(), 1);
+  ZO_ASSERT_OK_AND_ASSIGN(const v1::JobStatus st, Status());
+  EXPECT_EQ(st.version(), 1);
+  EXPECT_EQ(st.last_grad_norm(), st1.last_grad_norm());
+  EXPECT_EQ(st.last_lr(), st1.last_lr());
+  ZO_ASSERT_OK_AND_ASSIGN(const std::vector<float> back, Pull(1));
+  EXPECT_EQ(back, v1);
+}
+
+TEST_F(OffloadServiceTest, AJobStuckAtTheMinimumScaleFailsWithAClearStatus) {
+  ASSERT_THAT(Open(OpenRequest(R"({"train_batch_size": 1, "zo": {"chunk_elems": 32,
+                  "max_consecutive_skips": 3}, "fp16": {"enabled": true,
+                  "initial_scale_power": 0, "min_loss_scale": 1}})",
+                               1, v1::DTYPE_FP16))
+                  .status(),
+              IsOk());
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int step = 1; step <= 3; ++step) {
+    ASSERT_THAT(Push(step, inf, v1::DTYPE_FP16), IsOk()) << step;
+    // Waits for the (skipped) step; fp16 bytes do not matter here.
+    v1::PullParamsRequest r;
+    r.set_job("svc");
+    r.set_version(step);
+    r.set_have_version(-1);
+    auto context = Context();
+    auto reader = stub_->PullParams(context.get(), r);
+    v1::ParamPiece piece;
+    while (reader->Read(&piece)) {
+    }
+    ASSERT_TRUE(reader->Finish().ok()) << step;
+  }
+  const auto failed = AllOf(HasSubstr("3 consecutive steps were skipped"),
+                            HasSubstr("fp16.min_loss_scale"), HasSubstr("Lower the learning rate"));
+  ZO_ASSERT_OK_AND_ASSIGN(const v1::JobStatus st, Status());
+  EXPECT_THAT(st.needs_restore(), failed);
+  EXPECT_THAT(Push(4, 1.0f, v1::DTYPE_FP16),
+              StatusIs(absl::StatusCode::kFailedPrecondition, failed));
+  EXPECT_THAT(Pull(4).status(), StatusIs(absl::StatusCode::kFailedPrecondition, failed));
+}
+
+}  // namespace
+}  // namespace zo

@@ -1,0 +1,189 @@
+#include "server/step_coordinator.h"
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+
+namespace zo {
+
+StepCoordinator::StepCoordinator(Options options)
+    : job_(options.job),
+      map_(*options.map),
+      server_index_(options.server_index),
+      options_(std::move(options)) {
+  absl::MutexLock lock(&mu_);
+  if (is_lead()) decider_.emplace(*options_.config, options_.dp_world_size);
+}
+
+// ---------------------------------------------------------------- lead
+
+std::optional<v1::StepCommit> StepCoordinator::LeadRound(const v1::StepStats& own,
+                                                         double loss_scale_used) {
+  const int64_t step = own.step();
+  const int64_t generation = own.generation();
+  if (absl::Status s = OnStepStats(own); !s.ok()) {
+    ZO_LOG(WARNING) << "job " << job_ << ": own statistics of step " << step << " refused: " << s;
+  }
+  v1::StepCommit commit;
+  {
+    absl::MutexLock lock(&mu_);
+    const size_t servers = static_cast<size_t>(map_.num_servers());
+    auto gathered = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return AbortedLocked(generation) || partials_[step].size() == servers;
+    };
+    mu_.Await(absl::Condition(&gathered));
+    if (AbortedLocked(generation)) return std::nullopt;
+    // Chunk order, whatever server reported it.
+    std::map<int64_t, double> by_chunk;
+    bool non_finite = false;
+    for (const auto& [server, s] : partials_[step]) {
+      for (int k = 0; k < s.chunks_size() && k < s.chunk_sum_squares_size(); ++k) {
+        by_chunk[s.chunks(k)] = s.chunk_sum_squares(k);
+      }
+      non_finite = non_finite || s.non_finite();
+    }
+    partials_.erase(partials_.begin(), partials_.upper_bound(step));
+    std::vector<double> sums;
+    sums.reserve(by_chunk.size());
+    for (const auto& [chunk, sum] : by_chunk) sums.push_back(sum);
+    const StepDecision d = decider_->Decide(sums, non_finite, loss_scale_used);
+    commit.set_job(job_);
+    commit.set_step(step);
+    commit.set_skip(d.skip);
+    commit.set_grad_multiplier(d.grad_multiplier);
+    commit.set_lr(d.lr);
+    commit.set_applied_steps(d.applied_steps);
+    commit.set_next_loss_scale(d.next_loss_scale);
+    commit.set_grad_norm(d.grad_norm);
+    commit.set_generation(generation);
+    if (!d.failure.ok()) commit.set_failure(absl::StrCat("job ", job_, ": ", d.failure.message()));
+  }
+  for (int i = 1; i < map_.num_servers(); ++i) {
+    const bool sent = RetryUntilAborted(generation, "sending the step's commit",
+                                        [&] { return options_.send_commit(i, commit); });
+    if (!sent) return std::nullopt;
+  }
+  return commit;
+}
+
+absl::Status StepCoordinator::OnStepStats(const v1::StepStats& stats) {
+  if (!is_lead()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("step statistics sent to server ", server_index_, "; the lead is server 0"));
+  }
+  if (stats.server_index() < 0 || stats.server_index() >= map_.num_servers()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("server_index ", stats.server_index(), " is outside the job's server list"));
+  }
+  if (stats.chunks_size() != stats.chunk_sum_squares_size()) {
+    return absl::InvalidArgumentError("chunks and chunk_sum_squares differ in length");
+  }
+  for (int64_t c : stats.chunks()) {
+    if (c < 0 || c >= map_.num_chunks() || map_.ServerOfChunk(c) != stats.server_index()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk ", c, " does not belong to server ", stats.server_index()));
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  if (stats.generation() != generation_) return absl::OkStatus();  // from before a restore
+  if (stats.step() < open_step_) return absl::OkStatus();          // a retry of a decided step
+  if (stats.step() > open_step_ + 1) {
+    return absl::FailedPreconditionError(absl::StrCat("statistics for step ", stats.step(),
+                                                      " but the lead is at step ", open_step_));
+  }
+  partials_[stats.step()][stats.server_index()] = stats;
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------- follower
+
+std::optional<v1::StepCommit> StepCoordinator::FollowerRound(const v1::StepStats& own) {
+  const int64_t step = own.step();
+  const int64_t generation = own.generation();
+  const bool reported = RetryUntilAborted(generation, "reporting step statistics to the lead",
+                                          [&] { return options_.report_stats(own); });
+  if (!reported) return std::nullopt;
+  absl::MutexLock lock(&mu_);
+  auto committed = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return AbortedLocked(generation) || (commit_.has_value() && commit_->step() == step);
+  };
+  mu_.Await(absl::Condition(&committed));
+  if (AbortedLocked(generation)) return std::nullopt;
+  std::optional<v1::StepCommit> commit = std::move(commit_);
+  commit_.reset();
+  return commit;
+}
+
+absl::Status StepCoordinator::OnCommit(const v1::StepCommit& commit) {
+  absl::MutexLock lock(&mu_);
+  if (commit.generation() != generation_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "commit of generation ", commit.generation(), " but this server is at generation ",
+        generation_, " (a restore happened in between)"));
+  }
+  if (commit.step() < open_step_) return absl::OkStatus();  // a retry of an applied step
+  if (commit.step() != open_step_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("commit for step ", commit.step(), " but the open step is ", open_step_));
+  }
+  commit_ = commit;
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------- both
+
+bool StepCoordinator::RetryUntilAborted(int64_t generation, const char* what,
+                                        const std::function<absl::Status()>& call) {
+  absl::Duration backoff = options_.initial_backoff;
+  for (;;) {
+    const absl::Status s = call();
+    if (s.ok()) return true;
+    absl::MutexLock lock(&mu_);
+    if (AbortedLocked(generation)) return false;
+    ZO_LOG(WARNING) << "job " << job_ << ": " << what << " failed, retrying: " << s;
+    auto aborted = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return AbortedLocked(generation); };
+    if (mu_.AwaitWithTimeout(absl::Condition(&aborted), backoff)) return false;
+    backoff = std::min(backoff * 2, absl::Seconds(2));
+  }
+}
+
+void StepCoordinator::Advance(int64_t step) {
+  absl::MutexLock lock(&mu_);
+  open_step_ = std::max(open_step_, step + 1);
+}
+
+void StepCoordinator::Restart(int64_t generation, int64_t open_step) {
+  absl::MutexLock lock(&mu_);
+  generation_ = generation;
+  open_step_ = open_step;
+  commit_.reset();
+  partials_.clear();
+}
+
+void StepCoordinator::Stop() {
+  absl::MutexLock lock(&mu_);
+  stop_ = true;
+}
+
+int64_t StepCoordinator::applied_steps() const {
+  absl::MutexLock lock(&mu_);
+  return decider_.has_value() ? decider_->applied_steps() : 0;
+}
+
+LossScalerState StepCoordinator::scaler_state() const {
+  absl::MutexLock lock(&mu_);
+  return decider_.has_value() ? decider_->scaler().state() : LossScalerState{};
+}
+
+absl::Status StepCoordinator::RestoreDecider(int64_t applied_steps, const LossScalerState& scaler) {
+  absl::MutexLock lock(&mu_);
+  if (!decider_.has_value()) {
+    return absl::FailedPreconditionError("only the lead server keeps the step decider");
+  }
+  return decider_->Restore(applied_steps, scaler);
+}
+
+}  // namespace zo

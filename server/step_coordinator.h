@@ -1,0 +1,119 @@
+// The agreement of a job's servers on each step (docs/architecture.md,
+// "Global decisions"): every server's per-chunk gradient statistics go to
+// the lead (server 0), the lead decides the step for all (StepDecider) and
+// commits the decision to every follower, and each server then applies it.
+//
+//   follower: FollowerRound(own stats) -> ReportStats to the lead (retried)
+//                                     -> waits for OnCommit -> the commit
+//   lead:     LeadRound(own stats)     -> waits for every server's OnStepStats
+//                                     -> Decide -> SendCommit to each follower
+//                                        (retried) -> the commit
+//
+// A round ends early (nullopt) when it is aborted: Restart (a restore moved
+// the job to another generation) or Stop. Messages of another generation, or
+// for a step already decided, are ignored, so retries are harmless.
+//
+// Thread-safety: OnStepStats, OnCommit, Restart, Stop and the decider
+// accessors may be called from any thread; rounds are run by one thread (the
+// job's step thread), one at a time. The transport functions are called
+// without a lock held.
+#ifndef ZO_SERVER_STEP_COORDINATOR_H_
+#define ZO_SERVER_STEP_COORDINATOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/config.h"
+#include "common/sharding.h"
+#include "proto/zo/v1/coordination.pb.h"
+#include "server/step_decision.h"
+
+namespace zo {
+
+class StepCoordinator {
+ public:
+  struct Options {
+    std::string job;
+    const ShardMap* map = nullptr;  // borrowed; outlives the coordinator
+    int server_index = 0;           // 0: the lead
+    int dp_world_size = 1;
+    const Config* config = nullptr;  // lead: the decider's; borrowed
+    // Follower: sends this server's statistics to the lead.
+    std::function<absl::Status(const v1::StepStats&)> report_stats;
+    // Lead: sends the commit to follower `server` (1 .. servers - 1).
+    std::function<absl::Status(int server, const v1::StepCommit&)> send_commit;
+    // First wait between retries of a failed call; doubles up to 2 s.
+    absl::Duration initial_backoff = absl::Milliseconds(50);
+  };
+
+  explicit StepCoordinator(Options options);
+
+  bool is_lead() const { return server_index_ == 0; }
+
+  // Lead: the round for `own.step()` with this server's statistics.
+  // `loss_scale_used` is the scale the step's gradients carry. The decision
+  // is a pure function of the statistics in chunk order, whichever server
+  // reported them.
+  std::optional<v1::StepCommit> LeadRound(const v1::StepStats& own, double loss_scale_used);
+  // Follower: reports `own` and waits for the lead's commit of its step.
+  std::optional<v1::StepCommit> FollowerRound(const v1::StepStats& own);
+
+  // Lead: a server's statistics (also the lead's own, from LeadRound).
+  // INVALID_ARGUMENT for statistics that do not fit the job;
+  // FAILED_PRECONDITION on a follower or for a step too far ahead.
+  absl::Status OnStepStats(const v1::StepStats& stats);
+  // Follower: the lead's decision. FAILED_PRECONDITION for another
+  // generation or a step that is not open.
+  absl::Status OnCommit(const v1::StepCommit& commit);
+
+  // Step `step` is applied: the next one is open.
+  void Advance(int64_t step);
+  // A restore: generation `generation`, step `open_step` open; aborts the
+  // round in progress and drops what was received.
+  void Restart(int64_t generation, int64_t open_step);
+  // Aborts the round in progress and every later one.
+  void Stop();
+
+  // Lead: the decider's state for a checkpoint, and its restore.
+  int64_t applied_steps() const;
+  LossScalerState scaler_state() const;
+  absl::Status RestoreDecider(int64_t applied_steps, const LossScalerState& scaler);
+
+  StepCoordinator(const StepCoordinator&) = delete;
+  StepCoordinator& operator=(const StepCoordinator&) = delete;
+
+ private:
+  bool AbortedLocked(int64_t generation) const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return stop_ || generation != generation_;
+  }
+  // Retries `call` until it succeeds or the round is aborted; false when aborted.
+  bool RetryUntilAborted(int64_t generation, const char* what,
+                         const std::function<absl::Status()>& call);
+
+  const std::string job_;
+  const ShardMap& map_;
+  const int server_index_;
+  const Options options_;
+
+  mutable absl::Mutex mu_;
+  int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t open_step_ ABSL_GUARDED_BY(mu_) = 1;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // Follower: the commit of the open step, once it came.
+  std::optional<v1::StepCommit> commit_ ABSL_GUARDED_BY(mu_);
+  // Lead.
+  std::optional<StepDecider> decider_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, std::map<int, v1::StepStats>> partials_
+      ABSL_GUARDED_BY(mu_);  // step -> server -> stats
+};
+
+}  // namespace zo
+
+#endif  // ZO_SERVER_STEP_COORDINATOR_H_
