@@ -1,6 +1,6 @@
 // `zo-bench adam`: the RAM-resident CPU Adam step against a STREAM-style
 // kernel with the same memory traffic, measured in the same run on the same
-// arrays with the same threads (DESIGN.md, "Performance").
+// arrays with the same threads (docs/architecture.md, "Performance").
 #ifndef ZO_BENCH_ADAM_BENCH_H_
 #define ZO_BENCH_ADAM_BENCH_H_
 

@@ -1,5 +1,5 @@
 // `zo-bench nvme`: the NVMe tier against its rooflines, measured in the same
-// run on the same file (DESIGN.md, "Performance"):
+// run on the same file (docs/architecture.md, "Performance"):
 //
 //   - raw I/O: our engine vs. fio, sequential O_DIRECT read and write of one
 //     file with the same block size and queue depth, alternating the two for

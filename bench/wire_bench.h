@@ -1,5 +1,5 @@
 // `zo-bench wire`: gradient push over loopback against a plain TCP stream
-// between the same two processes in the same run (DESIGN.md, "Performance":
+// between the same two processes in the same run (docs/architecture.md, "Performance":
 // ratio >= 0.6).
 //
 // The bench forks a child process (before this process starts any thread)

@@ -1,5 +1,5 @@
 // zo-bench: reproducible system benchmarks, each printing a roofline ratio
-// measured in the same run (DESIGN.md, "Performance"). Workloads:
+// measured in the same run (docs/architecture.md, "Performance"). Workloads:
 //
 //   adam   RAM-resident fused CPU Adam step vs. a STREAM-style kernel with
 //          the same memory traffic, per SIMD path and thread count

@@ -1,4 +1,4 @@
-// Loads a DeepSpeed-style JSON config (DESIGN.md, "Config") into typed,
+// Loads a DeepSpeed-style JSON config (docs/architecture.md, "Config") into typed,
 // validated structs that carry the defaults DeepSpeed applies today. Every key,
 // its default and the DeepSpeed surprises are listed in common/config.md.
 //
@@ -134,7 +134,7 @@ struct AioConfig {
   friend bool operator==(const AioConfig&, const AioConfig&) = default;
 };
 
-// `zo.dpu`: delayed parameter update (DESIGN.md, "One training step").
+// `zo.dpu`: delayed parameter update (docs/architecture.md, "One training step").
 struct DpuConfig {
   bool enabled = false;
   int warmup_steps = 40;  // steps that wait for v_t before step t+1; >= 0

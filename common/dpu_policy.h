@@ -1,4 +1,4 @@
-// The delayed parameter update policy (DESIGN.md, "One training step"),
+// The delayed parameter update policy (docs/architecture.md, "One training step"),
 // shared by workers (which version to pull) and the lead server (which loss
 // scale a step's gradients carry): without DPU, or during dpu.warmup_steps,
 // step s is computed on v_{s-1}; afterwards one version behind, on v_{s-2}.

@@ -1,6 +1,6 @@
 // Memory sizing for a zo deployment, in the spirit of DeepSpeed's estimators
 // but for our tiers: bytes per GPU, per server RAM and per server NVMe
-// (DESIGN.md, "Memory tiers").
+// (docs/architecture.md, "Memory tiers").
 #ifndef ZO_COMMON_MEMORY_ESTIMATE_H_
 #define ZO_COMMON_MEMORY_ESTIMATE_H_
 

@@ -11,7 +11,7 @@ namespace {
 using ::testing::HasSubstr;
 using testing::StatusIs;
 
-// Figures below are computed by hand from DESIGN.md's "Memory tiers":
+// Figures below are computed by hand from docs/architecture.md's "Memory tiers":
 // GPU 2+2 bytes/param; server RAM 4 (master) + 8 (m, v) + 4 (grad accumulator)
 // + 2 (low-precision copy); with NVMe the 12 bytes of optimizer state move to
 // disk and RAM gains buffer_count sub-group buffers of 12 bytes/element.

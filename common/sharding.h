@@ -1,4 +1,4 @@
-// Sharding math (DESIGN.md, "Sharding"): all tensors of a manifest,
+// Sharding math (docs/architecture.md, "Sharding"): all tensors of a manifest,
 // concatenated in order, form one flat index space that is cut into chunks;
 // chunk c lives on server c mod S. A chunk holds `chunk_elems` elements, or
 // fewer when the model is small: at most a 1/S share rounded up to

@@ -1,5 +1,5 @@
 // Fused per-element optimizer kernels over one contiguous range: the inner
-// loop of the server's step (DESIGN.md, "Numerics"). One pass over memory per
+// loop of the server's step (docs/architecture.md, "Numerics"). One pass over memory per
 // element: load the gradient (fp32, fp16 or bf16), scale it, update the fp32
 // moments and master weight in place, and write the low-precision copy of the
 // new weight. Every per-step scalar (bias corrections, step size, decay) is

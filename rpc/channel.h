@@ -19,7 +19,7 @@
 
 namespace zo {
 
-// The protocol's bound on one message (DESIGN.md, "Failure, bad input"),
+// The protocol's bound on one message (docs/architecture.md, "Failure, bad input"),
 // above gRPC's 4 MiB default so that pieces of a few MiB pass.
 inline constexpr int kMaxMessageBytes = 64 << 20;
 

@@ -1,5 +1,5 @@
 // Which elements of one chunk each dp rank has delivered for the open step
-// (DESIGN.md, "Gradients"): every element exactly once per rank per step. A
+// (docs/architecture.md, "Gradients"): every element exactly once per rank per step. A
 // piece that overlaps what a rank already delivered is rejected before
 // anything is accumulated; a restarted worker re-sending its step may ask for
 // the uncovered remainder instead.

@@ -1,4 +1,4 @@
-// One job on one server (DESIGN.md, "One training step"): the composition
+// One job on one server (docs/architecture.md, "One training step"): the composition
 // the service calls. Each concern lives in its own piece:
 //
 //   GradientAccumulator  pushes, chunk coverage, the fp32 accumulator

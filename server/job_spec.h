@@ -1,7 +1,7 @@
 // What a job is, as an OpenJob request describes it, validated: name,
 // manifest and sharding, config, data-parallel width, the server list and
 // this server's place in it. Two requests describe the same job when their
-// specs are equal (the attach rule of DESIGN.md, "Jobs").
+// specs are equal (the attach rule of docs/architecture.md, "Jobs").
 #ifndef ZO_SERVER_JOB_SPEC_H_
 #define ZO_SERVER_JOB_SPEC_H_
 

@@ -1,5 +1,5 @@
 // Loss scaling for fp16 training, with the semantics of DeepSpeed's
-// `DynamicLossScaler` / static `LossScaler` (DESIGN.md, "Numerics"). The lead
+// `DynamicLossScaler` / static `LossScaler` (docs/architecture.md, "Numerics"). The lead
 // server owns one per job and feeds it each step's global overflow decision:
 //
 //   const bool skip = scaler.Update(overflow);   // once per step, in step order

@@ -1,6 +1,6 @@
 // Learning-rate schedules with the semantics of DeepSpeed's WarmupLR,
 // WarmupDecayLR and WarmupCosineLR (deepspeed/runtime/lr_schedules.py), plus
-// the constant lr of a config without a `scheduler` section (DESIGN.md,
+// the constant lr of a config without a `scheduler` section (docs/architecture.md,
 // "Numerics"). Pure functions of the step count: the only schedule state a
 // checkpoint needs is the number of applied steps.
 //

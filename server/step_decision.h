@@ -1,4 +1,4 @@
-// The lead server's per-step decision (DESIGN.md, "Global decisions"): from
+// The lead server's per-step decision (docs/architecture.md, "Global decisions"): from
 // the gradient statistics of every chunk, whether the step is skipped, what
 // the summed gradients are multiplied by, the learning rate and the next loss
 // scale. Follows DeepSpeed's ZeRO optimizer:

@@ -1,4 +1,4 @@
-// zo-server: hosts offload jobs (DESIGN.md, "One training step"). Workers
+// zo-server: hosts offload jobs (docs/architecture.md, "One training step"). Workers
 // and other servers reach it over gRPC; SIGTERM or SIGINT stop it gracefully.
 #include <csignal>
 #include <fstream>

@@ -1,6 +1,6 @@
 // A checkpoint on disk: a directory per version under <root>/<job>/, written
 // under a temporary name by every server and committed by the lead server
-// only when all parts are there (DESIGN.md, "Failure, bad input, security").
+// only when all parts are there (docs/architecture.md, "Failure, bad input, security").
 //
 //   <root>/<job>/step-00000020.tmp/part-00000.zop, part-00001.zop   (servers)
 //   <root>/<job>/step-00000020.tmp/checkpoint.json                  (lead, last)

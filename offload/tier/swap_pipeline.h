@@ -1,4 +1,4 @@
-// The pipelined swap of NVMe-resident sub-groups (DESIGN.md, "Memory tiers"):
+// The pipelined swap of NVMe-resident sub-groups (docs/architecture.md, "Memory tiers"):
 // with `buffers` B >= 3, sub-group k+1 is read while k is updated while k-1
 // is written back (with more buffers, reads run further ahead). The update of
 // one sub-group runs on every worker of the pool, tile by tile: verify the

@@ -1,6 +1,6 @@
 // Optimizer state (fp32 master, m, v) of one server's elements, grouped in
 // sub-groups of `sub_group_elems` that stay in RAM up to a byte budget; the
-// rest live in swap files on NVMe (DESIGN.md, "Memory tiers"). A step streams
+// rest live in swap files on NVMe (docs/architecture.md, "Memory tiers"). A step streams
 // the NVMe-resident sub-groups through `buffer_count` aligned buffers: read
 // sub-group k+1 while updating k with the fused kernel while writing k-1.
 //

@@ -229,7 +229,7 @@ TEST(OffloadE2eTest, KilledServerFailsClientsFastAndRestoreResumesExactly) {
 
 // A worker that dies after delivering part of a step, restarted with
 // `resend`: the servers skip what they already have, take the rest, and the
-// run is bit for bit the uninterrupted one (DESIGN.md: "a restarted worker
+// run is bit for bit the uninterrupted one (docs/architecture.md: "a restarted worker
 // re-attaches and re-sends the step").
 TEST(OffloadE2eTest, RestartedWorkerResendsAPartlyDeliveredStep) {
   const LeastSquares p = Problem();

@@ -1,4 +1,4 @@
-// The worker's side of the offload service (DESIGN.md, "One training step"):
+// The worker's side of the offload service (docs/architecture.md, "One training step"):
 // open or attach to a job on every server, push each step's low-precision
 // gradients as they become final, pull the weights of a version.
 //
