@@ -53,12 +53,12 @@ TEST(JobSpecMismatchTest, DpWorldSizeIsNamedWithBothValues) {
 TEST(JobSpecMismatchTest, ConfigDifferencesNameEveryKeyAndBothValues) {
   const JobSpec job = Spec(R"({"train_batch_size": 8, "optimizer": {"type": "AdamW",
       "params": {"lr": 0.001, "betas": [0.9, 0.999]}}})");
-  const JobSpec other = Spec(R"({"train_batch_size": 8, "gradient_clipping": 0,
+  const JobSpec other = Spec(R"({"train_batch_size": 8, "gradient_clipping": 1.5,
       "optimizer": {"type": "AdamW", "params": {"lr": 0.002, "betas": [0.9, 0.95]}}})");
   const std::string m = JobSpecMismatch(job, other);
   EXPECT_THAT(m, AllOf(HasSubstr("optimizer.params.lr is 0.002, the job's is 0.001"),
                        HasSubstr("optimizer.params.betas[1] is 0.95, the job's is 0.999"),
-                       HasSubstr("gradient_clipping is 0.0, the job's is 1.0")));
+                       HasSubstr("gradient_clipping is 1.5, the job's is 0.0")));
   EXPECT_THAT(m, Not(HasSubstr("train_batch_size")));
   EXPECT_THAT(m, Not(HasSubstr("betas[0]")));
 }
