@@ -326,10 +326,10 @@ void Job::StepLoop() {
   std::unique_lock lock(mu_);
   for (;;) {
     cv_.wait(lock, [&] {
-      return stop_ || (is_lead() && !pending_checkpoints_.empty()) || ReadyToReportLocked();
+      return stop_ || (is_lead() && CheckpointDueLocked()) || ReadyToReportLocked();
     });
     if (stop_) return;
-    if (is_lead() && !pending_checkpoints_.empty()) {
+    if (is_lead() && CheckpointDueLocked()) {
       RunCheckpointLocked(lock);
       continue;
     }

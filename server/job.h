@@ -97,7 +97,7 @@ class Job {
   absl::Status RestorePart(const v1::RestorePartRequest& request);
 
   // Lead only: run a checkpoint between steps / restore every server.
-  absl::StatusOr<v1::CheckpointResponse> Checkpoint(absl::Time deadline);
+  absl::StatusOr<v1::CheckpointResponse> Checkpoint(int64_t min_version, absl::Time deadline);
   absl::StatusOr<v1::RestoreResponse> Restore(const std::string& path, absl::Time deadline);
 
   // Ends the step thread and wakes every waiting call; idempotent.
@@ -108,6 +108,7 @@ class Job {
 
  private:
   struct PendingCheckpoint {
+    int64_t min_version = 0;
     std::promise<absl::StatusOr<v1::CheckpointResponse>> done;
   };
 
@@ -126,6 +127,8 @@ class Job {
   // fail with the reason while the job needs a restore.
   void SetHealthLocked(absl::Status health);
   bool AbortedLocked(int64_t generation) const { return stop_ || generation != generation_; }
+  // A requested checkpoint whose version the job has reached.
+  bool CheckpointDueLocked() const;
   void RunCheckpointLocked(std::unique_lock<std::mutex>& lock);
   absl::StatusOr<v1::CheckpointResponse> WriteCheckpoint(int64_t version, int64_t generation);
   absl::StatusOr<v1::WriteCheckpointPartResponse> WriteOwnPart(int64_t version,

@@ -18,7 +18,7 @@
 
 namespace zo {
 
-absl::StatusOr<v1::CheckpointResponse> Job::Checkpoint(absl::Time deadline) {
+absl::StatusOr<v1::CheckpointResponse> Job::Checkpoint(int64_t min_version, absl::Time deadline) {
   if (!is_lead()) {
     return absl::FailedPreconditionError(absl::StrCat("checkpoints are run by the lead server (",
                                                       spec_.servers[0], "), this is server ",
@@ -28,7 +28,11 @@ absl::StatusOr<v1::CheckpointResponse> Job::Checkpoint(absl::Time deadline) {
     return absl::FailedPreconditionError(
         "zo-server was started without --checkpoint-dir; checkpoints are off");
   }
+  if (min_version < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("min_version ", min_version, " is negative"));
+  }
   auto pending = std::make_shared<PendingCheckpoint>();
+  pending->min_version = min_version;
   std::future<absl::StatusOr<v1::CheckpointResponse>> done = pending->done.get_future();
   {
     std::lock_guard lock(mu_);
@@ -44,9 +48,21 @@ absl::StatusOr<v1::CheckpointResponse> Job::Checkpoint(absl::Time deadline) {
   return done.get();
 }
 
+bool Job::CheckpointDueLocked() const {
+  for (const auto& p : pending_checkpoints_) {
+    if (p->min_version <= version_ || !health_.ok()) return true;
+  }
+  return false;
+}
+
 void Job::RunCheckpointLocked(std::unique_lock<std::mutex>& lock) {
+  // The requests the job's version satisfies; the others wait for their step.
   std::deque<std::shared_ptr<PendingCheckpoint>> requests;
-  requests.swap(pending_checkpoints_);
+  std::deque<std::shared_ptr<PendingCheckpoint>> later;
+  for (auto& p : pending_checkpoints_) {
+    (p->min_version <= version_ || !health_.ok() ? requests : later).push_back(std::move(p));
+  }
+  pending_checkpoints_.swap(later);
   const int64_t version = version_;
   const int64_t generation = generation_;
   absl::StatusOr<v1::CheckpointResponse> result;

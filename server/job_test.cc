@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -117,6 +118,24 @@ TEST_F(JobTest, StepsReportNormAndLr) {
   EXPECT_FALSE(st.last_skipped());
 }
 
+// A worker asks for a checkpoint right after pushing step 2: it must hold
+// version 2, not whatever the job was at when the request came.
+TEST_F(JobTest, ACheckpointWaitsForItsMinVersion) {
+  std::unique_ptr<Job> job = Open(R"("gradient_clipping": 0)");
+  ASSERT_NE(job, nullptr);
+  ASSERT_THAT(Push(*job, 1, 0.5f), IsOk());
+  ASSERT_THAT(WaitForVersion(*job, 1), IsOk());
+  EXPECT_THAT(job->Checkpoint(-1, absl::InfiniteFuture()).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("min_version")));
+  absl::StatusOr<v1::CheckpointResponse> ckpt;
+  std::thread asker([&] { ckpt = job->Checkpoint(2, absl::InfiniteFuture()); });
+  ASSERT_THAT(Push(*job, 2, 0.25f), IsOk());
+  asker.join();
+  ASSERT_THAT(ckpt.status(), IsOk());
+  EXPECT_EQ(ckpt->version(), 2);
+  EXPECT_THAT(ckpt->path(), HasSubstr("step-00000002"));
+}
+
 TEST_F(JobTest, RestoreBringsBackTheLastStepsNormAndLr) {
   const std::string schedule =
       R"("gradient_clipping": 0, "scheduler": {"type": "WarmupLR", "params": {
@@ -131,7 +150,7 @@ TEST_F(JobTest, RestoreBringsBackTheLastStepsNormAndLr) {
   const v1::JobStatus at3 = job->Status();
   ASSERT_GT(at3.last_lr(), 0.0);
   ZO_ASSERT_OK_AND_ASSIGN(const v1::CheckpointResponse ckpt,
-                          job->Checkpoint(absl::InfiniteFuture()));
+                          job->Checkpoint(0, absl::InfiniteFuture()));
   ASSERT_THAT(Push(*job, 4, 2.0f), IsOk());
   ASSERT_THAT(WaitForVersion(*job, 4), IsOk());
   ASSERT_NE(job->Status().last_lr(), at3.last_lr());
@@ -189,7 +208,7 @@ TEST_F(JobTest, FailsAfterMaxConsecutiveSkipsAtTheMinimumScale) {
   EXPECT_THAT(job->Status().needs_restore(), failed);
   EXPECT_THAT(Push(*job, 3, 1.0f), StatusIs(absl::StatusCode::kFailedPrecondition, failed));
   EXPECT_THAT(WaitForVersion(*job, 3), StatusIs(absl::StatusCode::kFailedPrecondition, failed));
-  EXPECT_THAT(job->Checkpoint(absl::InfiniteFuture()).status(),
+  EXPECT_THAT(job->Checkpoint(0, absl::InfiniteFuture()).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition, failed));
 }
 

@@ -198,7 +198,7 @@ grpc::Status OffloadService::Checkpoint(grpc::ServerContext* context,
                                         v1::CheckpointResponse* response) {
   ZO_RPC_AUTH(context);
   ZO_RPC_ASSIGN_OR_RETURN(job, registry_->Find(request->job()));
-  ZO_RPC_ASSIGN_OR_RETURN(result, job->Checkpoint(DeadlineOf(*context)));
+  ZO_RPC_ASSIGN_OR_RETURN(result, job->Checkpoint(request->min_version(), DeadlineOf(*context)));
   *response = std::move(result);
   return grpc::Status::OK;
 }

@@ -83,7 +83,7 @@ TEST(NvmeJobTest, NvmeResidentStateCorruptionNeedsRestoreAndRestoreResumesExactl
   EXPECT_EQ(st.nvme_elems(), st.local_elems()) << "memory budget 0: everything on NVMe";
   ASSERT_THAT(workers[0]->InitWeights(), IsOk());
   ASSERT_THAT(RunSteps(workers, 1, 10), IsOk());
-  ASSERT_THAT(workers[0]->client().Checkpoint().status(), IsOk());
+  ASSERT_THAT(workers[0]->client().Checkpoint(10).status(), IsOk());
   ASSERT_THAT(RunSteps(workers, 11, 15), IsOk());
   ASSERT_THAT(workers[0]->PullAll(15).status(), IsOk());  // step 15 applied and written back
 

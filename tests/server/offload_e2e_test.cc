@@ -170,7 +170,7 @@ TEST(OffloadE2eTest, CheckpointOnTwoServersRestoresOntoThreeIdentically) {
                                                       Addresses(servers)));
     ASSERT_THAT(workers[0]->InitWeights(), IsOk());
     ASSERT_THAT(RunSteps(workers, 1, 20), IsOk());
-    ZO_ASSERT_OK_AND_ASSIGN(path, workers[0]->client().Checkpoint());
+    ZO_ASSERT_OK_AND_ASSIGN(path, workers[0]->client().Checkpoint(20));
     EXPECT_THAT(path, HasSubstr("step-"));
   }
   std::vector<ServerProcess> servers = StartServers(3, {"--checkpoint-dir", ckpt});
@@ -198,7 +198,7 @@ TEST(OffloadE2eTest, KilledServerFailsClientsFastAndRestoreResumesExactly) {
         auto workers, OpenWorkers(p, DType::kFloat32, "kill", ConfigJson(), addresses, options));
     ASSERT_THAT(workers[0]->InitWeights(), IsOk());
     ASSERT_THAT(RunSteps(workers, 1, 20), IsOk());
-    ASSERT_THAT(workers[0]->client().Checkpoint().status(), IsOk());
+    ASSERT_THAT(workers[0]->client().Checkpoint(20).status(), IsOk());
     ASSERT_THAT(RunSteps(workers, 21, 25), IsOk());
 
     // Step 26 onwards while server 1 dies under it: rank 0 kills it in the

@@ -554,9 +554,10 @@ absl::StatusOr<v1::JobStatus> OffloadClient::JobStatus() {
   return status;
 }
 
-absl::StatusOr<std::string> OffloadClient::Checkpoint() {
+absl::StatusOr<std::string> OffloadClient::Checkpoint(int64_t min_version) {
   v1::CheckpointRequest request;
   request.set_job(impl_->options.job);
+  request.set_min_version(min_version);
   ZO_ASSIGN_OR_RETURN(
       v1::CheckpointResponse response,
       impl_->Unary<v1::CheckpointResponse>(

@@ -146,9 +146,9 @@ class OffloadClient {
 
   // The lead server's status of the job (refreshes loss_scale and version).
   absl::StatusOr<v1::JobStatus> JobStatus();
-  // Asks the lead to checkpoint the job at its current version; returns the
-  // committed directory.
-  absl::StatusOr<std::string> Checkpoint();
+  // Asks the lead to checkpoint the job at its current version, or once it
+  // reaches `min_version` (a step just pushed); returns the committed directory.
+  absl::StatusOr<std::string> Checkpoint(int64_t min_version = 0);
   // Asks the lead to restore the job from `path` (empty: its latest
   // checkpoint); returns the restored version.
   absl::StatusOr<int64_t> Restore(const std::string& path);

@@ -355,7 +355,7 @@ absl::Status Train(const TrainOptions& o) {
     ZO_RETURN_IF_ERROR(ObserveJob(status_client, outcomes).status());
     ZO_RETURN_IF_ERROR(progress.Step(report, outcomes));
     if (checkpoints_here && o.checkpoint_every > 0 && step % o.checkpoint_every == 0) {
-      ZO_ASSIGN_OR_RETURN(std::string path, status_client.Checkpoint());
+      ZO_ASSIGN_OR_RETURN(std::string path, status_client.Checkpoint(step));
       progress.Note(absl::StrCat("zo-train: checkpoint written: ", path));
     }
   }
