@@ -99,7 +99,10 @@ absl::StatusOr<AddrInfoList> Resolve(const std::string& address, bool passive) {
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
   addrinfo* list = nullptr;
-  const char* host = hp.host == "*" ? nullptr : hp.host.c_str();
+  // "*" listens on every address. (Compared by size and byte: GCC 12 warns
+  // falsely of an uninitialised read in operator== through the StatusOr move.)
+  const bool any_host = hp.host.size() == 1 && hp.host[0] == '*';
+  const char* host = any_host ? nullptr : hp.host.c_str();
   const std::string port = std::to_string(hp.port);
   if (const int rc = getaddrinfo(host, port.c_str(), &hints, &list); rc != 0) {
     return absl::UnavailableError(absl::StrCat("resolving '", address, "': ", gai_strerror(rc)));
