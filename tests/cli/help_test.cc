@@ -1,14 +1,11 @@
 // The command line of every zo binary. `--help`: exit code 0 (help is what
 // was asked for), a usage line and each flag spelled with dashes, nothing
 // that shows where the binary was built. A byte flag's error.
-#include <sys/wait.h>
-
-#include <array>
-#include <cstdio>
 #include <string>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/shell_command.h"
 
 namespace zo::testing {
 namespace {
@@ -16,22 +13,8 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-struct Outcome {
-  int exit_code = -1;
-  std::string out;
-};
-
-Outcome RunCommand(const std::string& command) {
-  Outcome r;
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+// Both streams: help goes to stdout, a flag error to stderr.
+ShellOutcome RunCommand(const std::string& command) { return RunShellCommand(command + " 2>&1"); }
 
 struct Binary {
   const char* name;
@@ -45,7 +28,7 @@ class HelpTest : public ::testing::TestWithParam<Binary> {};
 
 TEST_P(HelpTest, ExitsZeroWithCleanUsage) {
   for (const char* help : {"--help", "-h", "--helpfull"}) {
-    const Outcome r = RunCommand(std::string(GetParam().path) + " " + help);
+    const ShellOutcome r = RunCommand(std::string(GetParam().path) + " " + help);
     EXPECT_EQ(r.exit_code, 0) << help << ":\n" << r.out;
     EXPECT_THAT(r.out, HasSubstr(std::string("usage: ") + GetParam().name)) << help;
     EXPECT_THAT(r.out, HasSubstr(std::string("\n  ") + GetParam().a_flag + " (default: "));
@@ -69,7 +52,7 @@ INSTANTIATE_TEST_SUITE_P(Binaries, HelpTest,
 // A byte flag's error names the flag and shows byte sizes, not the
 // parameter counts ("13B", "350M") of a count flag.
 TEST(ByteFlagTest, ZoServerMemoryBudgetNamesTheFlag) {
-  const Outcome r =
+  const ShellOutcome r =
       RunCommand(std::string(ZO_SERVER_PATH) + " --memory-budget lots --listen 127.0.0.1:0");
   EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_THAT(r.out, HasSubstr("--memory-budget = 'lots'"));

@@ -3,15 +3,14 @@
 #ifndef ZO_TESTS_CLI_ZO_CTL_RUNNER_H_
 #define ZO_TESTS_CLI_ZO_CTL_RUNNER_H_
 
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <array>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
+
+#include "tests/support/shell_command.h"
 
 namespace zo::testing {
 
@@ -26,14 +25,10 @@ inline ZoCtlResult RunZoCtl(const std::string& args) {
   const std::string err_file = std::filesystem::temp_directory_path().string() + "/zo_ctl_stderr_" +
                                std::to_string(getpid());
   const std::string command = std::string(ZO_CTL_PATH) + " " + args + " 2>" + err_file;
+  const ShellOutcome run = RunShellCommand(command);
   ZoCtlResult r;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.exit_code = run.exit_code;
+  r.out = run.out;
   std::ifstream err(err_file);
   r.err.assign(std::istreambuf_iterator<char>(err), std::istreambuf_iterator<char>());
   std::filesystem::remove(err_file);
