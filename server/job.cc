@@ -22,8 +22,7 @@ using job_internal::RoundMaster;
 
 namespace {
 
-constexpr int64_t kStateBytesPerElem = 12;       // master, m, v
-constexpr int64_t kMaxPullPieceBytes = 1 << 20;  // payload of one ParamPiece
+constexpr int64_t kStateBytesPerElem = 12;  // master, m, v
 constexpr int kScaleHistory = 8;
 
 }  // namespace
@@ -227,14 +226,8 @@ absl::Status Job::PushGradient(const GradientPieceView& piece, absl::Time deadli
   return accum_->Push(i, piece, deadline);
 }
 
-absl::Status Job::PullParams(const v1::PullParamsRequest& request, absl::Time deadline,
-                             const std::function<bool(const v1::ParamPiece&)>& emit) {
-  const absl::Time start = absl::Now();
-  std::vector<int> tensors(request.tensors().begin(), request.tensors().end());
-  if (tensors.empty()) {
-    for (int t = 0; t < static_cast<int>(map_.tensors().size()); ++t) tensors.push_back(t);
-  }
-  for (int t : tensors) {
+absl::Status Job::CheckPullRequest(const v1::PullParamsRequest& request) const {
+  for (int t : request.tensors()) {
     if (t < 0 || t >= static_cast<int>(map_.tensors().size())) {
       return absl::InvalidArgumentError(absl::StrCat("tensor index ", t, " is outside the ",
                                                      map_.tensors().size(), "-tensor manifest"));
@@ -243,59 +236,73 @@ absl::Status Job::PullParams(const v1::PullParamsRequest& request, absl::Time de
   if (request.version() < 0) {
     return absl::InvalidArgumentError(absl::StrCat("version ", request.version(), " < 0"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status Job::WaitForVersion(int64_t version, absl::Time deadline) {
+  std::unique_lock lock(mu_);
+  while (!stop_ && version_ < version) {
+    if (!health_.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("version ", version, " of job ", spec_.name,
+                       " will not come: the job needs restore: ", health_.message()));
+    }
+    if (cv_.wait_until(lock, absl::ToChronoTime(deadline)) == std::cv_status::timeout) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("version ", version, " of job ", spec_.name,
+                       " did not exist before the deadline (the job is at version ", version_,
+                       ", waiting for gradients of step ", open_step_, ")"));
+    }
+  }
+  if (stop_) return absl::UnavailableError("the server is shutting down");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PullCursor> Job::OpenPull(const v1::PullParamsRequest& request) {
+  ZO_RETURN_IF_ERROR(CheckPullRequest(request));
   double loss_scale = 1.0;
   {
-    std::unique_lock lock(mu_);
-    while (!stop_ && version_ < request.version()) {
-      if (!health_.ok()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("version ", request.version(), " of job ", spec_.name,
-                         " will not come: the job needs restore: ", health_.message()));
-      }
-      if (cv_.wait_until(lock, absl::ToChronoTime(deadline)) == std::cv_status::timeout) {
-        return absl::DeadlineExceededError(
-            absl::StrCat("version ", request.version(), " of job ", spec_.name,
-                         " did not exist before the deadline (the job is at version ", version_,
-                         ", waiting for gradients of step ", open_step_, ")"));
-      }
+    std::lock_guard lock(mu_);
+    if (version_ < request.version()) {
+      return absl::FailedPreconditionError(absl::StrCat("version ", request.version(), " of job ",
+                                                        spec_.name, " does not exist yet"));
     }
-    if (stop_) return absl::UnavailableError("the server is shutting down");
     loss_scale = ScaleForVersionLocked(request.version());
   }
   if (request.have_version() >= 0) {
     const std::optional<int64_t> want = versions_->DataVersion(request.version());
     const std::optional<int64_t> have = versions_->DataVersion(request.have_version());
-    if (want.has_value() && want == have) {
-      v1::ParamPiece piece;
-      piece.set_version(request.version());
-      piece.set_unchanged(true);
-      piece.set_loss_scale(loss_scale);
-      emit(piece);
-      return absl::OkStatus();
-    }
+    if (want.has_value() && want == have)
+      return PullCursor::Unchanged(request.version(), loss_scale);
   }
   ZO_ASSIGN_OR_RETURN(ParamVersions::Lease lease, versions_->Acquire(request.version()));
-  const char* data = static_cast<const char*>(lease.data());
-  const int64_t elem = static_cast<int64_t>(DTypeSize(spec_.dtype));
-  const int64_t max_elems = kMaxPullPieceBytes / elem;
-  v1::ParamPiece piece;
-  piece.set_dtype(DTypeToProto(spec_.dtype));
-  piece.set_version(request.version());
-  piece.set_loss_scale(loss_scale);
+  std::vector<int> tensors(request.tensors().begin(), request.tensors().end());
+  if (tensors.empty()) {
+    for (int t = 0; t < static_cast<int>(map_.tensors().size()); ++t) tensors.push_back(t);
+  }
+  std::vector<PullCursor::Range> ranges;
   for (int t : tensors) {
     for (const TensorPiece& p : map_.PiecesOfTensor(t)) {
       if (p.server != spec_.server_index) continue;
       const int64_t local = chunks()[p.chunk / map_.num_servers()].local_offset + p.chunk_offset;
-      for (int64_t k = 0; k < p.length; k += max_elems) {
-        const int64_t len = std::min(max_elems, p.length - k);
-        piece.set_tensor(t);
-        piece.set_offset(p.tensor_offset + k);
-        piece.set_data(data + (local + k) * elem, static_cast<size_t>(len * elem));
-        if (!emit(piece)) return absl::CancelledError("the caller went away");
-      }
+      ranges.push_back({t, p.tensor_offset, local, p.length});
     }
   }
-  serve_ns_ += absl::ToInt64Nanoseconds(absl::Now() - start);
+  return PullCursor::Serving(request.version(), loss_scale, spec_.dtype, std::move(lease),
+                             std::move(ranges));
+}
+
+absl::Status Job::PullParams(const v1::PullParamsRequest& request, absl::Time deadline,
+                             const std::function<bool(const v1::ParamPiece&)>& emit) {
+  const absl::Time start = absl::Now();
+  ZO_RETURN_IF_ERROR(CheckPullRequest(request));
+  ZO_RETURN_IF_ERROR(WaitForVersion(request.version(), deadline));
+  ZO_ASSIGN_OR_RETURN(PullCursor cursor, OpenPull(request));
+  v1::ParamPiece piece;
+  while (cursor.Next(&piece)) {
+    if (!emit(piece)) return absl::CancelledError("the caller went away");
+  }
+  AddServeTime(absl::Now() - start);
   return absl::OkStatus();
 }
 

@@ -51,6 +51,7 @@
 #include "server/job_spec.h"
 #include "server/param_versions.h"
 #include "server/peer_client.h"
+#include "server/pull_cursor.h"
 #include "server/step_coordinator.h"
 
 namespace zo {
@@ -85,9 +86,21 @@ class Job {
   absl::Status InitParams(const v1::ParamInitPiece& piece);
   absl::Status PushGradient(const GradientPieceView& piece, absl::Time deadline);
   // Streams the pieces of the request this server owns through `emit`,
-  // which returns false when the caller is gone.
+  // which returns false when the caller is gone: CheckPullRequest,
+  // WaitForVersion, then OpenPull's cursor to its end.
   absl::Status PullParams(const v1::PullParamsRequest& request, absl::Time deadline,
                           const std::function<bool(const v1::ParamPiece&)>& emit);
+  // The parts of PullParams, for a caller that writes asynchronously.
+  // INVALID_ARGUMENT for tensors outside the manifest or a negative version.
+  absl::Status CheckPullRequest(const v1::PullParamsRequest& request) const;
+  // Blocks until the job has `version`; FAILED_PRECONDITION while it needs a
+  // restore, DEADLINE_EXCEEDED, UNAVAILABLE once stopped.
+  absl::Status WaitForVersion(int64_t version, absl::Time deadline);
+  // The request's pieces of a version the job has (FAILED_PRECONDITION for
+  // one it does not have yet or no longer holds).
+  absl::StatusOr<PullCursor> OpenPull(const v1::PullParamsRequest& request);
+  // Time spent serving pulls, reported with the next step's log line.
+  void AddServeTime(absl::Duration d) { serve_ns_ += absl::ToInt64Nanoseconds(d); }
 
   // Server-to-server calls.
   absl::Status OnStepStats(const v1::StepStats& stats);

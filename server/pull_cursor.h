@@ -1,0 +1,61 @@
+// One pull's answer, produced a piece at a time: the pieces of the requested
+// tensors this server owns, cut at kMaxPullPieceBytes, read from the version
+// the cursor holds. A caller that writes asynchronously (a gRPC reactor)
+// asks for the next piece when the last one is on its way; the version's
+// data stays held until the cursor is destroyed.
+#ifndef ZO_SERVER_PULL_CURSOR_H_
+#define ZO_SERVER_PULL_CURSOR_H_
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "common/dtype.h"
+#include "proto/zo/v1/params.pb.h"
+#include "server/param_versions.h"
+
+namespace zo {
+
+// Payload of one ParamPiece.
+inline constexpr int64_t kMaxPullPieceBytes = 1 << 20;
+
+class PullCursor {
+ public:
+  // A range of one tensor and where its elements lie in the server's local
+  // index space.
+  struct Range {
+    int tensor = 0;
+    int64_t tensor_offset = 0;
+    int64_t local_offset = 0;
+    int64_t elems = 0;
+  };
+
+  // The pull of an unchanged version: one piece that says so.
+  static PullCursor Unchanged(int64_t version, double loss_scale);
+  // The ranges' data from `lease`, in order.
+  static PullCursor Serving(int64_t version, double loss_scale, DType dtype,
+                            ParamVersions::Lease lease, std::vector<Range> ranges);
+
+  // Fills `piece` with the next piece; false when every piece was given.
+  bool Next(v1::ParamPiece* piece);
+
+  PullCursor(PullCursor&&) = default;
+  PullCursor& operator=(PullCursor&&) = default;
+
+ private:
+  PullCursor(int64_t version, double loss_scale) : version_(version), loss_scale_(loss_scale) {}
+
+  int64_t version_;
+  double loss_scale_;
+  bool unchanged_ = false;
+  bool unchanged_sent_ = false;
+  DType dtype_ = DType::kFloat16;
+  std::optional<ParamVersions::Lease> lease_;
+  std::vector<Range> ranges_;
+  size_t range_ = 0;  // the range Next reads
+  int64_t done_ = 0;  // elements of ranges_[range_] already given
+};
+
+}  // namespace zo
+
+#endif  // ZO_SERVER_PULL_CURSOR_H_
