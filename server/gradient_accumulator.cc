@@ -5,11 +5,15 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/status_macros.h"
 
 namespace zo {
 
 absl::StatusOr<std::unique_ptr<GradientAccumulator>> GradientAccumulator::Create(Options options) {
+  if (options.wakes == nullptr) {
+    return absl::InvalidArgumentError("a GradientAccumulator needs a WakeQueue for waiting pushes");
+  }
   std::unique_ptr<GradientAccumulator> a(new GradientAccumulator(std::move(options)));
   ZO_ASSIGN_OR_RETURN(
       a->accum_, AlignedBuffer::Allocate(
@@ -44,14 +48,16 @@ GradientAccumulator::GradientAccumulator(Options options)
       dp_world_size_(options.dp_world_size),
       dtype_(options.dtype),
       pool_(options.pool),
+      wakes_(options.wakes),
       on_ready_(std::move(options.on_ready)) {
   absl::MutexLock lock(&mu_);
   for (const LocalChunk& c : chunks_) coverage_.emplace_back(c.elems, dp_world_size_);
   chunk_step_.assign(chunks_.size(), 1);
+  waiters_.resize(chunks_.size());
 }
 
-absl::Status GradientAccumulator::Push(int index, const GradientPieceView& piece,
-                                       absl::Time deadline) {
+absl::StatusOr<GradientAccumulator::PushOutcome> GradientAccumulator::TryPush(
+    int index, const GradientPieceView& piece, PushWait* wait, std::function<void()> wake) {
   if (piece.dp_rank < 0 || piece.dp_rank >= dp_world_size_) {
     return absl::InvalidArgumentError(absl::StrCat("dp_rank ", piece.dp_rank, " is outside [0, ",
                                                    dp_world_size_, ") for job ", job_));
@@ -74,23 +80,17 @@ absl::Status GradientAccumulator::Push(int index, const GradientPieceView& piece
   std::vector<FlatRange> gaps;
   {
     absl::MutexLock lock(&mu_);
-    const int64_t resets = resets_;
-    // A push for the next step waits until this chunk's update is done.
-    auto can_go = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return !closed_.ok() || resets != resets_ || piece.step != chunk_step_[index] + 1;
-    };
-    ++waiting_;
-    const bool went = mu_.AwaitWithDeadline(absl::Condition(&can_go), deadline);
-    --waiting_;
-    if (!went) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("step ", piece.step, " waited for step ", chunk_step_[index], " of job ",
-                       job_, " to finish updating chunk ", piece.chunk, " until the deadline"));
-    }
+    wait->ticket = WaitList::kNone;
     ZO_RETURN_IF_ERROR(closed_);
-    if (resets != resets_) {
+    if (wait->resets < 0) wait->resets = resets_;
+    if (wait->resets != resets_) {
       return absl::AbortedError(absl::StrCat("job ", job_, " was restored to version ",
                                              chunk_step_[index] - 1, " while this push waited"));
+    }
+    // A push for the next step waits until this chunk's update is done.
+    if (piece.step == chunk_step_[index] + 1) {
+      wait->ticket = waiters_[index].Add(piece.step, std::move(wake));
+      return PushOutcome::kWaiting;
     }
     if (piece.step != chunk_step_[index]) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -119,7 +119,29 @@ absl::Status GradientAccumulator::Push(int index, const GradientPieceView& piece
     ready = adding_ == 0 && complete_chunks_ == static_cast<int>(chunks_.size());
   }
   if (ready && on_ready_) on_ready_();
-  return absl::OkStatus();
+  return PushOutcome::kAdded;
+}
+
+bool GradientAccumulator::CancelWait(int index, const PushWait& wait) {
+  absl::MutexLock lock(&mu_);
+  return waiters_[static_cast<size_t>(index)].Remove(wait.ticket);
+}
+
+absl::Status GradientAccumulator::Push(int index, const GradientPieceView& piece,
+                                       absl::Time deadline) {
+  PushWait wait;
+  for (;;) {
+    // Shared with the wake, which may run after this call gave up.
+    auto woken = std::make_shared<absl::Notification>();
+    ZO_ASSIGN_OR_RETURN(const PushOutcome outcome,
+                        TryPush(index, piece, &wait, [woken] { woken->Notify(); }));
+    if (outcome == PushOutcome::kAdded) return absl::OkStatus();
+    if (!woken->WaitForNotificationWithDeadline(deadline) && CancelWait(index, wait)) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "step ", piece.step, " of job ", job_, " waited until the deadline for step ",
+          piece.step - 1, " to finish updating chunk ", piece.chunk));
+    }
+  }
 }
 
 bool GradientAccumulator::Ready() const {
@@ -129,7 +151,9 @@ bool GradientAccumulator::Ready() const {
 
 int GradientAccumulator::waiting() const {
   absl::MutexLock lock(&mu_);
-  return waiting_;
+  int n = 0;
+  for (const WaitList& w : waiters_) n += w.size();
+  return n;
 }
 
 StepGradStats GradientAccumulator::Stats() const {
@@ -147,6 +171,7 @@ void GradientAccumulator::Release(size_t begin, size_t end, int64_t step) {
     if (coverage_[i].complete()) --complete_chunks_;
     coverage_[i].Reset();
     chunk_step_[i] = step + 1;
+    wakes_->Post(waiters_[i].TakeAll());
   }
 }
 
@@ -162,6 +187,7 @@ size_t GradientAccumulator::ReleaseBelow(size_t next, int64_t end_elem, int64_t 
 void GradientAccumulator::Close(absl::Status status) {
   absl::MutexLock lock(&mu_);
   closed_ = std::move(status);
+  for (WaitList& w : waiters_) wakes_->Post(w.TakeAll());
 }
 
 void GradientAccumulator::Reopen() {
@@ -178,6 +204,7 @@ void GradientAccumulator::Reset(int64_t step) {
     for (ChunkCoverage& c : coverage_) c.Reset();
     complete_chunks_ = 0;
     std::fill(chunk_step_.begin(), chunk_step_.end(), step);
+    for (WaitList& w : waiters_) wakes_->Post(w.TakeAll());
   }
   Zero(0, local_elems_);
 }

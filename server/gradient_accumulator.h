@@ -2,9 +2,10 @@
 // per-chunk accounting of pushes into it (docs/architecture.md, "One
 // training step"):
 //
-//   Push(step t, rank r, range)  -> waits while its chunk still updates t-1,
-//                                   then claims the range in the chunk's
-//                                   coverage and adds (or stores) it
+//   TryPush(step t, rank r, range) -> claims the range in the chunk's
+//                                   coverage and adds (or stores) it; while
+//                                   the chunk still updates t-1 it keeps a
+//                                   wake callback instead (no thread waits)
 //   Ready()                      -> every chunk has every rank's gradients
 //   Stats() / data()             -> the step thread reads the whole buffer
 //   Release(chunks, t)           -> those chunks are zeroed and take t + 1
@@ -14,8 +15,8 @@
 // exactly once per step, so a push stores instead of adding and nothing is
 // zeroed between steps.
 //
-// Thread-safety: Push, Ready, Close, Reopen and Reset may be called from any
-// thread. Stats, data and Release belong to the one step thread, and only
+// Thread-safety: TryPush, CancelWait, Push, Ready, Close, Reopen and Reset
+// may be called from any thread. Stats, data and Release belong to the one step thread, and only
 // between Ready() and the Release of a chunk: pushes into that chunk wait
 // until it is released, so the step thread reads and writes it unlocked.
 #ifndef ZO_SERVER_GRADIENT_ACCUMULATOR_H_
@@ -38,6 +39,8 @@
 #include "offload/thread_pool.h"
 #include "server/chunk_coverage.h"
 #include "server/gradient_piece_view.h"
+#include "server/wait_list.h"
+#include "server/wake_queue.h"
 
 namespace zo {
 
@@ -57,6 +60,7 @@ class GradientAccumulator {
     int dp_world_size = 1;
     DType dtype = DType::kFloat16;  // of pushed gradients
     ThreadPool* pool = nullptr;     // borrowed; outlives the accumulator
+    WakeQueue* wakes = nullptr;     // borrowed; runs the callbacks of waiting pushes
     // Called, with no lock of the accumulator held, whenever Ready() may
     // have become true.
     std::function<void()> on_ready;
@@ -67,18 +71,34 @@ class GradientAccumulator {
   const std::vector<LocalChunk>& chunks() const { return chunks_; }
   int64_t local_elems() const { return local_elems_; }
 
+  // A push that found its chunk still updating the previous step: what its
+  // retry needs to know.
+  struct PushWait {
+    int64_t resets = -1;                        // Reset()s seen at the first try
+    WaitList::Ticket ticket = WaitList::kNone;  // while its wake is kept
+  };
+  enum class PushOutcome { kAdded, kWaiting };
+
   // Accumulates `piece` into local chunk `index` (the caller has checked that
-  // this server owns it and the dtype). A piece for the step after its
-  // chunk's waits until the chunk is released, at most until `deadline`.
+  // this server owns it and the dtype) without blocking. A piece for the
+  // step after its chunk's is not added: `wake` is kept and posted to the
+  // WakeQueue once the chunk is released, closed or reset, and the result is
+  // kWaiting; the caller then retries with the same `wait`.
   // INVALID_ARGUMENT / OUT_OF_RANGE for a bad rank, size or range;
   // FAILED_PRECONDITION for a step that is not open; ALREADY_EXISTS for a
-  // repeated range (ChunkCoverage); ABORTED when a Reset happened while it
-  // waited; DEADLINE_EXCEEDED; and the Close status while closed.
+  // repeated range (ChunkCoverage); ABORTED when a Reset happened since the
+  // first try; and the Close status while closed.
+  absl::StatusOr<PushOutcome> TryPush(int index, const GradientPieceView& piece, PushWait* wait,
+                                      std::function<void()> wake);
+  // Takes back the wake of a waiting push; false when it was already posted.
+  bool CancelWait(int index, const PushWait& wait);
+  // TryPush, blocking the calling thread while it waits, at most until
+  // `deadline` (DEADLINE_EXCEEDED). For tests and in-process callers.
   absl::Status Push(int index, const GradientPieceView& piece, absl::Time deadline);
 
   // Every chunk is complete for the step it takes and no push is still adding.
   bool Ready() const;
-  // Pushes waiting for their chunk's release.
+  // Pushes waiting for their chunk's release (their wakes kept).
   int waiting() const;
 
   // Step thread, while Ready(): per-chunk statistics of the buffer.
@@ -120,6 +140,7 @@ class GradientAccumulator {
   const int dp_world_size_;
   const DType dtype_;
   ThreadPool* const pool_;
+  WakeQueue* const wakes_;
   const std::function<void()> on_ready_;
 
   AlignedBuffer accum_;                 // fp32, local_elems_
@@ -133,7 +154,8 @@ class GradientAccumulator {
   std::vector<int64_t> chunk_step_ ABSL_GUARDED_BY(mu_);
   int complete_chunks_ ABSL_GUARDED_BY(mu_) = 0;
   int adding_ ABSL_GUARDED_BY(mu_) = 0;  // pushes claimed but not yet added
-  int waiting_ ABSL_GUARDED_BY(mu_) = 0;
+  // Per chunk: the pushes for the step after the chunk's.
+  std::vector<WaitList> waiters_ ABSL_GUARDED_BY(mu_);
   int64_t resets_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status closed_ ABSL_GUARDED_BY(mu_);
 };

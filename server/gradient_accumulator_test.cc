@@ -6,6 +6,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -16,6 +17,7 @@ namespace {
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 using testing::IsOk;
+using testing::IsOkAndHolds;
 using testing::StatusIs;
 
 // Two local chunks: global 1 (10 elements at 0) and global 3 (6 at 10).
@@ -29,6 +31,7 @@ struct Fixture {
                                           .dp_world_size = dp,
                                           .dtype = DType::kFloat32,
                                           .pool = &pool,
+                                          .wakes = &wakes,
                                           .on_ready = [this] { ++ready_calls; }});
     EXPECT_THAT(a.status(), IsOk());
     acc = *std::move(a);
@@ -55,6 +58,7 @@ struct Fixture {
   }
   std::vector<float> Data() { return std::vector<float>(acc->data(), acc->data() + 16); }
 
+  WakeQueue wakes;
   ThreadPool pool{2};
   std::atomic<int> ready_calls{0};
   std::unique_ptr<GradientAccumulator> acc;
@@ -106,6 +110,46 @@ TEST(GradientAccumulatorTest, ReleaseZeroesAndOpensTheNextStepChunkByChunk) {
   want.assign(10, 7.0f);
   want.resize(16, 0.0f);
   EXPECT_THAT(f.Data(), ElementsAreArray(want));
+}
+
+// The reactor's way: no thread waits; the kept wake runs on the WakeQueue
+// once the chunk is released, and the retry adds the piece.
+TEST(GradientAccumulatorTest, TryPushKeepsAWakeInsteadOfWaiting) {
+  Fixture f(1);
+  ASSERT_THAT(f.PushAll(1, 0, 1.0f), IsOk());
+  v1::GradientPiece p;
+  p.set_job("acc");
+  p.set_step(2);
+  p.set_chunk(kChunks[0].id);
+  p.set_dtype(v1::DTYPE_FP32);
+  const std::vector<float> values(10, 4.0f);
+  p.set_data(std::string(reinterpret_cast<const char*>(values.data()), values.size() * 4));
+  const GradientPieceView view = ViewOf(p);
+
+  GradientAccumulator::PushWait wait;
+  absl::Notification woken;
+  ASSERT_THAT(f.acc->TryPush(0, view, &wait, [&] { woken.Notify(); }),
+              IsOkAndHolds(GradientAccumulator::PushOutcome::kWaiting));
+  EXPECT_NE(wait.ticket, WaitList::kNone);
+  EXPECT_EQ(f.acc->waiting(), 1);
+  // Releasing the other chunk does not wake it.
+  f.acc->Release(1, 2, 1);
+  EXPECT_EQ(f.acc->waiting(), 1);
+  f.acc->Release(0, 1, 1);
+  woken.WaitForNotification();
+  EXPECT_EQ(f.acc->waiting(), 0);
+  EXPECT_FALSE(f.acc->CancelWait(0, wait)) << "a posted wake cannot be taken back";
+  ASSERT_THAT(f.acc->TryPush(0, view, &wait, [] { FAIL() << "no second wait"; }),
+              IsOkAndHolds(GradientAccumulator::PushOutcome::kAdded));
+  EXPECT_EQ(f.Data()[0], 4.0f);
+
+  // A wake taken back is never run.
+  GradientAccumulator::PushWait early;
+  p.set_step(3);
+  ASSERT_THAT(f.acc->TryPush(0, ViewOf(p), &early, [] { FAIL() << "cancelled wake ran"; }),
+              IsOkAndHolds(GradientAccumulator::PushOutcome::kWaiting));
+  EXPECT_TRUE(f.acc->CancelWait(0, early));
+  f.acc->Release(0, 2, 2);
 }
 
 TEST(GradientAccumulatorTest, OneRankStoresAndNeedsNoZeroing) {

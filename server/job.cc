@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/notification.h"
 #include "common/convert.h"
 #include "common/dpu_policy.h"
 #include "common/logging.h"
@@ -28,6 +29,9 @@ constexpr int kScaleHistory = 8;
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Job>> Job::Create(JobSpec spec, const JobResources& resources) {
+  if (resources.wakes == nullptr) {
+    return absl::InvalidArgumentError("a job needs a WakeQueue for its waiting calls");
+  }
   std::unique_ptr<Job> job(new Job(std::move(spec), resources));
   ZO_RETURN_IF_ERROR(job->Init());
   job->step_thread_ = std::thread([j = job.get()] { j->StepLoop(); });
@@ -74,6 +78,7 @@ absl::Status Job::Init() {
                                   .dp_world_size = spec_.dp_world_size,
                                   .dtype = spec_.dtype,
                                   .pool = resources_.pool,
+                                  .wakes = resources_.wakes,
                                   // The step thread waits on cv_ for Ready().
                                   .on_ready =
                                       [this] {
@@ -117,6 +122,7 @@ void Job::Stop() {
   {
     std::lock_guard lock(mu_);
     stop_ = true;
+    if (resources_.wakes != nullptr) resources_.wakes->Post(version_waiters_.TakeAll());
     if (accum_ != nullptr) accum_->Close(absl::UnavailableError("the server is shutting down"));
     if (coordinator_ != nullptr) coordinator_->Stop();
     for (auto& p : pending_checkpoints_) {
@@ -156,6 +162,8 @@ v1::JobStatus Job::Status() const {
   st.set_last_lr(last_lr_);
   st.set_last_checkpoint_step(last_checkpoint_step_);
   st.set_base_version(base_version_);
+  st.set_waiting_pulls(version_waiters_.size());
+  st.set_waiting_pushes(accum_->waiting());
   return st;
 }
 
@@ -215,6 +223,25 @@ absl::Status Job::InitParams(const v1::ParamInitPiece& piece) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<GradientAccumulator::PushOutcome> Job::TryPushGradient(
+    const GradientPieceView& piece, GradientAccumulator::PushWait* wait,
+    std::function<void()> wake) {
+  ZO_ASSIGN_OR_RETURN(const int i, LocalChunkIndex(piece.chunk));
+  absl::StatusOr<DType> dtype = DTypeFromProto(piece.dtype);
+  if (!dtype.ok() || *dtype != spec_.dtype) {
+    return absl::InvalidArgumentError(absl::StrCat("gradient dtype ", v1::DType_Name(piece.dtype),
+                                                   " is not the job's ",
+                                                   std::string(DTypeName(spec_.dtype))));
+  }
+  return accum_->TryPush(i, piece, wait, std::move(wake));
+}
+
+bool Job::CancelPushWait(const GradientPieceView& piece,
+                         const GradientAccumulator::PushWait& wait) {
+  const absl::StatusOr<int> i = LocalChunkIndex(piece.chunk);
+  return i.ok() && accum_->CancelWait(*i, wait);
+}
+
 absl::Status Job::PushGradient(const GradientPieceView& piece, absl::Time deadline) {
   ZO_ASSIGN_OR_RETURN(const int i, LocalChunkIndex(piece.chunk));
   absl::StatusOr<DType> dtype = DTypeFromProto(piece.dtype);
@@ -239,23 +266,41 @@ absl::Status Job::CheckPullRequest(const v1::PullParamsRequest& request) const {
   return absl::OkStatus();
 }
 
+absl::StatusOr<bool> Job::AwaitVersion(int64_t version, std::function<void()> wake,
+                                       WaitList::Ticket* ticket) {
+  std::lock_guard lock(mu_);
+  *ticket = WaitList::kNone;
+  if (stop_) return absl::UnavailableError("the server is shutting down");
+  if (version_ >= version) return true;
+  if (!health_.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("version ", version, " of job ", spec_.name,
+                     " will not come: the job needs restore: ", health_.message()));
+  }
+  *ticket = version_waiters_.Add(version, std::move(wake));
+  return false;
+}
+
+bool Job::CancelVersionWait(WaitList::Ticket ticket) {
+  std::lock_guard lock(mu_);
+  return version_waiters_.Remove(ticket);
+}
+
 absl::Status Job::WaitForVersion(int64_t version, absl::Time deadline) {
-  std::unique_lock lock(mu_);
-  while (!stop_ && version_ < version) {
-    if (!health_.ok()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("version ", version, " of job ", spec_.name,
-                       " will not come: the job needs restore: ", health_.message()));
-    }
-    if (cv_.wait_until(lock, absl::ToChronoTime(deadline)) == std::cv_status::timeout) {
+  for (;;) {
+    auto woken = std::make_shared<absl::Notification>();
+    WaitList::Ticket ticket;
+    ZO_ASSIGN_OR_RETURN(const bool has, AwaitVersion(
+                                            version, [woken] { woken->Notify(); }, &ticket));
+    if (has) return absl::OkStatus();
+    if (!woken->WaitForNotificationWithDeadline(deadline) && CancelVersionWait(ticket)) {
+      std::lock_guard lock(mu_);
       return absl::DeadlineExceededError(
           absl::StrCat("version ", version, " of job ", spec_.name,
                        " did not exist before the deadline (the job is at version ", version_,
                        ", waiting for gradients of step ", open_step_, ")"));
     }
   }
-  if (stop_) return absl::UnavailableError("the server is shutting down");
-  return absl::OkStatus();
 }
 
 absl::StatusOr<PullCursor> Job::OpenPull(const v1::PullParamsRequest& request) {
@@ -395,6 +440,7 @@ void Job::StepLoop() {
     }
     const absl::Duration wait = ready - step_open_time_;
     step_open_time_ = update_end;
+    resources_.wakes->Post(version_waiters_.TakeUpTo(version_));
     cv_.notify_all();
     LogStep(commit, wait, update_end - update_start);
   }
@@ -432,6 +478,7 @@ void Job::SetHealthLocked(absl::Status health) {
   if (health_.ok()) {
     accum_->Reopen();
   } else {
+    resources_.wakes->Post(version_waiters_.TakeAll());
     accum_->Close(absl::FailedPreconditionError(
         absl::StrCat("job ", spec_.name, " needs restore: ", health_.message())));
   }

@@ -53,6 +53,8 @@
 #include "server/peer_client.h"
 #include "server/pull_cursor.h"
 #include "server/step_coordinator.h"
+#include "server/wait_list.h"
+#include "server/wake_queue.h"
 
 namespace zo {
 
@@ -60,6 +62,8 @@ namespace zo {
 struct JobResources {
   ThreadPool* pool = nullptr;
   PeerClient* peers = nullptr;
+  // Runs the callbacks of calls waiting on the job (pushes, pulls).
+  WakeQueue* wakes = nullptr;
   // Overrides the config's offload_optimizer.nvme_path when set.
   std::string nvme_root;
   // Bytes of optimizer state a job may keep in RAM; < 0: no limit.
@@ -84,6 +88,14 @@ class Job {
 
   // Worker calls.
   absl::Status InitParams(const v1::ParamInitPiece& piece);
+  // A gradient piece, without blocking: GradientAccumulator::TryPush after
+  // checking the chunk and dtype. A gRPC reactor's way in.
+  absl::StatusOr<GradientAccumulator::PushOutcome> TryPushGradient(
+      const GradientPieceView& piece, GradientAccumulator::PushWait* wait,
+      std::function<void()> wake);
+  bool CancelPushWait(const GradientPieceView& piece, const GradientAccumulator::PushWait& wait);
+  // The same, blocking while the piece's chunk still updates, at most until
+  // `deadline`.
   absl::Status PushGradient(const GradientPieceView& piece, absl::Time deadline);
   // Streams the pieces of the request this server owns through `emit`,
   // which returns false when the caller is gone: CheckPullRequest,
@@ -93,8 +105,17 @@ class Job {
   // The parts of PullParams, for a caller that writes asynchronously.
   // INVALID_ARGUMENT for tensors outside the manifest or a negative version.
   absl::Status CheckPullRequest(const v1::PullParamsRequest& request) const;
-  // Blocks until the job has `version`; FAILED_PRECONDITION while it needs a
-  // restore, DEADLINE_EXCEEDED, UNAVAILABLE once stopped.
+  // Without blocking: true when the job has `version`. Otherwise `wake` is
+  // kept, *ticket set, and false returned; the wake is posted once when the
+  // version comes, the job needs a restore or stops: ask again then.
+  // FAILED_PRECONDITION while the job needs a restore, UNAVAILABLE once
+  // stopped.
+  absl::StatusOr<bool> AwaitVersion(int64_t version, std::function<void()> wake,
+                                    WaitList::Ticket* ticket);
+  // Takes back a kept wake; false when it was already posted.
+  bool CancelVersionWait(WaitList::Ticket ticket);
+  // AwaitVersion, blocking the calling thread, at most until `deadline`
+  // (DEADLINE_EXCEEDED).
   absl::Status WaitForVersion(int64_t version, absl::Time deadline);
   // The request's pieces of a version the job has (FAILED_PRECONDITION for
   // one it does not have yet or no longer holds).
@@ -137,7 +158,8 @@ class Job {
   absl::Status Apply(const v1::StepCommit& commit);
   const std::vector<LocalChunk>& chunks() const { return accum_->chunks(); }
   // Sets health_ and closes (or reopens) the accumulator to match: pushes
-  // fail with the reason while the job needs a restore.
+  // fail with the reason while the job needs a restore, and waiting pulls
+  // are woken to say so.
   void SetHealthLocked(absl::Status health);
   bool AbortedLocked(int64_t generation) const { return stop_ || generation != generation_; }
   // A requested checkpoint whose version the job has reached.
@@ -178,6 +200,8 @@ class Job {
   absl::Status health_;
   bool stop_ = false;
   absl::Time step_open_time_;
+  // Pulls waiting for a version, keyed by it.
+  WaitList version_waiters_;
   // Lead only.
   std::deque<std::shared_ptr<PendingCheckpoint>> pending_checkpoints_;
   std::atomic<int64_t> serve_ns_{0};

@@ -58,6 +58,7 @@ class JobTest : public ::testing::Test {
     if (!spec.ok()) return nullptr;
     JobResources resources;
     resources.pool = &pool_;
+    resources.wakes = &wakes_;
     resources.checkpoint_root = root_;
     absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(*std::move(spec), resources);
     EXPECT_THAT(job.status(), IsOk());
@@ -101,6 +102,7 @@ class JobTest : public ::testing::Test {
                           [](const v1::ParamPiece&) { return true; });
   }
 
+  WakeQueue wakes_;
   ThreadPool pool_{2};
   std::string root_;
 };

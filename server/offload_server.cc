@@ -13,12 +13,15 @@
 #include "server/job_registry.h"
 #include "server/offload_service.h"
 #include "server/peer_client.h"
+#include "server/wake_queue.h"
 
 namespace zo {
 
 struct OffloadServer::Impl {
   ServerOptions options;
   std::unique_ptr<ThreadPool> pool;
+  // Outlives the registry and the server: waiting calls finish through it.
+  std::unique_ptr<WakeQueue> wakes;
   std::unique_ptr<PeerClient> peers;
   std::unique_ptr<JobRegistry> registry;
   std::unique_ptr<OffloadService> service;
@@ -39,11 +42,13 @@ absl::StatusOr<std::unique_ptr<OffloadServer>> OffloadServer::Start(const Server
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   impl->pool = std::make_unique<ThreadPool>(options.threads);
+  impl->wakes = std::make_unique<WakeQueue>();
   impl->peers = std::make_unique<PeerClient>(
       PeerCredentials{.auth_token = options.auth_token, .tls_root_certs = options.tls_root_certs});
   impl->registry = std::make_unique<JobRegistry>(JobResources{
       .pool = impl->pool.get(),
       .peers = impl->peers.get(),
+      .wakes = impl->wakes.get(),
       .nvme_root = options.nvme_path,
       .ram_budget_bytes = options.memory_budget_bytes,
       .checkpoint_root = options.checkpoint_dir,

@@ -5,10 +5,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/logging.h"
-#include "grpcpp/support/method_handler.h"
 #include "rpc/rpc_util.h"
-#include "server/gradient_piece_view.h"
 #include "server/job_spec.h"
+#include "server/pull_reactor.h"
+#include "server/push_reactor.h"
 
 namespace zo {
 namespace {
@@ -21,16 +21,9 @@ absl::Time DeadlineOf(const grpc::ServerContext& context) {
   return std::min(d, absl::Now() + absl::Hours(1));
 }
 
-bool ConstantTimeEquals(const std::string& a, const std::string& b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
-
-#define ZO_RPC_AUTH(context)                                                     \
-  do {                                                                           \
-    if (absl::Status s = CheckAuth(*(context)); !s.ok()) return ToGrpcStatus(s); \
+#define ZO_RPC_AUTH(context)                                                       \
+  do {                                                                             \
+    if (absl::Status s = auth_.Check(*(context)); !s.ok()) return ToGrpcStatus(s); \
   } while (0)
 
 #define ZO_RPC_ASSIGN_OR_RETURN(lhs, expr)                    \
@@ -42,34 +35,7 @@ bool ConstantTimeEquals(const std::string& a, const std::string& b) {
 
 OffloadService::OffloadService(JobRegistry* registry, std::string auth_token,
                                int64_t max_message_bytes)
-    : registry_(registry),
-      auth_token_(std::move(auth_token)),
-      max_message_bytes_(max_message_bytes) {
-  // Method 5 of zo.v1.Offload is PushGradients (checked by a test that
-  // pushes through the real service).
-  MarkMethodStreamed(
-      5, new grpc::internal::ClientStreamingHandler<OffloadService, grpc::ByteBuffer,
-                                                    v1::PushGradientsResponse>(
-             [](OffloadService* service, grpc::ServerContext* context,
-                grpc::ServerReader<grpc::ByteBuffer>* reader, v1::PushGradientsResponse* response) {
-               return service->PushGradientsRaw(context, reader, response);
-             },
-             this));
-}
-
-absl::Status OffloadService::CheckAuth(const grpc::ServerContext& context) const {
-  if (auth_token_.empty()) return absl::OkStatus();
-  const auto& metadata = context.client_metadata();
-  auto it = metadata.find(kAuthMetadataKey);
-  if (it == metadata.end()) {
-    return absl::UnauthenticatedError("this server requires a token (authorization: Bearer ...)");
-  }
-  const std::string value(it->second.data(), it->second.size());
-  if (!ConstantTimeEquals(value, BearerValue(auth_token_))) {
-    return absl::UnauthenticatedError("wrong token");
-  }
-  return absl::OkStatus();
-}
+    : registry_(registry), auth_(std::move(auth_token)), max_message_bytes_(max_message_bytes) {}
 
 grpc::Status OffloadService::GetServerInfo(grpc::ServerContext* context,
                                            const v1::GetServerInfoRequest*,
@@ -127,38 +93,14 @@ grpc::Status OffloadService::InitParams(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status OffloadService::PushGradientsRaw(grpc::ServerContext* context,
-                                              grpc::ServerReader<grpc::ByteBuffer>* reader,
-                                              v1::PushGradientsResponse* response) {
-  ZO_RPC_AUTH(context);
-  const absl::Time deadline = DeadlineOf(*context);
-  grpc::ByteBuffer buffer;
-  std::vector<grpc::Slice> slices;
-  GradientPieceView piece;
-  std::shared_ptr<Job> job;
-  while (reader->Read(&buffer)) {
-    if (absl::Status s = ParseGradientPiece(buffer, &slices, &piece); !s.ok()) {
-      return ToGrpcStatus(s);
-    }
-    if (job == nullptr || job->spec().name != piece.job) {
-      ZO_RPC_ASSIGN_OR_RETURN(found, registry_->Find(piece.job));
-      job = std::move(found);
-    }
-    if (absl::Status s = job->PushGradient(piece, deadline); !s.ok()) return ToGrpcStatus(s);
-    response->set_pieces(response->pieces() + 1);
-    response->set_bytes(response->bytes() + static_cast<int64_t>(piece.data_bytes));
-  }
-  return grpc::Status::OK;
+grpc::ServerReadReactor<grpc::ByteBuffer>* OffloadService::PushGradients(
+    grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
+  return new PushReactor(registry_, auth_, *context, response);
 }
 
-grpc::Status OffloadService::PullParams(grpc::ServerContext* context,
-                                        const v1::PullParamsRequest* request,
-                                        grpc::ServerWriter<v1::ParamPiece>* writer) {
-  ZO_RPC_AUTH(context);
-  ZO_RPC_ASSIGN_OR_RETURN(job, registry_->Find(request->job()));
-  return ToGrpcStatus(job->PullParams(*request, DeadlineOf(*context), [&](const v1::ParamPiece& p) {
-    return !context->IsCancelled() && writer->Write(p);
-  }));
+grpc::ServerWriteReactor<v1::ParamPiece>* OffloadService::PullParams(
+    grpc::CallbackServerContext* context, const v1::PullParamsRequest* request) {
+  return new PullReactor(registry_, auth_, *context, *request);
 }
 
 grpc::Status OffloadService::ReportStepStats(grpc::ServerContext* context,

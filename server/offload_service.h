@@ -1,6 +1,14 @@
 // The gRPC face of a server: checks the token, turns requests into calls on
 // the jobs of a JobRegistry, and statuses into gRPC statuses. No job logic
 // lives here.
+//
+// PushGradients and PullParams, the calls that wait on a step, are callback
+// reactors (push_reactor.h, pull_reactor.h): while one waits for its chunk's
+// release or for a version, no thread is parked; the job keeps its wake and
+// the server's WakeQueue runs it. The other calls are synchronous handlers:
+// they do blocking work (allocating a job, checkpoint I/O, a restore across
+// servers) that belongs on gRPC's sync pool, not on the callback threads
+// that move the streams.
 #ifndef ZO_SERVER_OFFLOAD_SERVICE_H_
 #define ZO_SERVER_OFFLOAD_SERVICE_H_
 
@@ -8,11 +16,13 @@
 
 #include "absl/status/status.h"
 #include "proto/zo/v1/offload_service.grpc.pb.h"
+#include "server/call_auth.h"
 #include "server/job_registry.h"
 
 namespace zo {
 
-class OffloadService final : public v1::Offload::Service {
+class OffloadService final : public v1::Offload::WithRawCallbackMethod_PushGradients<
+                                 v1::Offload::WithCallbackMethod_PullParams<v1::Offload::Service>> {
  public:
   // `auth_token` empty: calls are not checked. The registry is borrowed.
   OffloadService(JobRegistry* registry, std::string auth_token, int64_t max_message_bytes);
@@ -28,8 +38,12 @@ class OffloadService final : public v1::Offload::Service {
   grpc::Status InitParams(grpc::ServerContext* context,
                           grpc::ServerReader<v1::ParamInitPiece>* reader,
                           v1::InitParamsResponse* response) override;
-  grpc::Status PullParams(grpc::ServerContext* context, const v1::PullParamsRequest* request,
-                          grpc::ServerWriter<v1::ParamPiece>* writer) override;
+  // Each piece as the raw buffer gRPC received, accumulated from its slices
+  // (gradient_piece_view.h) instead of parsed into a message.
+  grpc::ServerReadReactor<grpc::ByteBuffer>* PushGradients(grpc::CallbackServerContext* context,
+                                                           grpc::ByteBuffer* response) override;
+  grpc::ServerWriteReactor<v1::ParamPiece>* PullParams(
+      grpc::CallbackServerContext* context, const v1::PullParamsRequest* request) override;
   grpc::Status ReportStepStats(grpc::ServerContext* context, const v1::StepStats* request,
                                v1::StepStatsResponse* response) override;
   grpc::Status CommitStep(grpc::ServerContext* context, const v1::StepCommit* request,
@@ -45,18 +59,8 @@ class OffloadService final : public v1::Offload::Service {
                        v1::RestoreResponse* response) override;
 
  private:
-  // PushGradients, installed in place of the generated handler: it reads
-  // each piece as the raw buffer gRPC received and accumulates from its
-  // slices (gradient_piece_view.h) instead of parsing into a message.
-  grpc::Status PushGradientsRaw(grpc::ServerContext* context,
-                                grpc::ServerReader<grpc::ByteBuffer>* reader,
-                                v1::PushGradientsResponse* response);
-
-  // UNAUTHENTICATED unless the call carries the token (or none is set).
-  absl::Status CheckAuth(const grpc::ServerContext& context) const;
-
   JobRegistry* const registry_;
-  const std::string auth_token_;
+  const CallAuth auth_;
   const int64_t max_message_bytes_;
 };
 

@@ -5,12 +5,16 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/fp16.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -26,6 +30,7 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using testing::IsOk;
+using testing::IsOkAndHolds;
 using testing::StatusIs;
 
 constexpr char kToken[] = "sesame";
@@ -131,6 +136,17 @@ class OffloadServiceTest : public ::testing::Test {
     return w;
   }
 
+  // Asks for the job's status until `done` holds for it; false if it never
+  // did within many asks (no clock: the calls themselves pace it).
+  bool StatusUntil(const std::function<bool(const v1::JobStatus&)>& done) {
+    for (int i = 0; i < 200000; ++i) {
+      absl::StatusOr<v1::JobStatus> st = Status();
+      if (st.ok() && done(*st)) return true;
+      std::this_thread::yield();
+    }
+    return false;
+  }
+
   absl::Status Init(float value) {
     v1::InitParamsResponse response;
     auto context = Context();
@@ -150,6 +166,55 @@ class OffloadServiceTest : public ::testing::Test {
   std::string root_;
   std::unique_ptr<OffloadServer> server_;
   std::unique_ptr<v1::Offload::Stub> stub_;
+};
+
+// Threads of this process now (Linux).
+int ThreadCount() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+  }
+  return -1;
+}
+
+// A pull through gRPC's callback client API, so that no client thread waits
+// either: what the server does with many waiting pulls is all that counts.
+class AsyncPull final : public grpc::ClientReadReactor<v1::ParamPiece> {
+ public:
+  AsyncPull(v1::Offload::Stub* stub, int64_t version) {
+    context_.AddMetadata(kAuthMetadataKey, BearerValue(kToken));
+    context_.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    request_.set_job("svc");
+    request_.set_version(version);
+    request_.set_have_version(-1);
+    stub->async()->PullParams(&context_, &request_, this);
+    StartRead(&piece_);
+    StartCall();
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    bytes_ += static_cast<int64_t>(piece_.data().size());
+    StartRead(&piece_);
+  }
+  void OnDone(const grpc::Status& s) override {
+    status_ = FromGrpcStatus(s);
+    done_.Notify();
+  }
+  // The call's status and the payload bytes it read.
+  absl::StatusOr<int64_t> Await() {
+    done_.WaitForNotification();
+    if (!status_.ok()) return status_;
+    return bytes_;
+  }
+
+ private:
+  grpc::ClientContext context_;
+  v1::PullParamsRequest request_;
+  v1::ParamPiece piece_;
+  int64_t bytes_ = 0;
+  absl::Status status_;
+  absl::Notification done_;
 };
 
 const char kConfig[] =
@@ -212,6 +277,62 @@ TEST_F(OffloadServiceTest, AStepThroughTheWireAndItsStatusSurviveARestore) {
   EXPECT_EQ(st.last_lr(), st1.last_lr());
   ZO_ASSERT_OK_AND_ASSIGN(const std::vector<float> back, Pull(1));
   EXPECT_EQ(back, v1);
+}
+
+// A waiting pull is a callback the job keeps, not a server thread: 64 pulls
+// of a version to come add (almost) no threads, and all are served once it
+// exists. A thread-per-call server would hold 64 more threads here.
+TEST_F(OffloadServiceTest, WaitingPullsParkNoThreads) {
+  ASSERT_THAT(Open(OpenRequest(kConfig)).status(), IsOk());
+  ASSERT_THAT(Init(1.0f), IsOk());
+  ASSERT_THAT(Pull(0).status(), IsOk());
+  constexpr int kPulls = 64;
+  const int before = ThreadCount();
+  std::vector<std::unique_ptr<AsyncPull>> pulls;
+  for (int i = 0; i < kPulls; ++i) pulls.push_back(std::make_unique<AsyncPull>(stub_.get(), 1));
+  ASSERT_TRUE(StatusUntil([](const v1::JobStatus& st) { return st.waiting_pulls() == kPulls; }));
+  EXPECT_LT(ThreadCount() - before, 16) << "threads grew with the waiting pulls";
+
+  ASSERT_THAT(Push(1, 0.5f), IsOk());
+  for (auto& pull : pulls) EXPECT_THAT(pull->Await(), IsOkAndHolds(kElems * 4));
+  ZO_ASSERT_OK_AND_ASSIGN(const v1::JobStatus st, Status());
+  EXPECT_EQ(st.waiting_pulls(), 0);
+}
+
+// A push for the step after its chunk's waits as a kept callback: it goes
+// in once the step before is done; cancelled while it waits, the server
+// takes the callback back and the call ends.
+TEST_F(OffloadServiceTest, AWaitingPushGoesInAfterTheStepBeforeOrEndsWhenCancelled) {
+  ASSERT_THAT(Open(OpenRequest(kConfig)).status(), IsOk());
+  ASSERT_THAT(Init(1.0f), IsOk());
+
+  {
+    auto context = Context();
+    v1::PushGradientsResponse response;
+    auto writer = stub_->PushGradients(context.get(), &response);
+    v1::GradientPiece piece;
+    piece.set_job("svc");
+    piece.set_step(2);
+    piece.set_chunk(0);
+    piece.set_dtype(v1::DTYPE_FP32);
+    piece.set_data(std::string(32 * 4, '\0'));
+    ASSERT_TRUE(writer->Write(piece));
+    ASSERT_TRUE(StatusUntil([](const v1::JobStatus& st) { return st.waiting_pushes() == 1; }));
+    context->TryCancel();
+    EXPECT_EQ(writer->Finish().error_code(), grpc::StatusCode::CANCELLED);
+    ASSERT_TRUE(StatusUntil([](const v1::JobStatus& st) { return st.waiting_pushes() == 0; }));
+  }
+
+  absl::Status early;
+  std::thread step2([&] { early = Push(2, 0.25f); });
+  ASSERT_TRUE(StatusUntil([](const v1::JobStatus& st) { return st.waiting_pushes() == 1; }));
+  ASSERT_THAT(Push(1, 0.5f), IsOk());
+  step2.join();
+  ASSERT_THAT(early, IsOk());
+  ZO_ASSERT_OK_AND_ASSIGN(const std::vector<float> w2, Pull(2));
+  ZO_ASSERT_OK_AND_ASSIGN(const v1::JobStatus st, Status());
+  EXPECT_EQ(st.version(), 2);
+  EXPECT_EQ(st.last_grad_norm(), std::sqrt(kElems * 0.25 * 0.25));
 }
 
 TEST_F(OffloadServiceTest, AJobStuckAtTheMinimumScaleFailsWithAClearStatus) {

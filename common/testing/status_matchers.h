@@ -40,6 +40,15 @@ MATCHER_P2(StatusIs, code, message_matcher,
          ::testing::Matches(message_matcher)(std::string(status.message()));
 }
 
+// A StatusOr that is OK and holds `value` (a value or a matcher).
+MATCHER_P(IsOkAndHolds, value, "is OK and holds " + ::testing::PrintToString(value)) {
+  if (!arg.ok()) {
+    *result_listener << "status is " << arg.status();
+    return false;
+  }
+  return ::testing::ExplainMatchResult(value, *arg, result_listener);
+}
+
 }  // namespace zo::testing
 
 #define ZO_ASSERT_OK_AND_ASSIGN(lhs, rexpr) \

@@ -1,0 +1,104 @@
+#include "server/pull_reactor.h"
+
+#include "rpc/rpc_util.h"
+
+namespace zo {
+
+PullReactor::PullReactor(JobRegistry* registry, const CallAuth& auth,
+                         const grpc::CallbackServerContext& context,
+                         const v1::PullParamsRequest& request)
+    : request_(request) {
+  if (absl::Status s = auth.Check(context); !s.ok()) {
+    FinishWith(s);
+    return;
+  }
+  absl::StatusOr<std::shared_ptr<Job>> found = registry->Find(request_.job());
+  if (!found.ok()) {
+    FinishWith(found.status());
+    return;
+  }
+  job_ = *std::move(found);
+  if (absl::Status s = job_->CheckPullRequest(request_); !s.ok()) {
+    FinishWith(s);
+    return;
+  }
+  Await();
+}
+
+void PullReactor::Await() {
+  {
+    std::unique_lock lock(mu_);
+    absl::Status failed;
+    if (cancelled_) {
+      failed = absl::CancelledError("the pull was cancelled while it waited for its version");
+    } else {
+      absl::StatusOr<bool> has = job_->AwaitVersion(
+          request_.version(), [this] { Await(); }, &ticket_);
+      if (!has.ok()) {
+        failed = has.status();
+      } else if (!*has) {
+        return;  // the wake calls Await again
+      }
+    }
+    if (!failed.ok()) {
+      if (!ClaimFinishLocked()) return;
+      lock.unlock();
+      Finish(ToGrpcStatus(failed));
+      return;
+    }
+  }
+  serve_start_ = absl::Now();
+  absl::StatusOr<PullCursor> cursor = job_->OpenPull(request_);
+  if (!cursor.ok()) {
+    FinishWith(cursor.status());
+    return;
+  }
+  cursor_.emplace(*std::move(cursor));
+  WriteNext();
+}
+
+void PullReactor::WriteNext() {
+  if (cursor_->Next(&piece_)) {
+    StartWrite(&piece_);
+    return;
+  }
+  job_->AddServeTime(absl::Now() - serve_start_);
+  FinishWith(absl::OkStatus());
+}
+
+void PullReactor::OnWriteDone(bool ok) {
+  if (!ok) {
+    FinishWith(absl::CancelledError("the caller went away"));
+    return;
+  }
+  WriteNext();
+}
+
+void PullReactor::OnCancel() {
+  std::unique_lock lock(mu_);
+  cancelled_ = true;
+  // A write in flight ends with ok = false and finishes the call; a kept
+  // wake is taken back here, or (already posted) finishes it when it runs.
+  if (ticket_ == WaitList::kNone || !job_->CancelVersionWait(ticket_)) return;
+  ticket_ = WaitList::kNone;
+  if (!ClaimFinishLocked()) return;
+  lock.unlock();
+  Finish(grpc::Status(grpc::StatusCode::CANCELLED,
+                      "the pull was cancelled while it waited for its version"));
+}
+
+bool PullReactor::ClaimFinishLocked() {
+  if (finished_) return false;
+  finished_ = true;
+  return true;
+}
+
+void PullReactor::FinishWith(const absl::Status& status) {
+  {
+    std::lock_guard lock(mu_);
+    if (!ClaimFinishLocked()) return;
+  }
+  Finish(ToGrpcStatus(status));
+}
+
+}  // namespace zo

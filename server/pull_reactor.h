@@ -1,0 +1,62 @@
+// One PullParams call as a gRPC callback reactor: waits for the version
+// asked (a wake kept by the job, not a parked thread), then writes the
+// pieces of a PullCursor one at a time, each when the last is on its way.
+//
+//   ctor: check -> AwaitVersion -> has it: OpenPull, StartWrite(first)
+//                               -> waiting: (wake) AwaitVersion again
+//   OnWriteDone -> StartWrite(next) ... -> Finish(OK)
+//
+// The reactor deletes itself in OnDone. It finishes exactly once, on the
+// first of: the last piece written, a failure, the call's cancellation (its
+// deadline, the client gone) while no wake of it is posted.
+#ifndef ZO_SERVER_PULL_REACTOR_H_
+#define ZO_SERVER_PULL_REACTOR_H_
+
+#include <memory>
+#include <mutex>
+#include <optional>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/zo/v1/params.pb.h"
+#include "server/call_auth.h"
+#include "server/job.h"
+#include "server/job_registry.h"
+#include "server/pull_cursor.h"
+#include "server/wait_list.h"
+
+namespace zo {
+
+class PullReactor final : public grpc::ServerWriteReactor<v1::ParamPiece> {
+ public:
+  PullReactor(JobRegistry* registry, const CallAuth& auth,
+              const grpc::CallbackServerContext& context, const v1::PullParamsRequest& request);
+
+  void OnWriteDone(bool ok) override;
+  void OnCancel() override;
+  void OnDone() override { delete this; }
+
+ private:
+  // Asks the job for the version; called again by the wake while it waits.
+  void Await();
+  // Writes the cursor's next piece, or finishes after the last.
+  void WriteNext();
+  bool ClaimFinishLocked();
+  void FinishWith(const absl::Status& status);
+
+  const v1::PullParamsRequest request_;
+  std::shared_ptr<Job> job_;
+  std::optional<PullCursor> cursor_;
+  v1::ParamPiece piece_;  // the write in flight
+  absl::Time serve_start_;
+
+  std::mutex mu_;  // taken before the job's locks
+  WaitList::Ticket ticket_ = WaitList::kNone;
+  bool cancelled_ = false;
+  bool finished_ = false;
+};
+
+}  // namespace zo
+
+#endif  // ZO_SERVER_PULL_REACTOR_H_

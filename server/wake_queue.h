@@ -1,0 +1,43 @@
+// The one thread of a server that runs the callbacks WaitLists hand out: a
+// woken push retries, a woken pull starts writing. One thread for every
+// waiting call of every job, and no callback runs under the lock of the
+// state it waited on (a wake may take that lock again).
+//
+// Thread-safe. Callbacks run in the order posted.
+#ifndef ZO_SERVER_WAKE_QUEUE_H_
+#define ZO_SERVER_WAKE_QUEUE_H_
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace zo {
+
+class WakeQueue {
+ public:
+  WakeQueue();
+  // Runs everything posted before it, then joins the thread.
+  ~WakeQueue();
+
+  // Safe under any lock: only takes the queue's own.
+  void Post(std::vector<std::function<void()>> wakes);
+
+  WakeQueue(const WakeQueue&) = delete;
+  WakeQueue& operator=(const WakeQueue&) = delete;
+
+ private:
+  void Loop();
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace zo
+
+#endif  // ZO_SERVER_WAKE_QUEUE_H_
