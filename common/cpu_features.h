@@ -14,6 +14,7 @@
 #ifndef ZO_COMMON_CPU_FEATURES_H_
 #define ZO_COMMON_CPU_FEATURES_H_
 
+#include <ostream>
 #include <string>
 #include <string_view>
 
@@ -61,6 +62,10 @@ SimdLevel BestSimdLevel();
 
 // "scalar", "avx2", "avx512".
 std::string_view SimdLevelName(SimdLevel level);
+// The name, for logs and test listings.
+inline std::ostream& operator<<(std::ostream& os, SimdLevel level) {
+  return os << SimdLevelName(level);
+}
 
 // Inverse of SimdLevelName, ignoring case and surrounding spaces.
 // INVALID_ARGUMENT names the value and the accepted spellings.

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <optional>
+#include <ostream>
 #include <string_view>
 
 namespace zo {
@@ -24,6 +25,9 @@ constexpr std::string_view DTypeName(DType t) {
   }
   return "?";
 }
+
+// The name, for logs and test listings.
+inline std::ostream& operator<<(std::ostream& os, DType t) { return os << DTypeName(t); }
 
 // Accepts the short names and the spellings users write in configs and
 // PyTorch ("float16", "half", "bfloat16", "float32", "float").

@@ -22,9 +22,6 @@
 
 namespace zo {
 
-// Names the level in ctest's listing instead of its raw bytes.
-void PrintTo(SimdLevel level, std::ostream* os) { *os << SimdLevelName(level); }
-
 namespace {
 
 using kernel_testing::GradBuffer;
