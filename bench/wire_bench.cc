@@ -427,7 +427,7 @@ void Print(const WireBenchOptions& o, const WireResult& r, std::ostream& out) {
       "acknowledges\n"
       "  %d rounds after %d of warm-up, alternating which goes first; the server's optimizer "
       "step (median %.3f s)\n  runs between rounds, untimed; GB = 1e9 bytes\n"
-      "  ratio = median grpc GB/s / median tcp GB/s (target >= 0.6)\n\n"
+      "  ratio = median grpc GB/s / median tcp GB/s (target >= 0.8)\n\n"
       "%-11s %-9s %10s %9s %7s   %-14s %s\n",
       FormatBytes(static_cast<double>(o.bytes)), o.bytes / 2, o.chunk_elems, o.piece_bytes,
       o.in_flight_bytes, o.piece_bytes, o.rounds, o.warmup_rounds, Median(r.step_s), "bytes",

@@ -1,6 +1,6 @@
 // `zo-bench wire`: gradient push over loopback against a plain TCP stream
 // between the same two processes in the same run (docs/architecture.md, "Performance":
-// ratio >= 0.6).
+// ratio >= 0.8).
 //
 // The bench forks a child process (before this process starts any thread)
 // that runs an OffloadServer on 127.0.0.1 and a plain TCP sink on another
