@@ -16,8 +16,8 @@ namespace {
 
 // Bytes per element of the fp32 optimizer state.
 constexpr int64_t kMasterBytes = 4;
-constexpr int64_t kMomentBytes = 8;  // m and v
-constexpr int64_t kGradAccumBytes = 4;
+constexpr int64_t kMomentBytes = 8;     // m and v
+constexpr int64_t kGradAccumBytes = 4;  // fp32 sum over dp ranks
 
 // Whether `sizes` splits into at most `parts` contiguous groups none larger
 // than `cap`.
@@ -91,7 +91,9 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const EstimateInput& input) {
   for (int i = 0; i < input.servers; ++i) s.elems = std::max(s.elems, map.ElemsOnServer(i));
   s.master_bytes = s.elems * kMasterBytes;
   s.moment_bytes = s.elems * kMomentBytes;
-  s.grad_accum_bytes = s.elems * kGradAccumBytes;
+  // Several dp ranks sum in fp32; one rank's 16-bit gradients are kept as
+  // received.
+  s.grad_accum_bytes = s.elems * (input.dp_ranks == 1 ? lp : kGradAccumBytes);
   // Two versions: the latest and the one before (the delayed update pulls
   // v_t while the step writing v_{t+1} runs).
   s.low_precision_bytes = 2 * s.elems * lp;
@@ -145,7 +147,8 @@ std::string FormatEstimateTable(const MemoryEstimate& e) {
              nvme ? bytes(s.master_bytes) : "-");
   out += Row("fp32 Adam moments (m, v)", nvme ? "-" : bytes(s.moment_bytes),
              nvme ? bytes(s.moment_bytes) : "-");
-  out += Row("fp32 gradient accumulator", bytes(s.grad_accum_bytes), "-");
+  out += Row(e.input.dp_ranks == 1 ? lp + " gradients as received" : "fp32 gradient sum",
+             bytes(s.grad_accum_bytes), "-");
   out += Row(lp + " copies for pulls (2 versions)", bytes(s.low_precision_bytes), "-");
   if (nvme) {
     out += Row(absl::StrFormat("swap buffers (%d x %s elements)", in.buffer_count,

@@ -39,7 +39,7 @@ struct ServerEstimate {
   int64_t elems = 0;
   int64_t master_bytes = 0;         // fp32 master weights
   int64_t moment_bytes = 0;         // fp32 Adam m and v
-  int64_t grad_accum_bytes = 0;     // fp32 gradient accumulator (always RAM)
+  int64_t grad_accum_bytes = 0;     // gradient buffer: fp32 sum, or 16-bit with one dp rank (RAM)
   int64_t low_precision_bytes = 0;  // fp16/bf16 copies served to pulls, 2 versions (always RAM)
   int64_t io_buffer_bytes = 0;      // swap buffers, NVMe only
   int64_t sub_group_elems = 0;      // sub-group actually used (clamped to elems)

@@ -12,8 +12,9 @@ using ::testing::HasSubstr;
 using testing::StatusIs;
 
 // Figures below are computed by hand from docs/architecture.md's "Memory tiers":
-// GPU 2+2 bytes/param; server RAM 4 (master) + 8 (m, v) + 4 (grad accumulator)
-// + 2 (low-precision copy); with NVMe the 12 bytes of optimizer state move to
+// GPU 2+2 bytes/param; server RAM 4 (master) + 8 (m, v) + the gradient buffer
+// (2 as received with one dp rank, a 4-byte fp32 sum with several) + 4 (two
+// low-precision versions); with NVMe the 12 bytes of optimizer state move to
 // disk and RAM gains buffer_count sub-group buffers of 12 bytes/element.
 
 TEST(MemoryEstimateTest, OneBillionParamsInRam) {
@@ -25,10 +26,17 @@ TEST(MemoryEstimateTest, OneBillionParamsInRam) {
   EXPECT_EQ(e.server.elems, 1000000000);
   EXPECT_EQ(e.server.master_bytes, 4000000000);
   EXPECT_EQ(e.server.moment_bytes, 8000000000);
-  EXPECT_EQ(e.server.grad_accum_bytes, 4000000000);
+  EXPECT_EQ(e.server.grad_accum_bytes, 2000000000);     // one dp rank: fp16 as received
   EXPECT_EQ(e.server.low_precision_bytes, 4000000000);  // two fp16 versions
-  EXPECT_EQ(e.server.ram_bytes, 20000000000);
+  EXPECT_EQ(e.server.ram_bytes, 18000000000);
   EXPECT_EQ(e.server.nvme_bytes, 0);
+  EXPECT_THAT(FormatEstimateTable(e), HasSubstr("fp16 gradients as received"));
+
+  in.dp_ranks = 2;  // summed in fp32
+  ZO_ASSERT_OK_AND_ASSIGN(MemoryEstimate two, EstimateMemory(in));
+  EXPECT_EQ(two.server.grad_accum_bytes, 4000000000);
+  EXPECT_EQ(two.server.ram_bytes, 20000000000);
+  EXPECT_THAT(FormatEstimateTable(two), HasSubstr("fp32 gradient sum"));
 }
 
 TEST(MemoryEstimateTest, ThirteenBillionOnNvmeOverTwoServers) {
@@ -47,8 +55,9 @@ TEST(MemoryEstimateTest, ThirteenBillionOnNvmeOverTwoServers) {
   EXPECT_EQ(e.server.elems, int64_t{1550} * 4194304);
   EXPECT_EQ(e.server.nvme_bytes, int64_t{12} * 6501171200);
   EXPECT_EQ(e.server.io_buffer_bytes, int64_t{4} * 100000000 * 12);
-  // Accumulator 4 B + two bf16 versions 4 B per element, plus the buffers.
-  EXPECT_EQ(e.server.ram_bytes, int64_t{8} * 6501171200 + 4800000000);
+  // One dp rank: bf16 gradients 2 B + two bf16 versions 4 B per element,
+  // plus the buffers.
+  EXPECT_EQ(e.server.ram_bytes, int64_t{6} * 6501171200 + 4800000000);
 }
 
 TEST(MemoryEstimateTest, SubGroupNeverExceedsTheServersShare) {
@@ -105,13 +114,13 @@ TEST(MemoryEstimateTest, TableAndJsonCarryTheFigures) {
   EXPECT_THAT(table, HasSubstr("1.00 B parameters"));
   EXPECT_THAT(table, HasSubstr("optimizer state in NVMe"));
   EXPECT_THAT(table, HasSubstr("swap buffers (4 x 1.00 M elements)"));
-  // 8e9 + 48e6 bytes = 7.50 GiB of RAM; 12e9 bytes = 11.18 GiB of NVMe.
-  EXPECT_THAT(table, ::testing::ContainsRegex("total +7.50 GiB +11.18 GiB"));
+  // 6e9 + 48e6 bytes = 5.63 GiB of RAM; 12e9 bytes = 11.18 GiB of NVMe.
+  EXPECT_THAT(table, ::testing::ContainsRegex("total +5.63 GiB +11.18 GiB"));
 
   const nlohmann::json j = nlohmann::json::parse(FormatEstimateJson(e));
   EXPECT_EQ(j["parameters"], 1000000000);
   EXPECT_EQ(j["optimizer_device"], "nvme");
-  EXPECT_EQ(j["server"]["ram_bytes"], int64_t{8000000000} + 48000000);
+  EXPECT_EQ(j["server"]["ram_bytes"], int64_t{6000000000} + 48000000);
   EXPECT_EQ(j["server"]["nvme_bytes"], 12000000000);
   EXPECT_EQ(j["gpu"]["total_bytes"], 4000000000);
 }

@@ -15,13 +15,15 @@ absl::StatusOr<std::unique_ptr<GradientAccumulator>> GradientAccumulator::Create
     return absl::InvalidArgumentError("a GradientAccumulator needs a WakeQueue for waiting pushes");
   }
   std::unique_ptr<GradientAccumulator> a(new GradientAccumulator(std::move(options)));
+  const DType gdtype = a->gradient_dtype();
+  const size_t gsize = DTypeSize(gdtype);
   ZO_ASSIGN_OR_RETURN(
-      a->accum_, AlignedBuffer::Allocate(
-                     static_cast<size_t>(std::max<int64_t>(a->local_elems_, 1)) * sizeof(float)));
+      a->accum_,
+      AlignedBuffer::Allocate(static_cast<size_t>(std::max<int64_t>(a->local_elems_, 1)) * gsize));
   std::vector<OptimizerChunk> views;
   for (const LocalChunk& c : a->chunks_) {
     OptimizerChunk v;
-    v.grad = {a->accum_.as<float>() + c.local_offset, DType::kFloat32};
+    v.grad = {a->accum_.as<char>() + c.local_offset * static_cast<int64_t>(gsize), gdtype};
     v.n = static_cast<size_t>(c.elems);
     views.push_back(v);
     a->chunk_mu_.push_back(std::make_unique<absl::Mutex>());
@@ -104,12 +106,20 @@ absl::StatusOr<GradientAccumulator::PushOutcome> GradientAccumulator::TryPush(
     if (!was_complete && coverage.complete()) ++complete_chunks_;
     ++adding_;
   }
-  {
+  if (StoresGradients()) {
+    // Coverage gave this rank's elements to this push alone: no lock.
+    char* slot = accum_.as<char>() + c.local_offset * static_cast<int64_t>(elem);
+    for (const FlatRange& g : gaps) {
+      CopySegments(piece.data, static_cast<size_t>(g.begin - piece.offset) * elem,
+                   static_cast<size_t>(g.size()) * elem,
+                   slot + g.begin * static_cast<int64_t>(elem));
+    }
+  } else {
     absl::MutexLock chunk_lock(chunk_mu_[index].get());
     float* acc = accum_.as<float>() + c.local_offset;
     for (const FlatRange& g : gaps) {
       AccumulateSegments(piece.data, dtype_, static_cast<size_t>(g.begin - piece.offset),
-                         static_cast<size_t>(g.size()), acc + g.begin, StoresGradients());
+                         static_cast<size_t>(g.size()), acc + g.begin);
     }
   }
   bool ready;
@@ -213,13 +223,13 @@ void GradientAccumulator::Zero(int64_t begin, int64_t end) {
   if (begin >= end) return;
   // Each worker zeroes its own pieces (the first-touch partition), so a
   // whole-step release is as parallel as the update was.
-  float* const base = accum_.as<float>();
+  const int64_t size = static_cast<int64_t>(DTypeSize(gradient_dtype()));
+  char* const base = accum_.as<char>();
   view_->ForEachSegment([&](const OptimizerChunk& c, size_t seg_begin, size_t seg_end) {
-    float* const g = const_cast<float*>(static_cast<const float*>(c.grad.data));
-    const int64_t offset = g - base;
+    const int64_t offset = (static_cast<const char*>(c.grad.data) - base) / size;
     const int64_t lo = std::max<int64_t>(begin, offset + static_cast<int64_t>(seg_begin));
     const int64_t hi = std::min<int64_t>(end, offset + static_cast<int64_t>(seg_end));
-    if (lo < hi) std::memset(base + lo, 0, static_cast<size_t>(hi - lo) * sizeof(float));
+    if (lo < hi) std::memset(base + lo * size, 0, static_cast<size_t>((hi - lo) * size));
   });
 }
 

@@ -1,6 +1,8 @@
-// The fp32 gradient accumulator of the chunks one server owns, and the
-// per-chunk accounting of pushes into it (docs/architecture.md, "One
-// training step"):
+// The gradient buffer of the chunks one server owns, and the per-chunk
+// accounting of pushes into it (docs/architecture.md, "One training step").
+// With several dp ranks it accumulates in fp32; with one, every element
+// arrives exactly once per step, so it keeps the 16-bit gradients as
+// received (2 bytes per element instead of 4, nothing to convert or zero):
 //
 //   TryPush(step t, rank r, range) -> claims the range in the chunk's
 //                                   coverage and adds (or stores) it; while
@@ -11,9 +13,7 @@
 //   Release(chunks, t)           -> those chunks are zeroed and take t + 1
 //
 // There is no second gradient buffer: a chunk takes pushes for t + 1 as soon
-// as its update for t is done. With one dp rank every element arrives
-// exactly once per step, so a push stores instead of adding and nothing is
-// zeroed between steps.
+// as its update for t is done.
 //
 // Thread-safety: TryPush, CancelWait, Push, Ready, Close, Reopen and Reset
 // may be called from any thread. Stats, data and Release belong to the one step thread, and only
@@ -103,8 +103,15 @@ class GradientAccumulator {
 
   // Step thread, while Ready(): per-chunk statistics of the buffer.
   StepGradStats Stats() const;
-  // Step thread: the whole buffer, local_elems() floats.
-  float* data() { return accum_.as<float>(); }
+  // Step thread: the whole buffer, local_elems() elements of
+  // gradient_dtype().
+  TypedConstPtr gradients() const { return {accum_.data(), gradient_dtype()}; }
+  // fp32 with several dp ranks; the pushed dtype with one.
+  DType gradient_dtype() const { return StoresGradients() ? dtype_ : DType::kFloat32; }
+  // Bytes of the buffer: what this accumulator adds to a server's RAM.
+  int64_t buffer_bytes() const {
+    return local_elems_ * static_cast<int64_t>(DTypeSize(gradient_dtype()));
+  }
 
   // Step thread: chunks [begin, end) are done with `step`. Zeroes them
   // (unless pushes store) and lets their pushes for step + 1 in.
@@ -128,8 +135,8 @@ class GradientAccumulator {
  private:
   explicit GradientAccumulator(Options options);
 
-  // With one dp rank a push stores: no read of the buffer while receiving
-  // and no zeroing between steps.
+  // With one dp rank a push stores the bytes as received: no read of the
+  // buffer while receiving and no zeroing between steps.
   bool StoresGradients() const { return dp_world_size_ == 1; }
   // Local elements [begin, end), each pool worker its own part.
   void Zero(int64_t begin, int64_t end);
@@ -143,7 +150,7 @@ class GradientAccumulator {
   WakeQueue* const wakes_;
   const std::function<void()> on_ready_;
 
-  AlignedBuffer accum_;                 // fp32, local_elems_
+  AlignedBuffer accum_;                 // local_elems_ of gradient_dtype()
   std::unique_ptr<CpuOptimizer> view_;  // stats and zeroing over accum_, threaded
   // Held while adding into one chunk: two ranks may push the same chunk.
   std::vector<std::unique_ptr<absl::Mutex>> chunk_mu_;

@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "common/bf16.h"
+#include "common/fp16.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -25,11 +27,11 @@ const std::vector<LocalChunk> kChunks = {{.id = 1, .local_offset = 0, .elems = 1
                                          {.id = 3, .local_offset = 10, .elems = 6}};
 
 struct Fixture {
-  explicit Fixture(int dp) {
+  explicit Fixture(int dp, DType dtype = DType::kFloat32) {
     auto a = GradientAccumulator::Create({.job = "acc",
                                           .chunks = kChunks,
                                           .dp_world_size = dp,
-                                          .dtype = DType::kFloat32,
+                                          .dtype = dtype,
                                           .pool = &pool,
                                           .wakes = &wakes,
                                           .on_ready = [this] { ++ready_calls; }});
@@ -56,7 +58,11 @@ struct Fixture {
     if (absl::Status s = Push(0, step, rank, 0, std::vector<float>(10, value)); !s.ok()) return s;
     return Push(1, step, rank, 0, std::vector<float>(6, value));
   }
-  std::vector<float> Data() { return std::vector<float>(acc->data(), acc->data() + 16); }
+  // The buffer of an fp32 job.
+  std::vector<float> Data() {
+    const float* g = static_cast<const float*>(acc->gradients().data);
+    return std::vector<float>(g, g + 16);
+  }
 
   WakeQueue wakes;
   ThreadPool pool{2};
@@ -163,6 +169,46 @@ TEST(GradientAccumulatorTest, OneRankStoresAndNeedsNoZeroing) {
   EXPECT_THAT(f.Data(), ElementsAreArray(std::vector<float>(16, 2.0f)));
 }
 
+// One rank, 16-bit: the buffer is the pushed bits themselves, 2 bytes per
+// element, and its statistics are those of the values they stand for.
+TEST(GradientAccumulatorTest, OneRankKeepsSixteenBitGradientsAsReceived) {
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    Fixture f(1, dtype);
+    EXPECT_EQ(f.acc->gradient_dtype(), dtype);
+    EXPECT_EQ(f.acc->buffer_bytes(), 16 * 2);
+    std::vector<uint16_t> bits(16);
+    double sum_squares = 0.0;
+    for (int i = 0; i < 16; ++i) {
+      const float x = 0.37f * static_cast<float>(i - 7);
+      bits[i] = dtype == DType::kFloat16 ? FloatToHalfBits(x) : FloatToBf16Bits(x);
+      const double back =
+          dtype == DType::kFloat16 ? HalfBitsToFloat(bits[i]) : Bf16BitsToFloat(bits[i]);
+      sum_squares += back * back;
+    }
+    for (int index = 0; index < 2; ++index) {
+      v1::GradientPiece p;
+      p.set_job("acc");
+      p.set_step(1);
+      p.set_chunk(kChunks[index].id);
+      p.set_dtype(dtype == DType::kFloat16 ? v1::DTYPE_FP16 : v1::DTYPE_BF16);
+      const uint16_t* first = bits.data() + kChunks[index].local_offset;
+      p.set_data(std::string(reinterpret_cast<const char*>(first), kChunks[index].elems * 2));
+      ASSERT_THAT(f.acc->Push(index, ViewOf(p), absl::InfiniteFuture()), IsOk());
+    }
+    ASSERT_TRUE(f.acc->Ready());
+    const auto* kept = static_cast<const uint16_t*>(f.acc->gradients().data);
+    EXPECT_THAT(std::vector<uint16_t>(kept, kept + 16), ElementsAreArray(bits)) << dtype;
+    const StepGradStats stats = f.acc->Stats();
+    EXPECT_NEAR(stats.per_chunk[0].sum_squares + stats.per_chunk[1].sum_squares, sum_squares,
+                1e-9 * sum_squares)
+        << dtype;
+  }
+  // Several ranks add in fp32: 4 bytes per element.
+  Fixture several(2, DType::kFloat16);
+  EXPECT_EQ(several.acc->gradient_dtype(), DType::kFloat32);
+  EXPECT_EQ(several.acc->buffer_bytes(), 16 * 4);
+}
+
 TEST(GradientAccumulatorTest, BadPiecesNameWhatIsWrong) {
   Fixture f(2);
   EXPECT_THAT(f.Push(0, 1, 2, 0, {1}), StatusIs(absl::StatusCode::kInvalidArgument,
@@ -179,7 +225,8 @@ TEST(GradientAccumulatorTest, BadPiecesNameWhatIsWrong) {
               StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("[2, 4)")));
   // A resend adds only what was not delivered.
   ASSERT_THAT(f.Push(0, 1, 0, 2, {9, 9, 9}, absl::InfiniteFuture(), /*resend=*/true), IsOk());
-  EXPECT_THAT(std::vector<float>(f.acc->data(), f.acc->data() + 6),
+  const std::vector<float> data = f.Data();
+  EXPECT_THAT(std::vector<float>(data.begin(), data.begin() + 6),
               ElementsAreArray({1.0f, 1.0f, 1.0f, 1.0f, 9.0f, 0.0f}));
 }
 

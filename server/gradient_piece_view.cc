@@ -183,4 +183,18 @@ void AccumulateSegments(absl::Span<const absl::Span<const char>> data, DType dty
   }
 }
 
+void CopySegments(absl::Span<const absl::Span<const char>> data, size_t first, size_t n,
+                  char* dst) {
+  size_t seg_begin = 0;  // payload position where data[seg] starts
+  for (size_t seg = 0; n > 0; seg_begin += data[seg++].size()) {
+    if (first >= seg_begin + data[seg].size()) continue;
+    const size_t in_seg = first - seg_begin;
+    const size_t take = std::min(data[seg].size() - in_seg, n);
+    std::memcpy(dst, data[seg].data() + in_seg, take);
+    dst += take;
+    first += take;
+    n -= take;
+  }
+}
+
 }  // namespace zo

@@ -54,6 +54,11 @@ GradientPieceView ViewOf(const v1::GradientPiece& piece);
 void AccumulateSegments(absl::Span<const absl::Span<const char>> data, DType dtype, size_t first,
                         size_t n, float* acc, bool overwrite = false);
 
+// Copies bytes [first, first + n) of the payload (the segments back to back)
+// to `dst`: how a one-rank job keeps 16-bit gradients as received. Requires
+// first + n payload bytes to be present.
+void CopySegments(absl::Span<const absl::Span<const char>> data, size_t first, size_t n, char* dst);
+
 }  // namespace zo
 
 #endif  // ZO_SERVER_GRADIENT_PIECE_VIEW_H_

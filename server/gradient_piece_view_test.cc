@@ -179,6 +179,11 @@ TEST(GradientPieceViewTest, AccumulateSegmentsAddsOrStoresEveryElement) {
         ASSERT_EQ(got, want) << DTypeName(dtype) << " round " << round << " overwrite "
                              << overwrite;
       }
+      // Kept as received (one rank, 16-bit): the same bytes, across slices.
+      std::string copied(count * elem, '\x7f');
+      CopySegments(segments, first * elem, count * elem, copied.data());
+      ASSERT_EQ(copied, bytes.substr(first * elem, count * elem))
+          << DTypeName(dtype) << " round " << round;
     }
   }
 }

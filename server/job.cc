@@ -164,6 +164,7 @@ v1::JobStatus Job::Status() const {
   st.set_base_version(base_version_);
   st.set_waiting_pulls(version_waiters_.size());
   st.set_waiting_pushes(accum_->waiting());
+  st.set_ram_bytes(state_->ram_bytes() + accum_->buffer_bytes() + versions_->buffer_bytes());
   return st;
 }
 
@@ -464,7 +465,7 @@ absl::Status Job::Apply(const v1::StepCommit& commit) {
         MakeAdamStepConstants(hp, commit.applied_steps(), commit.grad_multiplier());
     void* lp = versions_->BeginWrite();
     ZO_RETURN_IF_ERROR(state_->AdamStep(
-        c, {accum_->data(), DType::kFloat32}, {lp, spec_.dtype},
+        c, accum_->gradients(), {lp, spec_.dtype},
         [&](int64_t end) { released = accum_->ReleaseBelow(released, end, commit.step()); }));
     versions_->CommitWrite(commit.step());
   }

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/fp16.h"
+#include "common/memory_estimate.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -39,7 +40,8 @@ class JobTest : public ::testing::Test {
   void TearDown() override { std::filesystem::remove_all(root_); }
 
   // A job over one tensor of kElems elements in chunks of 64.
-  std::unique_ptr<Job> Open(const std::string& config_body, v1::DType dtype = v1::DTYPE_FP32) {
+  std::unique_ptr<Job> Open(const std::string& config_body, v1::DType dtype = v1::DTYPE_FP32,
+                            int dp = 1) {
     v1::OpenJobRequest r;
     r.set_job("job");
     v1::TensorSpec* t = r.mutable_manifest()->add_tensors();
@@ -48,10 +50,10 @@ class JobTest : public ::testing::Test {
     t->set_dtype(dtype);
     // Bodies with a "zo" section set chunk_elems themselves.
     const bool has_zo = config_body.find("\"zo\"") != std::string::npos;
-    r.set_config_json(absl::StrCat(R"({"train_batch_size": 1)",
+    r.set_config_json(absl::StrCat(R"({"train_batch_size": )", dp,
                                    has_zo ? "" : R"(, "zo": {"chunk_elems": 64})",
                                    config_body.empty() ? "" : ", ", config_body, "}"));
-    r.set_dp_world_size(1);
+    r.set_dp_world_size(dp);
     r.add_servers("127.0.0.1:1");
     absl::StatusOr<JobSpec> spec = JobSpecFromRequest(r);
     EXPECT_THAT(spec.status(), IsOk());
@@ -106,6 +108,23 @@ class JobTest : public ::testing::Test {
   ThreadPool pool_{2};
   std::string root_;
 };
+
+// What the job allocates is what `zo-ctl estimate` says a server holds:
+// 12 bytes of optimizer state, the gradient buffer (2 bytes as received with
+// one dp rank, a 4-byte fp32 sum with two) and two 2-byte versions.
+TEST_F(JobTest, RamBytesAreTheEstimate) {
+  for (int dp : {1, 2}) {
+    auto job = Open(R"("fp16": {"enabled": true})", v1::DTYPE_FP16, dp);
+    ASSERT_NE(job, nullptr);
+    EstimateInput in;
+    in.tensor_elems = {kElems};
+    in.dp_ranks = dp;
+    in.chunk_elems = 64;
+    ZO_ASSERT_OK_AND_ASSIGN(const MemoryEstimate e, EstimateMemory(in));
+    EXPECT_EQ(job->Status().ram_bytes(), e.server.ram_bytes) << "dp " << dp;
+    EXPECT_EQ(job->Status().ram_bytes(), kElems * (dp == 1 ? 18 : 20)) << "dp " << dp;
+  }
+}
 
 TEST_F(JobTest, StepsReportNormAndLr) {
   std::unique_ptr<Job> job = Open(R"("gradient_clipping": 0)");

@@ -27,6 +27,8 @@ class ParamVersions {
 
   DType dtype() const { return dtype_; }
   int64_t elems() const { return elems_; }
+  // Bytes of both buffers.
+  int64_t buffer_bytes() const { return 2 * elems_ * static_cast<int64_t>(DTypeSize(dtype_)); }
 
   // Starts over at `version` (a restore): waits for readers, then holds no
   // version until CommitBase, while the caller fills base_data().

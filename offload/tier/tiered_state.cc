@@ -274,6 +274,15 @@ absl::StatusOr<std::unique_ptr<TieredOptimizerState>> TieredOptimizerState::Crea
 
 TieredOptimizerState::TieredOptimizerState(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
+int64_t TieredOptimizerState::ram_bytes() const {
+  int64_t bytes = 0;
+  for (const AlignedBuffer& array : impl_->ram) bytes += static_cast<int64_t>(array.size());
+  if (impl_->buffers != nullptr) {
+    bytes += static_cast<int64_t>(impl_->buffers->count() * impl_->buffers->buffer_bytes());
+  }
+  return bytes;
+}
+
 TieredOptimizerState::~TieredOptimizerState() = default;
 
 int64_t TieredOptimizerState::total_elems() const { return impl_->layout.total_elems(); }

@@ -83,6 +83,9 @@ class TieredOptimizerState {
   int64_t num_sub_groups() const;
   int64_t ram_sub_groups() const;  // the first ones; the rest are on NVMe
   int64_t nvme_sub_groups() const;
+  // Bytes this state holds in RAM: the RAM sub-groups' master, m and v and
+  // the swap buffers.
+  int64_t ram_bytes() const;
 
   // Sets master[offset, offset + values.size()) and zeroes m and v there.
   // Clears a "needs restore" state when it covers every element since it.

@@ -35,8 +35,9 @@ Result RunZoCtl(const std::string& args) {
 
 TEST(ZoCtlEstimateTest, JsonFiguresForAConfigFile) {
   // The example config puts optimizer state on NVMe; flags override the
-  // sub-group size. 2e9 params on one server: NVMe 12 B/param, RAM 8 B/param (accumulator, two fp16
-  // versions) plus 4 buffers of 1e8 elements x 12 B.
+  // sub-group size. 2e9 params on one server, one dp rank: NVMe 12 B/param,
+  // RAM 6 B/param (fp16 gradients as received, two fp16 versions) plus 4
+  // buffers of 1e8 elements x 12 B.
   const Result r = RunZoCtl("estimate --params 2B --config " ZO_SOURCE_DIR
                             "/examples/configs/nvme_offload_fp16.json --sub-group-size 1e8 --json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -45,7 +46,7 @@ TEST(ZoCtlEstimateTest, JsonFiguresForAConfigFile) {
   const nlohmann::json j = nlohmann::json::parse(r.output.substr(start));
   EXPECT_EQ(j["optimizer_device"], "nvme");
   EXPECT_EQ(j["server"]["nvme_bytes"], int64_t{24000000000});
-  EXPECT_EQ(j["server"]["ram_bytes"], int64_t{16000000000} + 4800000000);
+  EXPECT_EQ(j["server"]["ram_bytes"], int64_t{12000000000} + 4800000000);
   EXPECT_EQ(j["gpu"]["total_bytes"], int64_t{8000000000});
 }
 
