@@ -224,9 +224,7 @@ absl::Status Job::InitParams(const v1::ParamInitPiece& piece) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<GradientAccumulator::PushOutcome> Job::TryPushGradient(
-    const GradientPieceView& piece, GradientAccumulator::PushWait* wait,
-    std::function<void()> wake) {
+absl::StatusOr<int> Job::PushedChunkIndex(const GradientPieceView& piece) const {
   ZO_ASSIGN_OR_RETURN(const int i, LocalChunkIndex(piece.chunk));
   absl::StatusOr<DType> dtype = DTypeFromProto(piece.dtype);
   if (!dtype.ok() || *dtype != spec_.dtype) {
@@ -234,6 +232,13 @@ absl::StatusOr<GradientAccumulator::PushOutcome> Job::TryPushGradient(
                                                    " is not the job's ",
                                                    std::string(DTypeName(spec_.dtype))));
   }
+  return i;
+}
+
+absl::StatusOr<GradientAccumulator::PushOutcome> Job::TryPushGradient(
+    const GradientPieceView& piece, GradientAccumulator::PushWait* wait,
+    std::function<void()> wake) {
+  ZO_ASSIGN_OR_RETURN(const int i, PushedChunkIndex(piece));
   return accum_->TryPush(i, piece, wait, std::move(wake));
 }
 
@@ -244,13 +249,7 @@ bool Job::CancelPushWait(const GradientPieceView& piece,
 }
 
 absl::Status Job::PushGradient(const GradientPieceView& piece, absl::Time deadline) {
-  ZO_ASSIGN_OR_RETURN(const int i, LocalChunkIndex(piece.chunk));
-  absl::StatusOr<DType> dtype = DTypeFromProto(piece.dtype);
-  if (!dtype.ok() || *dtype != spec_.dtype) {
-    return absl::InvalidArgumentError(absl::StrCat("gradient dtype ", v1::DType_Name(piece.dtype),
-                                                   " is not the job's ",
-                                                   std::string(DTypeName(spec_.dtype))));
-  }
+  ZO_ASSIGN_OR_RETURN(const int i, PushedChunkIndex(piece));
   return accum_->Push(i, piece, deadline);
 }
 

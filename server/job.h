@@ -151,6 +151,8 @@ class Job {
 
   // Validation shared by the worker calls; returns the local chunk index.
   absl::StatusOr<int> LocalChunkIndex(int64_t chunk) const;
+  // LocalChunkIndex, and the piece's dtype is the job's.
+  absl::StatusOr<int> PushedChunkIndex(const GradientPieceView& piece) const;
 
   void StepLoop();
   bool ReadyToReportLocked() const;

@@ -335,6 +335,51 @@ TEST_F(OffloadServiceTest, AWaitingPushGoesInAfterTheStepBeforeOrEndsWhenCancell
   EXPECT_EQ(st.last_grad_norm(), std::sqrt(kElems * 0.25 * 0.25));
 }
 
+// Cancellation racing the wake: half of 16 waiting pushes are cancelled while
+// the step before completes and wakes them all. Every call finishes exactly
+// once (a second Finish or a wake after OnDone would crash or hang here, and
+// under ASan), and no wake is left behind.
+TEST_F(OffloadServiceTest, CancelledAndWokenPushesEachFinishOnce) {
+  ASSERT_THAT(Open(OpenRequest(kConfig)).status(), IsOk());
+  ASSERT_THAT(Init(1.0f), IsOk());
+  constexpr int kPushes = 16;  // two elements of chunk 0 each
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<v1::PushGradientsResponse> responses(kPushes);
+  std::vector<std::unique_ptr<grpc::ClientWriter<v1::GradientPiece>>> writers;
+  for (int i = 0; i < kPushes; ++i) {
+    contexts.push_back(Context());
+    writers.push_back(stub_->PushGradients(contexts.back().get(), &responses[i]));
+    v1::GradientPiece piece;
+    piece.set_job("svc");
+    piece.set_step(2);
+    piece.set_chunk(0);
+    piece.set_offset(2 * i);
+    piece.set_dtype(v1::DTYPE_FP32);
+    piece.set_data(std::string(2 * 4, '\0'));
+    ASSERT_TRUE(writers.back()->Write(piece));
+  }
+  ASSERT_TRUE(StatusUntil([](const v1::JobStatus& st) { return st.waiting_pushes() == kPushes; }));
+  std::thread canceller([&] {
+    for (int i = 0; i < kPushes; i += 2) contexts[i]->TryCancel();
+  });
+  ASSERT_THAT(Push(1, 0.5f), IsOk());
+  canceller.join();
+  for (int i = 0; i < kPushes; ++i) {
+    if (i % 2 == 1) writers[i]->WritesDone();
+    const grpc::Status s = writers[i]->Finish();
+    if (i % 2 == 1) {
+      EXPECT_TRUE(s.ok()) << i << ": " << s.error_message();
+      EXPECT_EQ(responses[i].pieces(), 1) << i;
+    } else {
+      EXPECT_TRUE(s.ok() || s.error_code() == grpc::StatusCode::CANCELLED) << i;
+    }
+  }
+  ASSERT_THAT(Pull(1).status(), IsOk());  // waits for step 1's update
+  ZO_ASSERT_OK_AND_ASSIGN(const v1::JobStatus st, Status());
+  EXPECT_EQ(st.waiting_pushes(), 0);
+  EXPECT_EQ(st.version(), 1);
+}
+
 TEST_F(OffloadServiceTest, AJobStuckAtTheMinimumScaleFailsWithAClearStatus) {
   ASSERT_THAT(Open(OpenRequest(R"({"train_batch_size": 1, "zo": {"chunk_elems": 32,
                   "max_consecutive_skips": 3}, "fp16": {"enabled": true,
