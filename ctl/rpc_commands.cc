@@ -119,13 +119,21 @@ std::string FormatJobStatus(const RpcTarget& target, const v1::JobStatus& st) {
       {"last checkpoint", st.last_checkpoint_step() < 0
                               ? std::string("none")
                               : absl::StrCat("step ", st.last_checkpoint_step())},
+      {"waiting calls", absl::StrCat(st.waiting_pulls(), " pull(s) for a version to come, ",
+                                     st.waiting_pushes(), " push(es) for a chunk still updating")},
+      {"RAM", absl::StrCat(FormatBytes(static_cast<double>(st.ram_bytes())),
+                           " for this job on this server")},
   };
-  // Fields added to JobStatus after this table (numbers past 16) still show.
+  // Fields added to JobStatus after this table still show.
   constexpr int kLastFieldShown = 16;
+  const auto shown_above = [](int number) {
+    return number <= kLastFieldShown || (number >= v1::JobStatus::kWaitingPullsFieldNumber &&
+                                         number <= v1::JobStatus::kRamBytesFieldNumber);
+  };
   const nlohmann::ordered_json all = MessageToJson(st);
   const google::protobuf::Descriptor* d = st.GetDescriptor();
   for (int i = 0; i < d->field_count(); ++i) {
-    if (d->field(i)->number() <= kLastFieldShown) continue;
+    if (shown_above(d->field(i)->number())) continue;
     const std::string& name = d->field(i)->name();
     rows.emplace_back(absl::StrReplaceAll(name, {{"_", " "}}), all[name].dump());
   }

@@ -117,6 +117,8 @@ TEST_F(ZoCtlRpcTest, StatusPrintsWhatTheWorkersDid) {
     EXPECT_THAT(r.out, HasSubstr("health           ok"));
     EXPECT_THAT(r.out, HasSubstr("data parallel    2 rank(s)"));
     EXPECT_THAT(r.out, HasSubstr("last checkpoint  none"));
+    EXPECT_THAT(r.out, HasSubstr("waiting calls    0 pull(s) for a version to come, 0 push(es)"));
+    EXPECT_THAT(r.out, ::testing::ContainsRegex("RAM +[0-9.]+ [KMG]?i?B for this job"));
     EXPECT_EQ(r.err, "");
   }
 }
