@@ -104,7 +104,8 @@ void OffloadServer::Shutdown(absl::Duration grace) {
   std::call_once(impl_->shutdown_once, [&] {
     grpc::HealthCheckServiceInterface* health = impl_->server->GetHealthCheckService();
     if (health != nullptr) health->SetServingStatus(false);
-    impl_->registry->StopAll();  // wakes every call waiting on a step
+    impl_->registry->StopAll();  // posts the wakes of every call waiting on a job
+    impl_->wakes->Drain();       // those calls have finished, naming the shutdown
     impl_->server->Shutdown(absl::ToChronoTime(absl::Now() + grace));
     ZO_LOG(INFO) << "zo-server stopped";
   });

@@ -380,6 +380,38 @@ TEST_F(OffloadServiceTest, CancelledAndWokenPushesEachFinishOnce) {
   EXPECT_EQ(st.version(), 1);
 }
 
+// A server stopping with calls waiting on it ends each of them (the job's
+// stop posts their wakes) instead of hanging its shutdown on them.
+TEST_F(OffloadServiceTest, ShutdownEndsTheCallsThatWait) {
+  ASSERT_THAT(Open(OpenRequest(kConfig)).status(), IsOk());
+  ASSERT_THAT(Init(1.0f), IsOk());
+  std::vector<std::unique_ptr<AsyncPull>> pulls;
+  for (int i = 0; i < 4; ++i) pulls.push_back(std::make_unique<AsyncPull>(stub_.get(), 1));
+  auto context = Context();
+  v1::PushGradientsResponse response;
+  auto writer = stub_->PushGradients(context.get(), &response);
+  v1::GradientPiece piece;
+  piece.set_job("svc");
+  piece.set_step(2);
+  piece.set_chunk(0);
+  piece.set_dtype(v1::DTYPE_FP32);
+  piece.set_data(std::string(32 * 4, '\0'));
+  ASSERT_TRUE(writer->Write(piece));
+  ASSERT_TRUE(StatusUntil(
+      [](const v1::JobStatus& st) { return st.waiting_pulls() == 4 && st.waiting_pushes() == 1; }));
+
+  server_->Shutdown(absl::Seconds(30));
+  for (auto& pull : pulls) {
+    EXPECT_THAT(pull->Await(),
+                StatusIs(absl::StatusCode::kUnavailable, HasSubstr("shutting down")));
+  }
+  // The push ends UNAVAILABLE too; its message may be the in-process
+  // transport's "Transport closed", which can overtake the server's status
+  // on a stream the client has not half-closed.
+  const grpc::Status pushed = writer->Finish();
+  EXPECT_EQ(pushed.error_code(), grpc::StatusCode::UNAVAILABLE) << pushed.error_message();
+}
+
 TEST_F(OffloadServiceTest, AJobStuckAtTheMinimumScaleFailsWithAClearStatus) {
   ASSERT_THAT(Open(OpenRequest(R"({"train_batch_size": 1, "zo": {"chunk_elems": 32,
                   "max_consecutive_skips": 3}, "fp16": {"enabled": true,

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
@@ -62,6 +63,21 @@ TEST(WakeQueueTest, RunsInOrderOffTheCallerAndDrainsOnDestruction) {
   }  // destruction runs everything posted
   EXPECT_EQ(log, (std::vector<std::string>{"a", "b", "c"}));
   EXPECT_FALSE(on_caller);
+}
+
+TEST(WakeQueueTest, DrainReturnsAfterEverythingPostedBeforeIt) {
+  WakeQueue queue;
+  absl::Notification gate;
+  std::atomic<int> ran{0};
+  queue.Post({[&] {
+    gate.WaitForNotification();
+    ++ran;
+  }});
+  queue.Post({[&] { ++ran; }});
+  std::thread opener([&] { gate.Notify(); });
+  queue.Drain();
+  EXPECT_EQ(ran.load(), 2);
+  opener.join();
 }
 
 }  // namespace

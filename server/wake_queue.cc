@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "absl/synchronization/notification.h"
+
 namespace zo {
 
 WakeQueue::WakeQueue() : thread_([this] { Loop(); }) {}
@@ -22,6 +24,12 @@ void WakeQueue::Post(std::vector<std::function<void()>> wakes) {
     for (auto& w : wakes) queue_.push_back(std::move(w));
   }
   cv_.notify_one();
+}
+
+void WakeQueue::Drain() {
+  absl::Notification done;
+  Post({[&done] { done.Notify(); }});
+  done.WaitForNotification();
 }
 
 void WakeQueue::Loop() {

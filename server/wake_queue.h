@@ -24,6 +24,8 @@ class WakeQueue {
 
   // Safe under any lock: only takes the queue's own.
   void Post(std::vector<std::function<void()>> wakes);
+  // Returns once everything posted before the call has run. Not from a wake.
+  void Drain();
 
   WakeQueue(const WakeQueue&) = delete;
   WakeQueue& operator=(const WakeQueue&) = delete;
