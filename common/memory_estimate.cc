@@ -80,6 +80,7 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const EstimateInput& input) {
   MemoryEstimate e;
   e.input = input;
   e.total_params = map.total_elems();
+  e.chunk_elems = map.chunk_elems();
 
   const int64_t lp = static_cast<int64_t>(DTypeSize(input.precision));
   e.gpu.stage_params = LargestStage(input.tensor_elems, input.pipeline_stages);
@@ -130,7 +131,7 @@ std::string FormatEstimateTable(const MemoryEstimate& e) {
       "  servers  %d, chunks of %s elements, optimizer state in %s\n\n",
       FormatCount(static_cast<double>(e.total_params)), static_cast<int>(in.tensor_elems.size()),
       lp, in.pipeline_stages, in.dp_ranks, in.pipeline_stages * in.dp_ranks, in.servers,
-      FormatCount(static_cast<double>(in.chunk_elems)), in.nvme ? "NVMe" : "RAM");
+      FormatCount(static_cast<double>(e.chunk_elems)), in.nvme ? "NVMe" : "RAM");
 
   auto bytes = [](int64_t b) { return FormatBytes(static_cast<double>(b)); };
   absl::StrAppendFormat(&out, "per GPU (largest stage: %s parameters)\n",
@@ -171,7 +172,7 @@ std::string FormatEstimateJson(const MemoryEstimate& e) {
       {"dp_ranks", in.dp_ranks},
       {"gpus", in.pipeline_stages * in.dp_ranks},
       {"servers", in.servers},
-      {"chunk_elems", in.chunk_elems},
+      {"chunk_elems", e.chunk_elems},
       {"optimizer_device", in.nvme ? "nvme" : "cpu"},
       {"gpu",
        {{"stage_params", e.gpu.stage_params},

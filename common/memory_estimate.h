@@ -50,6 +50,9 @@ struct ServerEstimate {
 struct MemoryEstimate {
   EstimateInput input;
   int64_t total_params = 0;
+  // The chunk size the servers use: input.chunk_elems, capped so that every
+  // server holds a share of a small model (ShardMap).
+  int64_t chunk_elems = 0;
   GpuEstimate gpu;
   ServerEstimate server;
 };

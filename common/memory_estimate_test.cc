@@ -1,6 +1,8 @@
 #include "common/memory_estimate.h"
 
+#include "absl/strings/str_cat.h"
 #include "common/testing/status_matchers.h"
+#include "common/units.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -58,6 +60,21 @@ TEST(MemoryEstimateTest, ThirteenBillionOnNvmeOverTwoServers) {
   // One dp rank: bf16 gradients 2 B + two bf16 versions 4 B per element,
   // plus the buffers.
   EXPECT_EQ(e.server.ram_bytes, int64_t{6} * 6501171200 + 4800000000);
+}
+
+// A small model's chunks are capped so every server holds a share; the
+// estimate says the chunk size the servers will use, not the one asked.
+TEST(MemoryEstimateTest, ChunkSizeIsTheCappedOne) {
+  EstimateInput in;
+  in.tensor_elems = {1000000};
+  in.servers = 4;
+  ZO_ASSERT_OK_AND_ASSIGN(MemoryEstimate e, EstimateMemory(in));
+  EXPECT_LT(e.chunk_elems, in.chunk_elems);
+  EXPECT_GE(e.chunk_elems * 4, 1000000);
+  EXPECT_THAT(
+      FormatEstimateTable(e),
+      HasSubstr(absl::StrCat("chunks of ", FormatCount(static_cast<double>(e.chunk_elems)))));
+  EXPECT_EQ(nlohmann::json::parse(FormatEstimateJson(e))["chunk_elems"], e.chunk_elems);
 }
 
 TEST(MemoryEstimateTest, SubGroupNeverExceedsTheServersShare) {
