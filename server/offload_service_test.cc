@@ -217,6 +217,17 @@ class AsyncPull final : public grpc::ClientReadReactor<v1::ParamPiece> {
   absl::Notification done_;
 };
 
+// All of chunk 0 for step 2: it waits while step 1 is open.
+v1::GradientPiece StepTwoChunkZero() {
+  v1::GradientPiece piece;
+  piece.set_job("svc");
+  piece.set_step(2);
+  piece.set_chunk(0);
+  piece.set_dtype(v1::DTYPE_FP32);
+  piece.set_data(std::string(32 * 4, '\0'));
+  return piece;
+}
+
 const char kConfig[] =
     R"({"train_micro_batch_size_per_gpu": 1, "gradient_clipping": 0, "zo": {"chunk_elems": 32},
         "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0}}})";
@@ -310,13 +321,7 @@ TEST_F(OffloadServiceTest, AWaitingPushGoesInAfterTheStepBeforeOrEndsWhenCancell
     auto context = Context();
     v1::PushGradientsResponse response;
     auto writer = stub_->PushGradients(context.get(), &response);
-    v1::GradientPiece piece;
-    piece.set_job("svc");
-    piece.set_step(2);
-    piece.set_chunk(0);
-    piece.set_dtype(v1::DTYPE_FP32);
-    piece.set_data(std::string(32 * 4, '\0'));
-    ASSERT_TRUE(writer->Write(piece));
+    ASSERT_TRUE(writer->Write(StepTwoChunkZero()));
     ASSERT_TRUE(StatusUntil([](const v1::JobStatus& st) { return st.waiting_pushes() == 1; }));
     context->TryCancel();
     EXPECT_EQ(writer->Finish().error_code(), grpc::StatusCode::CANCELLED);
@@ -390,13 +395,7 @@ TEST_F(OffloadServiceTest, ShutdownEndsTheCallsThatWait) {
   auto context = Context();
   v1::PushGradientsResponse response;
   auto writer = stub_->PushGradients(context.get(), &response);
-  v1::GradientPiece piece;
-  piece.set_job("svc");
-  piece.set_step(2);
-  piece.set_chunk(0);
-  piece.set_dtype(v1::DTYPE_FP32);
-  piece.set_data(std::string(32 * 4, '\0'));
-  ASSERT_TRUE(writer->Write(piece));
+  ASSERT_TRUE(writer->Write(StepTwoChunkZero()));
   ASSERT_TRUE(StatusUntil(
       [](const v1::JobStatus& st) { return st.waiting_pulls() == 4 && st.waiting_pushes() == 1; }));
 

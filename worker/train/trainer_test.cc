@@ -36,7 +36,10 @@ class TrainerTest : public ::testing::Test {
   void SetUp() override {
     root_ =
         zo::testing::FreshTestDir(::testing::UnitTest::GetInstance()->current_test_info()->name());
-    ZO_ASSERT_OK_AND_ASSIGN(server_, OffloadServer::Start({.listen = "", .threads = 1}));
+    ServerOptions options;
+    options.listen = "";
+    options.threads = 1;
+    ZO_ASSERT_OK_AND_ASSIGN(server_, OffloadServer::Start(options));
   }
   void TearDown() override {
     server_->Shutdown(absl::ZeroDuration());

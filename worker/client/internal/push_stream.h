@@ -62,7 +62,7 @@ class PushStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
 
   // Reactions (gRPC's threads).
   void OnWriteDone(bool ok) override;
-  void OnWritesDoneDone(bool ok) override {}
+  void OnWritesDoneDone(bool /*ok*/) override {}
   void OnReadDone(bool ok) override;
   void OnDone(const grpc::Status& status) override;
 
