@@ -122,7 +122,7 @@ void Job::Stop() {
   {
     std::lock_guard lock(mu_);
     stop_ = true;
-    if (resources_.wakes != nullptr) resources_.wakes->Post(version_waiters_.TakeAll());
+    resources_.wakes->Post(version_waiters_.TakeAll());  // Create checked it is set
     if (accum_ != nullptr) accum_->Close(absl::UnavailableError("the server is shutting down"));
     if (coordinator_ != nullptr) coordinator_->Stop();
     for (auto& p : pending_checkpoints_) {
