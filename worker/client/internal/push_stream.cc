@@ -4,8 +4,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
-#include "grpcpp/impl/codegen/proto_utils.h"
-#include "proto/zo/v1/gradients.pb.h"
 #include "rpc/rpc_util.h"
 #include "worker/client/internal/call.h"
 
@@ -13,16 +11,12 @@ namespace zo::client_internal {
 
 PushStream::PushStream(std::shared_ptr<grpc::Channel> channel, std::string server, int64_t step,
                        std::unique_ptr<grpc::ClientContext> context, ByteBudget* budget)
-    : server_(std::move(server)),
+    : channel_(std::move(channel)),
+      server_(std::move(server)),
       step_(step),
       context_(std::move(context)),
       budget_(budget),
-      stub_(std::move(channel)) {
-  stub_.PrepareBidiStreamingCall(context_.get(), "/zo.v1.Offload/PushGradients",
-                                 grpc::StubOptions(), this);
-  StartRead(&response_);
-  StartCall();
-}
+      thread_([this] { Run(); }) {}
 
 PushStream::~PushStream() {
   bool done;
@@ -31,126 +25,37 @@ PushStream::~PushStream() {
     done = done_;
   }
   if (!done) Cancel();
-  WaitFor(absl::InfiniteDuration());
+  thread_.join();
 }
 
 absl::Status PushStream::Enqueue(EncodedPiece piece) {
-  Next next = Next::kNothing;
-  const grpc::ByteBuffer* buffer = nullptr;
   {
     std::lock_guard lock(mu_);
     if (status_.ok() && !closing_) {
-      if (write_failed_) {
-        // The call is ending; its end says why. The piece goes nowhere.
-        budget_->Release(step_, piece.payload_bytes);
-        return absl::OkStatus();
-      }
-      resend_ = resend_ || piece.resend;
       queue_.push_back(std::move(piece));
-      next = NextLocked(&buffer);
-    } else {
-      budget_->Release(step_, piece.payload_bytes);
-      if (!status_.ok()) return status_;
-      return absl::FailedPreconditionError(
-          absl::StrCat("step ", step_, " is being finished; push its gradients before FinishStep"));
+      work_cv_.notify_one();
+      return absl::OkStatus();
     }
   }
-  Start(next, buffer);
-  return absl::OkStatus();
+  budget_->Release(step_, piece.payload_bytes);
+  std::lock_guard lock(mu_);
+  if (!status_.ok()) return status_;
+  return absl::FailedPreconditionError(
+      absl::StrCat("step ", step_, " is being finished; push its gradients before FinishStep"));
 }
 
 void PushStream::Close() {
-  Next next;
-  const grpc::ByteBuffer* buffer = nullptr;
-  {
-    std::lock_guard lock(mu_);
-    closing_ = true;
-    next = NextLocked(&buffer);
-  }
-  Start(next, buffer);
+  std::lock_guard lock(mu_);
+  closing_ = true;
+  work_cv_.notify_one();
 }
 
 void PushStream::Cancel() {
   context_->TryCancel();
   std::lock_guard lock(mu_);
   closing_ = true;
-  // The piece being written stays until its OnWriteDone releases it.
-  if (writing_) {
-    EncodedPiece in_flight = std::move(queue_.front());
-    queue_.pop_front();
-    DropQueueLocked();
-    queue_.push_back(std::move(in_flight));
-  } else {
-    DropQueueLocked();
-  }
-}
-
-PushStream::Next PushStream::NextLocked(const grpc::ByteBuffer** buffer) {
-  if (writing_ || write_failed_) return Next::kNothing;
-  if (!queue_.empty()) {
-    writing_ = true;
-    // Stays valid: a deque's push_back keeps references to its elements,
-    // and only OnWriteDone pops this one.
-    *buffer = &queue_.front().buffer;
-    return Next::kWrite;
-  }
-  if (closing_ && !half_closed_) {
-    half_closed_ = true;
-    return Next::kWritesDone;
-  }
-  return Next::kNothing;
-}
-
-void PushStream::Start(Next next, const grpc::ByteBuffer* buffer) {
-  if (next == Next::kWrite) StartWrite(buffer);
-  if (next == Next::kWritesDone) StartWritesDone();
-}
-
-void PushStream::OnWriteDone(bool ok) {
-  Next next = Next::kNothing;
-  const grpc::ByteBuffer* buffer = nullptr;
-  {
-    std::lock_guard lock(mu_);
-    writing_ = false;
-    budget_->Release(step_, queue_.front().payload_bytes);
-    queue_.pop_front();
-    if (!ok) {
-      // The call is over (OnDone says how); what is queued will not go.
-      write_failed_ = true;
-      DropQueueLocked();
-      return;
-    }
-    ++written_;
-    next = NextLocked(&buffer);
-  }
-  Start(next, buffer);
-}
-
-void PushStream::OnReadDone(bool ok) { got_response_ = ok; }
-
-void PushStream::OnDone(const grpc::Status& grpc_status) {
-  absl::Status status = FromGrpcStatus(grpc_status);
-  std::unique_lock lock(mu_);
-  v1::PushGradientsResponse response;
-  if (status.ok() && got_response_) {
-    const grpc::Status parsed =
-        grpc::SerializationTraits<v1::PushGradientsResponse>::Deserialize(&response_, &response);
-    if (!parsed.ok()) status = absl::DataLossError("the server's answer does not parse");
-  }
-  if (status.ok() && (write_failed_ || !half_closed_)) {
-    status = absl::AbortedError(absl::StrCat("the call for step ", step_,
-                                             " ended before every gradient piece was written"));
-  } else if (status.ok() && !resend_ && response.pieces() != written_) {
-    // A re-sent step may have pieces the server already had; it counts
-    // those differently, so the check is for fresh steps only.
-    status = absl::DataLossError(absl::StrCat("acknowledged ", response.pieces(), " of the ",
-                                              written_, " gradient pieces sent for step ", step_));
-  }
-  status_ = ServerError(server_, status);
-  DropQueueLocked();  // pieces queued after a failed write
-  done_ = true;
-  // Under the lock: the destructor, woken, waits for it before freeing us.
-  done_cv_.notify_all();
+  DropQueueLocked();
+  work_cv_.notify_one();
 }
 
 bool PushStream::WaitFor(absl::Duration timeout) {
@@ -168,8 +73,62 @@ absl::Status PushStream::status() const {
 }
 
 void PushStream::DropQueueLocked() {
-  for (const auto& piece : queue_) budget_->Release(step_, piece.payload_bytes);
+  for (const auto& piece : queue_) {
+    budget_->Release(step_, piece.payload_bytes);
+  }
   queue_.clear();
+}
+
+void PushStream::Run() {
+  v1::PushGradientsResponse response;
+  // The generated stub's writer takes messages; this one takes the pieces
+  // already serialised (piece_encoding.h) for the same method.
+  const grpc::internal::RpcMethod method("/zo.v1.Offload/PushGradients",
+                                         grpc::internal::RpcMethod::CLIENT_STREAMING, channel_);
+  std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+      grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel_.get(), method,
+                                                                    context_.get(), &response));
+  int64_t pieces = 0;
+  bool resend = false;
+  bool write_failed = false;
+  for (;;) {
+    EncodedPiece piece;
+    {
+      std::unique_lock lock(mu_);
+      work_cv_.wait(lock, [&] { return !queue_.empty() || closing_; });
+      if (queue_.empty()) break;  // closing, and everything is written
+      piece = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    // Write returns once gRPC has taken the message (flow control allowing);
+    // only then do its bytes stop counting against max_bytes_in_flight.
+    resend = resend || piece.resend;
+    const bool ok = writer->Write(piece.buffer);
+    budget_->Release(step_, piece.payload_bytes);
+    if (!ok) {
+      write_failed = true;
+      break;
+    }
+    ++pieces;
+  }
+  if (!write_failed) writer->WritesDone();
+  absl::Status status = FromGrpcStatus(writer->Finish());
+  if (status.ok() && write_failed) {
+    status = absl::AbortedError(absl::StrCat("the call for step ", step_,
+                                             " ended before every gradient piece was written"));
+  } else if (status.ok() && !resend && response.pieces() != pieces) {
+    // A re-sent step may have pieces the server already had; it counts
+    // those differently, so the check is for fresh steps only.
+    status = absl::DataLossError(absl::StrCat("acknowledged ", response.pieces(), " of the ",
+                                              pieces, " gradient pieces sent for step ", step_));
+  }
+  {
+    std::lock_guard lock(mu_);
+    status_ = ServerError(server_, status);
+    DropQueueLocked();  // pieces queued after a failed Write
+    done_ = true;
+  }
+  done_cv_.notify_all();
 }
 
 }  // namespace zo::client_internal

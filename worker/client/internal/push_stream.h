@@ -1,15 +1,10 @@
 // One PushGradients call: the pieces of one step for one server, written in
-// the order they were queued, as a gRPC callback reactor: a write is started
-// when the last one is done, and no thread waits on the stream.
+// the order they were queued by a thread of the stream's own.
 //
-// A call per (server, step) rather than per server: with the delayed update
-// a server may not read step s+1's stream until step s is done, and a write
-// held back on that stream must not hold back step s's pieces queued for the
-// same server behind it.
-//
-// The method is called through gRPC's generic stub with the pieces already
-// serialised (piece_encoding.h); a client-streaming method takes a bidi
-// generic call, whose one response is read as it comes.
+// A thread per (server, step) rather than per server: with the delayed
+// update a server may not read step s+1's stream until step s is done, and a
+// Write blocked on that stream must not hold back step s's pieces queued for
+// the same server behind it.
 #ifndef ZO_WORKER_CLIENT_INTERNAL_PUSH_STREAM_H_
 #define ZO_WORKER_CLIENT_INTERNAL_PUSH_STREAM_H_
 
@@ -19,27 +14,27 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "grpcpp/client_context.h"
-#include "grpcpp/generic/generic_stub.h"
-#include "grpcpp/support/client_callback.h"
+#include "proto/zo/v1/offload_service.grpc.pb.h"
 #include "worker/client/internal/byte_budget.h"
 #include "worker/client/internal/piece_encoding.h"
 
 namespace zo::client_internal {
 
 // Thread-safe. Bytes of a queued piece are released to `budget` once gRPC
-// has written the piece or the piece is dropped.
-class PushStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+// has taken the piece (Write returned) or the piece is dropped.
+class PushStream {
  public:
   // Starts the call. `budget` must outlive the stream; `context` carries the
   // call's deadline and token.
   PushStream(std::shared_ptr<grpc::Channel> channel, std::string server, int64_t step,
              std::unique_ptr<grpc::ClientContext> context, ByteBudget* budget);
-  // Cancels the call if it is still open and waits for its end.
-  ~PushStream() override;
+  // Cancels the call if it is still open and joins its thread.
+  ~PushStream();
 
   PushStream(const PushStream&) = delete;
   PushStream& operator=(const PushStream&) = delete;
@@ -60,41 +55,26 @@ class PushStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
   // the server's name. After WaitFor returned true: the call's final status.
   absl::Status status() const;
 
-  // Reactions (gRPC's threads).
-  void OnWriteDone(bool ok) override;
-  void OnWritesDoneDone(bool /*ok*/) override {}
-  void OnReadDone(bool ok) override;
-  void OnDone(const grpc::Status& status) override;
-
  private:
-  // What to start next: a write, the half-close once closing and drained,
-  // or nothing. Decided under mu_, started after unlocking it: gRPC may run
-  // a reaction inline in the starting call.
-  enum class Next { kNothing, kWrite, kWritesDone };
-  Next NextLocked(const grpc::ByteBuffer** buffer);
-  void Start(Next next, const grpc::ByteBuffer* buffer);
+  void Run();
   // Drops every queued piece, releasing its bytes. Requires mu_.
   void DropQueueLocked();
 
+  const std::shared_ptr<grpc::Channel> channel_;
   const std::string server_;
   const int64_t step_;
   const std::unique_ptr<grpc::ClientContext> context_;
   ByteBudget* const budget_;
-  grpc::GenericStub stub_;
-  grpc::ByteBuffer response_;  // the server's one answer
-  bool got_response_ = false;  // written by OnReadDone, read by OnDone
 
   mutable std::mutex mu_;
+  std::condition_variable work_cv_;  // the thread waits: a piece queued, or closing
   std::condition_variable done_cv_;  // WaitFor waits: the call ended
-  std::deque<EncodedPiece> queue_;   // guarded by mu_; front() is being written
-  bool writing_ = false;             // guarded by mu_
+  std::deque<EncodedPiece> queue_;   // guarded by mu_
   bool closing_ = false;             // guarded by mu_
-  bool half_closed_ = false;         // guarded by mu_
-  bool write_failed_ = false;        // guarded by mu_
-  bool resend_ = false;              // guarded by mu_: a piece re-sent a step
-  int64_t written_ = 0;              // guarded by mu_: pieces gRPC took
   bool done_ = false;                // guarded by mu_
   absl::Status status_;              // guarded by mu_
+
+  std::thread thread_;  // last: starts after every member above exists
 };
 
 }  // namespace zo::client_internal
