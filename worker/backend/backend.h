@@ -1,6 +1,6 @@
 // What a worker computes with: memory and the ops of the models in
 // worker/model/, behind one interface so the CPU backend (cpu/) and the CUDA
-// backend (a later issue) are interchangeable.
+// backend (cuda/) are interchangeable.
 //
 // Conventions every backend follows:
 //   - Activations are 2-D, [rows, features], rows = micro-batch x sequence.
@@ -98,12 +98,13 @@ class Backend {
   // `heads` heads of C / heads consecutive columns. Per sequence and head:
   // softmax(q k^T / sqrt(C / heads)) with key positions after the query
   // masked out, times v. Returns y [batch * T, C] (heads side by side) and
-  // writes the probabilities [batch, heads, T, T] (in qkv's dtype) to *probs
-  // for the backward.
-  virtual Tensor Attention(const Tensor& qkv, int batch, int heads, Tensor& probs) = 0;
-  // Returns dqkv [batch * T, 3C].
-  virtual Tensor AttentionBackward(const Tensor& qkv, const Tensor& probs, const Tensor& dy,
-                                   int batch, int heads) = 0;
+  // writes each query row's log-sum-exp of its scaled scores to *lse
+  // ([batch, heads, T], fp32): all the backward needs besides qkv and y, so
+  // no [T, T] probabilities are kept between the passes.
+  virtual Tensor Attention(const Tensor& qkv, int batch, int heads, Tensor& lse) = 0;
+  // Returns dqkv [batch * T, 3C]; y is Attention's output.
+  virtual Tensor AttentionBackward(const Tensor& qkv, const Tensor& y, const Tensor& lse,
+                                   const Tensor& dy, int batch, int heads) = 0;
 
   // ---- loss ----
   // Mean over rows of -log softmax(logits[r])[targets[r]], as an fp32

@@ -21,7 +21,7 @@ enum : int {
   kRstd1,
   kH1,
   kQkv,
-  kProbs,
+  kLse,
   kAtt,
   kX2,
   kMean2,
@@ -63,8 +63,8 @@ Tensor TransformerBlock::Forward(Backend& b, const Tensor& x, const MicroBatch& 
   s[kH1] = b.LayerNorm(x, p[kLn1W].value, p[kLn1B].value, kEps, s[kMean1], s[kRstd1]);
   s[kQkv] = b.Linear(s[kH1], p[kQkvW].value, p[kQkvB].value);
   const int64_t t = mb.block_size;
-  s[kProbs] = b.Empty(x.dtype(), {mb.batch, heads_, t, t});
-  s[kAtt] = b.Attention(s[kQkv], mb.batch, heads_, s[kProbs]);
+  s[kLse] = b.Empty(DType::kFloat32, {mb.batch, heads_, t});
+  s[kAtt] = b.Attention(s[kQkv], mb.batch, heads_, s[kLse]);
   s[kX2] = b.Add(x, b.Linear(s[kAtt], p[kProjW].value, p[kProjB].value));
   s[kMean2] = b.Empty(DType::kFloat32, {rows});
   s[kRstd2] = b.Empty(DType::kFloat32, {rows});
@@ -86,7 +86,7 @@ Tensor TransformerBlock::Backward(Backend& b, const Tensor& dy, const MicroBatch
   // Attention branch; the residual passes dx2 straight to x.
   Tensor datt =
       b.LinearBackward(s[kAtt], p[kProjW].value, dx2, true, p[kProjW].grad, &p[kProjB].grad);
-  Tensor dqkv = b.AttentionBackward(s[kQkv], s[kProbs], datt, mb.batch, heads_);
+  Tensor dqkv = b.AttentionBackward(s[kQkv], s[kAtt], s[kLse], datt, mb.batch, heads_);
   Tensor dh1 = b.LinearBackward(s[kH1], p[kQkvW].value, dqkv, true, p[kQkvW].grad, &p[kQkvB].grad);
   Tensor dln1 = b.LayerNormBackward(s[kX], p[kLn1W].value, s[kMean1], s[kRstd1], dh1, p[kLn1W].grad,
                                     p[kLn1B].grad);

@@ -67,9 +67,9 @@ class CpuBackend final : public Backend {
   Tensor ReluBackward(const Tensor& x, const Tensor& dy) override;
   Tensor Add(const Tensor& a, const Tensor& b) override;
   void AddInto(const Tensor& x, Tensor& y) override;
-  Tensor Attention(const Tensor& qkv, int batch, int heads, Tensor& probs) override;
-  Tensor AttentionBackward(const Tensor& qkv, const Tensor& probs, const Tensor& dy, int batch,
-                           int heads) override;
+  Tensor Attention(const Tensor& qkv, int batch, int heads, Tensor& lse) override;
+  Tensor AttentionBackward(const Tensor& qkv, const Tensor& y, const Tensor& lse,
+                           const Tensor& dy, int batch, int heads) override;
   Tensor CrossEntropy(const Tensor& logits, absl::Span<const int32_t> targets) override;
   Tensor CrossEntropyBackward(const Tensor& logits, absl::Span<const int32_t> targets,
                               float scale) override;

@@ -80,15 +80,15 @@ inline Vec Add(const Vec& a, const Vec& b) {
 }
 
 struct AttentionResult {
-  Vec y;      // [batch * t, c]
-  Vec probs;  // [batch, heads, t, t]
+  Vec y;    // [batch * t, c]
+  Vec lse;  // [batch, heads, t]: log-sum-exp of each row's scaled scores
 };
 
 // Causal multi-head attention over qkv [batch * t, 3c], as backend.h defines it.
 inline AttentionResult Attention(const Vec& qkv, int batch, int t, int c, int heads) {
   const int d = c / heads;
   AttentionResult out{Vec(static_cast<size_t>(batch) * t * c, 0.0),
-                      Vec(static_cast<size_t>(batch) * heads * t * t, 0.0)};
+                      Vec(static_cast<size_t>(batch) * heads * t, 0.0)};
   auto at = [&](int b, int pos, int col) { return qkv[(b * t + pos) * 3 * c + col]; };
   for (int b = 0; b < batch; ++b) {
     for (int h = 0; h < heads; ++h) {
@@ -103,9 +103,9 @@ inline AttentionResult Attention(const Vec& qkv, int batch, int t, int c, int he
         }
         double sum = 0.0;
         for (int j = 0; j <= i; ++j) sum += std::exp(s[j] - max);
+        out.lse[(b * heads + h) * t + i] = max + std::log(sum);
         for (int j = 0; j <= i; ++j) {
           const double p = std::exp(s[j] - max) / sum;
-          out.probs[((b * heads + h) * t + i) * t + j] = p;
           for (int e = 0; e < d; ++e) {
             out.y[(b * t + i) * c + h * d + e] += p * at(b, j, 2 * c + h * d + e);
           }
