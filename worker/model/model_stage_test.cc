@@ -5,129 +5,30 @@
 #include "worker/model/model_stage.h"
 
 #include <cmath>
-#include <map>
-#include <mutex>
 #include <random>
-#include <thread>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/backend/cpu/cpu_backend.h"
 #include "worker/model/basic_layers.h"
-#include "worker/model/partition.h"
+#include "worker/model/testing/gpt_step.h"
 #include "worker/model/transformer_block.h"
-#include "worker/pipeline/executor.h"
-#include "worker/pipeline/in_process_transport.h"
-#include "worker/pipeline/schedule.h"
 
 namespace zo::model {
 namespace {
 
-constexpr uint64_t kSeed = 99;
-
-// Weights from InitialValues (rounded to the dtype); every pushed gradient
-// recorded by name, with how often it was pushed.
-class MemoryLink final : public ParamLink {
- public:
-  explicit MemoryLink(backend::Backend& b) : b_(b) {}
-  absl::Status LoadWeights(int64_t, absl::Span<Param* const> params) override {
-    for (Param* p : params) {
-      if (absl::Status s = b_.UploadFloat(InitialValues(*p, kSeed), p->value); !s.ok()) return s;
-    }
-    return absl::OkStatus();
-  }
-  double LossScale(int64_t) override { return 8; }
-  absl::Status PushGradient(int64_t, const Param& p) override {
-    std::vector<float> g(static_cast<size_t>(p.numel()));
-    if (absl::Status s = b_.DownloadFloat(p.grad, absl::MakeSpan(g)); !s.ok()) return s;
-    std::lock_guard<std::mutex> lock(mu_);
-    grads_[p.name] = std::move(g);
-    ++pushes_[p.name];
-    order_.push_back(p.name);
-    return absl::OkStatus();
-  }
-  absl::Status FinishStep(int64_t) override { return absl::OkStatus(); }
-
-  std::map<std::string, std::vector<float>> grads_;
-  std::map<std::string, int> pushes_;
-  std::vector<std::string> order_;
-
- private:
-  backend::Backend& b_;
-  std::mutex mu_;
-};
-
-class TokenSource final : public BatchSource {
- public:
-  TokenSource(int batch, int block, int vocab) : batch_(batch), block_(block), vocab_(vocab) {}
-  absl::StatusOr<MicroBatch> Get(int64_t step, int micro_batch) override {
-    MicroBatch mb;
-    mb.batch = batch_;
-    mb.block_size = block_;
-    for (int i = 0; i < batch_ * block_; ++i) {
-      mb.tokens.push_back(static_cast<int32_t>((i * 7 + micro_batch * 3 + step) % vocab_));
-      mb.targets.push_back(static_cast<int32_t>((i * 5 + micro_batch + 1) % vocab_));
-    }
-    return mb;
-  }
-
- private:
-  int batch_, block_, vocab_;
-};
-
-struct RunResult {
-  double loss = 0;
-  std::map<std::string, std::vector<float>> grads;
-  std::map<std::string, int> pushes;
-  std::vector<std::string> order;
-};
+using testing::GptStepResult;
+using RunResult = GptStepResult;
 
 // One step of GPT-lite (fp16 storage) on `stages` x `chunks` virtual stages.
 RunResult RunGpt(int stages, int chunks, int micro_batches, const std::string& schedule,
                  int checkpoint_every) {
   auto backend = backend::MakeCpuBackend({.blas_threads = 1});
-  auto model = MakeGpt({.n_layer = 4, .n_embd = 16, .n_head = 2, .block_size = 6, .vocab = 11});
-  EXPECT_TRUE(model.ok());
-  std::vector<LayerWeightInfo> infos;
-  for (const auto& l : model->layers) infos.push_back({l->type(), l->param_count()});
-  auto bounds = PartitionLayers(infos, stages * chunks, "uniform");
-  EXPECT_TRUE(bounds.ok());
-  auto programs = schedule == "gpipe" ? pipeline::GPipeSchedule(stages, micro_batches)
-                  : chunks == 1
-                      ? pipeline::OneFOneBSchedule(stages, micro_batches)
-                      : pipeline::InterleavedOneFOneBSchedule(stages, micro_batches, chunks);
-  EXPECT_TRUE(programs.ok());
-  TokenSource source(2, 6, 11);
-  MemoryLink link(*backend);
-  pipeline::InProcessFabric fabric(stages);
-  std::vector<std::unique_ptr<ModelStage>> modules;
-  std::vector<std::unique_ptr<pipeline::Executor>> executors;
-  for (int s = 0; s < stages; ++s) {
-    auto m = ModelStage::Create(*backend, *model, *bounds,
-                                {.stage = s,
-                                 .stages = stages,
-                                 .chunks = chunks,
-                                 .micro_batches = micro_batches,
-                                 .dtype = DType::kFloat16,
-                                 .checkpoint_every = checkpoint_every},
-                                source, link);
-    EXPECT_TRUE(m.ok()) << m.status();
-    modules.push_back(std::move(*m));
-    executors.push_back(std::make_unique<pipeline::Executor>(s, stages, chunks, (*programs)[s],
-                                                             *modules.back(), fabric.ForStage(s)));
-  }
-  std::vector<std::thread> threads;
-  std::vector<absl::Status> status(stages);
-  for (int s = 0; s < stages; ++s) {
-    threads.emplace_back([&, s] {
-      auto t = executors[s]->RunStep(1);
-      status[s] = t.status();
-      if (!t.ok()) fabric.Abort(t.status());
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& s : status) EXPECT_TRUE(s.ok()) << s;
-  return {modules.back()->step_loss(), link.grads_, link.pushes_, link.order_};
+  return testing::RunGptStep(*backend, {.stages = stages,
+                                        .chunks = chunks,
+                                        .micro_batches = micro_batches,
+                                        .schedule = schedule,
+                                        .checkpoint_every = checkpoint_every});
 }
 
 TEST(ModelStageTest, TwoStagesComputeExactlyWhatOneStageComputes) {
@@ -271,8 +172,8 @@ TEST(LayerGradientTest, EmbeddingLinearLayerNormActivations) {
 TEST(ModelStageTest, RefusesAPartitionThatDoesNotFit) {
   auto backend = backend::MakeCpuBackend();
   auto model = MakeGpt({.n_layer = 2, .n_embd = 8, .n_head = 2, .block_size = 4, .vocab = 5});
-  TokenSource source(1, 4, 5);
-  MemoryLink link(*backend);
+  testing::PatternTokenSource source(1, 4, 5);
+  testing::CapturingLink link(*backend);
   EXPECT_THAT(ModelStage::Create(*backend, *model, {0, 2, 5}, {.stages = 3}, source, link)
                   .status()
                   .message(),

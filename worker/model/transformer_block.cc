@@ -15,22 +15,7 @@ constexpr float kEps = 1e-5f;
 enum : int { kLn1W, kLn1B, kQkvW, kQkvB, kProjW, kProjB, kLn2W, kLn2B, kFcW, kFcB, kFc2W, kFc2B };
 
 // What Forward saves, by position.
-enum : int {
-  kX,
-  kMean1,
-  kRstd1,
-  kH1,
-  kQkv,
-  kLse,
-  kAtt,
-  kX2,
-  kMean2,
-  kRstd2,
-  kH2,
-  kF,
-  kG,
-  kSaved
-};
+enum : int { kX, kMean1, kRstd1, kH1, kQkv, kLse, kAtt, kX2, kMean2, kRstd2, kH2, kF, kG, kSaved };
 
 }  // namespace
 

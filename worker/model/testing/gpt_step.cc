@@ -1,0 +1,100 @@
+#include "worker/model/testing/gpt_step.h"
+
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "gtest/gtest.h"
+#include "worker/model/model_stage.h"
+#include "worker/model/partition.h"
+#include "worker/pipeline/executor.h"
+#include "worker/pipeline/in_process_transport.h"
+#include "worker/pipeline/schedule.h"
+
+namespace zo::model::testing {
+namespace {
+
+constexpr uint64_t kSeed = 99;
+
+}  // namespace
+
+absl::Status CapturingLink::LoadWeights(int64_t, absl::Span<Param* const> params) {
+  for (Param* p : params) {
+    if (absl::Status s = b_.UploadFloat(InitialValues(*p, kSeed), p->value); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CapturingLink::PushGradient(int64_t, const Param& p) {
+  std::vector<float> g(static_cast<size_t>(p.numel()));
+  if (absl::Status s = b_.DownloadFloat(p.grad, absl::MakeSpan(g)); !s.ok()) return s;
+  std::lock_guard<std::mutex> lock(mu_);
+  result_.grads[p.name] = std::move(g);
+  ++result_.pushes[p.name];
+  result_.order.push_back(p.name);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<MicroBatch> PatternTokenSource::Get(int64_t step, int micro_batch) {
+  MicroBatch mb;
+  mb.batch = batch_;
+  mb.block_size = block_;
+  for (int i = 0; i < batch_ * block_; ++i) {
+    mb.tokens.push_back(static_cast<int32_t>((i * 7 + micro_batch * 3 + step) % vocab_));
+    mb.targets.push_back(static_cast<int32_t>((i * 5 + micro_batch + 1) % vocab_));
+  }
+  return mb;
+}
+
+GptStepResult RunGptStep(backend::Backend& backend, const GptStepOptions& o) {
+  auto model = MakeGpt(o.model);
+  EXPECT_TRUE(model.ok()) << model.status();
+  if (!model.ok()) return {};
+  std::vector<LayerWeightInfo> infos;
+  for (const auto& l : model->layers) infos.push_back({l->type(), l->param_count()});
+  auto bounds = PartitionLayers(infos, o.stages * o.chunks, "uniform");
+  EXPECT_TRUE(bounds.ok()) << bounds.status();
+  auto programs = o.schedule == "gpipe" ? pipeline::GPipeSchedule(o.stages, o.micro_batches)
+                  : o.chunks == 1
+                      ? pipeline::OneFOneBSchedule(o.stages, o.micro_batches)
+                      : pipeline::InterleavedOneFOneBSchedule(o.stages, o.micro_batches, o.chunks);
+  EXPECT_TRUE(programs.ok()) << programs.status();
+  if (!bounds.ok() || !programs.ok()) return {};
+  PatternTokenSource source(o.batch, o.model.block_size, o.model.vocab);
+  CapturingLink link(backend, o.loss_scale);
+  pipeline::InProcessFabric fabric(o.stages);
+  std::vector<std::unique_ptr<ModelStage>> modules;
+  std::vector<std::unique_ptr<pipeline::Executor>> executors;
+  for (int s = 0; s < o.stages; ++s) {
+    auto m = ModelStage::Create(backend, *model, *bounds,
+                                {.stage = s,
+                                 .stages = o.stages,
+                                 .chunks = o.chunks,
+                                 .micro_batches = o.micro_batches,
+                                 .dtype = o.dtype,
+                                 .checkpoint_every = o.checkpoint_every},
+                                source, link);
+    EXPECT_TRUE(m.ok()) << m.status();
+    if (!m.ok()) return {};
+    modules.push_back(std::move(*m));
+    executors.push_back(std::make_unique<pipeline::Executor>(s, o.stages, o.chunks, (*programs)[s],
+                                                             *modules.back(), fabric.ForStage(s)));
+  }
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> status(o.stages);
+  for (int s = 0; s < o.stages; ++s) {
+    threads.emplace_back([&, s] {
+      auto t = executors[s]->RunStep(1);
+      status[s] = t.status();
+      if (!t.ok()) fabric.Abort(t.status());
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& s : status) EXPECT_TRUE(s.ok()) << s;
+  GptStepResult result = std::move(link.result());
+  result.loss = modules.back()->step_loss();
+  return result;
+}
+
+}  // namespace zo::model::testing

@@ -1,0 +1,75 @@
+// One training step of GPT-lite through ModelStage and the pipeline executor,
+// with the weights from InitialValues and every pushed gradient captured: the
+// harness the model tests (any backend) compare runs with.
+#ifndef ZO_WORKER_MODEL_TESTING_GPT_STEP_H_
+#define ZO_WORKER_MODEL_TESTING_GPT_STEP_H_
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "worker/backend/backend.h"
+#include "worker/model/model.h"
+#include "worker/model/model_stage.h"
+
+namespace zo::model::testing {
+
+struct GptStepOptions {
+  GptConfig model{.n_layer = 4, .n_embd = 16, .n_head = 2, .block_size = 6, .vocab = 11};
+  int batch = 2;
+  int stages = 1;
+  int chunks = 1;  // virtual stages per stage (interleaved when > 1)
+  int micro_batches = 3;
+  std::string schedule = "1f1b";  // or "gpipe"
+  int checkpoint_every = 0;
+  DType dtype = DType::kFloat16;
+  double loss_scale = 8;
+};
+
+struct GptStepResult {
+  double loss = 0;
+  std::map<std::string, std::vector<float>> grads;  // by parameter name, as pushed
+  std::map<std::string, int> pushes;                // how often each was pushed
+  std::vector<std::string> order;                   // push order
+};
+
+// Weights from InitialValues (seed 99, rounded to the dtype); every pushed
+// gradient recorded by name, with how often and in which order.
+class CapturingLink final : public ParamLink {
+ public:
+  CapturingLink(backend::Backend& b, double loss_scale = 8) : b_(b), loss_scale_(loss_scale) {}
+  absl::Status LoadWeights(int64_t step, absl::Span<Param* const> params) override;
+  double LossScale(int64_t) override { return loss_scale_; }
+  absl::Status PushGradient(int64_t step, const Param& p) override;
+  absl::Status FinishStep(int64_t) override { return absl::OkStatus(); }
+
+  GptStepResult& result() { return result_; }
+
+ private:
+  backend::Backend& b_;
+  const double loss_scale_;
+  std::mutex mu_;
+  GptStepResult result_;
+};
+
+// Deterministic tokens and targets, different per step and micro-batch.
+class PatternTokenSource final : public BatchSource {
+ public:
+  PatternTokenSource(int batch, int block, int vocab)
+      : batch_(batch), block_(block), vocab_(vocab) {}
+  absl::StatusOr<MicroBatch> Get(int64_t step, int micro_batch) override;
+
+ private:
+  int batch_, block_, vocab_;
+};
+
+// Step 1 of the model on `backend` (every stage a thread sharing it). Test
+// failures are reported through gtest.
+GptStepResult RunGptStep(backend::Backend& backend, const GptStepOptions& options);
+
+}  // namespace zo::model::testing
+
+#endif  // ZO_WORKER_MODEL_TESTING_GPT_STEP_H_
