@@ -15,7 +15,9 @@ function(zo_cc_library)
     add_library(${ZO_NAME} STATIC ${ZO_SRCS} ${ZO_HDRS})
     target_include_directories(${ZO_NAME} PUBLIC ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR})
     target_link_libraries(${ZO_NAME} PUBLIC ${ZO_DEPS})
-    target_compile_options(${ZO_NAME} PRIVATE ${ZO_WARNINGS} ${ZO_COPTS})
+    # nvcc takes host-compiler warnings only through -Xcompiler: CXX only.
+    target_compile_options(${ZO_NAME} PRIVATE "$<$<COMPILE_LANGUAGE:CXX>:${ZO_WARNINGS}>"
+                           ${ZO_COPTS})
   else()
     add_library(${ZO_NAME} INTERFACE)
     target_include_directories(${ZO_NAME} INTERFACE ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR})
