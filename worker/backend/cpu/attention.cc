@@ -65,12 +65,11 @@ Tensor CpuBackend::Attention(const Tensor& qkv, int batch, int heads, Tensor& ls
   };
   const Dims dims = CheckDims("Attention", qkv, batch, heads, lse_desc);
   const int t = dims.t, c = dims.c, d = dims.d;
-  CheckShape(lse.shape() == Shape{batch, heads, t} && lse.dtype() == DType::kFloat32, "Attention",
-             [&] {
-               return absl::StrCat("qkv ", ShapeString(qkv.shape()), ", batch ", batch, ", heads ",
-                                   heads, lse_desc(), " (want lse [", batch, ", ", heads, ", ", t,
-                                   "] fp32)");
-             });
+  CheckShape(
+      lse.shape() == Shape{batch, heads, t} && lse.dtype() == DType::kFloat32, "Attention", [&] {
+        return absl::StrCat("qkv ", ShapeString(qkv.shape()), ", batch ", batch, ", heads ", heads,
+                            lse_desc(), " (want lse [", batch, ", ", heads, ", ", t, "] fp32)");
+      });
   Tensor y = Empty(qkv.dtype(), {qkv.dim(0), c});
   if (y.numel() == 0) return y;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
@@ -103,8 +102,8 @@ Tensor CpuBackend::Attention(const Tensor& qkv, int batch, int heads, Tensor& ls
 Tensor CpuBackend::AttentionBackward(const Tensor& qkv, const Tensor& y, const Tensor& lse,
                                      const Tensor& dy, int batch, int heads) {
   const auto more = [&] {
-    return absl::StrCat(", y ", ShapeString(y.shape()), ", lse ", ShapeString(lse.shape()),
-                        ", dy ", ShapeString(dy.shape()));
+    return absl::StrCat(", y ", ShapeString(y.shape()), ", lse ", ShapeString(lse.shape()), ", dy ",
+                        ShapeString(dy.shape()));
   };
   const Dims dims = CheckDims("AttentionBackward", qkv, batch, heads, more);
   const int t = dims.t, c = dims.c, d = dims.d;

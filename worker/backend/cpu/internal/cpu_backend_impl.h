@@ -68,8 +68,8 @@ class CpuBackend final : public Backend {
   Tensor Add(const Tensor& a, const Tensor& b) override;
   void AddInto(const Tensor& x, Tensor& y) override;
   Tensor Attention(const Tensor& qkv, int batch, int heads, Tensor& lse) override;
-  Tensor AttentionBackward(const Tensor& qkv, const Tensor& y, const Tensor& lse,
-                           const Tensor& dy, int batch, int heads) override;
+  Tensor AttentionBackward(const Tensor& qkv, const Tensor& y, const Tensor& lse, const Tensor& dy,
+                           int batch, int heads) override;
   Tensor CrossEntropy(const Tensor& logits, absl::Span<const int32_t> targets) override;
   Tensor CrossEntropyBackward(const Tensor& logits, absl::Span<const int32_t> targets,
                               float scale) override;

@@ -1,0 +1,131 @@
+// The CUDA backend's class, shared by the files that implement it: memory
+// and the element-wise ops in cuda_backend.cc, the GEMMs in linear.cc.
+#ifndef ZO_WORKER_BACKEND_CUDA_INTERNAL_CUDA_BACKEND_IMPL_H_
+#define ZO_WORKER_BACKEND_CUDA_INTERNAL_CUDA_BACKEND_IMPL_H_
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+#include "absl/status/status.h"
+#include "worker/backend/backend.h"
+#include "worker/backend/cuda/cuda_backend.h"
+#include "worker/backend/cuda/internal/kernels.h"
+
+namespace zo::backend::cuda {
+
+// Prints "cuda: <call> failed in <op> (<what>): <error>" and aborts. Ops
+// return tensors, not Status: a failed launch leaves the device's context
+// unusable, so there is nothing to hand back to.
+[[noreturn]] void CudaFatal(const char* call, const char* op, const std::string& what,
+                            const std::string& error);
+
+// Aborts via CudaFatal when `err` is not cudaSuccess; `describe()` (the
+// shapes) is built only then.
+template <typename Describe>
+void CheckCuda(cudaError_t err, const char* call, const char* op, Describe&& describe) {
+  if (err != cudaSuccess) [[unlikely]]
+    CudaFatal(call, op, describe(), cudaGetErrorString(err));
+}
+
+// A status naming the call and the op, for the methods that return one.
+absl::Status CudaStatus(cudaError_t err, const char* call, const char* op);
+
+// What outlives the backend object for as long as a tensor does: tensors
+// free their memory on this stream (stream-ordered, no synchronisation).
+struct DeviceContext {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  ~DeviceContext();
+};
+
+// A cached cuBLASLt plan for one GEMM shape.
+struct GemmKey {
+  int a_type, b_type, d_type;  // cudaDataType
+  bool trans_a, trans_b;
+  int64_t m, n, k;
+  bool bias;
+  bool accumulate;
+  auto operator<=>(const GemmKey&) const = default;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(const CudaBackendOptions& options, std::shared_ptr<DeviceContext> context);
+  ~CudaBackend() override;
+
+  std::string name() const override { return "cuda:" + std::to_string(context_->device); }
+
+  Tensor Empty(DType dtype, Shape shape) override;
+  Tensor Zeros(DType dtype, Shape shape) override;
+  void SetZero(Tensor& t) override;
+  absl::Status Upload(absl::Span<const std::byte> src, Tensor& dst) override;
+  absl::Status Download(const Tensor& src, absl::Span<std::byte> dst) override;
+  absl::Status UploadFloat(absl::Span<const float> src, Tensor& dst) override;
+  absl::Status DownloadFloat(const Tensor& src, absl::Span<float> dst) override;
+  Tensor Cast(const Tensor& src, DType dtype) override;
+  void Synchronize() override;
+
+  Tensor Linear(const Tensor& x, const Tensor& w, const Tensor& b) override;
+  Tensor LinearBackward(const Tensor& x, const Tensor& w, const Tensor& dy, bool want_dx,
+                        Tensor& dw, Tensor* db) override;
+  Tensor Embedding(absl::Span<const int32_t> tokens, int block_size, const Tensor& wte,
+                   const Tensor& wpe) override;
+  void EmbeddingBackward(absl::Span<const int32_t> tokens, int block_size, const Tensor& dy,
+                         Tensor& dwte, Tensor& dwpe) override;
+  Tensor LayerNorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
+                   Tensor& mean, Tensor& rstd) override;
+  Tensor LayerNormBackward(const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                           const Tensor& rstd, const Tensor& dy, Tensor& dgamma,
+                           Tensor& dbeta) override;
+  Tensor Gelu(const Tensor& x) override;
+  Tensor GeluBackward(const Tensor& x, const Tensor& dy) override;
+  Tensor Relu(const Tensor& x) override;
+  Tensor ReluBackward(const Tensor& x, const Tensor& dy) override;
+  Tensor Add(const Tensor& a, const Tensor& b) override;
+  void AddInto(const Tensor& x, Tensor& y) override;
+  Tensor Attention(const Tensor& qkv, int batch, int heads, Tensor& lse) override;
+  Tensor AttentionBackward(const Tensor& qkv, const Tensor& y, const Tensor& lse, const Tensor& dy,
+                           int batch, int heads) override;
+  Tensor CrossEntropy(const Tensor& logits, absl::Span<const int32_t> targets) override;
+  Tensor CrossEntropyBackward(const Tensor& logits, absl::Span<const int32_t> targets,
+                              float scale) override;
+
+  cudaStream_t stream() const { return context_->stream; }
+
+ private:
+  // d[m, n] (column-major, ld m) = op(a) · op(b) (+ bias[m]) (+ d when
+  // accumulate), fp32 accumulation. Pointers are device memory.
+  void Gemm(const char* op, cudaDataType a_type, const void* a, bool trans_a, cudaDataType b_type,
+            const void* b, bool trans_b, cudaDataType d_type, void* d, int64_t m, int64_t n,
+            int64_t k, const void* bias, bool accumulate);
+  // n ones (at least) in `dtype`, kept for the next call: the vector the
+  // bias gradient's GEMV sums rows with.
+  Tensor Ones(DType dtype, int64_t n);
+  // Host indices copied to the device (rows x 4 bytes), freed with the tensor.
+  Tensor UploadIndices(absl::Span<const int32_t> indices, const char* op);
+
+  CudaBackendOptions options_;
+  std::shared_ptr<DeviceContext> context_;
+  cublasLtHandle_t lt_ = nullptr;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+  std::mutex plans_mu_;
+  std::map<GemmKey, cublasLtMatmulAlgo_t> plans_;  // guarded by plans_mu_
+  std::mutex ones_mu_;
+  Tensor ones_[3];  // by DType; guarded by ones_mu_
+};
+
+// The device pointer of a CUDA tensor, with its dtype.
+inline ConstView In(const Tensor& t) { return {t.storage(), t.dtype()}; }
+inline View Out(Tensor& t) { return {t.storage(), t.dtype()}; }
+
+}  // namespace zo::backend::cuda
+
+#endif  // ZO_WORKER_BACKEND_CUDA_INTERNAL_CUDA_BACKEND_IMPL_H_

@@ -1,0 +1,86 @@
+// GPT-lite on the CUDA backend: a step follows the CPU backend's (the
+// reference) within fp16 tolerance, and pipeline stages on the GPU compute
+// bit for bit what one stage computes.
+//
+// Tolerance: each op rounds its output once to fp16 (2^-11 relative, half an
+// ulp) and the two backends round differently only where fp32 sum orders
+// differ, so a gradient gathers at most a few such flips per op on its path
+// through the model's ~40 ops. Their effect on a whole tensor's norm is far
+// below 2^-10 x 40 ~ 4e-2; we allow 1e-2 of the norm, and 1e-3 on the loss.
+#include <cmath>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "worker/backend/cpu/cpu_backend.h"
+#include "worker/backend/cuda/cuda_backend.h"
+#include "worker/model/testing/gpt_step.h"
+
+namespace zo::model {
+namespace {
+
+using testing::GptStepOptions;
+using testing::GptStepResult;
+
+class GpuModelStageTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (backend::CudaDeviceCount(&why) == 0) {
+      GTEST_SKIP() << "no CUDA device (" << why << "); these run on a GPU machine: ctest -L gpu";
+    }
+    auto gpu = backend::MakeCudaBackend({.device = 0, .deterministic = true});
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    gpu_ = std::move(*gpu);
+  }
+  std::unique_ptr<backend::Backend> gpu_;
+};
+
+double RelativeDistance(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff += (double{a[i]} - b[i]) * (double{a[i]} - b[i]);
+    norm += double{b[i]} * b[i];
+  }
+  return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+}
+
+TEST_F(GpuModelStageTest, FollowsTheCpuBackend) {
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    // bf16 keeps 3 fewer mantissa bits than fp16: 8x the tolerance.
+    const double scale = dtype == DType::kFloat16 ? 1 : 8;
+    const GptStepOptions options{
+        .model = {.n_layer = 2, .n_embd = 64, .n_head = 4, .block_size = 32, .vocab = 65},
+        .batch = 4,
+        .micro_batches = 2,
+        .dtype = dtype};
+    auto cpu = backend::MakeCpuBackend({.blas_threads = 1});
+    const GptStepResult want = testing::RunGptStep(*cpu, options);
+    const GptStepResult got = testing::RunGptStep(*gpu_, options);
+    ASSERT_TRUE(std::isfinite(want.loss));
+    EXPECT_NEAR(got.loss, want.loss, 1e-3 * scale * want.loss) << dtype;
+    ASSERT_EQ(got.grads.size(), want.grads.size());
+    for (const auto& [name, g] : want.grads) {
+      ASSERT_TRUE(got.grads.contains(name)) << name;
+      ASSERT_EQ(got.grads.at(name).size(), g.size()) << name;
+      EXPECT_LT(RelativeDistance(got.grads.at(name), g), 1e-2 * scale) << dtype << " " << name;
+    }
+  }
+}
+
+TEST_F(GpuModelStageTest, TwoStagesComputeExactlyWhatOneStageComputes) {
+  const GptStepResult one = testing::RunGptStep(*gpu_, {.stages = 1, .micro_batches = 3});
+  ASSERT_TRUE(std::isfinite(one.loss));
+  for (const std::string schedule : {"1f1b", "gpipe"}) {
+    const GptStepResult two =
+        testing::RunGptStep(*gpu_, {.stages = 2, .micro_batches = 3, .schedule = schedule});
+    EXPECT_EQ(two.loss, one.loss) << schedule;
+    EXPECT_EQ(two.grads, one.grads) << schedule;
+  }
+  const GptStepResult recomputed =
+      testing::RunGptStep(*gpu_, {.stages = 2, .micro_batches = 3, .checkpoint_every = 1});
+  EXPECT_EQ(recomputed.loss, one.loss);
+  EXPECT_EQ(recomputed.grads, one.grads);
+}
+
+}  // namespace
+}  // namespace zo::model
