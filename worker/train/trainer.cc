@@ -10,7 +10,7 @@
 #include "absl/time/clock.h"
 #include "common/config.h"
 #include "common/status_macros.h"
-#include "worker/backend/cpu/cpu_backend.h"
+#include "worker/backend/select_backend.h"
 #include "worker/client/offload_client.h"
 #include "worker/data/char_dataset.h"
 #include "worker/data/synthetic_source.h"
@@ -281,8 +281,14 @@ absl::Status Train(const TrainOptions& o) {
   if (blas_threads == 0 && stages_here > 1) {
     blas_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / stages_here);
   }
-  std::unique_ptr<backend::Backend> backend =
-      backend::MakeCpuBackend({.blas_threads = blas_threads});
+  std::string backend_why;
+  ZO_ASSIGN_OR_RETURN(std::unique_ptr<backend::Backend> backend,
+                      backend::SelectBackend({.device = o.device,
+                                              .gpu = o.gpu,
+                                              .deterministic = o.deterministic,
+                                              .blas_threads = blas_threads},
+                                             &backend_why));
+  std::fprintf(o.out, "zo-train: computing with %s\n", backend_why.c_str());
   std::unique_ptr<model::BatchSource> source;
   if (plan.text) {
     source = std::make_unique<TextBatchSource>(*plan.text, plan.micro_batch_size, o.gpt.block_size,

@@ -56,6 +56,9 @@ struct TrainOptions {
   std::string restore;
   std::string metrics_out;
   int blas_threads = 0;
+  std::string device = "auto";  // auto | cuda | cpu (backend/select_backend.h)
+  int gpu = 0;
+  bool deterministic = false;
   std::FILE* out = stdout;
 };
 

@@ -72,6 +72,13 @@ ABSL_FLAG(std::string, metrics_out, "",
 ABSL_FLAG(int, blas_threads, 0,
           "OpenBLAS threads (0: OpenBLAS's default, or the cores shared out among the stages "
           "when several run in this process)");
+ABSL_FLAG(std::string, device, "auto",
+          "what computes the forward and backward: auto (a CUDA GPU when this build has the "
+          "CUDA backend and the machine a GPU, else the CPU), cuda or cpu");
+ABSL_FLAG(int, gpu, 0, "--device cuda: which GPU (CUDA device index)");
+ABSL_FLAG(bool, deterministic, false,
+          "CUDA: the same inputs give the same bits run after run (GEMMs without split-K; a "
+          "little slower)");
 ABSL_FLAG(bool, verbose, false,
           "also print the info log (connections, the embedded server's step lines) to stderr");
 
@@ -169,6 +176,9 @@ absl::Status Run() {
   o.restore = absl::GetFlag(FLAGS_restore);
   o.metrics_out = absl::GetFlag(FLAGS_metrics_out);
   o.blas_threads = absl::GetFlag(FLAGS_blas_threads);
+  o.device = absl::GetFlag(FLAGS_device);
+  o.gpu = absl::GetFlag(FLAGS_gpu);
+  o.deterministic = absl::GetFlag(FLAGS_deterministic);
 
   std::unique_ptr<OffloadServer> embedded;
   if (o.servers.empty()) {
