@@ -7,6 +7,8 @@
 //          pipelined Adam step over NVMe-resident state vs. max(I/O, compute)
 //   wire   gradient push (OffloadClient -> OffloadServer in a child process)
 //          over loopback vs. a plain TCP stream between the same processes
+//   gpu    (CUDA builds) a large GEMM's TFLOP/s and a GPT-2-small step's
+//          MFU against it, on one GPU
 //
 // Usage: zo-bench [flags] <workload>...
 #include <iostream>
@@ -20,6 +22,9 @@
 #include "absl/strings/str_split.h"
 #include "bench/adam_bench.h"
 #include "bench/fio.h"
+#ifdef ZO_HAVE_CUDA
+#include "bench/gpu_bench.h"
+#endif
 #include "bench/nvme_bench.h"
 #include "bench/wire_bench.h"
 #include "common/command_line.h"
@@ -80,6 +85,15 @@ ABSL_FLAG(std::string, piece_bytes, "1Mi",
           "size of each send() of the TCP baseline");
 ABSL_FLAG(std::string, in_flight_bytes, "64Mi",
           "wire: gradient bytes queued and not yet written (ClientOptions::max_bytes_in_flight)");
+ABSL_FLAG(int, gpu, 0, "gpu: which CUDA device");
+ABSL_FLAG(std::string, dtype, "bf16", "gpu: storage dtype of the GEMM and the step: bf16 or fp16");
+ABSL_FLAG(int, batch, 16, "gpu: sequences per micro-batch of the GPT step");
+ABSL_FLAG(int, block_size, 1024, "gpu: the GPT's context (tokens per sequence)");
+ABSL_FLAG(int, n_layer, 12, "gpu: the GPT's blocks");
+ABSL_FLAG(int, n_embd, 768, "gpu: the GPT's width");
+ABSL_FLAG(int, n_head, 12, "gpu: the GPT's attention heads");
+ABSL_FLAG(int, steps, 5, "gpu: timed steps, after 2 untimed ones");
+ABSL_FLAG(std::string, gemm_size, "8192", "gpu: the peak GEMM is N x N x N");
 ABSL_FLAG(bool, checksums, true,
           "nvme: the step's block checksums, on as a server runs them (--nochecksums: off)");
 
@@ -109,7 +123,13 @@ constexpr char kUsage[] =
     "         (pieces of --piece-bytes, until FinishStep's acknowledgement), vs. the same\n"
     "         bytes in --piece-bytes send() calls on one TCP connection to the sink, for\n"
     "         --rounds rounds after --warmup-rounds; ratio = median grpc GB/s / median tcp GB/s\n"
-    "         (target >= 0.6). Run it on its own (it forks before starting threads).\n\n"
+    "         (target >= 0.8). Run it on its own (it forks before starting threads).\n"
+    "  gpu    (builds with CUDA) on CUDA device --gpu: a --gemm-size^3 --dtype GEMM through\n"
+    "         cuBLASLt (the attainable peak), then forward + backward steps of a GPT\n"
+    "         (--n-layer, --n-embd, --n-head, --block-size; vocabulary 50304; --batch\n"
+    "         sequences) with weights on the device and no servers; ratio = model FLOP/s\n"
+    "         (6N + 12 L C T per token) / that peak, i.e. MFU (target >= 0.45), and the\n"
+    "         share of the step its GEMMs take. Rows gpu_gemm and gpu_step.\n\n"
     "Flags may be written with dashes or underscores.";
 
 absl::StatusOr<bench::AdamBenchOptions> AdamOptionsFromFlags() {
@@ -226,6 +246,35 @@ absl::StatusOr<bench::WireBenchOptions> WireOptionsFromFlags() {
 
 int RunWire() { return RunWorkload("wire", WireOptionsFromFlags(), &bench::RunWireBench); }
 
+#ifdef ZO_HAVE_CUDA
+absl::StatusOr<bench::GpuBenchOptions> GpuOptionsFromFlags() {
+  bench::GpuBenchOptions o;
+  o.device = absl::GetFlag(FLAGS_gpu);
+  const std::string dtype = absl::GetFlag(FLAGS_dtype);
+  const std::optional<DType> parsed = ParseDType(dtype);
+  if (!parsed)
+    return absl::InvalidArgumentError("--dtype must be bf16 or fp16, got '" + dtype + "'");
+  o.dtype = *parsed;
+  o.batch = absl::GetFlag(FLAGS_batch);
+  o.block_size = absl::GetFlag(FLAGS_block_size);
+  o.n_layer = absl::GetFlag(FLAGS_n_layer);
+  o.n_embd = absl::GetFlag(FLAGS_n_embd);
+  o.n_head = absl::GetFlag(FLAGS_n_head);
+  o.steps = absl::GetFlag(FLAGS_steps);
+  ZO_ASSIGN_OR_RETURN(o.gemm_size, ParseCount(absl::GetFlag(FLAGS_gemm_size)));
+  o.json = absl::GetFlag(FLAGS_json);
+  return o;
+}
+
+int RunGpu() { return RunWorkload("gpu", GpuOptionsFromFlags(), &bench::RunGpuBench); }
+#else
+int RunGpu() {
+  std::cerr << "zo-bench gpu: this build has no CUDA backend (configure with nvcc on the PATH "
+               "or -DZO_WITH_CUDA=ON)\n";
+  return 2;
+}
+#endif
+
 // The registry: name -> runner, in the order `zo-bench --help` lists them.
 struct Workload {
   const char* name;
@@ -235,6 +284,7 @@ constexpr Workload kWorkloads[] = {
     {"adam", RunAdam},
     {"nvme", RunNvme},
     {"wire", RunWire},
+    {"gpu", RunGpu},
 };
 
 int Main(int argc, char** argv) {

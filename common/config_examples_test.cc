@@ -96,5 +96,15 @@ TEST(ConfigTest, EveryExampleLoadsWithoutWarningsAndRoundTrips) {
   EXPECT_GE(examples, 4);
 }
 
+TEST(ConfigTest, ExampleGpuGpt2Bf16WithDpu) {
+  ZO_ASSERT_OK_AND_ASSIGN(LoadedConfig loaded,
+                          LoadConfigFile(kExamples + "gpu_gpt2_bf16_dpu.json"));
+  const Config& c = loaded.config;
+  EXPECT_EQ(c.gradient_accumulation_steps, 2);
+  EXPECT_TRUE(c.bf16.enabled);
+  EXPECT_TRUE(c.zo.dpu.enabled);
+  EXPECT_EQ(c.zo.dpu.warmup_steps, 3);
+}
+
 }  // namespace
 }  // namespace zo
