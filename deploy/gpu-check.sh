@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Runs the GPU checks from a bundle made by deploy/gpu-bundle.sh, on a GPU
+# machine, from the repository root: the gpu-labelled tests (the same
+# binaries `ctest -L gpu` runs), `zo-bench gpu` in bf16 and fp16, the PyTorch
+# peer step (bench/torch_twin/gpt2_gpu_step.py, when python3 has torch) and
+# a short zo-train run on the GPU. Logs and JSON rows go to $OUT (default
+# ./gpu-check-out).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-$PWD/gpu-check-out}
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+tar -C .devbin -xJf .devbin/lib.tar.xz
+# cuBLASLt 13: the CUDA toolkit's, else the one PyTorch's wheels carry.
+ltdir=$(dirname "$(find /usr/local/cuda/lib64 /usr/local/cuda*/ /opt /usr/lib \
+  -name 'libcublasLt.so.13*' 2>/dev/null | head -1)")
+export LD_LIBRARY_PATH=$PWD/.devbin/lib:$ltdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+echo "gpu-check: cuBLASLt from $ltdir"
+status=0
+step() {  # name, timeout, command...
+  local name=$1 limit=$2; shift 2
+  echo "== $name"
+  timeout "$limit" "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  tail -n 25 "$out/$name.log"
+  echo "== $name: rc $rc"
+  [[ $rc == 0 ]] || status=1
+}
+# One process per test: an op that aborts (a failed launch is fatal) does
+# not hide the verdicts of the others.
+echo "== cuda_backend_test"
+for t in $(.devbin/cuda_backend_test --gtest_list_tests |
+           awk '/^[^ ]/ {suite = $1} /^  / {print suite $1}'); do
+  timeout 60 .devbin/cuda_backend_test --gtest_filter="$t" >>"$out/cuda_backend_test.log" 2>&1
+  rc=$?
+  [[ $rc == 0 ]] && echo "ok   $t" || { echo "FAIL $t (rc $rc)"; status=1; }
+done
+grep -E "Failure|off; worst|cuda: |Expected|Which is" "$out/cuda_backend_test.log" | head -40
+step model_stage_gpu_test 90 .devbin/model_stage_gpu_test
+step zo_bench_gpu_bf16 120 .devbin/zo-bench gpu --json --dtype bf16
+step zo_bench_gpu_fp16 120 .devbin/zo-bench gpu --json --dtype fp16
+if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+  step torch_gpu_step 120 python3 bench/torch_twin/gpt2_gpu_step.py --json
+fi
+step zo_train_gpu 120 .devbin/zo-train --device cuda --steps 30
+# GPT-2-small shape (the synthetic text's vocabulary, not GPT-2's) with DPU
+# on the embedded server: the step split compute / push / wait per step.
+rm -f /tmp/zo-gpt2-metrics.jsonl
+step zo_train_gpt2_dpu 180 .devbin/zo-train --device cuda \
+  --config examples/configs/gpu_gpt2_bf16_dpu.json --n-layer 12 --n-embd 768 --n-head 12 \
+  --block-size 1024 --steps 12 --metrics-out /tmp/zo-gpt2-metrics.jsonl
+cat /tmp/zo-gpt2-metrics.jsonl >>"$out/zo_train_gpt2_dpu.log" 2>/dev/null
+# The same without DPU: the server's step then shows as waiting for weights.
+sed 's/"enabled": true,/"enabled": false,/' examples/configs/gpu_gpt2_bf16_dpu.json \
+  >/tmp/zo-gpt2-nodpu.json
+rm -f /tmp/zo-gpt2-metrics.jsonl
+step zo_train_gpt2_nodpu 180 .devbin/zo-train --device cuda --config /tmp/zo-gpt2-nodpu.json \
+  --n-layer 12 --n-embd 768 --n-head 12 --block-size 1024 --steps 12 \
+  --metrics-out /tmp/zo-gpt2-metrics.jsonl
+cat "$out/zo_train_gpt2_nodpu.log" /tmp/zo-gpt2-metrics.jsonl >>"$out/zo_train_gpt2_dpu.log"
+rm -f "$out/zo_train_gpt2_nodpu.log"
+if command -v compute-sanitizer >/dev/null; then
+  step memcheck 150 compute-sanitizer --tool memcheck --error-exitcode 3 \
+    .devbin/cuda_backend_test --gtest_filter='*/fp16'
+fi
+exit $status
