@@ -4,7 +4,7 @@
 # binaries `ctest -L gpu` runs), `zo-bench gpu` in bf16 and fp16, the PyTorch
 # peer step (bench/torch_twin/gpt2_gpu_step.py, when python3 has torch) and
 # a short zo-train run on the GPU. Logs and JSON rows go to $OUT (default
-# ./gpu-check-out).
+# ./gpu-check-out). SKIP_BENCH=1 leaves out zo-bench and the twin.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-$PWD/gpu-check-out}
@@ -37,10 +37,12 @@ for t in $(.devbin/cuda_backend_test --gtest_list_tests |
 done
 grep -E "Failure|off; worst|cuda: |Expected|Which is" "$out/cuda_backend_test.log" | head -40
 step model_stage_gpu_test 90 .devbin/model_stage_gpu_test
-step zo_bench_gpu_bf16 120 .devbin/zo-bench gpu --json --dtype bf16
-step zo_bench_gpu_fp16 120 .devbin/zo-bench gpu --json --dtype fp16
-if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
-  step torch_gpu_step 120 python3 bench/torch_twin/gpt2_gpu_step.py --json
+if [[ ${SKIP_BENCH:-0} != 1 ]]; then
+  step zo_bench_gpu_bf16 120 .devbin/zo-bench gpu --json --dtype bf16
+  step zo_bench_gpu_fp16 120 .devbin/zo-bench gpu --json --dtype fp16
+  if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+    step torch_gpu_step 120 python3 bench/torch_twin/gpt2_gpu_step.py --json
+  fi
 fi
 step zo_train_gpu 120 .devbin/zo-train --device cuda --steps 30
 # GPT-2-small shape (the synthetic text's vocabulary, not GPT-2's) with DPU

@@ -20,6 +20,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
@@ -49,6 +51,17 @@ class Backend {
   // fp32 host values; Upload rounds them to dst's dtype.
   virtual absl::Status UploadFloat(absl::Span<const float> src, Tensor& dst) = 0;
   virtual absl::Status DownloadFloat(const Tensor& src, absl::Span<float> dst) = 0;
+  // Host memory for DownloadAsync: page-locked where the device copies into
+  // it directly (CUDA), ordinary memory otherwise. Freed with the pointer.
+  virtual std::shared_ptr<std::byte> AllocateHost(size_t bytes);
+  // Copies src's bytes (as Download) into dst once the work queued before
+  // this call is done, without holding up work queued after it, then calls
+  // done(status) on a thread of the backend's. dst must stay valid until
+  // then; src may be dropped at once (the backend keeps it). INVALID_ARGUMENT
+  // (passed to done) when the sizes differ. This default downloads at once
+  // and calls done before returning.
+  virtual void DownloadAsync(const Tensor& src, absl::Span<std::byte> dst,
+                             std::function<void(absl::Status)> done);
   // A copy of src rounded to `dtype` (fp32 -> fp16 overflows to inf, which
   // is how the servers learn of a gradient overflow).
   virtual Tensor Cast(const Tensor& src, DType dtype) = 0;

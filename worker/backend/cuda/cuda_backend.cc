@@ -7,9 +7,11 @@
 // the next op without any host synchronisation.
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -112,6 +114,35 @@ std::string Describe2(const Tensor& a, const Tensor& b) {
 
 }  // namespace
 
+// ---------------------------------------------------------------- lifetime
+
+namespace {
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // cuBLAS's advice for Hopper
+}  // namespace
+
+CudaBackend::CudaBackend(const CudaBackendOptions& options, std::shared_ptr<DeviceContext> context)
+    : options_(options), context_(std::move(context)) {
+  if (cublasStatus_t s = cublasLtCreate(&lt_); s != CUBLAS_STATUS_SUCCESS) [[unlikely]]
+    CudaFatal("cublasLtCreate", "CudaBackend", name(), cublasLtGetStatusString(s));
+  workspace_bytes_ = kWorkspaceBytes;
+  CheckCuda(cudaMalloc(&workspace_, workspace_bytes_), "cudaMalloc", "CudaBackend",
+            [&] { return absl::StrCat("cuBLASLt workspace of ", workspace_bytes_, " bytes"); });
+  CheckCuda(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking),
+            "cudaStreamCreateWithFlags", "CudaBackend", [] { return std::string("copy stream"); });
+  completions_ = std::make_unique<CompletionThread>();
+}
+
+CudaBackend::~CudaBackend() {
+  // Host functions still queued run (and post) before the stream goes; the
+  // completion thread then runs every `done` before it joins.
+  cudaStreamSynchronize(copy_stream_);
+  completions_.reset();
+  cudaStreamDestroy(copy_stream_);
+  cudaStreamSynchronize(context_->stream);
+  if (workspace_ != nullptr) cudaFree(workspace_);
+  if (lt_ != nullptr) cublasLtDestroy(lt_);
+}
+
 // ---------------------------------------------------------------- memory
 
 Tensor CudaBackend::Empty(DType dtype, Shape shape) {
@@ -212,6 +243,68 @@ absl::Status CudaBackend::DownloadFloat(const Tensor& src, absl::Span<float> dst
   }
   if (src.dtype() == DType::kFloat32) return Download(src, WritableBytes(dst));
   return Download(Cast(src, DType::kFloat32), WritableBytes(dst));
+}
+
+std::shared_ptr<std::byte> CudaBackend::AllocateHost(size_t bytes) {
+  void* p = nullptr;
+  if (bytes > 0 && cudaHostAlloc(&p, bytes, cudaHostAllocDefault) == cudaSuccess) {
+    return std::shared_ptr<std::byte>(static_cast<std::byte*>(p),
+                                      [](std::byte* q) { cudaFreeHost(q); });
+  }
+  cudaGetLastError();  // page-locking can fail (limits): ordinary memory still works
+  return Backend::AllocateHost(bytes);
+}
+
+namespace {
+
+// What a queued DownloadAsync keeps until its copy is done.
+struct PendingCopy {
+  Tensor src;  // its memory stays allocated until the copy has read it
+  cudaEvent_t ready = nullptr;
+  std::function<void(absl::Status)> done;
+  CompletionThread* completions = nullptr;
+};
+
+// A host function: no CUDA calls here; the completion thread does the rest.
+void CopyDone(void* arg) {
+  auto* pending = static_cast<PendingCopy*>(arg);
+  pending->completions->Post([pending] {
+    cudaEventDestroy(pending->ready);
+    pending->done(absl::OkStatus());
+    delete pending;  // drops src: cudaFreeAsync, allowed on this thread
+  });
+}
+
+}  // namespace
+
+void CudaBackend::DownloadAsync(const Tensor& src, absl::Span<std::byte> dst,
+                                std::function<void(absl::Status)> done) {
+  if (static_cast<int64_t>(dst.size()) != src.nbytes()) {
+    done(absl::InvalidArgumentError(absl::StrCat("DownloadAsync: ", dst.size(),
+                                                 " bytes for tensor ", ShapeString(src.shape()),
+                                                 " of ", src.nbytes(), " bytes")));
+    return;
+  }
+  auto pending = std::make_unique<PendingCopy>();
+  pending->src = src;
+  pending->done = std::move(done);
+  pending->completions = completions_.get();
+  // The copy stream waits for what the compute stream has queued so far,
+  // and the compute stream goes on meanwhile.
+  cudaError_t err = cudaEventCreateWithFlags(&pending->ready, cudaEventDisableTiming);
+  if (err == cudaSuccess) err = cudaEventRecord(pending->ready, context_->stream);
+  if (err == cudaSuccess) err = cudaStreamWaitEvent(copy_stream_, pending->ready, 0);
+  if (err == cudaSuccess && !dst.empty()) {
+    err = cudaMemcpyAsync(dst.data(), src.storage(), dst.size(), cudaMemcpyDeviceToHost,
+                          copy_stream_);
+  }
+  if (err == cudaSuccess) err = cudaLaunchHostFunc(copy_stream_, &CopyDone, pending.get());
+  if (err != cudaSuccess) {
+    if (pending->ready != nullptr) cudaEventDestroy(pending->ready);
+    pending->done(CudaStatus(err, "cudaMemcpyAsync", "DownloadAsync"));
+    return;
+  }
+  pending.release();  // CopyDone owns it now
 }
 
 Tensor CudaBackend::Cast(const Tensor& src, DType dtype) {

@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <future>
 #include <limits>
 #include <memory>
 #include <random>
@@ -143,6 +144,28 @@ TEST_P(CudaBackendTest, UploadDownloadAndCastRoundTrip) {
   EXPECT_EQ(gpu_->Upload(absl::MakeSpan(bytes).subspan(2), back).code(),
             absl::StatusCode::kInvalidArgument);
   Expect("after a refused upload", back, p.cpu, 0);
+}
+
+TEST_P(CudaBackendTest, DownloadAsyncDeliversTheBytesWhileComputeGoesOn) {
+  Pair x = MakeRandom({300, 77}, dtype(), -3, 3);
+  const size_t bytes = static_cast<size_t>(x.gpu.nbytes());
+  std::shared_ptr<std::byte> host = gpu_->AllocateHost(bytes);
+  std::promise<absl::Status> done;
+  // The source is a temporary the caller drops at once; compute queued
+  // after the call goes on.
+  gpu_->DownloadAsync(gpu_->Cast(x.gpu, dtype()), absl::MakeSpan(host.get(), bytes),
+                      [&](absl::Status s) { done.set_value(s); });
+  const Tensor later = gpu_->Gelu(gpu_->Gelu(x.gpu));
+  ASSERT_TRUE(done.get_future().get().ok());
+  std::vector<std::byte> want(bytes);
+  ASSERT_TRUE(gpu_->Download(x.gpu, absl::MakeSpan(want)).ok());
+  EXPECT_EQ(std::memcmp(host.get(), want.data(), bytes), 0);
+  Expect("compute queued after the copy", later, cpu_->Gelu(cpu_->Gelu(x.cpu)));
+
+  std::promise<absl::Status> refused;
+  gpu_->DownloadAsync(x.gpu, absl::MakeSpan(host.get(), bytes - 2),
+                      [&](absl::Status s) { refused.set_value(s); });
+  EXPECT_EQ(refused.get_future().get().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_P(CudaBackendTest, CastOverflowsToInf) {

@@ -19,8 +19,6 @@
 namespace zo::backend::cuda {
 namespace {
 
-constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // cuBLAS's advice for Hopper
-
 cudaDataType CudaType(DType t) {
   switch (t) {
     case DType::kFloat32:
@@ -55,20 +53,6 @@ struct GemmDescriptors {
 };
 
 }  // namespace
-
-CudaBackend::CudaBackend(const CudaBackendOptions& options, std::shared_ptr<DeviceContext> context)
-    : options_(options), context_(std::move(context)) {
-  CheckLt(cublasLtCreate(&lt_), "cublasLtCreate", "CudaBackend", name());
-  workspace_bytes_ = kWorkspaceBytes;
-  CheckCuda(cudaMalloc(&workspace_, workspace_bytes_), "cudaMalloc", "CudaBackend",
-            [&] { return absl::StrCat("cuBLASLt workspace of ", workspace_bytes_, " bytes"); });
-}
-
-CudaBackend::~CudaBackend() {
-  cudaStreamSynchronize(context_->stream);
-  if (workspace_ != nullptr) cudaFree(workspace_);
-  if (lt_ != nullptr) cublasLtDestroy(lt_);
-}
 
 void CudaBackend::Gemm(const char* op, cudaDataType a_type, const void* a, bool trans_a,
                        cudaDataType b_type, const void* b, bool trans_b, cudaDataType d_type,

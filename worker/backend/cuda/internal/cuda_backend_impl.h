@@ -6,7 +6,9 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -16,6 +18,7 @@
 #include "absl/status/status.h"
 #include "worker/backend/backend.h"
 #include "worker/backend/cuda/cuda_backend.h"
+#include "worker/backend/cuda/internal/completion_thread.h"
 #include "worker/backend/cuda/internal/kernels.h"
 
 namespace zo::backend::cuda {
@@ -69,6 +72,9 @@ class CudaBackend final : public Backend {
   absl::Status Download(const Tensor& src, absl::Span<std::byte> dst) override;
   absl::Status UploadFloat(absl::Span<const float> src, Tensor& dst) override;
   absl::Status DownloadFloat(const Tensor& src, absl::Span<float> dst) override;
+  std::shared_ptr<std::byte> AllocateHost(size_t bytes) override;
+  void DownloadAsync(const Tensor& src, absl::Span<std::byte> dst,
+                     std::function<void(absl::Status)> done) override;
   Tensor Cast(const Tensor& src, DType dtype) override;
   void Synchronize() override;
 
@@ -113,6 +119,10 @@ class CudaBackend final : public Backend {
 
   CudaBackendOptions options_;
   std::shared_ptr<DeviceContext> context_;
+  // DownloadAsync's copies run here, beside the compute stream; their
+  // `done` callbacks on completions_.
+  cudaStream_t copy_stream_ = nullptr;
+  std::unique_ptr<CompletionThread> completions_;
   cublasLtHandle_t lt_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;

@@ -1,0 +1,16 @@
+#include "worker/backend/backend.h"
+
+#include <utility>
+
+namespace zo::backend {
+
+std::shared_ptr<std::byte> Backend::AllocateHost(size_t bytes) {
+  return std::shared_ptr<std::byte>(new std::byte[bytes], std::default_delete<std::byte[]>());
+}
+
+void Backend::DownloadAsync(const Tensor& src, absl::Span<std::byte> dst,
+                            std::function<void(absl::Status)> done) {
+  done(Download(src, dst));
+}
+
+}  // namespace zo::backend
