@@ -45,6 +45,11 @@ if [[ ${SKIP_BENCH:-0} != 1 ]]; then
   fi
 fi
 step zo_train_gpu 120 .devbin/zo-train --device cuda --steps 30
+# The end-to-end worker tests with real zo-server processes; zo-train's
+# --device auto takes the GPU: a killed GPU worker re-attaches and repeats
+# the uninterrupted run's losses exactly; two stage processes over TCP.
+export ZO_TRAIN_PATH=$PWD/.devbin/zo-train ZO_SERVER_PATH=$PWD/.devbin/zo-server
+step zo_train_e2e 180 .devbin/zo_train_e2e_test --gtest_filter='*Killed*:*TwoStage*'
 # GPT-2-small shape (the synthetic text's vocabulary, not GPT-2's) with DPU
 # on the embedded server: the step split compute / push / wait per step.
 rm -f /tmp/zo-gpt2-metrics.jsonl

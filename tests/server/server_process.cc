@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <vector>
 
@@ -28,8 +29,11 @@ absl::StatusOr<ServerProcess> ServerProcess::Start(const std::vector<std::string
   ServerProcess p;
   const std::string port_file = UniqueName("port");
   unlink(port_file.c_str());
-  std::vector<std::string> args = {ZO_SERVER_PATH, "--listen", absl::StrCat("127.0.0.1:", port),
-                                   "--port-file", port_file};
+  // $ZO_SERVER_PATH, when set, replaces the build's binary (a copied test
+  // run on another machine, deploy/gpu-check.sh).
+  const char* binary = std::getenv("ZO_SERVER_PATH");
+  std::vector<std::string> args = {binary != nullptr ? binary : ZO_SERVER_PATH, "--listen",
+                                   absl::StrCat("127.0.0.1:", port), "--port-file", port_file};
   args.insert(args.end(), extra_args.begin(), extra_args.end());
   // zo-server renames the port file into place once it listens: wait for
   // that rename (inotify) or the process's end, not for a clock.

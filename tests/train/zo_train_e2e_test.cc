@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -80,8 +81,15 @@ std::string WriteFile(const std::string& dir, const std::string& name, const std
   return path;
 }
 
+// $ZO_TRAIN_PATH, when set, replaces the build's binary (a copied test run
+// on another machine: deploy/gpu-check.sh runs these with the GPU worker).
+std::string TrainBinary() {
+  const char* binary = std::getenv("ZO_TRAIN_PATH");
+  return binary != nullptr ? binary : ZO_TRAIN_PATH;
+}
+
 absl::StatusOr<ChildProcess> StartTrain(std::vector<std::string> args, const std::string& log) {
-  args.insert(args.begin(), ZO_TRAIN_PATH);
+  args.insert(args.begin(), TrainBinary());
   return ChildProcess::Start(args, log);
 }
 
@@ -94,7 +102,7 @@ class PipedTrain {
   static absl::StatusOr<std::unique_ptr<PipedTrain>> Start(std::vector<std::string> args,
                                                            const std::string& log,
                                                            int pipe_bytes = 0) {
-    args.insert(args.begin(), ZO_TRAIN_PATH);
+    args.insert(args.begin(), TrainBinary());
     int fds[2];
     if (pipe2(fds, O_CLOEXEC) != 0) return absl::InternalError("pipe failed");
     if (pipe_bytes > 0 && fcntl(fds[1], F_SETPIPE_SZ, pipe_bytes) != pipe_bytes) {
@@ -110,7 +118,7 @@ class PipedTrain {
     argv.push_back(nullptr);
     auto p = std::unique_ptr<PipedTrain>(new PipedTrain);
     const int spawned =
-        posix_spawn(&p->pid_, ZO_TRAIN_PATH, &actions, nullptr, argv.data(), environ);
+        posix_spawn(&p->pid_, args[0].c_str(), &actions, nullptr, argv.data(), environ);
     posix_spawn_file_actions_destroy(&actions);
     close(fds[1]);
     p->fd_ = fds[0];
