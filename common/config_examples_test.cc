@@ -104,6 +104,9 @@ TEST(ConfigTest, ExampleGpuGpt2Bf16WithDpu) {
   EXPECT_TRUE(c.bf16.enabled);
   EXPECT_TRUE(c.zo.dpu.enabled);
   EXPECT_EQ(c.zo.dpu.warmup_steps, 3);
+  ASSERT_TRUE(c.scheduler.has_value());
+  EXPECT_EQ(c.scheduler->type, SchedulerType::kWarmupLR);
+  EXPECT_EQ(c.scheduler->params.warmup_num_steps, 50);
 }
 
 }  // namespace
