@@ -12,7 +12,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build/release}
 bins=("$build/worker/backend/cuda_backend_test" "$build/worker/model/model_stage_gpu_test"
-      "$build/tests/zo_train_e2e_test" "$build/bin/zo-bench" "$build/bin/zo-train"
+      "$build/tests/zo_train_e2e_test" "$build/worker/train/trainer_test"
+      "$build/bin/zo-bench" "$build/bin/zo-train"
       "$build/bin/zo-server")
 for b in "${bins[@]}"; do
   [[ -x $b ]] || { echo "gpu-bundle: $b is missing: build with CUDA first" >&2; exit 1; }

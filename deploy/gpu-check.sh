@@ -50,6 +50,16 @@ step zo_train_gpu 120 .devbin/zo-train --device cuda --steps 30
 # the uninterrupted run's losses exactly; two stage processes over TCP.
 export ZO_TRAIN_PATH=$PWD/.devbin/zo-train ZO_SERVER_PATH=$PWD/.devbin/zo-server
 step zo_train_e2e 180 .devbin/zo_train_e2e_test --gtest_filter='*Killed*:*TwoStage*'
+# The training loop with an embedded server on the GPU, overflowing fp16
+# steps skipped included.
+step trainer_test 120 .devbin/trainer_test
+cat >/tmp/zo-overflow.json <<'JSON'
+{"train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": 2,
+ "optimizer": {"type": "AdamW", "params": {"lr": 2e-3}},
+ "fp16": {"enabled": true, "initial_scale_power": 30}, "steps_per_print": 1}
+JSON
+step zo_train_overflow 60 .devbin/zo-train --device auto --config /tmp/zo-overflow.json \
+  --steps 24
 # GPT-2-small shape (the synthetic text's vocabulary, not GPT-2's) with DPU
 # on the embedded server: the step split compute / push / wait per step.
 rm -f /tmp/zo-gpt2-metrics.jsonl

@@ -117,6 +117,29 @@ TEST_F(TrainerTest, TwoStagesAsThreadsFollowOneStage) {
   EXPECT_EQ(Losses("two"), Losses("one"));
 }
 
+// fp16 with a loss scale of 2^30: the first steps' gradients overflow 16
+// bits, the cast turns them into inf, and every server skips those steps
+// and lowers the scale (DeepSpeed's rules, hysteresis 2) until a step
+// fits. On a GPU machine this runs on the CUDA backend (--device auto).
+TEST_F(TrainerTest, OverflowingStepsAreSkippedAndTheScaleComesDown) {
+  TrainOptions o = Options("overflow", 24);
+  o.config_json = R"({
+    "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+    "optimizer": {"type": "AdamW", "params": {"lr": 3e-3}},
+    "fp16": {"enabled": true, "initial_scale_power": 30}, "steps_per_print": 1})";
+  ASSERT_THAT(Train(o), IsOk());
+  std::ifstream in(root_ + "/overflow.jsonl");
+  std::vector<nlohmann::json> steps;
+  std::string line;
+  while (std::getline(in, line)) steps.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(steps.size(), 24u);
+  EXPECT_TRUE(steps[0]["skipped"].get<bool>());
+  EXPECT_EQ(steps[0]["loss_scale"].get<double>(), std::ldexp(1.0, 30));
+  EXPECT_LT(steps.back()["loss_scale"].get<double>(), std::ldexp(1.0, 30));
+  EXPECT_FALSE(steps.back()["skipped"].get<bool>());
+  for (const nlohmann::json& j : steps) EXPECT_TRUE(std::isfinite(j["loss"].get<double>()));
+}
+
 TEST_F(TrainerTest, BadOptionsAreNamed) {
   TrainOptions o = Options("bad", 2);
   o.model = "rnn";
