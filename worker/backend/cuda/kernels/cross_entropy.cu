@@ -8,72 +8,15 @@
 #include <cstdint>
 
 #include "worker/backend/cuda/internal/kernels.h"
+#include "worker/backend/cuda/kernels/block_reduce.cuh"
+#include "worker/backend/cuda/kernels/packed_access.cuh"
 #include "worker/backend/cuda/kernels/storage.cuh"
 
 namespace zo::backend::cuda {
 namespace {
 
-constexpr int kThreads = 512;  // per row; a multiple of 32
-constexpr int kWidth = 4;
-constexpr int kWarp = 32;
+constexpr int kThreads = 512;       // per row; a multiple of 32
 constexpr int kMeanThreads = 1024;  // a power of two, for the tree
-
-// kVec consecutive elements, moved as one access when aligned to the whole pack.
-template <typename T, int kVec>
-struct alignas(sizeof(T) * kVec) Pack {
-  T values[kVec];
-};
-
-template <int kVec, typename T>
-__device__ __forceinline__ void LoadFloats(const T* p, float (&out)[kVec]) {
-  const Pack<T, kVec> pack = *reinterpret_cast<const Pack<T, kVec>*>(p);
-#pragma unroll
-  for (int k = 0; k < kVec; ++k) out[k] = ToFloat(pack.values[k]);
-}
-
-template <int kVec, typename T>
-__device__ __forceinline__ void StoreFloats(T* p, const float (&in)[kVec]) {
-  Pack<T, kVec> pack;
-#pragma unroll
-  for (int k = 0; k < kVec; ++k) pack.values[k] = FromFloat<T>(in[k]);
-  *reinterpret_cast<Pack<T, kVec>*>(p) = pack;
-}
-
-bool IsPackAligned(const void* p, DType dtype) {
-  return reinterpret_cast<uintptr_t>(p) % (DTypeSize(dtype) * kWidth) == 0;
-}
-
-struct SumOp {
-  __device__ float operator()(float a, float b) const { return a + b; }
-};
-struct MaxOp {
-  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
-};
-
-// Butterfly: every lane ends with the same bits (the op is commutative).
-template <typename Op>
-__device__ __forceinline__ float WarpReduce(float v, Op op) {
-#pragma unroll
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) {
-    v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  }
-  return v;
-}
-
-// The block's reduction, the same bits on every thread, in a fixed order.
-// All threads must call it; `scratch` holds kWarp floats and may be reused
-// by the next call at once. `identity` pads the missing warps.
-template <typename Op>
-__device__ float BlockReduce(float v, Op op, float identity, float* scratch) {
-  const int lane = threadIdx.x % kWarp;
-  const int warp = threadIdx.x / kWarp;
-  v = WarpReduce(v, op);
-  __syncthreads();  // the previous call's readers are done with scratch
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  const int warps = blockDim.x / kWarp;
-  return WarpReduce(lane < warps ? scratch[lane] : identity, op);
-}
 
 // A row's softmax: exp[i] = e^(row[i] - max), and their sum.
 struct Softmax {
@@ -158,8 +101,8 @@ void LaunchRowLossTyped(ConstView logits, const int32_t* targets, int64_t rows, 
                         float* row_loss, cudaStream_t stream) {
   const auto* pl = static_cast<const TL*>(logits.data);
   const auto blocks = static_cast<unsigned>(rows);
-  if (vocab % kWidth == 0 && IsPackAligned(logits.data, logits.dtype)) {
-    RowLossKernel<kWidth><<<blocks, kThreads, 0, stream>>>(pl, targets, vocab, row_loss);
+  if (vocab % kPackWidth == 0 && IsPackAligned(logits.data, logits.dtype)) {
+    RowLossKernel<kPackWidth><<<blocks, kThreads, 0, stream>>>(pl, targets, vocab, row_loss);
   } else {
     RowLossKernel<1><<<blocks, kThreads, 0, stream>>>(pl, targets, vocab, row_loss);
   }
@@ -171,9 +114,9 @@ void LaunchBackwardTyped(ConstView logits, const int32_t* targets, int64_t rows,
   const auto* pl = static_cast<const TL*>(logits.data);
   auto* pd = static_cast<TD*>(dlogits.data);
   const auto blocks = static_cast<unsigned>(rows);
-  if (vocab % kWidth == 0 && IsPackAligned(logits.data, logits.dtype) &&
+  if (vocab % kPackWidth == 0 && IsPackAligned(logits.data, logits.dtype) &&
       IsPackAligned(dlogits.data, dlogits.dtype)) {
-    CrossEntropyBackwardKernel<kWidth>
+    CrossEntropyBackwardKernel<kPackWidth>
         <<<blocks, kThreads, 0, stream>>>(pl, targets, vocab, row_scale, pd);
   } else {
     CrossEntropyBackwardKernel<1>

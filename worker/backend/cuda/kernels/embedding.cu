@@ -10,38 +10,13 @@
 #include <cstdint>
 
 #include "worker/backend/cuda/internal/kernels.h"
+#include "worker/backend/cuda/kernels/packed_access.cuh"
 #include "worker/backend/cuda/kernels/storage.cuh"
 
 namespace zo::backend::cuda {
 namespace {
 
 constexpr int kThreads = 128;
-constexpr int kWidth = 4;
-
-// kVec consecutive elements, moved as one access when aligned to the whole pack.
-template <typename T, int kVec>
-struct alignas(sizeof(T) * kVec) Pack {
-  T values[kVec];
-};
-
-template <int kVec, typename T>
-__device__ __forceinline__ void LoadFloats(const T* p, float (&out)[kVec]) {
-  const Pack<T, kVec> pack = *reinterpret_cast<const Pack<T, kVec>*>(p);
-#pragma unroll
-  for (int k = 0; k < kVec; ++k) out[k] = ToFloat(pack.values[k]);
-}
-
-template <int kVec, typename T>
-__device__ __forceinline__ void StoreFloats(T* p, const float (&in)[kVec]) {
-  Pack<T, kVec> pack;
-#pragma unroll
-  for (int k = 0; k < kVec; ++k) pack.values[k] = FromFloat<T>(in[k]);
-  *reinterpret_cast<Pack<T, kVec>*>(p) = pack;
-}
-
-bool IsPackAligned(const void* p, DType dtype) {
-  return reinterpret_cast<uintptr_t>(p) % (DTypeSize(dtype) * kWidth) == 0;
-}
 
 // One block per row r: y[r] = wte[tokens[r]] + wpe[r % block_size].
 template <int kVec, typename TE, typename TP>
@@ -109,9 +84,9 @@ void LaunchEmbeddingTyped(const int32_t* tokens, int64_t rows, int block_size, C
   const auto* ppe = static_cast<const TP*>(wpe.data);
   auto* py = static_cast<TE*>(y.data);
   const auto blocks = static_cast<unsigned>(rows);
-  if (cols % kWidth == 0 && IsPackAligned(wte.data, wte.dtype) &&
+  if (cols % kPackWidth == 0 && IsPackAligned(wte.data, wte.dtype) &&
       IsPackAligned(wpe.data, wpe.dtype) && IsPackAligned(y.data, y.dtype)) {
-    EmbeddingKernel<kWidth>
+    EmbeddingKernel<kPackWidth>
         <<<blocks, kThreads, 0, stream>>>(tokens, block_size, pte, ppe, cols, py);
   } else {
     EmbeddingKernel<1><<<blocks, kThreads, 0, stream>>>(tokens, block_size, pte, ppe, cols, py);
@@ -125,9 +100,9 @@ void LaunchTokenGradTyped(const int32_t* unique_tokens, const int32_t* row_offse
   const auto* pdy = static_cast<const TDy*>(dy.data);
   auto* pw = static_cast<TW*>(dwte.data);
   const auto blocks = static_cast<unsigned>(unique);
-  if (cols % kWidth == 0 && IsPackAligned(dy.data, dy.dtype) &&
+  if (cols % kPackWidth == 0 && IsPackAligned(dy.data, dy.dtype) &&
       IsPackAligned(dwte.data, dwte.dtype)) {
-    TokenGradKernel<kWidth>
+    TokenGradKernel<kPackWidth>
         <<<blocks, kThreads, 0, stream>>>(unique_tokens, row_offset, row_index, pdy, cols, pw);
   } else {
     TokenGradKernel<1>
@@ -142,9 +117,10 @@ void LaunchPositionGradTyped(ConstView dy, int64_t rows, int block_size, int64_t
   const auto* pdy = static_cast<const TDy*>(dy.data);
   auto* pw = static_cast<TW*>(dwpe.data);
   const auto blocks = static_cast<unsigned>(std::min<int64_t>(block_size, rows));
-  if (cols % kWidth == 0 && IsPackAligned(dy.data, dy.dtype) &&
+  if (cols % kPackWidth == 0 && IsPackAligned(dy.data, dy.dtype) &&
       IsPackAligned(dwpe.data, dwpe.dtype)) {
-    PositionGradKernel<kWidth><<<blocks, kThreads, 0, stream>>>(pdy, rows, block_size, cols, pw);
+    PositionGradKernel<kPackWidth>
+        <<<blocks, kThreads, 0, stream>>>(pdy, rows, block_size, cols, pw);
   } else {
     PositionGradKernel<1><<<blocks, kThreads, 0, stream>>>(pdy, rows, block_size, cols, pw);
   }

@@ -11,66 +11,18 @@
 #include <cstdint>
 
 #include "worker/backend/cuda/internal/kernels.h"
+#include "worker/backend/cuda/kernels/block_reduce.cuh"
+#include "worker/backend/cuda/kernels/packed_access.cuh"
 #include "worker/backend/cuda/kernels/storage.cuh"
 
 namespace zo::backend::cuda {
 namespace {
 
 constexpr int kThreads = 256;  // per row; a multiple of 32
-constexpr int kWidth = 4;
 // Blocks of the backward, fixed (not per device) so the partial sums, and
 // with them the bits of dgamma/dbeta, do not depend on the GPU.
 constexpr int64_t kBackwardBlocks = 1024;
-constexpr int kWarp = 32;
 constexpr size_t kDefaultSharedBytes = 48 * 1024;
-
-// kVec consecutive elements, moved as one access when aligned to the whole pack.
-template <typename T, int kVec>
-struct alignas(sizeof(T) * kVec) Pack {
-  T values[kVec];
-};
-
-template <int kVec, typename T>
-__device__ __forceinline__ void LoadFloats(const T* p, float (&out)[kVec]) {
-  const Pack<T, kVec> pack = *reinterpret_cast<const Pack<T, kVec>*>(p);
-#pragma unroll
-  for (int k = 0; k < kVec; ++k) out[k] = ToFloat(pack.values[k]);
-}
-
-template <int kVec, typename T>
-__device__ __forceinline__ void StoreFloats(T* p, const float (&in)[kVec]) {
-  Pack<T, kVec> pack;
-#pragma unroll
-  for (int k = 0; k < kVec; ++k) pack.values[k] = FromFloat<T>(in[k]);
-  *reinterpret_cast<Pack<T, kVec>*>(p) = pack;
-}
-
-bool IsPackAligned(const void* p, DType dtype) {
-  return reinterpret_cast<uintptr_t>(p) % (DTypeSize(dtype) * kWidth) == 0;
-}
-
-// Butterfly: every lane ends with the same bits (a + b == b + a exactly).
-__device__ __forceinline__ float WarpSum(float v) {
-#pragma unroll
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) {
-    v += __shfl_xor_sync(0xffffffffu, v, offset);
-  }
-  return v;
-}
-
-// The block's sum, the same bits on every thread, in a fixed order. All
-// threads must call it; `scratch` holds kWarp floats and may be reused by
-// the next call at once.
-__device__ float BlockSum(float v, float* scratch) {
-  const int lane = threadIdx.x % kWarp;
-  const int warp = threadIdx.x / kWarp;
-  v = WarpSum(v);
-  __syncthreads();  // the previous call's readers are done with scratch
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  const int warps = blockDim.x / kWarp;
-  return WarpSum(lane < warps ? scratch[lane] : 0.0f);
-}
 
 template <int kVec, typename TX, typename TP>
 __global__ void LayerNormKernel(const TX* x, const TP* gamma, const TP* beta, float eps,
@@ -236,10 +188,10 @@ void LaunchLayerNormTyped(ConstView x, ConstView gamma, ConstView beta, float ep
   const auto* pb = static_cast<const TP*>(beta.data);
   auto* py = static_cast<TX*>(y.data);
   const auto blocks = static_cast<unsigned>(rows);
-  if (cols % kWidth == 0 && IsPackAligned(x.data, x.dtype) &&
+  if (cols % kPackWidth == 0 && IsPackAligned(x.data, x.dtype) &&
       IsPackAligned(gamma.data, gamma.dtype) && IsPackAligned(beta.data, beta.dtype) &&
       IsPackAligned(y.data, y.dtype)) {
-    LayerNormKernel<kWidth>
+    LayerNormKernel<kPackWidth>
         <<<blocks, kThreads, 0, stream>>>(px, pg, pb, eps, cols, inv_cols, py, mean, rstd);
   } else {
     LayerNormKernel<1>
@@ -255,10 +207,10 @@ cudaError_t LaunchLayerNormBackwardTyped(ConstView x, ConstView gamma, const flo
                                          const float* rstd, ConstView dy, int64_t rows,
                                          int64_t cols, View dx, float* partials,
                                          int max_shared_bytes, cudaStream_t stream) {
-  const bool packed = cols % kWidth == 0 && IsPackAligned(x.data, x.dtype) &&
+  const bool packed = cols % kPackWidth == 0 && IsPackAligned(x.data, x.dtype) &&
                       IsPackAligned(gamma.data, gamma.dtype) && IsPackAligned(dy.data, dy.dtype) &&
                       IsPackAligned(dx.data, dx.dtype);
-  const auto kernel = packed ? LayerNormBackwardKernel<kWidth, TX, TG, TDy>
+  const auto kernel = packed ? LayerNormBackwardKernel<kPackWidth, TX, TG, TDy>
                              : LayerNormBackwardKernel<1, TX, TG, TDy>;
   if (max_shared_bytes > 0) {
     const cudaError_t err =

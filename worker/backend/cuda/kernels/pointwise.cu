@@ -1,6 +1,6 @@
 // Element-wise kernels: cast, add, GELU, ReLU and their backwards.
 //
-// Every element-wise op runs one grid-stride kernel that moves kWidth
+// Every element-wise op runs one grid-stride kernel that moves kPackWidth
 // elements per load and store when all its pointers allow it (one 16-byte
 // access for fp32, 8 bytes for fp16/bf16), and one element at a time
 // otherwise.
@@ -10,40 +10,15 @@
 #include <cstdint>
 
 #include "worker/backend/cuda/internal/kernels.h"
+#include "worker/backend/cuda/kernels/packed_access.cuh"
 #include "worker/backend/cuda/kernels/storage.cuh"
 
 namespace zo::backend::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kWidth = 4;
 // Enough threads to fill any current GPU; the grid-stride loop covers the rest.
 constexpr int64_t kMaxBlocks = 4096;
-
-// kVec consecutive elements, moved as one access when aligned to the whole pack.
-template <typename T, int kVec>
-struct alignas(sizeof(T) * kVec) Pack {
-  T values[kVec];
-};
-
-template <int kVec, typename T>
-__device__ __forceinline__ void LoadFloats(const T* p, float (&out)[kVec]) {
-  const Pack<T, kVec> pack = *reinterpret_cast<const Pack<T, kVec>*>(p);
-#pragma unroll
-  for (int k = 0; k < kVec; ++k) out[k] = ToFloat(pack.values[k]);
-}
-
-template <int kVec, typename T>
-__device__ __forceinline__ void StoreFloats(T* p, const float (&in)[kVec]) {
-  Pack<T, kVec> pack;
-#pragma unroll
-  for (int k = 0; k < kVec; ++k) pack.values[k] = FromFloat<T>(in[k]);
-  *reinterpret_cast<Pack<T, kVec>*>(p) = pack;
-}
-
-bool IsPackAligned(const void* p, DType dtype) {
-  return reinterpret_cast<uintptr_t>(p) % (DTypeSize(dtype) * kWidth) == 0;
-}
 
 int BlocksFor(int64_t threads_wanted) {
   return static_cast<int>(
@@ -130,7 +105,7 @@ void LaunchUnaryTyped(ConstView x, View y, int64_t n, Op op, cudaStream_t stream
   const auto* px = static_cast<const TX*>(x.data);
   auto* py = static_cast<TY*>(y.data);
   if (IsPackAligned(x.data, x.dtype) && IsPackAligned(y.data, y.dtype)) {
-    UnaryKernel<kWidth><<<BlocksFor(n / kWidth), kThreads, 0, stream>>>(px, py, n, op);
+    UnaryKernel<kPackWidth><<<BlocksFor(n / kPackWidth), kThreads, 0, stream>>>(px, py, n, op);
   } else {
     UnaryKernel<1><<<BlocksFor(n), kThreads, 0, stream>>>(px, py, n, op);
   }
@@ -144,7 +119,7 @@ void LaunchBinaryTyped(ConstView a, ConstView b, View y, int64_t n, Op op, cudaS
   auto* py = static_cast<TA*>(y.data);
   if (IsPackAligned(a.data, a.dtype) && IsPackAligned(b.data, b.dtype) &&
       IsPackAligned(y.data, y.dtype)) {
-    BinaryKernel<kWidth><<<BlocksFor(n / kWidth), kThreads, 0, stream>>>(pa, pb, py, n, op);
+    BinaryKernel<kPackWidth><<<BlocksFor(n / kPackWidth), kThreads, 0, stream>>>(pa, pb, py, n, op);
   } else {
     BinaryKernel<1><<<BlocksFor(n), kThreads, 0, stream>>>(pa, pb, py, n, op);
   }
