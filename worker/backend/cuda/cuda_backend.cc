@@ -65,6 +65,16 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const CudaBackendOption
 
 namespace cuda {
 
+void ShapeFatal(const char* op, const std::string& what) {
+  std::fprintf(stderr, "%s: %s\n", op, what.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+std::string Describe(const char* name, const Tensor& t) {
+  return absl::StrCat(name, " ", ShapeString(t.shape()), " ", std::string(DTypeName(t.dtype())));
+}
+
 void CudaFatal(const char* call, const char* op, const std::string& what,
                const std::string& error) {
   std::fprintf(stderr, "cuda: %s failed in %s (%s): %s\n", call, op, what.c_str(), error.c_str());
@@ -86,20 +96,6 @@ DeviceContext::~DeviceContext() {
 }
 
 namespace {
-
-// Prints "<op>: <what>" and aborts: a shape mismatch is a bug in the model.
-template <typename Describe>
-void CheckShape(bool ok, const char* op, Describe&& describe) {
-  if (!ok) [[unlikely]] {
-    std::fprintf(stderr, "%s: %s\n", op, describe().c_str());
-    std::fflush(stderr);
-    std::abort();
-  }
-}
-
-std::string Describe(const char* name, const Tensor& t) {
-  return absl::StrCat(name, " ", ShapeString(t.shape()), " ", std::string(DTypeName(t.dtype())));
-}
 
 absl::Span<const std::byte> Bytes(absl::Span<const float> v) {
   return {reinterpret_cast<const std::byte*>(v.data()), v.size() * sizeof(float)};

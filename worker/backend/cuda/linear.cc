@@ -36,10 +36,6 @@ void CheckLt(cublasStatus_t status, const char* call, const char* op, const std:
     CudaFatal(call, op, what, cublasLtGetStatusString(status));
 }
 
-std::string Describe(const char* name, const Tensor& t) {
-  return absl::StrCat(name, " ", ShapeString(t.shape()), " ", std::string(DTypeName(t.dtype())));
-}
-
 // Owns the cuBLASLt descriptors of one call.
 struct GemmDescriptors {
   cublasLtMatmulDesc_t op = nullptr;
@@ -158,9 +154,9 @@ Tensor CudaBackend::Linear(const Tensor& x, const Tensor& w, const Tensor& b) {
     return absl::StrCat(Describe("x", x), ", ", Describe("w", w),
                         b.defined() ? ", " + Describe("b", b) : std::string());
   };
-  if (!(x.rank() == 2 && w.rank() == 2 && w.dim(1) == x.dim(1) &&
-        (!b.defined() || b.shape() == Shape{w.dim(0)}))) [[unlikely]]
-    CudaFatal("shape check", "Linear", describe(), "shapes do not match");
+  CheckShape(x.rank() == 2 && w.rank() == 2 && w.dim(1) == x.dim(1) &&
+                 (!b.defined() || b.shape() == Shape{w.dim(0)}),
+             "Linear", describe);
   const int64_t rows = x.dim(0), in = x.dim(1), out = w.dim(0);
   Tensor y = Empty(x.dtype(), {rows, out});
   // cuBLASLt wants A and B of one type and the bias in the output's: cast
@@ -181,10 +177,10 @@ Tensor CudaBackend::LinearBackward(const Tensor& x, const Tensor& w, const Tenso
     return absl::StrCat(Describe("x", x), ", ", Describe("w", w), ", ", Describe("dy", dy), ", ",
                         Describe("dw", dw), db != nullptr ? ", " + Describe("db", *db) : "");
   };
-  if (!(x.rank() == 2 && w.rank() == 2 && dy.rank() == 2 && w.dim(1) == x.dim(1) &&
-        dy.dim(0) == x.dim(0) && dy.dim(1) == w.dim(0) && dw.shape() == w.shape() &&
-        (db == nullptr || db->shape() == Shape{w.dim(0)}))) [[unlikely]]
-    CudaFatal("shape check", "LinearBackward", describe(), "shapes do not match");
+  CheckShape(x.rank() == 2 && w.rank() == 2 && dy.rank() == 2 && w.dim(1) == x.dim(1) &&
+                 dy.dim(0) == x.dim(0) && dy.dim(1) == w.dim(0) && dw.shape() == w.shape() &&
+                 (db == nullptr || db->shape() == Shape{w.dim(0)}),
+             "LinearBackward", describe);
   const int64_t rows = x.dim(0), in = x.dim(1), out = w.dim(0);
   const Tensor dyx = dy.dtype() == x.dtype() ? dy : Cast(dy, x.dtype());
   // dw^T[in, out] += x^T[in, rows] · dy[rows, out]: A is x's storage, B is

@@ -37,6 +37,20 @@ void CheckCuda(cudaError_t err, const char* call, const char* op, Describe&& des
     CudaFatal(call, op, describe(), cudaGetErrorString(err));
 }
 
+// Prints "<op>: <what>" and aborts: a shape mismatch is a bug in the
+// calling model, as on the CPU backend.
+[[noreturn]] void ShapeFatal(const char* op, const std::string& what);
+
+// ShapeFatal(op, describe()) when `ok` is false; the message is built only then.
+template <typename Describe>
+void CheckShape(bool ok, const char* op, Describe&& describe) {
+  if (!ok) [[unlikely]]
+    ShapeFatal(op, describe());
+}
+
+// "x [4, 64] fp16", for messages.
+std::string Describe(const char* name, const Tensor& t);
+
 // A status naming the call and the op, for the methods that return one.
 absl::Status CudaStatus(cudaError_t err, const char* call, const char* op);
 
