@@ -34,13 +34,13 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/dtype.h"
+#include "common/wake_queue.h"
 #include "offload/aligned_buffer.h"
 #include "offload/cpu_optimizer.h"
 #include "offload/thread_pool.h"
 #include "server/chunk_coverage.h"
 #include "server/gradient_piece_view.h"
 #include "server/wait_list.h"
-#include "server/wake_queue.h"
 
 namespace zo {
 

@@ -37,6 +37,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/wake_queue.h"
 #include "offload/aligned_buffer.h"
 #include "offload/cpu_optimizer.h"
 #include "offload/thread_pool.h"
@@ -54,7 +55,6 @@
 #include "server/pull_cursor.h"
 #include "server/step_coordinator.h"
 #include "server/wait_list.h"
-#include "server/wake_queue.h"
 
 namespace zo {
 

@@ -6,6 +6,7 @@
 #include "common/host_port.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "common/wake_queue.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -13,7 +14,6 @@
 #include "server/job_registry.h"
 #include "server/offload_service.h"
 #include "server/peer_client.h"
-#include "server/wake_queue.h"
 
 namespace zo {
 

@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "common/wake_queue.h"
 #include "gtest/gtest.h"
-#include "server/wake_queue.h"
 
 namespace zo {
 namespace {

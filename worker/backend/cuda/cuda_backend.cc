@@ -125,12 +125,12 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options, std::shared_ptr<Devi
             [&] { return absl::StrCat("cuBLASLt workspace of ", workspace_bytes_, " bytes"); });
   CheckCuda(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking),
             "cudaStreamCreateWithFlags", "CudaBackend", [] { return std::string("copy stream"); });
-  completions_ = std::make_unique<CompletionThread>();
+  completions_ = std::make_unique<WakeQueue>();
 }
 
 CudaBackend::~CudaBackend() {
   // Host functions still queued run (and post) before the stream goes; the
-  // completion thread then runs every `done` before it joins.
+  // callback thread then runs every `done` before it joins.
   cudaStreamSynchronize(copy_stream_);
   completions_.reset();
   cudaStreamDestroy(copy_stream_);
@@ -258,17 +258,17 @@ struct PendingCopy {
   Tensor src;  // its memory stays allocated until the copy has read it
   cudaEvent_t ready = nullptr;
   std::function<void(absl::Status)> done;
-  CompletionThread* completions = nullptr;
+  WakeQueue* completions = nullptr;
 };
 
-// A host function: no CUDA calls here; the completion thread does the rest.
+// A host function: no CUDA calls here; the callback thread does the rest.
 void CopyDone(void* arg) {
   auto* pending = static_cast<PendingCopy*>(arg);
-  pending->completions->Post([pending] {
+  pending->completions->Post({[pending] {
     cudaEventDestroy(pending->ready);
     pending->done(absl::OkStatus());
     delete pending;  // drops src: cudaFreeAsync, allowed on this thread
-  });
+  }});
 }
 
 }  // namespace

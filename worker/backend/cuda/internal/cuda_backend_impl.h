@@ -16,9 +16,9 @@
 #include <tuple>
 
 #include "absl/status/status.h"
+#include "common/wake_queue.h"
 #include "worker/backend/backend.h"
 #include "worker/backend/cuda/cuda_backend.h"
-#include "worker/backend/cuda/internal/completion_thread.h"
 #include "worker/backend/cuda/internal/kernels.h"
 
 namespace zo::backend::cuda {
@@ -136,7 +136,7 @@ class CudaBackend final : public Backend {
   // DownloadAsync's copies run here, beside the compute stream; their
   // `done` callbacks on completions_.
   cudaStream_t copy_stream_ = nullptr;
-  std::unique_ptr<CompletionThread> completions_;
+  std::unique_ptr<WakeQueue> completions_;
   cublasLtHandle_t lt_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;

@@ -1,4 +1,4 @@
-#include "server/wake_queue.h"
+#include "common/wake_queue.h"
 
 #include <utility>
 

@@ -1,11 +1,12 @@
-// The one thread of a server that runs the callbacks WaitLists hand out: a
-// woken push retries, a woken pull starts writing. One thread for every
-// waiting call of every job, and no callback runs under the lock of the
-// state it waited on (a wake may take that lock again).
+// A thread that runs posted callbacks in order, so that whoever posts them
+// need not run them where it stands. A server's one WakeQueue runs the
+// callbacks WaitLists hand out (a woken push retries, a woken pull starts
+// writing) off the lock of the state they waited on; the CUDA backend's runs
+// what follows a finished copy, which a CUDA host function may not do.
 //
 // Thread-safe. Callbacks run in the order posted.
-#ifndef ZO_SERVER_WAKE_QUEUE_H_
-#define ZO_SERVER_WAKE_QUEUE_H_
+#ifndef ZO_COMMON_WAKE_QUEUE_H_
+#define ZO_COMMON_WAKE_QUEUE_H_
 
 #include <condition_variable>
 #include <deque>
@@ -42,4 +43,4 @@ class WakeQueue {
 
 }  // namespace zo
 
-#endif  // ZO_SERVER_WAKE_QUEUE_H_
+#endif  // ZO_COMMON_WAKE_QUEUE_H_
