@@ -8,14 +8,6 @@
 
 namespace zo::backend {
 
-bool BuiltWithCuda() {
-#ifdef ZO_HAVE_CUDA
-  return true;
-#else
-  return false;
-#endif
-}
-
 absl::StatusOr<std::unique_ptr<Backend>> SelectBackend(const BackendChoice& choice,
                                                        std::string* why) {
   const auto say = [&](std::string s) {

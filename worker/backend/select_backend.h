@@ -24,9 +24,6 @@ struct BackendChoice {
 absl::StatusOr<std::unique_ptr<Backend>> SelectBackend(const BackendChoice& choice,
                                                        std::string* why = nullptr);
 
-// Whether this build has the CUDA backend.
-bool BuiltWithCuda();
-
 }  // namespace zo::backend
 
 #endif  // ZO_WORKER_BACKEND_SELECT_BACKEND_H_

@@ -117,8 +117,6 @@ class CudaBackend final : public Backend {
   Tensor CrossEntropyBackward(const Tensor& logits, absl::Span<const int32_t> targets,
                               float scale) override;
 
-  cudaStream_t stream() const { return context_->stream; }
-
  private:
   // d[m, n] (column-major, ld m) = op(a) · op(b) (+ bias[m]) (+ d when
   // accumulate), fp32 accumulation. Pointers are device memory.
