@@ -1,5 +1,7 @@
 // The embedded default: an OffloadServer in the worker's own process, no
 // socket, the same client API over an in-process channel.
+#include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "common/testing/status_matchers.h"
@@ -7,6 +9,7 @@
 #include "server/offload_server.h"
 #include "tests/server/least_squares.h"
 #include "tests/server/training_harness.h"
+#include "worker/client/offload_client.h"
 
 namespace zo::testing {
 namespace {
@@ -42,6 +45,46 @@ TEST(EmbeddedServerTest, InProcessChannelTrainsToTheReference) {
     EXPECT_NEAR(x[i], ref.master()[i], 1e-5 * (1 + std::abs(ref.master()[i]))) << i;
   }
   workers.clear();
+  server->Shutdown(absl::Seconds(1));
+}
+
+// Under DPU a step computes on an older version than the client has seen,
+// and its loss must be scaled as that version's steps are: right after an
+// overflow the two scales differ.
+TEST(EmbeddedServerTest, PullForStepGivesTheLossScaleOfTheVersionTheStepComputesOn) {
+  ServerOptions server_options;
+  server_options.listen = "";
+  ZO_ASSERT_OK_AND_ASSIGN(auto server, OffloadServer::Start(server_options));
+  ClientOptions options;
+  options.job = "dpu-scale";
+  options.channels = {server->InProcessChannel()};
+  const std::string config = R"({"train_batch_size": 1,
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+      "fp16": {"enabled": true, "initial_scale_power": 16, "hysteresis": 1},
+      "zo": {"dpu": {"enabled": true, "warmup_steps": 0}}})";
+  ZO_ASSERT_OK_AND_ASSIGN(auto client,
+                          OffloadClient::Open(options, config, {{"w", {8}, DType::kFloat16}}));
+  std::vector<std::byte> w(16);
+  const std::vector<absl::Span<std::byte>> dst = {absl::MakeSpan(w)};
+  const std::vector<int> all = {0};
+  double scale = 0;
+  ZO_ASSERT_OK_AND_ASSIGN(bool fresh, client->PullForStep(1, all, dst, &scale));
+  EXPECT_TRUE(fresh);
+  EXPECT_EQ(scale, 65536);
+  // Step 1 overflows (fp16 inf): skipped, and the scale halves from v1 on.
+  const std::vector<uint16_t> inf(8, 0x7C00);
+  ASSERT_THAT(client->Push(1, 0, {reinterpret_cast<const std::byte*>(inf.data()), 16}), IsOk());
+  ASSERT_THAT(client->FinishStep(1), IsOk());
+  ASSERT_THAT(client->Pull(1, -1, all, dst).status(), IsOk());  // waits for v1
+  EXPECT_EQ(client->loss_scale(), 32768);
+  // Step 2 computes on v0 with DPU: its gradients carry v0's scale.
+  ZO_ASSERT_OK_AND_ASSIGN(bool again, client->PullForStep(2, all, dst, &scale));
+  EXPECT_FALSE(again);
+  EXPECT_EQ(scale, 65536);
+  ZO_ASSERT_OK_AND_ASSIGN(bool third, client->PullForStep(3, all, dst, &scale));
+  EXPECT_FALSE(third);  // v1 equals v0: step 1 was skipped
+  EXPECT_EQ(scale, 32768);
+  client.reset();
   server->Shutdown(absl::Seconds(1));
 }
 

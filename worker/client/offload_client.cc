@@ -108,7 +108,8 @@ struct OffloadClient::Impl {
   absl::Status InitParamsOn(int server, const std::vector<PushPiece>& pieces,
                             absl::Span<const float> values, CallGroup& group);
   absl::StatusOr<bool> Pull(int64_t version, int64_t have_version, absl::Span<const int> tensors,
-                            absl::Span<const absl::Span<std::byte>> dst);
+                            absl::Span<const absl::Span<std::byte>> dst,
+                            double* loss_scale = nullptr);
   // One server's part of a Pull, retried.
   absl::Status PullFrom(int server, int64_t version, int64_t have_version, PullReceiver& receiver,
                         CallGroup& group);
@@ -138,7 +139,8 @@ struct OffloadClient::Impl {
 
   // Serializes PullForStep (and Restore, which invalidates what it pulled).
   std::mutex pull_for_step_mu;
-  int64_t pulled_version = -1;  // guarded by pull_for_step_mu; -1: nothing pulled
+  int64_t pulled_version = -1;   // guarded by pull_for_step_mu; -1: nothing pulled
+  double pulled_loss_scale = 1;  // its steps' loss scale; guarded by pull_for_step_mu
 };
 
 OffloadClient::Impl::~Impl() {
@@ -342,7 +344,8 @@ absl::Status OffloadClient::Impl::PullFrom(int server, int64_t version, int64_t 
 
 absl::StatusOr<bool> OffloadClient::Impl::Pull(int64_t version, int64_t have_version,
                                                absl::Span<const int> tensors,
-                                               absl::Span<const absl::Span<std::byte>> dst) {
+                                               absl::Span<const absl::Span<std::byte>> dst,
+                                               double* loss_scale) {
   if (version < 0 || have_version < -1) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot pull version ", version, " over version ", have_version));
@@ -385,11 +388,12 @@ absl::StatusOr<bool> OffloadClient::Impl::Pull(int64_t version, int64_t have_ver
 
   const bool unchanged =
       std::all_of(receivers.begin(), receivers.end(), [](const auto& r) { return r->unchanged(); });
+  if (loss_scale != nullptr) *loss_scale = receivers.front()->loss_scale();
   {
     std::lock_guard lock(state_mu);
     if (version >= this->version) {
       this->version = version;
-      loss_scale = receivers.front()->loss_scale();
+      this->loss_scale = receivers.front()->loss_scale();
     }
   }
   return !unchanged;
@@ -512,7 +516,8 @@ absl::StatusOr<bool> OffloadClient::Pull(int64_t version, int64_t have_version,
 }
 
 absl::StatusOr<bool> OffloadClient::PullForStep(int64_t step, absl::Span<const int> tensors,
-                                                absl::Span<const absl::Span<std::byte>> dst) {
+                                                absl::Span<const absl::Span<std::byte>> dst,
+                                                double* loss_scale) {
   if (step < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot pull for step ", step, ": steps are numbered from 1"));
@@ -525,10 +530,17 @@ absl::StatusOr<bool> OffloadClient::PullForStep(int64_t step, absl::Span<const i
     std::lock_guard state_lock(impl_->state_mu);
     version = std::max(version, impl_->base_version);
   }
-  if (version == impl_->pulled_version) return false;
-  ZO_ASSIGN_OR_RETURN(bool changed, impl_->Pull(version, impl_->pulled_version, tensors, dst));
-  impl_->pulled_version = version;
-  return changed;
+  if (version != impl_->pulled_version) {
+    ZO_ASSIGN_OR_RETURN(bool changed, impl_->Pull(version, impl_->pulled_version, tensors, dst,
+                                                  &impl_->pulled_loss_scale));
+    impl_->pulled_version = version;
+    if (changed) {
+      if (loss_scale != nullptr) *loss_scale = impl_->pulled_loss_scale;
+      return true;
+    }
+  }
+  if (loss_scale != nullptr) *loss_scale = impl_->pulled_loss_scale;
+  return false;
 }
 
 double OffloadClient::loss_scale() const {

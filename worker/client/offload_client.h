@@ -135,8 +135,12 @@ class OffloadClient {
   // (common/dpu_policy.h) into dst unless dst already holds its weights (the
   // client remembers the version last pulled by this method). Returns whether
   // dst changed, so a caller copies weights to the device only when they did.
+  // `loss_scale`, when given, receives the loss scale of the steps computed
+  // on that version: the one `step`'s loss is multiplied by (loss_scale()
+  // may already be a later step's under DPU).
   absl::StatusOr<bool> PullForStep(int64_t step, absl::Span<const int> tensors,
-                                   absl::Span<const absl::Span<std::byte>> dst);
+                                   absl::Span<const absl::Span<std::byte>> dst,
+                                   double* loss_scale = nullptr);
 
   // Loss scale for the step after the latest version seen (from the last
   // pull, open or status).
