@@ -13,4 +13,9 @@ void Backend::DownloadAsync(const Tensor& src, absl::Span<std::byte> dst,
   done(Download(src, dst));
 }
 
+void Backend::UploadAsync(absl::Span<const std::byte> src, Tensor& dst,
+                          std::function<void(absl::Status)> done) {
+  done(Upload(src, dst));
+}
+
 }  // namespace zo::backend

@@ -62,6 +62,14 @@ class Backend {
   // and calls done before returning.
   virtual void DownloadAsync(const Tensor& src, absl::Span<std::byte> dst,
                              std::function<void(absl::Status)> done);
+  // The other direction: copies src (host bytes in dst's dtype, best from
+  // AllocateHost) into dst once the work queued before this call is done
+  // (so dst may be a tensor that work still reads), beside work queued
+  // after it, then calls done(status) on a thread of the backend's. src and
+  // dst must stay valid and dst unread until then. This default uploads at
+  // once and calls done before returning.
+  virtual void UploadAsync(absl::Span<const std::byte> src, Tensor& dst,
+                           std::function<void(absl::Status)> done);
   // A copy of src rounded to `dtype` (fp32 -> fp16 overflows to inf, which
   // is how the servers learn of a gradient overflow).
   virtual Tensor Cast(const Tensor& src, DType dtype) = 0;

@@ -35,6 +35,18 @@ int CudaDeviceCount(std::string* why) {
   return n;
 }
 
+int64_t CudaMemoryInUse(int device) {
+  int current = 0;
+  size_t free = 0, total = 0;
+  if (cudaGetDevice(&current) != cudaSuccess || cudaSetDevice(device) != cudaSuccess ||
+      cudaMemGetInfo(&free, &total) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  cudaSetDevice(current);
+  return static_cast<int64_t>(total - free);
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const CudaBackendOptions& options) {
   std::string why;
   const int count = CudaDeviceCount(&why);
@@ -125,6 +137,9 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options, std::shared_ptr<Devi
             [&] { return absl::StrCat("cuBLASLt workspace of ", workspace_bytes_, " bytes"); });
   CheckCuda(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking),
             "cudaStreamCreateWithFlags", "CudaBackend", [] { return std::string("copy stream"); });
+  CheckCuda(cudaStreamCreateWithFlags(&upload_stream_, cudaStreamNonBlocking),
+            "cudaStreamCreateWithFlags", "CudaBackend",
+            [] { return std::string("upload stream"); });
   completions_ = std::make_unique<WakeQueue>();
 }
 
@@ -132,8 +147,10 @@ CudaBackend::~CudaBackend() {
   // Host functions still queued run (and post) before the stream goes; the
   // callback thread then runs every `done` before it joins.
   cudaStreamSynchronize(copy_stream_);
+  cudaStreamSynchronize(upload_stream_);
   completions_.reset();
   cudaStreamDestroy(copy_stream_);
+  cudaStreamDestroy(upload_stream_);
   cudaStreamSynchronize(context_->stream);
   if (workspace_ != nullptr) cudaFree(workspace_);
   if (lt_ != nullptr) cublasLtDestroy(lt_);
@@ -253,9 +270,9 @@ std::shared_ptr<std::byte> CudaBackend::AllocateHost(size_t bytes) {
 
 namespace {
 
-// What a queued DownloadAsync keeps until its copy is done.
+// What a queued asynchronous copy keeps until it is done.
 struct PendingCopy {
-  Tensor src;  // its memory stays allocated until the copy has read it
+  Tensor device;  // its memory stays allocated until the copy is done
   cudaEvent_t ready = nullptr;
   std::function<void(absl::Status)> done;
   WakeQueue* completions = nullptr;
@@ -267,11 +284,36 @@ void CopyDone(void* arg) {
   pending->completions->Post({[pending] {
     cudaEventDestroy(pending->ready);
     pending->done(absl::OkStatus());
-    delete pending;  // drops src: cudaFreeAsync, allowed on this thread
+    delete pending;  // drops the tensor: cudaFreeAsync, allowed on this thread
   }});
 }
 
 }  // namespace
+
+// `stream` waits for what the compute stream has queued so far, copies,
+// and runs `done` on the callback thread; the compute stream goes on
+// meanwhile.
+void CudaBackend::QueueCopy(cudaStream_t stream, void* dst, const void* src, size_t bytes,
+                            cudaMemcpyKind kind, const Tensor& device,
+                            std::function<void(absl::Status)> done, const char* op) {
+  auto pending = std::make_unique<PendingCopy>();
+  pending->device = device;
+  pending->done = std::move(done);
+  pending->completions = completions_.get();
+  // The caller may be a thread of its own (a prefetch) on another device.
+  cudaError_t err = cudaSetDevice(context_->device);
+  if (err == cudaSuccess) err = cudaEventCreateWithFlags(&pending->ready, cudaEventDisableTiming);
+  if (err == cudaSuccess) err = cudaEventRecord(pending->ready, context_->stream);
+  if (err == cudaSuccess) err = cudaStreamWaitEvent(stream, pending->ready, 0);
+  if (err == cudaSuccess && bytes > 0) err = cudaMemcpyAsync(dst, src, bytes, kind, stream);
+  if (err == cudaSuccess) err = cudaLaunchHostFunc(stream, &CopyDone, pending.get());
+  if (err != cudaSuccess) {
+    if (pending->ready != nullptr) cudaEventDestroy(pending->ready);
+    pending->done(CudaStatus(err, "cudaMemcpyAsync", op));
+    return;
+  }
+  pending.release();  // CopyDone owns it now
+}
 
 void CudaBackend::DownloadAsync(const Tensor& src, absl::Span<std::byte> dst,
                                 std::function<void(absl::Status)> done) {
@@ -281,26 +323,20 @@ void CudaBackend::DownloadAsync(const Tensor& src, absl::Span<std::byte> dst,
                                                  " of ", src.nbytes(), " bytes")));
     return;
   }
-  auto pending = std::make_unique<PendingCopy>();
-  pending->src = src;
-  pending->done = std::move(done);
-  pending->completions = completions_.get();
-  // The copy stream waits for what the compute stream has queued so far,
-  // and the compute stream goes on meanwhile.
-  cudaError_t err = cudaEventCreateWithFlags(&pending->ready, cudaEventDisableTiming);
-  if (err == cudaSuccess) err = cudaEventRecord(pending->ready, context_->stream);
-  if (err == cudaSuccess) err = cudaStreamWaitEvent(copy_stream_, pending->ready, 0);
-  if (err == cudaSuccess && !dst.empty()) {
-    err = cudaMemcpyAsync(dst.data(), src.storage(), dst.size(), cudaMemcpyDeviceToHost,
-                          copy_stream_);
-  }
-  if (err == cudaSuccess) err = cudaLaunchHostFunc(copy_stream_, &CopyDone, pending.get());
-  if (err != cudaSuccess) {
-    if (pending->ready != nullptr) cudaEventDestroy(pending->ready);
-    pending->done(CudaStatus(err, "cudaMemcpyAsync", "DownloadAsync"));
+  QueueCopy(copy_stream_, dst.data(), src.storage(), dst.size(), cudaMemcpyDeviceToHost, src,
+            std::move(done), "DownloadAsync");
+}
+
+void CudaBackend::UploadAsync(absl::Span<const std::byte> src, Tensor& dst,
+                              std::function<void(absl::Status)> done) {
+  if (static_cast<int64_t>(src.size()) != dst.nbytes()) {
+    done(absl::InvalidArgumentError(absl::StrCat("UploadAsync: ", src.size(), " bytes for tensor ",
+                                                 ShapeString(dst.shape()), " of ", dst.nbytes(),
+                                                 " bytes")));
     return;
   }
-  pending.release();  // CopyDone owns it now
+  QueueCopy(upload_stream_, dst.storage(), src.data(), src.size(), cudaMemcpyHostToDevice, dst,
+            std::move(done), "UploadAsync");
 }
 
 Tensor CudaBackend::Cast(const Tensor& src, DType dtype) {

@@ -9,6 +9,7 @@
 #ifndef ZO_WORKER_BACKEND_CUDA_CUDA_BACKEND_H_
 #define ZO_WORKER_BACKEND_CUDA_CUDA_BACKEND_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -28,6 +29,10 @@ struct CudaBackendOptions {
 // How many CUDA devices this process can use; 0 when there is no driver or
 // no device (`why`, when given, says which).
 int CudaDeviceCount(std::string* why = nullptr);
+
+// Bytes of device `device` in use by every process (total - free), or -1
+// when it cannot be asked: what a benchmark samples for peak memory.
+int64_t CudaMemoryInUse(int device);
 
 // FAILED_PRECONDITION when there is no such device.
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const CudaBackendOptions& options = {});

@@ -168,6 +168,33 @@ TEST_P(CudaBackendTest, DownloadAsyncDeliversTheBytesWhileComputeGoesOn) {
   EXPECT_EQ(refused.get_future().get().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST_P(CudaBackendTest, UploadAsyncWaitsForWorkThatStillReadsItsTarget) {
+  Pair x = MakeRandom({300, 77}, dtype(), -3, 3), y = MakeRandom({300, 77}, dtype(), -3, 3);
+  const size_t bytes = static_cast<size_t>(x.gpu.nbytes());
+  std::vector<std::byte> x_bytes(bytes), y_bytes(bytes);
+  ASSERT_TRUE(gpu_->Download(x.gpu, absl::MakeSpan(x_bytes)).ok());
+  ASSERT_TRUE(gpu_->Download(y.gpu, absl::MakeSpan(y_bytes)).ok());
+  std::shared_ptr<std::byte> host = gpu_->AllocateHost(bytes);
+  std::memcpy(host.get(), y_bytes.data(), bytes);
+  Tensor target = gpu_->Empty(dtype(), {300, 77});
+  ASSERT_TRUE(gpu_->Upload(x_bytes, target).ok());
+  // Queued before the upload: must still read x.
+  const Tensor before = gpu_->Gelu(gpu_->Gelu(target));
+  std::promise<absl::Status> done;
+  gpu_->UploadAsync(absl::MakeConstSpan(host.get(), bytes), target,
+                    [&](absl::Status s) { done.set_value(s); });
+  ASSERT_TRUE(done.get_future().get().ok());
+  Expect("compute queued before the copy", before, cpu_->Gelu(cpu_->Gelu(x.cpu)));
+  std::vector<std::byte> got(bytes);
+  ASSERT_TRUE(gpu_->Download(target, absl::MakeSpan(got)).ok());
+  EXPECT_EQ(got, y_bytes);
+
+  std::promise<absl::Status> refused;
+  gpu_->UploadAsync(absl::MakeConstSpan(host.get(), bytes - 2), target,
+                    [&](absl::Status s) { refused.set_value(s); });
+  EXPECT_EQ(refused.get_future().get().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_P(CudaBackendTest, CastOverflowsToInf) {
   Pair p = Make({1e6f, -1e6f, 65504.0f, 1.0f}, {4}, DType::kFloat32);
   const std::vector<float> h = Host(*gpu_, gpu_->Cast(p.gpu, DType::kFloat16));
@@ -215,7 +242,7 @@ TEST_P(CudaBackendTest, Embedding) {
 }
 
 TEST_P(CudaBackendTest, LayerNorm) {
-  for (auto [rows, c] : {std::pair{5, 7}, {64, 768}, {33, 1600}}) {
+  for (auto [rows, c] : {std::pair{5, 7}, {64, 768}, {33, 1600}, {17, 3072}}) {
     const std::string at = "rows " + std::to_string(rows) + " c " + std::to_string(c) + ": ";
     // An offset mean: the two-pass variance must not cancel.
     Pair x = MakeRandom({rows, c}, dtype(), 2.0f, 4.0f);
@@ -257,9 +284,11 @@ TEST_P(CudaBackendTest, Attention) {
   struct Case {
     int batch, t, heads, d;
   };
-  // Tails that are not a multiple of any tile; the benchmark's head width.
-  for (const Case& k :
-       {Case{2, 5, 2, 4}, Case{2, 37, 3, 16}, Case{1, 130, 2, 64}, Case{2, 256, 4, 64}}) {
+  // Tails that are not a multiple of any tile; the benchmark's head width
+  // (64, the tensor-core path); 128, the largest bucket (gpu_largest's
+  // 3072 / 24), and 96 inside it.
+  for (const Case& k : {Case{2, 5, 2, 4}, Case{2, 37, 3, 16}, Case{1, 130, 2, 64},
+                        Case{2, 256, 4, 64}, Case{1, 70, 2, 96}, Case{2, 200, 3, 128}}) {
     const int c = k.heads * k.d;
     const std::string at = "batch " + std::to_string(k.batch) + " t " + std::to_string(k.t) +
                            " heads " + std::to_string(k.heads) + " d " + std::to_string(k.d) + ": ";

@@ -89,6 +89,8 @@ class CudaBackend final : public Backend {
   std::shared_ptr<std::byte> AllocateHost(size_t bytes) override;
   void DownloadAsync(const Tensor& src, absl::Span<std::byte> dst,
                      std::function<void(absl::Status)> done) override;
+  void UploadAsync(absl::Span<const std::byte> src, Tensor& dst,
+                   std::function<void(absl::Status)> done) override;
   Tensor Cast(const Tensor& src, DType dtype) override;
   void Synchronize() override;
 
@@ -126,14 +128,19 @@ class CudaBackend final : public Backend {
   // n ones (at least) in `dtype`, kept for the next call: the vector the
   // bias gradient's GEMV sums rows with.
   Tensor Ones(DType dtype, int64_t n);
+  // The asynchronous copies: see QueueCopy in cuda_backend.cc.
+  void QueueCopy(cudaStream_t stream, void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                 const Tensor& device, std::function<void(absl::Status)> done, const char* op);
   // Host indices copied to the device (rows x 4 bytes), freed with the tensor.
   Tensor UploadIndices(absl::Span<const int32_t> indices, const char* op);
 
   CudaBackendOptions options_;
   std::shared_ptr<DeviceContext> context_;
-  // DownloadAsync's copies run here, beside the compute stream; their
-  // `done` callbacks on completions_.
+  // DownloadAsync's and UploadAsync's copies run on these, beside the
+  // compute stream (one per direction: the two DMA engines work at once);
+  // their `done` callbacks on completions_.
   cudaStream_t copy_stream_ = nullptr;
+  cudaStream_t upload_stream_ = nullptr;
   std::unique_ptr<WakeQueue> completions_;
   cublasLtHandle_t lt_ = nullptr;
   void* workspace_ = nullptr;
