@@ -1,8 +1,10 @@
 #include "worker/train/offload_link.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/dpu_policy.h"
 #include "common/status_macros.h"
 #include "worker/model/param.h"
 
@@ -15,8 +17,14 @@ OffloadLink::OffloadLink(OffloadClient* client, backend::Backend& backend,
 }
 
 OffloadLink::~OffloadLink() {
+  JoinPrefetch();
   std::unique_lock<std::mutex> lock(mu_);
   copied_.wait(lock, [this] { return copies_in_flight_ == 0; });
+}
+
+void OffloadLink::set_client(OffloadClient* client) {
+  JoinPrefetch();
+  client_ = client;
 }
 
 absl::StatusOr<int> OffloadLink::TensorIndex(const std::string& name) const {
@@ -36,35 +44,116 @@ absl::Status OffloadLink::InitializeIfFresh(absl::Span<model::Param* const> para
   return absl::OkStatus();
 }
 
-absl::Status OffloadLink::LoadWeights(int64_t step, absl::Span<model::Param* const> params) {
-  if (weights_.size() != params.size()) {
-    weights_.clear();
-    pulled_tensors_.clear();
-    size_t gradient_bytes = 0;
-    for (model::Param* p : params) {
-      ZO_ASSIGN_OR_RETURN(int index, TensorIndex(p->name));
-      pulled_tensors_.push_back(index);
-      weights_.emplace_back(static_cast<size_t>(p->value.nbytes()));
-      gradient_bytes += static_cast<size_t>(p->numel()) * DTypeSize(dtype_);
-    }
-    if (gradient_bytes > arena_bytes_) {
-      arena_ = backend_.AllocateHost(gradient_bytes);
-      arena_bytes_ = gradient_bytes;
-    }
+absl::Status OffloadLink::Prepare(absl::Span<model::Param* const> params) {
+  size_t weight_bytes = 0, gradient_bytes = 0;
+  for (model::Param* p : params) {
+    ZO_ASSIGN_OR_RETURN(int index, TensorIndex(p->name));
+    pulled_tensors_.push_back(index);
+    weight_bytes += static_cast<size_t>(p->value.nbytes());
+    gradient_bytes += static_cast<size_t>(p->numel()) * DTypeSize(dtype_);
   }
-  std::vector<absl::Span<std::byte>> dst(weights_.begin(), weights_.end());
-  ZO_ASSIGN_OR_RETURN(bool changed, client_->PullForStep(step, pulled_tensors_, dst));
-  // Where DPU starts (two steps on one version) and after a skipped step
-  // the weights stay: no copy to the device.
-  if (!changed && uploaded_) return absl::OkStatus();
-  for (size_t i = 0; i < params.size(); ++i) {
-    ZO_RETURN_IF_ERROR(backend_.Upload(weights_[i], params[i]->value));
+  params_.assign(params.begin(), params.end());
+  host_arena_ = backend_.AllocateHost(weight_bytes);
+  size_t offset = 0;
+  for (model::Param* p : params_) {
+    const size_t bytes = static_cast<size_t>(p->value.nbytes());
+    host_.emplace_back(host_arena_.get() + offset, bytes);
+    offset += bytes;
+    idle_.push_back(backend_.Empty(p->value.dtype(), p->shape));
   }
-  uploaded_ = true;
+  arena_ = backend_.AllocateHost(gradient_bytes);
+  arena_bytes_ = gradient_bytes;
+  // Versions up to the job's are there to pull.
+  pushed_ = client_->version();
   return absl::OkStatus();
 }
 
-double OffloadLink::LossScale(int64_t) { return client_->loss_scale(); }
+namespace {
+
+// host[i] -> dst[i] for every i, each after the work queued before it; waits
+// for all of them and returns the first error.
+absl::Status UploadAll(backend::Backend& backend, absl::Span<const absl::Span<std::byte>> host,
+                       absl::Span<backend::Tensor* const> dst) {
+  std::mutex mu;
+  std::condition_variable done;
+  size_t left = dst.size();
+  absl::Status first;
+  for (size_t i = 0; i < dst.size(); ++i) {
+    backend.UploadAsync(host[i], *dst[i], [&](absl::Status s) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!s.ok() && first.ok()) first = s;
+      if (--left == 0) done.notify_all();
+    });
+  }
+  std::unique_lock<std::mutex> lock(mu);
+  done.wait(lock, [&] { return left == 0; });
+  return first;
+}
+
+}  // namespace
+
+absl::Status OffloadLink::LoadNow(int64_t step) {
+  ZO_ASSIGN_OR_RETURN(bool changed,
+                      client_->PullForStep(step, pulled_tensors_, host_, &loss_scale_));
+  // Where DPU starts (two steps on one version) and after a skipped step
+  // the weights stay: no copy to the device.
+  if (changed || !uploaded_ || host_ahead_) {
+    std::vector<backend::Tensor*> values;
+    for (model::Param* p : params_) values.push_back(&p->value);
+    ZO_RETURN_IF_ERROR(UploadAll(backend_, host_, values));
+  }
+  uploaded_ = true;
+  host_ahead_ = false;
+  return absl::OkStatus();
+}
+
+void OffloadLink::MaybePrefetch(int64_t step) {
+  if (prefetch_step_ >= 0 || params_.empty()) return;
+  if (VersionForStep(client_->config().zo.dpu, step) > pushed_) return;
+  prefetch_step_ = step;
+  prefetch_ = std::thread([this, client = client_, step] {
+    absl::StatusOr<bool> changed =
+        client->PullForStep(step, pulled_tensors_, host_, &prefetch_loss_scale_);
+    prefetch_changed_ = changed.ok() && *changed;
+    if (!changed.ok()) {
+      prefetch_status_ = changed.status();
+      return;
+    }
+    std::vector<backend::Tensor*> idle;
+    for (backend::Tensor& t : idle_) idle.push_back(&t);
+    prefetch_status_ = prefetch_changed_ ? UploadAll(backend_, host_, idle) : absl::OkStatus();
+  });
+}
+
+void OffloadLink::JoinPrefetch() {
+  if (prefetch_.joinable()) prefetch_.join();
+}
+
+absl::Status OffloadLink::LoadWeights(int64_t step, absl::Span<model::Param* const> params) {
+  if (params_.empty()) ZO_RETURN_IF_ERROR(Prepare(params));
+  if (params.size() != params_.size() ||
+      !std::equal(params.begin(), params.end(), params_.begin())) {
+    return absl::InternalError("LoadWeights: a stage's parameters changed between steps");
+  }
+  const int64_t prefetched = std::exchange(prefetch_step_, -1);
+  JoinPrefetch();
+  if (prefetched == step) {
+    ZO_RETURN_IF_ERROR(prefetch_status_);
+    if (prefetch_changed_) {
+      for (size_t i = 0; i < params_.size(); ++i) std::swap(params_[i]->value, idle_[i]);
+    }
+    loss_scale_ = prefetch_loss_scale_;
+  } else {
+    // A prefetch for another step (a step retried): what it left in host_
+    // is not on the device.
+    if (prefetched >= 0) host_ahead_ = true;
+    ZO_RETURN_IF_ERROR(LoadNow(step));
+  }
+  MaybePrefetch(step + 1);
+  return absl::OkStatus();
+}
+
+double OffloadLink::LossScale(int64_t) { return loss_scale_; }
 
 absl::Status OffloadLink::PushGradient(int64_t step, const model::Param& param) {
   ZO_ASSIGN_OR_RETURN(int index, TensorIndex(param.name));
@@ -108,7 +197,10 @@ absl::Status OffloadLink::FinishStep(int64_t step) {
     copied_.wait(lock, [this] { return copies_in_flight_ == 0; });
     if (!copy_error_.ok()) return std::exchange(copy_error_, absl::OkStatus());
   }
-  return client_->FinishStep(step);
+  ZO_RETURN_IF_ERROR(client_->FinishStep(step));
+  pushed_ = std::max(pushed_, step);
+  MaybePrefetch(step + 1);
+  return absl::OkStatus();
 }
 
 }  // namespace zo::train

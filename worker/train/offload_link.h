@@ -1,9 +1,16 @@
-// A stage's ParamLink to the offload servers: weights pulled with the
-// client's DPU policy, each final gradient cast to the job's dtype and
-// copied (Backend::DownloadAsync: on a GPU, beside the compute, into
-// page-locked memory) into a staging arena that the client's push sends
-// without a copy. The backward goes on while gradients travel; FinishStep
-// waits for them.
+// A stage's ParamLink to the offload servers.
+//
+// Weights: each step's are pulled (the client's DPU policy says which
+// version) into page-locked host memory and copied into a second, idle set
+// of device tensors while the step before still computes; the step boundary
+// swaps the two sets. The prefetch of step s + 1 starts as soon as its
+// version's gradients are all pushed: with DPU at the start of step s, so
+// the servers' update, the pull and the upload all overlap step s.
+//
+// Gradients: each final gradient is cast to the job's dtype and copied
+// (Backend::DownloadAsync: on a GPU, beside the compute, into page-locked
+// memory) into a staging arena that the client's push sends without a copy.
+// The backward goes on while gradients travel; FinishStep waits for them.
 #ifndef ZO_WORKER_TRAIN_OFFLOAD_LINK_H_
 #define ZO_WORKER_TRAIN_OFFLOAD_LINK_H_
 
@@ -14,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -33,8 +41,8 @@ class OffloadLink final : public model::ParamLink {
   ~OffloadLink() override;
 
   // A restarted worker swaps its resend client for a plain one after the
-  // first step.
-  void set_client(OffloadClient* client) { client_ = client; }
+  // first step (waits for a prefetch that uses the old one).
+  void set_client(OffloadClient* client);
 
   // Sets the initial weights of `params` on the servers when the job is at
   // version 0 (a fresh job); a no-op for a job that has trained.
@@ -47,16 +55,38 @@ class OffloadLink final : public model::ParamLink {
 
  private:
   absl::StatusOr<int> TensorIndex(const std::string& name) const;
+  // First LoadWeights: the manifest indices, host buffers and idle tensors.
+  absl::Status Prepare(absl::Span<model::Param* const> params);
+  // Pulls `step`'s weights into host_ and uploads them into the params now.
+  absl::Status LoadNow(int64_t step);
+  // Starts the prefetch of `step` when its version's gradients are all
+  // pushed and none runs.
+  void MaybePrefetch(int64_t step);
+  // Waits for the prefetch thread; its outcome stays in prefetch_*.
+  void JoinPrefetch();
 
   OffloadClient* client_;
   backend::Backend& backend_;
   DType dtype_;
   std::map<std::string, int> index_;
-  // Host copies of the pulled weights: PullForStep skips a version it
-  // already delivered into them.
-  std::vector<std::vector<std::byte>> weights_;
+  std::vector<model::Param*> params_;
   std::vector<int> pulled_tensors_;
-  bool uploaded_ = false;  // the params hold weights_
+  // The pulled weights, page-locked where the backend has it, back to back.
+  std::shared_ptr<std::byte> host_arena_;
+  std::vector<absl::Span<std::byte>> host_;
+  // The second set of weight tensors: the prefetch uploads into it.
+  std::vector<backend::Tensor> idle_;
+  bool uploaded_ = false;    // the params hold what host_ held at the last pull
+  bool host_ahead_ = false;  // host_ holds weights the params do not (a prefetch dropped)
+  double loss_scale_ = 1;    // of the step LoadWeights last loaded
+  int64_t pushed_ = -1;      // the last step whose gradients are all acknowledged
+
+  std::thread prefetch_;
+  int64_t prefetch_step_ = -1;  // the step prefetch_ fetches for; -1: none
+  // Written by prefetch_, read after joining it.
+  absl::Status prefetch_status_;
+  bool prefetch_changed_ = false;
+  double prefetch_loss_scale_ = 1;
 
   // One step's gradients in the job's dtype, back to back (Backend::
   // AllocateHost). A step reuses it from the start: FinishStep of the step

@@ -1,0 +1,97 @@
+// OffloadLink against an embedded server on the CPU backend: with the
+// weights of the next step pulled and uploaded into a second set of tensors
+// while a step computes, every step must still compute on exactly the
+// version the DPU policy names, and its gradients must reach the servers.
+#include "worker/train/offload_link.h"
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/dpu_policy.h"
+#include "common/testing/status_matchers.h"
+#include "gtest/gtest.h"
+#include "server/offload_server.h"
+#include "worker/backend/cpu/cpu_backend.h"
+
+namespace zo::train {
+namespace {
+
+using ::zo::testing::IsOk;
+
+struct Fixture {
+  std::unique_ptr<OffloadServer> server;
+  std::unique_ptr<backend::Backend> cpu = backend::MakeCpuBackend();
+  std::vector<model::Param> params;
+  std::vector<model::Param*> pointers;
+  std::vector<TensorSpec> manifest;
+};
+
+void StartServerAndParams(Fixture& f) {
+  ServerOptions server_options;
+  server_options.listen = "";
+  auto server = OffloadServer::Start(server_options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  f.server = std::move(*server);
+  for (auto [name, shape] : {std::pair<std::string, backend::Shape>{"a", {3, 5}}, {"b", {7}}}) {
+    model::Param p;
+    p.name = name;
+    p.shape = shape;
+    p.init = model::ParamInit::Normal(0.5);
+    p.value = f.cpu->Zeros(DType::kBFloat16, shape);
+    p.grad = f.cpu->Zeros(DType::kFloat32, shape);
+    f.params.push_back(std::move(p));
+    f.manifest.push_back({name, shape, DType::kBFloat16});
+  }
+  for (model::Param& p : f.params) f.pointers.push_back(&p);
+}
+
+TEST(OffloadLinkTest, EveryStepComputesOnTheVersionTheDpuPolicyNames) {
+  for (bool dpu : {false, true}) {
+    SCOPED_TRACE(dpu ? "DPU" : "no DPU");
+    Fixture f;
+    ASSERT_NO_FATAL_FAILURE(StartServerAndParams(f));
+    ClientOptions options;
+    options.job = "link";
+    options.channels = {f.server->InProcessChannel()};
+    const std::string config = std::string(R"({"train_batch_size": 1,
+        "optimizer": {"type": "AdamW", "params": {"lr": 0.05}}, "bf16": {"enabled": true},
+        "zo": {"dpu": {"enabled": )") +
+                               (dpu ? "true" : "false") + R"(, "warmup_steps": 1}}})";
+    auto client = OffloadClient::Open(options, config, f.manifest);
+    ASSERT_TRUE(client.ok()) << client.status();
+    OffloadLink link(client->get(), *f.cpu, f.manifest, DType::kBFloat16);
+    ASSERT_THAT(link.InitializeIfFresh(f.pointers, 7), IsOk());
+    const std::vector<int> all = {0, 1};
+    std::vector<std::vector<std::byte>> seen;  // tensor a, per step
+    for (int64_t step = 1; step <= 8; ++step) {
+      SCOPED_TRACE("step " + std::to_string(step));
+      ASSERT_THAT(link.LoadWeights(step, f.pointers), IsOk());
+      // What the servers hold for the version this step computes on.
+      const int64_t version = VersionForStep((*client)->config().zo.dpu, step);
+      std::vector<std::byte> a(30), b(14);
+      const std::vector<absl::Span<std::byte>> want = {absl::MakeSpan(a), absl::MakeSpan(b)};
+      ASSERT_THAT((*client)->Pull(version, -1, all, want).status(), IsOk());
+      for (size_t i = 0; i < f.params.size(); ++i) {
+        std::vector<std::byte> got(want[i].size());
+        ASSERT_THAT(f.cpu->Download(f.params[i].value, absl::MakeSpan(got)), IsOk());
+        EXPECT_EQ(std::memcmp(got.data(), want[i].data(), got.size()), 0) << f.params[i].name;
+      }
+      seen.push_back(a);
+      // Gradients that differ per step and element move the weights.
+      for (model::Param& p : f.params) {
+        std::vector<float> g(static_cast<size_t>(p.numel()));
+        for (size_t j = 0; j < g.size(); ++j) g[j] = (j % 3 == 0 ? -1.0f : 1.0f) * (step + j);
+        ASSERT_THAT(f.cpu->UploadFloat(g, p.grad), IsOk());
+        ASSERT_THAT(link.PushGradient(step, p), IsOk());
+      }
+      ASSERT_THAT(link.FinishStep(step), IsOk());
+    }
+    // The weights moved: the step computed last saw others than the first.
+    EXPECT_NE(seen.front(), seen.back());
+  }
+}
+
+}  // namespace
+}  // namespace zo::train
