@@ -10,6 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/internal/bench_stats.h"
+#include "bench/internal/gpu_offload_rows.h"
+#include "bench/internal/hash_token_source.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "worker/backend/cuda/cuda_backend.h"
@@ -25,6 +27,7 @@ namespace {
 
 using backend::Backend;
 using backend::Tensor;
+using bench_internal::HashTokenSource;
 using bench_internal::SecondsSince;
 
 // Seconds per call of `run`, after `warmup` calls, over `reps` calls, with
@@ -92,25 +95,6 @@ class DeviceOnlyLink final : public model::ParamLink {
   bool loaded_ = false;
 };
 
-class HashTokenSource final : public model::BatchSource {
- public:
-  HashTokenSource(int batch, int block, int vocab) : batch_(batch), block_(block), vocab_(vocab) {}
-  absl::StatusOr<model::MicroBatch> Get(int64_t step, int micro_batch) override {
-    model::MicroBatch mb;
-    mb.batch = batch_;
-    mb.block_size = block_;
-    const int64_t n = int64_t{batch_} * block_;
-    for (int64_t i = 0; i < n; ++i) {
-      mb.tokens.push_back(GpuBenchToken(step, micro_batch, i, vocab_));
-      mb.targets.push_back(GpuBenchToken(step, micro_batch, i + 1, vocab_));
-    }
-    return mb;
-  }
-
- private:
-  int batch_, block_, vocab_;
-};
-
 }  // namespace
 
 int32_t GpuBenchToken(int64_t step, int micro_batch, int64_t i, int vocab) {
@@ -134,11 +118,25 @@ absl::Status ValidateGpuBenchOptions(const GpuBenchOptions& o) {
   if (o.dtype == DType::kFloat32) {
     return absl::InvalidArgumentError("--dtype: the GPU step is fp16 or bf16");
   }
+  if (o.dpu && !o.step_rows) {
+    return absl::InvalidArgumentError("row gpu_dpu needs gpu_step (its compute time)");
+  }
+  if (!o.step_rows && !o.largest) return absl::InvalidArgumentError("no rows to run");
+  if (o.largest &&
+      (o.largest_layers < 1 || o.largest_width < 1 || o.largest_heads < 1 ||
+       o.largest_width % o.largest_heads != 0 || o.largest_block < 1 || o.largest_batch < 1 ||
+       o.largest_steps < 2 || !(o.largest_lr > 0) || o.largest_warmup_steps < 0)) {
+    return absl::InvalidArgumentError(
+        "gpu_largest needs layers, width, block and batch >= 1, heads that divide the width, "
+        "at least 2 steps, an lr > 0 and warmup steps >= 0");
+  }
   return absl::OkStatus();
 }
 
-absl::Status RunGpuBench(const GpuBenchOptions& o, std::ostream& out) {
-  ZO_RETURN_IF_ERROR(ValidateGpuBenchOptions(o));
+namespace {
+
+// Rows gpu_gemm, gpu_step and (with o.dpu) gpu_dpu, written to `out`.
+absl::Status RunStepRows(const GpuBenchOptions& o, std::ostream& out) {
   ZO_ASSIGN_OR_RETURN(std::unique_ptr<Backend> be, backend::MakeCudaBackend({.device = o.device}));
   const std::string dtype(DTypeName(o.dtype));
 
@@ -287,6 +285,42 @@ absl::Status RunGpuBench(const GpuBenchOptions& o, std::ostream& out) {
         step.max * 1e3, tokens / step.median, model_flops / 1e12, model_flops / peak_flops,
         first_loss);
     out << "gpu_step  per micro-batch, each op alone: " << parts.dump() << "\n";
+  }
+  if (!o.dpu) return absl::OkStatus();
+  ZO_ASSIGN_OR_RETURN(const nlohmann::json dpu, bench_internal::MeasureGpuDpu(o, *be, step.median));
+  if (o.json) {
+    out << dpu.dump() << "\n";
+  } else {
+    out << absl::StrFormat(
+        "gpu_dpu   with an embedded server and DPU: %.1f ms per step (compute alone %.1f, server "
+        "alone %.1f; waits: weights %.1f, push %.1f): %.2f x the slower of the two (target <= "
+        "1.1)\n",
+        dpu["step_s"].get<double>() * 1e3, dpu["compute_alone_s"].get<double>() * 1e3,
+        dpu["server_alone_s"].get<double>() * 1e3, dpu["step_wait_weights_s"].get<double>() * 1e3,
+        dpu["step_wait_push_s"].get<double>() * 1e3, dpu["ratio"].get<double>());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RunGpuBench(const GpuBenchOptions& o, std::ostream& out) {
+  ZO_RETURN_IF_ERROR(ValidateGpuBenchOptions(o));
+  // The step rows' backend is gone before gpu_largest needs the memory.
+  if (o.step_rows) ZO_RETURN_IF_ERROR(RunStepRows(o, out));
+  if (!o.largest) return absl::OkStatus();
+  ZO_ASSIGN_OR_RETURN(const nlohmann::json largest, bench_internal::MeasureGpuLargest(o));
+  if (o.json) {
+    out << largest.dump() << "\n";
+  } else {
+    out << absl::StrFormat(
+        "gpu_largest  GPT %.2fB params: loss %.4f -> %.4f over %d steps, %.1f s per step; peak "
+        "GPU %.1f GiB, peak host RSS %.1f GiB (server state %.1f GiB)\n",
+        largest["params"].get<double>() / 1e9, largest["first_loss"].get<double>(),
+        largest["last_loss"].get<double>(), largest["steps"].get<int>(),
+        largest["step_s"].get<double>(), largest["peak_gpu_bytes"].get<double>() / (1 << 30),
+        largest["peak_host_rss_bytes"].get<double>() / (1 << 30),
+        largest["server_ram_bytes_estimate"].get<double>() / (1 << 30));
   }
   return absl::OkStatus();
 }

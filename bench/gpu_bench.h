@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <ostream>
+#include <string>
 
 #include "absl/status/status.h"
 #include "common/dtype.h"
@@ -43,6 +44,28 @@ struct GpuBenchOptions {
   int steps = 5;  // timed
   uint64_t seed = 1337;
   bool json = false;
+
+  // Which rows: gpu_gemm and gpu_step always go together (the step's MFU
+  // needs the peak); gpu_dpu needs gpu_step's compute time.
+  bool step_rows = true;
+  bool dpu = true;
+  bool largest = false;
+  // gpu_largest's GPT (the default: 4.1B parameters) and run.
+  int largest_layers = 36;
+  int largest_width = 3072;
+  int largest_heads = 24;
+  int largest_block = 1024;
+  int largest_batch = 4;  // sequences per step
+  int largest_steps = 20;
+  // Adam's first step moves every weight by lr in the sign of its
+  // gradient, and 36 layers 3072 wide add those moves up coherently: on an
+  // H200 the loss went from 4.04 to 7.0 after one step at lr 1e-6 and to
+  // 16-19 at 1e-5..1e-4 (the CPU backend does the same at 154M
+  // parameters). What keeps the first steps under one logit of change at
+  // this size is about 1e-7.
+  double largest_lr = 1e-7;
+  int largest_warmup_steps = 0;
+  std::string largest_device = "cuda";  // zo-train's --device; "cpu" for the harness's test
 };
 
 absl::Status ValidateGpuBenchOptions(const GpuBenchOptions& options);

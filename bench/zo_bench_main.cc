@@ -19,6 +19,7 @@
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "bench/adam_bench.h"
 #include "bench/fio.h"
@@ -94,6 +95,16 @@ ABSL_FLAG(int, n_embd, 768, "gpu: the GPT's width");
 ABSL_FLAG(int, n_head, 12, "gpu: the GPT's attention heads");
 ABSL_FLAG(int, steps, 5, "gpu: timed steps, after 2 untimed ones");
 ABSL_FLAG(std::string, gemm_size, "8192", "gpu: the peak GEMM is N x N x N");
+ABSL_FLAG(std::string, rows, "gemm,step,dpu",
+          "gpu: rows to run, comma-separated: gemm,step (always together), dpu (needs step), "
+          "largest");
+ABSL_FLAG(std::string, largest, "36x3072x24",
+          "gpu: gpu_largest's GPT as LAYERSxWIDTHxHEADS (default 4.1B parameters)");
+ABSL_FLAG(int, largest_steps, 20, "gpu: gpu_largest's steps (block 1024, 4 sequences each)");
+ABSL_FLAG(double, largest_lr, 1e-7,
+          "gpu: gpu_largest's (peak) lr; Adam's sign-like first steps blow a 4B GPT up above "
+          "about 1e-6");
+ABSL_FLAG(int, largest_warmup_steps, 0, "gpu: gpu_largest's linear lr warmup; 0: none");
 ABSL_FLAG(bool, checksums, true,
           "nvme: the step's block checksums, on as a server runs them (--nochecksums: off)");
 
@@ -129,7 +140,12 @@ constexpr char kUsage[] =
     "         (--n-layer, --n-embd, --n-head, --block-size; vocabulary 50304; --batch\n"
     "         sequences) with weights on the device and no servers; ratio = model FLOP/s\n"
     "         (6N + 12 L C T per token) / that peak, i.e. MFU (target >= 0.45), and the\n"
-    "         share of the step its GEMMs take. Rows gpu_gemm and gpu_step.\n\n"
+    "         share of the step its GEMMs take. Rows gpu_gemm and gpu_step. Row gpu_dpu:\n"
+    "         the same GPT trained against an embedded server with DPU; ratio = step time /\n"
+    "         max(compute alone, the server's push-update-pull step alone) (target <= 1.1).\n"
+    "         Row gpu_largest (--rows ...,largest): zo-train's loop on a --largest GPT for\n"
+    "         --largest-steps steps with an embedded server: parameters, losses, step time,\n"
+    "         peak GPU and host memory. --rows picks the rows.\n\n"
     "Flags may be written with dashes or underscores.";
 
 absl::StatusOr<bench::AdamBenchOptions> AdamOptionsFromFlags() {
@@ -263,6 +279,30 @@ absl::StatusOr<bench::GpuBenchOptions> GpuOptionsFromFlags() {
   o.steps = absl::GetFlag(FLAGS_steps);
   ZO_ASSIGN_OR_RETURN(o.gemm_size, ParseCount(absl::GetFlag(FLAGS_gemm_size)));
   o.json = absl::GetFlag(FLAGS_json);
+  o.step_rows = o.dpu = o.largest = false;
+  for (absl::string_view row : absl::StrSplit(absl::GetFlag(FLAGS_rows), ',')) {
+    if (row == "gemm" || row == "step") {
+      o.step_rows = true;
+    } else if (row == "dpu") {
+      o.dpu = true;
+    } else if (row == "largest") {
+      o.largest = true;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--rows: '", row, "' is not one of gemm, step, dpu, largest"));
+    }
+  }
+  const std::string largest = absl::GetFlag(FLAGS_largest);
+  std::vector<std::string> shape = absl::StrSplit(largest, 'x');
+  if (shape.size() != 3 || !absl::SimpleAtoi(shape[0], &o.largest_layers) ||
+      !absl::SimpleAtoi(shape[1], &o.largest_width) ||
+      !absl::SimpleAtoi(shape[2], &o.largest_heads)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--largest must be LAYERSxWIDTHxHEADS (e.g. 36x3072x24), got '", largest, "'"));
+  }
+  o.largest_steps = absl::GetFlag(FLAGS_largest_steps);
+  o.largest_lr = absl::GetFlag(FLAGS_largest_lr);
+  o.largest_warmup_steps = absl::GetFlag(FLAGS_largest_warmup_steps);
   return o;
 }
 

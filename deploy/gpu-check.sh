@@ -4,7 +4,12 @@
 # binaries `ctest -L gpu` runs), `zo-bench gpu` in bf16 and fp16, the PyTorch
 # peer step (bench/torch_twin/gpt2_gpu_step.py, when python3 has torch) and
 # a short zo-train run on the GPU. Logs and JSON rows go to $OUT (default
-# ./gpu-check-out). SKIP_BENCH=1 leaves out zo-bench and the twin.
+# ./gpu-check-out). PARTS picks what runs, in this order (default: all but
+# largest): ops stage bench twin train e2e gpt2 memcheck largest.
+# `largest` is zo-bench gpu's gpu_largest row: a 4.1B GPT with its server
+# in this process, minutes and ~100 GB of host RAM. BENCH_DTYPES (default
+# "bf16 fp16") and OPS_FILTER (a gtest filter) narrow bench and ops;
+# LARGEST_FLAGS adds zo-bench flags to the largest run (LARGEST_TAG names its log).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-$PWD/gpu-check-out}
@@ -17,6 +22,8 @@ ltdir=$(dirname "$(find /usr/local/cuda/lib64 /usr/local/cuda*/ /opt /usr/lib \
 export LD_LIBRARY_PATH=$PWD/.devbin/lib:$ltdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 echo "gpu-check: cuBLASLt from $ltdir"
 status=0
+parts=" ${PARTS:-ops stage bench twin train e2e gpt2 memcheck} "
+want() { [[ $parts == *" $1 "* ]]; }
 step() {  # name, timeout, command...
   local name=$1 limit=$2; shift 2
   echo "== $name"
@@ -28,31 +35,37 @@ step() {  # name, timeout, command...
 }
 # One process per test: an op that aborts (a failed launch is fatal) does
 # not hide the verdicts of the others.
+if want ops; then
 echo "== cuda_backend_test"
-for t in $(.devbin/cuda_backend_test --gtest_list_tests |
+for t in $(.devbin/cuda_backend_test --gtest_list_tests --gtest_filter="${OPS_FILTER:-*}" |
            awk '/^[^ ]/ {suite = $1} /^  / {print suite $1}'); do
   timeout 60 .devbin/cuda_backend_test --gtest_filter="$t" >>"$out/cuda_backend_test.log" 2>&1
   rc=$?
   [[ $rc == 0 ]] && echo "ok   $t" || { echo "FAIL $t (rc $rc)"; status=1; }
 done
 grep -E "Failure|off; worst|cuda: |Expected|Which is" "$out/cuda_backend_test.log" | head -40
-step model_stage_gpu_test 90 .devbin/model_stage_gpu_test
-if [[ ${SKIP_BENCH:-0} != 1 ]]; then
-  step zo_bench_gpu_bf16 120 .devbin/zo-bench gpu --json --dtype bf16
-  step zo_bench_gpu_fp16 120 .devbin/zo-bench gpu --json --dtype fp16
-  if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
-    step torch_gpu_step 120 python3 bench/torch_twin/gpt2_gpu_step.py --json
-  fi
 fi
+want stage && step model_stage_gpu_test 90 .devbin/model_stage_gpu_test
+if want bench; then
+  for dtype in ${BENCH_DTYPES:-bf16 fp16}; do
+    step zo_bench_gpu_$dtype 180 .devbin/zo-bench gpu --json --dtype "$dtype"
+  done
+fi
+if want twin && python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+  step torch_gpu_step 120 python3 bench/torch_twin/gpt2_gpu_step.py --json
+fi
+if want train; then
 step zo_train_gpu 120 .devbin/zo-train --device cuda --steps 30
+# The training loop with an embedded server on the GPU, overflowing fp16
+# steps skipped included.
+step trainer_test 120 .devbin/trainer_test
+fi
+if want e2e; then
 # The end-to-end worker tests with real zo-server processes; zo-train's
 # --device auto takes the GPU: a killed GPU worker re-attaches and repeats
 # the uninterrupted run's losses exactly; two stage processes over TCP.
 export ZO_TRAIN_PATH=$PWD/.devbin/zo-train ZO_SERVER_PATH=$PWD/.devbin/zo-server
 step zo_train_e2e 180 .devbin/zo_train_e2e_test --gtest_filter='*Killed*:*TwoStage*'
-# The training loop with an embedded server on the GPU, overflowing fp16
-# steps skipped included.
-step trainer_test 120 .devbin/trainer_test
 cat >/tmp/zo-overflow.json <<'JSON'
 {"train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": 2,
  "optimizer": {"type": "AdamW", "params": {"lr": 2e-3}},
@@ -60,6 +73,8 @@ cat >/tmp/zo-overflow.json <<'JSON'
 JSON
 step zo_train_overflow 60 .devbin/zo-train --device auto --config /tmp/zo-overflow.json \
   --steps 24
+fi
+if want gpt2; then
 # GPT-2-small shape (the synthetic text's vocabulary, not GPT-2's) with DPU
 # on the embedded server: the step split compute / push / wait per step.
 rm -f /tmp/zo-gpt2-metrics.jsonl
@@ -76,8 +91,15 @@ step zo_train_gpt2_nodpu 180 .devbin/zo-train --device cuda --config /tmp/zo-gpt
   --metrics-out /tmp/zo-gpt2-metrics.jsonl
 cat "$out/zo_train_gpt2_nodpu.log" /tmp/zo-gpt2-metrics.jsonl >>"$out/zo_train_gpt2_dpu.log"
 rm -f "$out/zo_train_gpt2_nodpu.log"
-if command -v compute-sanitizer >/dev/null; then
+fi
+if want memcheck && command -v compute-sanitizer >/dev/null; then
   step memcheck 150 compute-sanitizer --tool memcheck --error-exitcode 3 \
     .devbin/cuda_backend_test --gtest_filter='*/fp16'
+fi
+if want largest; then
+  free -g | head -2
+  # shellcheck disable=SC2086  # LARGEST_FLAGS: extra zo-bench flags, word-split
+  step zo_bench_gpu_largest${LARGEST_TAG:-} ${LARGEST_LIMIT:-420} .devbin/zo-bench gpu --json \
+    --rows largest ${LARGEST_FLAGS:-}
 fi
 exit $status

@@ -1,0 +1,296 @@
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "bench/internal/bench_stats.h"
+#include "bench/internal/gpu_offload_rows.h"
+#include "bench/internal/hash_token_source.h"
+#include "common/memory_estimate.h"
+#include "common/status_macros.h"
+#include "server/offload_server.h"
+#include "worker/backend/cuda/cuda_backend.h"
+#include "worker/client/offload_client.h"
+#include "worker/data/char_dataset.h"
+#include "worker/data/synthetic_source.h"
+#include "worker/model/model.h"
+#include "worker/model/model_stage.h"
+#include "worker/model/partition.h"
+#include "worker/pipeline/executor.h"
+#include "worker/pipeline/in_process_transport.h"
+#include "worker/pipeline/schedule.h"
+#include "worker/train/offload_link.h"
+#include "worker/train/trainer.h"
+
+namespace zo::bench_internal {
+namespace {
+
+// A DeepSpeed-style config for the benchmark jobs: AdamW, the step's dtype,
+// DPU after one step when `dpu`, the lr warmed up linearly over
+// `warmup_steps` when > 0.
+std::string JobConfig(DType dtype, int micro_batch, int micro_batches, bool dpu, double lr,
+                      int warmup_steps = 0) {
+  const std::string scheduler =
+      warmup_steps == 0 ? ""
+                        : absl::StrFormat(R"("scheduler": {"type": "WarmupLR", "params": {
+                "warmup_min_lr": 0, "warmup_max_lr": %g, "warmup_num_steps": %d,
+                "warmup_type": "linear"}},)",
+                                          lr, warmup_steps);
+  return absl::StrFormat(
+      R"({"train_batch_size": %d, "train_micro_batch_size_per_gpu": %d,
+          "optimizer": {"type": "AdamW", "params": {"lr": %g, "betas": [0.9, 0.95],
+                                                    "weight_decay": 0.1}}, %s
+          "%s": {"enabled": true}, "gradient_clipping": 1.0, "steps_per_print": 1000000,
+          "zo": {"dpu": {"enabled": %s, "warmup_steps": 1}}})",
+      micro_batch * micro_batches, micro_batch, lr, scheduler,
+      dtype == DType::kFloat16 ? "fp16" : "bf16", dpu ? "true" : "false");
+}
+
+// The server tier's step with no GPU in it: every gradient pushed from
+// page-locked memory, the update, every weight pulled back. Seconds per
+// step, median over `steps` after one untimed step.
+absl::StatusOr<double> ServerStepAlone(const bench::GpuBenchOptions& o, backend::Backend& b,
+                                       std::shared_ptr<grpc::Channel> channel,
+                                       const std::vector<TensorSpec>& manifest) {
+  ZO_ASSIGN_OR_RETURN(
+      std::unique_ptr<OffloadClient> client,
+      OffloadClient::Open({.job = "gpu-server-alone", .channels = {channel}},
+                          JobConfig(o.dtype, o.batch, o.micro_batches, false, 1e-4), manifest));
+  std::vector<int64_t> bytes;
+  int64_t total = 0;
+  for (const TensorSpec& t : manifest) {
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    bytes.push_back(n * 2);
+    total += n * 2;
+  }
+  std::shared_ptr<std::byte> grads = b.AllocateHost(static_cast<size_t>(total));
+  std::vector<std::byte> weights(static_cast<size_t>(total));
+  // 1e-3 in the job's dtype.
+  const uint16_t small = o.dtype == DType::kFloat16 ? 0x1419 : 0x3A83;
+  for (int64_t i = 0; i < total / 2; ++i) {
+    std::memcpy(grads.get() + 2 * i, &small, 2);
+  }
+  std::vector<int> tensors;
+  std::vector<absl::Span<std::byte>> dst;
+  int64_t offset = 0;
+  for (size_t i = 0; i < manifest.size(); ++i) {
+    tensors.push_back(static_cast<int>(i));
+    dst.emplace_back(weights.data() + offset, bytes[i]);
+    offset += bytes[i];
+  }
+  std::vector<double> secs;
+  for (int64_t step = 1; step <= 1 + o.steps; ++step) {
+    const auto start = std::chrono::steady_clock::now();
+    offset = 0;
+    for (size_t i = 0; i < manifest.size(); ++i) {
+      ZO_RETURN_IF_ERROR(client->PushShared(
+          step, static_cast<int>(i), grads,
+          absl::Span<const std::byte>(grads.get() + offset, static_cast<size_t>(bytes[i]))));
+      offset += bytes[i];
+    }
+    ZO_RETURN_IF_ERROR(client->FinishStep(step));
+    ZO_RETURN_IF_ERROR(client->Pull(step, step - 1, tensors, dst).status());
+    if (step > 1) secs.push_back(SecondsSince(start));
+    std::fprintf(stderr, "zo-bench gpu: server alone, step %lld: %.1f ms\n",
+                 static_cast<long long>(step), SecondsSince(start) * 1e3);
+  }
+  return Median(secs);
+}
+
+}  // namespace
+
+absl::StatusOr<nlohmann::json> MeasureGpuDpu(const bench::GpuBenchOptions& o, backend::Backend& b,
+                                             double compute_alone_s) {
+  ZO_ASSIGN_OR_RETURN(std::unique_ptr<OffloadServer> server, OffloadServer::Start({.listen = ""}));
+  std::shared_ptr<grpc::Channel> channel = server->InProcessChannel();
+  const model::GptConfig gpt{.n_layer = o.n_layer,
+                             .n_embd = o.n_embd,
+                             .n_head = o.n_head,
+                             .block_size = o.block_size,
+                             .vocab = o.vocab};
+  ZO_ASSIGN_OR_RETURN(model::Model m, model::MakeGpt(gpt));
+  const std::vector<TensorSpec> manifest = m.Manifest(o.dtype);
+
+  ZO_ASSIGN_OR_RETURN(const double server_alone_s, ServerStepAlone(o, b, channel, manifest));
+
+  ZO_ASSIGN_OR_RETURN(
+      std::unique_ptr<OffloadClient> client,
+      OffloadClient::Open({.job = "gpu-dpu", .channels = {channel}},
+                          JobConfig(o.dtype, o.batch, o.micro_batches, true, 1e-4), manifest));
+  train::OffloadLink link(client.get(), b, manifest, o.dtype);
+  std::vector<model::LayerWeightInfo> infos;
+  for (const auto& l : m.layers) infos.push_back({l->type(), l->param_count()});
+  ZO_ASSIGN_OR_RETURN(std::vector<int> bounds, model::PartitionLayers(infos, 1, "uniform"));
+  ZO_ASSIGN_OR_RETURN(auto programs, pipeline::OneFOneBSchedule(1, o.micro_batches));
+  HashTokenSource source(o.batch, o.block_size, o.vocab);
+  ZO_ASSIGN_OR_RETURN(std::unique_ptr<model::ModelStage> stage,
+                      model::ModelStage::Create(b, m, bounds,
+                                                {.stage = 0,
+                                                 .stages = 1,
+                                                 .chunks = 1,
+                                                 .micro_batches = o.micro_batches,
+                                                 .dtype = o.dtype},
+                                                source, link));
+  ZO_RETURN_IF_ERROR(link.InitializeIfFresh(stage->params(), o.seed));
+  pipeline::InProcessFabric fabric(1);
+  pipeline::Executor executor(0, 1, 1, programs[0], *stage, fabric.ForStage(0));
+  // DPU starts at step 3 (one warm-up step, then one more on v1); steady
+  // from the step after.
+  const int first_timed = 4 + o.warmup_steps;
+  std::vector<double> step_s, compute_s, push_s, pull_s;
+  for (int s = 1; s < first_timed + o.steps; ++s) {
+    const auto start = std::chrono::steady_clock::now();
+    ZO_ASSIGN_OR_RETURN(pipeline::StepTimes t, executor.RunStep(s));
+    const double secs = SecondsSince(start);
+    std::fprintf(stderr,
+                 "zo-bench gpu: DPU step %d: %.1f ms (compute %.1f, wait for weights %.1f, "
+                 "for the push %.1f), loss %.4f\n",
+                 s, secs * 1e3, t.compute_s * 1e3, t.pull_s * 1e3, t.push_s * 1e3,
+                 stage->step_loss());
+    if (s < first_timed) continue;
+    step_s.push_back(secs);
+    compute_s.push_back(t.compute_s);
+    push_s.push_back(t.push_s);
+    pull_s.push_back(t.pull_s);
+  }
+  const Summary step = Summarize(step_s);
+  const double bound = std::max(compute_alone_s, server_alone_s);
+  return nlohmann::json{{"workload", "gpu_dpu"},
+                        {"device", b.name()},
+                        {"dtype", std::string(DTypeName(o.dtype))},
+                        {"params", m.param_count()},
+                        {"step_s", step.median},
+                        {"step_s_min", step.min},
+                        {"step_s_max", step.max},
+                        {"compute_alone_s", compute_alone_s},
+                        {"server_alone_s", server_alone_s},
+                        {"step_compute_s", Median(compute_s)},
+                        {"step_wait_weights_s", Median(pull_s)},
+                        {"step_wait_push_s", Median(push_s)},
+                        {"ratio", step.median / bound}};  // target <= 1.1
+}
+
+namespace {
+
+// The most GPU memory in use while `run` runs, sampled every 50 ms (-1
+// without a CUDA device).
+template <typename Run>
+int64_t PeakDeviceMemory(int device, Run&& run) {
+  std::atomic<bool> done = false;
+  std::atomic<int64_t> peak = -1;
+  std::thread sampler([&] {
+    while (!done.load()) {
+      peak = std::max(peak.load(), backend::CudaMemoryInUse(device));
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
+  run();
+  done = true;
+  sampler.join();
+  return peak.load();
+}
+
+// This process's peak resident bytes since the last ResetPeakRss (VmHWM).
+int64_t PeakRss() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  }
+  return -1;
+}
+void ResetPeakRss() { std::ofstream("/proc/self/clear_refs") << "5"; }
+
+}  // namespace
+
+absl::StatusOr<nlohmann::json> MeasureGpuLargest(const bench::GpuBenchOptions& o) {
+  // The model zo-train builds on its synthetic text.
+  ZO_ASSIGN_OR_RETURN(CharDataset text,
+                      CharDataset::FromText(SyntheticText(size_t{1} << 20, o.seed), o.seed));
+  const model::GptConfig gpt{.n_layer = o.largest_layers,
+                             .n_embd = o.largest_width,
+                             .n_head = o.largest_heads,
+                             .block_size = o.largest_block,
+                             .vocab = text.vocab().size()};
+  ZO_ASSIGN_OR_RETURN(model::Model m, model::MakeGpt(gpt));
+  const int64_t params = m.param_count();
+  ZO_ASSIGN_OR_RETURN(MemoryEstimate estimate,
+                      EstimateMemory({.tensor_elems = {params}, .precision = o.dtype}));
+  std::fprintf(stderr,
+               "zo-bench gpu: largest: GPT %d layers x %d wide, %d heads, block %d (%.2fB "
+               "parameters); the server's state needs %.1f GiB of RAM\n",
+               o.largest_layers, o.largest_width, o.largest_heads, o.largest_block, params / 1e9,
+               estimate.server.ram_bytes / double(1 << 30));
+
+  ZO_ASSIGN_OR_RETURN(std::unique_ptr<OffloadServer> server, OffloadServer::Start({.listen = ""}));
+  const std::string metrics = absl::StrCat("/tmp/zo-bench-largest-", getpid(), ".jsonl");
+  std::remove(metrics.c_str());
+  train::TrainOptions t;
+  t.config_json =
+      JobConfig(o.dtype, o.largest_batch, 1, true, o.largest_lr, o.largest_warmup_steps);
+  t.model = "gpt";
+  t.gpt = gpt;
+  t.seed = o.seed;
+  t.channels = {server->InProcessChannel()};
+  t.job = "gpu-largest";
+  t.steps = o.largest_steps;
+  t.metrics_out = metrics;
+  t.device = o.largest_device;
+  t.gpu = o.device;
+  t.out = stderr;
+  ResetPeakRss();
+  absl::Status trained;
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t peak_gpu = PeakDeviceMemory(o.device, [&] { trained = train::Train(t); });
+  const double wall_s = SecondsSince(start);
+  const int64_t peak_rss = PeakRss();
+  server->Shutdown(absl::Seconds(1));
+  ZO_RETURN_IF_ERROR(trained);
+
+  std::vector<double> losses, step_s;
+  std::ifstream in(metrics);
+  std::string line;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded()) continue;
+    if (j["loss"].is_number()) losses.push_back(j["loss"].get<double>());
+    step_s.push_back(j["step_s"].get<double>());
+  }
+  std::remove(metrics.c_str());
+  if (losses.size() < 2) return absl::InternalError("the largest run left no losses to compare");
+  // The steady state: the second half of the run.
+  const std::vector<double> steady(step_s.begin() + static_cast<long>(step_s.size() / 2),
+                                   step_s.end());
+  return nlohmann::json{{"workload", "gpu_largest"},
+                        {"dtype", std::string(DTypeName(o.dtype))},
+                        {"params", params},
+                        {"layers", o.largest_layers},
+                        {"width", o.largest_width},
+                        {"block", o.largest_block},
+                        {"batch", o.largest_batch},
+                        {"lr", o.largest_lr},
+                        {"lr_warmup_steps", o.largest_warmup_steps},
+                        {"steps", losses.size()},
+                        {"first_loss", losses.front()},
+                        {"last_loss", losses.back()},
+                        {"loss_fell", losses.back() < losses.front()},
+                        {"step_s", Median(steady)},
+                        {"wall_s", wall_s},
+                        {"peak_gpu_bytes", peak_gpu},
+                        {"peak_host_rss_bytes", peak_rss},
+                        {"server_ram_bytes_estimate", estimate.server.ram_bytes},
+                        {"losses", losses}};
+}
+
+}  // namespace zo::bench_internal
