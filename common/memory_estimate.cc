@@ -85,8 +85,10 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const EstimateInput& input) {
   const int64_t lp = static_cast<int64_t>(DTypeSize(input.precision));
   e.gpu.stage_params = LargestStage(input.tensor_elems, input.pipeline_stages);
   e.gpu.param_bytes = e.gpu.stage_params * lp;
-  e.gpu.grad_bytes = e.gpu.stage_params * lp;
-  e.gpu.total_bytes = e.gpu.param_bytes + e.gpu.grad_bytes;
+  e.gpu.next_param_bytes = e.gpu.stage_params * lp;
+  e.gpu.grad_bytes = e.gpu.stage_params * 4;
+  e.gpu.total_bytes = e.gpu.param_bytes + e.gpu.next_param_bytes + e.gpu.grad_bytes;
+  e.gpu.host_staging_bytes = 2 * e.gpu.stage_params * lp;
 
   ServerEstimate& s = e.server;
   for (int i = 0; i < input.servers; ++i) s.elems = std::max(s.elems, map.ElemsOnServer(i));
@@ -137,8 +139,10 @@ std::string FormatEstimateTable(const MemoryEstimate& e) {
   absl::StrAppendFormat(&out, "per GPU (largest stage: %s parameters)\n",
                         FormatCount(static_cast<double>(e.gpu.stage_params)));
   out += Row(lp + " parameters", bytes(e.gpu.param_bytes));
-  out += Row(lp + " gradients", bytes(e.gpu.grad_bytes));
+  out += Row(lp + " next step's parameters (prefetch)", bytes(e.gpu.next_param_bytes));
+  out += Row("fp32 gradients", bytes(e.gpu.grad_bytes));
   out += Row("total, before activations", bytes(e.gpu.total_bytes));
+  out += Row("page-locked host staging", bytes(e.gpu.host_staging_bytes));
 
   absl::StrAppendFormat(&out, "\nper server (largest share: %s elements)\n",
                         FormatCount(static_cast<double>(s.elems)));
@@ -177,8 +181,10 @@ std::string FormatEstimateJson(const MemoryEstimate& e) {
       {"gpu",
        {{"stage_params", e.gpu.stage_params},
         {"param_bytes", e.gpu.param_bytes},
+        {"next_param_bytes", e.gpu.next_param_bytes},
         {"grad_bytes", e.gpu.grad_bytes},
-        {"total_bytes", e.gpu.total_bytes}}},
+        {"total_bytes", e.gpu.total_bytes},
+        {"host_staging_bytes", e.gpu.host_staging_bytes}}},
       {"server",
        {{"elems", s.elems},
         {"master_bytes", s.master_bytes},

@@ -27,11 +27,18 @@ struct EstimateInput {
   int buffer_count = 4;
 };
 
+// What a GPU worker holds for the largest stage (worker/train/offload_link.h):
+// its 16-bit weights, a second set the next step's weights are uploaded
+// into while a step computes, and fp32 gradients that sum the micro-batches.
 struct GpuEstimate {
   int64_t stage_params = 0;  // parameters of the largest stage
   int64_t param_bytes = 0;
-  int64_t grad_bytes = 0;
-  int64_t total_bytes = 0;  // before activations and workspace
+  int64_t next_param_bytes = 0;  // the idle copy the prefetch fills
+  int64_t grad_bytes = 0;        // fp32
+  int64_t total_bytes = 0;       // before activations and workspace
+  // Page-locked host memory per worker: pulled weights and pushed
+  // gradients, both 16-bit, staged for the copy engines.
+  int64_t host_staging_bytes = 0;
 };
 
 // For the server holding the most elements.

@@ -24,7 +24,9 @@ TEST(MemoryEstimateTest, OneBillionParamsInRam) {
   in.tensor_elems = {1000000000};
   ZO_ASSERT_OK_AND_ASSIGN(MemoryEstimate e, EstimateMemory(in));
   EXPECT_EQ(e.gpu.stage_params, 1000000000);
-  EXPECT_EQ(e.gpu.total_bytes, 4000000000);
+  // fp16 weights twice (the prefetch's idle copy) and fp32 gradients.
+  EXPECT_EQ(e.gpu.total_bytes, 8000000000);
+  EXPECT_EQ(e.gpu.host_staging_bytes, 4000000000);
   EXPECT_EQ(e.server.elems, 1000000000);
   EXPECT_EQ(e.server.master_bytes, 4000000000);
   EXPECT_EQ(e.server.moment_bytes, 8000000000);
@@ -139,7 +141,7 @@ TEST(MemoryEstimateTest, TableAndJsonCarryTheFigures) {
   EXPECT_EQ(j["optimizer_device"], "nvme");
   EXPECT_EQ(j["server"]["ram_bytes"], int64_t{6000000000} + 48000000);
   EXPECT_EQ(j["server"]["nvme_bytes"], 12000000000);
-  EXPECT_EQ(j["gpu"]["total_bytes"], 4000000000);
+  EXPECT_EQ(j["gpu"]["total_bytes"], 8000000000);
 }
 
 }  // namespace

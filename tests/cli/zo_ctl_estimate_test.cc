@@ -47,7 +47,7 @@ TEST(ZoCtlEstimateTest, JsonFiguresForAConfigFile) {
   EXPECT_EQ(j["optimizer_device"], "nvme");
   EXPECT_EQ(j["server"]["nvme_bytes"], int64_t{24000000000});
   EXPECT_EQ(j["server"]["ram_bytes"], int64_t{12000000000} + 4800000000);
-  EXPECT_EQ(j["gpu"]["total_bytes"], int64_t{8000000000});
+  EXPECT_EQ(j["gpu"]["total_bytes"], int64_t{16000000000});  // 2 + 2 + 4 B per parameter
 }
 
 TEST(ZoCtlEstimateTest, TableForAManifest) {
