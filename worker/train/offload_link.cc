@@ -138,7 +138,10 @@ absl::Status OffloadLink::LoadWeights(int64_t step, absl::Span<model::Param* con
   const int64_t prefetched = std::exchange(prefetch_step_, -1);
   JoinPrefetch();
   if (prefetched == step) {
-    ZO_RETURN_IF_ERROR(prefetch_status_);
+    if (!prefetch_status_.ok()) {
+      host_ahead_ = true;  // a retry uploads whatever the failed prefetch left
+      return prefetch_status_;
+    }
     if (prefetch_changed_) {
       for (size_t i = 0; i < params_.size(); ++i) std::swap(params_[i]->value, idle_[i]);
     }
