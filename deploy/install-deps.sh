@@ -20,6 +20,8 @@ packages=(
   openssl
   # the format check of .ci/run (deploy/check-format.sh)
   clang-format
+  # the Python package zo (python/) and its tests against PyTorch
+  python3-dev python3-pybind11 pybind11-dev python3-torch python3-pytest python3-numpy
 )
 
 missing=()
