@@ -1,0 +1,208 @@
+// zo._native: the offload client and the embedded server for Python.
+//
+// Tensors cross as Python buffers (a torch tensor's .numpy() view, bf16
+// viewed as int16): the client reads gradients from and writes weights into
+// that memory directly; Python never copies a gradient byte. Every call that
+// waits on the servers releases the GIL, so other Python threads (a data
+// loader) go on.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/dtype.h"
+#include "common/sharding.h"
+#include "server/offload_server.h"
+#include "worker/client/offload_client.h"
+
+namespace py = pybind11;
+
+namespace zo::python {
+namespace {
+
+// A failed Status becomes a RuntimeError carrying its message (which names
+// the server, the tensor or the step).
+void Check(const absl::Status& status) {
+  if (!status.ok()) throw std::runtime_error(std::string(status.ToString()));
+}
+template <typename T>
+T Check(absl::StatusOr<T> value) {
+  Check(value.status());
+  return *std::move(value);
+}
+
+// The bytes of a C-contiguous buffer; `what` names it in errors.
+absl::Span<std::byte> Bytes(const py::buffer& buffer, bool writable, const std::string& what) {
+  py::buffer_info info = buffer.request(writable);
+  py::ssize_t expect = info.itemsize;
+  for (int d = info.ndim - 1; d >= 0; --d) {
+    if (info.shape[d] > 1 && info.strides[d] != expect) {
+      throw py::value_error(what + " is not contiguous: call .contiguous() first");
+    }
+    expect *= info.shape[d];
+  }
+  return {static_cast<std::byte*>(info.ptr), static_cast<size_t>(info.size * info.itemsize)};
+}
+
+// An OffloadServer in this process, reached without a socket.
+class EmbeddedServer {
+ public:
+  EmbeddedServer(const std::string& checkpoint_dir, int threads) {
+    ServerOptions options;
+    options.listen = "";
+    options.checkpoint_dir = checkpoint_dir;
+    options.threads = threads;
+    server_ = Check(OffloadServer::Start(options));
+  }
+  ~EmbeddedServer() { Shutdown(); }
+  void Shutdown() {
+    if (server_ != nullptr) server_->Shutdown(absl::Seconds(1));
+  }
+  std::shared_ptr<grpc::Channel> Channel() { return server_->InProcessChannel(); }
+
+ private:
+  std::unique_ptr<OffloadServer> server_;
+};
+
+// (name, shape, dtype name) per tensor, in the job's order.
+using ManifestEntry = std::tuple<std::string, std::vector<int64_t>, std::string>;
+
+class Client {
+ public:
+  Client(const std::string& config_json, const std::vector<ManifestEntry>& manifest,
+         const std::vector<std::string>& servers, EmbeddedServer* embedded, const std::string& job,
+         int dp_rank, int dp_world_size, const std::string& auth_token) {
+    std::vector<TensorSpec> specs;
+    for (const auto& [name, shape, dtype_name] : manifest) {
+      const std::optional<DType> dtype = ParseDType(dtype_name);
+      if (!dtype) {
+        throw py::value_error(absl::StrCat("tensor '", name, "': dtype '", dtype_name,
+                                           "' is not fp32, fp16 or bf16"));
+      }
+      specs.push_back({name, shape, *dtype});
+    }
+    ClientOptions options;
+    options.job = job;
+    options.servers = servers;
+    if (embedded != nullptr) {
+      if (!servers.empty()) throw py::value_error("give servers or an embedded server, not both");
+      options.channels = {embedded->Channel()};
+    } else if (servers.empty()) {
+      throw py::value_error("no servers and no embedded server");
+    }
+    options.dp_rank = dp_rank;
+    options.dp_world_size = dp_world_size;
+    options.auth_token = auth_token;
+    py::gil_scoped_release release;
+    client_ = Check(OffloadClient::Open(options, config_json, std::move(specs)));
+  }
+
+  int64_t version() const { return client_->version(); }
+  double loss_scale() const { return client_->loss_scale(); }
+
+  void InitParams(int tensor, const py::buffer& values) {
+    const absl::Span<std::byte> bytes = Bytes(values, false, "initial values");
+    if (values.request().itemsize != 4) throw py::value_error("initial values must be float32");
+    py::gil_scoped_release release;
+    Check(client_->InitParams(
+        tensor, {reinterpret_cast<const float*>(bytes.data()), bytes.size() / sizeof(float)}));
+  }
+
+  // Queues the gradient bytes (copied by the client before it returns).
+  void Push(int64_t step, int tensor, const py::buffer& gradient) {
+    const absl::Span<std::byte> bytes = Bytes(gradient, false, "gradient");
+    py::gil_scoped_release release;
+    Check(client_->Push(step, tensor, bytes));
+  }
+
+  void FinishStep(int64_t step) {
+    py::gil_scoped_release release;
+    Check(client_->FinishStep(step));
+  }
+
+  // (whether dst changed, the loss scale of the step's weights).
+  std::pair<bool, double> PullForStep(int64_t step, const std::vector<int>& tensors,
+                                      const std::vector<py::buffer>& dst) {
+    std::vector<absl::Span<std::byte>> spans;
+    for (const py::buffer& b : dst) spans.push_back(Bytes(b, true, "weights"));
+    py::gil_scoped_release release;
+    double scale = 1;
+    const bool changed = Check(client_->PullForStep(step, tensors, spans, &scale));
+    return {changed, scale};
+  }
+
+  py::dict JobStatus() {
+    v1::JobStatus s;
+    {
+      py::gil_scoped_release release;
+      s = Check(client_->JobStatus());
+    }
+    py::dict d;
+    d["version"] = s.version();
+    d["loss_scale"] = s.loss_scale();
+    d["applied_steps"] = s.applied_steps();
+    d["last_skipped"] = s.last_skipped();
+    d["last_grad_norm"] = s.last_grad_norm();
+    d["last_lr"] = s.last_lr();
+    return d;
+  }
+
+  std::string Checkpoint(int64_t min_version) {
+    py::gil_scoped_release release;
+    return Check(client_->Checkpoint(min_version));
+  }
+
+  int64_t Restore(const std::string& path) {
+    py::gil_scoped_release release;
+    return Check(client_->Restore(path));
+  }
+
+  void Close() {
+    py::gil_scoped_release release;
+    client_.reset();
+  }
+
+ private:
+  std::unique_ptr<OffloadClient> client_;
+};
+
+}  // namespace
+}  // namespace zo::python
+
+PYBIND11_MODULE(_native, m) {
+  using zo::python::Client;
+  using zo::python::EmbeddedServer;
+  using zo::python::ManifestEntry;
+  m.doc() = "zo's offload client and embedded server (use zo.torch)";
+  py::class_<EmbeddedServer>(m, "EmbeddedServer")
+      .def(py::init<const std::string&, int>(), py::arg("checkpoint_dir") = "",
+           py::arg("threads") = 0)
+      .def("shutdown", &EmbeddedServer::Shutdown, py::call_guard<py::gil_scoped_release>());
+  py::class_<Client>(m, "Client")
+      .def(py::init<const std::string&, const std::vector<ManifestEntry>&,
+                    const std::vector<std::string>&, EmbeddedServer*, const std::string&, int, int,
+                    const std::string&>(),
+           py::arg("config_json"), py::arg("manifest"),
+           py::arg("servers") = std::vector<std::string>(), py::arg("embedded") = nullptr,
+           py::arg("job") = "zo-torch", py::arg("dp_rank") = 0, py::arg("dp_world_size") = 1,
+           py::arg("auth_token") = "",
+           py::keep_alive<1, 5>())  // the embedded server outlives the client
+      .def_property_readonly("version", &Client::version)
+      .def_property_readonly("loss_scale", &Client::loss_scale)
+      .def("init_params", &Client::InitParams)
+      .def("push", &Client::Push)
+      .def("finish_step", &Client::FinishStep)
+      .def("pull_for_step", &Client::PullForStep)
+      .def("job_status", &Client::JobStatus)
+      .def("checkpoint", &Client::Checkpoint, py::arg("min_version") = 0)
+      .def("restore", &Client::Restore, py::arg("path") = "")
+      .def("close", &Client::Close);
+}

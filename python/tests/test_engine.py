@@ -1,0 +1,79 @@
+"""zo.torch.initialize: a DeepSpeed training loop over zo's servers."""
+
+import os
+
+import pytest
+import torch
+
+import zo.torch
+from test_offload_optimizer import LR, assert_same_weights, batch, reference_and_model
+
+
+def ds_config(gas):
+    return {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": gas,
+            "optimizer": {"type": "AdamW",
+                          "params": {"lr": LR, "betas": [0.9, 0.999], "eps": 1e-8,
+                                     "weight_decay": 0.01}}}
+
+
+def test_micro_batches_accumulate_and_the_servers_step_at_the_boundary():
+    model, ref = reference_and_model()
+    engine, opt, _, scheduler = zo.torch.initialize(model=model, config=ds_config(2))
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8,
+                                weight_decay=0.01)
+    assert engine.train_micro_batch_size_per_gpu() == 4
+    assert engine.gradient_accumulation_steps() == 2
+    for step in range(1, 6):
+        for m in range(2):
+            engine.backward(engine(batch(10 * step + m)))
+            assert engine.is_gradient_accumulation_boundary() == (m == 1)
+            if m == 1:  # the mean of the two micro-batches' gradients
+                for p, q in zip(model.parameters(), ref.parameters()):
+                    q.grad = p.grad.clone()
+            engine.step()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        assert engine.global_steps == step
+        assert_same_weights(model, ref, f"step {step}")
+        assert all(p.grad is None or not p.grad.any() for p in model.parameters())
+    assert scheduler.get_last_lr() == [pytest.approx(LR)]
+    assert engine.get_lr() == [pytest.approx(LR)]
+    opt.close()
+
+
+def train(engine, steps):
+    for _ in range(steps):
+        engine.backward(engine(batch(engine.global_steps + 1)))
+        engine.step()
+
+
+def test_save_and_load_checkpoint_resume_the_same_trajectory(tmp_path):
+    model, _ = reference_and_model()
+    engine, opt, _, _ = zo.torch.initialize(model=model, config=ds_config(1))
+    train(engine, 3)
+    assert engine.save_checkpoint(str(tmp_path), client_state={"epoch": 7})
+    assert (tmp_path / "latest").read_text() == "global_step3"
+    assert os.path.exists(tmp_path / "global_step3" / "zo_engine.json")
+    train(engine, 3)
+    after = [p.detach().clone() for p in model.parameters()]
+    path, client_state = engine.load_checkpoint(str(tmp_path))
+    assert path.endswith("global_step3") and client_state == {"epoch": 7}
+    assert engine.global_steps == 3
+    train(engine, 3)
+    for (name, p), a in zip(model.named_parameters(), after):
+        assert torch.equal(p.detach(), a), name
+    assert engine.load_checkpoint(str(tmp_path / "nothing-here")) == (None, None)
+    opt.close()
+
+
+def test_what_the_engine_does_not_offer_is_named():
+    model, _ = reference_and_model()
+    with pytest.raises(NotImplementedError, match="optimizer"):
+        zo.torch.initialize(model=model, config=ds_config(1),
+                            optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(ValueError, match="config"):
+        zo.torch.initialize(model=model)
+    engine, opt, _, _ = zo.torch.initialize(model=model, config=ds_config(1))
+    with pytest.raises(AttributeError, match="pipeline_parallelism"):
+        engine.pipeline_parallelism()
+    opt.close()
