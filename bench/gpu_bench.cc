@@ -9,25 +9,20 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench/internal/bench_gpt.h"
 #include "bench/internal/bench_stats.h"
 #include "bench/internal/gpu_offload_rows.h"
-#include "bench/internal/hash_token_source.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "worker/backend/cuda/cuda_backend.h"
 #include "worker/model/model.h"
 #include "worker/model/model_stage.h"
-#include "worker/model/partition.h"
-#include "worker/pipeline/executor.h"
-#include "worker/pipeline/in_process_transport.h"
-#include "worker/pipeline/schedule.h"
 
 namespace zo::bench {
 namespace {
 
 using backend::Backend;
 using backend::Tensor;
-using bench_internal::HashTokenSource;
 using bench_internal::SecondsSince;
 
 // Seconds per call of `run`, after `warmup` calls, over `reps` calls, with
@@ -152,29 +147,11 @@ absl::Status RunStepRows(const GpuBenchOptions& o, std::ostream& out) {
   }
 
   // ---- the step.
-  const model::GptConfig gpt{.n_layer = o.n_layer,
-                             .n_embd = o.n_embd,
-                             .n_head = o.n_head,
-                             .block_size = o.block_size,
-                             .vocab = o.vocab};
-  ZO_ASSIGN_OR_RETURN(model::Model m, model::MakeGpt(gpt));
+  ZO_ASSIGN_OR_RETURN(model::Model m, bench_internal::MakeBenchModel(o));
   const int64_t params = m.param_count();
-  std::vector<model::LayerWeightInfo> infos;
-  for (const auto& l : m.layers) infos.push_back({l->type(), l->param_count()});
-  ZO_ASSIGN_OR_RETURN(std::vector<int> bounds, model::PartitionLayers(infos, 1, "uniform"));
-  ZO_ASSIGN_OR_RETURN(auto programs, pipeline::OneFOneBSchedule(1, o.micro_batches));
-  HashTokenSource source(o.batch, o.block_size, o.vocab);
   DeviceOnlyLink link(*be, o.seed, o.dtype == DType::kFloat16 ? 1024.0 : 1.0);
-  pipeline::InProcessFabric fabric(1);
-  ZO_ASSIGN_OR_RETURN(std::unique_ptr<model::ModelStage> stage,
-                      model::ModelStage::Create(*be, m, bounds,
-                                                {.stage = 0,
-                                                 .stages = 1,
-                                                 .chunks = 1,
-                                                 .micro_batches = o.micro_batches,
-                                                 .dtype = o.dtype},
-                                                source, link));
-  pipeline::Executor executor(0, 1, 1, programs[0], *stage, fabric.ForStage(0));
+  ZO_ASSIGN_OR_RETURN(std::unique_ptr<bench_internal::BenchGpt> gpt,
+                      bench_internal::BenchGpt::Create(o, *be, std::move(m), link));
   const int64_t tokens = int64_t{o.batch} * o.block_size * o.micro_batches;
   std::fprintf(stderr,
                "zo-bench gpu: GPT %d layers x %d wide, %d heads, block %d, vocab %d (%.1fM "
@@ -185,14 +162,13 @@ absl::Status RunStepRows(const GpuBenchOptions& o, std::ostream& out) {
   std::vector<double> step_s;
   for (int s = 1; s <= o.warmup_steps + o.steps; ++s) {
     const auto start = std::chrono::steady_clock::now();
-    ZO_ASSIGN_OR_RETURN(pipeline::StepTimes t, executor.RunStep(s));
-    (void)t;
+    ZO_RETURN_IF_ERROR(gpt->RunStep(s).status());
     be->Synchronize();
     const double secs = SecondsSince(start);
-    if (s == 1) first_loss = stage->step_loss();
+    if (s == 1) first_loss = gpt->stage().step_loss();
     if (s > o.warmup_steps) step_s.push_back(secs);
     std::fprintf(stderr, "zo-bench gpu: step %d: %.1f ms, loss %.4f\n", s, secs * 1e3,
-                 stage->step_loss());
+                 gpt->stage().step_loss());
   }
   const bench_internal::Summary step = bench_internal::Summarize(step_s);
   const double flops_per_token =

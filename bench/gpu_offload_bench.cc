@@ -13,9 +13,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench/internal/bench_gpt.h"
 #include "bench/internal/bench_stats.h"
 #include "bench/internal/gpu_offload_rows.h"
-#include "bench/internal/hash_token_source.h"
 #include "common/memory_estimate.h"
 #include "common/status_macros.h"
 #include "server/offload_server.h"
@@ -24,11 +24,6 @@
 #include "worker/data/char_dataset.h"
 #include "worker/data/synthetic_source.h"
 #include "worker/model/model.h"
-#include "worker/model/model_stage.h"
-#include "worker/model/partition.h"
-#include "worker/pipeline/executor.h"
-#include "worker/pipeline/in_process_transport.h"
-#include "worker/pipeline/schedule.h"
 #include "worker/train/offload_link.h"
 #include "worker/train/trainer.h"
 
@@ -114,12 +109,8 @@ absl::StatusOr<nlohmann::json> MeasureGpuDpu(const bench::GpuBenchOptions& o, ba
                                              double compute_alone_s) {
   ZO_ASSIGN_OR_RETURN(std::unique_ptr<OffloadServer> server, OffloadServer::Start({.listen = ""}));
   std::shared_ptr<grpc::Channel> channel = server->InProcessChannel();
-  const model::GptConfig gpt{.n_layer = o.n_layer,
-                             .n_embd = o.n_embd,
-                             .n_head = o.n_head,
-                             .block_size = o.block_size,
-                             .vocab = o.vocab};
-  ZO_ASSIGN_OR_RETURN(model::Model m, model::MakeGpt(gpt));
+  ZO_ASSIGN_OR_RETURN(model::Model m, MakeBenchModel(o));
+  const int64_t params = m.param_count();
   const std::vector<TensorSpec> manifest = m.Manifest(o.dtype);
 
   ZO_ASSIGN_OR_RETURN(const double server_alone_s, ServerStepAlone(o, b, channel, manifest));
@@ -129,35 +120,21 @@ absl::StatusOr<nlohmann::json> MeasureGpuDpu(const bench::GpuBenchOptions& o, ba
       OffloadClient::Open({.job = "gpu-dpu", .channels = {channel}},
                           JobConfig(o.dtype, o.batch, o.micro_batches, true, 1e-4), manifest));
   train::OffloadLink link(client.get(), b, manifest, o.dtype);
-  std::vector<model::LayerWeightInfo> infos;
-  for (const auto& l : m.layers) infos.push_back({l->type(), l->param_count()});
-  ZO_ASSIGN_OR_RETURN(std::vector<int> bounds, model::PartitionLayers(infos, 1, "uniform"));
-  ZO_ASSIGN_OR_RETURN(auto programs, pipeline::OneFOneBSchedule(1, o.micro_batches));
-  HashTokenSource source(o.batch, o.block_size, o.vocab);
-  ZO_ASSIGN_OR_RETURN(std::unique_ptr<model::ModelStage> stage,
-                      model::ModelStage::Create(b, m, bounds,
-                                                {.stage = 0,
-                                                 .stages = 1,
-                                                 .chunks = 1,
-                                                 .micro_batches = o.micro_batches,
-                                                 .dtype = o.dtype},
-                                                source, link));
-  ZO_RETURN_IF_ERROR(link.InitializeIfFresh(stage->params(), o.seed));
-  pipeline::InProcessFabric fabric(1);
-  pipeline::Executor executor(0, 1, 1, programs[0], *stage, fabric.ForStage(0));
+  ZO_ASSIGN_OR_RETURN(std::unique_ptr<BenchGpt> gpt, BenchGpt::Create(o, b, std::move(m), link));
+  ZO_RETURN_IF_ERROR(link.InitializeIfFresh(gpt->stage().params(), o.seed));
   // DPU starts at step 3 (one warm-up step, then one more on v1); steady
   // from the step after.
   const int first_timed = 4 + o.warmup_steps;
   std::vector<double> step_s, compute_s, push_s, pull_s;
   for (int s = 1; s < first_timed + o.steps; ++s) {
     const auto start = std::chrono::steady_clock::now();
-    ZO_ASSIGN_OR_RETURN(pipeline::StepTimes t, executor.RunStep(s));
+    ZO_ASSIGN_OR_RETURN(pipeline::StepTimes t, gpt->RunStep(s));
     const double secs = SecondsSince(start);
     std::fprintf(stderr,
                  "zo-bench gpu: DPU step %d: %.1f ms (compute %.1f, wait for weights %.1f, "
                  "for the push %.1f), loss %.4f\n",
                  s, secs * 1e3, t.compute_s * 1e3, t.pull_s * 1e3, t.push_s * 1e3,
-                 stage->step_loss());
+                 gpt->stage().step_loss());
     if (s < first_timed) continue;
     step_s.push_back(secs);
     compute_s.push_back(t.compute_s);
@@ -169,7 +146,7 @@ absl::StatusOr<nlohmann::json> MeasureGpuDpu(const bench::GpuBenchOptions& o, ba
   return nlohmann::json{{"workload", "gpu_dpu"},
                         {"device", b.name()},
                         {"dtype", std::string(DTypeName(o.dtype))},
-                        {"params", m.param_count()},
+                        {"params", params},
                         {"step_s", step.median},
                         {"step_s_min", step.min},
                         {"step_s_max", step.max},
