@@ -59,6 +59,20 @@ def assert_same_weights(model, ref, what):
                                    msg=lambda m: f"{what}, {name}: {m}")
 
 
+def step_both(model, ref, opt, ref_opt, step):
+    """One step of zo's optimizer on the model's gradients, and of the
+    reference fed the same gradients; returns the loss."""
+    loss = model(batch(step))
+    loss.backward()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        q.grad = p.grad.clone()
+    opt.step()
+    ref_opt.step()
+    opt.zero_grad()
+    ref_opt.zero_grad()
+    return loss.item()
+
+
 def test_tied_parameters_form_one_tensor_of_the_manifest():
     model, _ = reference_and_model()
     opt = zo.torch.OffloadOptimizer(model.named_parameters(), config=config())
@@ -74,15 +88,7 @@ def test_trains_like_adamw_fed_the_same_gradients():
                                 weight_decay=0.01)
     losses = []
     for step in range(1, STEPS + 1):
-        loss = model(batch(step))
-        loss.backward()
-        for p, q in zip(model.parameters(), ref.parameters()):
-            q.grad = p.grad.clone()
-        opt.step()
-        ref_opt.step()
-        opt.zero_grad()
-        ref_opt.zero_grad()
-        losses.append(loss.item())
+        losses.append(step_both(model, ref, opt, ref_opt, step))
         assert_same_weights(model, ref, f"step {step}")
     assert opt.global_steps == STEPS
     assert opt.param_groups[0]["lr"] == pytest.approx(LR)
@@ -99,14 +105,7 @@ def test_with_dpu_each_step_computes_on_weights_one_step_older():
     for step in range(1, 8):
         # Step 1 computes on v0; step s > 1 on v(s-2).
         assert_same_weights(model, snapshots[max(step - 2, 0)], f"weights of step {step}")
-        loss = model(batch(step))
-        loss.backward()
-        for p, q in zip(model.parameters(), ref.parameters()):
-            q.grad = p.grad.clone()
-        opt.step()
-        ref_opt.step()
-        opt.zero_grad()
-        ref_opt.zero_grad()
+        step_both(model, ref, opt, ref_opt, step)
         snapshots.append(copy.deepcopy(ref))
     opt.close()
 
