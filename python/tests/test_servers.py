@@ -1,0 +1,100 @@
+"""zo.torch against real zo-server processes on loopback: striping over three
+servers equals one, and two dp ranks in two processes average."""
+
+import contextlib
+import copy
+import os
+import re
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+
+import zo.torch
+from dp_rank_worker import STEPS as DP_STEPS
+from dp_rank_worker import rank_batch
+from test_offload_optimizer import LR, assert_same_weights, batch, config, reference_and_model
+
+ZO_SERVER = os.environ.get("ZO_SERVER_PATH", "")
+pytestmark = pytest.mark.skipif(not os.path.exists(ZO_SERVER),
+                                reason="ZO_SERVER_PATH names no zo-server binary (ctest sets it)")
+
+
+@contextlib.contextmanager
+def zo_servers(n):
+    """n zo-server processes on free loopback ports; yields their addresses."""
+    procs, addresses = [], []
+    try:
+        for _ in range(n):
+            p = subprocess.Popen([ZO_SERVER, "--listen", "127.0.0.1:0", "--threads", "1"],
+                                 stderr=subprocess.PIPE, text=True)
+            procs.append(p)
+            for line in p.stderr:  # the log line that names the bound port
+                m = re.search(r"listening on 127\.0\.0\.1:0 \(port (\d+)\)", line)
+                if m:
+                    addresses.append(f"127.0.0.1:{m.group(1)}")
+                    break
+            else:
+                raise RuntimeError(f"zo-server exited with {p.wait()} before listening")
+            # Keep reading its log, so the server never blocks on a full pipe.
+            threading.Thread(target=lambda s=p.stderr: all(True for _ in s), daemon=True).start()
+        yield addresses
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def train(opt, model, steps):
+    for step in range(1, steps + 1):
+        model(batch(step)).backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def test_three_servers_train_exactly_as_one():
+    # Without clipping the update is elementwise: striping changes no bit.
+    one, _ = reference_and_model()
+    three = copy.deepcopy(one)
+    opt = zo.torch.OffloadOptimizer(one.named_parameters(), config=config())
+    train(opt, one, 10)
+    opt.close()
+    with zo_servers(3) as addresses:
+        cfg = config()
+        cfg["zo"]["chunk_elems"] = 32  # small chunks, so every server holds some
+        opt = zo.torch.OffloadOptimizer(three.named_parameters(), config=cfg,
+                                        servers=addresses, job="three")
+        train(opt, three, 10)
+        opt.close()
+    for (name, a), b in zip(one.named_parameters(), three.parameters()):
+        assert torch.equal(a.detach(), b.detach()), name
+
+
+def test_two_dp_ranks_in_two_processes_average_their_gradients(tmp_path):
+    with zo_servers(1) as (address,):
+        here = os.path.dirname(os.path.abspath(__file__))
+        ranks = [subprocess.Popen([sys.executable, os.path.join(here, "dp_rank_worker.py"),
+                                   str(r), address, str(tmp_path / f"rank{r}.pt")])
+                 for r in range(2)]
+        assert [p.wait(timeout=300) for p in ranks] == [0, 0]
+    finals = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    # The reference: AdamW on the mean of both ranks' gradients.
+    _, ref = reference_and_model()
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8,
+                                weight_decay=0.01)
+    for step in range(1, DP_STEPS + 1):
+        grads = []
+        for rank in range(2):
+            ref.zero_grad()
+            ref(rank_batch(step, rank)).backward()
+            grads.append([p.grad.clone() for p in ref.parameters()])
+        for p, g0, g1 in zip(ref.parameters(), *grads):
+            p.grad = (g0 + g1) / 2
+        ref_opt.step()
+    for r, final in enumerate(finals):
+        model, _ = reference_and_model()
+        model.load_state_dict(final)
+        assert_same_weights(model, ref, f"rank {r}")
+    assert all(torch.equal(finals[0][n], finals[1][n]) for n in finals[0])
