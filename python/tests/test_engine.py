@@ -27,6 +27,8 @@ def test_micro_batches_accumulate_and_the_servers_step_at_the_boundary():
         for m in range(2):
             engine.backward(engine(batch(10 * step + m)))
             assert engine.is_gradient_accumulation_boundary() == (m == 1)
+            # The last micro-batch's gradients left during its backward.
+            assert len(opt._pushed) == (len(opt._names) if m == 1 else 0)
             if m == 1:  # the mean of the two micro-batches' gradients
                 for p, q in zip(model.parameters(), ref.parameters()):
                     q.grad = p.grad.clone()

@@ -102,6 +102,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
                                      pin_memory=p.is_cuda and torch.cuda.is_available())
                          for p in self._params]
         self.loss_scale = 1.0
+        self._pushed = set()  # parameters whose gradient for the next step is out
         if self._client.version == 0:
             for i, p in enumerate(self._params):
                 values = p.detach().to("cpu", torch.float32).contiguous()
@@ -129,19 +130,29 @@ class OffloadOptimizer(torch.optim.Optimizer):
                         p.copy_(s)
 
     @torch.no_grad()
+    def push_gradient(self, index, grad):
+        """Pushes parameter `index`'s final gradient for the next step now (the
+        engine does this from autograd hooks during the last backward); step()
+        then pushes only the others."""
+        if grad is None:
+            grad = torch.zeros(self._params[index].shape, dtype=self._dtype)
+        else:
+            grad = grad.detach().to("cpu", self._dtype).contiguous()
+        self._client.push(self._step + 1, index, _raw(grad))
+        self._pushed.add(index)
+
+    @torch.no_grad()
     def step(self, closure=None):
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        step = self._step + 1
         for i, p in enumerate(self._params):
-            if p.grad is None:
-                grad = torch.zeros(p.shape, dtype=self._dtype)
-            else:
-                grad = p.grad.detach().to("cpu", self._dtype).contiguous()
-            self._client.push(step, i, _raw(grad))
+            if i not in self._pushed:
+                self.push_gradient(i, p.grad)
+        step = self._step + 1
         self._client.finish_step(step)
+        self._pushed.clear()
         self._step = step
         self._load(step + 1)
         status = self._client.job_status()
@@ -196,6 +207,20 @@ class OffloadEngine:
         self._micro_batch = int(micro)
         self._gas = int(gas)
         self._micro_steps = 0
+        # During the last micro-batch's backward each gradient is pushed the
+        # moment autograd has it (a hook on the parameter fires before the
+        # gradient is added to .grad, so .grad + grad is the final sum), and
+        # the push overlaps the rest of the backward.
+        self._push_in_backward = False
+        for i, p in enumerate(optimizer._params):
+            if p.requires_grad:
+                p.register_hook(self._final_gradient_hook(i, p))
+
+    def _final_gradient_hook(self, index, param):
+        def hook(grad):
+            if self._push_in_backward:
+                self.optimizer.push_gradient(index, grad if param.grad is None else param.grad + grad)
+        return hook
 
     def __call__(self, *args, **kwargs):
         return self.module(*args, **kwargs)
@@ -218,7 +243,11 @@ class OffloadEngine:
         return self.module.named_parameters(*args, **kwargs)
 
     def backward(self, loss):
-        (loss * (self.optimizer.loss_scale / self._gas)).backward()
+        self._push_in_backward = (self._micro_steps + 1) % self._gas == 0
+        try:
+            (loss * (self.optimizer.loss_scale / self._gas)).backward()
+        finally:
+            self._push_in_backward = False
         self._micro_steps += 1
         return loss
 
