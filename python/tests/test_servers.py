@@ -23,12 +23,12 @@ pytestmark = pytest.mark.skipif(not os.path.exists(ZO_SERVER),
 
 
 @contextlib.contextmanager
-def zo_servers(n):
+def zo_servers(n, *flags):
     """n zo-server processes on free loopback ports; yields their addresses."""
     procs, addresses = [], []
     try:
         for _ in range(n):
-            p = subprocess.Popen([ZO_SERVER, "--listen", "127.0.0.1:0", "--threads", "1"],
+            p = subprocess.Popen([ZO_SERVER, "--listen", "127.0.0.1:0", "--threads", "1", *flags],
                                  stderr=subprocess.PIPE, text=True)
             procs.append(p)
             for line in p.stderr:  # the log line that names the bound port
@@ -98,3 +98,30 @@ def test_two_dp_ranks_in_two_processes_average_their_gradients(tmp_path):
         model.load_state_dict(final)
         assert_same_weights(model, ref, f"rank {r}")
     assert all(torch.equal(finals[0][n], finals[1][n]) for n in finals[0])
+
+
+def test_a_killed_worker_loads_its_checkpoint_and_repeats_the_trajectory(tmp_path):
+    here = os.path.dirname(os.path.abspath(__file__))
+    worker = [sys.executable, os.path.join(here, "engine_worker.py")]
+    ckpt = str(tmp_path / "ckpt")
+    # Uninterrupted: 6 steps.
+    with zo_servers(1) as (address,):
+        subprocess.run(worker + [address, ckpt, "6", "--out", str(tmp_path / "whole.pt")],
+                       check=True, stdout=subprocess.DEVNULL, timeout=300)
+    with zo_servers(1, "--checkpoint-dir", str(tmp_path / "server-ckpt")) as (address,):
+        # Checkpoint at step 3, killed (SIGKILL) once step 5 is done: in step 6.
+        p = subprocess.Popen(worker + [address, ckpt, "100", "--save-at", "3"],
+                             stdout=subprocess.PIPE, text=True)
+        for line in p.stdout:
+            if line.strip() == "step 5 done":
+                p.kill()
+                break
+        assert p.wait(timeout=300) == -9
+        # A new process on the same job rolls it back to step 3 and goes on.
+        out = subprocess.run(worker + [address, ckpt, "6", "--load", "--out",
+                                       str(tmp_path / "resumed.pt")],
+                             check=True, capture_output=True, text=True, timeout=300).stdout
+        assert "attached at 3" in out and "step 4 done" in out
+    whole, resumed = torch.load(tmp_path / "whole.pt"), torch.load(tmp_path / "resumed.pt")
+    for name in whole:
+        assert torch.equal(whole[name], resumed[name]), name
