@@ -14,6 +14,7 @@
 #include "server/job_registry.h"
 #include "server/offload_service.h"
 #include "server/peer_client.h"
+#include "server/startup_checks.h"
 
 namespace zo {
 
@@ -38,6 +39,12 @@ absl::StatusOr<std::unique_ptr<OffloadServer>> OffloadServer::Start(const Server
   }
   if (!options.listen.empty()) {
     ZO_RETURN_IF_ERROR(ParseHostPort(options.listen, PortUse::kListen).status());
+  }
+  if (!options.checkpoint_dir.empty()) {
+    ZO_RETURN_IF_ERROR(CheckCheckpointDir(options.checkpoint_dir, "--checkpoint-dir"));
+  }
+  if (!options.nvme_path.empty()) {
+    ZO_RETURN_IF_ERROR(CheckNvmeDir(options.nvme_path, "--nvme-path"));
   }
   auto impl = std::make_unique<Impl>();
   impl->options = options;
@@ -69,13 +76,17 @@ absl::StatusOr<std::unique_ptr<OffloadServer>> OffloadServer::Start(const Server
     }
     builder.AddListeningPort(options.listen, creds, &impl->port);
   }
+  // gRPC sets SO_REUSEPORT by default: a second zo-server on the same port
+  // would start and take half the connections. Without it, its bind fails.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(impl->service.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
   impl->server = builder.BuildAndStart();
   if (impl->server == nullptr || (!options.listen.empty() && impl->port == 0)) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen,
-                                               " (address in use, or not a local address?)"));
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options.listen,
+                     " (address in use, another zo-server there?, or not a local address)"));
   }
   grpc::HealthCheckServiceInterface* health = impl->server->GetHealthCheckService();
   if (health != nullptr) health->SetServingStatus(true);
