@@ -220,6 +220,12 @@ TEST(OffloadE2eTest, KilledServerFailsClientsFastAndRestoreResumesExactly) {
                           ServerProcess::Start({"--checkpoint-dir", ckpt}, servers[1].port()));
   ZO_ASSERT_OK_AND_ASSIGN(
       auto workers, OpenWorkers(p, DType::kFloat32, "kill", ConfigJson(), addresses, options));
+  // Server 1 came back without the job: no step may run until the restore,
+  // and the refusal names it.
+  const absl::Status refused = workers[0]->client().FinishStep(26);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_THAT(std::string(refused.message()),
+              ::testing::AllOf(HasSubstr(addresses[1]), HasSubstr("restarted")));
   ZO_ASSERT_OK_AND_ASSIGN(const int64_t version, workers[0]->client().Restore(""));
   EXPECT_EQ(version, 20);
   ASSERT_THAT(RunSteps(workers, 21, kSteps), IsOk());

@@ -86,6 +86,14 @@ struct OffloadClient::Impl {
   template <typename Response, typename Call>
   absl::StatusOr<Response> Unary(int server, Call call, CallGroup* group = nullptr);
 
+  // FAILED_PRECONDITION naming the server that lost the job's state, while
+  // one did.
+  absl::Status CheckState() {
+    std::lock_guard lock(state_mu);
+    if (lost_state.empty()) return absl::OkStatus();
+    return absl::FailedPreconditionError(lost_state);
+  }
+
   // INVALID_ARGUMENT unless `tensor` is a manifest index.
   absl::Status CheckTensorIndex(int tensor) const {
     if (tensor >= 0 && tensor < static_cast<int>(map.tensors().size())) return absl::OkStatus();
@@ -134,6 +142,10 @@ struct OffloadClient::Impl {
   mutable std::mutex state_mu;
   int64_t version = 0;    // guarded by state_mu
   double loss_scale = 1;  // guarded by state_mu
+  // Set at Open when a server holds no state of a job the others have
+  // trained (it restarted); every step operation refuses with it until a
+  // Restore succeeds. Guarded by state_mu.
+  std::string lost_state;
   // Oldest version the servers can serve: 0, or the version restored to.
   int64_t base_version = 0;  // guarded by state_mu
 
@@ -197,6 +209,7 @@ absl::Status OffloadClient::Impl::StepErrorLocked(int64_t step) const {
 absl::Status OffloadClient::Impl::PushRange(int64_t step, int tensor, int64_t offset,
                                             absl::Span<const std::byte> data,
                                             std::shared_ptr<const void> owner) {
+  ZO_RETURN_IF_ERROR(CheckState());
   if (step < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot push step ", step, ": steps are numbered from 1"));
@@ -248,6 +261,7 @@ absl::Status OffloadClient::Impl::PushRange(int64_t step, int tensor, int64_t of
 }
 
 absl::Status OffloadClient::Impl::FinishStep(int64_t step) {
+  ZO_RETURN_IF_ERROR(CheckState());
   std::map<int, std::unique_ptr<PushStream>> open;
   {
     std::lock_guard lock(mu);
@@ -298,6 +312,7 @@ absl::Status OffloadClient::Impl::InitParamsOn(int server, const std::vector<Pus
 }
 
 absl::Status OffloadClient::Impl::InitParams(int tensor, absl::Span<const float> values) {
+  ZO_RETURN_IF_ERROR(CheckState());
   ZO_RETURN_IF_ERROR(CheckTensorIndex(tensor));
   const int64_t elems = map.TensorRange(tensor).size();
   if (static_cast<int64_t>(values.size()) != elems) {
@@ -346,6 +361,7 @@ absl::StatusOr<bool> OffloadClient::Impl::Pull(int64_t version, int64_t have_ver
                                                absl::Span<const int> tensors,
                                                absl::Span<const absl::Span<std::byte>> dst,
                                                double* loss_scale) {
+  ZO_RETURN_IF_ERROR(CheckState());
   if (version < 0 || have_version < -1) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot pull version ", version, " over version ", have_version));
@@ -457,6 +473,24 @@ absl::StatusOr<std::unique_ptr<OffloadClient>> OffloadClient::Open(
 
   const v1::JobStatus& lead = replies[0].status();
   impl->SetStatus(lead);
+  // A server that opened the job fresh while another holds it trained has
+  // restarted and lost its part: training on would mix version 0 with the
+  // others' state. Refuse every step until the job is restored.
+  int trained = -1;
+  for (int i = 0; i < num_servers; ++i) {
+    if (replies[i].attached() && replies[i].status().version() > 0) trained = i;
+  }
+  for (int i = 0; trained >= 0 && i < num_servers; ++i) {
+    if (replies[i].attached()) continue;
+    impl->lost_state = absl::StrCat(
+        "job '", options.job, "' is at version ", replies[trained].status().version(), " on ",
+        names[trained], " but ", names[i], " (server ", i,
+        ") holds nothing of it: it restarted and lost its part. Restore the job from a "
+        "checkpoint before training on (zo-train --restore latest, zo.torch's "
+        "load_checkpoint, or OffloadClient::Restore)");
+    ZO_LOG(ERROR) << impl->lost_state;
+    break;
+  }
   ZO_LOG(INFO) << (replies[0].attached() ? "attached to" : "opened") << " job " << options.job
                << " on " << num_servers << " server(s) at version " << lead.version()
                << " as dp rank " << options.dp_rank << " of " << options.dp_world_size;
@@ -596,6 +630,7 @@ absl::StatusOr<int64_t> OffloadClient::Restore(const std::string& path) {
   std::lock_guard state_lock(impl_->state_mu);
   impl_->version = response.version();
   impl_->base_version = response.version();
+  impl_->lost_state.clear();  // every server holds the restored state now
   return response.version();
 }
 

@@ -90,6 +90,10 @@ class OffloadClient {
   // tensor has the job's dtype (fp16 with fp16.enabled, bf16 with
   // bf16.enabled, fp32 otherwise), connects, and sends OpenJob to every
   // server. The job's version and loss scale come from the lead's reply.
+  // When a server opened the job fresh while another holds it trained (a
+  // restarted server), Open succeeds but InitParams, pushes, FinishStep
+  // and pulls fail with FAILED_PRECONDITION naming that server until
+  // Restore succeeds.
   static absl::StatusOr<std::unique_ptr<OffloadClient>> Open(const ClientOptions& options,
                                                              const std::string& config_json,
                                                              std::vector<TensorSpec> manifest);
