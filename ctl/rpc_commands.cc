@@ -107,8 +107,10 @@ std::string FormatJobStatus(const RpcTarget& target, const v1::JobStatus& st) {
        absl::StrCat(st.version(), " (gradients are pushed for step ", st.open_step(), ")")},
       {"applied steps", absl::StrCat(st.applied_steps())},
       {"loss scale", absl::StrCat(st.loss_scale())},
-      {"health",
-       st.needs_restore().empty() ? "ok" : absl::StrCat("NEEDS RESTORE: ", st.needs_restore())},
+      {"health", !st.needs_restore().empty() ? absl::StrCat("NEEDS RESTORE: ", st.needs_restore())
+                 : !st.waiting_on_peer().empty()
+                     ? absl::StrCat("STUCK ON A PEER: ", st.waiting_on_peer())
+                     : std::string("ok")},
       {"data parallel", absl::StrCat(st.dp_world_size(), " rank(s)")},
       {"elements",
        absl::StrCat(FormatCount(static_cast<double>(st.total_elems())), " in the job; ",

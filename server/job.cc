@@ -145,6 +145,7 @@ v1::JobStatus Job::Status() const {
   st.set_applied_steps(applied_steps_);
   st.set_loss_scale(ScaleForVersionLocked(version_));
   if (!health_.ok()) st.set_needs_restore(std::string(health_.message()));
+  if (coordinator_ != nullptr) st.set_waiting_on_peer(coordinator_->StallDescription());
   st.set_server_index(spec_.server_index);
   st.set_num_servers(static_cast<int>(spec_.servers.size()));
   st.set_dp_world_size(spec_.dp_world_size);

@@ -140,14 +140,31 @@ bool StepCoordinator::RetryUntilAborted(int64_t generation, const char* what,
   absl::Duration backoff = options_.initial_backoff;
   for (;;) {
     const absl::Status s = call();
-    if (s.ok()) return true;
     absl::MutexLock lock(&mu_);
-    if (AbortedLocked(generation)) return false;
+    if (s.ok()) {
+      stall_.reset();
+      return true;
+    }
+    if (!stall_.has_value()) stall_ = Stall{what, s, absl::Now()};
+    stall_->last_error = s;
+    if (AbortedLocked(generation)) {
+      stall_.reset();
+      return false;
+    }
     ZO_LOG(WARNING) << "job " << job_ << ": " << what << " failed, retrying: " << s;
     auto aborted = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return AbortedLocked(generation); };
     if (mu_.AwaitWithTimeout(absl::Condition(&aborted), backoff)) return false;
     backoff = std::min(backoff * 2, absl::Seconds(2));
   }
+}
+
+std::string StepCoordinator::StallDescription() const {
+  absl::MutexLock lock(&mu_);
+  if (!stall_.has_value()) return "";
+  return absl::StrCat(
+      stall_->what, " failing for ",
+      absl::FormatDuration(absl::Trunc(absl::Now() - stall_->since, absl::Seconds(1))), ": ",
+      stall_->last_error.ToString());
 }
 
 void StepCoordinator::Advance(int64_t step) {

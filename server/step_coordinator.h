@@ -73,6 +73,11 @@ class StepCoordinator {
   // generation or a step that is not open.
   absl::Status OnCommit(const v1::StepCommit& commit);
 
+  // While a round keeps failing to reach another server: "sending the
+  // step's commit failing for 14 s: UNAVAILABLE: server 127.0.0.1:7071 ...";
+  // empty otherwise. For the job's status and health.
+  std::string StallDescription() const;
+
   // Step `step` is applied: the next one is open.
   void Advance(int64_t step);
   // A restore: generation `generation`, step `open_step` open; aborts the
@@ -103,6 +108,13 @@ class StepCoordinator {
   const Options options_;
 
   mutable absl::Mutex mu_;
+  // The call RetryUntilAborted keeps failing, while it does.
+  struct Stall {
+    std::string what;
+    absl::Status last_error;
+    absl::Time since;
+  };
+  std::optional<Stall> stall_ ABSL_GUARDED_BY(mu_);
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t open_step_ ABSL_GUARDED_BY(mu_) = 1;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

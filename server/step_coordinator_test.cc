@@ -56,6 +56,7 @@ struct Pair {
     o.server_index = 0;
     o.send_commit = [this](int server, const v1::StepCommit& commit) {
       EXPECT_EQ(server, 1);
+      stalls_seen_by_commit.push_back(lead->StallDescription());  // no lock is held here
       if (commit_failures > 0) {
         --commit_failures;
         return absl::UnavailableError("the follower is away");
@@ -89,6 +90,7 @@ struct Pair {
   ShardMap map;
   std::atomic<int> commit_failures{0};
   std::atomic<int> report_failures{0};
+  std::vector<std::string> stalls_seen_by_commit;  // the lead's thread only
   std::optional<StepCoordinator> lead;
   std::optional<StepCoordinator> follower;
 };
@@ -130,6 +132,21 @@ TEST(StepCoordinatorTest, FailedCallsAreRetriedUntilTheyGetThrough) {
   EXPECT_EQ(p.report_failures, 0);
   EXPECT_EQ(p.commit_failures, 0);
   EXPECT_EQ(lead->SerializeAsString(), follower->SerializeAsString());
+}
+
+TEST(StepCoordinatorTest, APeerThatKeepsFailingIsDescribedUntilItAnswers) {
+  Pair p;
+  p.commit_failures = 2;
+  std::optional<v1::StepCommit> lead, follower;
+  p.Round(1, &lead, &follower);
+  ASSERT_TRUE(lead.has_value() && follower.has_value());
+  ASSERT_EQ(p.stalls_seen_by_commit.size(), 3u);
+  EXPECT_EQ(p.stalls_seen_by_commit[0], "");
+  EXPECT_THAT(p.stalls_seen_by_commit[1],
+              ::testing::AllOf(HasSubstr("sending the step's commit failing for"),
+                               HasSubstr("the follower is away")));
+  EXPECT_THAT(p.stalls_seen_by_commit[2], HasSubstr("the follower is away"));
+  EXPECT_EQ(p.lead->StallDescription(), "");  // it got through
 }
 
 TEST(StepCoordinatorTest, RestartAbortsALeadWaitingForStatistics) {

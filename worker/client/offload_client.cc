@@ -122,6 +122,10 @@ struct OffloadClient::Impl {
   absl::Status PullFrom(int server, int64_t version, int64_t have_version, PullReceiver& receiver,
                         CallGroup& group);
   void SetStatus(const v1::JobStatus& status);
+  // A pull that ran out of time may wait on a version the servers cannot
+  // make, because the lead cannot reach another server: `error` with what
+  // the lead says it is stuck on, so the message names the server at fault.
+  absl::Status WithStuckPeer(absl::Status error);
 
   const ClientOptions options;
   const CallSettings call;
@@ -357,6 +361,22 @@ absl::Status OffloadClient::Impl::PullFrom(int server, int64_t version, int64_t 
   });
 }
 
+absl::Status OffloadClient::Impl::WithStuckPeer(absl::Status error) {
+  if (error.code() != absl::StatusCode::kDeadlineExceeded &&
+      error.code() != absl::StatusCode::kUnavailable) {
+    return error;
+  }
+  v1::GetJobStatusRequest request;
+  request.set_job(options.job);
+  absl::StatusOr<v1::JobStatus> lead = Unary<v1::JobStatus>(
+      0, [&](v1::Offload::Stub& stub, grpc::ClientContext& context, v1::JobStatus& response) {
+        return stub.GetJobStatus(&context, request, &response);
+      });
+  if (!lead.ok() || lead->waiting_on_peer().empty()) return error;
+  return absl::Status(error.code(), absl::StrCat(error.message(), "; the lead (", names[0],
+                                                 ") is stuck: ", lead->waiting_on_peer()));
+}
+
 absl::StatusOr<bool> OffloadClient::Impl::Pull(int64_t version, int64_t have_version,
                                                absl::Span<const int> tensors,
                                                absl::Span<const absl::Span<std::byte>> dst,
@@ -398,9 +418,14 @@ absl::StatusOr<bool> OffloadClient::Impl::Pull(int64_t version, int64_t have_ver
   if (receivers.empty()) return true;  // only empty tensors: dst holds any version
 
   CallGroup group;
-  ZO_RETURN_IF_ERROR(RunInParallel(receivers.size(), group, [&](size_t i) {
-    return PullFrom(servers[i], version, have_version, *receivers[i], group);
-  }));
+  if (absl::Status pulled = RunInParallel(receivers.size(), group,
+                                          [&](size_t i) {
+                                            return PullFrom(servers[i], version, have_version,
+                                                            *receivers[i], group);
+                                          });
+      !pulled.ok()) {
+    return WithStuckPeer(std::move(pulled));
+  }
 
   const bool unchanged =
       std::all_of(receivers.begin(), receivers.end(), [](const auto& r) { return r->unchanged(); });
