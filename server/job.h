@@ -70,6 +70,9 @@ struct JobResources {
   int64_t ram_budget_bytes = -1;
   // Where the lead writes checkpoints; empty: checkpoints are refused.
   std::string checkpoint_root;
+  // After each checkpoint the lead removes the job's older ones beyond
+  // this many; 0: keeps them all.
+  int keep_checkpoints = 0;
   // Steps between log lines; 0: the config's steps_per_print.
   int log_every = 0;
   // Deadline of each call to another server (retried until the step is

@@ -129,6 +129,17 @@ absl::StatusOr<v1::CheckpointResponse> Job::WriteCheckpoint(int64_t version, int
   ZO_LOG(INFO) << "job " << spec_.name << ": checkpoint of version " << version << " committed at "
                << path << " (" << parts.size() << " parts, "
                << absl::StrFormat("%.2f s", absl::ToDoubleSeconds(absl::Now() - start)) << ")";
+  if (resources_.keep_checkpoints > 0) {
+    // The new checkpoint is committed: a failure here loses nothing.
+    absl::StatusOr<std::vector<std::string>> removed =
+        PruneCheckpoints(resources_.checkpoint_root, spec_.name, resources_.keep_checkpoints);
+    if (!removed.ok()) {
+      ZO_LOG(WARNING) << "job " << spec_.name << ": pruning old checkpoints: " << removed.status();
+    } else if (!removed->empty()) {
+      ZO_LOG(INFO) << "job " << spec_.name << ": removed " << removed->size()
+                   << " old checkpoint(s), keeping " << resources_.keep_checkpoints;
+    }
+  }
   v1::CheckpointResponse response;
   response.set_path(path);
   response.set_version(version);

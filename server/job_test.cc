@@ -3,6 +3,7 @@
 // reports, and a run that overflows at the lowest loss scale fails.
 #include "server/job.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -62,6 +63,7 @@ class JobTest : public ::testing::Test {
     resources.pool = &pool_;
     resources.wakes = &wakes_;
     resources.checkpoint_root = root_;
+    resources.keep_checkpoints = keep_checkpoints_;
     absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(*std::move(spec), resources);
     EXPECT_THAT(job.status(), IsOk());
     return job.ok() ? *std::move(job) : nullptr;
@@ -107,6 +109,7 @@ class JobTest : public ::testing::Test {
   WakeQueue wakes_;
   ThreadPool pool_{2};
   std::string root_;
+  int keep_checkpoints_ = 0;  // JobResources::keep_checkpoints of the next Open
 };
 
 // What the job allocates is what `zo-ctl estimate` says a server holds:
@@ -155,6 +158,22 @@ TEST_F(JobTest, ACheckpointWaitsForItsMinVersion) {
   ASSERT_THAT(ckpt.status(), IsOk());
   EXPECT_EQ(ckpt->version(), 2);
   EXPECT_THAT(ckpt->path(), HasSubstr("step-00000002"));
+}
+
+TEST_F(JobTest, KeepCheckpointsLeavesTheNewestOnDisk) {
+  keep_checkpoints_ = 2;
+  std::unique_ptr<Job> job = Open(R"("gradient_clipping": 0)");
+  ASSERT_NE(job, nullptr);
+  for (int64_t step = 1; step <= 3; ++step) {
+    ASSERT_THAT(Push(*job, step, 0.5f), IsOk());
+    ASSERT_THAT(job->Checkpoint(step, absl::InfiniteFuture()).status(), IsOk());
+  }
+  std::vector<std::string> left;
+  for (const auto& e : std::filesystem::directory_iterator(root_ + "/job")) {
+    left.push_back(e.path().filename().string());
+  }
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"step-00000002", "step-00000003"}));
 }
 
 TEST_F(JobTest, RestoreBringsBackTheLastStepsNormAndLr) {

@@ -43,6 +43,9 @@ absl::StatusOr<std::unique_ptr<OffloadServer>> OffloadServer::Start(const Server
   if (!options.checkpoint_dir.empty()) {
     ZO_RETURN_IF_ERROR(CheckCheckpointDir(options.checkpoint_dir, "--checkpoint-dir"));
   }
+  if (options.keep_checkpoints < 0) {
+    return absl::InvalidArgumentError("--keep-checkpoints must be >= 0 (0: keep all)");
+  }
   if (!options.nvme_path.empty()) {
     ZO_RETURN_IF_ERROR(CheckNvmeDir(options.nvme_path, "--nvme-path"));
   }
@@ -59,6 +62,7 @@ absl::StatusOr<std::unique_ptr<OffloadServer>> OffloadServer::Start(const Server
       .nvme_root = options.nvme_path,
       .ram_budget_bytes = options.memory_budget_bytes,
       .checkpoint_root = options.checkpoint_dir,
+      .keep_checkpoints = options.keep_checkpoints,
       .log_every = options.log_every,
   });
   impl->service = std::make_unique<OffloadService>(impl->registry.get(), options.auth_token,

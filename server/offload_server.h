@@ -31,6 +31,7 @@ struct ServerOptions {
   int64_t memory_budget_bytes = -1;
   std::string nvme_path;       // overrides the config's nvme_path
   std::string checkpoint_dir;  // empty: checkpoints refused
+  int keep_checkpoints = 0;    // per job, the newest kept after each checkpoint; 0: all
   std::string auth_token;      // empty: no token checked
   // PEM contents. cert + key: the port speaks TLS. root_certs: how this
   // server checks its peers' certificates when it calls them.

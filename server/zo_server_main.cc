@@ -29,6 +29,9 @@ ABSL_FLAG(std::string, nvme_path, "",
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "directory checkpoints are written to (shared by every server of a job); empty: "
           "checkpoints are refused");
+ABSL_FLAG(int, keep_checkpoints, 0,
+          "after each checkpoint the lead removes the job's older ones beyond the newest N; "
+          "0: keeps them all");
 ABSL_FLAG(std::string, auth_token_file, "",
           "file holding the shared token every zo.v1 call must carry (also used to call peers); "
           "the gRPC health service and reflection answer without it");
@@ -46,7 +49,8 @@ constexpr char kUsage[] =
     "hosts zo offload jobs: fp32 master weights, Adam state (RAM or NVMe), step\n"
     "coordination, checkpoints.\n\n"
     "usage: zo-server [--listen 127.0.0.1:7070] [--threads N] [--memory-budget 64Gi]\n"
-    "                 [--nvme-path DIR] [--checkpoint-dir DIR] [--auth-token-file F]\n"
+    "                 [--nvme-path DIR] [--checkpoint-dir DIR [--keep-checkpoints N]]\n"
+    "                 [--auth-token-file F]\n"
     "                 [--tls-cert F --tls-key F] [--tls-ca F]\n\n"
     "Stops gracefully on SIGTERM or SIGINT. Flags may be written with dashes or underscores.";
 
@@ -56,6 +60,7 @@ int Run() {
   options.threads = absl::GetFlag(FLAGS_threads);
   options.nvme_path = absl::GetFlag(FLAGS_nvme_path);
   options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  options.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
   options.log_every = absl::GetFlag(FLAGS_log_every);
   auto fail = [](const absl::Status& s) {
     std::cerr << "zo-server: " << s.message() << "\n";

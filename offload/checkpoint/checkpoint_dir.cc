@@ -348,6 +348,31 @@ absl::StatusOr<std::string> LatestCheckpoint(const std::string& root, const std:
   return absl::NotFoundError(absl::StrCat("no committed checkpoint of job ", job, " in ", job_dir));
 }
 
+absl::StatusOr<std::vector<std::string>> PruneCheckpoints(const std::string& root,
+                                                          const std::string& job, int keep) {
+  ZO_RETURN_IF_ERROR(CheckJobName(job));
+  if (keep < 1) return absl::InvalidArgumentError(absl::StrCat("keep ", keep, " checkpoints?"));
+  const std::string job_dir = absl::StrCat(root, "/", job);
+  std::vector<std::pair<int64_t, std::string>> committed;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(job_dir, ec)) {
+    const std::optional<int64_t> v = VersionOfDirName(entry.path().filename().string());
+    if (v && entry.is_directory(ec)) committed.emplace_back(*v, entry.path().string());
+  }
+  if (ec) return absl::InternalError(absl::StrCat("cannot list ", job_dir, ": ", ec.message()));
+  std::sort(committed.begin(), committed.end(), std::greater<>());
+  std::vector<std::string> removed;
+  for (size_t i = static_cast<size_t>(keep); i < committed.size(); ++i) {
+    std::filesystem::remove_all(committed[i].second, ec);
+    if (ec) {
+      return absl::InternalError(
+          absl::StrCat("cannot remove ", committed[i].second, ": ", ec.message()));
+    }
+    removed.push_back(committed[i].second);
+  }
+  return removed;
+}
+
 absl::StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir) {
   const std::string file = absl::StrCat(dir, "/", kMetaFileName);
   std::ifstream in(file);

@@ -73,6 +73,11 @@ absl::StatusOr<std::string> CommitCheckpoint(const std::string& tmp_dir,
 // or NOT_FOUND naming the directory searched.
 absl::StatusOr<std::string> LatestCheckpoint(const std::string& root, const std::string& job);
 
+// Removes the committed checkpoints of `job` under `root` beyond the `keep`
+// newest (keep >= 1); temporary directories stay. Returns the paths removed.
+absl::StatusOr<std::vector<std::string>> PruneCheckpoints(const std::string& root,
+                                                          const std::string& job, int keep);
+
 // Reads and validates <dir>/checkpoint.json: NOT_FOUND, or DATA_LOSS /
 // INVALID_ARGUMENT naming the file and the field.
 absl::StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir);

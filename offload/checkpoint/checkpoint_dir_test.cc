@@ -96,6 +96,28 @@ TEST_F(CheckpointDirTest, NamesArePadded) {
   EXPECT_EQ(CheckpointPartFileName(3), "part-00003.zop");
 }
 
+TEST_F(CheckpointDirTest, PruneKeepsTheNewestCommittedOnesAndEveryTemporaryOne) {
+  for (int64_t v : {3, 10, 7, 20}) fs::create_directories(root_ + "/job/" + CheckpointDirName(v));
+  fs::create_directories(root_ + "/job/" + CheckpointDirName(30) + ".tmp");  // being written
+  fs::create_directories(root_ + "/other/" + CheckpointDirName(1));          // another job
+  ZO_ASSERT_OK_AND_ASSIGN(std::vector<std::string> removed, PruneCheckpoints(root_, "job", 2));
+  std::sort(removed.begin(), removed.end());
+  EXPECT_EQ(removed,
+            (std::vector<std::string>{root_ + "/job/step-00000003", root_ + "/job/step-00000007"}));
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(root_ + "/job")) {
+    left.push_back(e.path().filename().string());
+  }
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left,
+            (std::vector<std::string>{"step-00000010", "step-00000020", "step-00000030.tmp"}));
+  EXPECT_TRUE(fs::exists(root_ + "/other/step-00000001"));
+  ZO_ASSERT_OK_AND_ASSIGN(removed, PruneCheckpoints(root_, "job", 2));
+  EXPECT_TRUE(removed.empty());
+  EXPECT_THAT(PruneCheckpoints(root_, "job", 0).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("keep 0")));
+}
+
 TEST_F(CheckpointDirTest, CommitRenamesAndTheMetaRoundTrips) {
   const FlatState s = TwoServerState();
   ZO_ASSERT_OK_AND_ASSIGN(const std::string tmp, BeginCheckpoint(root_, "gpt", 20));
