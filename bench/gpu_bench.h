@@ -60,7 +60,7 @@ struct GpuBenchOptions {
   // Adam's first step moves every weight by lr in the sign of its
   // gradient, and 36 layers 3072 wide add those moves up coherently: on an
   // H200 the loss went from 4.04 to 7.0 after one step at lr 1e-6 and to
-  // 16-19 at 1e-5..1e-4 (the CPU backend does the same at 154M
+  // 16-19 at 1e-5..1e-4 (the CPU backend does the same at 151M
   // parameters). What keeps the first steps under one logit of change at
   // this size is about 1e-7.
   double largest_lr = 1e-7;
