@@ -17,6 +17,7 @@
 #include "bench/internal/bench_stats.h"
 #include "bench/internal/gpu_offload_rows.h"
 #include "common/memory_estimate.h"
+#include "common/sharding.h"
 #include "common/status_macros.h"
 #include "server/offload_server.h"
 #include "worker/backend/cuda/cuda_backend.h"
@@ -64,10 +65,8 @@ absl::StatusOr<double> ServerStepAlone(const bench::GpuBenchOptions& o, backend:
   std::vector<int64_t> bytes;
   int64_t total = 0;
   for (const TensorSpec& t : manifest) {
-    int64_t n = 1;
-    for (int64_t d : t.shape) n *= d;
-    bytes.push_back(n * 2);
-    total += n * 2;
+    bytes.push_back(NumElements(t.shape) * 2);  // fp16 or bf16
+    total += bytes.back();
   }
   std::shared_ptr<std::byte> grads = b.AllocateHost(static_cast<size_t>(total));
   std::vector<std::byte> weights(static_cast<size_t>(total));

@@ -589,17 +589,14 @@ absl::StatusOr<bool> OffloadClient::PullForStep(int64_t step, absl::Span<const i
     std::lock_guard state_lock(impl_->state_mu);
     version = std::max(version, impl_->base_version);
   }
+  bool changed = false;
   if (version != impl_->pulled_version) {
-    ZO_ASSIGN_OR_RETURN(bool changed, impl_->Pull(version, impl_->pulled_version, tensors, dst,
-                                                  &impl_->pulled_loss_scale));
+    ZO_ASSIGN_OR_RETURN(changed, impl_->Pull(version, impl_->pulled_version, tensors, dst,
+                                             &impl_->pulled_loss_scale));
     impl_->pulled_version = version;
-    if (changed) {
-      if (loss_scale != nullptr) *loss_scale = impl_->pulled_loss_scale;
-      return true;
-    }
   }
   if (loss_scale != nullptr) *loss_scale = impl_->pulled_loss_scale;
-  return false;
+  return changed;
 }
 
 double OffloadClient::loss_scale() const {

@@ -97,12 +97,11 @@ absl::Status OffloadLink::LoadNow(int64_t step) {
                       client_->PullForStep(step, pulled_tensors_, host_, &loss_scale_));
   // Where DPU starts (two steps on one version) and after a skipped step
   // the weights stay: no copy to the device.
-  if (changed || !uploaded_ || host_ahead_) {
+  if (changed || host_ahead_) {
     std::vector<backend::Tensor*> values;
     for (model::Param* p : params_) values.push_back(&p->value);
     ZO_RETURN_IF_ERROR(UploadAll(backend_, host_, values));
   }
-  uploaded_ = true;
   host_ahead_ = false;
   return absl::OkStatus();
 }

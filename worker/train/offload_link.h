@@ -76,10 +76,11 @@ class OffloadLink final : public model::ParamLink {
   std::vector<absl::Span<std::byte>> host_;
   // The second set of weight tensors: the prefetch uploads into it.
   std::vector<backend::Tensor> idle_;
-  bool uploaded_ = false;    // the params hold what host_ held at the last pull
-  bool host_ahead_ = false;  // host_ holds weights the params do not (a prefetch dropped)
-  double loss_scale_ = 1;    // of the step LoadWeights last loaded
-  int64_t pushed_ = -1;      // the last step whose gradients are all acknowledged
+  // host_ holds weights the params do not: nothing uploaded yet, or a
+  // prefetch dropped or failed.
+  bool host_ahead_ = true;
+  double loss_scale_ = 1;  // of the step LoadWeights last loaded
+  int64_t pushed_ = -1;    // the last step whose gradients are all acknowledged
 
   std::thread prefetch_;
   int64_t prefetch_step_ = -1;  // the step prefetch_ fetches for; -1: none
