@@ -27,6 +27,8 @@ void SwapPipeline::Fail(absl::Status status) {
 void SwapPipeline::OnCompletion(const IoCompletion& done) {
   Buffer& buf = bufs_[done.tag / 2];
   const bool write = done.tag % 2 == 1;
+  io_.Record(write, static_cast<int64_t>(file_->layout().slot_bytes()),
+             std::chrono::steady_clock::now() - buf.submitted);
   if (!done.status.ok()) {
     Fail(file_->IoError(buf.slot, write ? IoOp::kWrite : IoOp::kRead, done.status));
   }
@@ -62,6 +64,7 @@ void SwapPipeline::StartReads() {
       continue;
     }
     buf.state = BufState::kReading;
+    buf.submitted = std::chrono::steady_clock::now();
     const IoRequest read{IoOp::kRead,         file_->fd(),         layout.slot_offset(buf.slot),
                          buffers_->buffer(b), layout.slot_bytes(), Tag(b, IoOp::kRead)};
     absl::Status submitted = engine_->Submit({read});
@@ -172,6 +175,7 @@ absl::Status SwapPipeline::Run(const TileKernel* kernel, const OverlapFn& overla
     if (!error_.ok()) break;
     if (after_update) after_update(k);
     bufs_[b].state = BufState::kWriting;
+    bufs_[b].submitted = std::chrono::steady_clock::now();
     const IoRequest write{IoOp::kWrite,        file_->fd(),         layout.slot_offset(k),
                           buffers_->buffer(b), layout.slot_bytes(), Tag(b, IoOp::kWrite)};
     absl::Status submitted = engine_->Submit({write});
@@ -199,8 +203,11 @@ absl::Status SwapPipeline::ReadSlot(int64_t slot, char* buf, bool verify) {
     return absl::OkStatus();
   }
   const SwapLayout& layout = file_->layout();
+  const auto start = std::chrono::steady_clock::now();
   absl::Status read =
       ReadFully(*engine_, file_->fd(), layout.slot_offset(slot), buf, layout.slot_bytes());
+  io_.Record(/*write=*/false, static_cast<int64_t>(layout.slot_bytes()),
+             std::chrono::steady_clock::now() - start);
   if (!read.ok()) return file_->IoError(slot, IoOp::kRead, read);
   if (!verify || !file_->checksums()) return absl::OkStatus();
   std::optional<ChecksumMismatch> bad = ForTiles(
@@ -219,8 +226,11 @@ absl::Status SwapPipeline::WriteSlot(int64_t slot, char* buf) {
         /*pump=*/false);
   }
   const SwapLayout& layout = file_->layout();
+  const auto start = std::chrono::steady_clock::now();
   absl::Status written =
       WriteFully(*engine_, file_->fd(), layout.slot_offset(slot), buf, layout.slot_bytes());
+  io_.Record(/*write=*/true, static_cast<int64_t>(layout.slot_bytes()),
+             std::chrono::steady_clock::now() - start);
   file_->set_written(slot);
   if (!written.ok()) return file_->IoError(slot, IoOp::kWrite, written);
   return absl::OkStatus();

@@ -12,6 +12,7 @@
 #ifndef ZO_OFFLOAD_TIER_SWAP_PIPELINE_H_
 #define ZO_OFFLOAD_TIER_SWAP_PIPELINE_H_
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -23,6 +24,7 @@
 #include "offload/io/io_engine.h"
 #include "offload/thread_pool.h"
 #include "offload/tier/swap_file.h"
+#include "offload/tier/swap_io_stats.h"
 
 namespace zo {
 
@@ -61,12 +63,16 @@ class SwapPipeline {
   // Hashes `buf` (the whole slot, padding zero) and writes it.
   absl::Status WriteSlot(int64_t slot, char* buf);
 
+  // Every read and write so far, from any thread.
+  SwapIoStats io_stats() const { return io_.Snapshot(); }
+
  private:
   enum class BufState { kFree, kReading, kReady, kWriting };
   struct Buffer {
     BufState state = BufState::kFree;
     int64_t slot = -1;
     bool zero_fill = false;  // never-written slot: zeroed, not read
+    std::chrono::steady_clock::time_point submitted;
   };
 
   // Run's helpers; they record the first error in error_.
@@ -94,6 +100,7 @@ class SwapPipeline {
   std::vector<Buffer> bufs_;
   int64_t next_read_ = 0;
   absl::Status error_;
+  SwapIoCounters io_;
 };
 
 }  // namespace zo

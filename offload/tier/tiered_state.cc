@@ -274,6 +274,10 @@ absl::StatusOr<std::unique_ptr<TieredOptimizerState>> TieredOptimizerState::Crea
 
 TieredOptimizerState::TieredOptimizerState(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
+SwapIoStats TieredOptimizerState::swap_io_stats() const {
+  return impl_->pipeline == nullptr ? SwapIoStats{} : impl_->pipeline->io_stats();
+}
+
 int64_t TieredOptimizerState::ram_bytes() const {
   int64_t bytes = 0;
   for (const AlignedBuffer& array : impl_->ram) bytes += static_cast<int64_t>(array.size());

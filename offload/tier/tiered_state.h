@@ -34,6 +34,7 @@
 #include "offload/io/io_engine.h"
 #include "offload/optimizer_kernels.h"
 #include "offload/thread_pool.h"
+#include "offload/tier/swap_io_stats.h"
 
 namespace zo {
 
@@ -86,6 +87,9 @@ class TieredOptimizerState {
   // Bytes this state holds in RAM: the RAM sub-groups' master, m and v and
   // the swap buffers.
   int64_t ram_bytes() const;
+  // The NVMe swap's I/O so far (zeros when everything is in RAM). Unlike the
+  // rest of the class, callable from any thread at any time.
+  SwapIoStats swap_io_stats() const;
 
   // Sets master[offset, offset + values.size()) and zeroes m and v there.
   // Clears a "needs restore" state when it covers every element since it.

@@ -341,5 +341,34 @@ TEST_F(TieredStateTest, ReportsEachUpdatedPrefixInOrder) {
   EXPECT_EQ(problem, "");
 }
 
+// The swap's I/O totals count what a step moves: each NVMe sub-group read
+// once and written once (its slot: master, m and v of its elements, padded).
+TEST_F(TieredStateTest, CountsTheSwapIoOfAStep) {
+  ZO_ASSERT_OK_AND_ASSIGN(auto state, TieredOptimizerState::Create(Options(2), kTotal, &pool_));
+  ASSERT_THAT(state->LoadMaster(0, Pattern(kTotal, 4)), IsOk());
+  const SwapIoStats loaded = state->swap_io_stats();
+  const int64_t slots = state->nvme_sub_groups();
+  ASSERT_EQ(slots, 9);
+  EXPECT_EQ(loaded.writes, slots);  // LoadMaster writes every NVMe slot once
+  const int64_t slot_bytes = loaded.write_bytes / slots;
+  EXPECT_GE(slot_bytes, kSubGroup * 12);
+
+  const std::vector<float> grad = Pattern(kTotal, 5);
+  ASSERT_THAT(state->AdamStep(MakeAdamStepConstants({}, 1, 1.0), {grad.data(), DType::kFloat32},
+                              {nullptr, DType::kFloat16}),
+              IsOk());
+  const SwapIoStats stepped = state->swap_io_stats();
+  EXPECT_EQ(stepped.reads - loaded.reads, slots);
+  EXPECT_EQ(stepped.writes - loaded.writes, slots);
+  EXPECT_EQ(stepped.read_bytes - loaded.read_bytes, slots * slot_bytes);
+  EXPECT_EQ(stepped.write_bytes - loaded.write_bytes, slots * slot_bytes);
+  EXPECT_GT(stepped.read_seconds, loaded.read_seconds);
+  EXPECT_GT(stepped.write_seconds, loaded.write_seconds);
+
+  // Everything in RAM: no swap, no I/O.
+  ZO_ASSERT_OK_AND_ASSIGN(auto ram, TieredOptimizerState::Create(Options(11), kTotal, &pool_));
+  EXPECT_EQ(ram->swap_io_stats().reads + ram->swap_io_stats().writes, 0);
+}
+
 }  // namespace
 }  // namespace zo
