@@ -240,7 +240,12 @@ absl::StatusOr<GradientAccumulator::PushOutcome> Job::TryPushGradient(
     const GradientPieceView& piece, GradientAccumulator::PushWait* wait,
     std::function<void()> wake) {
   ZO_ASSIGN_OR_RETURN(const int i, PushedChunkIndex(piece));
-  return accum_->TryPush(i, piece, wait, std::move(wake));
+  ZO_ASSIGN_OR_RETURN(const GradientAccumulator::PushOutcome outcome,
+                      accum_->TryPush(i, piece, wait, std::move(wake)));
+  if (outcome == GradientAccumulator::PushOutcome::kAdded) {
+    counters_.AddGradientBytes(static_cast<int64_t>(piece.data_bytes));
+  }
+  return outcome;
 }
 
 bool Job::CancelPushWait(const GradientPieceView& piece,
@@ -251,7 +256,9 @@ bool Job::CancelPushWait(const GradientPieceView& piece,
 
 absl::Status Job::PushGradient(const GradientPieceView& piece, absl::Time deadline) {
   ZO_ASSIGN_OR_RETURN(const int i, PushedChunkIndex(piece));
-  return accum_->Push(i, piece, deadline);
+  ZO_RETURN_IF_ERROR(accum_->Push(i, piece, deadline));
+  counters_.AddGradientBytes(static_cast<int64_t>(piece.data_bytes));
+  return absl::OkStatus();
 }
 
 absl::Status Job::CheckPullRequest(const v1::PullParamsRequest& request) const {
@@ -348,7 +355,7 @@ absl::Status Job::PullParams(const v1::PullParamsRequest& request, absl::Time de
   while (cursor.Next(&piece)) {
     if (!emit(piece)) return absl::CancelledError("the caller went away");
   }
-  AddServeTime(absl::Now() - start);
+  RecordPull(absl::Now() - start, cursor.bytes_given());
   return absl::OkStatus();
 }
 
@@ -441,6 +448,7 @@ void Job::StepLoop() {
     }
     const absl::Duration wait = ready - step_open_time_;
     step_open_time_ = update_end;
+    counters_.AddStep(commit.skip(), wait, update_end - update_start);
     resources_.wakes->Post(version_waiters_.TakeUpTo(version_));
     cv_.notify_all();
     LogStep(commit, wait, update_end - update_start);

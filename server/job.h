@@ -49,6 +49,7 @@
 #include "proto/zo/v1/params.pb.h"
 #include "server/gradient_accumulator.h"
 #include "server/gradient_piece_view.h"
+#include "server/job_counters.h"
 #include "server/job_spec.h"
 #include "server/param_versions.h"
 #include "server/peer_client.h"
@@ -123,8 +124,15 @@ class Job {
   // The request's pieces of a version the job has (FAILED_PRECONDITION for
   // one it does not have yet or no longer holds).
   absl::StatusOr<PullCursor> OpenPull(const v1::PullParamsRequest& request);
-  // Time spent serving pulls, reported with the next step's log line.
-  void AddServeTime(absl::Duration d) { serve_ns_ += absl::ToInt64Nanoseconds(d); }
+  // A pull served: its time goes into the next step's log line and, with
+  // its bytes, into the totals.
+  void RecordPull(absl::Duration serve, int64_t bytes) {
+    serve_ns_ += absl::ToInt64Nanoseconds(serve);
+    counters_.AddPull(serve, bytes);
+  }
+  // Totals since the job opened, and its NVMe swap's I/O: for metrics.
+  JobTotals Totals() const { return counters_.Totals(); }
+  SwapIoStats SwapStats() const { return state_->swap_io_stats(); }
 
   // Server-to-server calls.
   absl::Status OnStepStats(const v1::StepStats& stats);
@@ -210,6 +218,7 @@ class Job {
   // Lead only.
   std::deque<std::shared_ptr<PendingCheckpoint>> pending_checkpoints_;
   std::atomic<int64_t> serve_ns_{0};
+  JobCounters counters_;
 
   std::thread step_thread_;
 };

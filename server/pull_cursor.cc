@@ -45,6 +45,7 @@ bool PullCursor::Next(v1::ParamPiece* piece) {
   piece->set_offset(r.tensor_offset + done_);
   piece->set_data(data + (r.local_offset + done_) * elem, static_cast<size_t>(len * elem));
   done_ += len;
+  bytes_given_ += len * elem;
   return true;
 }
 

@@ -38,6 +38,8 @@ class PullCursor {
 
   // Fills `piece` with the next piece; false when every piece was given.
   bool Next(v1::ParamPiece* piece);
+  // Weight bytes given so far.
+  int64_t bytes_given() const { return bytes_given_; }
 
   PullCursor(PullCursor&&) = default;
   PullCursor& operator=(PullCursor&&) = default;
@@ -54,6 +56,7 @@ class PullCursor {
   std::vector<Range> ranges_;
   size_t range_ = 0;  // the range Next reads
   int64_t done_ = 0;  // elements of ranges_[range_] already given
+  int64_t bytes_given_ = 0;
 };
 
 }  // namespace zo

@@ -62,7 +62,7 @@ void PullReactor::WriteNext() {
     StartWrite(&piece_);
     return;
   }
-  job_->AddServeTime(absl::Now() - serve_start_);
+  job_->RecordPull(absl::Now() - serve_start_, cursor_->bytes_given());
   FinishWith(absl::OkStatus());
 }
 

@@ -1,6 +1,7 @@
 #include "worker/client/offload_client.h"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <map>
 #include <mutex>
@@ -80,6 +81,9 @@ struct OffloadClient::Impl {
   }
 
   ~Impl();
+
+  std::atomic<int64_t> pushed_bytes{0};
+  std::atomic<int64_t> pulled_bytes{0};
 
   // A unary call to server `server` with retries; `call` makes one attempt.
   // `group` (may be null) cancels it.
@@ -261,6 +265,7 @@ absl::Status OffloadClient::Impl::PushRange(int64_t step, int tensor, int64_t of
     }
     ZO_RETURN_IF_ERROR(stream->Enqueue(std::move(piece)));
   }
+  pushed_bytes.fetch_add(bytes, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 
@@ -429,6 +434,11 @@ absl::StatusOr<bool> OffloadClient::Impl::Pull(int64_t version, int64_t have_ver
 
   const bool unchanged =
       std::all_of(receivers.begin(), receivers.end(), [](const auto& r) { return r->unchanged(); });
+  if (!unchanged) {
+    int64_t bytes = 0;
+    for (const absl::Span<std::byte>& d : dst) bytes += static_cast<int64_t>(d.size());
+    pulled_bytes.fetch_add(bytes, std::memory_order_relaxed);
+  }
   if (loss_scale != nullptr) *loss_scale = receivers.front()->loss_scale();
   {
     std::lock_guard lock(state_mu);
@@ -550,6 +560,11 @@ absl::Status OffloadClient::Impl::CheckWholeTensor(int tensor, size_t bytes) con
 absl::Status OffloadClient::Push(int64_t step, int tensor, absl::Span<const std::byte> data) {
   ZO_RETURN_IF_ERROR(impl_->CheckWholeTensor(tensor, data.size()));
   return impl_->PushRange(step, tensor, 0, data, nullptr);
+}
+
+OffloadClient::Traffic OffloadClient::traffic() const {
+  return {.pushed_bytes = impl_->pushed_bytes.load(std::memory_order_relaxed),
+          .pulled_bytes = impl_->pulled_bytes.load(std::memory_order_relaxed)};
 }
 
 absl::Status OffloadClient::PushShared(int64_t step, int tensor, std::shared_ptr<const void> owner,

@@ -146,6 +146,14 @@ class OffloadClient {
                                    absl::Span<const absl::Span<std::byte>> dst,
                                    double* loss_scale = nullptr);
 
+  // Bytes queued by the pushes and written into dst by the pulls so far
+  // (the payload, not the wire framing): for metrics.
+  struct Traffic {
+    int64_t pushed_bytes = 0;
+    int64_t pulled_bytes = 0;
+  };
+  Traffic traffic() const;
+
   // Loss scale for the step after the latest version seen (from the last
   // pull, open or status).
   double loss_scale() const;
