@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/host_port.h"
 #include "common/logging.h"
+#include "common/metrics_endpoint.h"
 #include "common/status_macros.h"
 #include "common/wake_queue.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -14,6 +15,7 @@
 #include "server/job_registry.h"
 #include "server/offload_service.h"
 #include "server/peer_client.h"
+#include "server/server_metrics.h"
 #include "server/startup_checks.h"
 
 namespace zo {
@@ -25,8 +27,12 @@ struct OffloadServer::Impl {
   std::unique_ptr<WakeQueue> wakes;
   std::unique_ptr<PeerClient> peers;
   std::unique_ptr<JobRegistry> registry;
+  // Outlives the server: its interceptors count into it.
+  std::shared_ptr<ServerMetrics> metrics;
   std::unique_ptr<OffloadService> service;
   std::unique_ptr<grpc::Server> server;
+  // Destroyed first: no scrape reads a job being torn down.
+  std::unique_ptr<MetricsEndpoint> metrics_endpoint;
   int port = 0;
   std::once_flag shutdown_once;
 };
@@ -49,6 +55,9 @@ absl::StatusOr<std::unique_ptr<OffloadServer>> OffloadServer::Start(const Server
   if (!options.nvme_path.empty()) {
     ZO_RETURN_IF_ERROR(CheckNvmeDir(options.nvme_path, "--nvme-path"));
   }
+  if (!options.metrics_listen.empty()) {
+    ZO_RETURN_IF_ERROR(ParseHostPort(options.metrics_listen, PortUse::kListen).status());
+  }
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   impl->pool = std::make_unique<ThreadPool>(options.threads);
@@ -65,8 +74,15 @@ absl::StatusOr<std::unique_ptr<OffloadServer>> OffloadServer::Start(const Server
       .keep_checkpoints = options.keep_checkpoints,
       .log_every = options.log_every,
   });
+  impl->metrics = std::make_shared<ServerMetrics>(impl->registry.get());
   impl->service = std::make_unique<OffloadService>(impl->registry.get(), options.auth_token,
                                                    options.max_message_bytes);
+
+  if (!options.metrics_listen.empty()) {
+    ZO_ASSIGN_OR_RETURN(impl->metrics_endpoint,
+                        MetricsEndpoint::Start(options.metrics_listen, {impl->metrics}));
+    ZO_LOG(INFO) << "zo-server metrics at " << impl->metrics_endpoint->url();
+  }
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -84,6 +100,9 @@ absl::StatusOr<std::unique_ptr<OffloadServer>> OffloadServer::Start(const Server
   // would start and take half the connections. Without it, its bind fails.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(impl->service.get());
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(impl->metrics->CallCounter());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
   impl->server = builder.BuildAndStart();
@@ -108,6 +127,10 @@ OffloadServer::~OffloadServer() { Shutdown(absl::ZeroDuration()); }
 
 int OffloadServer::port() const { return impl_->port; }
 
+int OffloadServer::metrics_port() const {
+  return impl_->metrics_endpoint == nullptr ? 0 : impl_->metrics_endpoint->port();
+}
+
 std::shared_ptr<grpc::Channel> OffloadServer::InProcessChannel() {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(static_cast<int>(impl_->options.max_message_bytes));
@@ -119,6 +142,7 @@ void OffloadServer::Shutdown(absl::Duration grace) {
   std::call_once(impl_->shutdown_once, [&] {
     grpc::HealthCheckServiceInterface* health = impl_->server->GetHealthCheckService();
     if (health != nullptr) health->SetServingStatus(false);
+    impl_->metrics_endpoint.reset();
     impl_->registry->StopAll();  // posts the wakes of every call waiting on a job
     impl_->wakes->Drain();       // those calls have finished, naming the shutdown
     impl_->server->Shutdown(absl::ToChronoTime(absl::Now() + grace));

@@ -40,6 +40,8 @@ struct ServerOptions {
   std::string tls_root_certs;
   int64_t max_message_bytes = int64_t{64} << 20;
   int log_every = 0;  // steps between step log lines; 0: the job's steps_per_print
+  // "host:port" of the Prometheus endpoint (port 0 picks one); empty: none.
+  std::string metrics_listen;
 };
 
 class OffloadServer {
@@ -49,6 +51,8 @@ class OffloadServer {
 
   // The bound port (0 when in-process only).
   int port() const;
+  // The metrics endpoint's port (0 without one).
+  int metrics_port() const;
   // A channel to this server that uses no socket.
   std::shared_ptr<grpc::Channel> InProcessChannel();
   // Stops the jobs, then lets calls in flight finish for up to `grace`.

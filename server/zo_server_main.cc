@@ -41,6 +41,9 @@ ABSL_FLAG(std::string, tls_ca, "", "PEM root certificates to verify peer servers
 ABSL_FLAG(std::string, max_message_bytes, "64Mi", "largest message accepted");
 ABSL_FLAG(int, log_every, 0, "steps between step log lines (0: the job's steps_per_print)");
 ABSL_FLAG(std::string, port_file, "", "write the bound port to this file once listening");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "serve Prometheus metrics (GET /metrics) on this host:port, e.g. 0.0.0.0:9400; port 0 "
+          "picks a free one (the log says which); empty: no metrics endpoint");
 
 namespace zo {
 namespace {
@@ -51,7 +54,7 @@ constexpr char kUsage[] =
     "usage: zo-server [--listen 127.0.0.1:7070] [--threads N] [--memory-budget 64Gi]\n"
     "                 [--nvme-path DIR] [--checkpoint-dir DIR [--keep-checkpoints N]]\n"
     "                 [--auth-token-file F]\n"
-    "                 [--tls-cert F --tls-key F] [--tls-ca F]\n\n"
+    "                 [--tls-cert F --tls-key F] [--tls-ca F] [--metrics-listen ADDR]\n\n"
     "Stops gracefully on SIGTERM or SIGINT. Flags may be written with dashes or underscores.";
 
 int Run() {
@@ -62,6 +65,7 @@ int Run() {
   options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   options.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
   options.log_every = absl::GetFlag(FLAGS_log_every);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   auto fail = [](const absl::Status& s) {
     std::cerr << "zo-server: " << s.message() << "\n";
     return 2;
