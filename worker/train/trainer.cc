@@ -24,6 +24,7 @@
 #include "worker/train/offload_link.h"
 #include "worker/train/progress.h"
 #include "worker/train/step_outcomes.h"
+#include "worker/train/train_metrics.h"
 
 namespace zo::train {
 namespace {
@@ -347,13 +348,30 @@ absl::Status Train(const TrainOptions& o) {
   StepOutcomes outcomes;
   OffloadClient& status_client = *local.front().client;
   const bool checkpoints_here = local.front().stage == 0 && o.dp_rank == 0;
+  // Byte totals of the clients already closed (the resend ones), for metrics.
+  OffloadClient::Traffic traffic_before;
   for (int64_t step = version + 1; step <= o.steps; ++step) {
     ZO_ASSIGN_OR_RETURN(StepReport report, RunStep(local, fabric.get(), step));
     report.samples = int64_t{plan.micro_batches} * plan.micro_batch_size;
     if (plan.text) report.tokens = report.samples * o.gpt.block_size;
+    if (o.metrics != nullptr) {
+      OffloadClient::Traffic t = traffic_before;
+      for (const LocalStage& ls : local) {
+        for (const OffloadClient* c : {ls.client.get(), ls.resend_client.get()}) {
+          if (c == nullptr) continue;
+          t.pushed_bytes += c->traffic().pushed_bytes;
+          t.pulled_bytes += c->traffic().pulled_bytes;
+        }
+      }
+      o.metrics->Record(report, t.pushed_bytes, t.pulled_bytes);
+    }
     if (local.front().resend_client) {
       // The step the worker may have died in is done: back to strict pushes.
       for (LocalStage& ls : local) {
+        if (ls.resend_client) {
+          traffic_before.pushed_bytes += ls.resend_client->traffic().pushed_bytes;
+          traffic_before.pulled_bytes += ls.resend_client->traffic().pulled_bytes;
+        }
         ls.link->set_client(ls.client.get());
         ls.resend_client.reset();
       }

@@ -24,6 +24,8 @@ class Channel;
 
 namespace zo::train {
 
+class TrainMetrics;
+
 struct TrainOptions {
   std::string config_json;    // DeepSpeed-style config
   std::string model = "gpt";  // gpt | mlp
@@ -55,6 +57,8 @@ struct TrainOptions {
   // servers' newest of this job) or a checkpoint directory; empty: no.
   std::string restore;
   std::string metrics_out;
+  // Each step is recorded here too when set (the --metrics-listen endpoint).
+  TrainMetrics* metrics = nullptr;
   int blas_threads = 0;
   std::string device = "auto";  // auto | cuda | cpu (backend/select_backend.h)
   int gpu = 0;

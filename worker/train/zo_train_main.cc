@@ -6,6 +6,7 @@
 // still reaches it only through the protocol, over an in-process gRPC channel.
 #include <unistd.h>
 
+#include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -20,7 +21,9 @@
 #include "common/config.h"
 #include "common/logging.h"
 #include "common/malloc_tuning.h"
+#include "common/metrics_endpoint.h"
 #include "server/offload_server.h"
+#include "worker/train/train_metrics.h"
 #include "worker/train/trainer.h"
 
 ABSL_FLAG(std::string, config, "",
@@ -66,6 +69,9 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
 ABSL_FLAG(std::string, restore, "",
           "before training, restore the job from a checkpoint: 'latest' (the servers' newest "
           "for this job) or a checkpoint directory; then train on to --steps");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "serve Prometheus metrics (GET /metrics) on this host:port, e.g. 0.0.0.0:9401; port 0 "
+          "picks a free one (printed at the start); empty: no metrics endpoint");
 ABSL_FLAG(std::string, metrics_out, "",
           "append one JSON object per step (step, loss, loss_scale, skipped, step_s, "
           "samples_per_s, ...) to this file");
@@ -108,7 +114,7 @@ std::string Usage() {
       "trains a model with its optimizer offloaded to zo servers.\n\n"
       "usage: zo-train [--model gpt|mlp] [--data FILE] [--steps N] [--config ds_config.json]\n"
       "                [--pipeline-stages P [--stage S --stage-addresses h:p,...]]\n"
-      "                [--servers host:port,...] [--metrics-out FILE]\n\n"
+      "                [--servers host:port,...] [--metrics-out FILE] [--metrics-listen ADDR]\n\n"
       "Without --servers the optimizer runs on an embedded in-process server.\n"
       "Without --config this demo config is used:\n",
       kDemoConfig, "\n\nFlags may be written with dashes or underscores.");
@@ -194,6 +200,19 @@ absl::Status Run() {
     return absl::InvalidArgumentError(
         "--checkpoint-dir is for the embedded server; remote servers take their own "
         "--checkpoint-dir");
+  }
+  // The endpoint, declared after, stops answering before the metrics go.
+  std::shared_ptr<train::TrainMetrics> metrics;
+  std::unique_ptr<MetricsEndpoint> metrics_endpoint;
+  if (const std::string listen = absl::GetFlag(FLAGS_metrics_listen); !listen.empty()) {
+    metrics = std::make_shared<train::TrainMetrics>(
+        o.job, o.stage >= 0 ? absl::StrCat(o.stage) : "all", o.dp_rank);
+    auto endpoint = MetricsEndpoint::Start(listen, {metrics});
+    if (!endpoint.ok()) return endpoint.status();
+    metrics_endpoint = *std::move(endpoint);
+    o.metrics = metrics.get();
+    std::fprintf(o.out, "zo-train: metrics at %s\n", metrics_endpoint->url().c_str());
+    std::fflush(o.out);
   }
   absl::Status trained = train::Train(o);
   if (embedded) embedded->Shutdown(absl::Seconds(1));

@@ -1,0 +1,102 @@
+#include "worker/train/train_metrics.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace zo::train {
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+MetricFamily Family(std::string name, std::string help, MetricType type) {
+  return {std::move(name), std::move(help), type, {}};
+}
+
+void AddSample(MetricFamily& family, std::vector<ClientMetric::Label> labels, double value) {
+  ClientMetric m;
+  m.label = std::move(labels);
+  if (family.type == MetricType::Counter) {
+    m.counter.value = value;
+  } else {
+    m.gauge.value = value;
+  }
+  family.metric.push_back(std::move(m));
+}
+
+}  // namespace
+
+TrainMetrics::TrainMetrics(std::string job, std::string stage, int dp_rank)
+    : job_(std::move(job)), stage_(std::move(stage)), dp_rank_(absl::StrCat(dp_rank)) {}
+
+void TrainMetrics::Record(const StepReport& r, int64_t pushed_bytes, int64_t pulled_bytes) {
+  std::lock_guard lock(mu_);
+  ++steps_;
+  last_step_ = r.step;
+  step_s_ += r.step_s;
+  compute_s_ += r.compute_s;
+  push_s_ += r.push_s;
+  wait_s_ += r.wait_s;
+  transfer_s_ += r.transfer_s;
+  samples_ += r.samples;
+  tokens_ += r.tokens;
+  pushed_bytes_ = pushed_bytes;
+  pulled_bytes_ = pulled_bytes;
+  if (r.loss) loss_ = r.loss;
+  loss_scale_ = r.loss_scale;
+}
+
+std::vector<MetricFamily> TrainMetrics::Collect() const {
+  const std::vector<ClientMetric::Label> id = {
+      {"zo_job", job_}, {"stage", stage_}, {"dp_rank", dp_rank_}};
+  auto with = [&](const char* name, const char* value) {
+    std::vector<ClientMetric::Label> l = id;
+    l.push_back({name, value});
+    return l;
+  };
+  std::lock_guard lock(mu_);
+  MetricFamily steps =
+      Family("zo_train_steps_total", "steps this process ran", MetricType::Counter);
+  AddSample(steps, id, static_cast<double>(steps_));
+  MetricFamily step = Family("zo_train_step", "the last step finished", MetricType::Gauge);
+  AddSample(step, id, static_cast<double>(last_step_));
+  MetricFamily seconds = Family(
+      "zo_train_step_seconds_total",
+      "step time: phase=all the whole step; its parts compute (forward/backward), push (waiting "
+      "for the servers to take the gradients), wait_weights (waiting for the next weights), "
+      "pipeline (waiting on neighbouring stages)",
+      MetricType::Counter);
+  AddSample(seconds, with("phase", "all"), step_s_);
+  AddSample(seconds, with("phase", "compute"), compute_s_);
+  AddSample(seconds, with("phase", "push"), push_s_);
+  AddSample(seconds, with("phase", "wait_weights"), wait_s_);
+  AddSample(seconds, with("phase", "pipeline"), transfer_s_);
+  MetricFamily samples = Family("zo_train_samples_total",
+                                "sequences (GPT) or samples (MLP) trained on", MetricType::Counter);
+  AddSample(samples, id, static_cast<double>(samples_));
+  MetricFamily tokens =
+      Family("zo_train_tokens_total", "tokens trained on (GPT)", MetricType::Counter);
+  AddSample(tokens, id, static_cast<double>(tokens_));
+  MetricFamily bytes = Family(
+      "zo_train_bytes_total",
+      "payload bytes with the servers: direction=out gradients pushed, direction=in weights pulled",
+      MetricType::Counter);
+  AddSample(bytes, with("direction", "out"), static_cast<double>(pushed_bytes_));
+  AddSample(bytes, with("direction", "in"), static_cast<double>(pulled_bytes_));
+  MetricFamily scale =
+      Family("zo_train_loss_scale", "loss scale of the last step", MetricType::Gauge);
+  AddSample(scale, id, loss_scale_);
+  std::vector<MetricFamily> out = {std::move(steps),   std::move(step),   std::move(seconds),
+                                   std::move(samples), std::move(tokens), std::move(bytes),
+                                   std::move(scale)};
+  if (loss_) {  // only the process holding the last stage sees the loss
+    MetricFamily loss = Family("zo_train_loss", "loss of the last step", MetricType::Gauge);
+    AddSample(loss, id, *loss_);
+    out.push_back(std::move(loss));
+  }
+  return out;
+}
+
+}  // namespace zo::train
