@@ -22,7 +22,18 @@ packages=(
   clang-format
   # the Python package zo (python/) and its tests against PyTorch
   python3-dev python3-pybind11 pybind11-dev python3-torch python3-pytest python3-numpy
+  # Prometheus metrics of zo-server and zo-train; a real Prometheus scrapes
+  # them in tests/metrics
+  prometheus-cpp-dev prometheus
+  # deploy/ checked for real: a one-node Slurm cluster, systemd-analyze,
+  # network namespaces and tc for the multi-host tests
+  slurm-wlm munge systemd iproute2 python3-yaml
 )
+
+# kubectl for the deploy/k8s tests: Debian's kubernetes-client, only when no
+# kubectl is on PATH (a kubectl package from elsewhere owns /usr/bin/kubectl,
+# and the two would conflict).
+command -v kubectl >/dev/null || packages+=(kubernetes-client)
 
 missing=()
 for p in "${packages[@]}"; do
