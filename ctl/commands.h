@@ -6,7 +6,7 @@
 
 #include "absl/flags/declare.h"
 
-// Shared by estimate, status and checkpoint; defined in ctl/zo_ctl_main.cc.
+// Shared by estimate, status, checkpoint, jobs and close; defined in ctl/zo_ctl_main.cc.
 ABSL_DECLARE_FLAG(bool, json);
 
 namespace zo::ctl {
@@ -15,6 +15,8 @@ int RunEstimate();    // ctl/estimate_command.cc
 int RunExport();      // ctl/export_command.cc
 int RunStatus();      // ctl/rpc_commands.cc
 int RunCheckpoint();  // ctl/rpc_commands.cc
+int RunJobs();        // ctl/rpc_commands.cc
+int RunClose();       // ctl/rpc_commands.cc
 
 }  // namespace zo::ctl
 

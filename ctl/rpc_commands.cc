@@ -1,6 +1,7 @@
-// zo-ctl status and checkpoint: one call to a zo-server through the shared
-// RPC layer (rpc/), its answer as text or JSON, its failure as one line that
-// says what to check.
+// zo-ctl's calls to zo-servers (status, checkpoint, jobs, close) through
+// the shared RPC layer (rpc/): answers as text or JSON, a failure as one
+// line that names the server and says what to check.
+#include <algorithm>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -12,7 +13,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "common/command_line.h"
 #include "common/status_macros.h"
@@ -28,15 +31,18 @@
 #include "rpc/rpc_util.h"
 
 ABSL_FLAG(std::string, server, "",
-          "status, checkpoint: zo-server address HOST:PORT (the job's lead server for "
-          "checkpoint)");
-ABSL_FLAG(std::string, job, "", "status, checkpoint: the job's name");
+          "status, checkpoint, close: zo-server address HOST:PORT (the job's lead server for "
+          "checkpoint; any of its servers for close); jobs: one or more, comma-separated");
+ABSL_FLAG(std::string, job, "", "status, checkpoint, close: the job's name");
+ABSL_FLAG(bool, delete_checkpoints, false,
+          "close: also remove the job's checkpoints from the servers' checkpoint directory");
 ABSL_FLAG(std::string, auth_token_file, "",
-          "status, checkpoint: file holding the servers' auth token, when they have one");
+          "status, checkpoint, jobs, close: file holding the servers' auth token, when they have "
+          "one");
 ABSL_FLAG(std::string, tls_ca, "",
           "status, checkpoint: PEM file of the CA that signed the server's certificate; "
           "connects with TLS when given");
-ABSL_FLAG(int, timeout, 30, "status, checkpoint: seconds to wait for the server's answer");
+ABSL_FLAG(int, timeout, 30, "status, checkpoint, jobs, close: seconds to wait for each answer");
 
 namespace zo::ctl {
 namespace {
@@ -49,13 +55,11 @@ struct RpcTarget {
   bool tls = false;
 };
 
-absl::StatusOr<RpcTarget> RpcTargetFromFlags() {
+// A target at `server` with the token, TLS and timeout flags.
+absl::StatusOr<RpcTarget> RpcTargetFor(const std::string& server) {
   RpcTarget target;
-  target.server = absl::GetFlag(FLAGS_server);
+  target.server = server;
   const int timeout_s = absl::GetFlag(FLAGS_timeout);
-  if (target.server.empty() || absl::GetFlag(FLAGS_job).empty()) {
-    return absl::InvalidArgumentError("give --server HOST:PORT and --job NAME");
-  }
   if (timeout_s < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--timeout must be >= 1 second, got ", timeout_s));
@@ -75,6 +79,14 @@ absl::StatusOr<RpcTarget> RpcTargetFromFlags() {
   }
   target.stub = v1::Offload::NewStub(*std::move(made));
   return target;
+}
+
+// --server and --job, both required.
+absl::StatusOr<RpcTarget> RpcTargetFromFlags() {
+  if (absl::GetFlag(FLAGS_server).empty() || absl::GetFlag(FLAGS_job).empty()) {
+    return absl::InvalidArgumentError("give --server HOST:PORT and --job NAME");
+  }
+  return RpcTargetFor(absl::GetFlag(FLAGS_server));
 }
 
 // One line: the code, the server's message and what to check.
@@ -193,6 +205,152 @@ int RunCheckpoint() {
               << response.version() << " at " << response.path() << "\n";
   }
   return 0;
+}
+
+namespace {
+
+std::string JobState(const v1::JobStatus& st) {
+  if (!st.needs_restore().empty()) return "NEEDS RESTORE";
+  if (!st.waiting_on_peer().empty()) return "STUCK ON A PEER";
+  return "ok";
+}
+
+}  // namespace
+
+int RunJobs() {
+  const std::vector<std::string> servers =
+      absl::StrSplit(absl::GetFlag(FLAGS_server), ',', absl::SkipWhitespace());
+  if (servers.empty()) {
+    std::cerr << "zo-ctl jobs: give --server HOST:PORT[,HOST:PORT...]\n";
+    return 2;
+  }
+  nlohmann::json rows = nlohmann::json::array();
+  std::string text = absl::StrFormat("%-22s %-20s %8s %-7s %10s %10s  %s\n", "SERVER", "JOB",
+                                     "VERSION", "PART", "RAM", "NVME", "STATE");
+  int failed = 0;
+  for (const std::string& server : servers) {
+    absl::StatusOr<RpcTarget> target = RpcTargetFor(server);
+    if (!target.ok()) {
+      std::cerr << "zo-ctl jobs: " << target.status().message() << "\n";
+      return 2;
+    }
+    v1::GetServerInfoResponse info;
+    grpc::ClientContext context;
+    PrepareCallContext(target->call, context);
+    if (grpc::Status rpc = target->stub->GetServerInfo(&context, {}, &info); !rpc.ok()) {
+      std::cerr << "zo-ctl jobs: " << server << ": " << DescribeRpcError(*target, rpc) << "\n";
+      ++failed;
+      continue;
+    }
+    for (const std::string& job : info.jobs()) {
+      v1::GetJobStatusRequest request;
+      request.set_job(job);
+      v1::JobStatus st;
+      grpc::ClientContext status_context;
+      PrepareCallContext(target->call, status_context);
+      const grpc::Status rpc = target->stub->GetJobStatus(&status_context, request, &st);
+      if (rpc.error_code() == grpc::StatusCode::NOT_FOUND) continue;  // closed meanwhile
+      if (!rpc.ok()) {
+        std::cerr << "zo-ctl jobs: " << server << ": " << DescribeRpcError(*target, rpc) << "\n";
+        ++failed;
+        continue;
+      }
+      nlohmann::json row = MessageToJson(st);
+      row["server"] = server;
+      row["state"] = JobState(st);
+      rows.push_back(row);
+      absl::StrAppend(
+          &text,
+          absl::StrFormat("%-22s %-20s %8d %-7s %10s %10s  %s\n", server, job, st.version(),
+                          absl::StrCat(st.server_index(), "/", st.num_servers()),
+                          FormatBytes(static_cast<double>(st.ram_bytes())),
+                          FormatBytes(12.0 * static_cast<double>(st.nvme_elems())), JobState(st)));
+    }
+  }
+  if (absl::GetFlag(FLAGS_json)) {
+    std::cout << rows.dump(2) << "\n";
+  } else if (rows.empty() && failed == 0) {
+    std::cout << "no jobs on " << absl::StrJoin(servers, ", ") << "\n";
+  } else {
+    std::cout << text;
+  }
+  return failed == 0 ? 0 : 1;
+}
+
+int RunClose() {
+  absl::StatusOr<RpcTarget> first = RpcTargetFromFlags();
+  if (!first.ok()) {
+    std::cerr << "zo-ctl close: " << first.status().message() << "\n";
+    return 2;
+  }
+  const std::string job = absl::GetFlag(FLAGS_job);
+  // The server named knows the job's whole server list.
+  v1::GetJobStatusRequest status_request;
+  status_request.set_job(job);
+  v1::JobStatus st;
+  {
+    grpc::ClientContext context;
+    PrepareCallContext(first->call, context);
+    if (grpc::Status rpc = first->stub->GetJobStatus(&context, status_request, &st); !rpc.ok()) {
+      std::cerr << "zo-ctl close: " << first->server << ": " << DescribeRpcError(*first, rpc)
+                << "\n";
+      return 1;
+    }
+  }
+  std::vector<std::string> servers(st.servers().begin(), st.servers().end());
+  if (servers.empty()) servers = {first->server};  // a server too old to list them
+  // The lead last: it removes the checkpoints once the others are closed.
+  std::reverse(servers.begin(), servers.end());
+  nlohmann::json results = nlohmann::json::array();
+  int64_t freed_ram = 0;
+  int64_t freed_nvme = 0;
+  int removed = 0;
+  int failed = 0;
+  for (size_t i = 0; i < servers.size(); ++i) {
+    const bool lead = i + 1 == servers.size();
+    absl::StatusOr<RpcTarget> target = RpcTargetFor(servers[i]);
+    if (!target.ok()) {
+      std::cerr << "zo-ctl close: " << servers[i] << ": " << target.status().message() << "\n";
+      ++failed;
+      continue;
+    }
+    v1::CloseJobRequest request;
+    request.set_job(job);
+    request.set_delete_checkpoints(lead && absl::GetFlag(FLAGS_delete_checkpoints));
+    v1::CloseJobResponse response;
+    grpc::ClientContext context;
+    PrepareCallContext(target->call, context);
+    const grpc::Status rpc = target->stub->CloseJob(&context, request, &response);
+    nlohmann::json row = {{"server", servers[i]}};
+    if (rpc.error_code() == grpc::StatusCode::NOT_FOUND) {
+      row["closed"] = false;
+      row["note"] = "not open there";
+    } else if (!rpc.ok()) {
+      std::cerr << "zo-ctl close: " << servers[i] << ": " << DescribeRpcError(*target, rpc) << "\n";
+      row["error"] = DescribeRpcError(*target, rpc);
+      ++failed;
+    } else {
+      row["closed"] = true;
+      row.update(MessageToJson(response));
+      freed_ram += response.freed_ram_bytes();
+      freed_nvme += response.freed_nvme_bytes();
+      removed += response.removed_checkpoints_size();
+    }
+    results.push_back(row);
+  }
+  if (absl::GetFlag(FLAGS_json)) {
+    std::cout << results.dump(2) << "\n";
+  } else {
+    std::cout << absl::StrFormat(
+        "job %s closed on %d of %d servers: %s of RAM and %s of NVMe freed", job,
+        static_cast<int>(servers.size()) - failed, static_cast<int>(servers.size()),
+        FormatBytes(static_cast<double>(freed_ram)), FormatBytes(static_cast<double>(freed_nvme)));
+    if (absl::GetFlag(FLAGS_delete_checkpoints)) {
+      std::cout << absl::StrFormat(", %d checkpoints removed", removed);
+    }
+    std::cout << "\n";
+  }
+  return failed == 0 ? 0 : 1;
 }
 
 }  // namespace zo::ctl

@@ -3,6 +3,8 @@
 //   export       a checkpoint's fp32 master weights as a safetensors file
 //   status       a job's state on one server (GetJobStatus)
 //   checkpoint   checkpoint a job now (Checkpoint, to the lead server)
+//   jobs         the jobs on one or more servers (GetServerInfo, GetJobStatus)
+//   close        close a job on all its servers (CloseJob)
 // Exit status: 0 done, 1 the operation failed (server unreachable, an RPC
 // or an export failed), 2 the command line is wrong (a missing or bad flag,
 // an unreadable --config, --auth-token-file or --tls-ca).
@@ -15,7 +17,8 @@
 #include "common/command_line.h"
 #include "ctl/commands.h"
 
-ABSL_FLAG(bool, json, false, "estimate, status, checkpoint: print JSON instead of text");
+ABSL_FLAG(bool, json, false,
+          "estimate, status, checkpoint, jobs, close: print JSON instead of text");
 
 namespace zo::ctl {
 namespace {
@@ -31,8 +34,13 @@ constexpr char kUsage[] =
     "  status      a job's state on one server, e.g.\n"
     "              zo-ctl status --server 127.0.0.1:7070 --job gpt2 [--json]\n"
     "  checkpoint  have the lead server checkpoint a job now, e.g.\n"
-    "              zo-ctl checkpoint --server 127.0.0.1:7070 --job gpt2 --timeout 600\n\n"
-    "status and checkpoint take --auth-token-file and --tls-ca as the servers need.\n"
+    "              zo-ctl checkpoint --server 127.0.0.1:7070 --job gpt2 --timeout 600\n"
+    "  jobs        the jobs on servers: version, part, memory, state, e.g.\n"
+    "              zo-ctl jobs --server 10.0.0.1:7070,10.0.0.2:7070\n"
+    "  close       close a job on every server it has, freeing its RAM and swap files, e.g.\n"
+    "              zo-ctl close --server 127.0.0.1:7070 --job gpt2 [--delete-checkpoints]\n\n"
+    "status, checkpoint, jobs and close take --auth-token-file and --tls-ca as the servers\n"
+    "need.\n"
     "Exit status: 0 done, 1 the operation failed, 2 a wrong command line.\n"
     "Flags may be written with dashes or underscores.";
 
@@ -48,6 +56,8 @@ int Main(int argc, char** argv) {
   if (command == "export") return RunExport();
   if (command == "status") return RunStatus();
   if (command == "checkpoint") return RunCheckpoint();
+  if (command == "jobs") return RunJobs();
+  if (command == "close") return RunClose();
   std::cerr << "zo-ctl: unknown command '" << command << "'; try zo-ctl --help\n";
   return 2;
 }

@@ -148,6 +148,7 @@ v1::JobStatus Job::Status() const {
   if (coordinator_ != nullptr) st.set_waiting_on_peer(coordinator_->StallDescription());
   st.set_server_index(spec_.server_index);
   st.set_num_servers(static_cast<int>(spec_.servers.size()));
+  for (const std::string& server : spec_.servers) st.add_servers(server);
   st.set_dp_world_size(spec_.dp_world_size);
   st.set_total_elems(map_.total_elems());
   st.set_local_elems(local_elems_);

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "offload/checkpoint/checkpoint_dir.h"
 
 namespace zo {
 
@@ -34,7 +35,8 @@ absl::StatusOr<std::shared_ptr<Job>> JobRegistry::Find(const std::string& name) 
   return it->second;
 }
 
-absl::Status JobRegistry::Close(const std::string& name) {
+absl::StatusOr<v1::CloseJobResponse> JobRegistry::Close(const std::string& name,
+                                                        bool delete_checkpoints) {
   std::shared_ptr<Job> job;
   {
     std::lock_guard lock(mu_);
@@ -44,9 +46,20 @@ absl::Status JobRegistry::Close(const std::string& name) {
     job = std::move(it->second);
     jobs_.erase(it);
   }
+  const v1::JobStatus last = job->Status();
   job->Stop();
-  ZO_LOG(INFO) << "job " << name << " closed";
-  return absl::OkStatus();
+  v1::CloseJobResponse response;
+  response.set_freed_ram_bytes(last.ram_bytes());
+  response.set_freed_nvme_bytes(12 * last.nvme_elems());  // master, m, v
+  std::string removed;
+  if (delete_checkpoints && job->is_lead() && !resources_.checkpoint_root.empty()) {
+    ZO_ASSIGN_OR_RETURN(std::vector<std::string> dirs,
+                        RemoveJobCheckpoints(resources_.checkpoint_root, name));
+    for (std::string& d : dirs) *response.add_removed_checkpoints() = std::move(d);
+    removed = absl::StrCat(", ", response.removed_checkpoints_size(), " checkpoints removed");
+  }
+  ZO_LOG(INFO) << "job " << name << " closed at version " << last.version() << removed;
+  return response;
 }
 
 std::vector<std::string> JobRegistry::Names() const {

@@ -29,7 +29,10 @@ class JobRegistry {
   absl::StatusOr<Opened> Open(JobSpec spec);
   // NOT_FOUND naming the job.
   absl::StatusOr<std::shared_ptr<Job>> Find(const std::string& name) const;
-  absl::Status Close(const std::string& name);
+  // Stops the job and frees its state (RAM, swap files) once the calls in
+  // flight let go of it. NOT_FOUND naming the job. With
+  // `delete_checkpoints`, the lead also removes the job's checkpoints.
+  absl::StatusOr<v1::CloseJobResponse> Close(const std::string& name, bool delete_checkpoints);
   std::vector<std::string> Names() const;
   void StopAll();
 

@@ -71,9 +71,12 @@ grpc::Status OffloadService::GetJobStatus(grpc::ServerContext* context,
 }
 
 grpc::Status OffloadService::CloseJob(grpc::ServerContext* context,
-                                      const v1::CloseJobRequest* request, v1::CloseJobResponse*) {
+                                      const v1::CloseJobRequest* request,
+                                      v1::CloseJobResponse* response) {
   ZO_RPC_AUTH(context);
-  return ToGrpcStatus(registry_->Close(request->job()));
+  ZO_RPC_ASSIGN_OR_RETURN(closed, registry_->Close(request->job(), request->delete_checkpoints()));
+  *response = std::move(closed);
+  return grpc::Status::OK;
 }
 
 grpc::Status OffloadService::InitParams(grpc::ServerContext* context,

@@ -373,6 +373,23 @@ absl::StatusOr<std::vector<std::string>> PruneCheckpoints(const std::string& roo
   return removed;
 }
 
+absl::StatusOr<std::vector<std::string>> RemoveJobCheckpoints(const std::string& root,
+                                                              const std::string& job) {
+  ZO_RETURN_IF_ERROR(CheckJobName(job));
+  const std::string job_dir = absl::StrCat(root, "/", job);
+  std::vector<std::string> removed;
+  std::error_code ec;
+  if (!std::filesystem::exists(job_dir, ec)) return removed;
+  for (const auto& entry : std::filesystem::directory_iterator(job_dir, ec)) {
+    if (entry.is_directory(ec)) removed.push_back(entry.path().string());
+  }
+  if (ec) return absl::InternalError(absl::StrCat("cannot list ", job_dir, ": ", ec.message()));
+  std::sort(removed.begin(), removed.end());
+  std::filesystem::remove_all(job_dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot remove ", job_dir, ": ", ec.message()));
+  return removed;
+}
+
 absl::StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir) {
   const std::string file = absl::StrCat(dir, "/", kMetaFileName);
   std::ifstream in(file);

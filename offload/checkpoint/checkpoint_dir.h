@@ -78,6 +78,12 @@ absl::StatusOr<std::string> LatestCheckpoint(const std::string& root, const std:
 absl::StatusOr<std::vector<std::string>> PruneCheckpoints(const std::string& root,
                                                           const std::string& job, int keep);
 
+// Removes <root>/<job> and everything in it (committed and temporary
+// checkpoints); returns the checkpoint directories that were there. An
+// absent directory removes nothing.
+absl::StatusOr<std::vector<std::string>> RemoveJobCheckpoints(const std::string& root,
+                                                              const std::string& job);
+
 // Reads and validates <dir>/checkpoint.json: NOT_FOUND, or DATA_LOSS /
 // INVALID_ARGUMENT naming the file and the field.
 absl::StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir);

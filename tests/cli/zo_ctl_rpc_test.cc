@@ -172,6 +172,72 @@ TEST_F(ZoCtlRpcTest, AnUnknownJobIsNamed) {
   }
 }
 
+TEST_F(ZoCtlRpcTest, JobsListsTheJobOnEveryServer) {
+  const std::string servers = absl::StrCat(servers_[0].address(), ",", servers_[1].address());
+  ZoCtlResult r = RunZoCtl("jobs --server " + servers + " --auth-token-file " + token_file_);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, StartsWith("SERVER "));
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_THAT(r.out, ::testing::ContainsRegex(
+                           absl::StrCat(servers_[s].address(), " +ctl +5 ", s, "/2 .* ok\n")));
+  }
+  r = RunZoCtl("jobs --json --server " + servers + " --auth-token-file " + token_file_);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json rows = nlohmann::json::parse(r.out);
+  ASSERT_EQ(rows.size(), 2u);
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_EQ(rows[s]["server"], servers_[s].address());
+    EXPECT_EQ(rows[s]["job"], kJob);
+    EXPECT_EQ(rows[s]["version"], kSteps);
+    EXPECT_EQ(rows[s]["servers"],
+              nlohmann::json::array({servers_[0].address(), servers_[1].address()}));
+  }
+  // One server down: the others still listed, the failure named, exit 1.
+  servers_[1].Kill();
+  r = RunZoCtl("jobs --server " + servers + " --auth-token-file " + token_file_);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.out, HasSubstr(servers_[0].address()));
+  EXPECT_THAT(r.err, HasSubstr(servers_[1].address()));
+  EXPECT_THAT(r.err, HasSubstr("UNAVAILABLE"));
+}
+
+TEST_F(ZoCtlRpcTest, CloseFreesTheJobOnEveryServerAndOptionallyItsCheckpoints) {
+  ASSERT_EQ(RunZoCtl("checkpoint " + Flags(0)).exit_code, 0);
+  ASSERT_TRUE(fs::exists(root_ + "/ckpt/ctl/step-00000005"));
+  // Named through the follower: it knows the lead.
+  ZoCtlResult r = RunZoCtl("close --delete-checkpoints " + Flags(1));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("job ctl closed on 2 of 2 servers"));
+  EXPECT_THAT(r.out, HasSubstr("1 checkpoints removed"));
+  EXPECT_FALSE(fs::exists(root_ + "/ckpt/ctl"));
+  for (int s = 0; s < 2; ++s) {
+    r = RunZoCtl("status " + Flags(s));
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_THAT(r.err, HasSubstr("NOT_FOUND"));
+  }
+  // A worker still attached hears that the job is gone.
+  EXPECT_THAT(workers_[0]->PullAll(kSteps).status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("ctl")));
+  // Closing again names the server that does not have it.
+  r = RunZoCtl("close " + Flags(0));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr(servers_[0].address()));
+  EXPECT_THAT(r.err, HasSubstr("NOT_FOUND"));
+}
+
+TEST_F(ZoCtlRpcTest, CloseKeepsCheckpointsUnlessAsked) {
+  ASSERT_EQ(RunZoCtl("checkpoint " + Flags(0)).exit_code, 0);
+  const ZoCtlResult r = RunZoCtl("close --json " + Flags(0));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json rows = nlohmann::json::parse(r.out);
+  ASSERT_EQ(rows.size(), 2u);
+  for (const nlohmann::json& row : rows) {
+    EXPECT_EQ(row["closed"], true) << row;
+    EXPECT_GT(row["freed_ram_bytes"].get<int64_t>(), 0) << row;
+  }
+  EXPECT_TRUE(fs::exists(root_ + "/ckpt/ctl/step-00000005/checkpoint.json"));
+}
+
 TEST_F(ZoCtlRpcTest, CheckpointOnlyOnTheLead) {
   const ZoCtlResult r = RunZoCtl("checkpoint " + Flags(1));
   EXPECT_EQ(r.exit_code, 1);
