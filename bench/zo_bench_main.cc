@@ -7,6 +7,8 @@
 //          pipelined Adam step over NVMe-resident state vs. max(I/O, compute)
 //   wire   gradient push (OffloadClient -> OffloadServer in a child process)
 //          over loopback vs. a plain TCP stream between the same processes
+//   scale  the server tier on 1, 2, 4 server hosts (network namespaces) with
+//          capped links: step time vs. the one-host step
 //   gpu    (CUDA builds) a large GEMM's TFLOP/s and a GPT-2-small step's
 //          MFU against it, on one GPU
 //
@@ -27,6 +29,7 @@
 #include "bench/gpu_bench.h"
 #endif
 #include "bench/nvme_bench.h"
+#include "bench/scale_bench.h"
 #include "bench/wire_bench.h"
 #include "common/command_line.h"
 #include "common/dtype.h"
@@ -105,6 +108,11 @@ ABSL_FLAG(double, largest_lr, 1e-7,
           "gpu: gpu_largest's (peak) lr; Adam's sign-like first steps blow a 4B GPT up above "
           "about 1e-6");
 ABSL_FLAG(int, largest_warmup_steps, 0, "gpu: gpu_largest's linear lr warmup; 0: none");
+ABSL_FLAG(int64_t, link_mbit, 1000, "scale: each server host's link cap, Mbit/s each way");
+ABSL_FLAG(std::string, server_hosts, "1,2,4",
+          "scale: server host counts, comma-separated; the first is the efficiency baseline");
+ABSL_FLAG(std::string, scale_params, "32Mi",
+          "scale: fp16 elements of the job, pushed as gradients and pulled as weights each step");
 ABSL_FLAG(bool, checksums, true,
           "nvme: the step's block checksums, on as a server runs them (--nochecksums: off)");
 
@@ -135,6 +143,12 @@ constexpr char kUsage[] =
     "         bytes in --piece-bytes send() calls on one TCP connection to the sink, for\n"
     "         --rounds rounds after --warmup-rounds; ratio = median grpc GB/s / median tcp GB/s\n"
     "         (target >= 0.8). Run it on its own (it forks before starting threads).\n"
+    "  scale  network namespaces as hosts: a worker host and --server-hosts server hosts\n"
+    "         whose links tc caps at --link-mbit each way; per count k, k zo-servers hold\n"
+    "         a job of --scale-params fp16 elements (chunks of --chunk-elems) and the\n"
+    "         worker times --rounds steps of push, acknowledgement and pull after one\n"
+    "         warm-up; efficiency = T(1) / (k T(k)) (target >= 0.9 at 4). Needs root; run\n"
+    "         it on its own (it forks before starting threads).\n"
     "  gpu    (builds with CUDA) on CUDA device --gpu: a --gemm-size^3 --dtype GEMM through\n"
     "         cuBLASLt (the attainable peak), then forward + backward steps of a GPT\n"
     "         (--n-layer, --n-embd, --n-head, --block-size; vocabulary 50304; --batch\n"
@@ -262,6 +276,28 @@ absl::StatusOr<bench::WireBenchOptions> WireOptionsFromFlags() {
 
 int RunWire() { return RunWorkload("wire", WireOptionsFromFlags(), &bench::RunWireBench); }
 
+absl::StatusOr<bench::ScaleBenchOptions> ScaleOptionsFromFlags() {
+  bench::ScaleBenchOptions o;
+  o.servers.clear();
+  for (const std::string& k :
+       std::vector<std::string>(absl::StrSplit(absl::GetFlag(FLAGS_server_hosts), ','))) {
+    int n = 0;
+    if (!absl::SimpleAtoi(k, &n)) {
+      return absl::InvalidArgumentError("--server-hosts wants counts like 1,2,4, got '" + k + "'");
+    }
+    o.servers.push_back(n);
+  }
+  o.link_mbit = absl::GetFlag(FLAGS_link_mbit);
+  ZO_ASSIGN_OR_RETURN(o.params, ParseCount(absl::GetFlag(FLAGS_scale_params)));
+  ZO_ASSIGN_OR_RETURN(o.chunk_elems, ParseCount(absl::GetFlag(FLAGS_chunk_elems)));
+  const int rounds = absl::GetFlag(FLAGS_rounds);
+  o.rounds = rounds == 0 ? 3 : rounds;
+  o.json = absl::GetFlag(FLAGS_json);
+  return o;
+}
+
+int RunScale() { return RunWorkload("scale", ScaleOptionsFromFlags(), &bench::RunScaleBench); }
+
 #ifdef ZO_HAVE_CUDA
 absl::StatusOr<bench::GpuBenchOptions> GpuOptionsFromFlags() {
   bench::GpuBenchOptions o;
@@ -321,10 +357,7 @@ struct Workload {
   int (*run)();
 };
 constexpr Workload kWorkloads[] = {
-    {"adam", RunAdam},
-    {"nvme", RunNvme},
-    {"wire", RunWire},
-    {"gpu", RunGpu},
+    {"adam", RunAdam}, {"nvme", RunNvme}, {"wire", RunWire}, {"scale", RunScale}, {"gpu", RunGpu},
 };
 
 int Main(int argc, char** argv) {
