@@ -58,8 +58,9 @@ struct ClientOptions {
   // Deadline of each unary call and of each Pull.
   absl::Duration call_timeout = absl::Seconds(120);
   // UNAVAILABLE and DEADLINE_EXCEEDED are retried with exponential backoff
-  // (50 ms doubling to 2 s) for at most this long; other errors surface at
-  // once with the server's message.
+  // (50 ms doubling to 2 s) for at most this long after the first failure
+  // (a pull that waited long for its version and then failed is retried
+  // too); other errors surface at once with the server's message.
   absl::Duration retry_for = absl::Seconds(10);
   // Re-sending a step after a restart: elements the servers already have
   // from this dp rank are skipped instead of rejected.

@@ -55,7 +55,10 @@ bool CallGroup::Sleep(absl::Duration d) {
 absl::Status RetryCall(const CallSettings& settings, absl::string_view server, CallGroup* group,
                        absl::FunctionRef<absl::Status(grpc::ClientContext&)> attempt) {
   const absl::Time start = absl::Now();
-  const absl::Time give_up = start + settings.retry_for;
+  // The window opens at the first failure, not at the call: a pull that
+  // waited minutes for its version and then lost its connection is retried
+  // like one that failed at once.
+  absl::Time give_up = absl::InfiniteFuture();
   absl::Duration backoff = settings.first_backoff;
   for (int attempts = 1;; ++attempts) {
     std::unique_ptr<grpc::ClientContext> context = NewCallContext(settings.attempt);
@@ -66,6 +69,7 @@ absl::Status RetryCall(const CallSettings& settings, absl::string_view server, C
     if (group != nullptr) group->Unregister(context.get());
     if (status.ok()) return status;
 
+    if (attempts == 1) give_up = absl::Now() + settings.retry_for;
     const bool cancelled = group != nullptr && group->cancelled();
     if (cancelled || !IsRetryable(status.code()) || absl::Now() + backoff > give_up) {
       absl::Status error = ServerError(server, status);

@@ -24,7 +24,8 @@ namespace zo::client_internal {
 struct CallSettings {
   // Deadline and token of each attempt.
   CallOptions attempt = {.timeout = absl::Seconds(120)};
-  // UNAVAILABLE and DEADLINE_EXCEEDED are retried for at most this long.
+  // UNAVAILABLE and DEADLINE_EXCEEDED are retried for at most this long
+  // after the first failure.
   absl::Duration retry_for = absl::Seconds(10);
   absl::Duration first_backoff = absl::Milliseconds(50);
   absl::Duration max_backoff = absl::Seconds(2);
@@ -57,7 +58,8 @@ class CallGroup {
 };
 
 // Runs `attempt` with a fresh context (NewCallContext(settings.attempt)) until it returns OK, a
-// code that is not retryable, or settings.retry_for has passed, sleeping
+// code that is not retryable, or settings.retry_for has passed since the
+// first failure (however long that attempt took), sleeping
 // first_backoff, doubling to max_backoff, between attempts. The error keeps
 // the last attempt's code and message, prefixed by ServerError(server, ...)
 // and followed by the number of attempts when there was more than one.
