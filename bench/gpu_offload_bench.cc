@@ -58,10 +58,13 @@ std::string JobConfig(DType dtype, int micro_batch, int micro_batches, bool dpu,
 absl::StatusOr<double> ServerStepAlone(const bench::GpuBenchOptions& o, backend::Backend& b,
                                        std::shared_ptr<grpc::Channel> channel,
                                        const std::vector<TensorSpec>& manifest) {
+  ClientOptions options;
+  options.job = "gpu-server-alone";
+  options.channels = {channel};
   ZO_ASSIGN_OR_RETURN(
       std::unique_ptr<OffloadClient> client,
-      OffloadClient::Open({.job = "gpu-server-alone", .channels = {channel}},
-                          JobConfig(o.dtype, o.batch, o.micro_batches, false, 1e-4), manifest));
+      OffloadClient::Open(options, JobConfig(o.dtype, o.batch, o.micro_batches, false, 1e-4),
+                          manifest));
   std::vector<int64_t> bytes;
   int64_t total = 0;
   for (const TensorSpec& t : manifest) {

@@ -24,6 +24,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/types/span.h"
 #include "bench/internal/bench_stats.h"
+#include "bench/internal/fork_check.h"
 #include "common/dtype.h"
 #include "common/fp16.h"
 #include "common/status_macros.h"
@@ -37,14 +38,6 @@ namespace {
 
 using bench_internal::Median;
 using bench_internal::SecondsSince;
-
-int CountThreads() {
-  std::ifstream in("/proc/self/status");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
-  }
-  return -1;
-}
 
 std::string ServerBinary(const ScaleBenchOptions& o) {
   if (!o.server_binary.empty()) return o.server_binary;
@@ -170,10 +163,8 @@ absl::Status ValidateScaleBenchOptions(const ScaleBenchOptions& o) {
 absl::Status RunScaleBench(const ScaleBenchOptions& o, std::ostream& out) {
   ZO_RETURN_IF_ERROR(ValidateScaleBenchOptions(o));
   // The worker is forked; gRPC must not have started here (it never does:
-  // this process only runs `ip`, `tc` and zo-server). Another thread may
-  // exist: OpenBLAS's idle pool, linked in through the GPU rows; the child
-  // never calls into it.
-  if (CountThreads() > 2) {
+  // this process only runs `ip`, `tc` and zo-server).
+  if (bench_internal::ThreadsBesidesBlasPool() > 1) {
     return absl::FailedPreconditionError(
         "zo-bench scale forks its worker and needs to run on its own (more threads run here)");
   }

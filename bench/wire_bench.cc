@@ -25,6 +25,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "bench/internal/bench_stats.h"
+#include "bench/internal/fork_check.h"
 #include "bench/internal/tcp_stream.h"
 #include "common/dtype.h"
 #include "common/fp16.h"
@@ -57,17 +58,6 @@ constexpr int kChildStartMs = 60'000;
 constexpr auto kChildExitWait = std::chrono::seconds(10);
 // How long a round waits for the server's optimizer step to finish.
 constexpr absl::Duration kStepWait = absl::Minutes(10);
-
-// Threads of this process, from /proc/self/status; 0 when unreadable.
-int CountThreads() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    int n = 0;
-    if (line.rfind("Threads:", 0) == 0 && absl::SimpleAtoi(line.substr(8), &n)) return n;
-  }
-  return 0;
-}
 
 void WriteAll(int fd, const std::string& text) {
   for (size_t done = 0; done < text.size();) {
@@ -120,7 +110,7 @@ void WriteAll(int fd, const std::string& text) {
 class ServerChild {
  public:
   static absl::StatusOr<std::unique_ptr<ServerChild>> Start(size_t sink_read_bytes) {
-    if (const int threads = CountThreads(); threads > 1) {
+    if (const int threads = bench_internal::ThreadsBesidesBlasPool(); threads > 1) {
       return absl::FailedPreconditionError(absl::StrCat(
           "zo-bench wire forks its server process, which needs a single-threaded caller; this "
           "process runs ",
