@@ -109,7 +109,9 @@ absl::StatusOr<double> ServerStepAlone(const bench::GpuBenchOptions& o, backend:
 
 absl::StatusOr<nlohmann::json> MeasureGpuDpu(const bench::GpuBenchOptions& o, backend::Backend& b,
                                              double compute_alone_s) {
-  ZO_ASSIGN_OR_RETURN(std::unique_ptr<OffloadServer> server, OffloadServer::Start({.listen = ""}));
+  ServerOptions server_options;
+  server_options.listen = "";  // in-process only
+  ZO_ASSIGN_OR_RETURN(std::unique_ptr<OffloadServer> server, OffloadServer::Start(server_options));
   std::shared_ptr<grpc::Channel> channel = server->InProcessChannel();
   ZO_ASSIGN_OR_RETURN(model::Model m, MakeBenchModel(o));
   const int64_t params = m.param_count();
@@ -117,10 +119,13 @@ absl::StatusOr<nlohmann::json> MeasureGpuDpu(const bench::GpuBenchOptions& o, ba
 
   ZO_ASSIGN_OR_RETURN(const double server_alone_s, ServerStepAlone(o, b, channel, manifest));
 
+  ClientOptions options;
+  options.job = "gpu-dpu";
+  options.channels = {channel};
   ZO_ASSIGN_OR_RETURN(
       std::unique_ptr<OffloadClient> client,
-      OffloadClient::Open({.job = "gpu-dpu", .channels = {channel}},
-                          JobConfig(o.dtype, o.batch, o.micro_batches, true, 1e-4), manifest));
+      OffloadClient::Open(options, JobConfig(o.dtype, o.batch, o.micro_batches, true, 1e-4),
+                          manifest));
   train::OffloadLink link(client.get(), b, manifest, o.dtype);
   ZO_ASSIGN_OR_RETURN(std::unique_ptr<BenchGpt> gpt, BenchGpt::Create(o, b, std::move(m), link));
   ZO_RETURN_IF_ERROR(link.InitializeIfFresh(gpt->stage().params(), o.seed));
@@ -212,7 +217,9 @@ absl::StatusOr<nlohmann::json> MeasureGpuLargest(const bench::GpuBenchOptions& o
                o.largest_layers, o.largest_width, o.largest_heads, o.largest_block, params / 1e9,
                estimate.server.ram_bytes / double(1 << 30));
 
-  ZO_ASSIGN_OR_RETURN(std::unique_ptr<OffloadServer> server, OffloadServer::Start({.listen = ""}));
+  ServerOptions server_options;
+  server_options.listen = "";  // in-process only
+  ZO_ASSIGN_OR_RETURN(std::unique_ptr<OffloadServer> server, OffloadServer::Start(server_options));
   const std::string metrics = absl::StrCat("/tmp/zo-bench-largest-", getpid(), ".jsonl");
   std::remove(metrics.c_str());
   train::TrainOptions t;
