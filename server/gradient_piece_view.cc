@@ -128,9 +128,22 @@ absl::Status ParseGradientPiece(const grpc::ByteBuffer& buffer, std::vector<grpc
         }
         break;
       }
-      case 1:
-        if (!in.ReadSpans(8, nullptr)) return Malformed("truncated fixed64");
+      case 1: {  // fixed64, little-endian
+        std::vector<absl::Span<const char>> parts;
+        if (!in.ReadSpans(8, &parts)) return Malformed("truncated fixed64");
+        if (field == v1::GradientPiece::kIncarnationFieldNumber) {
+          char bytes[8];
+          size_t at = 0;
+          for (const auto& p : parts) {
+            std::memcpy(bytes + at, p.data(), p.size());
+            at += p.size();
+          }
+          uint64_t v = 0;
+          for (int b = 7; b >= 0; --b) v = (v << 8) | static_cast<unsigned char>(bytes[b]);
+          view->incarnation = v;
+        }
         break;
+      }
       case 5:
         if (!in.ReadSpans(4, nullptr)) return Malformed("truncated fixed32");
         break;
@@ -150,6 +163,7 @@ GradientPieceView ViewOf(const v1::GradientPiece& piece) {
   view.offset = piece.offset();
   view.dtype = piece.dtype();
   view.resend = piece.resend();
+  view.incarnation = piece.incarnation();
   if (!piece.data().empty()) view.data.emplace_back(piece.data().data(), piece.data().size());
   view.data_bytes = piece.data().size();
   return view;

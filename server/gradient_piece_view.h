@@ -27,6 +27,7 @@ struct GradientPieceView {
   int64_t offset = 0;
   v1::DType dtype = v1::DTYPE_UNSPECIFIED;
   bool resend = false;
+  uint64_t incarnation = 0;                  // 0: unchecked
   std::vector<absl::Span<const char>> data;  // the payload, in order
   size_t data_bytes = 0;
 };

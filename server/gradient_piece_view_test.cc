@@ -54,6 +54,9 @@ TEST(GradientPieceViewTest, ParsesWhatProtobufSerialisesHoweverItIsSliced) {
     piece.set_offset(rng() % 100000);
     piece.set_dtype(round % 2 ? v1::DTYPE_FP16 : v1::DTYPE_BF16);
     piece.set_resend(round % 5 == 0);
+    // Split across slices too: 8 bytes in the middle of the message.
+    if (round % 4 != 0)
+      piece.set_incarnation((uint64_t{rng()} << 32) ^ rng() ^ (uint64_t{1} << 63));
     std::string data(rng() % 5000, '\0');
     for (char& c : data) c = static_cast<char>(rng());
     piece.set_data(data);
@@ -69,6 +72,7 @@ TEST(GradientPieceViewTest, ParsesWhatProtobufSerialisesHoweverItIsSliced) {
     EXPECT_EQ(view.offset, piece.offset());
     EXPECT_EQ(view.dtype, piece.dtype());
     EXPECT_EQ(view.resend, piece.resend());
+    EXPECT_EQ(view.incarnation, piece.incarnation());
     EXPECT_EQ(view.data_bytes, data.size());
     EXPECT_EQ(Joined(view), data);
   }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -15,6 +16,7 @@
 #include "common/units.h"
 #include "offload/io/io_engine.h"
 #include "offload/optimizer_kernels.h"
+#include "rpc/job_move.h"
 #include "server/job_internal.h"
 
 namespace zo {
@@ -38,8 +40,24 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(JobSpec spec, const JobResource
   return job;
 }
 
+namespace {
+
+// A random, nonzero id per instance of a job on a server.
+uint64_t NewIncarnation() {
+  std::random_device rd;
+  for (;;) {
+    const uint64_t id = (uint64_t{rd()} << 32) ^ rd();
+    if (id != 0) return id;
+  }
+}
+
+}  // namespace
+
 Job::Job(JobSpec spec, const JobResources& resources)
-    : spec_(std::move(spec)), resources_(resources), map_(*spec_.shard_map) {}
+    : spec_(std::move(spec)),
+      resources_(resources),
+      map_(*spec_.shard_map),
+      incarnation_(NewIncarnation()) {}
 
 absl::Status Job::Init() {
   const int s = spec_.server_index;
@@ -118,12 +136,13 @@ absl::Status Job::Init() {
 
 Job::~Job() { Stop(); }
 
-void Job::Stop() {
+void Job::Stop(absl::Status reason) {
   {
     std::lock_guard lock(mu_);
+    if (!stop_) stop_reason_ = std::move(reason);
     stop_ = true;
     resources_.wakes->Post(version_waiters_.TakeAll());  // Create checked it is set
-    if (accum_ != nullptr) accum_->Close(absl::UnavailableError("the server is shutting down"));
+    if (accum_ != nullptr) accum_->Close(stop_reason_);
     if (coordinator_ != nullptr) coordinator_->Stop();
     for (auto& p : pending_checkpoints_) {
       p->done.set_value(absl::UnavailableError("the job is shutting down"));
@@ -149,6 +168,8 @@ v1::JobStatus Job::Status() const {
   st.set_server_index(spec_.server_index);
   st.set_num_servers(static_cast<int>(spec_.servers.size()));
   for (const std::string& server : spec_.servers) st.add_servers(server);
+  st.set_incarnation(incarnation_);
+  st.set_frozen(frozen_);
   st.set_dp_world_size(spec_.dp_world_size);
   st.set_total_elems(map_.total_elems());
   st.set_local_elems(local_elems_);
@@ -226,7 +247,16 @@ absl::Status Job::InitParams(const v1::ParamInitPiece& piece) {
   return absl::OkStatus();
 }
 
+absl::Status Job::CheckIncarnation(uint64_t incarnation) const {
+  if (incarnation == 0 || incarnation == incarnation_) return absl::OkStatus();
+  std::lock_guard lock(mu_);
+  // The caller opened an earlier instance of the job: this one is where the
+  // job is now, at the version it was opened or restored at.
+  return JobMovedError({.job = spec_.name, .servers = spec_.servers, .version = base_version_});
+}
+
 absl::StatusOr<int> Job::PushedChunkIndex(const GradientPieceView& piece) const {
+  ZO_RETURN_IF_ERROR(CheckIncarnation(piece.incarnation));
   ZO_ASSIGN_OR_RETURN(const int i, LocalChunkIndex(piece.chunk));
   absl::StatusOr<DType> dtype = DTypeFromProto(piece.dtype);
   if (!dtype.ok() || *dtype != spec_.dtype) {
@@ -263,6 +293,7 @@ absl::Status Job::PushGradient(const GradientPieceView& piece, absl::Time deadli
 }
 
 absl::Status Job::CheckPullRequest(const v1::PullParamsRequest& request) const {
+  ZO_RETURN_IF_ERROR(CheckIncarnation(request.incarnation()));
   for (int t : request.tensors()) {
     if (t < 0 || t >= static_cast<int>(map_.tensors().size())) {
       return absl::InvalidArgumentError(absl::StrCat("tensor index ", t, " is outside the ",
@@ -279,7 +310,7 @@ absl::StatusOr<bool> Job::AwaitVersion(int64_t version, std::function<void()> wa
                                        WaitList::Ticket* ticket) {
   std::lock_guard lock(mu_);
   *ticket = WaitList::kNone;
-  if (stop_) return absl::UnavailableError("the server is shutting down");
+  if (stop_) return stop_reason_;
   if (version_ >= version) return true;
   if (!health_.ok()) {
     return absl::FailedPreconditionError(
@@ -387,7 +418,7 @@ void Job::StepLoop() {
   std::unique_lock lock(mu_);
   for (;;) {
     cv_.wait(lock, [&] {
-      return stop_ || (is_lead() && CheckpointDueLocked()) || ReadyToReportLocked();
+      return stop_ || (is_lead() && CheckpointDueLocked()) || (ReadyToReportLocked() && !frozen_);
     });
     if (stop_) return;
     if (is_lead() && CheckpointDueLocked()) {

@@ -142,11 +142,17 @@ class Job {
   absl::Status RestorePart(const v1::RestorePartRequest& request);
 
   // Lead only: run a checkpoint between steps / restore every server.
-  absl::StatusOr<v1::CheckpointResponse> Checkpoint(int64_t min_version, absl::Time deadline);
+  // `freeze`: once committed, decide no further step until Thaw (the first
+  // half of a move).
+  absl::StatusOr<v1::CheckpointResponse> Checkpoint(int64_t min_version, absl::Time deadline,
+                                                    bool freeze = false);
+  // Lifts a freeze; a no-op without one.
+  void Thaw();
   absl::StatusOr<v1::RestoreResponse> Restore(const std::string& path, absl::Time deadline);
 
-  // Ends the step thread and wakes every waiting call; idempotent.
-  void Stop();
+  // Ends the step thread and wakes every waiting call, which then fail with
+  // `reason`; idempotent (the first reason stays).
+  void Stop(absl::Status reason = absl::UnavailableError("the server is shutting down"));
 
   Job(const Job&) = delete;
   Job& operator=(const Job&) = delete;
@@ -154,6 +160,7 @@ class Job {
  private:
   struct PendingCheckpoint {
     int64_t min_version = 0;
+    bool freeze = false;
     std::promise<absl::StatusOr<v1::CheckpointResponse>> done;
   };
 
@@ -162,7 +169,10 @@ class Job {
 
   // Validation shared by the worker calls; returns the local chunk index.
   absl::StatusOr<int> LocalChunkIndex(int64_t chunk) const;
-  // LocalChunkIndex, and the piece's dtype is the job's.
+  // FAILED_PRECONDITION saying where the job is now when a call names
+  // another instance of it than this one (JobStatus.incarnation).
+  absl::Status CheckIncarnation(uint64_t incarnation) const;
+  // LocalChunkIndex, the piece's dtype is the job's, and its incarnation.
   absl::StatusOr<int> PushedChunkIndex(const GradientPieceView& piece) const;
 
   void StepLoop();
@@ -187,6 +197,7 @@ class Job {
   const JobSpec spec_;
   const JobResources resources_;
   const ShardMap& map_;
+  const uint64_t incarnation_;
   int64_t local_elems_ = 0;
 
   std::unique_ptr<TieredOptimizerState> state_;
@@ -212,6 +223,8 @@ class Job {
   int64_t last_checkpoint_step_ = -1;
   absl::Status health_;
   bool stop_ = false;
+  absl::Status stop_reason_;
+  bool frozen_ = false;  // lead: a move holds the job at its version
   absl::Time step_open_time_;
   // Pulls waiting for a version, keyed by it.
   WaitList version_waiters_;

@@ -18,7 +18,8 @@
 
 namespace zo {
 
-absl::StatusOr<v1::CheckpointResponse> Job::Checkpoint(int64_t min_version, absl::Time deadline) {
+absl::StatusOr<v1::CheckpointResponse> Job::Checkpoint(int64_t min_version, absl::Time deadline,
+                                                       bool freeze) {
   if (!is_lead()) {
     return absl::FailedPreconditionError(absl::StrCat("checkpoints are run by the lead server (",
                                                       spec_.servers[0], "), this is server ",
@@ -33,6 +34,7 @@ absl::StatusOr<v1::CheckpointResponse> Job::Checkpoint(int64_t min_version, absl
   }
   auto pending = std::make_shared<PendingCheckpoint>();
   pending->min_version = min_version;
+  pending->freeze = freeze;
   std::future<absl::StatusOr<v1::CheckpointResponse>> done = pending->done.get_future();
   {
     std::lock_guard lock(mu_);
@@ -75,8 +77,27 @@ void Job::RunCheckpointLocked(std::unique_lock<std::mutex>& lock) {
   lock.unlock();
   result = WriteCheckpoint(version, generation);
   lock.lock();
-  if (result.ok()) last_checkpoint_step_ = version;
+  if (result.ok()) {
+    last_checkpoint_step_ = version;
+    for (const auto& r : requests) {
+      if (r->freeze && !frozen_) {
+        frozen_ = true;
+        ZO_LOG(INFO) << "job " << spec_.name << ": frozen at version " << version << " for a move ("
+                     << result->path() << ")";
+      }
+    }
+  }
   for (auto& r : requests) r->done.set_value(result);
+}
+
+void Job::Thaw() {
+  {
+    std::lock_guard lock(mu_);
+    if (!frozen_) return;
+    frozen_ = false;
+    ZO_LOG(INFO) << "job " << spec_.name << ": thawed at version " << version_;
+  }
+  cv_.notify_all();
 }
 
 absl::StatusOr<v1::CheckpointResponse> Job::WriteCheckpoint(int64_t version, int64_t generation) {

@@ -1,17 +1,22 @@
 #include "server/job_registry.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "offload/checkpoint/checkpoint_dir.h"
+#include "rpc/proto_convert.h"
 
 namespace zo {
 
-absl::StatusOr<JobRegistry::Opened> JobRegistry::Open(JobSpec spec) {
+absl::StatusOr<JobRegistry::Opened> JobRegistry::Open(JobSpec spec, bool attach_only) {
   // Creating a job allocates and may preallocate swap files: done under the
   // lock so that two racing opens of one job make one.
   std::lock_guard lock(mu_);
   auto it = jobs_.find(spec.name);
+  if (it == jobs_.end() && attach_only) return NotHereLocked(spec.name);
   if (it != jobs_.end()) {
     const std::string mismatch = JobSpecMismatch(it->second->spec(), spec);
     if (!mismatch.empty()) {
@@ -23,31 +28,40 @@ absl::StatusOr<JobRegistry::Opened> JobRegistry::Open(JobSpec spec) {
   ZO_ASSIGN_OR_RETURN(std::unique_ptr<Job> job, Job::Create(std::move(spec), resources_));
   std::shared_ptr<Job> shared = std::move(job);
   jobs_[shared->spec().name] = shared;
+  moved_.erase(shared->spec().name);
   return Opened{shared, false};
+}
+
+absl::Status JobRegistry::NotHereLocked(const std::string& name) const {
+  if (auto m = moved_.find(name); m != moved_.end()) return JobMovedError(m->second);
+  return absl::NotFoundError(absl::StrCat("no job \"", name, "\" on this server"));
 }
 
 absl::StatusOr<std::shared_ptr<Job>> JobRegistry::Find(const std::string& name) const {
   std::lock_guard lock(mu_);
   auto it = jobs_.find(name);
-  if (it == jobs_.end()) {
-    return absl::NotFoundError(absl::StrCat("no job \"", name, "\" on this server"));
-  }
+  if (it == jobs_.end()) return NotHereLocked(name);
   return it->second;
 }
 
 absl::StatusOr<v1::CloseJobResponse> JobRegistry::Close(const std::string& name,
-                                                        bool delete_checkpoints) {
+                                                        bool delete_checkpoints,
+                                                        const std::optional<JobMove>& moved) {
   std::shared_ptr<Job> job;
   {
     std::lock_guard lock(mu_);
     auto it = jobs_.find(name);
-    if (it == jobs_.end())
-      return absl::NotFoundError(absl::StrCat("no job \"", name, "\" on this server"));
+    if (it == jobs_.end()) return NotHereLocked(name);
     job = std::move(it->second);
     jobs_.erase(it);
+    if (moved.has_value()) moved_[name] = *moved;
   }
   const v1::JobStatus last = job->Status();
-  job->Stop();
+  if (moved.has_value()) {
+    job->Stop(JobMovedError(*moved));
+  } else {
+    job->Stop(absl::NotFoundError(absl::StrCat("job \"", name, "\" was closed on this server")));
+  }
   v1::CloseJobResponse response;
   response.set_freed_ram_bytes(last.ram_bytes());
   response.set_freed_nvme_bytes(12 * last.nvme_elems());  // master, m, v
@@ -58,7 +72,70 @@ absl::StatusOr<v1::CloseJobResponse> JobRegistry::Close(const std::string& name,
     for (std::string& d : dirs) *response.add_removed_checkpoints() = std::move(d);
     removed = absl::StrCat(", ", response.removed_checkpoints_size(), " checkpoints removed");
   }
-  ZO_LOG(INFO) << "job " << name << " closed at version " << last.version() << removed;
+  ZO_LOG(INFO) << "job " << name << " closed at version " << last.version() << removed
+               << (moved.has_value()
+                       ? absl::StrCat(", moved to ", absl::StrJoin(moved->servers, ","))
+                       : "");
+  return response;
+}
+
+absl::StatusOr<v1::AdoptJobResponse> JobRegistry::Adopt(const std::string& checkpoint,
+                                                        const std::vector<std::string>& servers,
+                                                        absl::Time deadline) {
+  ZO_ASSIGN_OR_RETURN(const CheckpointMeta meta, ReadCheckpointMeta(checkpoint));
+  v1::OpenJobRequest request;
+  request.set_job(meta.job);
+  *request.mutable_manifest() = ManifestToProto(meta.manifest);
+  request.set_config_json(meta.config_json);
+  request.set_dp_world_size(meta.dp_world_size);
+  for (const std::string& s : servers) request.add_servers(s);
+  request.set_server_index(0);
+  ZO_ASSIGN_OR_RETURN(JobSpec spec, JobSpecFromRequest(request));
+  // The chunking may differ from the checkpoint's (it follows the server
+  // count): a restore reads any checkpoint as one flat index space.
+  // Where the job's tombstone here points, if it has one: a failed adoption
+  // puts it back, so the workers keep waiting for the job there.
+  std::optional<JobMove> tombstone;
+  {
+    std::lock_guard lock(mu_);
+    if (jobs_.count(meta.job) > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", meta.job, " is open on this server: close it (or move it) before adopting"));
+    }
+    if (auto m = moved_.find(meta.job); m != moved_.end()) tombstone = m->second;
+  }
+  ZO_ASSIGN_OR_RETURN(Opened opened, Open(std::move(spec)));
+  std::vector<std::string> opened_on;  // the followers
+  const auto undo = [&](absl::Status why) {
+    v1::CloseJobRequest close;
+    close.set_job(meta.job);
+    for (const std::string& s : opened_on) {
+      (void)resources_.peers->CloseJob(s, close, resources_.peer_timeout);
+    }
+    (void)Close(meta.job, /*delete_checkpoints=*/false, tombstone);
+    return absl::Status(why.code(),
+                        absl::StrCat("adopting job ", meta.job, " from ", checkpoint, " on ",
+                                     absl::StrJoin(servers, ","), ": ", why.message()));
+  };
+  for (size_t i = 1; i < servers.size(); ++i) {
+    request.set_server_index(static_cast<int>(i));
+    // Bounded: a new server that is down fails the move in seconds.
+    absl::StatusOr<v1::OpenJobResponse> follower = resources_.peers->OpenJob(
+        servers[i], request, std::min(resources_.peer_timeout, absl::Seconds(5)));
+    if (!follower.ok()) return undo(follower.status());
+    opened_on.push_back(servers[i]);
+    if (follower->attached()) {
+      return undo(absl::FailedPreconditionError(
+          absl::StrCat("server ", servers[i], " had the job open already")));
+    }
+  }
+  absl::StatusOr<v1::RestoreResponse> restored = opened.job->Restore(checkpoint, deadline);
+  if (!restored.ok()) return undo(restored.status());
+  v1::AdoptJobResponse response;
+  response.set_job(meta.job);
+  response.set_version(restored->version());
+  ZO_LOG(INFO) << "adopted job " << meta.job << " at version " << restored->version() << " on "
+               << absl::StrJoin(servers, ",") << " from " << checkpoint;
   return response;
 }
 

@@ -6,10 +6,13 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "proto/zo/v1/job.pb.h"
+#include "rpc/job_move.h"
 #include "server/job.h"
 
 namespace zo {
@@ -25,21 +28,37 @@ class JobRegistry {
     bool attached = false;
   };
   // Creates the job, or attaches to it when the spec matches
-  // (FAILED_PRECONDITION naming the difference otherwise).
-  absl::StatusOr<Opened> Open(JobSpec spec);
-  // NOT_FOUND naming the job.
+  // (FAILED_PRECONDITION naming the difference otherwise). `attach_only`:
+  // never creates; NOT_FOUND (or where the job moved) instead.
+  absl::StatusOr<Opened> Open(JobSpec spec, bool attach_only = false);
+  // NOT_FOUND naming the job, or FAILED_PRECONDITION saying where it moved
+  // (rpc/job_move.h) when it was closed for a move.
   absl::StatusOr<std::shared_ptr<Job>> Find(const std::string& name) const;
   // Stops the job and frees its state (RAM, swap files) once the calls in
   // flight let go of it. NOT_FOUND naming the job. With
   // `delete_checkpoints`, the lead also removes the job's checkpoints.
-  absl::StatusOr<v1::CloseJobResponse> Close(const std::string& name, bool delete_checkpoints);
+  // `moved`, when set, is where the job went: its waiting calls and every
+  // later one for it hear so, until a job of that name opens here again.
+  absl::StatusOr<v1::CloseJobResponse> Close(const std::string& name, bool delete_checkpoints,
+                                             const std::optional<JobMove>& moved = std::nullopt);
+  // Opens the job a committed checkpoint holds on `servers` (this server
+  // first, the others through PeerClient) and restores it there. On failure
+  // whatever it opened is closed again.
+  absl::StatusOr<v1::AdoptJobResponse> Adopt(const std::string& checkpoint,
+                                             const std::vector<std::string>& servers,
+                                             absl::Time deadline);
   std::vector<std::string> Names() const;
   void StopAll();
 
  private:
+  // NOT_FOUND, or where the job moved. Requires mu_.
+  absl::Status NotHereLocked(const std::string& name) const;
+
   const JobResources resources_;
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<Job>> jobs_;
+  // Jobs closed for a move, by name: where they went.
+  std::map<std::string, JobMove> moved_;
 };
 
 }  // namespace zo

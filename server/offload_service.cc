@@ -1,10 +1,13 @@
 #include "server/offload_service.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/host_port.h"
 #include "common/logging.h"
+#include "rpc/job_move.h"
 #include "rpc/rpc_util.h"
 #include "server/job_spec.h"
 #include "server/pull_reactor.h"
@@ -53,7 +56,7 @@ grpc::Status OffloadService::OpenJob(grpc::ServerContext* context,
                                      v1::OpenJobResponse* response) {
   ZO_RPC_AUTH(context);
   ZO_RPC_ASSIGN_OR_RETURN(spec, JobSpecFromRequest(*request));
-  ZO_RPC_ASSIGN_OR_RETURN(opened, registry_->Open(std::move(spec)));
+  ZO_RPC_ASSIGN_OR_RETURN(opened, registry_->Open(std::move(spec), request->attach_only()));
   response->set_attached(opened.attached);
   *response->mutable_status() = opened.job->Status();
   ZO_LOG(INFO) << (opened.attached ? "attached to job " : "opened job ") << request->job()
@@ -74,8 +77,38 @@ grpc::Status OffloadService::CloseJob(grpc::ServerContext* context,
                                       const v1::CloseJobRequest* request,
                                       v1::CloseJobResponse* response) {
   ZO_RPC_AUTH(context);
-  ZO_RPC_ASSIGN_OR_RETURN(closed, registry_->Close(request->job(), request->delete_checkpoints()));
+  std::optional<JobMove> moved;
+  if (request->moved_to_size() > 0) {
+    if (request->moved_version() < 0) {
+      return ToGrpcStatus(absl::InvalidArgumentError("moved_version must be >= 0"));
+    }
+    for (const std::string& server : request->moved_to()) {
+      ZO_RPC_ASSIGN_OR_RETURN(parsed, ParseHostPort(server, PortUse::kConnect));
+      (void)parsed;
+    }
+    moved = JobMove{.job = request->job(),
+                    .servers = {request->moved_to().begin(), request->moved_to().end()},
+                    .version = request->moved_version()};
+  }
+  ZO_RPC_ASSIGN_OR_RETURN(closed,
+                          registry_->Close(request->job(), request->delete_checkpoints(), moved));
   *response = std::move(closed);
+  return grpc::Status::OK;
+}
+
+grpc::Status OffloadService::AdoptJob(grpc::ServerContext* context,
+                                      const v1::AdoptJobRequest* request,
+                                      v1::AdoptJobResponse* response) {
+  ZO_RPC_AUTH(context);
+  if (request->checkpoint().empty() || request->servers().empty()) {
+    return ToGrpcStatus(
+        absl::InvalidArgumentError("AdoptJob needs a checkpoint directory and the new servers"));
+  }
+  ZO_RPC_ASSIGN_OR_RETURN(adopted,
+                          registry_->Adopt(request->checkpoint(),
+                                           {request->servers().begin(), request->servers().end()},
+                                           DeadlineOf(*context)));
+  *response = std::move(adopted);
   return grpc::Status::OK;
 }
 
@@ -143,7 +176,12 @@ grpc::Status OffloadService::Checkpoint(grpc::ServerContext* context,
                                         v1::CheckpointResponse* response) {
   ZO_RPC_AUTH(context);
   ZO_RPC_ASSIGN_OR_RETURN(job, registry_->Find(request->job()));
-  ZO_RPC_ASSIGN_OR_RETURN(result, job->Checkpoint(request->min_version(), DeadlineOf(*context)));
+  if (request->thaw()) {
+    job->Thaw();
+    return grpc::Status::OK;
+  }
+  ZO_RPC_ASSIGN_OR_RETURN(
+      result, job->Checkpoint(request->min_version(), DeadlineOf(*context), request->freeze()));
   *response = std::move(result);
   return grpc::Status::OK;
 }

@@ -35,6 +35,8 @@ class OffloadService final : public v1::Offload::WithRawCallbackMethod_PushGradi
                             v1::JobStatus* response) override;
   grpc::Status CloseJob(grpc::ServerContext* context, const v1::CloseJobRequest* request,
                         v1::CloseJobResponse* response) override;
+  grpc::Status AdoptJob(grpc::ServerContext* context, const v1::AdoptJobRequest* request,
+                        v1::AdoptJobResponse* response) override;
   grpc::Status InitParams(grpc::ServerContext* context,
                           grpc::ServerReader<v1::ParamInitPiece>* reader,
                           v1::InitParamsResponse* response) override;

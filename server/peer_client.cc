@@ -69,6 +69,29 @@ absl::StatusOr<v1::WriteCheckpointPartResponse> PeerClient::WriteCheckpointPart(
   return response;
 }
 
+absl::StatusOr<v1::OpenJobResponse> PeerClient::OpenJob(const std::string& address,
+                                                        const v1::OpenJobRequest& request,
+                                                        absl::Duration timeout) {
+  ZO_ASSIGN_OR_RETURN(v1::Offload::Stub * stub, StubFor(address));
+  grpc::ClientContext context;
+  Prepare(context, timeout);
+  // A server just (re)started may not be connected yet: wait for it, within
+  // the deadline, rather than fail on the channel's last refusal.
+  context.set_wait_for_ready(true);
+  v1::OpenJobResponse response;
+  ZO_RETURN_IF_ERROR(Named(address, "OpenJob", stub->OpenJob(&context, request, &response)));
+  return response;
+}
+
+absl::Status PeerClient::CloseJob(const std::string& address, const v1::CloseJobRequest& request,
+                                  absl::Duration timeout) {
+  ZO_ASSIGN_OR_RETURN(v1::Offload::Stub * stub, StubFor(address));
+  grpc::ClientContext context;
+  Prepare(context, timeout);
+  v1::CloseJobResponse response;
+  return Named(address, "CloseJob", stub->CloseJob(&context, request, &response));
+}
+
 absl::Status PeerClient::RestorePart(const std::string& address,
                                      const v1::RestorePartRequest& request,
                                      absl::Duration timeout) {

@@ -1,5 +1,6 @@
 // Calls from one server of a job to the others: step statistics to the lead,
-// the lead's commits, checkpoint and restore of parts. Channels are made on
+// the lead's commits, checkpoint and restore of parts, and opening a job the
+// lead adopts from a checkpoint. Channels are made on
 // first use with the server's own credentials (the shared token, TLS roots).
 #ifndef ZO_SERVER_PEER_CLIENT_H_
 #define ZO_SERVER_PEER_CLIENT_H_
@@ -35,6 +36,13 @@ class PeerClient {
       absl::Duration timeout);
   absl::Status RestorePart(const std::string& address, const v1::RestorePartRequest& request,
                            absl::Duration timeout);
+  // A job adopted from a checkpoint (AdoptJob) is opened on the other new
+  // servers by the new lead, and closed again when the adoption fails.
+  absl::StatusOr<v1::OpenJobResponse> OpenJob(const std::string& address,
+                                              const v1::OpenJobRequest& request,
+                                              absl::Duration timeout);
+  absl::Status CloseJob(const std::string& address, const v1::CloseJobRequest& request,
+                        absl::Duration timeout);
 
  private:
   // INVALID_ARGUMENT when `address` is not host:port (rpc/channel.h).

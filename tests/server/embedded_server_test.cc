@@ -5,7 +5,10 @@
 #include <vector>
 
 #include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "proto/zo/v1/offload_service.grpc.pb.h"
 #include "server/offload_server.h"
 #include "tests/server/least_squares.h"
 #include "tests/server/training_harness.h"
@@ -13,6 +16,8 @@
 
 namespace zo::testing {
 namespace {
+
+using ::testing::HasSubstr;
 
 TEST(EmbeddedServerTest, InProcessChannelTrainsToTheReference) {
   ServerOptions server_options;
@@ -85,6 +90,59 @@ TEST(EmbeddedServerTest, PullForStepGivesTheLossScaleOfTheVersionTheStepComputes
   EXPECT_FALSE(third);  // v1 equals v0: step 1 was skipped
   EXPECT_EQ(scale, 32768);
   client.reset();
+  server->Shutdown(absl::Seconds(1));
+}
+
+// A client keeps the instance of the job it opened: once the job is closed
+// and opened again (a move whose new servers overlap the old ones, a
+// restarted server), its pushes and pulls are refused, saying where the job
+// is now, instead of landing in a job striped another way.
+TEST(EmbeddedServerTest, ACallForAnEarlierInstanceOfTheJobIsRefusedSayingWhereItIs) {
+  ServerOptions server_options;
+  server_options.listen = "";
+  ZO_ASSERT_OK_AND_ASSIGN(auto server, OffloadServer::Start(server_options));
+  ClientOptions options;
+  options.job = "reopened";
+  options.channels = {server->InProcessChannel()};
+  const std::string config = R"({"train_batch_size": 1,
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}})";
+  const std::vector<TensorSpec> manifest = {{"w", {8}, DType::kFloat32}};
+  ZO_ASSERT_OK_AND_ASSIGN(auto stale, OffloadClient::Open(options, config, manifest));
+  ZO_ASSERT_OK_AND_ASSIGN(v1::JobStatus first, stale->JobStatus());
+  EXPECT_NE(first.incarnation(), 0u);
+
+  // Closed and opened again by another client.
+  {
+    auto channel = server->InProcessChannel();
+    auto stub = v1::Offload::NewStub(channel);
+    grpc::ClientContext context;
+    v1::CloseJobRequest close;
+    close.set_job("reopened");
+    v1::CloseJobResponse closed;
+    ASSERT_TRUE(stub->CloseJob(&context, close, &closed).ok());
+  }
+  ZO_ASSERT_OK_AND_ASSIGN(auto fresh, OffloadClient::Open(options, config, manifest));
+  ZO_ASSERT_OK_AND_ASSIGN(v1::JobStatus second, fresh->JobStatus());
+  EXPECT_NE(second.incarnation(), first.incarnation());
+
+  std::vector<float> g(8, 1.0f);
+  const absl::Status pushed = [&] {
+    absl::Status s = stale->Push(1, 0, {reinterpret_cast<const std::byte*>(g.data()), 32});
+    return s.ok() ? stale->FinishStep(1) : s;
+  }();
+  EXPECT_THAT(pushed, StatusIs(absl::StatusCode::kFailedPrecondition,
+                               HasSubstr("job reopened moved to servers [inproc:0] at version 0")));
+  std::vector<std::byte> w(32);
+  const std::vector<absl::Span<std::byte>> dst = {absl::MakeSpan(w)};
+  EXPECT_THAT(stale->Pull(0, -1, {0}, dst).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("moved to servers")));
+  // The current instance took nothing from the stale client.
+  EXPECT_THAT(fresh->Pull(0, -1, {0}, dst).status(), IsOk());
+  ZO_ASSERT_OK_AND_ASSIGN(v1::JobStatus now, fresh->JobStatus());
+  EXPECT_EQ(now.version(), 0);
+  EXPECT_EQ(now.waiting_pushes(), 0);
+  stale.reset();
+  fresh.reset();
   server->Shutdown(absl::Seconds(1));
 }
 

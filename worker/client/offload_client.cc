@@ -84,6 +84,11 @@ struct OffloadClient::Impl {
 
   std::atomic<int64_t> pushed_bytes{0};
   std::atomic<int64_t> pulled_bytes{0};
+  // Per server, the instance of the job it opened (JobStatus.incarnation):
+  // sent with every push and pull, so a server that has since closed, moved
+  // and reopened the job refuses them rather than mixing layouts. Set once
+  // in Open.
+  std::vector<uint64_t> incarnation;
 
   // A unary call to server `server` with retries; `call` makes one attempt.
   // `group` (may be null) cancels it.
@@ -252,6 +257,7 @@ absl::Status OffloadClient::Impl::PushRange(int64_t step, int tensor, int64_t of
     header.set_offset(p.chunk_offset);
     header.set_dtype(DTypeToProto(dtype));
     header.set_resend(options.resend);
+    header.set_incarnation(incarnation[p.server]);
     client_internal::EncodedPiece piece = client_internal::EncodeGradientPiece(
         header, data.data() + p.byte_begin, static_cast<size_t>(piece_bytes), owner);
 
@@ -348,6 +354,7 @@ absl::Status OffloadClient::Impl::PullFrom(int server, int64_t version, int64_t 
   request.set_job(options.job);
   request.set_version(version);
   request.set_have_version(have_version);
+  request.set_incarnation(incarnation[server]);
   for (int t : receiver.tensors()) request.add_tensors(t);
   return RetryCall(call, names[server], &group, [&](grpc::ClientContext& context) {
     receiver.Reset();
@@ -496,6 +503,7 @@ absl::StatusOr<std::unique_ptr<OffloadClient>> OffloadClient::Open(
     request.set_dp_world_size(options.dp_world_size);
     for (const std::string& name : names) request.add_servers(name);
     request.set_server_index(static_cast<int>(i));
+    request.set_attach_only(options.attach_only);
     ZO_ASSIGN_OR_RETURN(replies[i], impl->Unary<v1::OpenJobResponse>(
                                         static_cast<int>(i),
                                         [&](v1::Offload::Stub& stub, grpc::ClientContext& context,
@@ -508,6 +516,8 @@ absl::StatusOr<std::unique_ptr<OffloadClient>> OffloadClient::Open(
 
   const v1::JobStatus& lead = replies[0].status();
   impl->SetStatus(lead);
+  for (const v1::OpenJobResponse& r : replies)
+    impl->incarnation.push_back(r.status().incarnation());
   // A server that opened the job fresh while another holds it trained has
   // restarted and lost its part: training on would mix version 0 with the
   // others' state. Refuse every step until the job is restored.

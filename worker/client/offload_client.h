@@ -65,6 +65,9 @@ struct ClientOptions {
   // Re-sending a step after a restart: elements the servers already have
   // from this dp rank are skipped instead of rejected.
   bool resend = false;
+  // Only attach to a job the servers have (a worker following a job that
+  // moved): NOT_FOUND, or where the job went, instead of creating it.
+  bool attach_only = false;
 };
 
 // One GradientPiece's worth of a Push: which server, chunk and bytes.
