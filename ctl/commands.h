@@ -4,10 +4,16 @@
 #ifndef ZO_CTL_COMMANDS_H_
 #define ZO_CTL_COMMANDS_H_
 
+#include <string>
+
 #include "absl/flags/declare.h"
 
 // Shared by estimate, status, checkpoint, jobs and close; defined in ctl/zo_ctl_main.cc.
 ABSL_DECLARE_FLAG(bool, json);
+// estimate: a count; rescale: a list. Defined in ctl/estimate_command.cc.
+ABSL_DECLARE_FLAG(std::string, servers);
+// export, rescale. Defined in ctl/export_command.cc.
+ABSL_DECLARE_FLAG(std::string, checkpoint);
 
 namespace zo::ctl {
 
@@ -17,6 +23,7 @@ int RunStatus();      // ctl/rpc_commands.cc
 int RunCheckpoint();  // ctl/rpc_commands.cc
 int RunJobs();        // ctl/rpc_commands.cc
 int RunClose();       // ctl/rpc_commands.cc
+int RunRescale();     // ctl/rpc_commands.cc
 
 }  // namespace zo::ctl
 

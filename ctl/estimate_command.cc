@@ -9,6 +9,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/reflection.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/dtype.h"
@@ -25,7 +26,9 @@ ABSL_FLAG(std::string, manifest, "",
           "--params; stages are then balanced over whole tensors");
 ABSL_FLAG(int, pipeline_stages, 1, "estimate: pipeline stages per model replica");
 ABSL_FLAG(int, dp, 1, "estimate: data-parallel ranks, i.e. GPUs per stage");
-ABSL_FLAG(int, servers, 1, "estimate: offload servers the optimizer state is striped over");
+ABSL_FLAG(std::string, servers, "1",
+          "estimate: offload servers the optimizer state is striped over (a count); rescale: the "
+          "job's new servers, HOST:PORT,... in striping order");
 ABSL_FLAG(std::string, precision, "fp16", "estimate: fp16 or bf16");
 ABSL_FLAG(bool, nvme, false, "estimate: optimizer state (master, m, v) on NVMe");
 ABSL_FLAG(std::string, chunk_elems, "4194304",
@@ -57,7 +60,7 @@ void ApplyConfigDefaults(const Config& config) {
   SetIfDefault(FLAGS_buffer_count, config.zero_optimization.offload_optimizer.buffer_count);
   SetIfDefault(FLAGS_chunk_elems, absl::StrCat(config.zo.chunk_elems));
   if (!config.zo.servers.empty()) {
-    SetIfDefault(FLAGS_servers, static_cast<int>(config.zo.servers.size()));
+    SetIfDefault(FLAGS_servers, absl::StrCat(config.zo.servers.size()));
   }
 }
 
@@ -88,7 +91,10 @@ absl::StatusOr<EstimateInput> EstimateInputFromFlags() {
   in.precision = *precision;
   in.pipeline_stages = absl::GetFlag(FLAGS_pipeline_stages);
   in.dp_ranks = absl::GetFlag(FLAGS_dp);
-  in.servers = absl::GetFlag(FLAGS_servers);
+  if (!absl::SimpleAtoi(absl::GetFlag(FLAGS_servers), &in.servers)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "estimate: --servers is a count of servers, got '", absl::GetFlag(FLAGS_servers), "'"));
+  }
   in.nvme = absl::GetFlag(FLAGS_nvme);
   ZO_ASSIGN_OR_RETURN(in.chunk_elems, ParseCount(absl::GetFlag(FLAGS_chunk_elems)));
   ZO_ASSIGN_OR_RETURN(in.sub_group_size, ParseCount(absl::GetFlag(FLAGS_sub_group_size)));

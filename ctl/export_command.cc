@@ -14,7 +14,8 @@
 
 ABSL_FLAG(std::string, checkpoint, "",
           "export: a committed checkpoint directory (<root>/<job>/step-N), or a job's "
-          "directory (<root>/<job>) for its latest checkpoint");
+          "directory (<root>/<job>) for its latest checkpoint; rescale: adopt the job from this "
+          "committed checkpoint on --servers (finishing a rescale that stopped half way)");
 ABSL_FLAG(std::string, out, "", "export: the safetensors file to write");
 
 namespace zo::ctl {

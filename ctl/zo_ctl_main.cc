@@ -5,6 +5,8 @@
 //   checkpoint   checkpoint a job now (Checkpoint, to the lead server)
 //   jobs         the jobs on one or more servers (GetServerInfo, GetJobStatus)
 //   close        close a job on all its servers (CloseJob)
+//   rescale      move a running job to other servers (Checkpoint with freeze,
+//                CloseJob with where it went, AdoptJob on the new lead)
 // Exit status: 0 done, 1 the operation failed (server unreachable, an RPC
 // or an export failed), 2 the command line is wrong (a missing or bad flag,
 // an unreadable --config, --auth-token-file or --tls-ca).
@@ -38,9 +40,13 @@ constexpr char kUsage[] =
     "  jobs        the jobs on servers: version, part, memory, state, e.g.\n"
     "              zo-ctl jobs --server 10.0.0.1:7070,10.0.0.2:7070\n"
     "  close       close a job on every server it has, freeing its RAM and swap files, e.g.\n"
-    "              zo-ctl close --server 127.0.0.1:7070 --job gpt2 [--delete-checkpoints]\n\n"
-    "status, checkpoint, jobs and close take --auth-token-file and --tls-ca as the servers\n"
-    "need.\n"
+    "              zo-ctl close --server 127.0.0.1:7070 --job gpt2 [--delete-checkpoints]\n"
+    "  rescale     move a running job to other servers: checkpoint, restore there; its\n"
+    "              workers follow without a restart, e.g.\n"
+    "              zo-ctl rescale --server 10.0.0.1:7070 --job gpt2 --servers 10.0.0.1:7070,"
+    "10.0.0.2:7070\n\n"
+    "status, checkpoint, jobs, close and rescale take --auth-token-file and --tls-ca as the\n"
+    "servers need.\n"
     "Exit status: 0 done, 1 the operation failed, 2 a wrong command line.\n"
     "Flags may be written with dashes or underscores.";
 
@@ -58,6 +64,7 @@ int Main(int argc, char** argv) {
   if (command == "checkpoint") return RunCheckpoint();
   if (command == "jobs") return RunJobs();
   if (command == "close") return RunClose();
+  if (command == "rescale") return RunRescale();
   std::cerr << "zo-ctl: unknown command '" << command << "'; try zo-ctl --help\n";
   return 2;
 }

@@ -10,6 +10,7 @@
 #include "absl/time/clock.h"
 #include "common/config.h"
 #include "common/status_macros.h"
+#include "rpc/job_move.h"
 #include "worker/backend/select_backend.h"
 #include "worker/client/offload_client.h"
 #include "worker/data/char_dataset.h"
@@ -200,9 +201,10 @@ absl::Status RestoreJob(const TrainOptions& o, const Plan& plan) {
 }
 
 absl::StatusOr<LocalStage> OpenStage(const TrainOptions& o, Plan& plan, backend::Backend& backend,
-                                     model::BatchSource& source, int stage) {
+                                     model::BatchSource& source, int stage, bool attach_only) {
   const std::vector<TensorSpec> manifest = plan.model.Manifest(plan.dtype);
   ClientOptions options = MakeClientOptions(o);
+  options.attach_only = attach_only;
   LocalStage ls;
   ls.stage = stage;
   ZO_ASSIGN_OR_RETURN(ls.client, OffloadClient::Open(options, o.config_json, manifest));
@@ -270,6 +272,92 @@ absl::StatusOr<int64_t> ObserveJob(OffloadClient& client, StepOutcomes& outcomes
 
 }  // namespace
 
+// The stages this process runs, attached to the job, with their transport.
+// Destroyed in reverse: executors before modules before links before clients.
+struct Attached {
+  std::unique_ptr<pipeline::InProcessFabric> fabric;
+  std::unique_ptr<pipeline::TcpTransport> tcp;
+  std::vector<LocalStage> local;
+};
+
+absl::StatusOr<Attached> Attach(const TrainOptions& o, Plan& plan, backend::Backend& backend,
+                                model::BatchSource& source, bool attach_only) {
+  Attached at;
+  // One client per local stage: each pulls and pushes only its own tensors.
+  for (int s = 0; s < o.pipeline_stages; ++s) {
+    if (o.stage >= 0 && s != o.stage) continue;
+    ZO_ASSIGN_OR_RETURN(LocalStage ls, OpenStage(o, plan, backend, source, s, attach_only));
+    at.local.push_back(std::move(ls));
+  }
+  // Transport: threads of this process, or TCP to the other stages' processes.
+  if (o.stage < 0 || o.pipeline_stages == 1) {
+    at.fabric = std::make_unique<pipeline::InProcessFabric>(o.pipeline_stages);
+  } else {
+    std::fprintf(o.out, "zo-train: connecting to the other pipeline stages (%s)\n",
+                 absl::StrJoin(o.stage_addresses, ", ").c_str());
+    std::fflush(o.out);  // the other stages may take a while to come up
+    ZO_ASSIGN_OR_RETURN(at.tcp, pipeline::TcpTransport::Connect({.stage = o.stage,
+                                                                 .stages = o.pipeline_stages,
+                                                                 .addresses = o.stage_addresses,
+                                                                 .job = o.job},
+                                                                backend));
+  }
+  for (LocalStage& ls : at.local) {
+    pipeline::Transport& transport =
+        at.fabric ? at.fabric->ForStage(ls.stage) : static_cast<pipeline::Transport&>(*at.tcp);
+    ls.executor =
+        std::make_unique<pipeline::Executor>(ls.stage, o.pipeline_stages, o.virtual_chunks,
+                                             plan.programs[ls.stage], *ls.module, transport);
+  }
+  return at;
+}
+
+// A job that moved can be followed by a process that runs all of its
+// stages; stages in other processes would have to agree on where to resume.
+absl::Status CanFollow(const TrainOptions& o, const JobMove& move) {
+  if (!o.servers.empty() && (o.stage < 0 || o.pipeline_stages == 1)) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("job ", o.job, " moved to servers ", absl::StrJoin(move.servers, ","),
+                   " at version ", move.version, "; restart this worker with --servers ",
+                   absl::StrJoin(move.servers, ","), " (it resumes where the job is)"));
+}
+
+// Attaches to a job that moved, once it is there at the version the move
+// named: the new servers may still be restoring it (NOT_FOUND, a stale
+// "moved" answer, or the version before the restore) for a while.
+absl::StatusOr<Attached> Reattach(const TrainOptions& o, Plan& plan, backend::Backend& backend,
+                                  model::BatchSource& source, const JobMove& move,
+                                  Progress& progress) {
+  const absl::Time start = absl::Now();
+  const absl::Time give_up = start + absl::Minutes(5);
+  absl::Time next_note = start + absl::Seconds(5);
+  for (;;) {
+    absl::StatusOr<Attached> at = Attach(o, plan, backend, source, /*attach_only=*/true);
+    absl::Status why = at.status();
+    if (at.ok()) {
+      const int64_t version = at->local.front().client->version();
+      if (version >= move.version) return at;
+      why = absl::UnavailableError(absl::StrCat("at version ", version, " so far"));
+    }
+    const std::optional<JobMove> again = ParseJobMove(why);
+    const bool wait = absl::IsNotFound(why) || absl::IsUnavailable(why) ||
+                      (again.has_value() && again->servers == move.servers);
+    if (!wait) return why;
+    if (absl::Now() > give_up) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("job ", o.job, " did not come up on ", absl::StrJoin(move.servers, ","),
+                       " within 5 minutes of its move: ", why.message()));
+    }
+    if (absl::Now() > next_note) {
+      progress.Note(absl::StrCat(
+          "zo-train: waiting for job ", o.job, " on ", absl::StrJoin(move.servers, ","), ", ",
+          absl::ToInt64Seconds(absl::Now() - start), " s (", why.message(), ")"));
+      next_note = absl::Now() + absl::Seconds(10);
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+}
+
 absl::Status Train(const TrainOptions& o) {
   ZO_RETURN_IF_ERROR(CheckOptions(o));
   ZO_ASSIGN_OR_RETURN(Plan plan, MakePlan(o));
@@ -299,14 +387,8 @@ absl::Status Train(const TrainOptions& o) {
   }
 
   if (!o.restore.empty()) ZO_RETURN_IF_ERROR(RestoreJob(o, plan));
-  // One client per local stage: each pulls and pushes only its own tensors.
-  std::vector<LocalStage> local;
-  for (int s = 0; s < o.pipeline_stages; ++s) {
-    if (o.stage >= 0 && s != o.stage) continue;
-    ZO_ASSIGN_OR_RETURN(LocalStage ls, OpenStage(o, plan, *backend, *source, s));
-    local.push_back(std::move(ls));
-  }
-  const int64_t version = local.front().client->version();
+  ZO_ASSIGN_OR_RETURN(Attached at, Attach(o, plan, *backend, *source, /*attach_only=*/false));
+  const int64_t version = at.local.front().client->version();
   if (version >= o.steps) {
     std::fprintf(o.out,
                  "zo-train: job '%s' is at step %lld already (--steps %lld): nothing to do\n",
@@ -319,44 +401,56 @@ absl::Status Train(const TrainOptions& o) {
                  static_cast<long long>(version + 1));
   }
 
-  // Transport: threads of this process, or TCP to the other stages' processes.
-  std::unique_ptr<pipeline::InProcessFabric> fabric;
-  std::unique_ptr<pipeline::TcpTransport> tcp;
-  if (o.stage < 0 || o.pipeline_stages == 1) {
-    fabric = std::make_unique<pipeline::InProcessFabric>(o.pipeline_stages);
-  } else {
-    std::fprintf(o.out, "zo-train: connecting to the other pipeline stages (%s)\n",
-                 absl::StrJoin(o.stage_addresses, ", ").c_str());
-    std::fflush(o.out);  // the other stages may take a while to come up
-    ZO_ASSIGN_OR_RETURN(tcp, pipeline::TcpTransport::Connect({.stage = o.stage,
-                                                              .stages = o.pipeline_stages,
-                                                              .addresses = o.stage_addresses,
-                                                              .job = o.job},
-                                                             *backend));
-  }
-  for (LocalStage& ls : local) {
-    pipeline::Transport& transport =
-        fabric ? fabric->ForStage(ls.stage) : static_cast<pipeline::Transport&>(*tcp);
-    ls.executor =
-        std::make_unique<pipeline::Executor>(ls.stage, o.pipeline_stages, o.virtual_chunks,
-                                             plan.programs[ls.stage], *ls.module, transport);
-  }
-
   ZO_ASSIGN_OR_RETURN(
       Progress progress,
       Progress::Open(o.out, version + 1, o.steps, plan.config.steps_per_print, o.metrics_out));
   StepOutcomes outcomes;
-  OffloadClient& status_client = *local.front().client;
-  const bool checkpoints_here = local.front().stage == 0 && o.dp_rank == 0;
-  // Byte totals of the clients already closed (the resend ones), for metrics.
+  const bool checkpoints_here = at.local.front().stage == 0 && o.dp_rank == 0;
+  // Byte totals of the clients already closed (resend ones, a moved job's),
+  // for metrics.
   OffloadClient::Traffic traffic_before;
+  auto close_clients = [&](bool resend_only) {
+    for (LocalStage& ls : at.local) {
+      for (OffloadClient* c : {resend_only ? nullptr : ls.client.get(), ls.resend_client.get()}) {
+        if (c == nullptr) continue;
+        traffic_before.pushed_bytes += c->traffic().pushed_bytes;
+        traffic_before.pulled_bytes += c->traffic().pulled_bytes;
+      }
+      if (resend_only) {
+        ls.link->set_client(ls.client.get());
+        ls.resend_client.reset();
+      }
+    }
+  };
+  // A step after a move may be one this worker already finished on the old
+  // servers (its push was taken before the job was held): it runs again, the
+  // same batch on the same weights, but is reported once.
+  int64_t reported = version;
+  TrainOptions moved_options = o;
   for (int64_t step = version + 1; step <= o.steps; ++step) {
-    ZO_ASSIGN_OR_RETURN(StepReport report, RunStep(local, fabric.get(), step));
+    absl::StatusOr<StepReport> ran = RunStep(at.local, at.fabric.get(), step);
+    absl::Status observed =
+        ran.ok() ? ObserveJob(*at.local.front().client, outcomes).status() : absl::OkStatus();
+    const absl::Status failed = !ran.ok() ? ran.status() : observed;
+    if (std::optional<JobMove> move = ParseJobMove(failed); move.has_value()) {
+      ZO_RETURN_IF_ERROR(CanFollow(o, *move));
+      progress.Note(absl::StrCat("zo-train: job ", o.job, " moved to ",
+                                 absl::StrJoin(move->servers, ","), " at version ", move->version,
+                                 "; following it"));
+      close_clients(/*resend_only=*/false);
+      at = Attached{};  // executors, modules, links and clients of the old placement
+      moved_options.servers = move->servers;
+      ZO_ASSIGN_OR_RETURN(at, Reattach(moved_options, plan, *backend, *source, *move, progress));
+      step = at.local.front().client->version();  // the loop's ++ makes it the next step
+      continue;
+    }
+    ZO_RETURN_IF_ERROR(failed);
+    StepReport report = *std::move(ran);
     report.samples = int64_t{plan.micro_batches} * plan.micro_batch_size;
     if (plan.text) report.tokens = report.samples * o.gpt.block_size;
-    if (o.metrics != nullptr) {
+    if (o.metrics != nullptr && step > reported) {
       OffloadClient::Traffic t = traffic_before;
-      for (const LocalStage& ls : local) {
+      for (const LocalStage& ls : at.local) {
         for (const OffloadClient* c : {ls.client.get(), ls.resend_client.get()}) {
           if (c == nullptr) continue;
           t.pushed_bytes += c->traffic().pushed_bytes;
@@ -365,21 +459,14 @@ absl::Status Train(const TrainOptions& o) {
       }
       o.metrics->Record(report, t.pushed_bytes, t.pulled_bytes);
     }
-    if (local.front().resend_client) {
-      // The step the worker may have died in is done: back to strict pushes.
-      for (LocalStage& ls : local) {
-        if (ls.resend_client) {
-          traffic_before.pushed_bytes += ls.resend_client->traffic().pushed_bytes;
-          traffic_before.pulled_bytes += ls.resend_client->traffic().pulled_bytes;
-        }
-        ls.link->set_client(ls.client.get());
-        ls.resend_client.reset();
-      }
+    // The step the worker may have died in is done: back to strict pushes.
+    if (at.local.front().resend_client) close_clients(/*resend_only=*/true);
+    if (step > reported) {
+      ZO_RETURN_IF_ERROR(progress.Step(report, outcomes));
+      reported = step;
     }
-    ZO_RETURN_IF_ERROR(ObserveJob(status_client, outcomes).status());
-    ZO_RETURN_IF_ERROR(progress.Step(report, outcomes));
     if (checkpoints_here && o.checkpoint_every > 0 && step % o.checkpoint_every == 0) {
-      ZO_ASSIGN_OR_RETURN(std::string path, status_client.Checkpoint(step));
+      ZO_ASSIGN_OR_RETURN(std::string path, at.local.front().client->Checkpoint(step));
       progress.Note(absl::StrCat("zo-train: checkpoint written: ", path));
     }
   }
@@ -387,7 +474,7 @@ absl::Status Train(const TrainOptions& o) {
   // so every step's outcome is known.
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
   for (;;) {
-    ZO_ASSIGN_OR_RETURN(int64_t now, ObserveJob(status_client, outcomes));
+    ZO_ASSIGN_OR_RETURN(int64_t now, ObserveJob(*at.local.front().client, outcomes));
     if (now >= o.steps || absl::Now() > deadline) break;
     absl::SleepFor(absl::Milliseconds(5));
   }
