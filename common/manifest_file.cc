@@ -33,12 +33,26 @@ absl::StatusOr<std::vector<TensorSpec>> ParseManifestJson(const std::string& tex
     if (!t.contains("shape") || !t["shape"].is_array()) {
       return Bad(i, absl::StrCat("'", spec.name, "': \"shape\" must be an array of integers"));
     }
+    // Bounded as ShardMap bounds a tensor (2^62 elements), counting the
+    // nonzero dimensions, so that a caller may multiply the shape
+    // (NumElements, zo-ctl estimate) without overflow.
+    int64_t nonzero = 1;
     for (const nlohmann::json& d : t["shape"]) {
       if (!d.is_number_integer()) {
         return Bad(i,
                    absl::StrCat("'", spec.name, "': shape entry ", d.dump(), " is not an integer"));
       }
-      spec.shape.push_back(d.get<int64_t>());
+      const int64_t dim = d.is_number_unsigned() && d.get<uint64_t>() > INT64_MAX
+                              ? -1  // reported as negative: no int64 holds it
+                              : d.get<int64_t>();
+      if (dim < 0) {
+        return Bad(i, absl::StrCat("'", spec.name, "': shape entry ", d.dump(), " is negative"));
+      }
+      if (dim != 0 && nonzero > (int64_t{1} << 62) / dim) {
+        return Bad(i, absl::StrCat("'", spec.name, "': more than 2^62 elements"));
+      }
+      if (dim != 0) nonzero *= dim;
+      spec.shape.push_back(dim);
     }
     if (t.contains("dtype")) {
       const auto dtype =
@@ -51,7 +65,7 @@ absl::StatusOr<std::vector<TensorSpec>> ParseManifestJson(const std::string& tex
     }
     specs.push_back(std::move(spec));
   }
-  // Shapes and names are validated where they are used (ShardMap::Create).
+  // Names are validated where they are used (ShardMap::Create).
   return specs;
 }
 

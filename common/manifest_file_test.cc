@@ -39,5 +39,25 @@ TEST(ManifestFileTest, ErrorsNameTheTensorAndField) {
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("/nonexistent/m.json")));
 }
 
+// Found by fuzz/manifest_file_fuzzer.cc: zo-ctl estimate multiplied the
+// shape of [1111111111111111024, 768] (signed overflow).
+TEST(ManifestFileTest, ShapesWhoseProductOverflowsAreRefused) {
+  EXPECT_THAT(
+      ParseManifestJson(R"({"tensors": [{"name": "wpe", "shape": [1111111111111111024, 768]}]})"),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'wpe': more than 2^62 elements")));
+  // Past a zero the count stays 0, but the other dimensions still multiply.
+  EXPECT_THAT(
+      ParseManifestJson(R"({"tensors": [{"name": "e", "shape": [0, 4294967296, 4294967296]}]})"),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'e': more than 2^62")));
+  EXPECT_THAT(
+      ParseManifestJson(R"({"tensors": [{"name": "n", "shape": [-3]}]})"),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'n': shape entry -3 is negative")));
+  EXPECT_THAT(ParseManifestJson(R"({"tensors": [{"name": "u", "shape": [18446744073709551615]}]})"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("is negative")));
+  ZO_ASSERT_OK_AND_ASSIGN(auto specs, ParseManifestJson(R"({"tensors": [
+      {"name": "big", "shape": [4611686018427387904]}, {"name": "empty", "shape": [0, 768]}]})"));
+  EXPECT_THAT(specs[0].shape, ElementsAre(int64_t{1} << 62));
+}
+
 }  // namespace
 }  // namespace zo

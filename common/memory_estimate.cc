@@ -18,6 +18,10 @@ namespace {
 constexpr int64_t kMasterBytes = 4;
 constexpr int64_t kMomentBytes = 8;     // m and v
 constexpr int64_t kGradAccumBytes = 4;  // fp32 sum over dp ranks
+// Beyond any model (281 T parameters) and small enough that every byte
+// count below, NVMe buffers included, fits an int64.
+constexpr int64_t kMaxParams = int64_t{1} << 48;
+constexpr int kMaxBufferCount = 1024;
 
 // Whether `sizes` splits into at most `parts` contiguous groups none larger
 // than `cap`.
@@ -67,6 +71,10 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const EstimateInput& input) {
   ZO_RETURN_IF_ERROR(CheckAtLeast("chunk_elems", input.chunk_elems, 1));
   ZO_RETURN_IF_ERROR(CheckAtLeast("sub_group_size", input.sub_group_size, 1));
   if (input.nvme) ZO_RETURN_IF_ERROR(CheckAtLeast("buffer_count", input.buffer_count, 3));
+  if (input.nvme && input.buffer_count > kMaxBufferCount) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("buffer_count must be <= ", kMaxBufferCount, ", got ", input.buffer_count));
+  }
   if (input.precision == DType::kFloat32) {
     return absl::InvalidArgumentError("precision must be fp16 or bf16");
   }
@@ -76,6 +84,10 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const EstimateInput& input) {
   }
   ZO_ASSIGN_OR_RETURN(ShardMap map, ShardMap::Create(flat, input.chunk_elems, input.servers));
   if (map.total_elems() < 1) return absl::InvalidArgumentError("the model has no parameters");
+  if (map.total_elems() > kMaxParams) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the model has ", map.total_elems(), " parameters, more than the 2^48 an estimate covers"));
+  }
 
   MemoryEstimate e;
   e.input = input;

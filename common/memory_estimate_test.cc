@@ -123,6 +123,24 @@ TEST(MemoryEstimateTest, RejectsImpossibleInput) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no parameters")));
 }
 
+// Found by fuzz/manifest_file_fuzzer.cc: a 2^62-element manifest overflowed
+// the byte counts (elements x 4).
+TEST(MemoryEstimateTest, RejectsSizesWhoseBytesOverflow) {
+  EstimateInput in;
+  in.tensor_elems = {int64_t{1} << 62};
+  EXPECT_THAT(EstimateMemory(in), StatusIs(absl::StatusCode::kInvalidArgument,
+                                           HasSubstr("more than the 2^48 an estimate covers")));
+  in.tensor_elems = {int64_t{1} << 48};
+  in.nvme = true;
+  in.buffer_count = 1 << 30;
+  EXPECT_THAT(EstimateMemory(in), StatusIs(absl::StatusCode::kInvalidArgument,
+                                           HasSubstr("buffer_count must be <= 1024")));
+  in.buffer_count = 1024;
+  in.sub_group_size = int64_t{1} << 48;
+  ZO_ASSERT_OK_AND_ASSIGN(MemoryEstimate e, EstimateMemory(in));
+  EXPECT_EQ(e.server.io_buffer_bytes, int64_t{1024} * (int64_t{1} << 48) * 12);
+}
+
 TEST(MemoryEstimateTest, TableAndJsonCarryTheFigures) {
   EstimateInput in;
   in.tensor_elems = {1000000000};

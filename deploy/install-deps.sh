@@ -20,6 +20,8 @@ packages=(
   openssl
   # the format check of .ci/run (deploy/check-format.sh)
   clang-format
+  # the libFuzzer targets (fuzz/, deploy/run-fuzzers.sh)
+  clang libclang-rt-14-dev
   # the Python package zo (python/) and its tests against PyTorch
   python3-dev python3-pybind11 pybind11-dev python3-torch python3-pytest python3-numpy
   # Prometheus metrics of zo-server and zo-train; a real Prometheus scrapes

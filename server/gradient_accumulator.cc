@@ -35,6 +35,15 @@ absl::StatusOr<std::unique_ptr<GradientAccumulator>> GradientAccumulator::Create
 
 namespace {
 
+// "[begin, begin + n)" for a message; the sum cannot overflow, since
+// `begin` comes off the wire and may be anything.
+std::string ElementRange(int64_t begin, int64_t n) {
+  int64_t end;
+  if (__builtin_add_overflow(begin, n, &end))
+    return absl::StrCat("[", begin, ", ", begin, " + ", n, ")");
+  return absl::StrCat("[", begin, ", ", end, ")");
+}
+
 int64_t SumElems(const std::vector<LocalChunk>& chunks) {
   int64_t n = 0;
   for (const LocalChunk& c : chunks) n += c.elems;
@@ -74,9 +83,9 @@ absl::StatusOr<GradientAccumulator::PushOutcome> GradientAccumulator::TryPush(
   }
   const int64_t n = static_cast<int64_t>(piece.data_bytes / elem);
   if (piece.offset < 0 || piece.offset > c.elems - n) {
-    return absl::OutOfRangeError(absl::StrCat("gradient piece: elements [", piece.offset, ", ",
-                                              piece.offset + n, ") are outside chunk ", piece.chunk,
-                                              " of ", c.elems, " elements"));
+    return absl::OutOfRangeError(absl::StrCat("gradient piece: elements ",
+                                              ElementRange(piece.offset, n), " are outside chunk ",
+                                              piece.chunk, " of ", c.elems, " elements"));
   }
 
   std::vector<FlatRange> gaps;

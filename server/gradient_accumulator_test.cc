@@ -230,6 +230,16 @@ TEST(GradientAccumulatorTest, BadPiecesNameWhatIsWrong) {
               ElementsAreArray({1.0f, 1.0f, 1.0f, 1.0f, 9.0f, 0.0f}));
 }
 
+// fuzz/corpus/gradient_piece_fuzzer/regression_offset_near_int64_max: the
+// message summed offset + n in int64, which overflows for an offset near
+// 2^63 off the wire.
+TEST(GradientAccumulatorTest, OffsetNearTheInt64LimitIsOutOfRange) {
+  Fixture f(1);
+  EXPECT_THAT(f.Push(0, 1, 0, INT64_MAX, {1, 2}),
+              StatusIs(absl::StatusCode::kOutOfRange,
+                       HasSubstr("elements [9223372036854775807, 9223372036854775807 + 2)")));
+}
+
 TEST(GradientAccumulatorTest, CloseFailsPushesUntilReopen) {
   Fixture f(1);
   ASSERT_THAT(f.PushAll(1, 0, 1.0f), IsOk());

@@ -112,6 +112,22 @@ class JobTest : public ::testing::Test {
   int keep_checkpoints_ = 0;  // JobResources::keep_checkpoints of the next Open
 };
 
+// fuzz/corpus/job_requests_fuzzer/regression_init_offset_near_int64_max:
+// the message summed offset + n in int64, which overflows for an offset
+// near 2^63 off the wire.
+TEST_F(JobTest, InitialWeightsAtAnOffsetNearTheInt64LimitAreOutOfRange) {
+  std::unique_ptr<Job> job = Open("");
+  ASSERT_NE(job, nullptr);
+  v1::ParamInitPiece piece;
+  piece.set_job("job");
+  piece.set_chunk(0);
+  piece.set_offset(INT64_MAX);
+  piece.set_data(std::string(8, '\0'));
+  EXPECT_THAT(job->InitParams(piece),
+              StatusIs(absl::StatusCode::kOutOfRange,
+                       HasSubstr("elements [9223372036854775807, 9223372036854775807 + 2)")));
+}
+
 // What the job allocates is what `zo-ctl estimate` says a server holds:
 // 12 bytes of optimizer state, the gradient buffer (2 bytes as received with
 // one dp rank, a 4-byte fp32 sum with two) and two 2-byte versions.

@@ -335,6 +335,23 @@ TEST_F(RawPeerTest, OversizedOrHighRankFrameIsDataLoss) {
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("rank 9 > 8")));
 }
 
+// Found by fuzz/tcp_frame_fuzzer.cc: past a zero dimension the others went
+// unchecked, so an empty tensor of shape [1, 0, 2^61, 2^61] was accepted.
+TEST(TcpWireTest, HugeDimensionsBesideAZeroAreDataLoss) {
+  std::array<std::byte, pipeline_internal::kFrameHeaderBytes> b;
+  pipeline_internal::EncodeFrameHeader({Tag(MessageTag::Kind::kGrad, 0),
+                                        DType::kFloat16,
+                                        {1, 0, int64_t{1} << 61, int64_t{1} << 61},
+                                        0},
+                                       b.data());
+  EXPECT_THAT(pipeline_internal::DecodeFrameHeader(b, 1 << 30),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("exceeds the limit")));
+  // An empty tensor of sensible dimensions still passes.
+  pipeline_internal::EncodeFrameHeader(
+      {Tag(MessageTag::Kind::kGrad, 0), DType::kFloat16, {8, 0, 768}, 0}, b.data());
+  EXPECT_THAT(pipeline_internal::DecodeFrameHeader(b, 1 << 30), IsOk());
+}
+
 class BadHelloTest : public RawPeerTest {
  protected:
   void SetUp() override {

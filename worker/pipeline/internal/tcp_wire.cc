@@ -102,8 +102,11 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(absl::Span<const std::byte> bytes,
   h.tag.micro_batch = Get<int32_t>(p);
   h.tag.chunk = Get<int32_t>(p);
   // Elements, bounded by max_message_bytes so the product cannot overflow.
+  // The bound is on the nonzero dimensions: past a zero the element count
+  // stays 0, but whoever shapes the tensor multiplies the others.
   const int64_t limit = max_message_bytes / static_cast<int64_t>(DTypeSize(h.dtype));
   int64_t numel = 1;
+  int64_t nonzero = 1;
   for (int i = 0; i < kMaxRank; ++i) {
     const int64_t dim = Get<int64_t>(p);
     if (i >= rank) continue;
@@ -111,11 +114,12 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(absl::Span<const std::byte> bytes,
       return absl::DataLossError(absl::StrCat("message header with dimension ", i, " = ", dim));
     }
     h.shape.push_back(dim);
-    if (numel != 0 && dim != 0 && numel > limit / dim) {
+    if (dim != 0 && nonzero > limit / dim) {
       return absl::DataLossError(absl::StrCat("message of shape ", backend::ShapeString(h.shape),
                                               "... exceeds the limit of ", max_message_bytes,
                                               " bytes"));
     }
+    if (dim != 0) nonzero *= dim;
     numel *= dim;
   }
   h.payload_bytes = Get<uint64_t>(p);

@@ -1,0 +1,118 @@
+// A PushGradients message as the server receives it: the hand parser of
+// GradientPiece bytes (server/gradient_piece_view.h) over the slices gRPC
+// hands over, then what the job does with a piece it accepts
+// (server/gradient_accumulator.h: rank, size and range checks, coverage,
+// the copy or fp32 accumulation across slice boundaries).
+//
+// Input: byte 0 cuts the message into slices of that many bytes (0: one
+// slice); byte 1 picks the accumulator (bit 0: two dp ranks) and a second,
+// resent push shifted by (byte 1 >> 1) % 8 - 4 elements; the rest is the
+// serialised GradientPiece.
+//
+// Invariant: when protobuf also parses the bytes, both agree on every field.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/wake_queue.h"
+#include "fuzz/fuzz_support.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/slice.h"
+#include "offload/thread_pool.h"
+#include "proto/zo/v1/gradients.pb.h"
+#include "rpc/proto_convert.h"
+#include "server/gradient_accumulator.h"
+#include "server/gradient_piece_view.h"
+
+namespace {
+
+// Two chunks of a server, as a Job lays them out: 100 and 37 elements.
+constexpr int64_t kChunkElems[] = {100, 37};
+
+zo::ThreadPool* pool = nullptr;
+zo::WakeQueue* wakes = nullptr;
+
+std::string Concat(const zo::GradientPieceView& view) {
+  std::string out;
+  for (const auto& span : view.data) out.append(span.data(), span.size());
+  return out;
+}
+
+void CompareWithProtobuf(const zo::GradientPieceView& view, const std::string& message) {
+  zo::v1::GradientPiece piece;
+  if (!piece.ParseFromString(message)) return;  // e.g. a job name that is not UTF-8
+  ZO_FUZZ_CHECK(view.job == piece.job(), "job");
+  ZO_FUZZ_CHECK(view.step == piece.step(), "step");
+  ZO_FUZZ_CHECK(view.dp_rank == piece.dp_rank(), "dp_rank");
+  ZO_FUZZ_CHECK(view.chunk == piece.chunk(), "chunk");
+  ZO_FUZZ_CHECK(view.offset == piece.offset(), "offset");
+  ZO_FUZZ_CHECK(view.dtype == piece.dtype(), "dtype");
+  ZO_FUZZ_CHECK(view.resend == piece.resend(), "resend");
+  ZO_FUZZ_CHECK(view.incarnation == piece.incarnation(), "incarnation");
+  ZO_FUZZ_CHECK(view.data_bytes == piece.data().size(), "data size");
+  ZO_FUZZ_CHECK(Concat(view) == piece.data(), "data");
+}
+
+// What Job::TryPushGradient does once the chunk and dtype are checked.
+void Push(zo::GradientPieceView view, int dp, int shift) {
+  if (view.chunk < 0 || view.chunk >= 2) return;  // Job::LocalChunkIndex
+  absl::StatusOr<zo::DType> dtype = zo::DTypeFromProto(view.dtype);
+  if (!dtype.ok()) return;  // Job::PushedChunkIndex
+  zo::GradientAccumulator::Options options;
+  options.job = "fuzz";
+  options.chunks = {{0, 0, kChunkElems[0]}, {1, kChunkElems[0], kChunkElems[1]}};
+  options.dp_world_size = dp;
+  options.dtype = *dtype;
+  options.pool = pool;
+  options.wakes = wakes;
+  absl::StatusOr<std::unique_ptr<zo::GradientAccumulator>> acc =
+      zo::GradientAccumulator::Create(std::move(options));
+  ZO_FUZZ_CHECK(acc.ok(), acc.status().ToString());
+  const int index = static_cast<int>(view.chunk);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    zo::GradientAccumulator::PushWait wait;
+    absl::StatusOr<zo::GradientAccumulator::PushOutcome> outcome =
+        (*acc)->TryPush(index, view, &wait, [] {});
+    if (outcome.ok() && *outcome == zo::GradientAccumulator::PushOutcome::kWaiting) {
+      (*acc)->CancelWait(index, wait);
+    }
+    // The same bytes again, resent from a shifted offset: overlaps and gaps.
+    view.resend = true;
+    if (__builtin_add_overflow(view.offset, shift, &view.offset)) return;
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  zo::fuzz::QuietLogs();
+  pool = new zo::ThreadPool(1);  // runs inline
+  wakes = new zo::WakeQueue();
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < 2) return 0;
+  const size_t cut = data[0];
+  const int dp = 1 + (data[1] & 1);
+  const int shift = (data[1] >> 1) % 8 - 4;
+  const std::string message(reinterpret_cast<const char*>(data + 2), size - 2);
+
+  std::vector<grpc::Slice> in;
+  for (size_t at = 0; at < message.size() || in.empty();) {
+    const size_t n = cut == 0 ? message.size() - at : std::min(cut, message.size() - at);
+    in.emplace_back(message.data() + at, n);
+    at += n;
+    if (n == 0) break;
+  }
+  const grpc::ByteBuffer buffer(in.data(), in.size());
+
+  std::vector<grpc::Slice> slices;
+  zo::GradientPieceView view;
+  if (!zo::ParseGradientPiece(buffer, &slices, &view).ok()) return 0;
+  CompareWithProtobuf(view, message);
+  Push(view, dp, shift);
+  return 0;
+}
