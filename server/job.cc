@@ -1,6 +1,7 @@
 #include "server/job.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -17,6 +18,7 @@
 #include "offload/io/io_engine.h"
 #include "offload/optimizer_kernels.h"
 #include "rpc/job_move.h"
+#include "rpc/proto_convert.h"
 #include "server/job_internal.h"
 
 namespace zo {
@@ -27,6 +29,15 @@ namespace {
 
 constexpr int64_t kStateBytesPerElem = 12;  // master, m, v
 constexpr int kScaleHistory = 8;
+
+// "[begin, begin + n)" for a message; the sum cannot overflow, since
+// `begin` comes off the wire and may be anything.
+std::string ElementRange(int64_t begin, int64_t n) {
+  int64_t end;
+  if (__builtin_add_overflow(begin, n, &end))
+    return absl::StrCat("[", begin, ", ", begin, " + ", n, ")");
+  return absl::StrCat("[", begin, ", ", end, ")");
+}
 
 }  // namespace
 
@@ -40,10 +51,7 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(JobSpec spec, const JobResource
   return job;
 }
 
-namespace {
-
-// A random, nonzero id per instance of a job on a server.
-uint64_t NewIncarnation() {
+uint64_t job_internal::NewIncarnation() {
   std::random_device rd;
   for (;;) {
     const uint64_t id = (uint64_t{rd()} << 32) ^ rd();
@@ -51,13 +59,11 @@ uint64_t NewIncarnation() {
   }
 }
 
-}  // namespace
-
 Job::Job(JobSpec spec, const JobResources& resources)
     : spec_(std::move(spec)),
       resources_(resources),
       map_(*spec_.shard_map),
-      incarnation_(NewIncarnation()) {}
+      incarnation_(job_internal::NewIncarnation()) {}
 
 absl::Status Job::Init() {
   const int s = spec_.server_index;
@@ -120,8 +126,17 @@ absl::Status Job::Init() {
           },
       .send_commit =
           [this](int server, const v1::StepCommit& commit) {
-            return resources_.peers->CommitStep(spec_.servers[server], commit,
-                                                resources_.peer_timeout);
+            absl::Status sent = resources_.peers->CommitStep(spec_.servers[server], commit,
+                                                             resources_.peer_timeout);
+            MaybeRecover(server, sent);
+            return sent;
+          },
+      .probe =
+          [this](int server) {
+            MaybeRecover(
+                server,
+                resources_.peers->GetJobStatus(spec_.servers[server], spec_.name, absl::Seconds(2))
+                    .status());
           },
       .initial_backoff = absl::Milliseconds(50),
   });
@@ -153,6 +168,8 @@ void Job::Stop(absl::Status reason) {
   if (step_thread_.joinable() && std::this_thread::get_id() != step_thread_.get_id()) {
     step_thread_.join();
   }
+  std::lock_guard lock(recovery_mu_);
+  if (recovery_.joinable() && std::this_thread::get_id() != recovery_.get_id()) recovery_.join();
 }
 
 v1::JobStatus Job::Status() const {
@@ -168,7 +185,7 @@ v1::JobStatus Job::Status() const {
   st.set_server_index(spec_.server_index);
   st.set_num_servers(static_cast<int>(spec_.servers.size()));
   for (const std::string& server : spec_.servers) st.add_servers(server);
-  st.set_incarnation(incarnation_);
+  st.set_incarnation(incarnation_.load());
   st.set_frozen(frozen_);
   st.set_dp_world_size(spec_.dp_world_size);
   st.set_total_elems(map_.total_elems());
@@ -224,9 +241,9 @@ absl::Status Job::InitParams(const v1::ParamInitPiece& piece) {
   }
   const int64_t n = static_cast<int64_t>(piece.data().size() / 4);
   if (piece.offset() < 0 || piece.offset() > c.elems - n) {
-    return absl::OutOfRangeError(absl::StrCat("initial weights: elements [", piece.offset(), ", ",
-                                              piece.offset() + n, ") are outside chunk ",
-                                              piece.chunk(), " of ", c.elems, " elements"));
+    return absl::OutOfRangeError(
+        absl::StrCat("initial weights: elements ", ElementRange(piece.offset(), n),
+                     " are outside chunk ", piece.chunk(), " of ", c.elems, " elements"));
   }
   std::lock_guard state_lock(state_mu_);
   {
@@ -248,7 +265,9 @@ absl::Status Job::InitParams(const v1::ParamInitPiece& piece) {
 }
 
 absl::Status Job::CheckIncarnation(uint64_t incarnation) const {
-  if (incarnation == 0 || incarnation == incarnation_) return absl::OkStatus();
+  if (incarnation == 0 || incarnation == incarnation_.load(std::memory_order_relaxed)) {
+    return absl::OkStatus();
+  }
   std::lock_guard lock(mu_);
   // The caller opened an earlier instance of the job: this one is where the
   // job is now, at the version it was opened or restored at.
@@ -271,12 +290,20 @@ absl::StatusOr<GradientAccumulator::PushOutcome> Job::TryPushGradient(
     const GradientPieceView& piece, GradientAccumulator::PushWait* wait,
     std::function<void()> wake) {
   ZO_ASSIGN_OR_RETURN(const int i, PushedChunkIndex(piece));
-  ZO_ASSIGN_OR_RETURN(const GradientAccumulator::PushOutcome outcome,
-                      accum_->TryPush(i, piece, wait, std::move(wake)));
-  if (outcome == GradientAccumulator::PushOutcome::kAdded) {
+  absl::StatusOr<GradientAccumulator::PushOutcome> outcome =
+      accum_->TryPush(i, piece, wait, std::move(wake));
+  if (!outcome.ok()) return RestoredSince(piece, outcome.status());
+  if (*outcome == GradientAccumulator::PushOutcome::kAdded) {
     counters_.AddGradientBytes(static_cast<int64_t>(piece.data_bytes));
   }
   return outcome;
+}
+
+absl::Status Job::RestoredSince(const GradientPieceView& piece, absl::Status error) const {
+  // A restore between the piece's checks and the accumulator (or while it
+  // waited) undid its step: say where the job is now.
+  if (absl::Status moved = CheckIncarnation(piece.incarnation); !moved.ok()) return moved;
+  return error;
 }
 
 bool Job::CancelPushWait(const GradientPieceView& piece,
@@ -287,7 +314,9 @@ bool Job::CancelPushWait(const GradientPieceView& piece,
 
 absl::Status Job::PushGradient(const GradientPieceView& piece, absl::Time deadline) {
   ZO_ASSIGN_OR_RETURN(const int i, PushedChunkIndex(piece));
-  ZO_RETURN_IF_ERROR(accum_->Push(i, piece, deadline));
+  if (absl::Status pushed = accum_->Push(i, piece, deadline); !pushed.ok()) {
+    return RestoredSince(piece, std::move(pushed));
+  }
   counters_.AddGradientBytes(static_cast<int64_t>(piece.data_bytes));
   return absl::OkStatus();
 }
@@ -326,8 +355,9 @@ bool Job::CancelVersionWait(WaitList::Ticket ticket) {
   return version_waiters_.Remove(ticket);
 }
 
-absl::Status Job::WaitForVersion(int64_t version, absl::Time deadline) {
+absl::Status Job::WaitForVersion(int64_t version, absl::Time deadline, uint64_t incarnation) {
   for (;;) {
+    ZO_RETURN_IF_ERROR(CheckIncarnation(incarnation));
     auto woken = std::make_shared<absl::Notification>();
     WaitList::Ticket ticket;
     ZO_ASSIGN_OR_RETURN(const bool has, AwaitVersion(
@@ -381,7 +411,7 @@ absl::Status Job::PullParams(const v1::PullParamsRequest& request, absl::Time de
                              const std::function<bool(const v1::ParamPiece&)>& emit) {
   const absl::Time start = absl::Now();
   ZO_RETURN_IF_ERROR(CheckPullRequest(request));
-  ZO_RETURN_IF_ERROR(WaitForVersion(request.version(), deadline));
+  ZO_RETURN_IF_ERROR(WaitForVersion(request.version(), deadline, request.incarnation()));
   ZO_ASSIGN_OR_RETURN(PullCursor cursor, OpenPull(request));
   v1::ParamPiece piece;
   while (cursor.Next(&piece)) {
@@ -417,9 +447,18 @@ v1::StepStats Job::ComputeStepStats(int64_t step, int64_t generation) {
 void Job::StepLoop() {
   std::unique_lock lock(mu_);
   for (;;) {
-    cv_.wait(lock, [&] {
+    const auto due = [&] {
       return stop_ || (is_lead() && CheckpointDueLocked()) || (ReadyToReportLocked() && !frozen_);
-    });
+    };
+    // While the lead waits for gradients, it checks every few seconds that
+    // its followers still have the job: one that restarted empty leaves the
+    // workers unable to push, and nothing else would tell.
+    while (!cv_.wait_for(lock, std::chrono::seconds(2), due)) {
+      if (!is_lead() || spec_.servers.size() < 2 || frozen_) continue;
+      lock.unlock();
+      ProbeFollowers();
+      lock.lock();
+    }
     if (stop_) return;
     if (is_lead() && CheckpointDueLocked()) {
       RunCheckpointLocked(lock);
@@ -511,6 +550,61 @@ absl::Status Job::Apply(const v1::StepCommit& commit) {
   }
   accum_->Release(released, chunks().size(), commit.step());
   return absl::OkStatus();
+}
+
+void Job::ProbeFollowers() {
+  for (int i = 1; i < static_cast<int>(spec_.servers.size()); ++i) {
+    MaybeRecover(
+        i, resources_.peers->GetJobStatus(spec_.servers[i], spec_.name, absl::Seconds(2)).status());
+  }
+}
+
+void Job::MaybeRecover(int server, const absl::Status& answer) {
+  if (!absl::IsNotFound(answer) || !is_lead()) return;
+  std::lock_guard lock(recovery_mu_);
+  if (recovering_ || absl::Now() - last_recovery_ < absl::Seconds(10)) return;
+  {
+    std::lock_guard state(mu_);
+    if (stop_) return;
+  }
+  last_recovery_ = absl::Now();
+  recovering_ = true;
+  if (recovery_.joinable()) recovery_.join();
+  recovery_ = std::thread([this, server] {
+    RecoverPeer(server);
+    recovering_ = false;
+  });
+}
+
+void Job::RecoverPeer(int server) {
+  const std::string& address = spec_.servers[server];
+  ZO_LOG(WARNING) << "job " << spec_.name << ": server " << server << " (" << address
+                  << ") lost its part of the job (it restarted); rolling every server back to "
+                     "the latest checkpoint";
+  v1::OpenJobRequest request;
+  request.set_job(spec_.name);
+  *request.mutable_manifest() = ManifestToProto(spec_.manifest);
+  request.set_config_json(spec_.config_json);
+  request.set_dp_world_size(spec_.dp_world_size);
+  for (const std::string& s : spec_.servers) request.add_servers(s);
+  request.set_server_index(server);
+  if (absl::StatusOr<v1::OpenJobResponse> opened =
+          resources_.peers->OpenJob(address, request, absl::Seconds(5));
+      !opened.ok()) {
+    ZO_LOG(ERROR) << "job " << spec_.name << ": cannot open the job on " << address
+                  << " again: " << opened.status() << " (retried in 10 s)";
+    return;
+  }
+  absl::StatusOr<v1::RestoreResponse> restored = Restore("", absl::Now() + absl::Minutes(10));
+  if (!restored.ok()) {
+    ZO_LOG(ERROR) << "job " << spec_.name << ": rolling back after losing server " << server
+                  << " failed: " << restored.status()
+                  << "; restore it by hand (zo-train --restore, zo-ctl) once a checkpoint exists";
+    return;
+  }
+  ZO_LOG(WARNING) << "job " << spec_.name << ": rolled back to version " << restored->version()
+                  << " (" << restored->path() << ") after server " << server
+                  << " lost its part; workers resume at step " << restored->version() + 1;
 }
 
 void Job::SetHealthLocked(absl::Status health) {

@@ -106,6 +106,10 @@ class Job {
   // WaitForVersion, then OpenPull's cursor to its end.
   absl::Status PullParams(const v1::PullParamsRequest& request, absl::Time deadline,
                           const std::function<bool(const v1::ParamPiece&)>& emit);
+  // FAILED_PRECONDITION saying where the job is now (rpc/job_move.h) when a
+  // call names another instance of it than this one: the job was opened
+  // again, or restored, since the caller's client opened it. 0: unchecked.
+  absl::Status CheckIncarnation(uint64_t incarnation) const;
   // The parts of PullParams, for a caller that writes asynchronously.
   // INVALID_ARGUMENT for tensors outside the manifest or a negative version.
   absl::Status CheckPullRequest(const v1::PullParamsRequest& request) const;
@@ -120,7 +124,9 @@ class Job {
   bool CancelVersionWait(WaitList::Ticket ticket);
   // AwaitVersion, blocking the calling thread, at most until `deadline`
   // (DEADLINE_EXCEEDED).
-  absl::Status WaitForVersion(int64_t version, absl::Time deadline);
+  // `incarnation` (nonzero) is checked at each wake: a restore meanwhile
+  // ends the wait with CheckIncarnation's answer.
+  absl::Status WaitForVersion(int64_t version, absl::Time deadline, uint64_t incarnation = 0);
   // The request's pieces of a version the job has (FAILED_PRECONDITION for
   // one it does not have yet or no longer holds).
   absl::StatusOr<PullCursor> OpenPull(const v1::PullParamsRequest& request);
@@ -169,13 +175,21 @@ class Job {
 
   // Validation shared by the worker calls; returns the local chunk index.
   absl::StatusOr<int> LocalChunkIndex(int64_t chunk) const;
-  // FAILED_PRECONDITION saying where the job is now when a call names
-  // another instance of it than this one (JobStatus.incarnation).
-  absl::Status CheckIncarnation(uint64_t incarnation) const;
+  // `error` of a push, or where the job is now when a restore since made the
+  // piece's incarnation stale.
+  absl::Status RestoredSince(const GradientPieceView& piece, absl::Status error) const;
   // LocalChunkIndex, the piece's dtype is the job's, and its incarnation.
   absl::StatusOr<int> PushedChunkIndex(const GradientPieceView& piece) const;
 
   void StepLoop();
+  // Lead: asks each follower whether it still has the job.
+  void ProbeFollowers();
+  // Lead: `answer` is what follower `server` said about the job; NOT_FOUND
+  // means it restarted and lost its part, and starts (once at a time, at
+  // most every 10 s) a recovery: the job opened there again and every
+  // server rolled back to the latest checkpoint.
+  void MaybeRecover(int server, const absl::Status& answer);
+  void RecoverPeer(int server);
   bool ReadyToReportLocked() const;
   v1::StepStats ComputeStepStats(int64_t step, int64_t generation);
   absl::Status Apply(const v1::StepCommit& commit);
@@ -197,7 +211,9 @@ class Job {
   const JobSpec spec_;
   const JobResources resources_;
   const ShardMap& map_;
-  const uint64_t incarnation_;
+  // JobStatus.incarnation; a restore makes a new one (calls from before it
+  // belong to steps the restore undid).
+  std::atomic<uint64_t> incarnation_;
   int64_t local_elems_ = 0;
 
   std::unique_ptr<TieredOptimizerState> state_;
@@ -232,6 +248,12 @@ class Job {
   std::deque<std::shared_ptr<PendingCheckpoint>> pending_checkpoints_;
   std::atomic<int64_t> serve_ns_{0};
   JobCounters counters_;
+
+  // Lead: the recovery of a follower that lost the job (MaybeRecover).
+  std::mutex recovery_mu_;
+  std::thread recovery_;                             // guarded by recovery_mu_
+  absl::Time last_recovery_ = absl::InfinitePast();  // guarded by recovery_mu_
+  std::atomic<bool> recovering_{false};
 
   std::thread step_thread_;
 };

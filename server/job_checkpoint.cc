@@ -14,6 +14,7 @@
 #include "offload/checkpoint/checkpoint_dir.h"
 #include "offload/checkpoint/checkpoint_part.h"
 #include "server/job.h"
+#include "server/job_internal.h"
 #include "server/state_checkpoint.h"
 
 namespace zo {
@@ -278,6 +279,9 @@ absl::Status Job::RestorePart(const v1::RestorePartRequest& request) {
     generation_ = request.generation();
     SetHealthLocked(absl::UnavailableError("a restore is in progress"));
   }
+  // A new instance: calls from clients that opened the job before the
+  // restore belong to steps it undoes, and are told where the job is now.
+  incarnation_ = job_internal::NewIncarnation();
   // Aborts the step in progress and drops what the old generation sent.
   coordinator_->Restart(request.generation(), meta.version + 1);
   cv_.notify_all();
@@ -304,6 +308,8 @@ absl::Status Job::RestorePart(const v1::RestorePartRequest& request) {
                    << " predates last_step; last_lr recomputed from the schedule, last_grad_norm "
                       "reads 0 until the next step";
     }
+    // Pulls that waited re-check their instance (and hear of the restore).
+    resources_.wakes->Post(version_waiters_.TakeAll());
     SetHealthLocked(status.ok() ? absl::OkStatus()
                                 : absl::DataLossError(absl::StrCat("restore from ", request.path(),
                                                                    " failed: ", status.message())));

@@ -26,6 +26,9 @@ inline void RoundMaster(const float* src, void* dst, size_t n, DType dtype) {
   }
 }
 
+// A random, nonzero id for a new instance of a job (JobStatus.incarnation).
+uint64_t NewIncarnation();
+
 }  // namespace zo::job_internal
 
 #endif  // ZO_SERVER_JOB_INTERNAL_H_

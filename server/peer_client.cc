@@ -92,6 +92,20 @@ absl::Status PeerClient::CloseJob(const std::string& address, const v1::CloseJob
   return Named(address, "CloseJob", stub->CloseJob(&context, request, &response));
 }
 
+absl::StatusOr<v1::JobStatus> PeerClient::GetJobStatus(const std::string& address,
+                                                       const std::string& job,
+                                                       absl::Duration timeout) {
+  ZO_ASSIGN_OR_RETURN(v1::Offload::Stub * stub, StubFor(address));
+  grpc::ClientContext context;
+  Prepare(context, timeout);
+  v1::GetJobStatusRequest request;
+  request.set_job(job);
+  v1::JobStatus response;
+  ZO_RETURN_IF_ERROR(
+      Named(address, "GetJobStatus", stub->GetJobStatus(&context, request, &response)));
+  return response;
+}
+
 absl::Status PeerClient::RestorePart(const std::string& address,
                                      const v1::RestorePartRequest& request,
                                      absl::Duration timeout) {

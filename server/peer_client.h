@@ -43,6 +43,10 @@ class PeerClient {
                                               absl::Duration timeout);
   absl::Status CloseJob(const std::string& address, const v1::CloseJobRequest& request,
                         absl::Duration timeout);
+  // The lead asks a follower that has not reported for a while whether it
+  // still has the job (NOT_FOUND: it restarted and lost its part).
+  absl::StatusOr<v1::JobStatus> GetJobStatus(const std::string& address, const std::string& job,
+                                             absl::Duration timeout);
 
  private:
   // INVALID_ARGUMENT when `address` is not host:port (rpc/channel.h).

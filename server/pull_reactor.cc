@@ -31,6 +31,8 @@ void PullReactor::Await() {
     absl::Status failed;
     if (cancelled_) {
       failed = absl::CancelledError("the pull was cancelled while it waited for its version");
+    } else if (absl::Status s = job_->CheckIncarnation(request_.incarnation()); !s.ok()) {
+      failed = std::move(s);  // restored meanwhile: the version it waits for is undone
     } else {
       absl::StatusOr<bool> has = job_->AwaitVersion(
           request_.version(), [this] { Await(); }, &ticket_);

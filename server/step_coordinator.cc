@@ -34,7 +34,16 @@ std::optional<v1::StepCommit> StepCoordinator::LeadRound(const v1::StepStats& ow
     auto gathered = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
       return AbortedLocked(generation) || partials_[step].size() == servers;
     };
-    mu_.Await(absl::Condition(&gathered));
+    while (!mu_.AwaitWithTimeout(absl::Condition(&gathered), options_.probe_every)) {
+      if (!options_.probe) continue;
+      std::vector<int> missing;
+      for (int i = 1; i < map_.num_servers(); ++i) {
+        if (partials_[step].count(i) == 0) missing.push_back(i);
+      }
+      mu_.Unlock();  // the probe calls another server
+      for (int i : missing) options_.probe(i);
+      mu_.Lock();
+    }
     if (AbortedLocked(generation)) return std::nullopt;
     // Chunk order, whatever server reported it.
     std::map<int64_t, double> by_chunk;

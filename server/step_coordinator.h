@@ -49,6 +49,10 @@ class StepCoordinator {
     std::function<absl::Status(const v1::StepStats&)> report_stats;
     // Lead: sends the commit to follower `server` (1 .. servers - 1).
     std::function<absl::Status(int server, const v1::StepCommit&)> send_commit;
+    // Lead: called every `probe_every` for each server whose statistics the
+    // round still waits for (the job checks whether that server lost it).
+    std::function<void(int server)> probe;
+    absl::Duration probe_every = absl::Seconds(2);
     // First wait between retries of a failed call; doubles up to 2 s.
     absl::Duration initial_backoff = absl::Milliseconds(50);
   };

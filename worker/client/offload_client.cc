@@ -85,10 +85,10 @@ struct OffloadClient::Impl {
   std::atomic<int64_t> pushed_bytes{0};
   std::atomic<int64_t> pulled_bytes{0};
   // Per server, the instance of the job it opened (JobStatus.incarnation):
-  // sent with every push and pull, so a server that has since closed, moved
-  // and reopened the job refuses them rather than mixing layouts. Set once
-  // in Open.
-  std::vector<uint64_t> incarnation;
+  // sent with every push and pull, so a server that has since reopened or
+  // restored the job refuses them rather than mixing steps or layouts. Set
+  // in Open and after this client's own Restore.
+  std::unique_ptr<std::atomic<uint64_t>[]> incarnation;
 
   // A unary call to server `server` with retries; `call` makes one attempt.
   // `group` (may be null) cancels it.
@@ -257,7 +257,7 @@ absl::Status OffloadClient::Impl::PushRange(int64_t step, int tensor, int64_t of
     header.set_offset(p.chunk_offset);
     header.set_dtype(DTypeToProto(dtype));
     header.set_resend(options.resend);
-    header.set_incarnation(incarnation[p.server]);
+    header.set_incarnation(incarnation[p.server].load(std::memory_order_relaxed));
     client_internal::EncodedPiece piece = client_internal::EncodeGradientPiece(
         header, data.data() + p.byte_begin, static_cast<size_t>(piece_bytes), owner);
 
@@ -354,7 +354,7 @@ absl::Status OffloadClient::Impl::PullFrom(int server, int64_t version, int64_t 
   request.set_job(options.job);
   request.set_version(version);
   request.set_have_version(have_version);
-  request.set_incarnation(incarnation[server]);
+  request.set_incarnation(incarnation[server].load(std::memory_order_relaxed));
   for (int t : receiver.tensors()) request.add_tensors(t);
   return RetryCall(call, names[server], &group, [&](grpc::ClientContext& context) {
     receiver.Reset();
@@ -516,8 +516,8 @@ absl::StatusOr<std::unique_ptr<OffloadClient>> OffloadClient::Open(
 
   const v1::JobStatus& lead = replies[0].status();
   impl->SetStatus(lead);
-  for (const v1::OpenJobResponse& r : replies)
-    impl->incarnation.push_back(r.status().incarnation());
+  impl->incarnation = std::make_unique<std::atomic<uint64_t>[]>(num_servers);
+  for (int i = 0; i < num_servers; ++i) impl->incarnation[i] = replies[i].status().incarnation();
   // A server that opened the job fresh while another holds it trained has
   // restarted and lost its part: training on would mix version 0 with the
   // others' state. Refuse every step until the job is restored.
@@ -624,6 +624,8 @@ absl::StatusOr<bool> OffloadClient::PullForStep(int64_t step, absl::Span<const i
   return changed;
 }
 
+absl::Status OffloadClient::CheckState() const { return impl_->CheckState(); }
+
 double OffloadClient::loss_scale() const {
   std::lock_guard lock(impl_->state_mu);
   return impl_->loss_scale;
@@ -670,6 +672,19 @@ absl::StatusOr<int64_t> OffloadClient::Restore(const std::string& path) {
           0, [&](v1::Offload::Stub& stub, grpc::ClientContext& context, v1::RestoreResponse& r) {
             return stub.Restore(&context, request, &r);
           }));
+  // The restore made a new instance of the job on every server: this
+  // client's calls go to it from now on.
+  for (int i = 0; i < impl_->map.num_servers(); ++i) {
+    v1::GetJobStatusRequest status_request;
+    status_request.set_job(impl_->options.job);
+    ZO_ASSIGN_OR_RETURN(
+        v1::JobStatus status,
+        impl_->Unary<v1::JobStatus>(
+            i, [&](v1::Offload::Stub& stub, grpc::ClientContext& context, v1::JobStatus& st) {
+              return stub.GetJobStatus(&context, status_request, &st);
+            }));
+    impl_->incarnation[i] = status.incarnation();
+  }
   // Whatever PullForStep put in the caller's buffers is not the restored
   // weights, even at an equal version number.
   std::lock_guard pull_lock(impl_->pull_for_step_mu);

@@ -158,6 +158,10 @@ class OffloadClient {
   };
   Traffic traffic() const;
 
+  // FAILED_PRECONDITION while a server of the job lost its part (it
+  // restarted empty; Open found it so) and the job was not restored since.
+  absl::Status CheckState() const;
+
   // Loss scale for the step after the latest version seen (from the last
   // pull, open or status).
   double loss_scale() const;

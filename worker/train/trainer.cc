@@ -5,6 +5,7 @@
 #include <optional>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -322,6 +323,20 @@ absl::Status CanFollow(const TrainOptions& o, const JobMove& move) {
                    absl::StrJoin(move.servers, ","), " (it resumes where the job is)"));
 }
 
+// Opens the job on its servers (the restarted lead creates it empty) and
+// restores the latest checkpoint on all of them.
+absl::Status RestoreAfterLeadLoss(const TrainOptions& o, const Plan& plan) {
+  ZO_ASSIGN_OR_RETURN(
+      std::unique_ptr<OffloadClient> client,
+      OffloadClient::Open(MakeClientOptions(o), o.config_json, plan.model.Manifest(plan.dtype)));
+  if (client->CheckState().ok() && client->version() > 0) {
+    return absl::OkStatus();  // someone restored it already
+  }
+  // Also when every server came back empty: training goes on from the
+  // latest checkpoint, never silently from version 0.
+  return client->Restore("").status();
+}
+
 // Attaches to a job that moved, once it is there at the version the move
 // named: the new servers may still be restoring it (NOT_FOUND, a stale
 // "moved" answer, or the version before the restore) for a while.
@@ -335,9 +350,33 @@ absl::StatusOr<Attached> Reattach(const TrainOptions& o, Plan& plan, backend::Ba
     absl::StatusOr<Attached> at = Attach(o, plan, backend, source, /*attach_only=*/true);
     absl::Status why = at.status();
     if (at.ok()) {
-      const int64_t version = at->local.front().client->version();
-      if (version >= move.version) return at;
-      why = absl::UnavailableError(absl::StrCat("at version ", version, " so far"));
+      OffloadClient& client = *at->local.front().client;
+      absl::StatusOr<v1::JobStatus> lead = client.JobStatus();
+      why = lead.status();
+      if (why.ok()) why = client.CheckState();  // a server still without its part
+      if (why.ok() && !lead->needs_restore().empty()) {
+        why = absl::UnavailableError(lead->needs_restore());  // restoring
+      }
+      if (why.ok() && lead->version() < move.version) {
+        why = absl::UnavailableError(absl::StrCat("at version ", lead->version(), " so far"));
+      }
+      if (why.ok()) return at;
+      if (absl::IsFailedPrecondition(why) && !ParseJobMove(why)) {
+        why = absl::UnavailableError(why.message());  // lost state: the lead is rolling back
+      }
+    }
+    // The lead restarted without the job while the others kept it: nothing
+    // on the servers can roll it back, so one worker (dp rank 0 with stage
+    // 0) opens it there again and restores its latest checkpoint.
+    if (absl::IsNotFound(why) && o.dp_rank == 0 && o.stage <= 0 && !o.servers.empty() &&
+        absl::StrContains(why.message(), absl::StrCat("server ", o.servers[0], ": no job")) &&
+        absl::Now() - start > absl::Seconds(2)) {
+      absl::Status restored = RestoreAfterLeadLoss(o, plan);
+      progress.Note(restored.ok() ? absl::StrCat("zo-train: the lead ", o.servers[0],
+                                                 " restarted without job ", o.job,
+                                                 "; restored it from its latest checkpoint")
+                                  : absl::StrCat("zo-train: restoring job ", o.job, " on ",
+                                                 o.servers[0], " failed: ", restored.message()));
     }
     const std::optional<JobMove> again = ParseJobMove(why);
     const bool wait = absl::IsNotFound(why) || absl::IsUnavailable(why) ||
@@ -432,16 +471,39 @@ absl::Status Train(const TrainOptions& o) {
     absl::Status observed =
         ran.ok() ? ObserveJob(*at.local.front().client, outcomes).status() : absl::OkStatus();
     const absl::Status failed = !ran.ok() ? ran.status() : observed;
-    if (std::optional<JobMove> move = ParseJobMove(failed); move.has_value()) {
-      ZO_RETURN_IF_ERROR(CanFollow(o, *move));
+    std::optional<JobMove> move = ParseJobMove(failed);
+    const bool lost_job =
+        absl::IsNotFound(failed) &&
+        absl::StrContains(failed.message(), absl::StrCat("no job \"", o.job, "\""));
+    const bool unreachable = absl::IsUnavailable(failed) || absl::IsDeadlineExceeded(failed);
+    if (!move.has_value() && !moved_options.servers.empty() && (lost_job || unreachable)) {
+      // A server is down, or restarted without the job (its lead then rolls
+      // every server back to the last checkpoint): wait for the job on the
+      // same servers, at whatever version they are, and carry on from there.
+      // At least version 1 once the job has trained: a job that came back
+      // fresh at version 0 is not where this one is.
+      move = JobMove{.job = o.job,
+                     .servers = moved_options.servers,
+                     .version = at.local.front().client->version() > 0 ? 1 : 0};
+      progress.Note(absl::StrCat(
+          "zo-train: ", failed.message(),
+          lost_job ? "; waiting for the job to be rolled back" : "; waiting for the servers"));
+    } else if (move.has_value()) {
       progress.Note(absl::StrCat("zo-train: job ", o.job, " moved to ",
                                  absl::StrJoin(move->servers, ","), " at version ", move->version,
+                                 move->servers == moved_options.servers ? " (restored)" : "",
                                  "; following it"));
+    }
+    if (move.has_value()) {
+      ZO_RETURN_IF_ERROR(CanFollow(o, *move));
       close_clients(/*resend_only=*/false);
       at = Attached{};  // executors, modules, links and clients of the old placement
       moved_options.servers = move->servers;
       ZO_ASSIGN_OR_RETURN(at, Reattach(moved_options, plan, *backend, *source, *move, progress));
       step = at.local.front().client->version();  // the loop's ++ makes it the next step
+      progress.Note(absl::StrCat("zo-train: job ", o.job, " is at version ", step, " on ",
+                                 absl::StrJoin(moved_options.servers, ","), "; resuming at step ",
+                                 step + 1));
       continue;
     }
     ZO_RETURN_IF_ERROR(failed);

@@ -1,0 +1,112 @@
+// What the tests that move or break a running zo-train share: a small
+// model, its per-step losses from --metrics-out, waiting for progress.
+#ifndef ZO_TESTS_TRAIN_TRAIN_RUN_H_
+#define ZO_TESTS_TRAIN_TRAIN_RUN_H_
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_join.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/server/server_process.h"
+#include "tests/server/training_harness.h"
+#include "tests/support/child_process.h"
+
+namespace zo::testing {
+
+// Small enough to be quick, slow enough (a few steps a second on 2 cores)
+// that a move lands mid-run.
+inline const std::vector<std::string> kModel = {
+    "--n-layer", "2", "--n-embd", "64", "--n-head", "4", "--block-size", "32", "--seed", "11"};
+
+inline std::vector<double> Losses(const std::string& path) {
+  std::vector<double> losses;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    EXPECT_EQ(j["step"].get<int64_t>(), static_cast<int64_t>(losses.size()) + 1) << line;
+    losses.push_back(j["loss"].get<double>());
+  }
+  return losses;
+}
+
+// Waits until the metrics file has `steps` lines (the worker keeps going).
+inline bool WaitForSteps(const std::string& path, size_t steps, ChildProcess& train) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(3);
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::ifstream in(path);
+    size_t lines = 0;
+    for (std::string line; std::getline(in, line);) ++lines;
+    if (lines >= steps) return true;
+    if (train.Wait(std::chrono::milliseconds(20)).has_value()) return false;  // it ended
+  }
+  return false;
+}
+
+inline std::string Join(const std::vector<ServerProcess>& servers, std::vector<int> which) {
+  std::vector<std::string> a;
+  for (int i : which) a.push_back(servers[i].address());
+  return absl::StrJoin(a, ",");
+}
+
+// A zo-train run on real servers that a test moves or breaks, and the
+// trajectory of the same run that nothing happens to (the embedded server).
+class RunningJobTest : public ::testing::Test {
+ public:
+  void SetUp() override {
+    dir_ = FreshTempDir(::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir_ + "/ckpt");
+    // The trajectory a job that never moves follows: the embedded server.
+    std::vector<std::string> args = {ZO_TRAIN_PATH, "--steps", "40", "--metrics-out",
+                                     dir_ + "/ref.jsonl"};
+    args.insert(args.end(), kModel.begin(), kModel.end());
+    absl::StatusOr<ChildProcess> ref = ChildProcess::Start(args, dir_ + "/ref.log");
+    ASSERT_TRUE(ref.ok()) << ref.status();
+    ASSERT_EQ(ref->Wait(std::chrono::minutes(3)), 0) << ref->ReadLog();
+    reference_ = Losses(dir_ + "/ref.jsonl");
+    ASSERT_EQ(reference_.size(), 40u);
+  }
+
+  ServerProcess StartServer(int port = 0) {
+    absl::StatusOr<ServerProcess> s =
+        ServerProcess::Start({"--checkpoint-dir", dir_ + "/ckpt"}, port);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return *std::move(s);
+  }
+
+  // zo-train on `servers`, far more steps than the test watches: it is
+  // killed once the first 40 are in.
+  ChildProcess StartTrain(const std::string& servers, const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> args = {ZO_TRAIN_PATH, "--servers", servers,         "--job",  "mv",
+                                     "--steps",     "100000",    "--metrics-out", metrics()};
+    args.insert(args.end(), kModel.begin(), kModel.end());
+    args.insert(args.end(), extra.begin(), extra.end());
+    absl::StatusOr<ChildProcess> train = ChildProcess::Start(args, dir_ + "/train.log");
+    EXPECT_TRUE(train.ok()) << train.status();
+    return *std::move(train);
+  }
+
+  std::string metrics() const { return dir_ + "/train.jsonl"; }
+
+  // The first 40 steps, then the worker stops; they must be the reference's.
+  void ExpectTheReferenceTrajectory(ChildProcess& train) {
+    ASSERT_TRUE(WaitForSteps(metrics(), 40, train)) << train.ReadLog();
+    train.Kill();
+    std::vector<double> got = Losses(metrics());
+    got.resize(40);
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(got[i], reference_[i]) << "step " << i + 1 << "\n" << train.ReadLog();
+    }
+  }
+
+  std::string dir_;
+  std::vector<double> reference_;
+};
+
+}  // namespace zo::testing
+
+#endif  // ZO_TESTS_TRAIN_TRAIN_RUN_H_
