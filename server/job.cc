@@ -595,7 +595,8 @@ void Job::RecoverPeer(int server) {
                   << " again: " << opened.status() << " (retried in 10 s)";
     return;
   }
-  absl::StatusOr<v1::RestoreResponse> restored = Restore("", absl::Now() + absl::Minutes(10));
+  absl::StatusOr<v1::RestoreResponse> restored =
+      Restore("", absl::Now() + absl::Minutes(10), /*rollback=*/true);
   if (!restored.ok()) {
     ZO_LOG(ERROR) << "job " << spec_.name << ": rolling back after losing server " << server
                   << " failed: " << restored.status()

@@ -154,7 +154,9 @@ class Job {
                                                     bool freeze = false);
   // Lifts a freeze; a no-op without one.
   void Thaw();
-  absl::StatusOr<v1::RestoreResponse> Restore(const std::string& path, absl::Time deadline);
+  // `rollback`: RestoreRequest.rollback (a new instance of the job).
+  absl::StatusOr<v1::RestoreResponse> Restore(const std::string& path, absl::Time deadline,
+                                              bool rollback = false);
 
   // Ends the step thread and wakes every waiting call, which then fail with
   // `reason`; idempotent (the first reason stays).

@@ -208,7 +208,8 @@ absl::StatusOr<v1::WriteCheckpointPartResponse> Job::WriteOwnPart(int64_t versio
   return response;
 }
 
-absl::StatusOr<v1::RestoreResponse> Job::Restore(const std::string& path, absl::Time deadline) {
+absl::StatusOr<v1::RestoreResponse> Job::Restore(const std::string& path, absl::Time deadline,
+                                                 bool rollback) {
   (void)deadline;
   if (!is_lead()) {
     return absl::FailedPreconditionError(absl::StrCat("restores are run by the lead server (",
@@ -237,6 +238,7 @@ absl::StatusOr<v1::RestoreResponse> Job::Restore(const std::string& path, absl::
   request.set_job(spec_.name);
   request.set_path(dir);
   request.set_generation(generation);
+  request.set_rollback(rollback);
   absl::Status status = RestorePart(request);
   for (size_t i = 1; i < spec_.servers.size() && status.ok(); ++i) {
     status = resources_.peers->RestorePart(spec_.servers[i], request, resources_.peer_timeout * 10);
@@ -279,9 +281,9 @@ absl::Status Job::RestorePart(const v1::RestorePartRequest& request) {
     generation_ = request.generation();
     SetHealthLocked(absl::UnavailableError("a restore is in progress"));
   }
-  // A new instance: calls from clients that opened the job before the
-  // restore belong to steps it undoes, and are told where the job is now.
-  incarnation_ = job_internal::NewIncarnation();
+  // A rollback makes a new instance: calls from clients that opened the job
+  // before it belong to steps it undoes, and are told where the job is now.
+  if (request.rollback()) incarnation_ = job_internal::NewIncarnation();
   // Aborts the step in progress and drops what the old generation sent.
   coordinator_->Restart(request.generation(), meta.version + 1);
   cv_.notify_all();

@@ -191,7 +191,8 @@ grpc::Status OffloadService::Restore(grpc::ServerContext* context,
                                      v1::RestoreResponse* response) {
   ZO_RPC_AUTH(context);
   ZO_RPC_ASSIGN_OR_RETURN(job, registry_->Find(request->job()));
-  ZO_RPC_ASSIGN_OR_RETURN(result, job->Restore(request->path(), DeadlineOf(*context)));
+  ZO_RPC_ASSIGN_OR_RETURN(result,
+                          job->Restore(request->path(), DeadlineOf(*context), request->rollback()));
   *response = std::move(result);
   return grpc::Status::OK;
 }

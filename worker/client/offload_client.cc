@@ -662,19 +662,20 @@ absl::StatusOr<std::string> OffloadClient::Checkpoint(int64_t min_version) {
   return response.path();
 }
 
-absl::StatusOr<int64_t> OffloadClient::Restore(const std::string& path) {
+absl::StatusOr<int64_t> OffloadClient::Restore(const std::string& path, bool rollback) {
   v1::RestoreRequest request;
   request.set_job(impl_->options.job);
   request.set_path(path);
+  request.set_rollback(rollback);
   ZO_ASSIGN_OR_RETURN(
       v1::RestoreResponse response,
       impl_->Unary<v1::RestoreResponse>(
           0, [&](v1::Offload::Stub& stub, grpc::ClientContext& context, v1::RestoreResponse& r) {
             return stub.Restore(&context, request, &r);
           }));
-  // The restore made a new instance of the job on every server: this
+  // A rollback made a new instance of the job on every server: this
   // client's calls go to it from now on.
-  for (int i = 0; i < impl_->map.num_servers(); ++i) {
+  for (int i = 0; rollback && i < impl_->map.num_servers(); ++i) {
     v1::GetJobStatusRequest status_request;
     status_request.set_job(impl_->options.job);
     ZO_ASSIGN_OR_RETURN(

@@ -175,7 +175,9 @@ class OffloadClient {
   absl::StatusOr<std::string> Checkpoint(int64_t min_version = 0);
   // Asks the lead to restore the job from `path` (empty: its latest
   // checkpoint); returns the restored version.
-  absl::StatusOr<int64_t> Restore(const std::string& path);
+  // `rollback` (after a server lost its part): every other client of the
+  // job must reopen it; this one follows by itself.
+  absl::StatusOr<int64_t> Restore(const std::string& path, bool rollback = false);
 
   OffloadClient(const OffloadClient&) = delete;
   OffloadClient& operator=(const OffloadClient&) = delete;

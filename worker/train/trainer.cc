@@ -334,7 +334,7 @@ absl::Status RestoreAfterLeadLoss(const TrainOptions& o, const Plan& plan) {
   }
   // Also when every server came back empty: training goes on from the
   // latest checkpoint, never silently from version 0.
-  return client->Restore("").status();
+  return client->Restore("", /*rollback=*/true).status();
 }
 
 // Attaches to a job that moved, once it is there at the version the move
