@@ -476,7 +476,11 @@ absl::Status Train(const TrainOptions& o) {
         absl::IsNotFound(failed) &&
         absl::StrContains(failed.message(), absl::StrCat("no job \"", o.job, "\""));
     const bool unreachable = absl::IsUnavailable(failed) || absl::IsDeadlineExceeded(failed);
-    if (!move.has_value() && !moved_options.servers.empty() && (lost_job || unreachable)) {
+    // (Only where this process runs every stage: a pipeline stage in another
+    // process may be what failed, and the error says which.)
+    const bool all_stages_here = o.stage < 0 || o.pipeline_stages == 1;
+    if (!move.has_value() && !moved_options.servers.empty() && all_stages_here &&
+        (lost_job || unreachable)) {
       // A server is down, or restarted without the job (its lead then rolls
       // every server back to the last checkpoint): wait for the job on the
       // same servers, at whatever version they are, and carry on from there.
