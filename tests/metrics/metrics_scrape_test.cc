@@ -10,7 +10,6 @@
 #include <optional>
 #include <regex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -18,6 +17,7 @@
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/cluster/wait_until.h"
 #include "tests/server/server_process.h"
 #include "tests/server/training_harness.h"
 #include "tests/support/child_process.h"
@@ -50,17 +50,22 @@ double Value(const std::string& text, const std::string& name,
   return v.ok() ? *v : -1;
 }
 
-// Scrapes until `name` reaches `at_least` (the process keeps training), at
-// most a minute.
-std::string ScrapeUntil(int port, const std::string& name, double at_least) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  for (;;) {
-    std::string text = Scrape(port);
-    absl::StatusOr<double> v = ScrapeValue(text, name);
-    if ((v.ok() && *v >= at_least) || std::chrono::steady_clock::now() > deadline) return text;
-    // A scrape every 20 ms: what a (very eager) Prometheus would do.
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+// Scrapes until `name` reaches `at_least`, at most a minute: woken by the
+// worker writing its log and metrics file in `dir` (a step went by), or by
+// its end.
+std::string ScrapeUntil(int port, const std::string& name, double at_least, const std::string& dir,
+                        const ChildProcess& train) {
+  std::string text;
+  const absl::Status reached = cluster::WaitUntil(
+      absl::StrCat(name, " >= ", at_least),
+      [&] {
+        text = Scrape(port);
+        absl::StatusOr<double> v = ScrapeValue(text, name);
+        return v.ok() && *v >= at_least;
+      },
+      dir, {&train}, std::chrono::minutes(1));
+  EXPECT_THAT(reached, IsOk());
+  return text;
 }
 
 TEST(MetricsScrapeTest, ServerAndWorkerCountersMoveWhileTraining) {
@@ -81,27 +86,28 @@ TEST(MetricsScrapeTest, ServerAndWorkerCountersMoveWhileTraining) {
     "zero_optimization": {"sub_group_size": 20000,
                           "offload_optimizer": {"device": "nvme", "nvme_path": ")"
                         << nvme << R"("}}})";
-  absl::StatusOr<ChildProcess> train =
-      ChildProcess::Start({ZO_TRAIN_PATH, "--model", "mlp", "--mlp-width", "64", "--mlp-depth", "2",
-                           "--steps", "100000", "--config", config, "--servers", server->address(),
-                           "--job", "scraped", "--metrics-listen", "127.0.0.1:0"},
-                          dir + "/train.log");
+  absl::StatusOr<ChildProcess> train = ChildProcess::Start(
+      {ZO_TRAIN_PATH, "--model", "mlp", "--mlp-width", "64", "--mlp-depth", "2", "--steps",
+       "100000", "--config", config, "--servers", server->address(), "--job", "scraped",
+       "--metrics-listen", "127.0.0.1:0", "--metrics-out", dir + "/train.jsonl"},
+      dir + "/train.log");
   ASSERT_THAT(train, IsOk());
   // The endpoint is up before the first step.
   std::optional<int> train_port;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (!(train_port = MetricsPort(train->ReadLog())) &&
-         std::chrono::steady_clock::now() < deadline &&
-         !train->Wait(std::chrono::milliseconds(10))) {
-  }
-  ASSERT_TRUE(train_port.has_value()) << train->ReadLog();
+  ASSERT_THAT(cluster::WaitUntil(
+                  "zo-train's metrics line",
+                  [&] { return (train_port = MetricsPort(train->ReadLog())).has_value(); }, dir,
+                  {&*train}, std::chrono::seconds(30)),
+              IsOk())
+      << train->ReadLog();
 
-  const std::string w1 = ScrapeUntil(*train_port, "zo_train_steps_total", 2);
+  const std::string w1 = ScrapeUntil(*train_port, "zo_train_steps_total", 2, dir, *train);
   const std::string s1 = Scrape(*server_port);
   const double steps1 = Value(w1, "zo_train_steps_total");
   ASSERT_GE(steps1, 2) << train->ReadLog();
-  const std::string w2 = ScrapeUntil(*train_port, "zo_train_steps_total", steps1 + 3);
-  const std::string s2 = ScrapeUntil(*server_port, "zo_server_job_steps_total", steps1 + 3);
+  const std::string w2 = ScrapeUntil(*train_port, "zo_train_steps_total", steps1 + 3, dir, *train);
+  const std::string s2 =
+      ScrapeUntil(*server_port, "zo_server_job_steps_total", steps1 + 3, dir, *train);
   train->Kill();
 
   // The worker: its own counters, labelled with the job.

@@ -9,9 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/cluster/wait_until.h"
 #include "tests/server/server_process.h"
 #include "tests/server/training_harness.h"
 #include "tests/support/child_process.h"
@@ -36,15 +38,16 @@ inline std::vector<double> Losses(const std::string& path) {
 
 // Waits until the metrics file has `steps` lines (the worker keeps going).
 inline bool WaitForSteps(const std::string& path, size_t steps, ChildProcess& train) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(3);
-  while (std::chrono::steady_clock::now() < deadline) {
-    std::ifstream in(path);
-    size_t lines = 0;
-    for (std::string line; std::getline(in, line);) ++lines;
-    if (lines >= steps) return true;
-    if (train.Wait(std::chrono::milliseconds(20)).has_value()) return false;  // it ended
-  }
-  return false;
+  const absl::Status reached = cluster::WaitUntil(
+      absl::StrCat(steps, " steps in ", path),
+      [&] {
+        std::ifstream in(path);
+        size_t lines = 0;
+        for (std::string line; std::getline(in, line);) ++lines;
+        return lines >= steps;
+      },
+      std::filesystem::path(path).parent_path().string(), {&train}, std::chrono::minutes(3));
+  return reached.ok();
 }
 
 inline std::string Join(const std::vector<ServerProcess>& servers, std::vector<int> which) {
