@@ -1,10 +1,9 @@
 #include "server/server_metrics.h"
 
-#include <deque>
-#include <iterator>
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "common/metric_families.h"
 
 namespace zo {
 namespace {
@@ -57,33 +56,6 @@ std::string CodeName(int code) {
   return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
 }
 
-// Hands out references that stay valid while more families are added.
-class Families {
- public:
-  MetricFamily& Add(std::string name, std::string help, MetricType type) {
-    families_.push_back({std::move(name), std::move(help), type, {}});
-    return families_.back();
-  }
-  std::vector<MetricFamily> Take() {
-    return {std::make_move_iterator(families_.begin()), std::make_move_iterator(families_.end())};
-  }
-
- private:
-  std::deque<MetricFamily> families_;
-};
-
-void AddSample(MetricFamily& family, std::vector<prometheus::ClientMetric::Label> labels,
-               double value) {
-  ClientMetric m;
-  m.label = std::move(labels);
-  if (family.type == MetricType::Counter) {
-    m.counter.value = value;
-  } else {
-    m.gauge.value = value;
-  }
-  family.metric.push_back(std::move(m));
-}
-
 }  // namespace
 
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
@@ -97,7 +69,7 @@ void ServerMetrics::CountCall(const std::string& method, grpc::StatusCode code) 
 }
 
 std::vector<MetricFamily> ServerMetrics::Collect() const {
-  Families f;
+  MetricFamilies f;
   MetricFamily& jobs = f.Add("zo_server_jobs", "jobs open on this server", MetricType::Gauge);
   MetricFamily& version = f.Add(
       "zo_server_job_version", "latest version of the weights (finished steps)", MetricType::Gauge);

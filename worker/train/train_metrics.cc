@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/metric_families.h"
 
 namespace zo::train {
 namespace {
@@ -10,21 +11,6 @@ namespace {
 using prometheus::ClientMetric;
 using prometheus::MetricFamily;
 using prometheus::MetricType;
-
-MetricFamily Family(std::string name, std::string help, MetricType type) {
-  return {std::move(name), std::move(help), type, {}};
-}
-
-void AddSample(MetricFamily& family, std::vector<ClientMetric::Label> labels, double value) {
-  ClientMetric m;
-  m.label = std::move(labels);
-  if (family.type == MetricType::Counter) {
-    m.counter.value = value;
-  } else {
-    m.gauge.value = value;
-  }
-  family.metric.push_back(std::move(m));
-}
 
 }  // namespace
 
@@ -57,12 +43,12 @@ std::vector<MetricFamily> TrainMetrics::Collect() const {
     return l;
   };
   std::lock_guard lock(mu_);
-  MetricFamily steps =
-      Family("zo_train_steps_total", "steps this process ran", MetricType::Counter);
-  AddSample(steps, id, static_cast<double>(steps_));
-  MetricFamily step = Family("zo_train_step", "the last step finished", MetricType::Gauge);
-  AddSample(step, id, static_cast<double>(last_step_));
-  MetricFamily seconds = Family(
+  MetricFamilies f;
+  AddSample(f.Add("zo_train_steps_total", "steps this process ran", MetricType::Counter), id,
+            static_cast<double>(steps_));
+  AddSample(f.Add("zo_train_step", "the last step finished", MetricType::Gauge), id,
+            static_cast<double>(last_step_));
+  MetricFamily& seconds = f.Add(
       "zo_train_step_seconds_total",
       "step time: phase=all the whole step; its parts compute (forward/backward), push (waiting "
       "for the servers to take the gradients), wait_weights (waiting for the next weights), "
@@ -73,30 +59,23 @@ std::vector<MetricFamily> TrainMetrics::Collect() const {
   AddSample(seconds, with("phase", "push"), push_s_);
   AddSample(seconds, with("phase", "wait_weights"), wait_s_);
   AddSample(seconds, with("phase", "pipeline"), transfer_s_);
-  MetricFamily samples = Family("zo_train_samples_total",
-                                "sequences (GPT) or samples (MLP) trained on", MetricType::Counter);
-  AddSample(samples, id, static_cast<double>(samples_));
-  MetricFamily tokens =
-      Family("zo_train_tokens_total", "tokens trained on (GPT)", MetricType::Counter);
-  AddSample(tokens, id, static_cast<double>(tokens_));
-  MetricFamily bytes = Family(
+  AddSample(f.Add("zo_train_samples_total", "sequences (GPT) or samples (MLP) trained on",
+                  MetricType::Counter),
+            id, static_cast<double>(samples_));
+  AddSample(f.Add("zo_train_tokens_total", "tokens trained on (GPT)", MetricType::Counter), id,
+            static_cast<double>(tokens_));
+  MetricFamily& bytes = f.Add(
       "zo_train_bytes_total",
       "payload bytes with the servers: direction=out gradients pushed, direction=in weights pulled",
       MetricType::Counter);
   AddSample(bytes, with("direction", "out"), static_cast<double>(pushed_bytes_));
   AddSample(bytes, with("direction", "in"), static_cast<double>(pulled_bytes_));
-  MetricFamily scale =
-      Family("zo_train_loss_scale", "loss scale of the last step", MetricType::Gauge);
-  AddSample(scale, id, loss_scale_);
-  std::vector<MetricFamily> out = {std::move(steps),   std::move(step),   std::move(seconds),
-                                   std::move(samples), std::move(tokens), std::move(bytes),
-                                   std::move(scale)};
+  AddSample(f.Add("zo_train_loss_scale", "loss scale of the last step", MetricType::Gauge), id,
+            loss_scale_);
   if (loss_) {  // only the process holding the last stage sees the loss
-    MetricFamily loss = Family("zo_train_loss", "loss of the last step", MetricType::Gauge);
-    AddSample(loss, id, *loss_);
-    out.push_back(std::move(loss));
+    AddSample(f.Add("zo_train_loss", "loss of the last step", MetricType::Gauge), id, *loss_);
   }
-  return out;
+  return f.Take();
 }
 
 }  // namespace zo::train
