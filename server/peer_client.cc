@@ -34,86 +34,90 @@ absl::StatusOr<v1::Offload::Stub*> PeerClient::StubFor(const std::string& addres
   return it->second.get();
 }
 
-void PeerClient::Prepare(grpc::ClientContext& context, absl::Duration timeout) const {
+template <typename Response, typename Call>
+absl::StatusOr<Response> PeerClient::Unary(const std::string& address, const char* what,
+                                           absl::Duration timeout, Call call, bool wait_for_ready) {
+  ZO_ASSIGN_OR_RETURN(v1::Offload::Stub * stub, StubFor(address));
+  grpc::ClientContext context;
   PrepareCallContext({.timeout = timeout, .auth_token = credentials_.auth_token}, context);
+  context.set_wait_for_ready(wait_for_ready);
+  Response response;
+  ZO_RETURN_IF_ERROR(Named(address, what, call(*stub, context, response)));
+  return response;
 }
 
 absl::Status PeerClient::ReportStepStats(const std::string& address, const v1::StepStats& stats,
                                          absl::Duration timeout) {
-  ZO_ASSIGN_OR_RETURN(v1::Offload::Stub * stub, StubFor(address));
-  grpc::ClientContext context;
-  Prepare(context, timeout);
-  v1::StepStatsResponse response;
-  return Named(address, "ReportStepStats", stub->ReportStepStats(&context, stats, &response));
+  return Unary<v1::StepStatsResponse>(
+             address, "ReportStepStats", timeout,
+             [&](v1::Offload::Stub& stub, grpc::ClientContext& c, v1::StepStatsResponse& r) {
+               return stub.ReportStepStats(&c, stats, &r);
+             })
+      .status();
 }
 
 absl::Status PeerClient::CommitStep(const std::string& address, const v1::StepCommit& commit,
                                     absl::Duration timeout) {
-  ZO_ASSIGN_OR_RETURN(v1::Offload::Stub * stub, StubFor(address));
-  grpc::ClientContext context;
-  Prepare(context, timeout);
-  v1::StepCommitResponse response;
-  return Named(address, "CommitStep", stub->CommitStep(&context, commit, &response));
+  return Unary<v1::StepCommitResponse>(
+             address, "CommitStep", timeout,
+             [&](v1::Offload::Stub& stub, grpc::ClientContext& c, v1::StepCommitResponse& r) {
+               return stub.CommitStep(&c, commit, &r);
+             })
+      .status();
 }
 
 absl::StatusOr<v1::WriteCheckpointPartResponse> PeerClient::WriteCheckpointPart(
     const std::string& address, const v1::WriteCheckpointPartRequest& request,
     absl::Duration timeout) {
-  ZO_ASSIGN_OR_RETURN(v1::Offload::Stub * stub, StubFor(address));
-  grpc::ClientContext context;
-  Prepare(context, timeout);
-  v1::WriteCheckpointPartResponse response;
-  absl::Status s = Named(address, "WriteCheckpointPart",
-                         stub->WriteCheckpointPart(&context, request, &response));
-  if (!s.ok()) return s;
-  return response;
+  return Unary<v1::WriteCheckpointPartResponse>(
+      address, "WriteCheckpointPart", timeout,
+      [&](v1::Offload::Stub& stub, grpc::ClientContext& c, v1::WriteCheckpointPartResponse& r) {
+        return stub.WriteCheckpointPart(&c, request, &r);
+      });
 }
 
 absl::StatusOr<v1::OpenJobResponse> PeerClient::OpenJob(const std::string& address,
                                                         const v1::OpenJobRequest& request,
                                                         absl::Duration timeout) {
-  ZO_ASSIGN_OR_RETURN(v1::Offload::Stub * stub, StubFor(address));
-  grpc::ClientContext context;
-  Prepare(context, timeout);
   // A server just (re)started may not be connected yet: wait for it, within
   // the deadline, rather than fail on the channel's last refusal.
-  context.set_wait_for_ready(true);
-  v1::OpenJobResponse response;
-  ZO_RETURN_IF_ERROR(Named(address, "OpenJob", stub->OpenJob(&context, request, &response)));
-  return response;
+  return Unary<v1::OpenJobResponse>(
+      address, "OpenJob", timeout,
+      [&](v1::Offload::Stub& stub, grpc::ClientContext& c, v1::OpenJobResponse& r) {
+        return stub.OpenJob(&c, request, &r);
+      },
+      /*wait_for_ready=*/true);
 }
 
 absl::Status PeerClient::CloseJob(const std::string& address, const v1::CloseJobRequest& request,
                                   absl::Duration timeout) {
-  ZO_ASSIGN_OR_RETURN(v1::Offload::Stub * stub, StubFor(address));
-  grpc::ClientContext context;
-  Prepare(context, timeout);
-  v1::CloseJobResponse response;
-  return Named(address, "CloseJob", stub->CloseJob(&context, request, &response));
+  return Unary<v1::CloseJobResponse>(
+             address, "CloseJob", timeout,
+             [&](v1::Offload::Stub& stub, grpc::ClientContext& c, v1::CloseJobResponse& r) {
+               return stub.CloseJob(&c, request, &r);
+             })
+      .status();
 }
 
 absl::StatusOr<v1::JobStatus> PeerClient::GetJobStatus(const std::string& address,
                                                        const std::string& job,
                                                        absl::Duration timeout) {
-  ZO_ASSIGN_OR_RETURN(v1::Offload::Stub * stub, StubFor(address));
-  grpc::ClientContext context;
-  Prepare(context, timeout);
   v1::GetJobStatusRequest request;
   request.set_job(job);
-  v1::JobStatus response;
-  ZO_RETURN_IF_ERROR(
-      Named(address, "GetJobStatus", stub->GetJobStatus(&context, request, &response)));
-  return response;
+  return Unary<v1::JobStatus>(address, "GetJobStatus", timeout,
+                              [&](v1::Offload::Stub& stub, grpc::ClientContext& c,
+                                  v1::JobStatus& r) { return stub.GetJobStatus(&c, request, &r); });
 }
 
 absl::Status PeerClient::RestorePart(const std::string& address,
                                      const v1::RestorePartRequest& request,
                                      absl::Duration timeout) {
-  ZO_ASSIGN_OR_RETURN(v1::Offload::Stub * stub, StubFor(address));
-  grpc::ClientContext context;
-  Prepare(context, timeout);
-  v1::RestorePartResponse response;
-  return Named(address, "RestorePart", stub->RestorePart(&context, request, &response));
+  return Unary<v1::RestorePartResponse>(
+             address, "RestorePart", timeout,
+             [&](v1::Offload::Stub& stub, grpc::ClientContext& c, v1::RestorePartResponse& r) {
+               return stub.RestorePart(&c, request, &r);
+             })
+      .status();
 }
 
 }  // namespace zo

@@ -51,7 +51,11 @@ class PeerClient {
  private:
   // INVALID_ARGUMENT when `address` is not host:port (rpc/channel.h).
   absl::StatusOr<v1::Offload::Stub*> StubFor(const std::string& address);
-  void Prepare(grpc::ClientContext& context, absl::Duration timeout) const;
+  // One unary call to `address` made by call(stub, context, response): the
+  // response, or the error as "<what> to server <address>: ...".
+  template <typename Response, typename Call>
+  absl::StatusOr<Response> Unary(const std::string& address, const char* what,
+                                 absl::Duration timeout, Call call, bool wait_for_ready = false);
 
   const PeerCredentials credentials_;
   std::mutex mu_;
