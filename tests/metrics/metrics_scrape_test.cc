@@ -79,10 +79,12 @@ TEST(MetricsScrapeTest, ServerAndWorkerCountersMoveWhileTraining) {
   const std::optional<int> server_port = MetricsPort(server->ReadLog());
   ASSERT_TRUE(server_port.has_value()) << server->ReadLog();
 
+  // A low loss scale: no step in the watched window may be skipped for an
+  // overflow (a skipped step moves no weights, bytes or NVMe state).
   const std::string config = dir + "/ds_config.json";
   std::ofstream(config) << R"({"train_micro_batch_size_per_gpu": 8,
     "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
-    "fp16": {"enabled": true},
+    "fp16": {"enabled": true, "initial_scale_power": 4},
     "zero_optimization": {"sub_group_size": 20000,
                           "offload_optimizer": {"device": "nvme", "nvme_path": ")"
                         << nvme << R"("}}})";
