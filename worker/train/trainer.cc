@@ -361,9 +361,11 @@ absl::StatusOr<Attached> Reattach(const TrainOptions& o, Plan& plan, backend::Ba
         why = absl::UnavailableError(absl::StrCat("at version ", lead->version(), " so far"));
       }
       if (why.ok()) return at;
-      if (absl::IsFailedPrecondition(why) && !ParseJobMove(why)) {
-        why = absl::UnavailableError(why.message());  // lost state: the lead is rolling back
-      }
+    }
+    // Lost state (the lead is rolling back), or initial weights refused
+    // because a restore that Open saw in progress finished meanwhile.
+    if (absl::IsFailedPrecondition(why) && !ParseJobMove(why)) {
+      why = absl::UnavailableError(why.message());
     }
     // The lead restarted without the job while the others kept it: nothing
     // on the servers can roll it back, so one worker (dp rank 0 with stage
