@@ -80,7 +80,7 @@ class DeviceOnlyLink final : public model::ParamLink {
     return absl::OkStatus();
   }
   double LossScale(int64_t) override { return loss_scale_; }
-  absl::Status PushGradient(int64_t, const model::Param&) override { return absl::OkStatus(); }
+  absl::Status PushGradient(int64_t, const model::Param&, int) override { return absl::OkStatus(); }
   absl::Status FinishStep(int64_t) override { return absl::OkStatus(); }
 
  private:

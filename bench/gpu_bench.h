@@ -65,6 +65,7 @@ struct GpuBenchOptions {
   // this size is about 1e-7.
   double largest_lr = 1e-7;
   int largest_warmup_steps = 0;
+  std::string largest_gradient_accumulation = "auto";  // zo.gradient_accumulation
   std::string largest_device = "cuda";  // zo-train's --device; "cpu" for the harness's test
 };
 

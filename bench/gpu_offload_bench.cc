@@ -35,7 +35,7 @@ namespace {
 // DPU after one step when `dpu`, the lr warmed up linearly over
 // `warmup_steps` when > 0.
 std::string JobConfig(DType dtype, int micro_batch, int micro_batches, bool dpu, double lr,
-                      int warmup_steps = 0) {
+                      int warmup_steps = 0, const std::string& gradient_accumulation = "auto") {
   const std::string scheduler =
       warmup_steps == 0 ? ""
                         : absl::StrFormat(R"("scheduler": {"type": "WarmupLR", "params": {
@@ -47,9 +47,9 @@ std::string JobConfig(DType dtype, int micro_batch, int micro_batches, bool dpu,
           "optimizer": {"type": "AdamW", "params": {"lr": %g, "betas": [0.9, 0.95],
                                                     "weight_decay": 0.1}}, %s
           "%s": {"enabled": true}, "gradient_clipping": 1.0, "steps_per_print": 1000000,
-          "zo": {"dpu": {"enabled": %s, "warmup_steps": 1}}})",
+          "zo": {"dpu": {"enabled": %s, "warmup_steps": 1}, "gradient_accumulation": "%s"}})",
       micro_batch * micro_batches, micro_batch, lr, scheduler,
-      dtype == DType::kFloat16 ? "fp16" : "bf16", dpu ? "true" : "false");
+      dtype == DType::kFloat16 ? "fp16" : "bf16", dpu ? "true" : "false", gradient_accumulation);
 }
 
 // The server tier's step with no GPU in it: every gradient pushed from
@@ -223,8 +223,8 @@ absl::StatusOr<nlohmann::json> MeasureGpuLargest(const bench::GpuBenchOptions& o
   const std::string metrics = absl::StrCat("/tmp/zo-bench-largest-", getpid(), ".jsonl");
   std::remove(metrics.c_str());
   train::TrainOptions t;
-  t.config_json =
-      JobConfig(o.dtype, o.largest_batch, 1, true, o.largest_lr, o.largest_warmup_steps);
+  t.config_json = JobConfig(o.dtype, o.largest_batch, 1, true, o.largest_lr, o.largest_warmup_steps,
+                            o.largest_gradient_accumulation);
   t.model = "gpt";
   t.gpt = gpt;
   t.seed = o.seed;
@@ -267,6 +267,7 @@ absl::StatusOr<nlohmann::json> MeasureGpuLargest(const bench::GpuBenchOptions& o
                         {"batch", o.largest_batch},
                         {"lr", o.largest_lr},
                         {"lr_warmup_steps", o.largest_warmup_steps},
+                        {"gradient_accumulation", o.largest_gradient_accumulation},
                         {"steps", losses.size()},
                         {"first_loss", losses.front()},
                         {"last_loss", losses.back()},
@@ -275,7 +276,9 @@ absl::StatusOr<nlohmann::json> MeasureGpuLargest(const bench::GpuBenchOptions& o
                         {"wall_s", wall_s},
                         {"peak_gpu_bytes", peak_gpu},
                         {"peak_host_rss_bytes", peak_rss},
-                        {"server_ram_bytes_estimate", estimate.server.ram_bytes},
+                        {"server_ram_bytes_estimate", o.largest_gradient_accumulation == "servers"
+                                                          ? estimate.server_ram_bytes_servers
+                                                          : estimate.server.ram_bytes},
                         {"losses", losses}};
 }
 

@@ -108,6 +108,9 @@ ABSL_FLAG(double, largest_lr, 1e-7,
           "gpu: gpu_largest's (peak) lr; Adam's sign-like first steps blow a 4B GPT up above "
           "about 1e-6");
 ABSL_FLAG(int, largest_warmup_steps, 0, "gpu: gpu_largest's linear lr warmup; 0: none");
+ABSL_FLAG(std::string, largest_gradient_accumulation, "auto",
+          "gpu: gpu_largest's zo.gradient_accumulation: auto, device (fp32 gradients on the GPU) "
+          "or servers (none kept there)");
 ABSL_FLAG(int64_t, link_mbit, 1000, "scale: each server host's link cap, Mbit/s each way");
 ABSL_FLAG(std::string, server_hosts, "1,2,4",
           "scale: server host counts, comma-separated; the first is the efficiency baseline");
@@ -339,6 +342,13 @@ absl::StatusOr<bench::GpuBenchOptions> GpuOptionsFromFlags() {
   o.largest_steps = absl::GetFlag(FLAGS_largest_steps);
   o.largest_lr = absl::GetFlag(FLAGS_largest_lr);
   o.largest_warmup_steps = absl::GetFlag(FLAGS_largest_warmup_steps);
+  o.largest_gradient_accumulation = absl::GetFlag(FLAGS_largest_gradient_accumulation);
+  if (o.largest_gradient_accumulation != "auto" && o.largest_gradient_accumulation != "device" &&
+      o.largest_gradient_accumulation != "servers") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--largest-gradient-accumulation must be auto, device or servers, got '",
+                     o.largest_gradient_accumulation, "'"));
+  }
   return o;
 }
 

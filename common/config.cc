@@ -53,6 +53,11 @@ constexpr std::array<EnumEntry<OffloadDevice>, 3> kOffloadDevices = {{
     {OffloadDevice::kCpu, "cpu"},
     {OffloadDevice::kNvme, "nvme"},
 }};
+constexpr std::array<EnumEntry<GradientAccumulation>, 3> kGradientAccumulations = {{
+    {GradientAccumulation::kAuto, "auto"},
+    {GradientAccumulation::kDevice, "device"},
+    {GradientAccumulation::kServers, "servers"},
+}};
 
 // DeepSpeed keys that zo accepts and does not use (each one logs a note).
 // Whole sections: nothing inside them is checked.
@@ -234,6 +239,7 @@ void VisitZo(V& v, ZoConfig& z) {
     v.Note("zo.nvme_checksums is false: swap-file corruption will go undetected (benchmarks only)");
   }
   v.Field("max_consecutive_skips", z.max_consecutive_skips, AtLeast(0));
+  v.Enum("gradient_accumulation", z.gradient_accumulation, kGradientAccumulations);
   v.Object("dpu", z.dpu, VisitDpu<V>);
   v.Object("auth", z.auth, VisitAuth<V>);
 }
@@ -313,6 +319,9 @@ std::string_view EnumName(OptimizerType type) { return NameOf(kOptimizerTypes, t
 std::string_view EnumName(SchedulerType type) { return NameOf(kSchedulerTypes, type); }
 std::string_view EnumName(WarmupType type) { return NameOf(kWarmupTypes, type); }
 std::string_view EnumName(OffloadDevice device) { return NameOf(kOffloadDevices, device); }
+std::string_view EnumName(GradientAccumulation policy) {
+  return NameOf(kGradientAccumulations, policy);
+}
 
 absl::StatusOr<LoadedConfig> ParseConfig(const std::string& json_text,
                                          const ConfigOptions& options) {
@@ -343,6 +352,22 @@ absl::StatusOr<LoadedConfig> LoadConfigFile(const std::string& path, const Confi
   }
   LogDiagnostics(*loaded, path);
   return loaded;
+}
+
+int64_t PushesPerRank(const Config& config) {
+  return config.zo.gradient_accumulation == GradientAccumulation::kServers
+             ? config.gradient_accumulation_steps
+             : 1;
+}
+
+absl::StatusOr<std::string> WithGradientAccumulation(const std::string& json_text,
+                                                     GradientAccumulation policy) {
+  ZO_ASSIGN_OR_RETURN(Json json, ParseJson(json_text));
+  if (!json.is_object()) return absl::InvalidArgumentError("a config must be a JSON object");
+  Json& zo = json["zo"];
+  if (!zo.is_null() && !zo.is_object()) return absl::InvalidArgumentError("zo must be an object");
+  zo["gradient_accumulation"] = std::string(EnumName(policy));
+  return json.dump();
 }
 
 std::string ConfigToJson(const Config& config, int indent) {

@@ -26,12 +26,22 @@ enum class OptimizerType { kAdam, kAdamW, kAdagrad, kLion };
 enum class SchedulerType { kWarmupLR, kWarmupDecayLR, kWarmupCosineLR };
 enum class WarmupType { kLog, kLinear };
 enum class OffloadDevice { kNone, kCpu, kNvme };
+// `zo.gradient_accumulation`: where a step's micro-batch gradients are summed.
+//   kDevice:  fp32 accumulators beside the weights on the worker (4 B/param
+//             there), one push per step;
+//   kServers: each micro-batch's 16-bit gradients are pushed as they become
+//             final and the servers sum them in fp32 (only staging buffers
+//             on the worker; traffic x micro-batches);
+//   kAuto:    the worker picks (device when it fits) and opens the job with
+//             its choice; a server treats it as kDevice.
+enum class GradientAccumulation { kAuto, kDevice, kServers };
 
 // DeepSpeed's spelling of each value: "AdamW", "WarmupLR", "log", "nvme".
 std::string_view EnumName(OptimizerType type);
 std::string_view EnumName(SchedulerType type);
 std::string_view EnumName(WarmupType type);
 std::string_view EnumName(OffloadDevice device);
+std::string_view EnumName(GradientAccumulation policy);
 
 // `optimizer.params`. Each type reads the subset it needs (Adagrad: lr, eps,
 // weight_decay; Lion: lr, betas, weight_decay).
@@ -164,6 +174,7 @@ struct ZoConfig {
   // cannot go lower (fp16.min_loss_scale, a static scale, or none at all)
   // before the job fails; 0: never. DeepSpeed fails at the first such step.
   int64_t max_consecutive_skips = 100;  // >= 0
+  GradientAccumulation gradient_accumulation = GradientAccumulation::kAuto;
   friend bool operator==(const ZoConfig&, const ZoConfig&) = default;
 };
 
@@ -214,6 +225,16 @@ absl::StatusOr<LoadedConfig> LoadConfigFile(const std::string& path,
 // The config as JSON that ParseConfig (with the same dp_world_size) turns back
 // into an equal Config. indent < 0: one line.
 std::string ConfigToJson(const Config& config, int indent = -1);
+
+// Gradient pushes each dp rank makes per step: gradient_accumulation_steps
+// with zo.gradient_accumulation "servers", else 1.
+int64_t PushesPerRank(const Config& config);
+
+// `json_text` (a config ParseConfig accepts) with zo.gradient_accumulation
+// set to `policy`, every other key as it was: how a worker opens a job with
+// the policy it chose for "auto".
+absl::StatusOr<std::string> WithGradientAccumulation(const std::string& json_text,
+                                                     GradientAccumulation policy);
 
 }  // namespace zo
 

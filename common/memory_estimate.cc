@@ -68,6 +68,7 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const EstimateInput& input) {
   ZO_RETURN_IF_ERROR(CheckAtLeast("pipeline stages", input.pipeline_stages, 1));
   ZO_RETURN_IF_ERROR(CheckAtLeast("dp ranks", input.dp_ranks, 1));
   ZO_RETURN_IF_ERROR(CheckAtLeast("servers", input.servers, 1));
+  ZO_RETURN_IF_ERROR(CheckAtLeast("micro-batches", input.micro_batches, 1));
   ZO_RETURN_IF_ERROR(CheckAtLeast("chunk_elems", input.chunk_elems, 1));
   ZO_RETURN_IF_ERROR(CheckAtLeast("sub_group_size", input.sub_group_size, 1));
   if (input.nvme) ZO_RETURN_IF_ERROR(CheckAtLeast("buffer_count", input.buffer_count, 3));
@@ -101,6 +102,15 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const EstimateInput& input) {
   e.gpu.grad_bytes = e.gpu.stage_params * 4;
   e.gpu.total_bytes = e.gpu.param_bytes + e.gpu.next_param_bytes + e.gpu.grad_bytes;
   e.gpu.host_staging_bytes = 2 * e.gpu.stage_params * lp;
+  e.gpu.pushed_bytes_per_step = e.gpu.stage_params * lp;
+  GpuEstimate& g = e.gpu_servers;
+  g = e.gpu;
+  const int64_t largest_tensor = std::min(
+      e.gpu.stage_params, *std::max_element(input.tensor_elems.begin(), input.tensor_elems.end()));
+  g.grad_bytes = largest_tensor * 4;
+  g.total_bytes = g.param_bytes + g.next_param_bytes + g.grad_bytes;
+  g.host_staging_bytes = (1 + std::min(input.micro_batches, 2)) * g.stage_params * lp;
+  g.pushed_bytes_per_step = g.stage_params * lp * input.micro_batches;
 
   ServerEstimate& s = e.server;
   for (int i = 0; i < input.servers; ++i) s.elems = std::max(s.elems, map.ElemsOnServer(i));
@@ -123,6 +133,11 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const EstimateInput& input) {
   } else {
     s.ram_bytes += s.master_bytes + s.moment_bytes;
   }
+  // One push per element and step (one rank, one micro-batch) is still
+  // kept as received.
+  e.server_ram_bytes_servers =
+      s.ram_bytes - s.grad_accum_bytes +
+      s.elems * (input.dp_ranks * input.micro_batches == 1 ? lp : kGradAccumBytes);
   return e;
 }
 
@@ -148,13 +163,20 @@ std::string FormatEstimateTable(const MemoryEstimate& e) {
       FormatCount(static_cast<double>(e.chunk_elems)), in.nvme ? "NVMe" : "RAM");
 
   auto bytes = [](int64_t b) { return FormatBytes(static_cast<double>(b)); };
-  absl::StrAppendFormat(&out, "per GPU (largest stage: %s parameters)\n",
-                        FormatCount(static_cast<double>(e.gpu.stage_params)));
-  out += Row(lp + " parameters", bytes(e.gpu.param_bytes));
-  out += Row(lp + " next step's parameters (prefetch)", bytes(e.gpu.next_param_bytes));
-  out += Row("fp32 gradients", bytes(e.gpu.grad_bytes));
-  out += Row("total, before activations", bytes(e.gpu.total_bytes));
-  out += Row("page-locked host staging", bytes(e.gpu.host_staging_bytes));
+  const GpuEstimate& d = e.gpu;
+  const GpuEstimate& g = e.gpu_servers;
+  absl::StrAppendFormat(&out,
+                        "per GPU (largest stage: %s parameters), by zo.gradient_accumulation\n",
+                        FormatCount(static_cast<double>(d.stage_params)));
+  out += Row("", "device", "servers");
+  out += Row(lp + " parameters", bytes(d.param_bytes), bytes(g.param_bytes));
+  out += Row(lp + " next step's parameters (prefetch)", bytes(d.next_param_bytes),
+             bytes(g.next_param_bytes));
+  out += Row("fp32 gradients (servers: one layer's)", bytes(d.grad_bytes), bytes(g.grad_bytes));
+  out += Row("total, before activations", bytes(d.total_bytes), bytes(g.total_bytes));
+  out += Row("page-locked host staging", bytes(d.host_staging_bytes), bytes(g.host_staging_bytes));
+  out += Row(absl::StrFormat("pushed per step (%d micro-batches)", in.micro_batches),
+             bytes(d.pushed_bytes_per_step), bytes(g.pushed_bytes_per_step));
 
   absl::StrAppendFormat(&out, "\nper server (largest share: %s elements)\n",
                         FormatCount(static_cast<double>(s.elems)));
@@ -173,9 +195,30 @@ std::string FormatEstimateTable(const MemoryEstimate& e) {
                bytes(s.io_buffer_bytes), "-");
   }
   out += Row("total", bytes(s.ram_bytes), bytes(s.nvme_bytes));
+  if (e.server_ram_bytes_servers != s.ram_bytes) {
+    out += Row("total, gradient_accumulation servers", bytes(e.server_ram_bytes_servers),
+               bytes(s.nvme_bytes));
+  }
+  out +=
+      "\nzo-train's \"auto\" picks device when its total takes at most half the GPU's free\n"
+      "memory, else servers (fp32 gradient sum on the servers).\n";
   out += "\nActivations, GPU workspace and gRPC buffers are not included.\n";
   return out;
 }
+
+namespace {
+
+nlohmann::json GpuJson(const GpuEstimate& g) {
+  return {{"stage_params", g.stage_params},
+          {"param_bytes", g.param_bytes},
+          {"next_param_bytes", g.next_param_bytes},
+          {"grad_bytes", g.grad_bytes},
+          {"total_bytes", g.total_bytes},
+          {"host_staging_bytes", g.host_staging_bytes},
+          {"pushed_bytes_per_step", g.pushed_bytes_per_step}};
+}
+
+}  // namespace
 
 std::string FormatEstimateJson(const MemoryEstimate& e) {
   const EstimateInput& in = e.input;
@@ -190,13 +233,9 @@ std::string FormatEstimateJson(const MemoryEstimate& e) {
       {"servers", in.servers},
       {"chunk_elems", e.chunk_elems},
       {"optimizer_device", in.nvme ? "nvme" : "cpu"},
-      {"gpu",
-       {{"stage_params", e.gpu.stage_params},
-        {"param_bytes", e.gpu.param_bytes},
-        {"next_param_bytes", e.gpu.next_param_bytes},
-        {"grad_bytes", e.gpu.grad_bytes},
-        {"total_bytes", e.gpu.total_bytes},
-        {"host_staging_bytes", e.gpu.host_staging_bytes}}},
+      {"micro_batches", in.micro_batches},
+      {"gpu", GpuJson(e.gpu)},
+      {"gpu_gradient_accumulation_servers", GpuJson(e.gpu_servers)},
       {"server",
        {{"elems", s.elems},
         {"master_bytes", s.master_bytes},
@@ -206,6 +245,7 @@ std::string FormatEstimateJson(const MemoryEstimate& e) {
         {"io_buffer_bytes", s.io_buffer_bytes},
         {"sub_group_elems", s.sub_group_elems},
         {"ram_bytes", s.ram_bytes},
+        {"ram_bytes_gradient_accumulation_servers", e.server_ram_bytes_servers},
         {"nvme_bytes", s.nvme_bytes}}},
   };
   return j.dump(2) + "\n";

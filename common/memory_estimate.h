@@ -25,11 +25,15 @@ struct EstimateInput {
   int64_t chunk_elems = int64_t{4} << 20;
   int64_t sub_group_size = 1000000000;  // DeepSpeed's default
   int buffer_count = 4;
+  int micro_batches = 1;  // gradient_accumulation_steps
 };
 
-// What a GPU worker holds for the largest stage (worker/train/offload_link.h):
-// its 16-bit weights, a second set the next step's weights are uploaded
-// into while a step computes, and fp32 gradients that sum the micro-batches.
+// What a GPU worker holds for the largest stage (worker/train/offload_link.h)
+// under one zo.gradient_accumulation policy: its 16-bit weights, a second set
+// the next step's weights are uploaded into while a step computes, and fp32
+// gradients: all of them summing the micro-batches ("device"), or only those
+// of the layer the backward is in ("servers", bounded here by the largest
+// tensor's).
 struct GpuEstimate {
   int64_t stage_params = 0;  // parameters of the largest stage
   int64_t param_bytes = 0;
@@ -37,8 +41,10 @@ struct GpuEstimate {
   int64_t grad_bytes = 0;        // fp32
   int64_t total_bytes = 0;       // before activations and workspace
   // Page-locked host memory per worker: pulled weights and pushed
-  // gradients, both 16-bit, staged for the copy engines.
+  // gradients, both 16-bit, staged for the copy engines (two gradient slots
+  // when micro-batches push one by one).
   int64_t host_staging_bytes = 0;
+  int64_t pushed_bytes_per_step = 0;  // gradient bytes one worker sends
 };
 
 // For the server holding the most elements.
@@ -60,8 +66,12 @@ struct MemoryEstimate {
   // The chunk size the servers use: input.chunk_elems, capped so that every
   // server holds a share of a small model (ShardMap).
   int64_t chunk_elems = 0;
-  GpuEstimate gpu;
-  ServerEstimate server;
+  GpuEstimate gpu;          // zo.gradient_accumulation "device"
+  GpuEstimate gpu_servers;  // "servers"
+  ServerEstimate server;    // "device"
+  // The server's RAM under "servers": its gradient buffer sums in fp32 even
+  // with one dp rank (unless there is one micro-batch too).
+  int64_t server_ram_bytes_servers = 0;
 };
 
 // INVALID_ARGUMENT on counts below 1, no parameters, a precision other than

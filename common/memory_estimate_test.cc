@@ -43,6 +43,34 @@ TEST(MemoryEstimateTest, OneBillionParamsInRam) {
   EXPECT_THAT(FormatEstimateTable(two), HasSubstr("fp32 gradient sum"));
 }
 
+// zo.gradient_accumulation "servers": the GPU keeps one layer's fp32
+// gradients (bounded by the largest tensor), page-locks two gradient slots,
+// pushes once per micro-batch, and the servers sum in fp32 even for one rank.
+TEST(MemoryEstimateTest, GradientsSummedOnTheServersShowBesideTheDevicePolicy) {
+  EstimateInput in;
+  in.tensor_elems = {600000000, 300000000, 100000000};
+  in.micro_batches = 4;
+  ZO_ASSERT_OK_AND_ASSIGN(MemoryEstimate e, EstimateMemory(in));
+  EXPECT_EQ(e.gpu.total_bytes, 8000000000);
+  EXPECT_EQ(e.gpu.pushed_bytes_per_step, 2000000000);
+  EXPECT_EQ(e.gpu_servers.grad_bytes, 2400000000);  // the 600 M tensor in fp32
+  EXPECT_EQ(e.gpu_servers.total_bytes, 4000000000 + 2400000000);
+  EXPECT_EQ(e.gpu_servers.host_staging_bytes, 3 * 2000000000LL);  // weights + 2 gradient slots
+  EXPECT_EQ(e.gpu_servers.pushed_bytes_per_step, 4 * 2000000000LL);
+  EXPECT_EQ(e.server.ram_bytes, 18000000000);
+  EXPECT_EQ(e.server_ram_bytes_servers, 20000000000);  // fp32 sum instead of fp16 as received
+  const std::string table = FormatEstimateTable(e);
+  EXPECT_THAT(table, ::testing::ContainsRegex("device +servers"));
+  EXPECT_THAT(table, ::testing::ContainsRegex("total, before activations +7.45 GiB +5.96 GiB"));
+  EXPECT_THAT(table, HasSubstr("total, gradient_accumulation servers"));
+  const nlohmann::json j = nlohmann::json::parse(FormatEstimateJson(e));
+  EXPECT_EQ(j["gpu_gradient_accumulation_servers"]["total_bytes"], 6400000000);
+  EXPECT_EQ(j["server"]["ram_bytes_gradient_accumulation_servers"], 20000000000);
+  in.micro_batches = 0;
+  EXPECT_THAT(EstimateMemory(in).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("micro-batches")));
+}
+
 TEST(MemoryEstimateTest, ThirteenBillionOnNvmeOverTwoServers) {
   EstimateInput in;
   in.tensor_elems = {13000000000};

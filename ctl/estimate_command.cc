@@ -36,6 +36,9 @@ ABSL_FLAG(std::string, chunk_elems, "4194304",
 ABSL_FLAG(std::string, sub_group_size, "1e9",
           "estimate: elements per NVMe sub-group (zero_optimization.sub_group_size)");
 ABSL_FLAG(int, buffer_count, 4, "estimate: NVMe swap buffers (offload_optimizer.buffer_count)");
+ABSL_FLAG(int, micro_batches, 1,
+          "estimate: micro-batches per step (gradient_accumulation_steps): what "
+          "zo.gradient_accumulation \"servers\" multiplies the pushed bytes by");
 ABSL_FLAG(std::string, config, "",
           "estimate: DeepSpeed-style JSON config supplying precision, NVMe offload, "
           "sub_group_size, buffer_count, chunk_elems and the server count; flags set to "
@@ -59,6 +62,7 @@ void ApplyConfigDefaults(const Config& config) {
   SetIfDefault(FLAGS_sub_group_size, absl::StrCat(config.zero_optimization.sub_group_size));
   SetIfDefault(FLAGS_buffer_count, config.zero_optimization.offload_optimizer.buffer_count);
   SetIfDefault(FLAGS_chunk_elems, absl::StrCat(config.zo.chunk_elems));
+  SetIfDefault(FLAGS_micro_batches, static_cast<int>(config.gradient_accumulation_steps));
   if (!config.zo.servers.empty()) {
     SetIfDefault(FLAGS_servers, absl::StrCat(config.zo.servers.size()));
   }
@@ -99,6 +103,7 @@ absl::StatusOr<EstimateInput> EstimateInputFromFlags() {
   ZO_ASSIGN_OR_RETURN(in.chunk_elems, ParseCount(absl::GetFlag(FLAGS_chunk_elems)));
   ZO_ASSIGN_OR_RETURN(in.sub_group_size, ParseCount(absl::GetFlag(FLAGS_sub_group_size)));
   in.buffer_count = absl::GetFlag(FLAGS_buffer_count);
+  in.micro_batches = absl::GetFlag(FLAGS_micro_batches);
   return in;
 }
 

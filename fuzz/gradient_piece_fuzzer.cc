@@ -51,12 +51,13 @@ void CompareWithProtobuf(const zo::GradientPieceView& view, const std::string& m
   ZO_FUZZ_CHECK(view.dtype == piece.dtype(), "dtype");
   ZO_FUZZ_CHECK(view.resend == piece.resend(), "resend");
   ZO_FUZZ_CHECK(view.incarnation == piece.incarnation(), "incarnation");
+  ZO_FUZZ_CHECK(view.micro_batch == piece.micro_batch(), "micro_batch");
   ZO_FUZZ_CHECK(view.data_bytes == piece.data().size(), "data size");
   ZO_FUZZ_CHECK(Concat(view) == piece.data(), "data");
 }
 
 // What Job::TryPushGradient does once the chunk and dtype are checked.
-void Push(zo::GradientPieceView view, int dp, int shift) {
+void Push(zo::GradientPieceView view, int dp, int pushes_per_rank, int shift) {
   if (view.chunk < 0 || view.chunk >= 2) return;  // Job::LocalChunkIndex
   absl::StatusOr<zo::DType> dtype = zo::DTypeFromProto(view.dtype);
   if (!dtype.ok()) return;  // Job::PushedChunkIndex
@@ -64,6 +65,7 @@ void Push(zo::GradientPieceView view, int dp, int shift) {
   options.job = "fuzz";
   options.chunks = {{0, 0, kChunkElems[0]}, {1, kChunkElems[0], kChunkElems[1]}};
   options.dp_world_size = dp;
+  options.pushes_per_rank = pushes_per_rank;
   options.dtype = *dtype;
   options.pool = pool;
   options.wakes = wakes;
@@ -98,6 +100,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const size_t cut = data[0];
   const int dp = 1 + (data[1] & 1);
   const int shift = (data[1] >> 1) % 8 - 4;
+  const int pushes_per_rank = 1 + (data[1] >> 4) % 3;  // micro-batches pushed one by one
   const std::string message(reinterpret_cast<const char*>(data + 2), size - 2);
 
   std::vector<grpc::Slice> in;
@@ -113,6 +116,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   zo::GradientPieceView view;
   if (!zo::ParseGradientPiece(buffer, &slices, &view).ok()) return 0;
   CompareWithProtobuf(view, message);
-  Push(view, dp, shift);
+  Push(view, dp, pushes_per_rank, shift);
   return 0;
 }

@@ -14,6 +14,14 @@ absl::StatusOr<std::unique_ptr<GradientAccumulator>> GradientAccumulator::Create
   if (options.wakes == nullptr) {
     return absl::InvalidArgumentError("a GradientAccumulator needs a WakeQueue for waiting pushes");
   }
+  // Coverage keeps a range list per contributor and chunk.
+  constexpr int64_t kMaxContributors = 1 << 16;
+  if (options.dp_world_size < 1 || options.pushes_per_rank < 1 ||
+      int64_t{options.dp_world_size} * options.pushes_per_rank > kMaxContributors) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job ", options.job, ": ", options.dp_world_size, " dp ranks x ", options.pushes_per_rank,
+        " pushes per step must be between 1 and ", kMaxContributors));
+  }
   std::unique_ptr<GradientAccumulator> a(new GradientAccumulator(std::move(options)));
   const DType gdtype = a->gradient_dtype();
   const size_t gsize = DTypeSize(gdtype);
@@ -57,12 +65,13 @@ GradientAccumulator::GradientAccumulator(Options options)
       chunks_(std::move(options.chunks)),
       local_elems_(SumElems(chunks_)),
       dp_world_size_(options.dp_world_size),
+      pushes_per_rank_(options.pushes_per_rank),
       dtype_(options.dtype),
       pool_(options.pool),
       wakes_(options.wakes),
       on_ready_(std::move(options.on_ready)) {
   absl::MutexLock lock(&mu_);
-  for (const LocalChunk& c : chunks_) coverage_.emplace_back(c.elems, dp_world_size_);
+  for (const LocalChunk& c : chunks_) coverage_.emplace_back(c.elems, contributors());
   chunk_step_.assign(chunks_.size(), 1);
   waiters_.resize(chunks_.size());
 }
@@ -73,6 +82,15 @@ absl::StatusOr<GradientAccumulator::PushOutcome> GradientAccumulator::TryPush(
     return absl::InvalidArgumentError(absl::StrCat("dp_rank ", piece.dp_rank, " is outside [0, ",
                                                    dp_world_size_, ") for job ", job_));
   }
+  if (piece.micro_batch < 0 || piece.micro_batch >= pushes_per_rank_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "micro_batch ", piece.micro_batch, " is outside [0, ", pushes_per_rank_, ") for job ", job_,
+        pushes_per_rank_ == 1 ? " (it sums micro-batches on the workers: zo.gradient_accumulation "
+                                "is not \"servers\")"
+                              : ""));
+  }
+  // Each (rank, micro-batch) delivers every element once.
+  const int contributor = piece.dp_rank * pushes_per_rank_ + piece.micro_batch;
   const LocalChunk& c = chunks_[static_cast<size_t>(index)];
   const size_t elem = DTypeSize(dtype_);
   if (piece.data_bytes == 0 || piece.data_bytes % elem != 0) {
@@ -110,8 +128,8 @@ absl::StatusOr<GradientAccumulator::PushOutcome> GradientAccumulator::TryPush(
     }
     ChunkCoverage& coverage = coverage_[index];
     const bool was_complete = coverage.complete();
-    ZO_ASSIGN_OR_RETURN(
-        gaps, coverage.Claim(piece.dp_rank, piece.offset, piece.offset + n, piece.resend));
+    ZO_ASSIGN_OR_RETURN(gaps,
+                        coverage.Claim(contributor, piece.offset, piece.offset + n, piece.resend));
     if (!was_complete && coverage.complete()) ++complete_chunks_;
     ++adding_;
   }

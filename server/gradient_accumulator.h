@@ -1,8 +1,9 @@
 // The gradient buffer of the chunks one server owns, and the per-chunk
 // accounting of pushes into it (docs/architecture.md, "One training step").
-// With several dp ranks it accumulates in fp32; with one, every element
-// arrives exactly once per step, so it keeps the 16-bit gradients as
-// received (2 bytes per element instead of 4, nothing to convert or zero):
+// With several dp ranks, or micro-batches pushed one by one
+// (zo.gradient_accumulation "servers"), it accumulates in fp32; with one
+// push per element and step, it keeps the 16-bit gradients as received
+// (2 bytes per element instead of 4, nothing to convert or zero):
 //
 //   TryPush(step t, rank r, range) -> claims the range in the chunk's
 //                                   coverage and adds (or stores) it; while
@@ -58,6 +59,9 @@ class GradientAccumulator {
     std::string job;  // for messages
     std::vector<LocalChunk> chunks;
     int dp_world_size = 1;
+    // Pushes of every element per rank and step: gradient_accumulation_steps
+    // when the servers sum the micro-batches (PushesPerRank), else 1.
+    int pushes_per_rank = 1;
     DType dtype = DType::kFloat16;  // of pushed gradients
     ThreadPool* pool = nullptr;     // borrowed; outlives the accumulator
     WakeQueue* wakes = nullptr;     // borrowed; runs the callbacks of waiting pushes
@@ -137,7 +141,8 @@ class GradientAccumulator {
 
   // With one dp rank a push stores the bytes as received: no read of the
   // buffer while receiving and no zeroing between steps.
-  bool StoresGradients() const { return dp_world_size_ == 1; }
+  bool StoresGradients() const { return contributors() == 1; }
+  int contributors() const { return dp_world_size_ * pushes_per_rank_; }
   // Local elements [begin, end), each pool worker its own part.
   void Zero(int64_t begin, int64_t end);
 
@@ -145,6 +150,7 @@ class GradientAccumulator {
   const std::vector<LocalChunk> chunks_;
   const int64_t local_elems_;
   const int dp_world_size_;
+  const int pushes_per_rank_;
   const DType dtype_;
   ThreadPool* const pool_;
   WakeQueue* const wakes_;

@@ -27,10 +27,11 @@ const std::vector<LocalChunk> kChunks = {{.id = 1, .local_offset = 0, .elems = 1
                                          {.id = 3, .local_offset = 10, .elems = 6}};
 
 struct Fixture {
-  explicit Fixture(int dp, DType dtype = DType::kFloat32) {
+  explicit Fixture(int dp, DType dtype = DType::kFloat32, int pushes_per_rank = 1) {
     auto a = GradientAccumulator::Create({.job = "acc",
                                           .chunks = kChunks,
                                           .dp_world_size = dp,
+                                          .pushes_per_rank = pushes_per_rank,
                                           .dtype = dtype,
                                           .pool = &pool,
                                           .wakes = &wakes,
@@ -41,8 +42,10 @@ struct Fixture {
 
   // fp32 values at [offset, offset + values.size()) of local chunk `index`.
   absl::Status Push(int index, int64_t step, int rank, int64_t offset, std::vector<float> values,
-                    absl::Time deadline = absl::InfiniteFuture(), bool resend = false) {
+                    absl::Time deadline = absl::InfiniteFuture(), bool resend = false,
+                    int micro_batch = 0) {
     v1::GradientPiece p;
+    p.set_micro_batch(micro_batch);
     p.set_job("acc");
     p.set_step(step);
     p.set_dp_rank(rank);
@@ -90,6 +93,52 @@ TEST(GradientAccumulatorTest, SumsEveryRankAndIsReadyOnlyWhenAllChunksAreComplet
   ASSERT_EQ(stats.per_chunk.size(), 2u);
   EXPECT_DOUBLE_EQ(stats.per_chunk[0].sum_squares, 10 * 3.5 * 3.5);
   EXPECT_FALSE(stats.total.non_finite);
+}
+
+// zo.gradient_accumulation "servers": each rank pushes every element once
+// per micro-batch; the step is ready when every (rank, micro-batch) has, and
+// the buffer holds their sum, in fp32 even with one rank.
+TEST(GradientAccumulatorTest, MicroBatchPushesAreEachDeliveredOnceAndSummed) {
+  Fixture f(/*dp=*/2, DType::kFloat32, /*pushes_per_rank=*/3);
+  EXPECT_EQ(f.acc->gradient_dtype(), DType::kFloat32);
+  const auto push_all = [&](int rank, int micro, float value) {
+    absl::Status s =
+        f.Push(0, 1, rank, 0, std::vector<float>(10, value), absl::InfiniteFuture(), false, micro);
+    if (s.ok()) {
+      s = f.Push(1, 1, rank, 0, std::vector<float>(6, value), absl::InfiniteFuture(), false, micro);
+    }
+    return s;
+  };
+  float sum = 0;
+  for (int rank = 0; rank < 2; ++rank) {
+    for (int micro = 0; micro < 3; ++micro) {
+      EXPECT_FALSE(f.acc->Ready());
+      const float value = static_cast<float>(1 + rank * 3 + micro);
+      ASSERT_THAT(push_all(rank, micro, value), IsOk());
+      sum += value;
+    }
+  }
+  EXPECT_TRUE(f.acc->Ready());
+  EXPECT_THAT(f.Data(), ElementsAreArray(std::vector<float>(16, sum)));
+  // A micro-batch delivered twice, or one the job does not have, changes nothing.
+  EXPECT_THAT(push_all(1, 2, 100.0f), StatusIs(absl::StatusCode::kAlreadyExists, ::testing::_));
+  EXPECT_THAT(f.Push(0, 1, 0, 0, {1.0f}, absl::InfiniteFuture(), false, 3),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("micro_batch 3")));
+  EXPECT_THAT(f.Data(), ElementsAreArray(std::vector<float>(16, sum)));
+
+  // One rank, one push per step: micro-batch 1 is named as not expected.
+  Fixture one(1, DType::kFloat32, 1);
+  EXPECT_THAT(one.Push(0, 1, 0, 0, {1.0f}, absl::InfiniteFuture(), false, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("zo.gradient_accumulation is not \"servers\"")));
+  EXPECT_EQ(GradientAccumulator::Create({.job = "huge",
+                                         .chunks = kChunks,
+                                         .dp_world_size = 1024,
+                                         .pushes_per_rank = 1024,
+                                         .wakes = &one.wakes})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(GradientAccumulatorTest, ReleaseZeroesAndOpensTheNextStepChunkByChunk) {

@@ -106,6 +106,9 @@ absl::Status ParseGradientPiece(const grpc::ByteBuffer& buffer, std::vector<grpc
           case v1::GradientPiece::kResendFieldNumber:
             view->resend = v != 0;
             break;
+          case v1::GradientPiece::kMicroBatchFieldNumber:
+            view->micro_batch = static_cast<int32_t>(v);
+            break;
           default:
             break;  // unknown: ignored, as protobuf would
         }
@@ -164,6 +167,7 @@ GradientPieceView ViewOf(const v1::GradientPiece& piece) {
   view.dtype = piece.dtype();
   view.resend = piece.resend();
   view.incarnation = piece.incarnation();
+  view.micro_batch = piece.micro_batch();
   if (!piece.data().empty()) view.data.emplace_back(piece.data().data(), piece.data().size());
   view.data_bytes = piece.data().size();
   return view;

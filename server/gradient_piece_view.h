@@ -28,6 +28,7 @@ struct GradientPieceView {
   v1::DType dtype = v1::DTYPE_UNSPECIFIED;
   bool resend = false;
   uint64_t incarnation = 0;                  // 0: unchecked
+  int32_t micro_batch = 0;                   // with gradients summed on the servers
   std::vector<absl::Span<const char>> data;  // the payload, in order
   size_t data_bytes = 0;
 };

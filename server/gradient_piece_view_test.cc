@@ -54,6 +54,7 @@ TEST(GradientPieceViewTest, ParsesWhatProtobufSerialisesHoweverItIsSliced) {
     piece.set_offset(rng() % 100000);
     piece.set_dtype(round % 2 ? v1::DTYPE_FP16 : v1::DTYPE_BF16);
     piece.set_resend(round % 5 == 0);
+    piece.set_micro_batch(round % 7 == 0 ? -2 : static_cast<int>(rng() % 16));
     // Split across slices too: 8 bytes in the middle of the message.
     if (round % 4 != 0)
       piece.set_incarnation((uint64_t{rng()} << 32) ^ rng() ^ (uint64_t{1} << 63));
@@ -73,6 +74,7 @@ TEST(GradientPieceViewTest, ParsesWhatProtobufSerialisesHoweverItIsSliced) {
     EXPECT_EQ(view.dtype, piece.dtype());
     EXPECT_EQ(view.resend, piece.resend());
     EXPECT_EQ(view.incarnation, piece.incarnation());
+    EXPECT_EQ(view.micro_batch, piece.micro_batch());
     EXPECT_EQ(view.data_bytes, data.size());
     EXPECT_EQ(Joined(view), data);
   }

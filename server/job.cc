@@ -100,6 +100,7 @@ absl::Status Job::Init() {
                                   .job = spec_.name,
                                   .chunks = std::move(owned),
                                   .dp_world_size = spec_.dp_world_size,
+                                  .pushes_per_rank = static_cast<int>(PushesPerRank(spec_.config)),
                                   .dtype = spec_.dtype,
                                   .pool = resources_.pool,
                                   .wakes = resources_.wakes,

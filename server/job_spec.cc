@@ -97,6 +97,10 @@ absl::StatusOr<JobSpec> JobSpecFromRequest(const v1::OpenJobRequest& request) {
     return absl::InvalidArgumentError(absl::StrCat("config_json: ", loaded.status().message()));
   }
   spec.config = std::move(loaded->config);
+  // A worker resolves "auto" before it opens a job; a client that does not
+  // (zo.torch, tests) pushes once per step, which is "device".
+  GradientAccumulation& policy = spec.config.zo.gradient_accumulation;
+  if (policy == GradientAccumulation::kAuto) policy = GradientAccumulation::kDevice;
   const OptimizerType opt = spec.config.optimizer.type;
   if (opt != OptimizerType::kAdam && opt != OptimizerType::kAdamW) {
     return absl::UnimplementedError(

@@ -75,6 +75,9 @@ def test_what_the_engine_does_not_offer_is_named():
                             optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
     with pytest.raises(ValueError, match="config"):
         zo.torch.initialize(model=model)
+    per_micro_batch = dict(ds_config(2), zo={"gradient_accumulation": "servers"})
+    with pytest.raises(NotImplementedError, match="gradient_accumulation"):
+        zo.torch.initialize(model=model, config=per_micro_batch)
     engine, opt, _, _ = zo.torch.initialize(model=model, config=ds_config(1))
     with pytest.raises(AttributeError, match="pipeline_parallelism"):
         engine.pipeline_parallelism()

@@ -82,6 +82,12 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if not named:
             raise ValueError("OffloadOptimizer got no parameters")
         config_json, cfg = _load_config(config)
+        if (cfg.get("zo", {}).get("gradient_accumulation") == "servers"
+                and cfg.get("gradient_accumulation_steps", 1) != 1):
+            raise NotImplementedError(
+                'zo.torch sums micro-batch gradients in the model\'s .grad and pushes once per '
+                'step; zo.gradient_accumulation "servers" (a push per micro-batch) is zo-train\'s '
+                'GPU worker only: use "device" or "auto"')
         lr = cfg.get("optimizer", {}).get("params", {}).get("lr", 1e-3)
         super().__init__([p for _, p in named], {"lr": lr})
         self._names = [n for n, _ in named]

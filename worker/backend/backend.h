@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -51,6 +52,9 @@ class Backend {
   // fp32 host values; Upload rounds them to dst's dtype.
   virtual absl::Status UploadFloat(absl::Span<const float> src, Tensor& dst) = 0;
   virtual absl::Status DownloadFloat(const Tensor& src, absl::Span<float> dst) = 0;
+  // Bytes the device can still allocate, where that is a separate budget
+  // (a GPU's memory); nullopt for host memory.
+  virtual std::optional<int64_t> FreeDeviceMemory() const { return std::nullopt; }
   // Host memory for DownloadAsync: page-locked where the device copies into
   // it directly (CUDA), ordinary memory otherwise. Freed with the pointer.
   virtual std::shared_ptr<std::byte> AllocateHost(size_t bytes);

@@ -116,7 +116,7 @@ struct OffloadClient::Impl {
   absl::Status StepErrorLocked(int64_t step) const;
   // `owner` null: the bytes are copied; otherwise they are sent in place.
   absl::Status PushRange(int64_t step, int tensor, int64_t offset, absl::Span<const std::byte> data,
-                         std::shared_ptr<const void> owner);
+                         std::shared_ptr<const void> owner, int micro_batch = 0);
   // Push's check that `data` is the whole tensor.
   absl::Status CheckWholeTensor(int tensor, size_t bytes) const;
   absl::Status FinishStep(int64_t step);
@@ -221,11 +221,16 @@ absl::Status OffloadClient::Impl::StepErrorLocked(int64_t step) const {
 
 absl::Status OffloadClient::Impl::PushRange(int64_t step, int tensor, int64_t offset,
                                             absl::Span<const std::byte> data,
-                                            std::shared_ptr<const void> owner) {
+                                            std::shared_ptr<const void> owner, int micro_batch) {
   ZO_RETURN_IF_ERROR(CheckState());
   if (step < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot push step ", step, ": steps are numbered from 1"));
+  }
+  if (micro_batch < 0 || micro_batch >= PushesPerRank(config)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "micro-batch ", micro_batch, " is outside [0, ", PushesPerRank(config),
+        ") (a job pushes per micro-batch only with zo.gradient_accumulation \"servers\")"));
   }
   ZO_RETURN_IF_ERROR(CheckTensorIndex(tensor));
   const int64_t bytes = static_cast<int64_t>(data.size());
@@ -258,6 +263,7 @@ absl::Status OffloadClient::Impl::PushRange(int64_t step, int tensor, int64_t of
     header.set_dtype(DTypeToProto(dtype));
     header.set_resend(options.resend);
     header.set_incarnation(incarnation[p.server].load(std::memory_order_relaxed));
+    header.set_micro_batch(micro_batch);
     client_internal::EncodedPiece piece = client_internal::EncodeGradientPiece(
         header, data.data() + p.byte_begin, static_cast<size_t>(piece_bytes), owner);
 
@@ -578,12 +584,12 @@ OffloadClient::Traffic OffloadClient::traffic() const {
 }
 
 absl::Status OffloadClient::PushShared(int64_t step, int tensor, std::shared_ptr<const void> owner,
-                                       absl::Span<const std::byte> data) {
+                                       absl::Span<const std::byte> data, int micro_batch) {
   if (owner == nullptr) {
     return absl::InvalidArgumentError("PushShared needs an owner of the pushed bytes");
   }
   ZO_RETURN_IF_ERROR(impl_->CheckWholeTensor(tensor, data.size()));
-  return impl_->PushRange(step, tensor, 0, data, std::move(owner));
+  return impl_->PushRange(step, tensor, 0, data, std::move(owner), micro_batch);
 }
 
 absl::Status OffloadClient::PushRange(int64_t step, int tensor, int64_t offset,

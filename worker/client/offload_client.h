@@ -120,9 +120,11 @@ class OffloadClient {
   // Push without the copy: the pieces point into `data`, which must stay
   // valid and unchanged while `owner` lives; the client holds a reference to
   // `owner` until gRPC has written the last byte (a staging buffer handed
-  // over, e.g. a std::shared_ptr<std::vector<std::byte>>).
+  // over, e.g. a std::shared_ptr<std::vector<std::byte>>). With
+  // zo.gradient_accumulation "servers", `micro_batch` says which of the
+  // step's micro-batches the gradient is from (each is pushed once).
   absl::Status PushShared(int64_t step, int tensor, std::shared_ptr<const void> owner,
-                          absl::Span<const std::byte> data);
+                          absl::Span<const std::byte> data, int micro_batch = 0);
   // The same for elements [offset, offset + data.size() / elem size) of a tensor.
   absl::Status PushRange(int64_t step, int tensor, int64_t offset,
                          absl::Span<const std::byte> data);

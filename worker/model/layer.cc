@@ -8,10 +8,10 @@ int64_t Layer::param_count() const {
   return n;
 }
 
-void Layer::Bind(backend::Backend& backend, DType dtype) {
+void Layer::Bind(backend::Backend& backend, DType dtype, bool grads) {
   for (Param& p : params_) {
     p.value = backend.Zeros(dtype, p.shape);
-    p.grad = backend.Zeros(DType::kFloat32, p.shape);
+    p.grad = grads ? backend.Zeros(DType::kFloat32, p.shape) : backend::Tensor();
   }
 }
 

@@ -48,8 +48,9 @@ class Layer {
   const std::deque<Param>& params() const { return params_; }
   int64_t param_count() const;
 
-  // Allocates every parameter's value (in `dtype`) and fp32 gradient.
-  void Bind(backend::Backend& backend, DType dtype);
+  // Allocates every parameter's value (in `dtype`) and, with `grads`, its
+  // fp32 gradient (without: the caller allocates one when it needs it).
+  void Bind(backend::Backend& backend, DType dtype, bool grads = true);
 
   // `x` is the previous layer's output, undefined for a model's first layer
   // (which reads the micro-batch). Returns this layer's output in the

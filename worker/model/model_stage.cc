@@ -48,7 +48,7 @@ ModelStage::ModelStage(backend::Backend& backend, Model& model, std::vector<int>
     const int v = VirtualStage(c);
     for (int j = bounds_[v]; j < bounds_[v + 1]; ++j) {
       Layer& layer = *model_.layers[j];
-      layer.Bind(backend_, options_.dtype);
+      layer.Bind(backend_, options_.dtype, /*grads=*/!options_.push_every_micro_batch);
       for (Param& p : layer.params()) params_.push_back(&p);
     }
   }
@@ -65,7 +65,9 @@ absl::Status ModelStage::BeginStep(int64_t step) {
   batches_.clear();
   live_.clear();
   losses_.clear();
-  for (Param* p : params_) backend_.SetZero(p->grad);
+  if (!options_.push_every_micro_batch) {
+    for (Param* p : params_) backend_.SetZero(p->grad);
+  }
   ZO_RETURN_IF_ERROR(link_.LoadWeights(step, params_));
   loss_scale_ = link_.LossScale(step);
   return absl::OkStatus();
@@ -153,12 +155,19 @@ absl::StatusOr<Tensor> ModelStage::Backward(int micro_batch, int chunk, Tensor g
       const int run = begin + (j - begin) / k * k;
       RunForward(run, j + 1, begin, live.run_inputs[(j - begin) / k], *mb, live.saved);
     }
+    std::deque<Param>& params = model_.layers[j]->params();
+    if (options_.push_every_micro_batch) {
+      for (Param& p : params) p.grad = backend_.Zeros(DType::kFloat32, p.shape);
+    }
     dy = model_.layers[j]->Backward(backend_, dy, *mb, live.saved[j - begin], j > 0);
     live.saved[j - begin].clear();
-    if (last_for_chunk) {
-      for (const Param& p : model_.layers[j]->params()) {
-        ZO_RETURN_IF_ERROR(link_.PushGradient(step_, p));
+    if (options_.push_every_micro_batch) {
+      for (Param& p : params) {
+        ZO_RETURN_IF_ERROR(link_.PushGradient(step_, p, micro_batch));
+        p.grad = Tensor();  // the memory goes back to the backend's pool
       }
+    } else if (last_for_chunk) {
+      for (const Param& p : params) ZO_RETURN_IF_ERROR(link_.PushGradient(step_, p, -1));
     }
   }
   live_.erase(it);

@@ -33,8 +33,11 @@ class ParamLink {
   // The loss scale of `step`'s gradients (1 without fp16); asked after
   // LoadWeights.
   virtual double LossScale(int64_t step) = 0;
-  // param.grad (fp32, loss-scaled, summed over the micro-batches) is final.
-  virtual absl::Status PushGradient(int64_t step, const Param& param) = 0;
+  // param.grad (fp32, loss-scaled) is final: summed over the step's
+  // micro-batches (micro_batch < 0), or micro-batch `micro_batch`'s alone
+  // when StageOptions::push_every_micro_batch. The link is done with
+  // param.grad when this returns (a copy may still be in flight).
+  virtual absl::Status PushGradient(int64_t step, const Param& param, int micro_batch) = 0;
   // Every gradient of `step` is acknowledged.
   virtual absl::Status FinishStep(int64_t step) = 0;
 };
@@ -52,6 +55,10 @@ struct StageOptions {
   int micro_batches = 1;
   DType dtype = DType::kFloat32;  // weights and activations
   int checkpoint_every = 0;       // layers per recomputed run; 0: keep everything
+  // zo.gradient_accumulation "servers": no gradient tensors kept; each
+  // micro-batch's gradients go to the link as the backward passes their
+  // layer (with one micro-batch this equals the default, minus the memory).
+  bool push_every_micro_batch = false;
 };
 
 class ModelStage final : public pipeline::StageModule {

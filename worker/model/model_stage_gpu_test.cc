@@ -82,5 +82,24 @@ TEST_F(GpuModelStageTest, TwoStagesComputeExactlyWhatOneStageComputes) {
   EXPECT_EQ(recomputed.grads, one.grads);
 }
 
+// zo.gradient_accumulation "servers" on the GPU: every layer's gradients
+// are allocated for one micro-batch's backward and released right after its
+// push (stream-ordered), and the micro-batch pushes sum to the step's
+// gradients. fp32 sums of 3 parts in a different order: a few fp32 ulps of
+// the gradient's norm.
+TEST_F(GpuModelStageTest, MicroBatchPushesSumToTheStepsGradients) {
+  const GptStepOptions options{.stages = 2, .micro_batches = 3};
+  GptStepOptions every = options;
+  every.push_every_micro_batch = true;
+  const GptStepResult summed = testing::RunGptStep(*gpu_, options);
+  const GptStepResult pushed = testing::RunGptStep(*gpu_, every);
+  EXPECT_EQ(pushed.loss, summed.loss);
+  ASSERT_EQ(pushed.grads.size(), summed.grads.size());
+  for (const auto& [name, g] : summed.grads) {
+    EXPECT_EQ(pushed.pushes.at(name), 3) << name;
+    EXPECT_LT(RelativeDistance(pushed.grads.at(name), g), 1e-5) << name;
+  }
+}
+
 }  // namespace
 }  // namespace zo::model

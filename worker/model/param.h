@@ -26,7 +26,9 @@ struct Param {
   backend::Shape shape;
   ParamInit init;
   backend::Tensor value;  // the job's dtype; written by each step's pull
-  backend::Tensor grad;   // fp32; micro-batches accumulate into it
+  // fp32; micro-batches accumulate into it. With gradients summed on the
+  // servers it exists only while one micro-batch's backward passes its layer.
+  backend::Tensor grad;
 
   int64_t numel() const { return backend::NumElements(shape); }
 };

@@ -61,8 +61,16 @@ absl::Status OffloadLink::Prepare(absl::Span<model::Param* const> params) {
     offset += bytes;
     idle_.push_back(backend_.Empty(p->value.dtype(), p->shape));
   }
-  arena_ = backend_.AllocateHost(gradient_bytes);
-  arena_bytes_ = gradient_bytes;
+  slots_ = PushesPerRank(client_->config()) > 1 ? 2 : 1;
+  slot_bytes_ = gradient_bytes;
+  staging_ = std::make_shared<Staging>();
+  staging_->arena = backend_.AllocateHost(gradient_bytes * static_cast<size_t>(slots_));
+  staging_->busy.assign(params_.size() * static_cast<size_t>(slots_), 0);
+  size_t at = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    places_[pulled_tensors_[i]] = {static_cast<int>(i), at};
+    at += static_cast<size_t>(params_[i]->numel()) * DTypeSize(dtype_);
+  }
   // Versions up to the job's are there to pull.
   pushed_ = client_->version();
   return absl::OkStatus();
@@ -157,39 +165,55 @@ absl::Status OffloadLink::LoadWeights(int64_t step, absl::Span<model::Param* con
 
 double OffloadLink::LossScale(int64_t) { return loss_scale_; }
 
-absl::Status OffloadLink::PushGradient(int64_t step, const model::Param& param) {
+absl::Status OffloadLink::PushGradient(int64_t step, const model::Param& param, int micro_batch) {
   ZO_ASSIGN_OR_RETURN(int index, TensorIndex(param.name));
+  auto place = places_.find(index);
+  if (place == places_.end()) {
+    return absl::InternalError(
+        absl::StrCat("gradient '", param.name, "' pushed before its stage's first LoadWeights"));
+  }
+  const int slot = micro_batch < 0 ? 0 : micro_batch % slots_;
+  const size_t busy_at = static_cast<size_t>(slot) * params_.size() + place->second.first;
+  {
+    // The place's previous bytes (micro-batch m - 2, or the step before)
+    // must be on the wire before they are overwritten.
+    std::unique_lock<std::mutex> lock(staging_->mu);
+    staging_->freed.wait(lock, [&] { return !staging_->busy[busy_at]; });
+    staging_->busy[busy_at] = 1;
+  }
   // fp32 -> fp16 turns an overflowing gradient into inf: that is how the
   // servers see the overflow and skip the step.
   backend::Tensor low = backend_.Cast(param.grad, dtype_);
   const size_t bytes = static_cast<size_t>(low.nbytes());
-  if (step != arena_step_) {
-    arena_step_ = step;
-    arena_used_ = 0;
-  }
-  if (arena_used_ + bytes > arena_bytes_) {
-    return absl::InternalError(absl::StrCat("gradient '", param.name, "' of step ", step,
-                                            " does not fit the staging arena (", arena_bytes_,
-                                            " bytes, ", arena_used_, " used): pushed twice?"));
-  }
-  const absl::Span<std::byte> dst(arena_.get() + arena_used_, bytes);
-  arena_used_ += bytes;
+  const absl::Span<std::byte> dst(
+      staging_->arena.get() + static_cast<size_t>(slot) * slot_bytes_ + place->second.second,
+      bytes);
+  // Frees the place once the last holder (the client, or this link when the
+  // copy or push fails) lets go; keeps the arena alive until then.
+  std::shared_ptr<const void> owner(dst.data(), [staging = staging_, busy_at](const void*) {
+    std::lock_guard<std::mutex> lock(staging->mu);
+    staging->busy[busy_at] = 0;
+    staging->freed.notify_all();
+  });
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!copy_error_.ok()) return copy_error_;
     ++copies_in_flight_;
   }
-  // The bytes go to the client once on the host; the arena lives while the
-  // client holds them.
-  std::shared_ptr<const void> owner(arena_, dst.data());
   OffloadClient* client = client_;
-  backend_.DownloadAsync(low, dst, [this, client, step, index, owner, dst](absl::Status s) {
-    if (s.ok()) s = client->PushShared(step, index, owner, dst);
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!s.ok() && copy_error_.ok()) copy_error_ = s;
-    --copies_in_flight_;
-    copied_.notify_all();
-  });
+  const int pushed_micro_batch = std::max(micro_batch, 0);
+  backend_.DownloadAsync(low, dst,
+                         [this, client, step, index, owner = std::move(owner), dst,
+                          pushed_micro_batch](absl::Status s) mutable {
+                           if (s.ok())
+                             s = client->PushShared(step, index, std::move(owner), dst,
+                                                    pushed_micro_batch);
+                           owner.reset();
+                           std::lock_guard<std::mutex> lock(mu_);
+                           if (!s.ok() && copy_error_.ok()) copy_error_ = s;
+                           --copies_in_flight_;
+                           copied_.notify_all();
+                         });
   return absl::OkStatus();
 }
 

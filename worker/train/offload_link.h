@@ -9,8 +9,14 @@
 //
 // Gradients: each final gradient is cast to the job's dtype and copied
 // (Backend::DownloadAsync: on a GPU, beside the compute, into page-locked
-// memory) into a staging arena that the client's push sends without a copy.
+// memory) into a staging slot that the client's push sends without a copy.
 // The backward goes on while gradients travel; FinishStep waits for them.
+// Each parameter has a fixed place in each slot; a place is free again once
+// the client has written its bytes. One slot when a step pushes its summed
+// gradients once; two when every micro-batch pushes its own
+// (zo.gradient_accumulation "servers"): micro-batch m then waits, per
+// parameter, for m - 2's bytes to be on the wire, which bounds the staging
+// memory whatever the number of micro-batches.
 #ifndef ZO_WORKER_TRAIN_OFFLOAD_LINK_H_
 #define ZO_WORKER_TRAIN_OFFLOAD_LINK_H_
 
@@ -50,7 +56,7 @@ class OffloadLink final : public model::ParamLink {
 
   absl::Status LoadWeights(int64_t step, absl::Span<model::Param* const> params) override;
   double LossScale(int64_t step) override;
-  absl::Status PushGradient(int64_t step, const model::Param& param) override;
+  absl::Status PushGradient(int64_t step, const model::Param& param, int micro_batch) override;
   absl::Status FinishStep(int64_t step) override;
 
  private:
@@ -89,13 +95,20 @@ class OffloadLink final : public model::ParamLink {
   bool prefetch_changed_ = false;
   double prefetch_loss_scale_ = 1;
 
-  // One step's gradients in the job's dtype, back to back (Backend::
-  // AllocateHost). A step reuses it from the start: FinishStep of the step
-  // before has returned, so every byte of it was written to the servers.
-  std::shared_ptr<std::byte> arena_;
-  size_t arena_bytes_ = 0;
-  size_t arena_used_ = 0;
-  int64_t arena_step_ = -1;
+  // The gradient staging (Backend::AllocateHost) and which of its places
+  // hold bytes the client has not written yet. Shared with the owners handed
+  // to the client, which free a place when the client lets go of it.
+  struct Staging {
+    std::shared_ptr<std::byte> arena;
+    std::mutex mu;
+    std::condition_variable freed;
+    std::vector<char> busy;  // [slot * params + local index]; guarded by mu
+  };
+  std::shared_ptr<Staging> staging_;
+  int slots_ = 1;
+  size_t slot_bytes_ = 0;
+  // Manifest index -> (local index, byte offset in a slot).
+  std::map<int, std::pair<int, size_t>> places_;
 
   std::mutex mu_;
   std::condition_variable copied_;

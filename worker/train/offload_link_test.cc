@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/dpu_policy.h"
 #include "common/testing/status_matchers.h"
 #include "gtest/gtest.h"
@@ -84,13 +85,75 @@ TEST(OffloadLinkTest, EveryStepComputesOnTheVersionTheDpuPolicyNames) {
         std::vector<float> g(static_cast<size_t>(p.numel()));
         for (size_t j = 0; j < g.size(); ++j) g[j] = (j % 3 == 0 ? -1.0f : 1.0f) * (step + j);
         ASSERT_THAT(f.cpu->UploadFloat(g, p.grad), IsOk());
-        ASSERT_THAT(link.PushGradient(step, p), IsOk());
+        ASSERT_THAT(link.PushGradient(step, p, -1), IsOk());
       }
       ASSERT_THAT(link.FinishStep(step), IsOk());
     }
     // The weights moved: the step computed last saw others than the first.
     EXPECT_NE(seen.front(), seen.back());
   }
+}
+
+// zo.gradient_accumulation "servers": four micro-batches each push their own
+// gradients through two staging slots (micro-batch 2 reuses 0's places once
+// they are on the wire) and the server sums them. Values and sums are small
+// integers, exact in bf16, so the job trains bit for bit as one that was
+// pushed the sum once ("device").
+TEST(OffloadLinkTest, MicroBatchPushesThroughTwoSlotsSumOnTheServer) {
+  Fixture f;
+  ASSERT_NO_FATAL_FAILURE(StartServerAndParams(f));
+  const auto config = [](const char* policy) {
+    return absl::StrCat(R"({"train_batch_size": 4, "train_micro_batch_size_per_gpu": 1,
+        "optimizer": {"type": "AdamW", "params": {"lr": 0.05}}, "bf16": {"enabled": true},
+        "zo": {"gradient_accumulation": ")",
+                        policy, R"("}})");
+  };
+  std::vector<std::unique_ptr<OffloadClient>> clients;
+  std::vector<std::unique_ptr<OffloadLink>> links;
+  for (const char* policy : {"servers", "device"}) {
+    ClientOptions options;
+    options.job = std::string("link-") + policy;
+    options.channels = {f.server->InProcessChannel()};
+    auto client = OffloadClient::Open(options, config(policy), f.manifest);
+    ASSERT_TRUE(client.ok()) << client.status();
+    clients.push_back(*std::move(client));
+    links.push_back(
+        std::make_unique<OffloadLink>(clients.back().get(), *f.cpu, f.manifest, DType::kBFloat16));
+    ASSERT_THAT(links.back()->InitializeIfFresh(f.pointers, 7), IsOk());
+  }
+  const auto upload = [&](model::Param& p, float factor) {
+    std::vector<float> g(static_cast<size_t>(p.numel()));
+    for (size_t j = 0; j < g.size(); ++j) g[j] = (j % 3 == 0 ? -factor : factor) * (1 + j % 4);
+    return f.cpu->UploadFloat(g, p.grad);
+  };
+  for (int64_t step = 1; step <= 3; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    for (auto& link : links) ASSERT_THAT(link->LoadWeights(step, f.pointers), IsOk());
+    for (model::Param& p : f.params) {
+      for (int micro = 0; micro < 4; ++micro) {
+        ASSERT_THAT(upload(p, static_cast<float>(micro + 1)), IsOk());
+        ASSERT_THAT(links[0]->PushGradient(step, p, micro), IsOk());
+      }
+      ASSERT_THAT(upload(p, 1 + 2 + 3 + 4), IsOk());
+      ASSERT_THAT(links[1]->PushGradient(step, p, -1), IsOk());
+    }
+    for (auto& link : links) ASSERT_THAT(link->FinishStep(step), IsOk());
+    std::vector<std::vector<std::byte>> weights;
+    for (auto& client : clients) {
+      std::vector<std::byte> a(30), b(14);
+      ASSERT_THAT(client->Pull(step, -1, {0, 1}, {absl::MakeSpan(a), absl::MakeSpan(b)}).status(),
+                  IsOk());
+      a.insert(a.end(), b.begin(), b.end());
+      weights.push_back(a);
+    }
+    EXPECT_EQ(weights[0], weights[1]);
+  }
+  // A micro-batch the job does not have is refused before anything is sent.
+  auto bytes = std::make_shared<std::vector<std::byte>>(30);
+  const absl::Status refused = clients[1]->PushShared(4, 0, bytes, *bytes, 1);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("micro-batch 1 is outside [0, 1)"), std::string::npos)
+      << refused;
 }
 
 }  // namespace

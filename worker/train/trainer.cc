@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "common/config.h"
 #include "common/status_macros.h"
+#include "common/units.h"
 #include "rpc/job_move.h"
 #include "worker/backend/select_backend.h"
 #include "worker/client/offload_client.h"
@@ -216,12 +217,15 @@ absl::StatusOr<LocalStage> OpenStage(const TrainOptions& o, Plan& plan, backend:
   }
   ls.link = std::make_unique<OffloadLink>(
       ls.resend_client ? ls.resend_client.get() : ls.client.get(), backend, manifest, plan.dtype);
-  const model::StageOptions stage_options{.stage = stage,
-                                          .stages = o.pipeline_stages,
-                                          .chunks = o.virtual_chunks,
-                                          .micro_batches = plan.micro_batches,
-                                          .dtype = plan.dtype,
-                                          .checkpoint_every = o.activation_checkpoint_every};
+  const model::StageOptions stage_options{
+      .stage = stage,
+      .stages = o.pipeline_stages,
+      .chunks = o.virtual_chunks,
+      .micro_batches = plan.micro_batches,
+      .dtype = plan.dtype,
+      .checkpoint_every = o.activation_checkpoint_every,
+      .push_every_micro_batch =
+          plan.config.zo.gradient_accumulation == GradientAccumulation::kServers};
   ZO_ASSIGN_OR_RETURN(ls.module, model::ModelStage::Create(backend, plan.model, plan.bounds,
                                                            stage_options, source, *ls.link));
   ZO_RETURN_IF_ERROR(ls.link->InitializeIfFresh(ls.module->params(), o.seed));
@@ -399,7 +403,48 @@ absl::StatusOr<Attached> Reattach(const TrainOptions& o, Plan& plan, backend::Ba
   }
 }
 
-absl::Status Train(const TrainOptions& o) {
+// Settles zo.gradient_accumulation for this process's stages ("auto":
+// device when their weights, twice for the prefetch, and fp32 gradients take
+// at most half the device's free memory), says so, and puts the choice in
+// the config the job is opened with.
+absl::Status ChooseGradientAccumulation(const backend::Backend& backend, TrainOptions& o,
+                                        Plan& plan) {
+  GradientAccumulation& policy = plan.config.zo.gradient_accumulation;
+  const int64_t micro = plan.config.gradient_accumulation_steps;
+  std::string why = "zo.gradient_accumulation";
+  if (policy == GradientAccumulation::kAuto) {
+    int64_t params = 0;
+    for (int v = 0; v + 1 < static_cast<int>(plan.bounds.size()); ++v) {
+      if (o.stage >= 0 && v % o.pipeline_stages != o.stage) continue;
+      for (int j = plan.bounds[v]; j < plan.bounds[v + 1]; ++j) {
+        params += plan.model.layers[j]->param_count();
+      }
+    }
+    const int64_t device_bytes = params * (2 * static_cast<int64_t>(DTypeSize(plan.dtype)) + 4);
+    const std::optional<int64_t> free = backend.FreeDeviceMemory();
+    policy = !free.has_value() || device_bytes <= *free / 2 ? GradientAccumulation::kDevice
+                                                            : GradientAccumulation::kServers;
+    why = free.has_value()
+              ? absl::StrCat("auto: weights x2 and fp32 gradients need ", FormatBytes(device_bytes),
+                             policy == GradientAccumulation::kDevice ? ", at most" : ", more than",
+                             " half the ", FormatBytes(*free), " free on ", backend.name())
+              : "auto: host memory";
+  }
+  if (policy == GradientAccumulation::kServers) {
+    std::fprintf(o.out,
+                 "zo-train: gradients summed on the servers (%s): each of the %lld micro-batches "
+                 "pushes its own, no gradient tensors kept here\n",
+                 why.c_str(), static_cast<long long>(micro));
+  } else if (micro > 1) {
+    std::fprintf(o.out, "zo-train: gradients summed here over %lld micro-batches (%s)\n",
+                 static_cast<long long>(micro), why.c_str());
+  }
+  ZO_ASSIGN_OR_RETURN(o.config_json, WithGradientAccumulation(o.config_json, policy));
+  return absl::OkStatus();
+}
+
+absl::Status Train(const TrainOptions& given) {
+  TrainOptions o = given;
   ZO_RETURN_IF_ERROR(CheckOptions(o));
   ZO_ASSIGN_OR_RETURN(Plan plan, MakePlan(o));
   PrintPlan(o, plan);
@@ -419,6 +464,7 @@ absl::Status Train(const TrainOptions& o) {
                                               .blas_threads = blas_threads},
                                              &backend_why));
   std::fprintf(o.out, "zo-train: computing with %s\n", backend_why.c_str());
+  ZO_RETURN_IF_ERROR(ChooseGradientAccumulation(*backend, o, plan));
   std::unique_ptr<model::BatchSource> source;
   if (plan.text) {
     source = std::make_unique<TextBatchSource>(*plan.text, plan.micro_batch_size, o.gpt.block_size,

@@ -258,6 +258,16 @@ absl::Status CudaBackend::DownloadFloat(const Tensor& src, absl::Span<float> dst
   return Download(Cast(src, DType::kFloat32), WritableBytes(dst));
 }
 
+std::optional<int64_t> CudaBackend::FreeDeviceMemory() const {
+  size_t free = 0, total = 0;
+  if (cudaSetDevice(context_->device) != cudaSuccess ||
+      cudaMemGetInfo(&free, &total) != cudaSuccess) {
+    cudaGetLastError();
+    return std::nullopt;
+  }
+  return static_cast<int64_t>(free);
+}
+
 std::shared_ptr<std::byte> CudaBackend::AllocateHost(size_t bytes) {
   void* p = nullptr;
   if (bytes > 0 && cudaHostAlloc(&p, bytes, cudaHostAllocDefault) == cudaSuccess) {

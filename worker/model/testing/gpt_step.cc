@@ -26,11 +26,16 @@ absl::Status CapturingLink::LoadWeights(int64_t, absl::Span<Param* const> params
   return absl::OkStatus();
 }
 
-absl::Status CapturingLink::PushGradient(int64_t, const Param& p) {
+absl::Status CapturingLink::PushGradient(int64_t, const Param& p, int micro_batch) {
   std::vector<float> g(static_cast<size_t>(p.numel()));
   if (absl::Status s = b_.DownloadFloat(p.grad, absl::MakeSpan(g)); !s.ok()) return s;
   std::lock_guard<std::mutex> lock(mu_);
-  result_.grads[p.name] = std::move(g);
+  std::vector<float>& sum = result_.grads[p.name];
+  if (micro_batch >= 0 && !sum.empty()) {
+    for (size_t i = 0; i < g.size(); ++i) sum[i] += g[i];
+  } else {
+    sum = std::move(g);
+  }
   ++result_.pushes[p.name];
   result_.order.push_back(p.name);
   return absl::OkStatus();
@@ -73,7 +78,8 @@ GptStepResult RunGptStep(backend::Backend& backend, const GptStepOptions& o) {
                                  .chunks = o.chunks,
                                  .micro_batches = o.micro_batches,
                                  .dtype = o.dtype,
-                                 .checkpoint_every = o.checkpoint_every},
+                                 .checkpoint_every = o.checkpoint_every,
+                                 .push_every_micro_batch = o.push_every_micro_batch},
                                 source, link);
     EXPECT_TRUE(m.ok()) << m.status();
     if (!m.ok()) return {};

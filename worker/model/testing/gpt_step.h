@@ -27,13 +27,15 @@ struct GptStepOptions {
   int checkpoint_every = 0;
   DType dtype = DType::kFloat16;
   double loss_scale = 8;
+  bool push_every_micro_batch = false;
 };
 
 struct GptStepResult {
   double loss = 0;
-  std::map<std::string, std::vector<float>> grads;  // by parameter name, as pushed
-  std::map<std::string, int> pushes;                // how often each was pushed
-  std::vector<std::string> order;                   // push order
+  // By parameter name, as pushed (summed over micro-batch pushes).
+  std::map<std::string, std::vector<float>> grads;
+  std::map<std::string, int> pushes;  // how often each was pushed
+  std::vector<std::string> order;     // push order
 };
 
 // Weights from InitialValues (seed 99, rounded to the dtype); every pushed
@@ -43,7 +45,8 @@ class CapturingLink final : public ParamLink {
   CapturingLink(backend::Backend& b, double loss_scale = 8) : b_(b), loss_scale_(loss_scale) {}
   absl::Status LoadWeights(int64_t step, absl::Span<Param* const> params) override;
   double LossScale(int64_t) override { return loss_scale_; }
-  absl::Status PushGradient(int64_t step, const Param& p) override;
+  // A micro-batch's gradient (micro_batch >= 0) is added to the others'.
+  absl::Status PushGradient(int64_t step, const Param& p, int micro_batch) override;
   absl::Status FinishStep(int64_t) override { return absl::OkStatus(); }
 
   GptStepResult& result() { return result_; }

@@ -87,6 +87,7 @@ class CudaBackend final : public Backend {
   absl::Status UploadFloat(absl::Span<const float> src, Tensor& dst) override;
   absl::Status DownloadFloat(const Tensor& src, absl::Span<float> dst) override;
   std::shared_ptr<std::byte> AllocateHost(size_t bytes) override;
+  std::optional<int64_t> FreeDeviceMemory() const override;
   void DownloadAsync(const Tensor& src, absl::Span<std::byte> dst,
                      std::function<void(absl::Status)> done) override;
   void UploadAsync(absl::Span<const std::byte> src, Tensor& dst,
