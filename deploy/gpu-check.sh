@@ -5,7 +5,7 @@
 # peer step (bench/torch_twin/gpt2_gpu_step.py, when python3 has torch) and
 # a short zo-train run on the GPU. Logs and JSON rows go to $OUT (default
 # ./gpu-check-out). PARTS picks what runs, in this order (default: all but
-# largest): ops stage bench twin train e2e gpt2 memcheck largest.
+# largest): ops stage bench twin train e2e gpt2 accum memcheck largest.
 # `largest` is zo-bench gpu's gpu_largest row: a 4.1B GPT with its server
 # in this process, minutes and ~100 GB of host RAM. BENCH_DTYPES (default
 # "bf16 fp16") and OPS_FILTER (a gtest filter) narrow bench and ops;
@@ -22,7 +22,7 @@ ltdir=$(dirname "$(find /usr/local/cuda/lib64 /usr/local/cuda*/ /opt /usr/lib \
 export LD_LIBRARY_PATH=$PWD/.devbin/lib:$ltdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 echo "gpu-check: cuBLASLt from $ltdir"
 status=0
-parts=" ${PARTS:-ops stage bench twin train e2e gpt2 memcheck} "
+parts=" ${PARTS:-ops stage bench twin train e2e gpt2 accum memcheck} "
 want() { [[ $parts == *" $1 "* ]]; }
 step() {  # name, timeout, command...
   local name=$1 limit=$2; shift 2
@@ -91,6 +91,26 @@ step zo_train_gpt2_nodpu 180 .devbin/zo-train --device cuda --config /tmp/zo-gpt
   --metrics-out /tmp/zo-gpt2-metrics.jsonl
 cat "$out/zo_train_gpt2_nodpu.log" /tmp/zo-gpt2-metrics.jsonl >>"$out/zo_train_gpt2_dpu.log"
 rm -f "$out/zo_train_gpt2_nodpu.log"
+fi
+if want accum; then
+# zo.gradient_accumulation: the GPT-2-small run (2 micro-batches of 8, DPU)
+# summing its micro-batches on the GPU, then on the servers (a push per
+# micro-batch, no gradient tensors kept on the GPU); nvidia-smi's peak
+# memory.used beside each.
+for policy in device servers; do
+  sed "s/\"zo\": {/\"zo\": {\"gradient_accumulation\": \"$policy\", /" \
+    examples/configs/gpu_gpt2_bf16_dpu.json >/tmp/zo-accum-$policy.json
+  rm -f /tmp/zo-accum.jsonl
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 >/tmp/zo-accum-mem &
+  smi=$!
+  step zo_train_accum_$policy 180 .devbin/zo-train --device cuda --config /tmp/zo-accum-$policy.json \
+    --n-layer 12 --n-embd 768 --n-head 12 --block-size 1024 --steps 12 \
+    --metrics-out /tmp/zo-accum.jsonl
+  kill $smi
+  echo "peak GPU memory.used MiB: $(sort -n /tmp/zo-accum-mem | tail -1)" |
+    tee -a "$out/zo_train_accum_$policy.log"
+  cat /tmp/zo-accum.jsonl >>"$out/zo_train_accum_$policy.log"
+done
 fi
 if want memcheck && command -v compute-sanitizer >/dev/null; then
   step memcheck 150 compute-sanitizer --tool memcheck --error-exitcode 3 \
