@@ -12,11 +12,13 @@
 #include "absl/synchronization/notification.h"
 #include "common/convert.h"
 #include "common/dpu_policy.h"
+#include "common/host_memory.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/units.h"
 #include "offload/io/io_engine.h"
 #include "offload/optimizer_kernels.h"
+#include "offload/tier/swap_layout.h"
 #include "rpc/job_move.h"
 #include "rpc/proto_convert.h"
 #include "server/job_internal.h"
@@ -65,6 +67,30 @@ Job::Job(JobSpec spec, const JobResources& resources)
       map_(*spec_.shard_map),
       incarnation_(job_internal::NewIncarnation()) {}
 
+absl::Status Job::CheckHostMemory(const TieredStateOptions& options) const {
+  const std::optional<int64_t> available =
+      resources_.available_ram ? resources_.available_ram() : AvailableHostMemory();
+  if (!available.has_value()) return absl::OkStatus();  // cannot tell: allocation decides
+  const SwapLayout layout(local_elems_, options.sub_group_elems,
+                          options.swap_dir.empty() ? -1 : options.ram_budget_bytes);
+  const int64_t lp = static_cast<int64_t>(DTypeSize(spec_.dtype));
+  const int64_t contributors = spec_.dp_world_size * PushesPerRank(spec_.config);
+  const int64_t state = layout.ram_elems() * kStateBytesPerElem +
+                        (layout.nvme_sub_groups() > 0
+                             ? options.buffer_count * static_cast<int64_t>(layout.slot_bytes())
+                             : 0);
+  const int64_t gradients = local_elems_ * (contributors == 1 ? lp : 4);
+  const int64_t versions = 2 * local_elems_ * lp;
+  const int64_t needed = state + gradients + versions;
+  if (needed <= *available) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "job ", spec_.name, " needs ", FormatBytes(needed), " of RAM on this server (",
+      FormatBytes(state), " optimizer state, ", FormatBytes(gradients), " gradients, ",
+      FormatBytes(versions), " weights served to pulls) and ", FormatBytes(*available),
+      " is available; put the optimizer state on NVMe (zero_optimization.offload_optimizer) "
+      "or add servers"));
+}
+
 absl::Status Job::Init() {
   const int s = spec_.server_index;
   std::vector<LocalChunk> owned;
@@ -95,6 +121,7 @@ absl::Status Job::Init() {
         FormatBytes(resources_.ram_budget_bytes),
         "; set zero_optimization.offload_optimizer.device to \"nvme\" or add servers"));
   }
+  ZO_RETURN_IF_ERROR(CheckHostMemory(options));
   ZO_ASSIGN_OR_RETURN(state_, TieredOptimizerState::Create(options, local_elems_, resources_.pool));
   ZO_ASSIGN_OR_RETURN(accum_, GradientAccumulator::Create({
                                   .job = spec_.name,

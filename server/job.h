@@ -79,6 +79,11 @@ struct JobResources {
   // Deadline of each call to another server (retried until the step is
   // aborted by a restore or the job stops).
   absl::Duration peer_timeout = absl::Seconds(30);
+  // Jobs one server holds at most; opening another is RESOURCE_EXHAUSTED.
+  int max_jobs = 64;
+  // RAM the host can still hand out, checked before a job allocates;
+  // empty: /proc/meminfo's MemAvailable (AvailableHostMemory). For tests.
+  std::function<std::optional<int64_t>()> available_ram;
 };
 
 class Job {
@@ -174,6 +179,10 @@ class Job {
 
   Job(JobSpec spec, const JobResources& resources);
   absl::Status Init();
+  // RESOURCE_EXHAUSTED, before anything is allocated, when the job's RAM on
+  // this server (optimizer state in RAM, swap buffers, gradient buffer, the
+  // served 16-bit versions) exceeds what the host has available.
+  absl::Status CheckHostMemory(const TieredStateOptions& options) const;
 
   // Validation shared by the worker calls; returns the local chunk index.
   absl::StatusOr<int> LocalChunkIndex(int64_t chunk) const;

@@ -25,6 +25,13 @@ absl::StatusOr<JobRegistry::Opened> JobRegistry::Open(JobSpec spec, bool attach_
     }
     return Opened{it->second, true};
   }
+  if (static_cast<int>(jobs_.size()) >= resources_.max_jobs) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("this server holds ", jobs_.size(),
+                     " jobs, its --max-jobs: close one (zo-ctl close) or "
+                     "open job ",
+                     spec.name, " on other servers"));
+  }
   ZO_ASSIGN_OR_RETURN(std::unique_ptr<Job> job, Job::Create(std::move(spec), resources_));
   std::shared_ptr<Job> shared = std::move(job);
   jobs_[shared->spec().name] = shared;

@@ -113,7 +113,19 @@ absl::StatusOr<JobSpec> JobSpecFromRequest(const v1::OpenJobRequest& request) {
   if (request.manifest().tensors_size() == 0) {
     return absl::InvalidArgumentError("manifest: no tensors");
   }
+  if (request.manifest().tensors_size() > kMaxManifestTensors) {
+    return absl::InvalidArgumentError(absl::StrCat("manifest: ", request.manifest().tensors_size(),
+                                                   " tensors, more than the ", kMaxManifestTensors,
+                                                   " a job may have"));
+  }
   for (const v1::TensorSpec& t : request.manifest().tensors()) {
+    if (t.name().size() > kMaxTensorNameBytes || t.shape_size() > kMaxTensorRank) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "manifest tensor \"", t.name().substr(0, 64), t.name().size() > 64 ? "..." : "",
+          "\": names are at most ", kMaxTensorNameBytes, " bytes and shapes at most ",
+          kMaxTensorRank, " dimensions (this one: ", t.name().size(), " bytes, ", t.shape_size(),
+          " dimensions)"));
+    }
     TensorSpec spec_t{.name = t.name(), .shape = {t.shape().begin(), t.shape().end()}};
     absl::StatusOr<DType> dtype = DTypeFromProto(t.dtype());
     if (!dtype.ok() || *dtype != spec.dtype) {
@@ -128,6 +140,12 @@ absl::StatusOr<JobSpec> JobSpecFromRequest(const v1::OpenJobRequest& request) {
                                                   static_cast<int>(spec.servers.size()));
   if (!map.ok())
     return absl::InvalidArgumentError(absl::StrCat("manifest: ", map.status().message()));
+  if (map->num_chunks() > kMaxJobChunks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("manifest: ", map->total_elems(), " elements make ", map->num_chunks(),
+                     " chunks of ", map->chunk_elems(), ", more than the ", kMaxJobChunks,
+                     " a job may have: raise zo.chunk_elems"));
+  }
   spec.shard_map = *std::move(map);
   return spec;
 }

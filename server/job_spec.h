@@ -19,6 +19,14 @@
 
 namespace zo {
 
+// Bounds on what an OpenJob may describe: a caller's message never makes a
+// server build more than this many per-tensor records.
+inline constexpr int kMaxManifestTensors = 1 << 20;
+inline constexpr size_t kMaxTensorNameBytes = 1024;
+inline constexpr int kMaxTensorRank = 8;
+// Per-chunk records (coverage, locks, pull cursors) are kept for every chunk.
+inline constexpr int64_t kMaxJobChunks = int64_t{1} << 22;
+
 struct JobSpec {
   std::string name;
   std::vector<TensorSpec> manifest;

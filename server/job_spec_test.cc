@@ -33,6 +33,34 @@ JobSpec Spec(const std::string& config, int dp = 1) {
   return *std::move(spec);
 }
 
+// A caller's OpenJob never makes the server build unbounded per-tensor
+// records: tensor count, name length and rank are capped, and the error
+// quotes a long name only in part.
+TEST(JobSpecFromRequestTest, ManifestBoundsAreNamed) {
+  const std::string config = R"({"train_batch_size": 1})";
+  v1::OpenJobRequest many = Request(config, 1);
+  for (int i = 0; i < kMaxManifestTensors; ++i) {
+    v1::TensorSpec* t = many.mutable_manifest()->add_tensors();
+    t->set_name("t" + std::to_string(i));
+    t->add_shape(1);
+    t->set_dtype(v1::DTYPE_FP32);
+  }
+  EXPECT_THAT(JobSpecFromRequest(many).status(),
+              testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                HasSubstr("1048577 tensors, more than the 1048576")));
+  v1::OpenJobRequest named = Request(config, 1);
+  named.mutable_manifest()->mutable_tensors(0)->set_name(std::string(5000, 'x'));
+  const absl::Status long_name = JobSpecFromRequest(named).status();
+  EXPECT_THAT(long_name, testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                           HasSubstr("names are at most 1024 bytes")));
+  EXPECT_LT(long_name.message().size(), 300u);
+  v1::OpenJobRequest deep = Request(config, 1);
+  for (int i = 0; i < 8; ++i) deep.mutable_manifest()->mutable_tensors(0)->add_shape(1);
+  EXPECT_THAT(JobSpecFromRequest(deep).status(),
+              testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                HasSubstr("shapes at most 8 dimensions (this one: 1 bytes, 9")));
+}
+
 TEST(JobSpecMismatchTest, EqualSpecsAttach) {
   const std::string config = R"({"train_micro_batch_size_per_gpu": 2})";
   EXPECT_EQ(JobSpecMismatch(Spec(config), Spec(config)), "");

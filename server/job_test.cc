@@ -8,6 +8,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -15,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/fp16.h"
 #include "common/memory_estimate.h"
+#include "common/status_macros.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -43,6 +46,13 @@ class JobTest : public ::testing::Test {
   // A job over one tensor of kElems elements in chunks of 64.
   std::unique_ptr<Job> Open(const std::string& config_body, v1::DType dtype = v1::DTYPE_FP32,
                             int dp = 1) {
+    absl::StatusOr<std::unique_ptr<Job>> job = TryOpen(config_body, dtype, dp);
+    EXPECT_THAT(job.status(), IsOk());
+    return job.ok() ? *std::move(job) : nullptr;
+  }
+  absl::StatusOr<std::unique_ptr<Job>> TryOpen(const std::string& config_body,
+                                               v1::DType dtype = v1::DTYPE_FP32, int dp = 1,
+                                               int micro_batches = 1) {
     v1::OpenJobRequest r;
     r.set_job("job");
     v1::TensorSpec* t = r.mutable_manifest()->add_tensors();
@@ -51,22 +61,20 @@ class JobTest : public ::testing::Test {
     t->set_dtype(dtype);
     // Bodies with a "zo" section set chunk_elems themselves.
     const bool has_zo = config_body.find("\"zo\"") != std::string::npos;
-    r.set_config_json(absl::StrCat(R"({"train_batch_size": )", dp,
+    r.set_config_json(absl::StrCat(R"({"train_batch_size": )", dp * micro_batches,
+                                   R"(, "train_micro_batch_size_per_gpu": 1)",
                                    has_zo ? "" : R"(, "zo": {"chunk_elems": 64})",
                                    config_body.empty() ? "" : ", ", config_body, "}"));
     r.set_dp_world_size(dp);
     r.add_servers("127.0.0.1:1");
-    absl::StatusOr<JobSpec> spec = JobSpecFromRequest(r);
-    EXPECT_THAT(spec.status(), IsOk());
-    if (!spec.ok()) return nullptr;
+    ZO_ASSIGN_OR_RETURN(JobSpec spec, JobSpecFromRequest(r));
     JobResources resources;
     resources.pool = &pool_;
     resources.wakes = &wakes_;
     resources.checkpoint_root = root_;
     resources.keep_checkpoints = keep_checkpoints_;
-    absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(*std::move(spec), resources);
-    EXPECT_THAT(job.status(), IsOk());
-    return job.ok() ? *std::move(job) : nullptr;
+    resources.available_ram = available_ram_;
+    return Job::Create(std::move(spec), resources);
   }
 
   // Every element's gradient for `step` is `value`.
@@ -110,6 +118,7 @@ class JobTest : public ::testing::Test {
   ThreadPool pool_{2};
   std::string root_;
   int keep_checkpoints_ = 0;  // JobResources::keep_checkpoints of the next Open
+  std::function<std::optional<int64_t>()> available_ram_;  // JobResources::available_ram
 };
 
 // fuzz/corpus/job_requests_fuzzer/regression_init_offset_near_int64_max:
@@ -143,6 +152,33 @@ TEST_F(JobTest, RamBytesAreTheEstimate) {
     EXPECT_EQ(job->Status().ram_bytes(), e.server.ram_bytes) << "dp " << dp;
     EXPECT_EQ(job->Status().ram_bytes(), kElems * (dp == 1 ? 18 : 20)) << "dp " << dp;
   }
+  // Two micro-batches pushed one by one: one rank, yet an fp32 sum.
+  ZO_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Job> job,
+                          TryOpen(R"("fp16": {"enabled": true}, "gradient_accumulation_steps": 2,
+                 "zo": {"chunk_elems": 64, "gradient_accumulation": "servers"})",
+                                  v1::DTYPE_FP16, 1, 2));
+  EstimateInput in;
+  in.tensor_elems = {kElems};
+  in.micro_batches = 2;
+  in.chunk_elems = 64;
+  ZO_ASSERT_OK_AND_ASSIGN(const MemoryEstimate e, EstimateMemory(in));
+  EXPECT_EQ(job->Status().ram_bytes(), e.server_ram_bytes_servers);
+  EXPECT_EQ(job->Status().ram_bytes(), kElems * 20);
+}
+
+// A job the host cannot hold is refused before anything is allocated, naming
+// what it needs and what there is, instead of ending in the OOM killer; one
+// that fits exactly opens.
+TEST_F(JobTest, AJobLargerThanTheAvailableRamIsRefusedBeforeAllocating) {
+  available_ram_ = [] { return std::optional<int64_t>(kElems * 18 - 1); };
+  EXPECT_THAT(TryOpen(R"("fp16": {"enabled": true})", v1::DTYPE_FP16).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("job job needs 1.76 KiB of RAM on this server"),
+                             HasSubstr("1.76 KiB is available"), HasSubstr("NVMe"))));
+  available_ram_ = [] { return std::optional<int64_t>(kElems * 18); };
+  EXPECT_THAT(TryOpen(R"("fp16": {"enabled": true})", v1::DTYPE_FP16).status(), IsOk());
+  available_ram_ = [] { return std::nullopt; };  // unknown: the allocation decides
+  EXPECT_THAT(TryOpen(R"("fp16": {"enabled": true})", v1::DTYPE_FP16).status(), IsOk());
 }
 
 TEST_F(JobTest, StepsReportNormAndLr) {

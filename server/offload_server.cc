@@ -52,6 +52,7 @@ absl::StatusOr<std::unique_ptr<OffloadServer>> OffloadServer::Start(const Server
   if (options.keep_checkpoints < 0) {
     return absl::InvalidArgumentError("--keep-checkpoints must be >= 0 (0: keep all)");
   }
+  if (options.max_jobs < 1) return absl::InvalidArgumentError("--max-jobs must be >= 1");
   if (!options.nvme_path.empty()) {
     ZO_RETURN_IF_ERROR(CheckNvmeDir(options.nvme_path, "--nvme-path"));
   }
@@ -73,6 +74,7 @@ absl::StatusOr<std::unique_ptr<OffloadServer>> OffloadServer::Start(const Server
       .checkpoint_root = options.checkpoint_dir,
       .keep_checkpoints = options.keep_checkpoints,
       .log_every = options.log_every,
+      .max_jobs = options.max_jobs,
   });
   impl->metrics = std::make_shared<ServerMetrics>(impl->registry.get());
   impl->service = std::make_unique<OffloadService>(impl->registry.get(), options.auth_token,

@@ -32,6 +32,7 @@ struct ServerOptions {
   std::string nvme_path;       // overrides the config's nvme_path
   std::string checkpoint_dir;  // empty: checkpoints refused
   int keep_checkpoints = 0;    // per job, the newest kept after each checkpoint; 0: all
+  int max_jobs = 64;           // jobs held at once; more opens are RESOURCE_EXHAUSTED
   std::string auth_token;      // empty: no token checked
   // PEM contents. cert + key: the port speaks TLS. root_certs: how this
   // server checks its peers' certificates when it calls them.

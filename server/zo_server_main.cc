@@ -32,6 +32,8 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
 ABSL_FLAG(int, keep_checkpoints, 0,
           "after each checkpoint the lead removes the job's older ones beyond the newest N; "
           "0: keeps them all");
+ABSL_FLAG(int, max_jobs, 64,
+          "jobs this server holds at once; opening one more is refused (RESOURCE_EXHAUSTED)");
 ABSL_FLAG(std::string, auth_token_file, "",
           "file holding the shared token every zo.v1 call must carry (also used to call peers); "
           "the gRPC health service and reflection answer without it");
@@ -64,6 +66,7 @@ int Run() {
   options.nvme_path = absl::GetFlag(FLAGS_nvme_path);
   options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   options.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+  options.max_jobs = absl::GetFlag(FLAGS_max_jobs);
   options.log_every = absl::GetFlag(FLAGS_log_every);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   auto fail = [](const absl::Status& s) {

@@ -7,11 +7,13 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -27,6 +29,7 @@
 namespace zo::testing {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 constexpr char kToken[] = "s3cret-token";
@@ -107,6 +110,10 @@ TEST_F(BadInputTest, EachBadCallIsRefusedAndTheJobStillMatchesTheReference) {
     v1::JobStatus status;
     EXPECT_THAT(FromGrpcStatus(stub_->GetJobStatus(Context("").get(), request, &status)),
                 StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("requires a token")));
+    // Logged with the client's host, never with the token it tried.
+    const std::string log = server_->ReadLog();
+    EXPECT_THAT(log, HasSubstr("refused a call from 127.0.0.1: wrong token"));
+    EXPECT_THAT(log, ::testing::Not(HasSubstr("guess")));
   }
   {  // unknown job
     v1::GetJobStatusRequest request;
@@ -226,6 +233,65 @@ TEST_F(BadInputTest, EachBadCallIsRefusedAndTheJobStillMatchesTheReference) {
     worst = std::max(worst, std::abs(x[i] - ref.master()[i]) / (1 + std::abs(ref.master()[i])));
   }
   EXPECT_LT(worst, 1e-5);
+  server_->Stop();
+}
+
+// OpenJob requests no server should try to build: a model the host's RAM
+// cannot hold, names and shapes past the bounds, one job more than
+// --max-jobs. Each is refused before anything is allocated, saying why, and
+// the server goes on serving.
+TEST_F(BadInputTest, OversizedJobsAreRefusedBeforeAnythingIsAllocated) {
+  const auto open = [&](ServerProcess& server, const std::string& job,
+                        const std::function<void(v1::TensorSpec*)>& shape,
+                        const std::string& config = kConfig) {
+    v1::OpenJobRequest request;
+    request.set_job(job);
+    request.set_config_json(config);
+    request.set_dp_world_size(2);
+    request.add_servers(server.address());
+    shape(request.mutable_manifest()->add_tensors());
+    v1::OpenJobResponse response;
+    ZO_ASSIGN_OR_RETURN(auto channel, NewChannel(server.address(), {}));
+    return FromGrpcStatus(
+        v1::Offload::NewStub(channel)->OpenJob(Context().get(), request, &response));
+  };
+  const auto tensor = [](std::string name, std::vector<int64_t> shape) {
+    return [name, shape](v1::TensorSpec* t) {
+      t->set_name(name);
+      for (int64_t d : shape) t->add_shape(d);
+      t->set_dtype(v1::DTYPE_FP32);
+    };
+  };
+  // 2^40 fp32 elements: in chunks of 256, too many chunks to keep track of;
+  // in chunks of 2^30, 24 bytes each here (state, fp32 sum, two versions).
+  EXPECT_THAT(open(*server_, "huge", tensor("w", {int64_t{1} << 40})),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("4294967296 chunks of 256, more than the 4194304")));
+  std::string big_chunks = kConfig;
+  big_chunks.replace(big_chunks.find("256"), 3, "1073741824");
+  EXPECT_THAT(open(*server_, "huge", tensor("w", {int64_t{1} << 40}), big_chunks),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("job huge needs 24.00 TiB of RAM on this server"),
+                             HasSubstr("is available"))));
+  EXPECT_THAT(
+      open(*server_, "long-name", tensor(std::string(2000, 'n'), {4})),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("names are at most 1024 bytes")));
+  EXPECT_THAT(open(*server_, "deep", tensor("w", {1, 1, 1, 1, 1, 1, 1, 1, 2})),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("at most 8 dimensions")));
+
+  ZO_ASSERT_OK_AND_ASSIGN(ServerProcess two, ServerProcess::Start({"--auth-token-file", token_file_,
+                                                                   "--max-jobs", "2"}));
+  EXPECT_THAT(open(two, "one", tensor("w", {4})), IsOk());
+  EXPECT_THAT(open(two, "two", tensor("w", {4})), IsOk());
+  EXPECT_THAT(open(two, "three", tensor("w", {4})),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("this server holds 2 jobs, its --max-jobs")));
+  EXPECT_THAT(open(two, "one", tensor("w", {4})), IsOk());  // attaching is not opening
+  v1::GetServerInfoRequest request;
+  v1::GetServerInfoResponse info;
+  EXPECT_THAT(FromGrpcStatus(stub_->GetServerInfo(Context().get(), request, &info)), IsOk());
+  EXPECT_THAT(info.jobs(), ::testing::IsEmpty());
+  two.Stop();
   server_->Stop();
 }
 
