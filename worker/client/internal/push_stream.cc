@@ -122,6 +122,9 @@ void PushStream::Run() {
     status = absl::DataLossError(absl::StrCat("acknowledged ", response.pieces(), " of the ",
                                               pieces, " gradient pieces sent for step ", step_));
   }
+  // The call lets go of the pieces' bytes (their owners) before anyone
+  // waiting hears the step is done: a caller may then reuse them.
+  writer.reset();
   {
     std::lock_guard lock(mu_);
     status_ = ServerError(server_, status);
