@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -51,6 +52,51 @@ absl::Span<std::byte> Bytes(const py::buffer& buffer, bool writable, const std::
   }
   return {static_cast<std::byte*>(info.ptr), static_cast<size_t>(info.size * info.itemsize)};
 }
+
+// Python objects whose memory the client is still sending from. The client
+// (or, in-process, the embedded server reading the same bytes) lets go of
+// its last reference on one of gRPC's threads, where taking the GIL could
+// deadlock against a Python thread waiting in a push; so while the client
+// is open the reference goes into this queue and is dropped by the next
+// call that holds the GIL anyway (a push, finish_step, close). After close
+// nothing waits on gRPC's threads, and they drop it themselves.
+class ReleaseQueue {
+ public:
+  void Add(PyObject* object) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!closed_) {
+        pending_.push_back(object);
+        return;
+      }
+    }
+    if (!Py_IsInitialized()) return;  // the interpreter is gone: nothing to free
+    py::gil_scoped_acquire gil;
+    Py_DECREF(object);
+  }
+  // Requires the GIL.
+  void Drain() {
+    std::vector<PyObject*> pending;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      pending.swap(pending_);
+    }
+    for (PyObject* object : pending) Py_DECREF(object);
+  }
+  // Requires the GIL: drains, and later references are dropped where they fall.
+  void Close() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      closed_ = true;
+    }
+    Drain();
+  }
+
+ private:
+  std::mutex mu_;
+  bool closed_ = false;
+  std::vector<PyObject*> pending_;
+};
 
 // An OffloadServer in this process, reached without a socket.
 class EmbeddedServer {
@@ -116,16 +162,32 @@ class Client {
         tensor, {reinterpret_cast<const float*>(bytes.data()), bytes.size() / sizeof(float)}));
   }
 
-  // Queues the gradient bytes (copied by the client before it returns).
+  // Queues the gradient, sent from the buffer's own memory: the client
+  // keeps a reference to `gradient` until its last byte is written, so the
+  // caller must not change it before finish_step returns.
   void Push(int64_t step, int tensor, const py::buffer& gradient) {
     const absl::Span<std::byte> bytes = Bytes(gradient, false, "gradient");
-    py::gil_scoped_release release;
-    Check(client_->Push(step, tensor, bytes));
+    released_->Drain();
+    PyObject* object = gradient.ptr();
+    Py_INCREF(object);
+    std::shared_ptr<const void> owner(
+        bytes.data(), [queue = released_, object](const void*) { queue->Add(object); });
+    absl::Status pushed;
+    {
+      py::gil_scoped_release release;
+      pushed = client_->PushShared(step, tensor, std::move(owner), bytes);
+    }
+    Check(pushed);
   }
 
   void FinishStep(int64_t step) {
-    py::gil_scoped_release release;
-    Check(client_->FinishStep(step));
+    absl::Status finished;
+    {
+      py::gil_scoped_release release;
+      finished = client_->FinishStep(step);
+    }
+    released_->Drain();  // every byte of the step is written
+    Check(finished);
   }
 
   // (whether dst changed, the loss scale of the step's weights).
@@ -166,12 +228,20 @@ class Client {
   }
 
   void Close() {
-    py::gil_scoped_release release;
-    client_.reset();
+    {
+      py::gil_scoped_release release;
+      client_.reset();
+    }
+    released_->Close();
+  }
+
+  ~Client() {
+    if (client_ != nullptr) Close();
   }
 
  private:
   std::unique_ptr<OffloadClient> client_;
+  std::shared_ptr<ReleaseQueue> released_ = std::make_shared<ReleaseQueue>();
 };
 
 }  // namespace

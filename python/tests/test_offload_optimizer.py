@@ -138,3 +138,32 @@ def test_an_inf_gradient_skips_the_step_everywhere_and_halves_the_scale():
     assert opt.loss_scale == 128
     assert opt._client.job_status()["last_skipped"]
     opt.close()
+
+
+def test_a_push_sends_from_the_tensor_itself_until_finish_step():
+    """No copy: the client holds the gradient's buffer until its bytes are
+    written, and finish_step lets go of it (references are dropped under the
+    GIL, never on gRPC's threads)."""
+    import json
+    import sys
+
+    import numpy as np
+
+    from zo import _native
+
+    server = _native.EmbeddedServer()
+    client = _native.Client(json.dumps(config()), [("w", [1 << 16], "fp32")], embedded=server)
+    client.init_params(0, np.zeros(1 << 16, dtype=np.float32))
+    grad = np.full(1 << 16, 0.5, dtype=np.float32)
+    before = sys.getrefcount(grad)
+    client.push(1, 0, grad)
+    # Held by the client (or, written already, by the queue of references
+    # the next call drops).
+    assert sys.getrefcount(grad) == before + 1
+    client.finish_step(1)
+    weights = np.empty(1 << 16, dtype=np.float32)
+    changed, _ = client.pull_for_step(2, [0], [weights])
+    assert changed and np.all(weights == weights[0]) and weights[0] < 0  # the step used 0.5
+    client.close()
+    server.shutdown()  # the in-process server read the same bytes: now nobody holds them
+    assert sys.getrefcount(grad) == before
