@@ -52,6 +52,12 @@ class Backend {
   // fp32 host values; Upload rounds them to dst's dtype.
   virtual absl::Status UploadFloat(absl::Span<const float> src, Tensor& dst) = 0;
   virtual absl::Status DownloadFloat(const Tensor& src, absl::Span<float> dst) = 0;
+  // The first failure of an op: out of device memory, a failed launch or
+  // copy. Ops return tensors, not a Status, so a backend that can fail (CUDA)
+  // records it here; from then on its ops do nothing, return tensors of the
+  // right shape and no meaning, and transfers return this status. Callers
+  // check it between layers. The CPU backend never fails.
+  virtual absl::Status status() const { return absl::OkStatus(); }
   // Bytes the device can still allocate, where that is a separate budget
   // (a GPU's memory); nullopt for host memory.
   virtual std::optional<int64_t> FreeDeviceMemory() const { return std::nullopt; }

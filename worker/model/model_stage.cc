@@ -121,9 +121,12 @@ absl::StatusOr<Tensor> ModelStage::Forward(int micro_batch, int chunk, Tensor in
       for (int j = run; j < run_end; ++j) live.saved[j - begin].clear();
     }
   }
+  // A backend that failed (out of device memory) says so here, not later.
+  ZO_RETURN_IF_ERROR(backend_.status());
   if (!IsLastVirtual(chunk)) return x;
   live.logits = x;
   losses_.push_back(backend_.CrossEntropy(x, mb->targets));
+  ZO_RETURN_IF_ERROR(backend_.status());
   return Tensor();
 }
 
@@ -171,6 +174,7 @@ absl::StatusOr<Tensor> ModelStage::Backward(int micro_batch, int chunk, Tensor g
     }
   }
   live_.erase(it);
+  ZO_RETURN_IF_ERROR(backend_.status());
   return dy;
 }
 

@@ -19,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/units.h"
 #include "worker/backend/cuda/internal/cuda_backend_impl.h"
 
 namespace zo::backend {
@@ -85,6 +86,12 @@ void ShapeFatal(const char* op, const std::string& what) {
 
 std::string Describe(const char* name, const Tensor& t) {
   return absl::StrCat(name, " ", ShapeString(t.shape()), " ", std::string(DTypeName(t.dtype())));
+}
+
+absl::Status CudaCallError(const char* call, const char* op, const std::string& what,
+                           const std::string& error) {
+  return absl::InternalError(
+      absl::StrCat("cuda: ", call, " failed in ", op, " (", what, "): ", error));
 }
 
 void CudaFatal(const char* call, const char* op, const std::string& what,
@@ -158,20 +165,35 @@ CudaBackend::~CudaBackend() {
 
 // ---------------------------------------------------------------- memory
 
+void CudaBackend::Fail(absl::Status status) {
+  std::lock_guard<std::mutex> lock(failure_mu_);
+  if (!failure_.ok()) return;
+  failure_ = std::move(status);
+  failed_.store(true, std::memory_order_release);
+}
+
+absl::Status CudaBackend::status() const {
+  if (!failed()) return absl::OkStatus();
+  std::lock_guard<std::mutex> lock(failure_mu_);
+  return failure_;
+}
+
 Tensor CudaBackend::Empty(DType dtype, Shape shape) {
   const int64_t n = NumElements(shape);
   const size_t bytes = static_cast<size_t>(n) * DTypeSize(dtype);
   void* ptr = nullptr;
-  if (bytes > 0) {
+  if (bytes > 0 && !failed()) {
     const cudaError_t err = cudaMallocAsync(&ptr, bytes, context_->stream);
     if (err != cudaSuccess) [[unlikely]] {
       size_t free_bytes = 0, total_bytes = 0;
-      cudaGetLastError();
+      cudaGetLastError();  // not sticky: the device goes on working
       cudaMemGetInfo(&free_bytes, &total_bytes);
-      CudaFatal("cudaMallocAsync", "Empty",
-                absl::StrCat(ShapeString(shape), " ", std::string(DTypeName(dtype)), ": ", bytes,
-                             " bytes asked, ", free_bytes, " free of ", total_bytes),
-                cudaGetErrorString(err));
+      Fail(absl::ResourceExhaustedError(
+          absl::StrCat("cuda: out of memory on ", name(), ": ", ShapeString(shape), " ",
+                       std::string(DTypeName(dtype)), " needs ", bytes, " bytes (",
+                       FormatBytes(bytes), "), ", FormatBytes(free_bytes), " free of ",
+                       FormatBytes(total_bytes), " (", cudaGetErrorString(err), ")")));
+      ptr = nullptr;
     }
   }
   // The deleter holds the context: the stream outlives every tensor.
@@ -196,8 +218,8 @@ Tensor CudaBackend::Zeros(DType dtype, Shape shape) {
 void CudaBackend::SetZero(Tensor& t) {
   if (t.nbytes() == 0) return;
   // All-zero bits are +0 in fp32, fp16 and bf16.
-  CheckCuda(cudaMemsetAsync(t.storage(), 0, t.nbytes(), context_->stream), "cudaMemsetAsync",
-            "SetZero", [&] { return Describe("t", t); });
+  ZO_CUDA_OP(cudaMemsetAsync(t.storage(), 0, t.nbytes(), context_->stream), "cudaMemsetAsync",
+             "SetZero", [&] { return Describe("t", t); });
 }
 
 absl::Status CudaBackend::Upload(absl::Span<const std::byte> src, Tensor& dst) {
@@ -206,6 +228,7 @@ absl::Status CudaBackend::Upload(absl::Span<const std::byte> src, Tensor& dst) {
                                                    ShapeString(dst.shape()), " of ", dst.nbytes(),
                                                    " bytes"));
   }
+  if (failed()) return status();
   if (src.empty()) return absl::OkStatus();
   // From pageable memory the copy has read `src` when the call returns.
   if (cudaError_t err = cudaMemcpyAsync(dst.storage(), src.data(), src.size(),
@@ -222,6 +245,7 @@ absl::Status CudaBackend::Download(const Tensor& src, absl::Span<std::byte> dst)
                                                    ShapeString(src.shape()), " of ", src.nbytes(),
                                                    " bytes"));
   }
+  if (failed()) return status();
   if (dst.empty()) return absl::OkStatus();
   if (cudaError_t err = cudaMemcpyAsync(dst.data(), src.storage(), dst.size(),
                                         cudaMemcpyDeviceToHost, context_->stream);
@@ -239,6 +263,7 @@ absl::Status CudaBackend::UploadFloat(absl::Span<const float> src, Tensor& dst) 
     return absl::InvalidArgumentError(
         absl::StrCat("UploadFloat: ", src.size(), " values for tensor ", ShapeString(dst.shape())));
   }
+  if (failed()) return status();
   if (dst.dtype() == DType::kFloat32) return Upload(Bytes(src), dst);
   Tensor staged = Empty(DType::kFloat32, dst.shape());
   if (absl::Status s = Upload(Bytes(src), staged); !s.ok()) return s;
@@ -306,6 +331,10 @@ void CopyDone(void* arg) {
 void CudaBackend::QueueCopy(cudaStream_t stream, void* dst, const void* src, size_t bytes,
                             cudaMemcpyKind kind, const Tensor& device,
                             std::function<void(absl::Status)> done, const char* op) {
+  if (failed()) {
+    done(status());
+    return;
+  }
   auto pending = std::make_unique<PendingCopy>();
   pending->device = device;
   pending->done = std::move(done);
@@ -351,22 +380,22 @@ void CudaBackend::UploadAsync(absl::Span<const std::byte> src, Tensor& dst,
 
 Tensor CudaBackend::Cast(const Tensor& src, DType dtype) {
   Tensor y = Empty(dtype, src.shape());
-  CheckCuda(LaunchCast(In(src), Out(y), src.numel(), context_->stream), "LaunchCast", "Cast",
-            [&] { return Describe("src", src); });
+  ZO_CUDA_OP(LaunchCast(In(src), Out(y), src.numel(), context_->stream), "LaunchCast", "Cast",
+             [&] { return Describe("src", src); });
   return y;
 }
 
 void CudaBackend::Synchronize() {
-  CheckCuda(cudaStreamSynchronize(context_->stream), "cudaStreamSynchronize", "Synchronize",
-            [] { return std::string("the backend's stream"); });
+  ZO_CUDA_OP(cudaStreamSynchronize(context_->stream), "cudaStreamSynchronize", "Synchronize",
+             [] { return std::string("the backend's stream"); });
 }
 
 Tensor CudaBackend::UploadIndices(absl::Span<const int32_t> indices, const char* op) {
   Tensor t = Empty(DType::kFloat32, {static_cast<int64_t>(indices.size())});  // 4-byte slots
   if (!indices.empty()) {
-    CheckCuda(cudaMemcpyAsync(t.storage(), indices.data(), indices.size() * sizeof(int32_t),
-                              cudaMemcpyHostToDevice, context_->stream),
-              "cudaMemcpyAsync", op, [&] { return absl::StrCat(indices.size(), " indices"); });
+    ZO_CUDA_OP(cudaMemcpyAsync(t.storage(), indices.data(), indices.size() * sizeof(int32_t),
+                               cudaMemcpyHostToDevice, context_->stream),
+               "cudaMemcpyAsync", op, [&] { return absl::StrCat(indices.size(), " indices"); });
   }
   return t;
 }
@@ -391,10 +420,10 @@ Tensor CudaBackend::Embedding(absl::Span<const int32_t> tokens, int block_size, 
   Tensor y = Empty(wte.dtype(), {rows, cols});
   if (rows == 0) return y;
   const Tensor dev_tokens = UploadIndices(tokens, "Embedding");
-  CheckCuda(LaunchEmbedding(static_cast<const int32_t*>(dev_tokens.storage()), rows, block_size,
-                            In(wte), In(wpe), cols, Out(y), context_->stream),
-            "LaunchEmbedding", "Embedding",
-            [&] { return absl::StrCat(Describe("wte", wte), ", rows ", rows); });
+  ZO_CUDA_OP(LaunchEmbedding(static_cast<const int32_t*>(dev_tokens.storage()), rows, block_size,
+                             In(wte), In(wpe), cols, Out(y), context_->stream),
+             "LaunchEmbedding", "Embedding",
+             [&] { return absl::StrCat(Describe("wte", wte), ", rows ", rows); });
   return y;
 }
 
@@ -434,13 +463,13 @@ void CudaBackend::EmbeddingBackward(absl::Span<const int32_t> tokens, int block_
   const Tensor d_unique = UploadIndices(unique, "EmbeddingBackward");
   const Tensor d_offset = UploadIndices(offset, "EmbeddingBackward");
   const Tensor d_index = UploadIndices(index, "EmbeddingBackward");
-  CheckCuda(LaunchEmbeddingBackward(static_cast<const int32_t*>(d_unique.storage()),
-                                    static_cast<const int32_t*>(d_offset.storage()),
-                                    static_cast<const int32_t*>(d_index.storage()),
-                                    static_cast<int64_t>(unique.size()), rows, block_size, In(dy),
-                                    dy.dim(1), Out(dwte), Out(dwpe), context_->stream),
-            "LaunchEmbeddingBackward", "EmbeddingBackward",
-            [&] { return absl::StrCat(Describe("dy", dy), ", ", Describe("dwte", dwte)); });
+  ZO_CUDA_OP(LaunchEmbeddingBackward(static_cast<const int32_t*>(d_unique.storage()),
+                                     static_cast<const int32_t*>(d_offset.storage()),
+                                     static_cast<const int32_t*>(d_index.storage()),
+                                     static_cast<int64_t>(unique.size()), rows, block_size, In(dy),
+                                     dy.dim(1), Out(dwte), Out(dwpe), context_->stream),
+             "LaunchEmbeddingBackward", "EmbeddingBackward",
+             [&] { return absl::StrCat(Describe("dy", dy), ", ", Describe("dwte", dwte)); });
 }
 
 // ---------------------------------------------------------------- layer norm
@@ -457,10 +486,10 @@ Tensor CudaBackend::LayerNorm(const Tensor& x, const Tensor& gamma, const Tensor
                  mean.dtype() == DType::kFloat32 && rstd.dtype() == DType::kFloat32,
              "LayerNorm", describe);
   Tensor y = Empty(x.dtype(), x.shape());
-  CheckCuda(LaunchLayerNorm(In(x), In(gamma), In(beta), eps, x.dim(0), x.dim(1), Out(y),
-                            static_cast<float*>(mean.storage()),
-                            static_cast<float*>(rstd.storage()), context_->stream),
-            "LaunchLayerNorm", "LayerNorm", describe);
+  ZO_CUDA_OP(LaunchLayerNorm(In(x), In(gamma), In(beta), eps, x.dim(0), x.dim(1), Out(y),
+                             static_cast<float*>(mean.storage()),
+                             static_cast<float*>(rstd.storage()), context_->stream),
+             "LaunchLayerNorm", "LayerNorm", describe);
   return y;
 }
 
@@ -480,11 +509,11 @@ Tensor CudaBackend::LayerNormBackward(const Tensor& x, const Tensor& gamma, cons
              "LayerNormBackward", describe);
   Tensor dx = Empty(x.dtype(), x.shape());
   Tensor scratch = Empty(DType::kFloat32, {LayerNormBackwardScratchFloats(x.dim(0), x.dim(1))});
-  CheckCuda(LaunchLayerNormBackward(In(x), In(gamma), static_cast<const float*>(mean.storage()),
-                                    static_cast<const float*>(rstd.storage()), In(dy), x.dim(0),
-                                    x.dim(1), Out(dx), Out(dgamma), Out(dbeta),
-                                    static_cast<float*>(scratch.storage()), context_->stream),
-            "LaunchLayerNormBackward", "LayerNormBackward", describe);
+  ZO_CUDA_OP(LaunchLayerNormBackward(In(x), In(gamma), static_cast<const float*>(mean.storage()),
+                                     static_cast<const float*>(rstd.storage()), In(dy), x.dim(0),
+                                     x.dim(1), Out(dx), Out(dgamma), Out(dbeta),
+                                     static_cast<float*>(scratch.storage()), context_->stream),
+             "LaunchLayerNormBackward", "LayerNormBackward", describe);
   return dx;
 }
 
@@ -492,46 +521,46 @@ Tensor CudaBackend::LayerNormBackward(const Tensor& x, const Tensor& gamma, cons
 
 Tensor CudaBackend::Gelu(const Tensor& x) {
   Tensor y = Empty(x.dtype(), x.shape());
-  CheckCuda(LaunchGelu(In(x), Out(y), x.numel(), context_->stream), "LaunchGelu", "Gelu",
-            [&] { return Describe("x", x); });
+  ZO_CUDA_OP(LaunchGelu(In(x), Out(y), x.numel(), context_->stream), "LaunchGelu", "Gelu",
+             [&] { return Describe("x", x); });
   return y;
 }
 
 Tensor CudaBackend::GeluBackward(const Tensor& x, const Tensor& dy) {
   CheckShape(x.shape() == dy.shape(), "GeluBackward", [&] { return Describe2(x, dy); });
   Tensor dx = Empty(x.dtype(), x.shape());
-  CheckCuda(LaunchGeluBackward(In(x), In(dy), Out(dx), x.numel(), context_->stream),
-            "LaunchGeluBackward", "GeluBackward", [&] { return Describe2(x, dy); });
+  ZO_CUDA_OP(LaunchGeluBackward(In(x), In(dy), Out(dx), x.numel(), context_->stream),
+             "LaunchGeluBackward", "GeluBackward", [&] { return Describe2(x, dy); });
   return dx;
 }
 
 Tensor CudaBackend::Relu(const Tensor& x) {
   Tensor y = Empty(x.dtype(), x.shape());
-  CheckCuda(LaunchRelu(In(x), Out(y), x.numel(), context_->stream), "LaunchRelu", "Relu",
-            [&] { return Describe("x", x); });
+  ZO_CUDA_OP(LaunchRelu(In(x), Out(y), x.numel(), context_->stream), "LaunchRelu", "Relu",
+             [&] { return Describe("x", x); });
   return y;
 }
 
 Tensor CudaBackend::ReluBackward(const Tensor& x, const Tensor& dy) {
   CheckShape(x.shape() == dy.shape(), "ReluBackward", [&] { return Describe2(x, dy); });
   Tensor dx = Empty(x.dtype(), x.shape());
-  CheckCuda(LaunchReluBackward(In(x), In(dy), Out(dx), x.numel(), context_->stream),
-            "LaunchReluBackward", "ReluBackward", [&] { return Describe2(x, dy); });
+  ZO_CUDA_OP(LaunchReluBackward(In(x), In(dy), Out(dx), x.numel(), context_->stream),
+             "LaunchReluBackward", "ReluBackward", [&] { return Describe2(x, dy); });
   return dx;
 }
 
 Tensor CudaBackend::Add(const Tensor& a, const Tensor& b) {
   CheckShape(a.shape() == b.shape(), "Add", [&] { return Describe2(a, b); });
   Tensor y = Empty(a.dtype(), a.shape());
-  CheckCuda(LaunchAdd(In(a), In(b), Out(y), a.numel(), context_->stream), "LaunchAdd", "Add",
-            [&] { return Describe2(a, b); });
+  ZO_CUDA_OP(LaunchAdd(In(a), In(b), Out(y), a.numel(), context_->stream), "LaunchAdd", "Add",
+             [&] { return Describe2(a, b); });
   return y;
 }
 
 void CudaBackend::AddInto(const Tensor& x, Tensor& y) {
   CheckShape(x.shape() == y.shape(), "AddInto", [&] { return Describe2(x, y); });
-  CheckCuda(LaunchAddInto(In(x), Out(y), x.numel(), context_->stream), "LaunchAddInto", "AddInto",
-            [&] { return Describe2(x, y); });
+  ZO_CUDA_OP(LaunchAddInto(In(x), Out(y), x.numel(), context_->stream), "LaunchAddInto", "AddInto",
+             [&] { return Describe2(x, y); });
 }
 
 // ---------------------------------------------------------------- attention
@@ -562,9 +591,9 @@ Tensor CudaBackend::Attention(const Tensor& qkv, int batch, int heads, Tensor& l
   CheckShape(lse.shape() == Shape{batch, heads, dims.t} && lse.dtype() == DType::kFloat32,
              "Attention", describe);
   Tensor y = Empty(qkv.dtype(), {qkv.dim(0), dims.c});
-  CheckCuda(LaunchAttention(In(qkv), batch, dims.t, heads, dims.c, Out(y),
-                            static_cast<float*>(lse.storage()), context_->stream),
-            "LaunchAttention", "Attention", describe);
+  ZO_CUDA_OP(LaunchAttention(In(qkv), batch, dims.t, heads, dims.c, Out(y),
+                             static_cast<float*>(lse.storage()), context_->stream),
+             "LaunchAttention", "Attention", describe);
   return y;
 }
 
@@ -581,10 +610,10 @@ Tensor CudaBackend::AttentionBackward(const Tensor& qkv, const Tensor& y, const 
   Tensor dqkv = Empty(qkv.dtype(), qkv.shape());
   Tensor scratch =
       Empty(DType::kFloat32, {AttentionBackwardScratchFloats(batch, dims.t, heads, dims.c)});
-  CheckCuda(LaunchAttentionBackward(In(qkv), In(y), static_cast<const float*>(lse.storage()),
-                                    In(dy), batch, dims.t, heads, dims.c, Out(dqkv),
-                                    static_cast<float*>(scratch.storage()), context_->stream),
-            "LaunchAttentionBackward", "AttentionBackward", describe);
+  ZO_CUDA_OP(LaunchAttentionBackward(In(qkv), In(y), static_cast<const float*>(lse.storage()),
+                                     In(dy), batch, dims.t, heads, dims.c, Out(dqkv),
+                                     static_cast<float*>(scratch.storage()), context_->stream),
+             "LaunchAttentionBackward", "AttentionBackward", describe);
   return dqkv;
 }
 
@@ -602,10 +631,10 @@ Tensor CudaBackend::CrossEntropy(const Tensor& logits, absl::Span<const int32_t>
   Tensor loss = Empty(DType::kFloat32, {1});
   Tensor scratch = Empty(DType::kFloat32, {rows});
   const Tensor dev_targets = UploadIndices(targets, "CrossEntropy");
-  CheckCuda(LaunchCrossEntropy(In(logits), static_cast<const int32_t*>(dev_targets.storage()), rows,
-                               logits.dim(1), static_cast<float*>(loss.storage()),
-                               static_cast<float*>(scratch.storage()), context_->stream),
-            "LaunchCrossEntropy", "CrossEntropy", [&] { return Describe("logits", logits); });
+  ZO_CUDA_OP(LaunchCrossEntropy(In(logits), static_cast<const int32_t*>(dev_targets.storage()),
+                                rows, logits.dim(1), static_cast<float*>(loss.storage()),
+                                static_cast<float*>(scratch.storage()), context_->stream),
+             "LaunchCrossEntropy", "CrossEntropy", [&] { return Describe("logits", logits); });
   return loss;
 }
 
@@ -620,7 +649,7 @@ Tensor CudaBackend::CrossEntropyBackward(const Tensor& logits, absl::Span<const 
   }
   Tensor dlogits = Empty(logits.dtype(), logits.shape());
   const Tensor dev_targets = UploadIndices(targets, "CrossEntropyBackward");
-  CheckCuda(
+  ZO_CUDA_OP(
       LaunchCrossEntropyBackward(In(logits), static_cast<const int32_t*>(dev_targets.storage()),
                                  rows, logits.dim(1), scale, Out(dlogits), context_->stream),
       "LaunchCrossEntropyBackward", "CrossEntropyBackward",

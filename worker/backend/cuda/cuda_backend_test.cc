@@ -354,6 +354,46 @@ INSTANTIATE_TEST_SUITE_P(Storage, CudaBackendTest,
                          ::testing::Values(DType::kFloat32, DType::kFloat16, DType::kBFloat16),
                          ::testing::PrintToStringParamName());
 
+// Out of device memory is a Status naming the shape, the bytes asked and
+// the bytes free, not an abort; after it the backend's ops do nothing (no
+// launch on the placeholders) and transfers return the same status, while a
+// new backend on the device works.
+TEST(CudaBackendFailureTest, OutOfMemoryIsAStatusAndLaterOpsDoNothing) {
+  std::string why;
+  if (CudaDeviceCount(&why) == 0) {
+    GTEST_SKIP() << "no CUDA device (" << why << "); these run on a GPU machine: ctest -L gpu";
+  }
+  auto made = MakeCudaBackend({.device = 0});
+  ASSERT_TRUE(made.ok()) << made.status();
+  Backend& gpu = **made;
+  Tensor small = gpu.Zeros(DType::kFloat32, {1, 4});
+  ASSERT_TRUE(gpu.status().ok());
+  Tensor huge = gpu.Empty(DType::kFloat32, {int64_t{1} << 40});  // 4 TiB
+  const absl::Status failed = gpu.status();
+  EXPECT_EQ(failed.code(), absl::StatusCode::kResourceExhausted) << failed;
+  EXPECT_NE(failed.message().find("out of memory on cuda:0: [1099511627776] fp32 needs "
+                                  "4398046511104 bytes (4.00 TiB)"),
+            std::string::npos)
+      << failed;
+  EXPECT_NE(failed.message().find(" free of "), std::string::npos) << failed;
+  EXPECT_EQ(huge.shape(), (Shape{int64_t{1} << 40}));
+  Tensor sum = gpu.Add(huge, huge);  // nothing launched on memory that is not there
+  EXPECT_EQ(sum.shape(), huge.shape());
+  Tensor y = gpu.Linear(small, gpu.Empty(DType::kFloat32, {3, 4}), Tensor());
+  EXPECT_EQ(y.shape(), (Shape{1, 3}));
+  std::vector<float> host(4);
+  EXPECT_EQ(gpu.DownloadFloat(small, absl::MakeSpan(host)), failed);
+  EXPECT_EQ(gpu.status(), failed);  // the first failure stays
+  gpu.Synchronize();
+  auto fresh = MakeCudaBackend({.device = 0});
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  Tensor ones = (*fresh)->Empty(DType::kFloat32, {4});
+  ASSERT_TRUE((*fresh)->UploadFloat({1, 1, 1, 1}, ones).ok());
+  Tensor two = (*fresh)->Add(ones, ones);
+  ASSERT_TRUE((*fresh)->DownloadFloat(two, absl::MakeSpan(host)).ok());
+  EXPECT_EQ(host, std::vector<float>(4, 2.0f));
+}
+
 TEST(CudaBackendFactoryTest, NamesAMissingDevice) {
   std::string why;
   const int count = CudaDeviceCount(&why);

@@ -31,11 +31,6 @@ cudaDataType CudaType(DType t) {
   return CUDA_R_32F;
 }
 
-void CheckLt(cublasStatus_t status, const char* call, const char* op, const std::string& what) {
-  if (status != CUBLAS_STATUS_SUCCESS) [[unlikely]]
-    CudaFatal(call, op, what, cublasLtGetStatusString(status));
-}
-
 // Owns the cuBLASLt descriptors of one call.
 struct GemmDescriptors {
   cublasLtMatmulDesc_t op = nullptr;
@@ -54,12 +49,12 @@ void CudaBackend::Gemm(const char* op, cudaDataType a_type, const void* a, bool 
                        cudaDataType b_type, const void* b, bool trans_b, cudaDataType d_type,
                        void* d, int64_t m, int64_t n, int64_t k, const void* bias,
                        bool accumulate) {
-  if (m == 0 || n == 0) return;
+  if (m == 0 || n == 0 || failed()) return;
   if (k == 0) {  // an empty sum: cuBLASLt wants k > 0
     if (!accumulate) {
-      CheckCuda(cudaMemsetAsync(d, 0, static_cast<size_t>(m * n) * (d_type == CUDA_R_32F ? 4 : 2),
-                                context_->stream),
-                "cudaMemsetAsync", op, [] { return std::string("k = 0"); });
+      ZO_CUDA_OP(cudaMemsetAsync(d, 0, static_cast<size_t>(m * n) * (d_type == CUDA_R_32F ? 4 : 2),
+                                 context_->stream),
+                 "cudaMemsetAsync", op, [] { return std::string("k = 0"); });
     }
     return;
   }
@@ -67,9 +62,17 @@ void CudaBackend::Gemm(const char* op, cudaDataType a_type, const void* a, bool 
     return absl::StrCat("m ", m, ", n ", n, ", k ", k, trans_a ? ", A^T" : "",
                         trans_b ? ", B^T" : "");
   };
+  // A failed cuBLASLt call is recorded and ends the GEMM.
+  const auto lt_failed = [&](cublasStatus_t status, const char* call) {
+    if (status == CUBLAS_STATUS_SUCCESS) [[likely]]
+      return false;
+    Fail(CudaCallError(call, op, what(), cublasLtGetStatusString(status)));
+    return true;
+  };
   GemmDescriptors desc;
-  CheckLt(cublasLtMatmulDescCreate(&desc.op, CUBLAS_COMPUTE_32F, CUDA_R_32F),
-          "cublasLtMatmulDescCreate", op, what());
+  if (lt_failed(cublasLtMatmulDescCreate(&desc.op, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+                "cublasLtMatmulDescCreate"))
+    return;
   const cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
@@ -84,14 +87,16 @@ void CudaBackend::Gemm(const char* op, cudaDataType a_type, const void* a, bool 
                                    sizeof(bias_type));
   }
   // Stored (pre-op) shapes, column-major.
-  CheckLt(cublasLtMatrixLayoutCreate(&desc.a, a_type, trans_a ? k : m, trans_a ? m : k,
-                                     trans_a ? k : m),
-          "cublasLtMatrixLayoutCreate", op, what());
-  CheckLt(cublasLtMatrixLayoutCreate(&desc.b, b_type, trans_b ? n : k, trans_b ? k : n,
-                                     trans_b ? n : k),
-          "cublasLtMatrixLayoutCreate", op, what());
-  CheckLt(cublasLtMatrixLayoutCreate(&desc.d, d_type, m, n, m), "cublasLtMatrixLayoutCreate", op,
-          what());
+  if (lt_failed(cublasLtMatrixLayoutCreate(&desc.a, a_type, trans_a ? k : m, trans_a ? m : k,
+                                           trans_a ? k : m),
+                "cublasLtMatrixLayoutCreate"))
+    return;
+  if (lt_failed(cublasLtMatrixLayoutCreate(&desc.b, b_type, trans_b ? n : k, trans_b ? k : n,
+                                           trans_b ? n : k),
+                "cublasLtMatrixLayoutCreate"))
+    return;
+  if (lt_failed(cublasLtMatrixLayoutCreate(&desc.d, d_type, m, n, m), "cublasLtMatrixLayoutCreate"))
+    return;
 
   const GemmKey key{static_cast<int>(a_type),
                     static_cast<int>(b_type),
@@ -109,7 +114,8 @@ void CudaBackend::Gemm(const char* op, cudaDataType a_type, const void* a, bool 
     auto it = plans_.find(key);
     if (it == plans_.end()) {
       cublasLtMatmulPreference_t pref;
-      CheckLt(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate", op, what());
+      if (lt_failed(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate"))
+        return;
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                            &workspace_bytes_, sizeof(workspace_bytes_));
       if (options_.deterministic) {
@@ -123,18 +129,21 @@ void CudaBackend::Gemm(const char* op, cudaDataType a_type, const void* a, bool 
       const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
           lt_, desc.op, desc.a, desc.b, desc.d, desc.d, pref, 1, &result, &found);
       cublasLtMatmulPreferenceDestroy(pref);
-      CheckLt(status, "cublasLtMatmulAlgoGetHeuristic", op, what());
+      if (lt_failed(status, "cublasLtMatmulAlgoGetHeuristic")) return;
       if (found == 0) {
-        CudaFatal("cublasLtMatmulAlgoGetHeuristic", op, what(), "no algorithm for this GEMM");
+        Fail(CudaCallError("cublasLtMatmulAlgoGetHeuristic", op, what(),
+                           "no algorithm for this GEMM"));
+        return;
       }
       it = plans_.emplace(key, result.algo).first;
     }
     algo = it->second;
   }
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  CheckLt(cublasLtMatmul(lt_, desc.op, &alpha, a, desc.a, b, desc.b, &beta, d, desc.d, d, desc.d,
-                         &algo, workspace_, workspace_bytes_, context_->stream),
-          "cublasLtMatmul", op, what());
+  if (lt_failed(cublasLtMatmul(lt_, desc.op, &alpha, a, desc.a, b, desc.b, &beta, d, desc.d, d,
+                               desc.d, &algo, workspace_, workspace_bytes_, context_->stream),
+                "cublasLtMatmul"))
+    return;
 }
 
 Tensor CudaBackend::Ones(DType dtype, int64_t n) {
@@ -144,7 +153,7 @@ Tensor CudaBackend::Ones(DType dtype, int64_t n) {
     ones = Empty(dtype, {n});
     const std::vector<float> host(static_cast<size_t>(n), 1.0f);
     if (absl::Status s = UploadFloat(host, ones); !s.ok()) [[unlikely]]
-      CudaFatal("UploadFloat", "Ones", absl::StrCat(n, " ones"), std::string(s.message()));
+      Fail(s);
   }
   return ones;
 }

@@ -6,6 +6,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -23,9 +24,9 @@
 
 namespace zo::backend::cuda {
 
-// Prints "cuda: <call> failed in <op> (<what>): <error>" and aborts. Ops
-// return tensors, not Status: a failed launch leaves the device's context
-// unusable, so there is nothing to hand back to.
+// Prints "cuda: <call> failed in <op> (<what>): <error>" and aborts: for a
+// backend that cannot be built at all. Once built, a failure is recorded
+// instead (CudaBackend::Fail, Backend::status()).
 [[noreturn]] void CudaFatal(const char* call, const char* op, const std::string& what,
                             const std::string& error);
 
@@ -36,6 +37,11 @@ void CheckCuda(cudaError_t err, const char* call, const char* op, Describe&& des
   if (err != cudaSuccess) [[unlikely]]
     CudaFatal(call, op, describe(), cudaGetErrorString(err));
 }
+
+// "cuda: <call> failed in <op> (<what>): <error>", the status a failed call
+// becomes.
+absl::Status CudaCallError(const char* call, const char* op, const std::string& what,
+                           const std::string& error);
 
 // Prints "<op>: <what>" and aborts: a shape mismatch is a bug in the
 // calling model, as on the CPU backend.
@@ -78,6 +84,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override;
 
   std::string name() const override { return "cuda:" + std::to_string(context_->device); }
+  absl::Status status() const override;
 
   Tensor Empty(DType dtype, Shape shape) override;
   Tensor Zeros(DType dtype, Shape shape) override;
@@ -121,6 +128,17 @@ class CudaBackend final : public Backend {
                               float scale) override;
 
  private:
+  // Records `status` as the backend's failure unless one is recorded.
+  void Fail(absl::Status status);
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  // Fail(CudaCallError(...)) when `err` is not cudaSuccess; `describe()`
+  // (the shapes) is built only then.
+  template <typename Describe>
+  void Check(cudaError_t err, const char* call, const char* op, Describe&& describe) {
+    if (err != cudaSuccess) [[unlikely]]
+      Fail(CudaCallError(call, op, describe(), cudaGetErrorString(err)));
+  }
+
   // d[m, n] (column-major, ld m) = op(a) · op(b) (+ bias[m]) (+ d when
   // accumulate), fp32 accumulation. Pointers are device memory.
   void Gemm(const char* op, cudaDataType a_type, const void* a, bool trans_a, cudaDataType b_type,
@@ -150,7 +168,17 @@ class CudaBackend final : public Backend {
   std::map<GemmKey, cublasLtMatmulAlgo_t> plans_;  // guarded by plans_mu_
   std::mutex ones_mu_;
   Tensor ones_[3];  // by DType; guarded by ones_mu_
+  std::atomic<bool> failed_{false};
+  mutable std::mutex failure_mu_;
+  absl::Status failure_;  // guarded by failure_mu_
 };
+
+// Runs a launch or CUDA call only while the backend has not failed (its
+// tensors may then be placeholders without memory) and records its error.
+#define ZO_CUDA_OP(expr, call, op, describe)          \
+  do {                                                \
+    if (!failed()) Check((expr), call, op, describe); \
+  } while (0)
 
 // The device pointer of a CUDA tensor, with its dtype.
 inline ConstView In(const Tensor& t) { return {t.storage(), t.dtype()}; }
