@@ -370,9 +370,13 @@ absl::StatusOr<bool> Job::AwaitVersion(int64_t version, std::function<void()> wa
   if (stop_) return stop_reason_;
   if (version_ >= version) return true;
   if (!health_.ok()) {
-    return absl::FailedPreconditionError(
+    // A restore in progress is UNAVAILABLE (wait and retry), a job that
+    // needs one FAILED_PRECONDITION.
+    return absl::Status(
+        health_.code() == absl::StatusCode::kUnavailable ? absl::StatusCode::kUnavailable
+                                                         : absl::StatusCode::kFailedPrecondition,
         absl::StrCat("version ", version, " of job ", spec_.name,
-                     " will not come: the job needs restore: ", health_.message()));
+                     " will not come yet: the job needs restore: ", health_.message()));
   }
   *ticket = version_waiters_.Add(version, std::move(wake));
   return false;
@@ -636,6 +640,15 @@ void Job::RecoverPeer(int server) {
                   << " lost its part; workers resume at step " << restored->version() + 1;
 }
 
+absl::Status Job::NeedsRestoreLocked() const {
+  // A restore in progress (UNAVAILABLE) passes: callers wait and retry. A
+  // job that needs one does not until someone restores it.
+  return absl::Status(health_.code() == absl::StatusCode::kUnavailable
+                          ? absl::StatusCode::kUnavailable
+                          : absl::StatusCode::kFailedPrecondition,
+                      absl::StrCat("job ", spec_.name, " needs restore: ", health_.message()));
+}
+
 void Job::SetHealthLocked(absl::Status health) {
   health_ = std::move(health);
   if (stop_) return;  // closed for good
@@ -643,8 +656,7 @@ void Job::SetHealthLocked(absl::Status health) {
     accum_->Reopen();
   } else {
     resources_.wakes->Post(version_waiters_.TakeAll());
-    accum_->Close(absl::FailedPreconditionError(
-        absl::StrCat("job ", spec_.name, " needs restore: ", health_.message())));
+    accum_->Close(NeedsRestoreLocked());
   }
 }
 

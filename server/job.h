@@ -209,6 +209,9 @@ class Job {
   // fail with the reason while the job needs a restore, and waiting pulls
   // are woken to say so.
   void SetHealthLocked(absl::Status health);
+  // The error calls get while health_ is not OK: UNAVAILABLE during a
+  // restore, FAILED_PRECONDITION while the job waits for one. Requires mu_.
+  absl::Status NeedsRestoreLocked() const;
   bool AbortedLocked(int64_t generation) const { return stop_ || generation != generation_; }
   // A requested checkpoint whose version the job has reached.
   bool CheckpointDueLocked() const;

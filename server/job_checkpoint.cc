@@ -70,8 +70,7 @@ void Job::RunCheckpointLocked(std::unique_lock<std::mutex>& lock) {
   const int64_t generation = generation_;
   absl::StatusOr<v1::CheckpointResponse> result;
   if (!health_.ok()) {
-    result = absl::FailedPreconditionError(
-        absl::StrCat("job ", spec_.name, " needs restore: ", health_.message()));
+    result = NeedsRestoreLocked();
     for (auto& r : requests) r->done.set_value(result);
     return;
   }
