@@ -580,8 +580,14 @@ absl::Status Train(const TrainOptions& given) {
       reported = step;
     }
     if (checkpoints_here && o.checkpoint_every > 0 && step % o.checkpoint_every == 0) {
-      ZO_ASSIGN_OR_RETURN(std::string path, at.local.front().client->Checkpoint(step));
-      progress.Note(absl::StrCat("zo-train: checkpoint written: ", path));
+      // A checkpoint that fails (a server lost while writing its part) ends
+      // nothing: the job keeps its last committed one, and the next step
+      // finds out what happened to the servers.
+      absl::StatusOr<std::string> path = at.local.front().client->Checkpoint(step);
+      progress.Note(path.ok()
+                        ? absl::StrCat("zo-train: checkpoint written: ", *path)
+                        : absl::StrCat("zo-train: checkpoint of step ", step,
+                                       " failed, training goes on: ", path.status().message()));
     }
   }
   // With DPU the servers finish the last step after the worker; wait for it
