@@ -21,6 +21,7 @@ class ServerProcess {
   // Destruction sends SIGKILL if the server still runs.
 
   int port() const { return port_; }
+  pid_t pid() const { return process_.pid(); }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
   const std::string& log_path() const { return process_.log_path(); }
   std::string ReadLog() const;

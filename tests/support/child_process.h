@@ -31,6 +31,7 @@ class ChildProcess {
   ~ChildProcess();  // SIGKILL if still running
 
   bool running() const { return pid_ > 0; }
+  pid_t pid() const { return pid_; }
   const std::string& log_path() const { return log_path_; }
   std::string ReadLog() const;
 

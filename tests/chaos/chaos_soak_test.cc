@@ -1,0 +1,306 @@
+// Soak under chaos: a job with 2 data-parallel workers (each running 2
+// pipeline stages as threads) on 3 servers, optimizer state on NVMe swap
+// files, checkpoints every 5 steps. For ZO_CHAOS_SECONDS (default 600), at
+// random moments, one process at a time (a server or a worker, chosen at
+// random) is killed with SIGKILL and started again as systemd would; the
+// next kill waits until the job has moved on. Afterwards:
+//   - every loss any worker reported, for every step it computed (again,
+//     after a rollback), equals that step's loss in a run nothing happened
+//     to (bit for bit, per dp rank);
+//   - no server leaked descriptors or swap files, and their RSS stayed
+//     bounded.
+// Prints the kills survived and the steps computed again. Label `chaos`:
+// not in the default ctest run (minutes); `ctest --test-dir build/release -L chaos`.
+#include <dirent.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/cluster/wait_until.h"
+#include "tests/server/server_process.h"
+#include "tests/server/training_harness.h"
+#include "tests/support/child_process.h"
+
+namespace zo::testing {
+namespace {
+
+constexpr int kServers = 3;
+constexpr int kRanks = 2;
+const std::vector<std::string> kModel = {"--n-layer", "2",  "--n-embd",          "64",
+                                         "--n-head",  "4",  "--block-size",      "32",
+                                         "--seed",    "11", "--pipeline-stages", "2"};
+constexpr char kConfig[] = R"({
+  "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+  "optimizer": {"type": "AdamW", "params": {"lr": 2e-3, "weight_decay": 0.01}},
+  "fp16": {"enabled": true, "initial_scale_power": 12}, "steps_per_print": 1,
+  "zero_optimization": {"sub_group_size": 40000,
+                        "offload_optimizer": {"device": "nvme", "buffer_count": 3,
+                                              "nvme_path": "NVME"}},
+  "zo": {"chunk_elems": 16384}})";
+
+// Every (step, loss) a worker reported, in order (steps repeat after a rollback).
+std::vector<std::pair<int64_t, double>> Reported(const std::string& path) {
+  std::vector<std::pair<int64_t, double>> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j["loss"].is_number()) continue;  // a line cut by SIGKILL
+    out.emplace_back(j["step"].get<int64_t>(), j["loss"].get<double>());
+  }
+  return out;
+}
+
+int64_t LastStep(const std::string& path) {
+  const auto r = Reported(path);
+  int64_t last = 0;
+  for (const auto& [step, loss] : r) last = std::max(last, step);
+  return last;
+}
+
+int OpenFds(pid_t pid) {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/fd"))) {
+    (void)e;
+    ++n;
+  }
+  return n;
+}
+
+int64_t RssBytes(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("VmRSS:", 0) != 0) continue;
+    int64_t kib = 0;
+    std::string digits;
+    for (char c : line) {
+      if (c >= '0' && c <= '9') digits += c;
+    }
+    if (absl::SimpleAtoi(digits, &kib)) return kib * 1024;
+  }
+  return -1;
+}
+
+int FilesUnder(const std::string& dir) {
+  int n = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) n += e.is_regular_file();
+  return n;
+}
+
+class ChaosSoakTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = FreshTempDir("chaos_soak");
+    // Each server's --nvme-path overrides the config's.
+    std::ofstream(dir_ + "/config.json")
+        << absl::StrReplaceAll(kConfig, {{"NVME", dir_ + "/nvme-unused"}});
+  }
+
+  ServerProcess StartServer(const std::string& run, int index, int port = 0) {
+    const std::string nvme = absl::StrCat(dir_, "/", run, "/nvme", index);
+    std::filesystem::create_directories(nvme);
+    absl::StatusOr<ServerProcess> s =
+        ServerProcess::Start({"--checkpoint-dir", absl::StrCat(dir_, "/", run, "/ckpt"),
+                              "--nvme-path", nvme, "--threads", "1", "--keep-checkpoints", "2"},
+                             port);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return *std::move(s);
+  }
+
+  ChildProcess StartWorker(const std::string& run, const std::string& servers, int rank,
+                           int64_t steps) {
+    std::vector<std::string> args = {ZO_TRAIN_PATH,
+                                     "--servers",
+                                     servers,
+                                     "--job",
+                                     "chaos",
+                                     "--config",
+                                     dir_ + "/config.json",
+                                     "--dp-rank",
+                                     std::to_string(rank),
+                                     "--dp-world-size",
+                                     std::to_string(kRanks),
+                                     "--steps",
+                                     std::to_string(steps),
+                                     "--checkpoint-every",
+                                     "5",
+                                     "--metrics-out",
+                                     Metrics(run, rank)};
+    args.insert(args.end(), kModel.begin(), kModel.end());
+    // Appended, not truncated: a restarted worker's log follows the last one's.
+    const std::string log = absl::StrCat(dir_, "/", run, "/worker", rank, ".log");
+    std::string before;
+    {
+      std::ifstream in(log);
+      before.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    std::ofstream(absl::StrCat(log, ".before"), std::ios::app) << before;
+    absl::StatusOr<ChildProcess> w = ChildProcess::Start(args, log);
+    EXPECT_TRUE(w.ok()) << w.status();
+    return *std::move(w);
+  }
+
+  std::string Metrics(const std::string& run, int rank) const {
+    return absl::StrCat(dir_, "/", run, "/rank", rank, ".jsonl");
+  }
+
+  std::string dir_;
+};
+
+std::string ServerList(const std::vector<ServerProcess>& servers) {
+  return absl::StrJoin(Addresses(servers), ",");
+}
+
+TEST_F(ChaosSoakTest, KillsAnywhereLeaveTheTrajectoryOfARunWithout) {
+  const char* env = std::getenv("ZO_CHAOS_SECONDS");
+  const int seconds = env != nullptr ? std::atoi(env) : 600;
+  const char* seed_env = std::getenv("ZO_CHAOS_SEED");
+  const uint32_t seed = seed_env != nullptr ? std::atoi(seed_env) : 7;
+  std::mt19937 rng(seed);
+
+  std::vector<ServerProcess> servers;
+  for (int i = 0; i < kServers; ++i) servers.push_back(StartServer("chaos", i));
+  const std::string addresses = ServerList(servers);
+  std::vector<ChildProcess> workers;
+  for (int r = 0; r < kRanks; ++r) workers.push_back(StartWorker("chaos", addresses, r, 1000000));
+  const auto wait_for_step = [&](int64_t step, const char* why) {
+    std::vector<const ChildProcess*> producers;
+    for (const ChildProcess& w : workers) producers.push_back(&w);
+    return cluster::WaitUntil(
+        absl::StrCat("both ranks at step ", step, " (", why, ")"),
+        [&] {
+          for (int r = 0; r < kRanks; ++r) {
+            if (LastStep(Metrics("chaos", r)) < step) return false;
+          }
+          return true;
+        },
+        dir_ + "/chaos", producers, std::chrono::minutes(4));
+  };
+  ASSERT_TRUE(wait_for_step(12, "warm-up").ok()) << workers[0].ReadLog();
+  std::vector<int64_t> rss_start;
+  for (const ServerProcess& s : servers) rss_start.push_back(RssBytes(s.pid()));
+
+  // The chaos: one victim at a time; the job must move 3 steps past where
+  // it was before the next one.
+  std::map<std::string, int> kills;
+  const absl::Time end = absl::Now() + absl::Seconds(seconds);
+  while (absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(std::uniform_int_distribution<int>(500, 4000)(rng)));
+    const int victim = std::uniform_int_distribution<int>(0, kServers + kRanks - 1)(rng);
+    int64_t at = 0;
+    for (int r = 0; r < kRanks; ++r) at = std::max(at, LastStep(Metrics("chaos", r)));
+    if (victim < kServers) {
+      const int port = servers[victim].port();
+      servers[victim].Kill();
+      servers[victim] = StartServer("chaos", victim, port);
+      ++kills[victim == 0 ? "lead server" : "follower server"];
+    } else {
+      const int rank = victim - kServers;
+      workers[rank].Kill();
+      workers[rank] = StartWorker("chaos", addresses, rank, 1000000);
+      ++kills[absl::StrCat("worker")];
+    }
+    const absl::Status moved = wait_for_step(at + 3, "after a kill");
+    ASSERT_TRUE(moved.ok()) << moved << "\nrank 0:\n"
+                            << workers[0].ReadLog() << "\nrank 1:\n"
+                            << workers[1].ReadLog();
+  }
+  int64_t last = 0;
+  for (int r = 0; r < kRanks; ++r) last = std::max(last, LastStep(Metrics("chaos", r)));
+  ASSERT_TRUE(wait_for_step(last + 2, "the end").ok());
+
+  // Leaks, while the servers still run: descriptors against a fresh server
+  // holding the same job, swap files, RSS.
+  int64_t worst_rss_growth = 0;
+  for (int i = 0; i < kServers; ++i) {
+    const int64_t rss = RssBytes(servers[i].pid());
+    worst_rss_growth = std::max(worst_rss_growth, rss - rss_start[i]);
+    EXPECT_LT(OpenFds(servers[i].pid()), 200) << "server " << i;
+    // The job's swap file(s) and nothing else.
+    EXPECT_LE(FilesUnder(absl::StrCat(dir_, "/chaos/nvme", i)), 2) << "server " << i;
+  }
+  // Restarted servers start over; the others must not grow without bound.
+  EXPECT_LT(worst_rss_growth, int64_t{256} << 20);
+  for (ChildProcess& w : workers) w.Kill();
+
+  // The run nothing happens to, as far as the chaos run got.
+  const int64_t steps = last + 2;
+  std::vector<ServerProcess> calm;
+  for (int i = 0; i < kServers; ++i) calm.push_back(StartServer("calm", i));
+  std::vector<ChildProcess> calm_workers;
+  for (int r = 0; r < kRanks; ++r) {
+    calm_workers.push_back(StartWorker("calm", ServerList(calm), r, steps));
+  }
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_EQ(calm_workers[r].Wait(std::chrono::minutes(10)), 0) << calm_workers[r].ReadLog();
+  }
+  int64_t compared = 0;
+  for (int r = 0; r < kRanks; ++r) {
+    std::map<int64_t, double> reference;
+    for (const auto& [step, loss] : Reported(Metrics("calm", r))) reference[step] = loss;
+    for (const auto& [step, loss] : Reported(Metrics("chaos", r))) {
+      if (step > steps) continue;
+      ASSERT_TRUE(reference.contains(step)) << "rank " << r << " step " << step;
+      EXPECT_EQ(loss, reference[step]) << "rank " << r << " step " << step;
+      ++compared;
+    }
+  }
+  // Steps lost: each resume ("is at version V; resuming") after the worker
+  // had reached step S costs S - V steps of work (rank 0's view).
+  int64_t resumes = 0, lost = 0;
+  {
+    std::ifstream in(absl::StrCat(dir_, "/chaos/worker0.log.before"));
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::ifstream now(absl::StrCat(dir_, "/chaos/worker0.log"));
+    text.append(std::istreambuf_iterator<char>(now), std::istreambuf_iterator<char>());
+    int64_t reached = 0;
+    for (absl::string_view line : absl::StrSplit(text, '\n')) {
+      int64_t n = 0;
+      if (absl::ConsumePrefix(&line, "step ")) {
+        line = absl::StripLeadingAsciiWhitespace(line);
+        if (absl::SimpleAtoi(line.substr(0, line.find('/')), &n)) reached = n;
+      } else if (const size_t at = line.find(" is at version ");
+                 at != line.npos && line.find("resuming") != line.npos) {
+        absl::string_view v = line.substr(at + 15);
+        if (absl::SimpleAtoi(v.substr(0, v.find(' ')), &n)) {
+          ++resumes;
+          lost += std::max<int64_t>(0, reached - n);
+          reached = n;
+        }
+      }
+    }
+  }
+  std::string summary;
+  int total = 0;
+  for (const auto& [what, n] : kills) {
+    summary += absl::StrCat(summary.empty() ? "" : ", ", n, " ", what);
+    total += n;
+  }
+  std::printf(
+      "chaos: %d s, seed %u: %d kills survived (%s); %lld steps, %lld losses equal to the "
+      "calm run's; rank 0 resumed %lld times, losing %lld steps of work; worst server RSS "
+      "growth %.1f MiB\n",
+      seconds, seed, total, summary.c_str(), static_cast<long long>(steps),
+      static_cast<long long>(compared), static_cast<long long>(resumes),
+      static_cast<long long>(lost), worst_rss_growth / double(1 << 20));
+}
+
+}  // namespace
+}  // namespace zo::testing
