@@ -159,6 +159,11 @@ class Job {
                                                     bool freeze = false);
   // Lifts a freeze; a no-op without one.
   void Thaw();
+  // Checkpoint requests waiting for their version.
+  size_t pending_checkpoints() const {
+    std::lock_guard lock(mu_);
+    return pending_checkpoints_.size();
+  }
   // `rollback`: RestoreRequest.rollback (a new instance of the job).
   absl::StatusOr<v1::RestoreResponse> Restore(const std::string& path, absl::Time deadline,
                                               bool rollback = false);

@@ -279,6 +279,15 @@ absl::Status Job::RestorePart(const v1::RestorePartRequest& request) {
     std::lock_guard lock(mu_);
     generation_ = request.generation();
     SetHealthLocked(absl::UnavailableError("a restore is in progress"));
+    // A checkpoint waiting for a version the restore undoes would wait for
+    // steps its own caller has to redo first (a worker blocked in it pushes
+    // nothing): it fails now, and the caller asks again later.
+    for (auto& p : pending_checkpoints_) {
+      p->done.set_value(absl::AbortedError(absl::StrCat(
+          "job ", spec_.name, " was restored to version ", meta.version,
+          " while this checkpoint (of version ", p->min_version, " or later) waited; ask again")));
+    }
+    pending_checkpoints_.clear();
   }
   // A rollback makes a new instance: calls from clients that opened the job
   // before it belong to steps it undoes, and are told where the job is now.

@@ -212,6 +212,31 @@ TEST_F(JobTest, ACheckpointWaitsForItsMinVersion) {
   EXPECT_THAT(ckpt->path(), HasSubstr("step-00000002"));
 }
 
+// A worker waiting for a checkpoint of version 3 when the job is rolled
+// back to 1 would wait for steps it must redo itself: the restore fails the
+// request at once (the chaos soak saw a worker stuck 2 minutes on it).
+TEST_F(JobTest, ARestoreFailsTheCheckpointsThatWaitForVersionsItUndoes) {
+  std::unique_ptr<Job> job = Open(R"("gradient_clipping": 0)");
+  ASSERT_NE(job, nullptr);
+  ASSERT_THAT(Push(*job, 1, 0.5f), IsOk());
+  ZO_ASSERT_OK_AND_ASSIGN(const v1::CheckpointResponse at1,
+                          job->Checkpoint(1, absl::InfiniteFuture()));
+  ASSERT_THAT(Push(*job, 2, 0.5f), IsOk());
+  ASSERT_THAT(WaitForVersion(*job, 2), IsOk());
+  absl::StatusOr<v1::CheckpointResponse> waiting;
+  std::thread asker([&] { waiting = job->Checkpoint(3, absl::InfiniteFuture()); });
+  // The request waits for version 3, which never comes here: the only way
+  // out is the restore, which runs once the request is queued.
+  while (job->pending_checkpoints() == 0) std::this_thread::yield();
+  ZO_ASSERT_OK_AND_ASSIGN(const v1::RestoreResponse restored,
+                          job->Restore(at1.path(), absl::InfiniteFuture(), /*rollback=*/true));
+  asker.join();
+  EXPECT_EQ(restored.version(), 1);
+  EXPECT_THAT(waiting.status(),
+              StatusIs(absl::StatusCode::kAborted,
+                       HasSubstr("was restored to version 1 while this checkpoint")));
+}
+
 TEST_F(JobTest, KeepCheckpointsLeavesTheNewestOnDisk) {
   keep_checkpoints_ = 2;
   std::unique_ptr<Job> job = Open(R"("gradient_clipping": 0)");
