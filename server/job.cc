@@ -370,13 +370,9 @@ absl::StatusOr<bool> Job::AwaitVersion(int64_t version, std::function<void()> wa
   if (stop_) return stop_reason_;
   if (version_ >= version) return true;
   if (!health_.ok()) {
-    // A restore in progress is UNAVAILABLE (wait and retry), a job that
-    // needs one FAILED_PRECONDITION.
-    return absl::Status(
-        health_.code() == absl::StatusCode::kUnavailable ? absl::StatusCode::kUnavailable
-                                                         : absl::StatusCode::kFailedPrecondition,
-        absl::StrCat("version ", version, " of job ", spec_.name,
-                     " will not come yet: the job needs restore: ", health_.message()));
+    const absl::Status why = NeedsRestoreLocked();
+    return absl::Status(why.code(),
+                        absl::StrCat("version ", version, " will not come yet: ", why.message()));
   }
   *ticket = version_waiters_.Add(version, std::move(wake));
   return false;
