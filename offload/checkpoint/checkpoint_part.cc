@@ -10,7 +10,9 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -72,6 +74,55 @@ std::string BaseName(const std::string& path) {
 
 std::string Hex(uint64_t v) { return absl::StrCat("0x", absl::Hex(v, absl::kZeroPad16)); }
 
+// The header as both writers start the file.
+std::string Header() {
+  std::string header(kMagic, sizeof(kMagic));
+  PutU32(header, kFormatVersion);
+  header.resize(kHeaderBytes, '\0');
+  return header;
+}
+
+// An index entry up to its checksums.
+void PutEntryHead(std::string& out, const CheckpointChunk& c, uint64_t first_array_offset) {
+  PutU64(out, static_cast<uint64_t>(c.chunk));
+  PutU64(out, static_cast<uint64_t>(c.flat_begin));
+  PutU64(out, static_cast<uint64_t>(c.elems));
+  const uint64_t region_bytes =
+      RoundUp(static_cast<uint64_t>(c.elems) * sizeof(float), kAlignBytes);
+  for (int a = 0; a < kArrays; ++a) PutU64(out, first_array_offset + a * region_bytes);
+}
+
+// Index (entry count, then `entries`) and trailer for an index starting at
+// `index_offset`: the bytes that end the file, and the index checksum.
+std::string IndexAndTrailer(uint64_t count, const std::string& entries, uint64_t index_offset,
+                            uint64_t& checksum) {
+  std::string tail;
+  PutU64(tail, count);
+  tail += entries;
+  const uint64_t index_bytes = tail.size();
+  checksum = Hash(tail.data(), tail.size());
+  PutU64(tail, index_offset);
+  PutU64(tail, index_bytes);
+  PutU64(tail, checksum);
+  PutU32(tail, kFormatVersion);
+  PutU32(tail, 0);
+  tail.append(kMagic, sizeof(kMagic));
+  return tail;
+}
+
+// fsyncs and closes `fd` (set to -1 either way).
+absl::Status SyncAndClose(int& fd, const std::string& path) {
+  if (fsync(fd) != 0) {
+    const int e = errno;
+    close(std::exchange(fd, -1));
+    return ZO_ERRNO_STATUS(e, absl::StrCat("fsync checkpoint part ", path));
+  }
+  if (close(std::exchange(fd, -1)) != 0) {
+    return ZO_ERRNO_STATUS(errno, absl::StrCat("close checkpoint part ", path));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- writer ---
@@ -108,10 +159,7 @@ absl::StatusOr<std::unique_ptr<CheckpointPartWriter>> CheckpointPartWriter::Crea
   impl->fd = fd;
   // From here the writer owns the file and removes it on failure.
   std::unique_ptr<CheckpointPartWriter> writer(new CheckpointPartWriter(std::move(impl)));
-  std::string header(kMagic, sizeof(kMagic));
-  PutU32(header, kFormatVersion);
-  header.resize(kHeaderBytes, '\0');
-  ZO_RETURN_IF_ERROR(writer->impl_->Write(header));
+  ZO_RETURN_IF_ERROR(writer->impl_->Write(Header()));
   return writer;
 }
 
@@ -144,13 +192,10 @@ absl::Status CheckpointPartWriter::AddChunk(int64_t chunk, int64_t flat_begin,
   }
   const int64_t elems = static_cast<int64_t>(master.size());
   std::string entry;
-  PutU64(entry, static_cast<uint64_t>(chunk));
-  PutU64(entry, static_cast<uint64_t>(flat_begin));
-  PutU64(entry, static_cast<uint64_t>(elems));
+  PutEntryHead(entry, {chunk, flat_begin, elems}, s.offset);
   const std::array<absl::Span<const float>, kArrays> arrays = {master, m, v};
   const uint64_t data_bytes = static_cast<uint64_t>(elems) * sizeof(float);
   const uint64_t region_bytes = RoundUp(data_bytes, kAlignBytes);
-  for (int a = 0; a < kArrays; ++a) PutU64(entry, s.offset + a * region_bytes);
   for (int a = 0; a < kArrays; ++a) {
     const char* data = reinterpret_cast<const char*>(arrays[a].data());
     for (uint64_t b = 0; b < data_bytes; b += kBlockBytes) {
@@ -175,31 +220,135 @@ absl::StatusOr<CheckpointPartSummary> CheckpointPartWriter::Finish() {
         absl::StrCat("checkpoint part ", s.path, " is already finished"));
   }
   if (!s.error.ok()) return s.error;
-  std::string index;
-  PutU64(index, s.entries);
-  index += s.index;
-  const uint64_t index_offset = s.offset;
-  const uint64_t index_bytes = index.size();
-  const uint64_t checksum = Hash(index.data(), index.size());
-  std::string tail = std::move(index);
-  PutU64(tail, index_offset);
-  PutU64(tail, index_bytes);
-  PutU64(tail, checksum);
-  PutU32(tail, kFormatVersion);
-  PutU32(tail, 0);
-  tail.append(kMagic, sizeof(kMagic));
-  ZO_RETURN_IF_ERROR(s.Write(tail));
-  if (fsync(s.fd) != 0) {
-    s.error = ZO_ERRNO_STATUS(errno, absl::StrCat("fsync checkpoint part ", s.path));
-    return s.error;
-  }
-  const int fd = std::exchange(s.fd, -1);
-  if (close(fd) != 0) {
-    s.error = ZO_ERRNO_STATUS(errno, absl::StrCat("close checkpoint part ", s.path));
-    return s.error;
-  }
+  uint64_t checksum = 0;
+  ZO_RETURN_IF_ERROR(s.Write(IndexAndTrailer(s.entries, s.index, s.offset, checksum)));
+  s.error = SyncAndClose(s.fd, s.path);
+  if (!s.error.ok()) return s.error;
   s.finished = true;
   return CheckpointPartSummary{BaseName(s.path), static_cast<int64_t>(s.offset), checksum};
+}
+
+// ------------------------------------------------------ scattered writer ---
+
+struct ScatteredPartWriter::Impl {
+  std::string path;
+  int fd = -1;
+  std::vector<CheckpointChunk> chunks;
+  std::vector<uint64_t> first_offset;  // of each chunk's master array
+  uint64_t index_offset = 0;
+  std::mutex mu;
+  absl::Status error;  // sticky: the first failed write
+  bool finished = false;
+};
+
+absl::StatusOr<std::unique_ptr<ScatteredPartWriter>> ScatteredPartWriter::Create(
+    const std::string& path, std::vector<CheckpointChunk> chunks) {
+  auto impl = std::make_unique<Impl>();
+  uint64_t offset = kHeaderBytes;
+  int64_t last = -1;
+  for (const CheckpointChunk& c : chunks) {
+    if (c.chunk <= last || c.flat_begin < 0 || c.elems <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint part ", path, ": chunk ", c.chunk, " (flat_begin ", c.flat_begin, ", ",
+          c.elems, " elements) must have elems > 0 and come after chunk ", last));
+    }
+    last = c.chunk;
+    impl->first_offset.push_back(offset);
+    offset += kArrays * RoundUp(static_cast<uint64_t>(c.elems) * sizeof(float), kAlignBytes);
+  }
+  impl->index_offset = offset;
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return ZO_ERRNO_STATUS(errno, absl::StrCat("create checkpoint part ", path));
+  impl->path = path;
+  impl->fd = fd;
+  impl->chunks = std::move(chunks);
+  std::unique_ptr<ScatteredPartWriter> writer(new ScatteredPartWriter(std::move(impl)));
+  ZO_RETURN_IF_ERROR(PwriteAll(fd, Header(), 0, path));
+  if (ftruncate(fd, static_cast<off_t>(offset)) != 0) {
+    return ZO_ERRNO_STATUS(errno, absl::StrCat("size checkpoint part ", path, " to ", offset));
+  }
+  return writer;
+}
+
+ScatteredPartWriter::ScatteredPartWriter(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+ScatteredPartWriter::~ScatteredPartWriter() {
+  if (impl_->fd >= 0) close(impl_->fd);
+  if (!impl_->finished) unlink(impl_->path.c_str());
+}
+
+const std::vector<CheckpointChunk>& ScatteredPartWriter::chunks() const { return impl_->chunks; }
+const std::string& ScatteredPartWriter::path() const { return impl_->path; }
+
+absl::Status ScatteredPartWriter::Write(size_t index, int64_t offset, int64_t n,
+                                        const float* master, const float* m, const float* v) {
+  Impl& s = *impl_;
+  {
+    std::lock_guard lock(s.mu);
+    if (!s.error.ok()) return s.error;
+  }
+  if (index >= s.chunks.size() || offset < 0 || n <= 0 || offset + n > s.chunks[index].elems) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint part ", s.path, ": elements [", offset, ", ", offset + n,
+                     ") of chunk index ", index, " are outside its ", s.chunks.size(), " chunks"));
+  }
+  const uint64_t region_bytes =
+      RoundUp(static_cast<uint64_t>(s.chunks[index].elems) * sizeof(float), kAlignBytes);
+  const float* arrays[kArrays] = {master, m, v};
+  for (int a = 0; a < kArrays; ++a) {
+    const uint64_t at =
+        s.first_offset[index] + a * region_bytes + static_cast<uint64_t>(offset) * sizeof(float);
+    absl::Status written = PwriteAll(s.fd,
+                                     absl::string_view(reinterpret_cast<const char*>(arrays[a]),
+                                                       static_cast<size_t>(n) * sizeof(float)),
+                                     at, s.path);
+    if (!written.ok()) {
+      std::lock_guard lock(s.mu);
+      if (s.error.ok()) {
+        s.error = absl::Status(written.code(),
+                               absl::StrCat("checkpoint part ", s.path, ": ", written.message()));
+      }
+      return s.error;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CheckpointPartSummary> ScatteredPartWriter::Finish() {
+  Impl& s = *impl_;
+  if (s.finished) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint part ", s.path, " is already finished"));
+  }
+  {
+    std::lock_guard lock(s.mu);
+    if (!s.error.ok()) return s.error;
+  }
+  // The data is read back (from the page cache, mostly) to hash it: the
+  // writes came in tile by tile, not block by block.
+  std::string entries;
+  std::vector<char> block(kBlockBytes);
+  for (size_t i = 0; i < s.chunks.size(); ++i) {
+    const CheckpointChunk& c = s.chunks[i];
+    PutEntryHead(entries, c, s.first_offset[i]);
+    const uint64_t data_bytes = static_cast<uint64_t>(c.elems) * sizeof(float);
+    const uint64_t region_bytes = RoundUp(data_bytes, kAlignBytes);
+    for (int a = 0; a < kArrays; ++a) {
+      const uint64_t base = s.first_offset[i] + a * region_bytes;
+      for (uint64_t b = 0; b < data_bytes; b += kBlockBytes) {
+        const size_t len = std::min(kBlockBytes, data_bytes - b);
+        ZO_RETURN_IF_ERROR(PreadAll(s.fd, block.data(), len, base + b, s.path));
+        PutU64(entries, Hash(block.data(), len));
+      }
+    }
+  }
+  uint64_t checksum = 0;
+  const std::string tail = IndexAndTrailer(s.chunks.size(), entries, s.index_offset, checksum);
+  ZO_RETURN_IF_ERROR(PwriteAll(s.fd, tail, s.index_offset, s.path));
+  ZO_RETURN_IF_ERROR(SyncAndClose(s.fd, s.path));
+  s.finished = true;
+  return CheckpointPartSummary{BaseName(s.path), static_cast<int64_t>(s.index_offset + tail.size()),
+                               checksum};
 }
 
 // ---------------------------------------------------------------- reader ---

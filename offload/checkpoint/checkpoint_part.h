@@ -63,6 +63,49 @@ class CheckpointPartWriter {
   std::unique_ptr<Impl> impl_;
 };
 
+// The same file written out of order: every chunk is known when the part is
+// created, so every array has its place, and ranges of it may arrive in any
+// order from any number of threads (a snapshot taken while the state keeps
+// changing, server/state_snapshot.h). Finish reads the data back to hash it,
+// writes the index and trailer and fsyncs: the file is byte for byte what
+// CheckpointPartWriter makes of the same chunks and values.
+//
+//   ZO_ASSIGN_OR_RETURN(auto w, ScatteredPartWriter::Create(path, chunks));
+//   // on any threads, each range once:
+//   ZO_RETURN_IF_ERROR(w->Write(i, offset, n, master, m, v));
+//   ZO_ASSIGN_OR_RETURN(CheckpointPartSummary summary, w->Finish());
+//
+// Write is thread-safe; Create and Finish are not. Destroying an unfinished
+// writer removes the file.
+class ScatteredPartWriter {
+ public:
+  // `chunks` in ascending chunk id, each with elems > 0. The file is sized
+  // now (sparse): padding reads as zeros.
+  static absl::StatusOr<std::unique_ptr<ScatteredPartWriter>> Create(
+      const std::string& path, std::vector<CheckpointChunk> chunks);
+  ~ScatteredPartWriter();
+
+  const std::vector<CheckpointChunk>& chunks() const;
+  const std::string& path() const;
+
+  // Elements [offset, offset + n) of chunks()[index]; each pointer holds n
+  // floats. The first failure is sticky and returned by later calls.
+  absl::Status Write(size_t index, int64_t offset, int64_t n, const float* master, const float* m,
+                     const float* v);
+
+  // Every element must have been written (the caller tracks that; a range
+  // never written reads as zeros).
+  absl::StatusOr<CheckpointPartSummary> Finish();
+
+  ScatteredPartWriter(const ScatteredPartWriter&) = delete;
+  ScatteredPartWriter& operator=(const ScatteredPartWriter&) = delete;
+
+ private:
+  struct Impl;
+  explicit ScatteredPartWriter(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
 // Thread-compatible (const methods may run concurrently: reads use pread).
 class CheckpointPartReader {
  public:

@@ -3,10 +3,14 @@
 #include <signal.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -272,6 +276,76 @@ TEST_F(CheckpointPartTest, FileSizeLimitIsResourceExhaustedAndRemovesTheFile) {
                               AllOf(HasSubstr(path_), HasSubstr("EFBIG"))));
   EXPECT_EQ(finished, added);
   EXPECT_FALSE(std::filesystem::exists(path_));
+}
+
+std::string FileBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Ranges in shuffled order from four threads make the same file, byte for
+// byte, as the in-order writer given the same chunks.
+TEST_F(CheckpointPartTest, ScatteredWritesMakeTheSameFileAsInOrderWrites) {
+  const std::vector<TestChunk> chunks = OddChunks();
+  ZO_ASSERT_OK_AND_ASSIGN(const CheckpointPartSummary in_order,
+                          WritePart(dir_ + "/in-order.zop", chunks));
+
+  std::vector<CheckpointChunk> layout;
+  for (const TestChunk& c : chunks) {
+    layout.push_back({c.chunk, c.flat_begin, static_cast<int64_t>(c.master.size())});
+  }
+  ZO_ASSERT_OK_AND_ASSIGN(auto writer, ScatteredPartWriter::Create(path_, layout));
+  struct Range {
+    size_t index;
+    int64_t offset, n;
+  };
+  std::vector<Range> ranges;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const auto elems = static_cast<int64_t>(chunks[i].master.size());
+    for (int64_t at = 0; at < elems; at += 777)
+      ranges.push_back({i, at, std::min<int64_t>(777, elems - at)});
+  }
+  std::mt19937 rng(5);
+  std::shuffle(ranges.begin(), ranges.end(), rng);
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> results(4);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (size_t r = t; r < ranges.size(); r += 4) {
+        const Range& g = ranges[r];
+        const TestChunk& c = chunks[g.index];
+        absl::Status s = writer->Write(g.index, g.offset, g.n, c.master.data() + g.offset,
+                                       c.m.data() + g.offset, c.v.data() + g.offset);
+        if (!s.ok()) results[t] = s;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& s : results) ASSERT_THAT(s, IsOk());
+  ZO_ASSERT_OK_AND_ASSIGN(const CheckpointPartSummary scattered, writer->Finish());
+
+  EXPECT_EQ(scattered.bytes, in_order.bytes);
+  EXPECT_EQ(scattered.index_checksum, in_order.index_checksum);
+  EXPECT_TRUE(FileBytes(path_) == FileBytes(dir_ + "/in-order.zop"));
+  ZO_ASSERT_OK_AND_ASSIGN(auto reader, CheckpointPartReader::Open(path_));
+  EXPECT_EQ(reader->summary(), scattered);
+}
+
+TEST_F(CheckpointPartTest, ScatteredWriterRejectsBadRangesAndRemovesAnUnfinishedFile) {
+  EXPECT_THAT(ScatteredPartWriter::Create(path_, {{3, 0, 10}, {3, 10, 10}}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("come after chunk 3")));
+  {
+    ZO_ASSERT_OK_AND_ASSIGN(auto writer, ScatteredPartWriter::Create(path_, {{1, 0, 10}}));
+    const std::vector<float> x(20, 1.0f);
+    EXPECT_THAT(writer->Write(0, 5, 6, x.data(), x.data(), x.data()),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[5, 11)")));
+    EXPECT_THAT(writer->Write(1, 0, 1, x.data(), x.data(), x.data()),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("chunk index 1")));
+    EXPECT_TRUE(std::filesystem::exists(path_));
+  }
+  EXPECT_FALSE(std::filesystem::exists(path_));
+  EXPECT_THAT(ScatteredPartWriter::Create(dir_ + "/no/such/dir/part.zop", {{0, 0, 1}}).status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no/such/dir")));
 }
 
 }  // namespace

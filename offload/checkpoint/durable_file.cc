@@ -35,6 +35,27 @@ absl::Status WriteAll(int fd, absl::string_view bytes, const std::string& path, 
   return absl::OkStatus();
 }
 
+absl::Status PwriteAll(int fd, absl::string_view bytes, uint64_t offset, const std::string& path) {
+  const char* p = bytes.data();
+  size_t left = bytes.size();
+  while (left > 0) {
+    const ssize_t n = pwrite(fd, p, left, static_cast<off_t>(offset));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ZO_ERRNO_STATUS(
+          errno, absl::StrCat("write ", left, " bytes at offset ", offset, " of ", path));
+    }
+    if (n == 0) {
+      return ZO_ERRNO_STATUS(ENOSPC, absl::StrCat("write ", left, " bytes at offset ", offset,
+                                                  " of ", path, " wrote nothing"));
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+    offset += static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status PreadAll(int fd, char* buf, size_t len, uint64_t offset, const std::string& path) {
   while (len > 0) {
     const ssize_t n = pread(fd, buf, len, static_cast<off_t>(offset));

@@ -27,6 +27,10 @@ namespace zo {
 // ignored.
 absl::Status WriteAll(int fd, absl::string_view bytes, const std::string& path, uint64_t offset);
 
+// Writes all of `bytes` at `offset` without moving the file position, so
+// threads may write disjoint ranges of one file at once. Errors as WriteAll.
+absl::Status PwriteAll(int fd, absl::string_view bytes, uint64_t offset, const std::string& path);
+
 // Reads exactly `len` bytes at `offset`; reaching the end of the file first
 // is DATA_LOSS naming `path` and the offset (the file was cut short).
 absl::Status PreadAll(int fd, char* buf, size_t len, uint64_t offset, const std::string& path);
