@@ -293,6 +293,7 @@ int64_t TieredOptimizerState::total_elems() const { return impl_->layout.total_e
 int64_t TieredOptimizerState::num_sub_groups() const { return impl_->layout.num_sub_groups(); }
 int64_t TieredOptimizerState::ram_sub_groups() const { return impl_->layout.ram_sub_groups(); }
 int64_t TieredOptimizerState::nvme_sub_groups() const { return impl_->layout.nvme_sub_groups(); }
+int64_t TieredOptimizerState::ram_elems() const { return impl_->layout.ram_elems(); }
 
 absl::Status TieredOptimizerState::LoadMaster(int64_t offset, absl::Span<const float> values) {
   return impl_->Write("LoadMaster", offset, static_cast<int64_t>(values.size()),
@@ -343,7 +344,8 @@ absl::Status TieredOptimizerState::WriteState(int64_t offset, absl::Span<const f
 
 absl::Status TieredOptimizerState::AdamStep(const AdamStepConstants& c, TypedConstPtr grad,
                                             TypedPtr low_precision,
-                                            const std::function<void(int64_t end)>& updated) {
+                                            const std::function<void(int64_t end)>& updated,
+                                            const StateObserver& before_update) {
   Impl& s = *impl_;
   if (!s.error.ok()) return s.NeedsRestore();
   if (s.layout.total_elems() == 0) return absl::OkStatus();
@@ -353,6 +355,9 @@ absl::Status TieredOptimizerState::AdamStep(const AdamStepConstants& c, TypedCon
   const TileKernel kernel = [&](int64_t sg, int64_t begin, int64_t end, float* p, float* m,
                                 float* v) {
     const auto at = static_cast<size_t>(layout.begin(sg) + begin);
+    if (before_update) {
+      before_update(static_cast<int64_t>(at), end - begin, p + begin, m + begin, v + begin);
+    }
     AdamUpdate(c, OffsetBy(grad, at), p + begin, m + begin, v + begin, OffsetBy(low_precision, at),
                static_cast<size_t>(end - begin));
   };
@@ -382,6 +387,18 @@ absl::Status TieredOptimizerState::AdamStep(const AdamStepConstants& c, TypedCon
   };
   // The RAM sub-groups are updated while the first NVMe reads are in flight.
   return s.Record("AdamStep", s.pipeline->Run(&kernel, ram_pass_then_report, slot_done));
+}
+
+absl::Status TieredOptimizerState::ObserveNvme(const StateObserver& observer) {
+  Impl& s = *impl_;
+  if (!s.error.ok()) return s.NeedsRestore();
+  if (s.pipeline == nullptr) return absl::OkStatus();
+  const SwapLayout& layout = s.layout;
+  const TileKernel kernel = [&](int64_t sg, int64_t begin, int64_t end, float* p, float* m,
+                                float* v) {
+    observer(layout.begin(sg) + begin, end - begin, p + begin, m + begin, v + begin);
+  };
+  return s.Record("ObserveNvme", s.pipeline->Run(&kernel, nullptr));
 }
 
 absl::Status TieredOptimizerState::IoOnlyPass() {

@@ -53,6 +53,13 @@ struct TieredStateOptions {
   IoEngineOptions io;     // from the config's aio section
 };
 
+// Sees elements [offset, offset + n) of the state as they are (master, m, v
+// each n floats, valid during the call): the checkpoint snapshot's hook
+// (server/state_snapshot.h). Called on the pool's workers, concurrently for
+// disjoint ranges.
+using StateObserver = std::function<void(int64_t offset, int64_t n, const float* master,
+                                         const float* m, const float* v)>;
+
 // What Create builds itself unless a test replaces it.
 struct TieredStateSeams {
   // The I/O engine (default: CreateIoEngine(options.io)), e.g. a
@@ -84,6 +91,8 @@ class TieredOptimizerState {
   int64_t num_sub_groups() const;
   int64_t ram_sub_groups() const;  // the first ones; the rest are on NVMe
   int64_t nvme_sub_groups() const;
+  // Elements [0, ram_elems()) are in RAM, the rest on NVMe.
+  int64_t ram_elems() const;
   // Bytes this state holds in RAM: the RAM sub-groups' master, m and v and
   // the swap buffers.
   int64_t ram_bytes() const;
@@ -113,8 +122,17 @@ class TieredOptimizerState {
   // each NVMe sub-group, last with total_elems. The server uses it to let
   // the next step's gradients into a chunk as soon as its update is done.
   // Not called past a failure.
+  // `before_update`, if set, sees every tile just before its update (NVMe
+  // tiles after their checksums are verified): a snapshot copies what the
+  // step is about to change.
   absl::Status AdamStep(const AdamStepConstants& c, TypedConstPtr grad, TypedPtr low_precision,
-                        const std::function<void(int64_t end)>& updated = nullptr);
+                        const std::function<void(int64_t end)>& updated = nullptr,
+                        const StateObserver& before_update = nullptr);
+
+  // Streams every NVMe-resident sub-group through the step's pipeline with
+  // `observer` in place of the update (verified on read, written back
+  // unchanged): a snapshot of NVMe state when no step comes to carry it.
+  absl::Status ObserveNvme(const StateObserver& observer);
 
   // Reads and writes back every NVMe-resident sub-group through the same
   // pipeline with no update: the "I/O alone" of `zo-bench nvme`. No checksum
