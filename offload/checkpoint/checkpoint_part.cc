@@ -236,6 +236,11 @@ struct ScatteredPartWriter::Impl {
   std::vector<CheckpointChunk> chunks;
   std::vector<uint64_t> first_offset;  // of each chunk's master array
   uint64_t index_offset = 0;
+  // Per chunk, [array][block]: the checksums of blocks that one Write
+  // covered whole, hashed from its memory then (`hashed` 1); Finish reads
+  // back only the others. Distinct blocks are written by distinct threads.
+  std::vector<std::vector<uint64_t>> sums;
+  std::vector<std::vector<uint8_t>> hashed;
   std::mutex mu;
   absl::Status error;  // sticky: the first failed write
   bool finished = false;
@@ -255,6 +260,8 @@ absl::StatusOr<std::unique_ptr<ScatteredPartWriter>> ScatteredPartWriter::Create
     last = c.chunk;
     impl->first_offset.push_back(offset);
     offset += kArrays * RoundUp(static_cast<uint64_t>(c.elems) * sizeof(float), kAlignBytes);
+    impl->sums.emplace_back(kArrays * Blocks(c.elems));
+    impl->hashed.emplace_back(kArrays * Blocks(c.elems));
   }
   impl->index_offset = offset;
   const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
@@ -292,9 +299,22 @@ absl::Status ScatteredPartWriter::Write(size_t index, int64_t offset, int64_t n,
         absl::StrCat("checkpoint part ", s.path, ": elements [", offset, ", ", offset + n,
                      ") of chunk index ", index, " are outside its ", s.chunks.size(), " chunks"));
   }
-  const uint64_t region_bytes =
-      RoundUp(static_cast<uint64_t>(s.chunks[index].elems) * sizeof(float), kAlignBytes);
+  const uint64_t data_bytes = static_cast<uint64_t>(s.chunks[index].elems) * sizeof(float);
+  const uint64_t region_bytes = RoundUp(data_bytes, kAlignBytes);
+  const uint64_t blocks = Blocks(s.chunks[index].elems);
   const float* arrays[kArrays] = {master, m, v};
+  // The blocks inside [begin, end) of each array, hashed while in memory.
+  const uint64_t begin = static_cast<uint64_t>(offset) * sizeof(float);
+  const uint64_t end = static_cast<uint64_t>(offset + n) * sizeof(float);
+  for (uint64_t b = RoundUp(begin, kBlockBytes) / kBlockBytes;
+       b < blocks && std::min((b + 1) * kBlockBytes, data_bytes) <= end; ++b) {
+    const uint64_t len = std::min(kBlockBytes, data_bytes - b * kBlockBytes);
+    for (int a = 0; a < kArrays; ++a) {
+      const char* bytes = reinterpret_cast<const char*>(arrays[a]) + (b * kBlockBytes - begin);
+      s.sums[index][a * blocks + b] = Hash(bytes, len);
+      s.hashed[index][a * blocks + b] = 1;
+    }
+  }
   for (int a = 0; a < kArrays; ++a) {
     const uint64_t at =
         s.first_offset[index] + a * region_bytes + static_cast<uint64_t>(offset) * sizeof(float);
@@ -324,8 +344,8 @@ absl::StatusOr<CheckpointPartSummary> ScatteredPartWriter::Finish() {
     std::lock_guard lock(s.mu);
     if (!s.error.ok()) return s.error;
   }
-  // The data is read back (from the page cache, mostly) to hash it: the
-  // writes came in tile by tile, not block by block.
+  // Blocks no single Write covered are read back (from the page cache,
+  // mostly) to hash them.
   std::string entries;
   std::vector<char> block(kBlockBytes);
   for (size_t i = 0; i < s.chunks.size(); ++i) {
@@ -333,11 +353,16 @@ absl::StatusOr<CheckpointPartSummary> ScatteredPartWriter::Finish() {
     PutEntryHead(entries, c, s.first_offset[i]);
     const uint64_t data_bytes = static_cast<uint64_t>(c.elems) * sizeof(float);
     const uint64_t region_bytes = RoundUp(data_bytes, kAlignBytes);
+    const uint64_t blocks = Blocks(c.elems);
     for (int a = 0; a < kArrays; ++a) {
       const uint64_t base = s.first_offset[i] + a * region_bytes;
-      for (uint64_t b = 0; b < data_bytes; b += kBlockBytes) {
-        const size_t len = std::min(kBlockBytes, data_bytes - b);
-        ZO_RETURN_IF_ERROR(PreadAll(s.fd, block.data(), len, base + b, s.path));
+      for (uint64_t b = 0; b < blocks; ++b) {
+        if (s.hashed[i][a * blocks + b]) {
+          PutU64(entries, s.sums[i][a * blocks + b]);
+          continue;
+        }
+        const size_t len = std::min(kBlockBytes, data_bytes - b * kBlockBytes);
+        ZO_RETURN_IF_ERROR(PreadAll(s.fd, block.data(), len, base + b * kBlockBytes, s.path));
         PutU64(entries, Hash(block.data(), len));
       }
     }

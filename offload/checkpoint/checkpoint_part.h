@@ -66,8 +66,9 @@ class CheckpointPartWriter {
 // The same file written out of order: every chunk is known when the part is
 // created, so every array has its place, and ranges of it may arrive in any
 // order from any number of threads (a snapshot taken while the state keeps
-// changing, server/state_snapshot.h). Finish reads the data back to hash it,
-// writes the index and trailer and fsyncs: the file is byte for byte what
+// changing, server/state_snapshot.h). A block one Write covers whole is
+// hashed from that write's memory; Finish reads back the others to hash
+// them, writes the index and trailer and fsyncs: the file is byte for byte what
 // CheckpointPartWriter makes of the same chunks and values.
 //
 //   ZO_ASSIGN_OR_RETURN(auto w, ScatteredPartWriter::Create(path, chunks));
