@@ -24,6 +24,29 @@
 #include "server/job_internal.h"
 
 namespace zo {
+namespace {
+
+// state_mu_ for the step thread, with the flag that makes a snapshot's
+// background capture stand back between its slices (std::mutex is not fair:
+// a thread that relocks at once could otherwise keep the step waiting).
+class StepStateLock {
+ public:
+  StepStateLock(std::mutex& mu, std::atomic<bool>& wants) : wants_(wants) {
+    wants_.store(true);
+    lock_ = std::unique_lock(mu);
+  }
+  ~StepStateLock() {
+    lock_.unlock();
+    wants_.store(false);
+    wants_.notify_all();
+  }
+
+ private:
+  std::atomic<bool>& wants_;
+  std::unique_lock<std::mutex> lock_;
+};
+
+}  // namespace
 
 using job_internal::RoundMaster;
 
@@ -181,6 +204,10 @@ Job::~Job() { Stop(); }
 
 void Job::Stop(absl::Status reason) {
   {
+    std::lock_guard state_lock(state_mu_);
+    DropSnapshotLocked(absl::UnavailableError("the job is shutting down"));
+  }
+  {
     std::lock_guard lock(mu_);
     if (!stop_) stop_reason_ = std::move(reason);
     stop_ = true;
@@ -195,6 +222,7 @@ void Job::Stop(absl::Status reason) {
   cv_.notify_all();
   if (step_thread_.joinable() && std::this_thread::get_id() != step_thread_.get_id()) {
     step_thread_.join();
+    if (checkpoint_thread_.joinable()) checkpoint_thread_.join();
   }
   std::lock_guard lock(recovery_mu_);
   if (recovery_.joinable() && std::this_thread::get_id() != recovery_.get_id()) recovery_.join();
@@ -283,6 +311,9 @@ absl::Status Job::InitParams(const v1::ParamInitPiece& piece) {
                        "; initial weights are accepted only at version 0"));
     }
   }
+  // A checkpoint of version 0 taken before these weights would hold neither.
+  DropSnapshotLocked(absl::AbortedError(absl::StrCat(
+      "job ", spec_.name, " got initial weights while its version 0 was checkpointed")));
   std::vector<float> values(static_cast<size_t>(n));
   std::memcpy(values.data(), piece.data().data(), piece.data().size());
   ZO_RETURN_IF_ERROR(state_->LoadMaster(c.local_offset + piece.offset(), values));
@@ -503,7 +534,7 @@ void Job::StepLoop() {
     const absl::Time ready = absl::Now();
     v1::StepStats stats;
     {
-      std::lock_guard state_lock(state_mu_);
+      StepStateLock state_lock(state_mu_, step_wants_state_);
       stats = ComputeStepStats(step, generation);
     }
     const std::optional<v1::StepCommit> decided =
@@ -516,7 +547,7 @@ void Job::StepLoop() {
     const absl::Time update_start = absl::Now();
     absl::Status applied;
     {
-      std::lock_guard state_lock(state_mu_);
+      StepStateLock state_lock(state_mu_, step_wants_state_);
       applied = Apply(commit);
     }
     const absl::Time update_end = absl::Now();
@@ -546,6 +577,7 @@ void Job::StepLoop() {
       ZO_LOG(ERROR) << commit.failure();
     }
     const absl::Duration wait = ready - step_open_time_;
+    step_interval_ = update_end - step_open_time_;
     step_open_time_ = update_end;
     counters_.AddStep(commit.skip(), wait, update_end - update_start);
     resources_.wakes->Post(version_waiters_.TakeUpTo(version_));
@@ -571,9 +603,13 @@ absl::Status Job::Apply(const v1::StepCommit& commit) {
     const AdamStepConstants c =
         MakeAdamStepConstants(hp, commit.applied_steps(), commit.grad_multiplier());
     void* lp = versions_->BeginWrite();
-    ZO_RETURN_IF_ERROR(state_->AdamStep(
+    // A checkpoint part in progress takes each tile as it was before this step.
+    const absl::Status stepped = state_->AdamStep(
         c, accum_->gradients(), {lp, spec_.dtype},
-        [&](int64_t end) { released = accum_->ReleaseBelow(released, end, commit.step()); }));
+        [&](int64_t end) { released = accum_->ReleaseBelow(released, end, commit.step()); },
+        snapshot_ != nullptr ? snapshot_->observer() : StateObserver());
+    if (!stepped.ok()) DropSnapshotLocked(stepped);
+    ZO_RETURN_IF_ERROR(stepped);
     versions_->CommitWrite(commit.step());
   }
   accum_->Release(released, chunks().size(), commit.step());

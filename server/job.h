@@ -4,6 +4,7 @@
 //   GradientAccumulator  pushes, chunk coverage, the fp32 accumulator
 //   StepCoordinator      stats -> lead decides -> commit, lead and follower
 //   state_checkpoint.h   this server's state into and out of a checkpoint
+//   StateSnapshot        a checkpoint part taken while steps go on
 //   TieredOptimizerState the optimizer state (RAM or NVMe sub-groups)
 //   ParamVersions        the low-precision versions pulls are served
 //
@@ -13,7 +14,8 @@
 //     -> fused Adam over the owned chunks, releasing chunks as it goes
 //     -> version t served; pushes for step t + 1 proceed
 //
-// and, on the lead, checkpoints between steps and restores. Every RPC
+// and, on the lead, checkpoints (begun between steps, finished in the
+// background while the steps go on) and restores. Every RPC
 // handler validates its request fully before touching state.
 //
 // Thread-safe: handlers run on gRPC threads; one step thread per job. Lock
@@ -21,6 +23,7 @@
 #ifndef ZO_SERVER_JOB_H_
 #define ZO_SERVER_JOB_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -39,6 +42,7 @@
 #include "absl/time/time.h"
 #include "common/wake_queue.h"
 #include "offload/aligned_buffer.h"
+#include "offload/checkpoint/checkpoint_dir.h"
 #include "offload/cpu_optimizer.h"
 #include "offload/thread_pool.h"
 #include "offload/tier/tiered_state.h"
@@ -54,6 +58,7 @@
 #include "server/param_versions.h"
 #include "server/peer_client.h"
 #include "server/pull_cursor.h"
+#include "server/state_snapshot.h"
 #include "server/step_coordinator.h"
 #include "server/wait_list.h"
 
@@ -218,12 +223,37 @@ class Job {
   // restore, FAILED_PRECONDITION while the job waits for one. Requires mu_.
   absl::Status NeedsRestoreLocked() const;
   bool AbortedLocked(int64_t generation) const { return stop_ || generation != generation_; }
-  // A requested checkpoint whose version the job has reached.
+  // A requested checkpoint whose version the job has reached, and none
+  // still being finished.
   bool CheckpointDueLocked() const;
+  // Begins the due checkpoint on every server and finishes it on
+  // checkpoint_thread_ (with a freeze: here, before the next step).
   void RunCheckpointLocked(std::unique_lock<std::mutex>& lock);
-  absl::StatusOr<v1::CheckpointResponse> WriteCheckpoint(int64_t version, int64_t generation);
-  absl::StatusOr<v1::WriteCheckpointPartResponse> WriteOwnPart(int64_t version,
-                                                               const std::string& dir);
+  struct StartedCheckpoint {
+    int64_t version = 0;
+    int64_t generation = 0;
+    std::string dir;
+    CheckpointMeta meta;
+    absl::Time start;
+  };
+  // Lead: the checkpoint directory, the commit record's fields as of
+  // `version`, and every server's snapshot begun (BEGIN).
+  absl::StatusOr<StartedCheckpoint> StartCheckpoint(int64_t version, int64_t generation);
+  // Lead: every part finished (FINISH), then the commit and pruning.
+  absl::StatusOr<v1::CheckpointResponse> FinishCheckpoint(const StartedCheckpoint& started);
+  void CheckpointDoneLocked(const absl::StatusOr<v1::CheckpointResponse>& result,
+                            std::deque<std::shared_ptr<PendingCheckpoint>>& requests);
+  // This server's part: the snapshot taken at `version` (which the job is
+  // at), then captured and written while steps go on.
+  absl::Status BeginOwnPart(int64_t version, const std::string& dir);
+  absl::StatusOr<v1::WriteCheckpointPartResponse> FinishOwnPart(int64_t version,
+                                                                const std::string& dir);
+  // Captures what no step has: RAM a slice at a time (a step waits for one
+  // slice at most), NVMe by the next step or, if none comes soon, one
+  // observe pass.
+  absl::Status CaptureSnapshot(StateSnapshot& snapshot);
+  // Fails and forgets the snapshot in progress, if any. Requires state_mu_.
+  void DropSnapshotLocked(const absl::Status& why);
   void LogStep(const v1::StepCommit& commit, absl::Duration wait, absl::Duration update);
   double ScaleForVersionLocked(int64_t version) const;
 
@@ -243,6 +273,12 @@ class Job {
   // Held while the optimizer state or the accumulator is read or written as
   // a whole (stats, update, checkpoint, restore). Taken before mu_.
   std::mutex state_mu_;
+  // The checkpoint part being taken; its hook runs in every step until it is
+  // complete. Guarded by state_mu_.
+  std::shared_ptr<StateSnapshot> snapshot_;
+  // Set while the step thread waits for or holds state_mu_: a snapshot's
+  // background capture stands back between slices.
+  std::atomic<bool> step_wants_state_{false};
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -259,7 +295,11 @@ class Job {
   absl::Status health_;
   bool stop_ = false;
   absl::Status stop_reason_;
-  bool frozen_ = false;  // lead: a move holds the job at its version
+  bool frozen_ = false;              // lead: a move holds the job at its version
+  bool checkpoint_running_ = false;  // lead: checkpoint_thread_ finishes one
+  // Open to update end of the last step: how long a snapshot waits for a
+  // step to carry its NVMe part.
+  absl::Duration step_interval_ = absl::ZeroDuration();
   absl::Time step_open_time_;
   // Pulls waiting for a version, keyed by it.
   WaitList version_waiters_;
@@ -275,6 +315,9 @@ class Job {
   std::atomic<bool> recovering_{false};
 
   std::thread step_thread_;
+  // Lead: finishes a begun checkpoint; started and joined by the step
+  // thread, joined by Stop.
+  std::thread checkpoint_thread_;
 };
 
 }  // namespace zo

@@ -2,6 +2,7 @@
 // between steps and commits it once every server has written its part; a
 // restore loads every server's chunks from any committed checkpoint,
 // whatever server count wrote it.
+#include <algorithm>
 #include <filesystem>
 #include <future>
 #include <vector>
@@ -18,6 +19,13 @@
 #include "server/state_checkpoint.h"
 
 namespace zo {
+namespace {
+
+// RAM elements a snapshot's background capture reads per hold of the state
+// (12 MiB of master, m and v): what a step may wait for it.
+constexpr int64_t kSnapshotSliceElems = int64_t{1} << 20;
+
+}  // namespace
 
 absl::StatusOr<v1::CheckpointResponse> Job::Checkpoint(int64_t min_version, absl::Time deadline,
                                                        bool freeze) {
@@ -52,6 +60,7 @@ absl::StatusOr<v1::CheckpointResponse> Job::Checkpoint(int64_t min_version, absl
 }
 
 bool Job::CheckpointDueLocked() const {
+  if (checkpoint_running_) return false;
   for (const auto& p : pending_checkpoints_) {
     if (p->min_version <= version_ || !health_.ok()) return true;
   }
@@ -68,22 +77,48 @@ void Job::RunCheckpointLocked(std::unique_lock<std::mutex>& lock) {
   pending_checkpoints_.swap(later);
   const int64_t version = version_;
   const int64_t generation = generation_;
-  absl::StatusOr<v1::CheckpointResponse> result;
   if (!health_.ok()) {
-    result = NeedsRestoreLocked();
+    const absl::Status result = NeedsRestoreLocked();
     for (auto& r : requests) r->done.set_value(result);
     return;
   }
+  const bool freeze =
+      std::any_of(requests.begin(), requests.end(), [](const auto& r) { return r->freeze; });
   lock.unlock();
-  result = WriteCheckpoint(version, generation);
+  // checkpoint_running_ is false: the last one's thread has ended its work.
+  if (checkpoint_thread_.joinable()) checkpoint_thread_.join();
+  absl::StatusOr<StartedCheckpoint> started = StartCheckpoint(version, generation);
+  if (!started.ok() || freeze) {
+    // A move holds the job at this version anyway: finish before stepping on.
+    const absl::StatusOr<v1::CheckpointResponse> result =
+        started.ok() ? FinishCheckpoint(*started) : started.status();
+    lock.lock();
+    CheckpointDoneLocked(result, requests);
+    return;
+  }
   lock.lock();
+  checkpoint_running_ = true;
+  checkpoint_thread_ =
+      std::thread([this, started = *std::move(started), requests = std::move(requests)]() mutable {
+        const absl::StatusOr<v1::CheckpointResponse> result = FinishCheckpoint(started);
+        {
+          std::lock_guard lock(mu_);
+          checkpoint_running_ = false;
+          CheckpointDoneLocked(result, requests);
+        }
+        cv_.notify_all();
+      });
+}
+
+void Job::CheckpointDoneLocked(const absl::StatusOr<v1::CheckpointResponse>& result,
+                               std::deque<std::shared_ptr<PendingCheckpoint>>& requests) {
   if (result.ok()) {
-    last_checkpoint_step_ = version;
+    last_checkpoint_step_ = std::max(last_checkpoint_step_, result->version());
     for (const auto& r : requests) {
       if (r->freeze && !frozen_) {
         frozen_ = true;
-        ZO_LOG(INFO) << "job " << spec_.name << ": frozen at version " << version << " for a move ("
-                     << result->path() << ")";
+        ZO_LOG(INFO) << "job " << spec_.name << ": frozen at version " << result->version()
+                     << " for a move (" << result->path() << ")";
       }
     }
   }
@@ -100,11 +135,14 @@ void Job::Thaw() {
   cv_.notify_all();
 }
 
-absl::StatusOr<v1::CheckpointResponse> Job::WriteCheckpoint(int64_t version, int64_t generation) {
-  const absl::Time start = absl::Now();
-  ZO_ASSIGN_OR_RETURN(const std::string dir,
+absl::StatusOr<Job::StartedCheckpoint> Job::StartCheckpoint(int64_t version, int64_t generation) {
+  StartedCheckpoint started;
+  started.version = version;
+  started.generation = generation;
+  started.start = absl::Now();
+  ZO_ASSIGN_OR_RETURN(started.dir,
                       BeginCheckpoint(resources_.checkpoint_root, spec_.name, version));
-  CheckpointMeta meta;
+  CheckpointMeta& meta = started.meta;
   meta.job = spec_.name;
   meta.version = version;
   meta.manifest = spec_.manifest;
@@ -125,19 +163,45 @@ absl::StatusOr<v1::CheckpointResponse> Job::WriteCheckpoint(int64_t version, int
     meta.last_lr = last_lr_;
     meta.last_skipped = last_skipped_;
   }
-  ZO_ASSIGN_OR_RETURN(v1::WriteCheckpointPartResponse own, WriteOwnPart(version, dir));
+  ZO_RETURN_IF_ERROR(BeginOwnPart(version, started.dir));
+  v1::WriteCheckpointPartRequest request;
+  request.set_job(spec_.name);
+  request.set_version(version);
+  request.set_dir(started.dir);
+  request.set_generation(generation);
+  request.set_phase(v1::WriteCheckpointPartRequest::BEGIN);
+  // The followers are at `version` or about to be; none can step past it
+  // before this loop returns, since the next step's commit comes from here.
+  for (size_t i = 1; i < spec_.servers.size(); ++i) {
+    absl::StatusOr<v1::WriteCheckpointPartResponse> begun = resources_.peers->WriteCheckpointPart(
+        spec_.servers[i], request, resources_.peer_timeout * 10);
+    if (!begun.ok()) {
+      std::lock_guard state_lock(state_mu_);
+      DropSnapshotLocked(begun.status());
+      return begun.status();
+    }
+  }
+  return started;
+}
+
+absl::StatusOr<v1::CheckpointResponse> Job::FinishCheckpoint(const StartedCheckpoint& started) {
+  const int64_t version = started.version;
+  ZO_ASSIGN_OR_RETURN(v1::WriteCheckpointPartResponse own, FinishOwnPart(version, started.dir));
+  const absl::Duration own_time = absl::Now() - started.start;
   std::vector<v1::WriteCheckpointPartResponse> parts = {own};
   v1::WriteCheckpointPartRequest request;
   request.set_job(spec_.name);
   request.set_version(version);
-  request.set_dir(dir);
-  request.set_generation(generation);
+  request.set_dir(started.dir);
+  request.set_generation(started.generation);
+  request.set_phase(v1::WriteCheckpointPartRequest::FINISH);
   for (size_t i = 1; i < spec_.servers.size(); ++i) {
     absl::StatusOr<v1::WriteCheckpointPartResponse> part = resources_.peers->WriteCheckpointPart(
         spec_.servers[i], request, resources_.peer_timeout * 10);
     if (!part.ok()) return part.status();
     parts.push_back(*std::move(part));
   }
+  CheckpointMeta meta = started.meta;
   for (const auto& p : parts) {
     uint64_t checksum = 0;
     if (!absl::SimpleHexAtoi(p.index_checksum(), &checksum)) {
@@ -146,10 +210,13 @@ absl::StatusOr<v1::CheckpointResponse> Job::WriteCheckpoint(int64_t version, int
     }
     meta.parts.push_back({.file = p.file(), .bytes = p.bytes(), .index_checksum = checksum});
   }
-  ZO_ASSIGN_OR_RETURN(const std::string path, CommitCheckpoint(dir, meta));
+  ZO_ASSIGN_OR_RETURN(const std::string path, CommitCheckpoint(started.dir, meta));
   ZO_LOG(INFO) << "job " << spec_.name << ": checkpoint of version " << version << " committed at "
                << path << " (" << parts.size() << " parts, "
-               << absl::StrFormat("%.2f s", absl::ToDoubleSeconds(absl::Now() - start)) << ")";
+               << absl::StrFormat("%.2f s; this server's part %.2f s",
+                                  absl::ToDoubleSeconds(absl::Now() - started.start),
+                                  absl::ToDoubleSeconds(own_time))
+               << ", steps went on meanwhile)";
   if (resources_.keep_checkpoints > 0) {
     // The new checkpoint is committed: a failure here loses nothing.
     absl::StatusOr<std::vector<std::string>> removed =
@@ -169,6 +236,7 @@ absl::StatusOr<v1::CheckpointResponse> Job::WriteCheckpoint(int64_t version, int
 
 absl::StatusOr<v1::WriteCheckpointPartResponse> Job::WriteCheckpointPart(
     const v1::WriteCheckpointPartRequest& request, absl::Time deadline) {
+  const auto phase = request.phase();
   {
     std::unique_lock lock(mu_);
     if (request.generation() != generation_) {
@@ -176,35 +244,102 @@ absl::StatusOr<v1::WriteCheckpointPartResponse> Job::WriteCheckpointPart(
           absl::StrCat("checkpoint of generation ", request.generation(),
                        " but this server is at generation ", generation_));
     }
-    while (!stop_ && version_ < request.version()) {
-      if (cv_.wait_until(lock, absl::ToChronoTime(deadline)) == std::cv_status::timeout) {
-        return absl::DeadlineExceededError(
-            absl::StrCat("version ", request.version(), " not reached before the deadline"));
+    // FINISH comes after steps went on; only BEGIN (and WHOLE) meet the
+    // version itself.
+    if (phase != v1::WriteCheckpointPartRequest::FINISH) {
+      while (!stop_ && version_ < request.version()) {
+        if (cv_.wait_until(lock, absl::ToChronoTime(deadline)) == std::cv_status::timeout) {
+          return absl::DeadlineExceededError(
+              absl::StrCat("version ", request.version(), " not reached before the deadline"));
+        }
       }
+      if (version_ != request.version()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("checkpoint of version ", request.version(),
+                         " but this server is at version ", version_));
+      }
+      ZO_RETURN_IF_ERROR(health_);
     }
-    if (version_ != request.version()) {
-      return absl::FailedPreconditionError(absl::StrCat("checkpoint of version ", request.version(),
-                                                        " but this server is at version ",
-                                                        version_));
+  }
+  if (phase != v1::WriteCheckpointPartRequest::FINISH) {
+    ZO_RETURN_IF_ERROR(BeginOwnPart(request.version(), request.dir()));
+  }
+  if (phase == v1::WriteCheckpointPartRequest::BEGIN) return v1::WriteCheckpointPartResponse();
+  return FinishOwnPart(request.version(), request.dir());
+}
+
+absl::Status Job::BeginOwnPart(int64_t version, const std::string& dir) {
+  const std::string path =
+      (std::filesystem::path(dir) / CheckpointPartFileName(spec_.server_index)).string();
+  std::lock_guard state_lock(state_mu_);
+  {
+    std::lock_guard lock(mu_);
+    if (version_ != version) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint of version ", version, " but this server is at version ", version_));
     }
     ZO_RETURN_IF_ERROR(health_);
   }
-  return WriteOwnPart(request.version(), request.dir());
+  // One left by a lead that never finished it (it failed, or died).
+  DropSnapshotLocked(absl::AbortedError(
+      absl::StrCat("a checkpoint of version ", version, " began on this server after it")));
+  ZO_ASSIGN_OR_RETURN(snapshot_, StateSnapshot::Begin(path, chunks(), map_, version));
+  return absl::OkStatus();
 }
 
-absl::StatusOr<v1::WriteCheckpointPartResponse> Job::WriteOwnPart(int64_t version,
-                                                                  const std::string& dir) {
-  (void)version;
-  const std::string file = CheckpointPartFileName(spec_.server_index);
-  std::lock_guard state_lock(state_mu_);
-  ZO_ASSIGN_OR_RETURN(
-      const CheckpointPartSummary summary,
-      WriteStatePart(*state_, chunks(), map_, (std::filesystem::path(dir) / file).string()));
+absl::StatusOr<v1::WriteCheckpointPartResponse> Job::FinishOwnPart(int64_t version,
+                                                                   const std::string& dir) {
+  const std::string path =
+      (std::filesystem::path(dir) / CheckpointPartFileName(spec_.server_index)).string();
+  std::shared_ptr<StateSnapshot> snapshot;
+  {
+    std::lock_guard state_lock(state_mu_);
+    if (snapshot_ == nullptr || snapshot_->path() != path || snapshot_->version() != version) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("server ", spec_.server_index, " has no checkpoint part of version ",
+                       version, " begun at ", path, " (a restore or a later checkpoint ended it)"));
+    }
+    snapshot = snapshot_;
+  }
+  const absl::Status captured = CaptureSnapshot(*snapshot);
+  const absl::StatusOr<CheckpointPartSummary> summary =
+      captured.ok() ? snapshot->Finish() : absl::StatusOr<CheckpointPartSummary>(captured);
+  {
+    std::lock_guard state_lock(state_mu_);
+    if (snapshot_ == snapshot) snapshot_.reset();
+  }
+  if (!summary.ok()) return summary.status();
   v1::WriteCheckpointPartResponse response;
-  response.set_file(summary.file);
-  response.set_bytes(summary.bytes);
-  response.set_index_checksum(absl::StrFormat("%016x", summary.index_checksum));
+  response.set_file(summary->file);
+  response.set_bytes(summary->bytes);
+  response.set_index_checksum(absl::StrFormat("%016x", summary->index_checksum));
   return response;
+}
+
+absl::Status Job::CaptureSnapshot(StateSnapshot& snapshot) {
+  for (;;) {
+    step_wants_state_.wait(true);
+    std::lock_guard state_lock(state_mu_);
+    ZO_ASSIGN_OR_RETURN(const bool more, snapshot.CaptureSomeFromRam(*state_, kSnapshotSliceElems));
+    if (!more) break;
+  }
+  if (state_->nvme_sub_groups() > 0) {
+    absl::Duration wait;
+    {
+      std::lock_guard lock(mu_);
+      wait = std::clamp(2 * step_interval_, absl::Seconds(1), absl::Seconds(60));
+    }
+    snapshot.WaitComplete(absl::Now() + wait);
+  }
+  // Whatever is left (nothing, when a step carried it).
+  std::lock_guard state_lock(state_mu_);
+  return snapshot.CaptureRest(*state_);
+}
+
+void Job::DropSnapshotLocked(const absl::Status& why) {
+  if (snapshot_ == nullptr) return;
+  snapshot_->Abort(why);
+  snapshot_.reset();
 }
 
 absl::StatusOr<v1::RestoreResponse> Job::Restore(const std::string& path, absl::Time deadline,
@@ -275,6 +410,9 @@ absl::Status Job::RestorePart(const v1::RestorePartRequest& request) {
         "checkpoint ", request.path(), " holds a different manifest than job ", spec_.name));
   }
   std::lock_guard state_lock(state_mu_);
+  DropSnapshotLocked(
+      absl::AbortedError(absl::StrCat("job ", spec_.name, " was restored to version ", meta.version,
+                                      " while its part was written")));
   {
     std::lock_guard lock(mu_);
     generation_ = request.generation();

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <thread>
@@ -23,6 +24,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "offload/checkpoint/checkpoint_test_util.h"
+#include "offload/io/direct_file.h"
 #include "offload/thread_pool.h"
 #include "server/lr_schedule.h"
 
@@ -74,6 +76,7 @@ class JobTest : public ::testing::Test {
     resources.checkpoint_root = root_;
     resources.keep_checkpoints = keep_checkpoints_;
     resources.available_ram = available_ram_;
+    resources.ram_budget_bytes = ram_budget_bytes_;
     return Job::Create(std::move(spec), resources);
   }
 
@@ -104,6 +107,23 @@ class JobTest : public ::testing::Test {
     return absl::OkStatus();
   }
 
+  // The served weights of `version` (fp32 jobs: the master), in order.
+  static absl::StatusOr<std::string> Weights(Job& job, int64_t version) {
+    v1::PullParamsRequest request;
+    request.set_job("job");
+    request.set_version(version);
+    request.set_have_version(-1);
+    std::map<int64_t, std::string> pieces;
+    ZO_RETURN_IF_ERROR(
+        job.PullParams(request, absl::InfiniteFuture(), [&](const v1::ParamPiece& p) {
+          pieces[p.offset()] = p.data();
+          return true;
+        }));
+    std::string out;
+    for (const auto& [offset, data] : pieces) out += data;
+    return out;
+  }
+
   // Waits until `version` exists (or will never come).
   static absl::Status WaitForVersion(Job& job, int64_t version) {
     v1::PullParamsRequest request;
@@ -117,7 +137,8 @@ class JobTest : public ::testing::Test {
   WakeQueue wakes_;
   ThreadPool pool_{2};
   std::string root_;
-  int keep_checkpoints_ = 0;  // JobResources::keep_checkpoints of the next Open
+  int keep_checkpoints_ = 0;       // JobResources::keep_checkpoints of the next Open
+  int64_t ram_budget_bytes_ = -1;  // JobResources::ram_budget_bytes of the next Open
   std::function<std::optional<int64_t>()> available_ram_;  // JobResources::available_ram
 };
 
@@ -235,6 +256,50 @@ TEST_F(JobTest, ARestoreFailsTheCheckpointsThatWaitForVersionsItUndoes) {
   EXPECT_THAT(waiting.status(),
               StatusIs(absl::StatusCode::kAborted,
                        HasSubstr("was restored to version 1 while this checkpoint")));
+}
+
+// A checkpoint no longer stops the steps: it is begun at its version and
+// written while the next steps run, each copying what it changes first.
+// Whatever the interleaving, it holds exactly the weights (and moments) of
+// its version: restoring it serves them again, and the steps after it
+// replay to the same bits. State on NVMe, so a step carries that part.
+TEST_F(JobTest, ACheckpointWrittenWhileStepsGoOnHoldsItsVersion) {
+  if (absl::Status direct = CheckDirectIo(root_); !direct.ok()) {
+    GTEST_SKIP() << "O_DIRECT unsupported under " << root_ << ": " << direct;
+  }
+  ram_budget_bytes_ = 32 * 12;  // one sub-group of 32 in RAM, the rest on NVMe
+  const std::string config = absl::StrCat(
+      R"("gradient_clipping": 0, "zero_optimization": {"sub_group_size": 32, )",
+      R"("offload_optimizer": {"device": "nvme", "nvme_path": ")", root_, R"(/nvme"}})");
+  std::unique_ptr<Job> job = Open(config);
+  ASSERT_NE(job, nullptr);
+  ASSERT_THAT(Push(*job, 1, 0.5f), IsOk());
+  std::map<int64_t, std::string> weights;
+  ZO_ASSERT_OK_AND_ASSIGN(weights[1], Weights(*job, 1));
+  // The checkpoint is of version 1 or a later one, whichever the job is at
+  // when the request comes; steps 2..4 are pushed meanwhile.
+  absl::StatusOr<v1::CheckpointResponse> ckpt;
+  std::thread asker([&] { ckpt = job->Checkpoint(1, absl::InfiniteFuture()); });
+  for (int64_t step = 2; step <= 4; ++step) {
+    ASSERT_THAT(Push(*job, step, 0.25f * step), IsOk());
+    ZO_ASSERT_OK_AND_ASSIGN(weights[step], Weights(*job, step));
+  }
+  asker.join();
+  ASSERT_THAT(ckpt.status(), IsOk());
+  const int64_t at = ckpt->version();
+  ASSERT_NE(weights[4], weights[at]);
+
+  ZO_ASSERT_OK_AND_ASSIGN(const v1::RestoreResponse restored,
+                          job->Restore(ckpt->path(), absl::InfiniteFuture(), /*rollback=*/true));
+  EXPECT_EQ(restored.version(), at);
+  ZO_ASSERT_OK_AND_ASSIGN(const std::string again, Weights(*job, at));
+  EXPECT_TRUE(again == weights[at]) << "version " << at;
+  for (int64_t step = at + 1; step <= 4; ++step) {
+    ASSERT_THAT(Push(*job, step, 0.25f * step), IsOk());
+  }
+  ZO_ASSERT_OK_AND_ASSIGN(const std::string again4, Weights(*job, 4));
+  EXPECT_TRUE(again4 == weights[4])
+      << "m and v of version " << at << " are not what the checkpoint holds";
 }
 
 TEST_F(JobTest, KeepCheckpointsLeavesTheNewestOnDisk) {

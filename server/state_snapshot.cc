@@ -1,0 +1,195 @@
+#include "server/state_snapshot.h"
+
+#include <algorithm>
+#include <iterator>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace zo {
+
+absl::StatusOr<std::unique_ptr<StateSnapshot>> StateSnapshot::Begin(
+    const std::string& path, absl::Span<const LocalChunk> chunks, const ShardMap& map,
+    int64_t version) {
+  std::vector<CheckpointChunk> layout;
+  int64_t total = 0;
+  for (const LocalChunk& c : chunks) {
+    if (c.local_offset != total || c.elems <= 0) {
+      return absl::InternalError(absl::StrCat("snapshot ", path, ": chunk ", c.id, " at local ",
+                                              c.local_offset, " (", c.elems,
+                                              " elements) does not follow the chunks before it"));
+    }
+    layout.push_back({c.id, map.ChunkRange(c.id).begin, c.elems});
+    total += c.elems;
+  }
+  ZO_ASSIGN_OR_RETURN(auto writer, ScatteredPartWriter::Create(path, std::move(layout)));
+  return std::unique_ptr<StateSnapshot>(new StateSnapshot(
+      std::move(writer), std::vector<LocalChunk>(chunks.begin(), chunks.end()), total, version));
+}
+
+StateSnapshot::StateSnapshot(std::unique_ptr<ScatteredPartWriter> writer,
+                             std::vector<LocalChunk> chunks, int64_t total, int64_t version)
+    : writer_(std::move(writer)),
+      chunks_(std::move(chunks)),
+      total_(total),
+      version_(version),
+      uncaptured_(total) {}
+
+std::pair<int64_t, int64_t> StateSnapshot::NextGapLocked(int64_t from, int64_t end,
+                                                         int64_t limit) const {
+  int64_t pos = from;
+  auto it = captured_.upper_bound(pos);
+  if (it != captured_.begin() && std::prev(it)->second > pos) pos = std::prev(it)->second;
+  if (pos >= end) return {end, end};
+  it = captured_.lower_bound(pos);
+  const int64_t gap_end = it == captured_.end() ? end : std::min(end, it->first);
+  return {pos, std::min(gap_end, pos + limit)};
+}
+
+std::vector<std::pair<int64_t, int64_t>> StateSnapshot::ClaimLocked(int64_t begin, int64_t end) {
+  std::vector<std::pair<int64_t, int64_t>> gaps;
+  for (int64_t pos = begin; pos < end;) {
+    const std::pair<int64_t, int64_t> gap = NextGapLocked(pos, end, end - pos);
+    if (gap.first >= end) break;
+    gaps.push_back(gap);
+    pos = gap.second;
+  }
+  for (auto [b, e] : gaps) {
+    uncaptured_ -= e - b;
+    // Gaps touch captured ranges only at their ends: merge with both.
+    auto next = captured_.lower_bound(b);
+    if (next != captured_.end() && next->first == e) {
+      e = next->second;
+      next = captured_.erase(next);
+    }
+    if (next != captured_.begin() && std::prev(next)->second == b) {
+      std::prev(next)->second = e;
+    } else {
+      captured_.emplace(b, e);
+    }
+  }
+  return gaps;
+}
+
+absl::Status StateSnapshot::WriteRange(int64_t begin, int64_t end, const float* master,
+                                       const float* m, const float* v) {
+  auto it = std::upper_bound(chunks_.begin(), chunks_.end(), begin,
+                             [](int64_t at, const LocalChunk& c) { return at < c.local_offset; });
+  for (size_t i = static_cast<size_t>(std::distance(chunks_.begin(), it)) - 1; begin < end; ++i) {
+    const LocalChunk& c = chunks_[i];
+    const int64_t n = std::min(end, c.local_offset + c.elems) - begin;
+    ZO_RETURN_IF_ERROR(writer_->Write(i, begin - c.local_offset, n, master, m, v));
+    begin += n;
+    master += n;
+    m += n;
+    v += n;
+  }
+  return absl::OkStatus();
+}
+
+void StateSnapshot::Capture(int64_t offset, int64_t n, const float* master, const float* m,
+                            const float* v) {
+  std::vector<std::pair<int64_t, int64_t>> gaps;
+  {
+    std::lock_guard lock(mu_);
+    if (!error_.ok()) return;
+    gaps = ClaimLocked(std::max<int64_t>(offset, 0), std::min(offset + n, total_));
+    if (gaps.empty()) return;
+    ++in_flight_;
+  }
+  absl::Status written;
+  for (const auto& [b, e] : gaps) {
+    const int64_t at = b - offset;
+    written = WriteRange(b, e, master + at, m + at, v + at);
+    if (!written.ok()) break;
+  }
+  {
+    std::lock_guard lock(mu_);
+    --in_flight_;
+    if (!written.ok() && error_.ok()) error_ = written;
+  }
+  cv_.notify_all();
+}
+
+StateObserver StateSnapshot::observer() {
+  return [this](int64_t offset, int64_t n, const float* master, const float* m, const float* v) {
+    Capture(offset, n, master, m, v);
+  };
+}
+
+absl::StatusOr<bool> StateSnapshot::CaptureSomeFromRam(TieredOptimizerState& state,
+                                                       int64_t max_elems) {
+  const int64_t ram_end = std::min(state.ram_elems(), total_);
+  std::pair<int64_t, int64_t> gap;
+  {
+    std::lock_guard lock(mu_);
+    ZO_RETURN_IF_ERROR(error_);
+    gap = NextGapLocked(0, ram_end, std::max<int64_t>(max_elems, 1));
+  }
+  if (gap.first < ram_end) {
+    const auto n = static_cast<size_t>(gap.second - gap.first);
+    std::vector<float> master(n), m(n), v(n);
+    ZO_RETURN_IF_ERROR(
+        state.ReadState(gap.first, absl::MakeSpan(master), absl::MakeSpan(m), absl::MakeSpan(v)));
+    Capture(gap.first, gap.second - gap.first, master.data(), m.data(), v.data());
+  }
+  std::lock_guard lock(mu_);
+  ZO_RETURN_IF_ERROR(error_);
+  return NextGapLocked(0, ram_end, 1).first < ram_end;
+}
+
+absl::Status StateSnapshot::CaptureRest(TieredOptimizerState& state) {
+  for (;;) {
+    ZO_ASSIGN_OR_RETURN(const bool more, CaptureSomeFromRam(state, int64_t{1} << 22));
+    if (!more) break;
+  }
+  bool left;
+  {
+    std::lock_guard lock(mu_);
+    left = uncaptured_ > 0;
+  }
+  if (left) ZO_RETURN_IF_ERROR(state.ObserveNvme(observer()));
+  std::lock_guard lock(mu_);
+  ZO_RETURN_IF_ERROR(error_);
+  if (uncaptured_ > 0) {
+    return absl::InternalError(absl::StrCat("snapshot ", path(), ": ", uncaptured_, " of ", total_,
+                                            " elements were never captured"));
+  }
+  return absl::OkStatus();
+}
+
+bool StateSnapshot::complete() const {
+  std::lock_guard lock(mu_);
+  return !error_.ok() || (uncaptured_ == 0 && in_flight_ == 0);
+}
+
+bool StateSnapshot::WaitComplete(absl::Time deadline) const {
+  std::unique_lock lock(mu_);
+  cv_.wait_until(lock, absl::ToChronoTime(deadline),
+                 [&] { return !error_.ok() || (uncaptured_ == 0 && in_flight_ == 0); });
+  return !error_.ok() || (uncaptured_ == 0 && in_flight_ == 0);
+}
+
+void StateSnapshot::Abort(absl::Status why) {
+  {
+    std::lock_guard lock(mu_);
+    if (error_.ok()) error_ = std::move(why);
+  }
+  cv_.notify_all();
+}
+
+absl::StatusOr<CheckpointPartSummary> StateSnapshot::Finish() {
+  {
+    std::lock_guard lock(mu_);
+    ZO_RETURN_IF_ERROR(error_);
+    if (uncaptured_ > 0 || in_flight_ > 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("snapshot ", path(), " of version ", version_, ": ", uncaptured_,
+                       " elements not captured yet, ", in_flight_, " writes in flight"));
+    }
+  }
+  return writer_->Finish();
+}
+
+}  // namespace zo

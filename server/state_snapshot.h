@@ -1,0 +1,113 @@
+// One server's checkpoint part taken at one version while the job keeps
+// stepping (docs/architecture.md, "Checkpoints"). Nothing is copied when the
+// snapshot begins; each range of the optimizer state is written to the part
+// file (ScatteredPartWriter, so into the page cache) the first time one of
+// these happens to it:
+//
+//   - a step is about to update it: the step's hook (TieredOptimizerState's
+//     before_update) writes the range as it still is, tile by tile on the
+//     pool's workers, NVMe tiles straight from the pipeline's buffer;
+//   - the background writer reaches it between steps (RAM ranges, a slice
+//     at a time, holding the state still for one slice);
+//   - nothing else did: the rest goes through one observe pass
+//     (TieredOptimizerState::ObserveNvme), the NVMe state's only extra read.
+//
+// So the snapshot holds the state of `version` exactly whatever steps run
+// meanwhile, and no step waits longer than one slice or its own hook.
+//
+//   ZO_ASSIGN_OR_RETURN(auto snap, StateSnapshot::Begin(path, chunks, map, version));
+//   state->AdamStep(c, grad, lp, nullptr, snap->observer());   // steps go on
+//   ... snap->CaptureSomeFromRam(*state, 1 << 20) between steps ...
+//   ZO_ASSIGN_OR_RETURN(CheckpointPartSummary summary, snap->Finish());
+//
+// Thread-safe. The Capture* calls that read `state` need the caller to keep
+// it from being stepped meanwhile (Job holds its state mutex).
+#ifndef ZO_SERVER_STATE_SNAPSHOT_H_
+#define ZO_SERVER_STATE_SNAPSHOT_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/sharding.h"
+#include "offload/checkpoint/checkpoint_part.h"
+#include "offload/tier/tiered_state.h"
+#include "server/gradient_accumulator.h"
+
+namespace zo {
+
+class StateSnapshot {
+ public:
+  // Creates the part file at `path` for `chunks` (local offsets, ascending
+  // and contiguous from 0) of the state at `version`.
+  static absl::StatusOr<std::unique_ptr<StateSnapshot>> Begin(const std::string& path,
+                                                              absl::Span<const LocalChunk> chunks,
+                                                              const ShardMap& map, int64_t version);
+
+  int64_t version() const { return version_; }
+  const std::string& path() const { return writer_->path(); }
+
+  // Writes the parts of local elements [offset, offset + n) not captured
+  // yet, from master, m and v as they are now. Concurrent calls must cover
+  // disjoint ranges (a step's tiles do).
+  void Capture(int64_t offset, int64_t n, const float* master, const float* m, const float* v);
+  // Capture as a TieredOptimizerState hook; valid while the snapshot lives.
+  StateObserver observer();
+
+  // Captures up to `max_elems` RAM-resident elements not captured yet,
+  // reading them from `state`. Returns whether any RAM-resident element is
+  // still not captured afterwards.
+  absl::StatusOr<bool> CaptureSomeFromRam(TieredOptimizerState& state, int64_t max_elems);
+  // Captures everything left: RAM ranges, then NVMe through one observe pass.
+  absl::Status CaptureRest(TieredOptimizerState& state);
+
+  // Every element captured and written (or the snapshot failed).
+  bool complete() const;
+  // Waits until complete() or `deadline`; returns complete().
+  bool WaitComplete(absl::Time deadline) const;
+  // Fails the snapshot with `why` (a restore replaced the state it was
+  // taking, the step that was to carry it failed): Finish returns it.
+  void Abort(absl::Status why);
+
+  // Hashes and fsyncs the part once complete() (FAILED_PRECONDITION before).
+  absl::StatusOr<CheckpointPartSummary> Finish();
+
+  StateSnapshot(const StateSnapshot&) = delete;
+  StateSnapshot& operator=(const StateSnapshot&) = delete;
+
+ private:
+  StateSnapshot(std::unique_ptr<ScatteredPartWriter> writer, std::vector<LocalChunk> chunks,
+                int64_t total, int64_t version);
+  // Claims the uncaptured pieces of [begin, end) (marks them captured and
+  // counts them in flight); requires mu_.
+  std::vector<std::pair<int64_t, int64_t>> ClaimLocked(int64_t begin, int64_t end);
+  // The first uncaptured range at or after `from`, clipped to `limit`
+  // elements and to `end`; {end, end} when none. Requires mu_.
+  std::pair<int64_t, int64_t> NextGapLocked(int64_t from, int64_t end, int64_t limit) const;
+  absl::Status WriteRange(int64_t begin, int64_t end, const float* master, const float* m,
+                          const float* v);
+
+  const std::unique_ptr<ScatteredPartWriter> writer_;
+  const std::vector<LocalChunk> chunks_;
+  const int64_t total_;
+  const int64_t version_;
+
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  std::map<int64_t, int64_t> captured_;  // disjoint [begin, end), merged
+  int64_t uncaptured_ = 0;               // elements not claimed yet
+  int in_flight_ = 0;                    // claimed ranges still being written
+  absl::Status error_;                   // the first failure, sticky
+};
+
+}  // namespace zo
+
+#endif  // ZO_SERVER_STATE_SNAPSHOT_H_
