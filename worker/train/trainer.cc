@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <future>
 #include <optional>
 #include <thread>
 
@@ -341,6 +342,41 @@ absl::Status RestoreAfterLeadLoss(const TrainOptions& o, const Plan& plan) {
   return client->Restore("", /*rollback=*/true).status();
 }
 
+// A checkpoint asked of the lead while training goes on: the servers take it
+// at its version and write it during the next steps, so the worker does not
+// wait for it either. One at a time; its outcome is printed once known. A
+// checkpoint that fails (a server lost while writing its part) ends nothing:
+// the job keeps its last committed one, and the next step finds out what
+// happened to the servers.
+class CheckpointInFlight {
+ public:
+  // Waits for the one before, if any.
+  void Start(OffloadClient* client, int64_t step, Progress& progress) {
+    Wait(progress);
+    step_ = step;
+    result_ = std::async(std::launch::async, [client, step] { return client->Checkpoint(step); });
+  }
+  void Poll(Progress& progress) {
+    if (result_.valid() && result_.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
+      Report(progress);
+    }
+  }
+  void Wait(Progress& progress) {
+    if (result_.valid()) Report(progress);
+  }
+
+ private:
+  void Report(Progress& progress) {
+    const absl::StatusOr<std::string> path = result_.get();
+    progress.Note(path.ok() ? absl::StrCat("zo-train: checkpoint written: ", *path)
+                            : absl::StrCat("zo-train: checkpoint of step ", step_,
+                                           " failed, training goes on: ", path.status().message()));
+  }
+
+  int64_t step_ = 0;
+  std::future<absl::StatusOr<std::string>> result_;
+};
+
 // Attaches to a job that moved, once it is there at the version the move
 // named: the new servers may still be restoring it (NOT_FOUND, a stale
 // "moved" answer, or the version before the restore) for a while.
@@ -493,6 +529,7 @@ absl::Status Train(const TrainOptions& given) {
       Progress::Open(o.out, version + 1, o.steps, plan.config.steps_per_print, o.metrics_out));
   StepOutcomes outcomes;
   const bool checkpoints_here = at.local.front().stage == 0 && o.dp_rank == 0;
+  CheckpointInFlight checkpoint;
   // Byte totals of the clients already closed (resend ones, a moved job's),
   // for metrics.
   OffloadClient::Traffic traffic_before;
@@ -548,6 +585,7 @@ absl::Status Train(const TrainOptions& given) {
     }
     if (move.has_value()) {
       ZO_RETURN_IF_ERROR(CanFollow(o, *move));
+      checkpoint.Wait(progress);  // it uses a client of the old placement
       close_clients(/*resend_only=*/false);
       at = Attached{};  // executors, modules, links and clients of the old placement
       moved_options.servers = move->servers;
@@ -579,17 +617,12 @@ absl::Status Train(const TrainOptions& given) {
       ZO_RETURN_IF_ERROR(progress.Step(report, outcomes));
       reported = step;
     }
+    checkpoint.Poll(progress);
     if (checkpoints_here && o.checkpoint_every > 0 && step % o.checkpoint_every == 0) {
-      // A checkpoint that fails (a server lost while writing its part) ends
-      // nothing: the job keeps its last committed one, and the next step
-      // finds out what happened to the servers.
-      absl::StatusOr<std::string> path = at.local.front().client->Checkpoint(step);
-      progress.Note(path.ok()
-                        ? absl::StrCat("zo-train: checkpoint written: ", *path)
-                        : absl::StrCat("zo-train: checkpoint of step ", step,
-                                       " failed, training goes on: ", path.status().message()));
+      checkpoint.Start(at.local.front().client.get(), step, progress);
     }
   }
+  checkpoint.Wait(progress);
   // With DPU the servers finish the last step after the worker; wait for it
   // so every step's outcome is known.
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
