@@ -9,6 +9,8 @@
 //          over loopback vs. a plain TCP stream between the same processes
 //   scale  the server tier on 1, 2, 4 server hosts (network namespaces) with
 //          capped links: step time vs. the one-host step
+//   checkpoint  training steps with a checkpoint every N steps written in the
+//          background, and with the worker waiting for each, vs. none
 //   gpu    (CUDA builds) a large GEMM's TFLOP/s and a GPT-2-small step's
 //          MFU against it, on one GPU
 //
@@ -24,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "bench/adam_bench.h"
+#include "bench/checkpoint_bench.h"
 #include "bench/fio.h"
 #ifdef ZO_HAVE_CUDA
 #include "bench/gpu_bench.h"
@@ -61,7 +64,8 @@ ABSL_FLAG(std::string, chunk_elems, "4Mi",
 ABSL_FLAG(bool, json, false, "print one JSON object per result line instead of a table");
 ABSL_FLAG(std::string, dir, "/var/tmp",
           "nvme: directory on the device to measure; a scratch folder zo-bench-nvme-PID is made "
-          "in it and removed afterwards");
+          "in it and removed afterwards. checkpoint: where the checkpoints go (a scratch "
+          "folder zo-bench-checkpoint-PID)");
 ABSL_FLAG(std::string, size, "1GiB",
           "nvme: raw I/O file size in bytes, or with K, M, G, T (powers of 1024, as fio): 1G, "
           "1GiB, 1073741824");
@@ -116,6 +120,8 @@ ABSL_FLAG(std::string, server_hosts, "1,2,4",
           "scale: server host counts, comma-separated; the first is the efficiency baseline");
 ABSL_FLAG(std::string, scale_params, "32Mi",
           "scale: fp16 elements of the job, pushed as gradients and pulled as weights each step");
+ABSL_FLAG(int, checkpoint_every, 10, "checkpoint: steps between checkpoints");
+ABSL_FLAG(int, checkpoint_steps, 30, "checkpoint: steps per timed segment of each mode");
 ABSL_FLAG(bool, checksums, true,
           "nvme: the step's block checksums, on as a server runs them (--nochecksums: off)");
 
@@ -152,6 +158,14 @@ constexpr char kUsage[] =
     "         worker times --rounds steps of push, acknowledgement and pull after one\n"
     "         warm-up; efficiency = T(1) / (k T(k)) (target >= 0.9 at 4). Needs root; run\n"
     "         it on its own (it forks before starting threads).\n"
+    "  checkpoint  an in-process server on loopback with a checkpoint directory under\n"
+    "         --dir and a job of --params fp16 elements (default 32Mi) whose state is in\n"
+    "         RAM; the worker pushes, waits for the acknowledgement and pulls, so the\n"
+    "         servers' step is the whole step. Segments of --checkpoint-steps steps with\n"
+    "         no checkpoint, with one every --checkpoint-every steps finishing in the\n"
+    "         background (as zo-train asks), and with the worker waiting for each,\n"
+    "         rotating, --rounds each (default 3); ratio = median background steps/s /\n"
+    "         median steps/s without (target >= 0.95).\n"
     "  gpu    (builds with CUDA) on CUDA device --gpu: a --gemm-size^3 --dtype GEMM through\n"
     "         cuBLASLt (the attainable peak), then forward + backward steps of a GPT\n"
     "         (--n-layer, --n-embd, --n-head, --block-size; vocabulary 50304; --batch\n"
@@ -301,6 +315,24 @@ absl::StatusOr<bench::ScaleBenchOptions> ScaleOptionsFromFlags() {
 
 int RunScale() { return RunWorkload("scale", ScaleOptionsFromFlags(), &bench::RunScaleBench); }
 
+absl::StatusOr<bench::CheckpointBenchOptions> CheckpointOptionsFromFlags() {
+  bench::CheckpointBenchOptions o;
+  const std::string params = absl::GetFlag(FLAGS_params);
+  ZO_ASSIGN_OR_RETURN(o.params, ParseCount(params.empty() ? "32Mi" : params));
+  ZO_ASSIGN_OR_RETURN(o.chunk_elems, ParseCount(absl::GetFlag(FLAGS_chunk_elems)));
+  o.every = absl::GetFlag(FLAGS_checkpoint_every);
+  o.steps = absl::GetFlag(FLAGS_checkpoint_steps);
+  const int rounds = absl::GetFlag(FLAGS_rounds);
+  o.rounds = rounds == 0 ? 3 : rounds;
+  o.dir = absl::GetFlag(FLAGS_dir);
+  o.json = absl::GetFlag(FLAGS_json);
+  return o;
+}
+
+int RunCheckpoint() {
+  return RunWorkload("checkpoint", CheckpointOptionsFromFlags(), &bench::RunCheckpointBench);
+}
+
 #ifdef ZO_HAVE_CUDA
 absl::StatusOr<bench::GpuBenchOptions> GpuOptionsFromFlags() {
   bench::GpuBenchOptions o;
@@ -367,7 +399,12 @@ struct Workload {
   int (*run)();
 };
 constexpr Workload kWorkloads[] = {
-    {"adam", RunAdam}, {"nvme", RunNvme}, {"wire", RunWire}, {"scale", RunScale}, {"gpu", RunGpu},
+    {"adam", RunAdam},
+    {"nvme", RunNvme},
+    {"wire", RunWire},
+    {"scale", RunScale},
+    {"checkpoint", RunCheckpoint},
+    {"gpu", RunGpu},
 };
 
 int Main(int argc, char** argv) {
