@@ -8,6 +8,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -71,6 +72,7 @@ absl::Status ValidateCheckpointBenchOptions(const CheckpointBenchOptions& o) {
                                                    o.every, ") so a segment has a checkpoint"));
   }
   if (o.rounds < 1) return absl::InvalidArgumentError("--rounds must be at least 1");
+  if (o.compute_ms < 0) return absl::InvalidArgumentError("--compute-ms must be >= 0");
   if (!std::filesystem::is_directory(o.dir)) {
     return absl::InvalidArgumentError(absl::StrCat("--dir ", o.dir, " is not a directory"));
   }
@@ -112,6 +114,8 @@ absl::Status RunCheckpointBench(const CheckpointBenchOptions& o, std::ostream& o
   int64_t step = 0;
   const auto one_step = [&]() -> absl::Status {
     ++step;
+    // The forward and backward that make this step's gradients.
+    if (o.compute_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.compute_ms));
     ZO_RETURN_IF_ERROR(client->PushShared(step, 0, shared, data));
     ZO_RETURN_IF_ERROR(client->FinishStep(step));
     return client->Pull(step, step - 1, tensors, dst).status();
@@ -159,6 +163,7 @@ absl::Status RunCheckpointBench(const CheckpointBenchOptions& o, std::ostream& o
                           {"every", o.every},
                           {"steps", o.steps},
                           {"rounds", o.rounds},
+                          {"compute_ms", o.compute_ms},
                           {"state_bytes", o.params * 12},
                           {"steps_per_s_none", none},
                           {"steps_per_s_background", background},
@@ -169,10 +174,11 @@ absl::Status RunCheckpointBench(const CheckpointBenchOptions& o, std::ostream& o
         << "\n";
   } else {
     out << absl::StrFormat(
-        "checkpoint every %d steps, %d params (%.2f GiB of state), %d checkpoints written\n"
+        "checkpoint every %d steps, %d params (%.2f GiB of state), worker compute %d ms per "
+        "step, %d checkpoints written\n"
         "  none        %.3f steps/s\n  background  %.3f steps/s  ratio %.3f (target >= 0.95)\n"
         "  blocking    %.3f steps/s  ratio %.3f\n",
-        o.every, o.params, o.params * 12.0 / (1 << 30), checkpoints, none, background,
+        o.every, o.params, o.params * 12.0 / (1 << 30), o.compute_ms, checkpoints, none, background,
         background / none, blocking, blocking / none);
   }
   return absl::OkStatus();

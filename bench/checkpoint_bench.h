@@ -4,9 +4,11 @@
 // An OffloadServer runs in this process on loopback with a checkpoint
 // directory under `dir`; one client trains a job of `params` fp16 elements
 // whose state is in RAM: push every gradient, wait for the acknowledgement,
-// pull the new weights. The servers' Adam step is the whole step, so nothing
-// hides a checkpoint's cost. Segments of `steps` steps run in three modes,
-// rotating which goes first each round:
+// pull the new weights. With `compute_ms` 0 the servers' Adam step is the
+// whole step, so nothing hides a checkpoint's cost (the worst case); a
+// positive `compute_ms` stands in for a GPU's forward and backward, during
+// which the worker's CPU idles, as it does beside a GPU. Segments of `steps` steps run in three
+// modes, rotating which goes first each round:
 //
 //   none        no checkpoint
 //   background  a checkpoint asked every `every` steps (at every/2, then
@@ -34,6 +36,7 @@ struct CheckpointBenchOptions {
   int every = 10;                // steps between checkpoints
   int rounds = 3;                // segments of each mode
   int threads = 0;               // the server's optimizer threads; 0: one per core
+  int compute_ms = 0;            // the worker's compute per step, as a GPU's: idle here
   std::string dir = "/var/tmp";  // a scratch folder is made in it, removed after
   bool json = false;
 };

@@ -122,6 +122,10 @@ ABSL_FLAG(std::string, scale_params, "32Mi",
           "scale: fp16 elements of the job, pushed as gradients and pulled as weights each step");
 ABSL_FLAG(int, checkpoint_every, 10, "checkpoint: steps between checkpoints");
 ABSL_FLAG(int, checkpoint_steps, 30, "checkpoint: steps per timed segment of each mode");
+ABSL_FLAG(int, compute_ms, 0,
+          "checkpoint: the worker's compute per step before it pushes, standing in for a GPU's "
+          "forward and backward (the worker's CPU idles); 0: the servers' step is the whole "
+          "step");
 ABSL_FLAG(bool, checksums, true,
           "nvme: the step's block checksums, on as a server runs them (--nochecksums: off)");
 
@@ -165,7 +169,8 @@ constexpr char kUsage[] =
     "         no checkpoint, with one every --checkpoint-every steps finishing in the\n"
     "         background (as zo-train asks), and with the worker waiting for each,\n"
     "         rotating, --rounds each (default 3); ratio = median background steps/s /\n"
-    "         median steps/s without (target >= 0.95).\n"
+    "         median steps/s without (target >= 0.95). --compute-ms adds a worker compute\n"
+    "         time per step (a GPU's forward and backward; the CPU idles meanwhile).\n"
     "  gpu    (builds with CUDA) on CUDA device --gpu: a --gemm-size^3 --dtype GEMM through\n"
     "         cuBLASLt (the attainable peak), then forward + backward steps of a GPT\n"
     "         (--n-layer, --n-embd, --n-head, --block-size; vocabulary 50304; --batch\n"
@@ -322,6 +327,7 @@ absl::StatusOr<bench::CheckpointBenchOptions> CheckpointOptionsFromFlags() {
   ZO_ASSIGN_OR_RETURN(o.chunk_elems, ParseCount(absl::GetFlag(FLAGS_chunk_elems)));
   o.every = absl::GetFlag(FLAGS_checkpoint_every);
   o.steps = absl::GetFlag(FLAGS_checkpoint_steps);
+  o.compute_ms = absl::GetFlag(FLAGS_compute_ms);
   const int rounds = absl::GetFlag(FLAGS_rounds);
   o.rounds = rounds == 0 ? 3 : rounds;
   o.dir = absl::GetFlag(FLAGS_dir);
