@@ -29,6 +29,10 @@ namespace {
 // state_mu_ for the step thread, with the flag that makes a snapshot's
 // background capture stand back between its slices (std::mutex is not fair:
 // a thread that relocks at once could otherwise keep the step waiting).
+// What a checkpoint snapshot's step hook may hold in copies for the
+// background writer (kept across checkpoints, at most what was used).
+constexpr int64_t kSnapshotStagingBytes = int64_t{1} << 30;
+
 class StepStateLock {
  public:
   StepStateLock(std::mutex& mu, std::atomic<bool>& wants) : wants_(wants) {
@@ -146,6 +150,8 @@ absl::Status Job::Init() {
   }
   ZO_RETURN_IF_ERROR(CheckHostMemory(options));
   ZO_ASSIGN_OR_RETURN(state_, TieredOptimizerState::Create(options, local_elems_, resources_.pool));
+  // A step's snapshot hook copies one tile (master, m, v) per buffer.
+  snapshot_staging_ = std::make_shared<SnapshotStaging>(kSnapshotStagingBytes, 3 * kTileElems);
   ZO_ASSIGN_OR_RETURN(accum_, GradientAccumulator::Create({
                                   .job = spec_.name,
                                   .chunks = std::move(owned),

@@ -276,6 +276,9 @@ class Job {
   // The checkpoint part being taken; its hook runs in every step until it is
   // complete. Guarded by state_mu_.
   std::shared_ptr<StateSnapshot> snapshot_;
+  // The copy buffers its hook hands the background writer, kept across
+  // checkpoints (at most kSnapshotStagingBytes).
+  std::shared_ptr<SnapshotStaging> snapshot_staging_;
   // Set while the step thread waits for or holds state_mu_: a snapshot's
   // background capture stands back between slices.
   std::atomic<bool> step_wants_state_{false};

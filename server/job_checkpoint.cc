@@ -283,7 +283,8 @@ absl::Status Job::BeginOwnPart(int64_t version, const std::string& dir) {
   // One left by a lead that never finished it (it failed, or died).
   DropSnapshotLocked(absl::AbortedError(
       absl::StrCat("a checkpoint of version ", version, " began on this server after it")));
-  ZO_ASSIGN_OR_RETURN(snapshot_, StateSnapshot::Begin(path, chunks(), map_, version));
+  ZO_ASSIGN_OR_RETURN(snapshot_,
+                      StateSnapshot::Begin(path, chunks(), map_, version, snapshot_staging_));
   return absl::OkStatus();
 }
 
@@ -317,20 +318,32 @@ absl::StatusOr<v1::WriteCheckpointPartResponse> Job::FinishOwnPart(int64_t versi
 }
 
 absl::Status Job::CaptureSnapshot(StateSnapshot& snapshot) {
+  // RAM a slice at a time while the step thread does not want the state;
+  // meanwhile (and while a step runs) the copies its hook staged are written.
   for (;;) {
-    step_wants_state_.wait(true);
-    std::lock_guard state_lock(state_mu_);
+    ZO_RETURN_IF_ERROR(snapshot.WriteStaged());
+    std::unique_lock state_lock(state_mu_, std::defer_lock);
+    if (step_wants_state_.load() || !state_lock.try_lock()) {
+      snapshot.WaitForWork(absl::Now() + absl::Milliseconds(5));
+      continue;
+    }
     ZO_ASSIGN_OR_RETURN(const bool more, snapshot.CaptureSomeFromRam(*state_, kSnapshotSliceElems));
     if (!more) break;
   }
   if (state_->nvme_sub_groups() > 0) {
+    // NVMe: the next step carries it, if one comes soon.
     absl::Duration wait;
     {
       std::lock_guard lock(mu_);
       wait = std::clamp(2 * step_interval_, absl::Seconds(1), absl::Seconds(60));
     }
-    snapshot.WaitComplete(absl::Now() + wait);
+    const absl::Time deadline = absl::Now() + wait;
+    while (!snapshot.complete() && absl::Now() < deadline) {
+      snapshot.WaitForWork(deadline);
+      ZO_RETURN_IF_ERROR(snapshot.WriteStaged());
+    }
   }
+  ZO_RETURN_IF_ERROR(snapshot.WriteStaged());
   // Whatever is left (nothing, when a step carried it).
   std::lock_guard state_lock(state_mu_);
   return snapshot.CaptureRest(*state_);

@@ -1,6 +1,7 @@
 #include "server/state_snapshot.h"
 
 #include <algorithm>
+#include <cstring>
 #include <iterator>
 #include <utility>
 
@@ -11,7 +12,7 @@ namespace zo {
 
 absl::StatusOr<std::unique_ptr<StateSnapshot>> StateSnapshot::Begin(
     const std::string& path, absl::Span<const LocalChunk> chunks, const ShardMap& map,
-    int64_t version) {
+    int64_t version, std::shared_ptr<SnapshotStaging> staging) {
   std::vector<CheckpointChunk> layout;
   int64_t total = 0;
   for (const LocalChunk& c : chunks) {
@@ -24,16 +25,19 @@ absl::StatusOr<std::unique_ptr<StateSnapshot>> StateSnapshot::Begin(
     total += c.elems;
   }
   ZO_ASSIGN_OR_RETURN(auto writer, ScatteredPartWriter::Create(path, std::move(layout)));
-  return std::unique_ptr<StateSnapshot>(new StateSnapshot(
-      std::move(writer), std::vector<LocalChunk>(chunks.begin(), chunks.end()), total, version));
+  return std::unique_ptr<StateSnapshot>(
+      new StateSnapshot(std::move(writer), std::vector<LocalChunk>(chunks.begin(), chunks.end()),
+                        total, version, std::move(staging)));
 }
 
 StateSnapshot::StateSnapshot(std::unique_ptr<ScatteredPartWriter> writer,
-                             std::vector<LocalChunk> chunks, int64_t total, int64_t version)
+                             std::vector<LocalChunk> chunks, int64_t total, int64_t version,
+                             std::shared_ptr<SnapshotStaging> staging)
     : writer_(std::move(writer)),
       chunks_(std::move(chunks)),
       total_(total),
       version_(version),
+      staging_(std::move(staging)),
       uncaptured_(total) {}
 
 std::pair<int64_t, int64_t> StateSnapshot::NextGapLocked(int64_t from, int64_t end,
@@ -88,34 +92,85 @@ absl::Status StateSnapshot::WriteRange(int64_t begin, int64_t end, const float* 
   return absl::OkStatus();
 }
 
+StateSnapshot::~StateSnapshot() {
+  if (staging_ == nullptr) return;
+  for (Staged& s : staged_) staging_->Give(std::move(s.data));
+}
+
 void StateSnapshot::Capture(int64_t offset, int64_t n, const float* master, const float* m,
-                            const float* v) {
+                            const float* v, bool stage) {
   std::vector<std::pair<int64_t, int64_t>> gaps;
   {
     std::lock_guard lock(mu_);
     if (!error_.ok()) return;
     gaps = ClaimLocked(std::max<int64_t>(offset, 0), std::min(offset + n, total_));
-    if (gaps.empty()) return;
-    ++in_flight_;
+    in_flight_ += static_cast<int>(gaps.size());
   }
-  absl::Status written;
   for (const auto& [b, e] : gaps) {
+    const auto k = static_cast<size_t>(e - b);
     const int64_t at = b - offset;
-    written = WriteRange(b, e, master + at, m + at, v + at);
-    if (!written.ok()) break;
+    // A copy costs the step less than the page cache: the writer takes it.
+    std::unique_ptr<float[]> copy;
+    if (stage && staging_ != nullptr && static_cast<int64_t>(3 * k) <= staging_->buffer_floats()) {
+      copy = staging_->Take();
+    }
+    if (copy != nullptr) {
+      std::memcpy(copy.get(), master + at, k * sizeof(float));
+      std::memcpy(copy.get() + k, m + at, k * sizeof(float));
+      std::memcpy(copy.get() + 2 * k, v + at, k * sizeof(float));
+      {
+        std::lock_guard lock(mu_);
+        staged_.push_back({b, e, std::move(copy)});
+      }
+      cv_.notify_all();
+      continue;
+    }
+    const absl::Status written = WriteRange(b, e, master + at, m + at, v + at);
+    {
+      std::lock_guard lock(mu_);
+      --in_flight_;
+      if (!written.ok() && error_.ok()) error_ = written;
+    }
+    cv_.notify_all();
   }
-  {
-    std::lock_guard lock(mu_);
-    --in_flight_;
-    if (!written.ok() && error_.ok()) error_ = written;
-  }
-  cv_.notify_all();
 }
 
 StateObserver StateSnapshot::observer() {
   return [this](int64_t offset, int64_t n, const float* master, const float* m, const float* v) {
-    Capture(offset, n, master, m, v);
+    Capture(offset, n, master, m, v, /*stage=*/true);
   };
+}
+
+absl::Status StateSnapshot::WriteStaged() {
+  for (;;) {
+    Staged copy;
+    bool failed;
+    {
+      std::lock_guard lock(mu_);
+      if (staged_.empty()) return error_;
+      copy = std::move(staged_.front());
+      staged_.pop_front();
+      failed = !error_.ok();
+    }
+    const int64_t k = copy.end - copy.begin;
+    const float* data = copy.data.get();
+    const absl::Status written =
+        failed ? absl::OkStatus() : WriteRange(copy.begin, copy.end, data, data + k, data + 2 * k);
+    staging_->Give(std::move(copy.data));
+    {
+      std::lock_guard lock(mu_);
+      --in_flight_;
+      if (!written.ok() && error_.ok()) error_ = written;
+    }
+    cv_.notify_all();
+  }
+}
+
+void StateSnapshot::WaitForWork(absl::Time deadline) const {
+  std::unique_lock lock(mu_);
+  cv_.wait_until(lock, absl::ToChronoTime(deadline), [&] {
+    return !error_.ok() || !staged_.empty() || (uncaptured_ == 0 && in_flight_ == 0);
+  });
 }
 
 absl::StatusOr<bool> StateSnapshot::CaptureSomeFromRam(TieredOptimizerState& state,
@@ -149,7 +204,13 @@ absl::Status StateSnapshot::CaptureRest(TieredOptimizerState& state) {
     std::lock_guard lock(mu_);
     left = uncaptured_ > 0;
   }
-  if (left) ZO_RETURN_IF_ERROR(state.ObserveNvme(observer()));
+  if (left) {
+    ZO_RETURN_IF_ERROR(state.ObserveNvme(
+        [this](int64_t offset, int64_t n, const float* master, const float* m, const float* v) {
+          Capture(offset, n, master, m, v, /*stage=*/false);
+        }));
+  }
+  ZO_RETURN_IF_ERROR(WriteStaged());
   std::lock_guard lock(mu_);
   ZO_RETURN_IF_ERROR(error_);
   if (uncaptured_ > 0) {

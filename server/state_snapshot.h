@@ -5,8 +5,10 @@
 // these happens to it:
 //
 //   - a step is about to update it: the step's hook (TieredOptimizerState's
-//     before_update) writes the range as it still is, tile by tile on the
-//     pool's workers, NVMe tiles straight from the pipeline's buffer;
+//     before_update) copies the range as it still is into a staging buffer
+//     (server/snapshot_staging.h), tile by tile on the pool's workers (NVMe
+//     tiles straight from the pipeline's buffer), which the background
+//     writer then writes; with no buffer free, the hook writes itself;
 //   - the background writer reaches it between steps (RAM ranges, a slice
 //     at a time, holding the state still for one slice);
 //   - nothing else did: the rest goes through one observe pass
@@ -27,6 +29,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -41,26 +44,36 @@
 #include "offload/checkpoint/checkpoint_part.h"
 #include "offload/tier/tiered_state.h"
 #include "server/gradient_accumulator.h"
+#include "server/snapshot_staging.h"
 
 namespace zo {
 
 class StateSnapshot {
  public:
   // Creates the part file at `path` for `chunks` (local offsets, ascending
-  // and contiguous from 0) of the state at `version`.
-  static absl::StatusOr<std::unique_ptr<StateSnapshot>> Begin(const std::string& path,
-                                                              absl::Span<const LocalChunk> chunks,
-                                                              const ShardMap& map, int64_t version);
+  // and contiguous from 0) of the state at `version`. `staging` (may be
+  // null: no staging) lends the hook its copy buffers.
+  static absl::StatusOr<std::unique_ptr<StateSnapshot>> Begin(
+      const std::string& path, absl::Span<const LocalChunk> chunks, const ShardMap& map,
+      int64_t version, std::shared_ptr<SnapshotStaging> staging = nullptr);
+  ~StateSnapshot();  // staged copies not written go back to the pool
 
   int64_t version() const { return version_; }
   const std::string& path() const { return writer_->path(); }
 
-  // Writes the parts of local elements [offset, offset + n) not captured
-  // yet, from master, m and v as they are now. Concurrent calls must cover
-  // disjoint ranges (a step's tiles do).
-  void Capture(int64_t offset, int64_t n, const float* master, const float* m, const float* v);
-  // Capture as a TieredOptimizerState hook; valid while the snapshot lives.
+  // Takes the parts of local elements [offset, offset + n) not captured
+  // yet, from master, m and v as they are now: `stage` copies them for
+  // WriteStaged while staging buffers last, else they are written now.
+  // Concurrent calls must cover disjoint ranges (a step's tiles do).
+  void Capture(int64_t offset, int64_t n, const float* master, const float* m, const float* v,
+               bool stage = false);
+  // Capture with staging, as a step's TieredOptimizerState hook; valid while
+  // the snapshot lives.
   StateObserver observer();
+  // Writes every staged copy (the background writer's job).
+  absl::Status WriteStaged();
+  // Waits until complete, a staged copy waits to be written, or `deadline`.
+  void WaitForWork(absl::Time deadline) const;
 
   // Captures up to `max_elems` RAM-resident elements not captured yet,
   // reading them from `state`. Returns whether any RAM-resident element is
@@ -85,7 +98,11 @@ class StateSnapshot {
 
  private:
   StateSnapshot(std::unique_ptr<ScatteredPartWriter> writer, std::vector<LocalChunk> chunks,
-                int64_t total, int64_t version);
+                int64_t total, int64_t version, std::shared_ptr<SnapshotStaging> staging);
+  struct Staged {
+    int64_t begin = 0, end = 0;
+    std::unique_ptr<float[]> data;  // master, then m, then v
+  };
   // Claims the uncaptured pieces of [begin, end) (marks them captured and
   // counts them in flight); requires mu_.
   std::vector<std::pair<int64_t, int64_t>> ClaimLocked(int64_t begin, int64_t end);
@@ -99,12 +116,14 @@ class StateSnapshot {
   const std::vector<LocalChunk> chunks_;
   const int64_t total_;
   const int64_t version_;
+  const std::shared_ptr<SnapshotStaging> staging_;
 
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   std::map<int64_t, int64_t> captured_;  // disjoint [begin, end), merged
   int64_t uncaptured_ = 0;               // elements not claimed yet
-  int in_flight_ = 0;                    // claimed ranges still being written
+  int in_flight_ = 0;                    // claimed ranges still being written or staged
+  std::deque<Staged> staged_;            // copies waiting for WriteStaged
   absl::Status error_;                   // the first failure, sticky
 };
 

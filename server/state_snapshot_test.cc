@@ -85,10 +85,15 @@ class StateSnapshotTest : public ::testing::Test {
 };
 
 // Part of RAM captured between steps, the rest by two steps that change
-// everything: the part is the state before them, byte for byte.
+// everything, their hook's copies staged while buffers last and written by
+// the hook itself past that: the part is the state before them, byte for
+// byte.
 TEST_F(StateSnapshotTest, StepsDuringTheSnapshotLeaveItAtItsVersion) {
+  // Two staging buffers of one tile: some tiles are staged, the others
+  // written by the hook.
+  auto staging = std::make_shared<SnapshotStaging>(2 * 3 * 16384 * 4, 3 * 16384);
   ZO_ASSERT_OK_AND_ASSIGN(snapshot_,
-                          StateSnapshot::Begin(dir_.File("part.zop"), chunks_, *map_, 3));
+                          StateSnapshot::Begin(dir_.File("part.zop"), chunks_, *map_, 3, staging));
   ZO_ASSERT_OK_AND_ASSIGN(const bool more, snapshot_->CaptureSomeFromRam(*state_, 3000));
   EXPECT_TRUE(more);
   EXPECT_FALSE(snapshot_->complete());
@@ -96,7 +101,10 @@ TEST_F(StateSnapshotTest, StepsDuringTheSnapshotLeaveItAtItsVersion) {
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not captured yet")));
 
   ASSERT_THAT(Step(), IsOk());
+  EXPECT_FALSE(snapshot_->complete()) << "staged copies wait for the writer";
+  ASSERT_THAT(snapshot_->WriteStaged(), IsOk());
   EXPECT_TRUE(snapshot_->complete());
+  EXPECT_EQ(staging->held_bytes(), 2 * 3 * 16384 * 4) << "both buffers were used and kept";
   ASSERT_THAT(Step(), IsOk());
   std::vector<float> now(elems_);
   ASSERT_THAT(state_->ReadState(0, absl::MakeSpan(now), {}, {}), IsOk());
