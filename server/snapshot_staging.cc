@@ -10,20 +10,27 @@ SnapshotStaging::SnapshotStaging(int64_t limit_bytes, int64_t buffer_floats)
       max_buffers_(std::max<int64_t>(limit_bytes, 0) /
                    (buffer_floats_ * static_cast<int64_t>(sizeof(float)))) {}
 
-std::unique_ptr<float[]> SnapshotStaging::Take() {
-  std::lock_guard lock(mu_);
-  if (!free_.empty()) {
-    std::unique_ptr<float[]> b = std::move(free_.back());
-    free_.pop_back();
-    return b;
+AlignedBuffer SnapshotStaging::Take() {
+  {
+    std::lock_guard lock(mu_);
+    if (!free_.empty()) {
+      AlignedBuffer b = std::move(free_.back());
+      free_.pop_back();
+      return b;
+    }
+    if (allocated_ >= max_buffers_) return AlignedBuffer();
+    ++allocated_;
   }
-  if (allocated_ >= max_buffers_) return nullptr;
-  ++allocated_;
-  return std::unique_ptr<float[]>(new float[static_cast<size_t>(buffer_floats_)]);
+  absl::StatusOr<AlignedBuffer> b =
+      AlignedBuffer::Allocate(static_cast<size_t>(buffer_floats_) * sizeof(float));
+  if (b.ok()) return *std::move(b);
+  std::lock_guard lock(mu_);
+  --allocated_;
+  return AlignedBuffer();
 }
 
-void SnapshotStaging::Give(std::unique_ptr<float[]> buffer) {
-  if (buffer == nullptr) return;
+void SnapshotStaging::Give(AlignedBuffer buffer) {
+  if (buffer.data() == nullptr) return;
   std::lock_guard lock(mu_);
   free_.push_back(std::move(buffer));
 }

@@ -5,7 +5,7 @@
 // keeps what it handed out at its peak, never more.
 //
 //   SnapshotStaging staging(1 << 30, 3 * kTileElems);
-//   std::unique_ptr<float[]> b = staging.Take();   // null past the limit
+//   AlignedBuffer b = staging.Take();   // no data() past the limit
 //   ... copy, write ...
 //   staging.Give(std::move(b));
 //
@@ -18,6 +18,8 @@
 #include <mutex>
 #include <vector>
 
+#include "offload/aligned_buffer.h"
+
 namespace zo {
 
 class SnapshotStaging {
@@ -25,9 +27,10 @@ class SnapshotStaging {
   SnapshotStaging(int64_t limit_bytes, int64_t buffer_floats);
 
   int64_t buffer_floats() const { return buffer_floats_; }
-  // A buffer of buffer_floats() floats, or null when limit_bytes are out.
-  std::unique_ptr<float[]> Take();
-  void Give(std::unique_ptr<float[]> buffer);
+  // A page-aligned buffer of buffer_floats() floats (so the writer can send
+  // it to the disk directly), or an empty one when limit_bytes are out.
+  AlignedBuffer Take();
+  void Give(AlignedBuffer buffer);
   // Bytes held, out or free: the pool's RAM.
   int64_t held_bytes() const;
 
@@ -35,7 +38,7 @@ class SnapshotStaging {
   const int64_t buffer_floats_;
   const int64_t max_buffers_;
   mutable std::mutex mu_;
-  std::vector<std::unique_ptr<float[]>> free_;
+  std::vector<AlignedBuffer> free_;
   int64_t allocated_ = 0;
 };
 

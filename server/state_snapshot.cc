@@ -110,14 +110,15 @@ void StateSnapshot::Capture(int64_t offset, int64_t n, const float* master, cons
     const auto k = static_cast<size_t>(e - b);
     const int64_t at = b - offset;
     // A copy costs the step less than the page cache: the writer takes it.
-    std::unique_ptr<float[]> copy;
+    AlignedBuffer copy;
     if (stage && staging_ != nullptr && static_cast<int64_t>(3 * k) <= staging_->buffer_floats()) {
       copy = staging_->Take();
     }
-    if (copy != nullptr) {
-      std::memcpy(copy.get(), master + at, k * sizeof(float));
-      std::memcpy(copy.get() + k, m + at, k * sizeof(float));
-      std::memcpy(copy.get() + 2 * k, v + at, k * sizeof(float));
+    if (copy.data() != nullptr) {
+      float* to = copy.as<float>();
+      std::memcpy(to, master + at, k * sizeof(float));
+      std::memcpy(to + k, m + at, k * sizeof(float));
+      std::memcpy(to + 2 * k, v + at, k * sizeof(float));
       {
         std::lock_guard lock(mu_);
         staged_.push_back({b, e, std::move(copy)});
@@ -153,7 +154,7 @@ absl::Status StateSnapshot::WriteStaged() {
       failed = !error_.ok();
     }
     const int64_t k = copy.end - copy.begin;
-    const float* data = copy.data.get();
+    const float* data = copy.data.as<float>();
     const absl::Status written =
         failed ? absl::OkStatus() : WriteRange(copy.begin, copy.end, data, data + k, data + 2 * k);
     staging_->Give(std::move(copy.data));
@@ -176,11 +177,44 @@ void StateSnapshot::WaitForWork(absl::Time deadline) const {
 absl::StatusOr<bool> StateSnapshot::CaptureSomeFromRam(TieredOptimizerState& state,
                                                        int64_t max_elems) {
   const int64_t ram_end = std::min(state.ram_elems(), total_);
+  max_elems = std::max<int64_t>(max_elems, 1);
+  // Into staging buffers while there are free ones: the caller holds the
+  // state only for the copy, and WriteStaged writes them later.
+  for (int64_t done = 0; staging_ != nullptr && done < max_elems;) {
+    std::pair<int64_t, int64_t> gap;
+    {
+      std::lock_guard lock(mu_);
+      ZO_RETURN_IF_ERROR(error_);
+      gap = NextGapLocked(0, ram_end, std::min(max_elems - done, staging_->buffer_floats() / 3));
+    }
+    if (gap.first >= ram_end) break;
+    AlignedBuffer buffer = staging_->Take();
+    if (buffer.data() == nullptr) break;
+    const auto k = static_cast<size_t>(gap.second - gap.first);
+    float* to = buffer.as<float>();
+    if (absl::Status read =
+            state.ReadState(gap.first, absl::MakeSpan(to, k), absl::MakeSpan(to + k, k),
+                            absl::MakeSpan(to + 2 * k, k));
+        !read.ok()) {
+      staging_->Give(std::move(buffer));
+      return read;
+    }
+    {
+      std::lock_guard lock(mu_);
+      ClaimLocked(gap.first, gap.second);
+      ++in_flight_;
+      staged_.push_back({gap.first, gap.second, std::move(buffer)});
+    }
+    cv_.notify_all();
+    done += gap.second - gap.first;
+  }
+  // Without a free buffer: read and write here.
   std::pair<int64_t, int64_t> gap;
   {
     std::lock_guard lock(mu_);
     ZO_RETURN_IF_ERROR(error_);
-    gap = NextGapLocked(0, ram_end, std::max<int64_t>(max_elems, 1));
+    if (!staged_.empty()) return NextGapLocked(0, ram_end, 1).first < ram_end;
+    gap = NextGapLocked(0, ram_end, max_elems);
   }
   if (gap.first < ram_end) {
     const auto n = static_cast<size_t>(gap.second - gap.first);
@@ -197,6 +231,7 @@ absl::StatusOr<bool> StateSnapshot::CaptureSomeFromRam(TieredOptimizerState& sta
 absl::Status StateSnapshot::CaptureRest(TieredOptimizerState& state) {
   for (;;) {
     ZO_ASSIGN_OR_RETURN(const bool more, CaptureSomeFromRam(state, int64_t{1} << 22));
+    ZO_RETURN_IF_ERROR(WriteStaged());  // frees the buffers the next round takes
     if (!more) break;
   }
   bool left;

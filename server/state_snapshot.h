@@ -101,7 +101,7 @@ class StateSnapshot {
                 int64_t total, int64_t version, std::shared_ptr<SnapshotStaging> staging);
   struct Staged {
     int64_t begin = 0, end = 0;
-    std::unique_ptr<float[]> data;  // master, then m, then v
+    AlignedBuffer data;  // master, then m, then v, each end - begin floats
   };
   // Claims the uncaptured pieces of [begin, end) (marks them captured and
   // counts them in flight); requires mu_.
