@@ -169,6 +169,12 @@ class Job {
     std::lock_guard lock(mu_);
     return pending_checkpoints_.size();
   }
+  // A checkpoint begun and not yet committed or failed (its part still being
+  // written while steps go on).
+  bool checkpoint_running() const {
+    std::lock_guard lock(mu_);
+    return checkpoint_running_;
+  }
   // `rollback`: RestoreRequest.rollback (a new instance of the job).
   absl::StatusOr<v1::RestoreResponse> Restore(const std::string& path, absl::Time deadline,
                                               bool rollback = false);
