@@ -169,9 +169,8 @@ absl::Status StateSnapshot::WriteStaged() {
 
 void StateSnapshot::WaitForWork(absl::Time deadline) const {
   std::unique_lock lock(mu_);
-  cv_.wait_until(lock, absl::ToChronoTime(deadline), [&] {
-    return !error_.ok() || !staged_.empty() || (uncaptured_ == 0 && in_flight_ == 0);
-  });
+  cv_.wait_until(lock, absl::ToChronoTime(deadline),
+                 [&] { return !staged_.empty() || CompleteLocked(); });
 }
 
 absl::StatusOr<bool> StateSnapshot::CaptureSomeFromRam(TieredOptimizerState& state,
@@ -257,14 +256,7 @@ absl::Status StateSnapshot::CaptureRest(TieredOptimizerState& state) {
 
 bool StateSnapshot::complete() const {
   std::lock_guard lock(mu_);
-  return !error_.ok() || (uncaptured_ == 0 && in_flight_ == 0);
-}
-
-bool StateSnapshot::WaitComplete(absl::Time deadline) const {
-  std::unique_lock lock(mu_);
-  cv_.wait_until(lock, absl::ToChronoTime(deadline),
-                 [&] { return !error_.ok() || (uncaptured_ == 0 && in_flight_ == 0); });
-  return !error_.ok() || (uncaptured_ == 0 && in_flight_ == 0);
+  return CompleteLocked();
 }
 
 void StateSnapshot::Abort(absl::Status why) {

@@ -84,8 +84,6 @@ class StateSnapshot {
 
   // Every element captured and written (or the snapshot failed).
   bool complete() const;
-  // Waits until complete() or `deadline`; returns complete().
-  bool WaitComplete(absl::Time deadline) const;
   // Fails the snapshot with `why` (a restore replaced the state it was
   // taking, the step that was to carry it failed): Finish returns it.
   void Abort(absl::Status why);
@@ -109,6 +107,8 @@ class StateSnapshot {
   // The first uncaptured range at or after `from`, clipped to `limit`
   // elements and to `end`; {end, end} when none. Requires mu_.
   std::pair<int64_t, int64_t> NextGapLocked(int64_t from, int64_t end, int64_t limit) const;
+  // Every element captured and written, or the snapshot failed. Requires mu_.
+  bool CompleteLocked() const { return !error_.ok() || (uncaptured_ == 0 && in_flight_ == 0); }
   absl::Status WriteRange(int64_t begin, int64_t end, const float* master, const float* m,
                           const float* v);
 

@@ -12,11 +12,17 @@
 
 namespace zo {
 
-absl::Status WriteAll(int fd, absl::string_view bytes, const std::string& path, uint64_t offset) {
+namespace {
+
+// The loop of WriteAll and PwriteAll; `positional`: pwrite at `offset`,
+// else write at the file position (`offset` names it in messages).
+absl::Status WriteLoop(int fd, absl::string_view bytes, const std::string& path, uint64_t offset,
+                       bool positional) {
   const char* p = bytes.data();
   size_t left = bytes.size();
   while (left > 0) {
-    const ssize_t n = write(fd, p, left);
+    const ssize_t n =
+        positional ? pwrite(fd, p, left, static_cast<off_t>(offset)) : write(fd, p, left);
     if (n < 0) {
       if (errno == EINTR) continue;
       return ZO_ERRNO_STATUS(
@@ -35,25 +41,14 @@ absl::Status WriteAll(int fd, absl::string_view bytes, const std::string& path, 
   return absl::OkStatus();
 }
 
+}  // namespace
+
+absl::Status WriteAll(int fd, absl::string_view bytes, const std::string& path, uint64_t offset) {
+  return WriteLoop(fd, bytes, path, offset, /*positional=*/false);
+}
+
 absl::Status PwriteAll(int fd, absl::string_view bytes, uint64_t offset, const std::string& path) {
-  const char* p = bytes.data();
-  size_t left = bytes.size();
-  while (left > 0) {
-    const ssize_t n = pwrite(fd, p, left, static_cast<off_t>(offset));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ZO_ERRNO_STATUS(
-          errno, absl::StrCat("write ", left, " bytes at offset ", offset, " of ", path));
-    }
-    if (n == 0) {
-      return ZO_ERRNO_STATUS(ENOSPC, absl::StrCat("write ", left, " bytes at offset ", offset,
-                                                  " of ", path, " wrote nothing"));
-    }
-    p += n;
-    left -= static_cast<size_t>(n);
-    offset += static_cast<uint64_t>(n);
-  }
-  return absl::OkStatus();
+  return WriteLoop(fd, bytes, path, offset, /*positional=*/true);
 }
 
 absl::Status PreadAll(int fd, char* buf, size_t len, uint64_t offset, const std::string& path) {
