@@ -2,6 +2,7 @@
 // socket, the same client API over an in-process channel.
 #include <cstdint>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "common/testing/status_matchers.h"
@@ -143,6 +144,47 @@ TEST(EmbeddedServerTest, ACallForAnEarlierInstanceOfTheJobIsRefusedSayingWhereIt
   EXPECT_EQ(now.waiting_pushes(), 0);
   stale.reset();
   fresh.reset();
+  server->Shutdown(absl::Seconds(1));
+}
+
+// A pull waiting for a version nobody will make (no gradients come) ends
+// with CANCELLED when another thread gives it up; a cancellation already
+// given refuses the next pull before it is sent, and the client forgets the
+// weights PullForStep left half written.
+TEST(EmbeddedServerTest, APullWaitingForItsVersionEndsWhenCancelled) {
+  ServerOptions server_options;
+  server_options.listen = "";
+  ZO_ASSERT_OK_AND_ASSIGN(auto server, OffloadServer::Start(server_options));
+  ClientOptions options;
+  options.job = "cancel";
+  options.channels = {server->InProcessChannel()};
+  options.call_timeout = absl::Hours(1);  // only the cancellation can end the wait
+  ZO_ASSERT_OK_AND_ASSIGN(
+      auto client, OffloadClient::Open(options, R"({"train_batch_size": 1,
+          "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}})",
+                                       {{.name = "w", .shape = {8}, .dtype = DType::kFloat32}}));
+  std::vector<std::byte> w(8 * sizeof(float));
+  const std::vector<absl::Span<std::byte>> dst = {absl::MakeSpan(w)};
+  ZO_ASSERT_OK_AND_ASSIGN(bool first, client->PullForStep(1, {0}, dst));
+  EXPECT_TRUE(first);
+  PullCancellation cancel;
+  absl::StatusOr<bool> pulled;
+  std::thread puller([&] { pulled = client->PullForStep(2, {0}, dst, nullptr, &cancel); });
+  // The pull is parked on the server before it is cancelled: the job counts it.
+  for (;;) {
+    ZO_ASSERT_OK_AND_ASSIGN(v1::JobStatus status, client->JobStatus());
+    if (status.waiting_pulls() == 1) break;
+    std::this_thread::yield();
+  }
+  cancel.Cancel();
+  puller.join();
+  EXPECT_THAT(pulled.status(), StatusIs(absl::StatusCode::kCancelled, ::testing::_));
+  EXPECT_THAT(client->Pull(0, -1, {0}, dst, &cancel).status(),
+              StatusIs(absl::StatusCode::kCancelled, HasSubstr("was cancelled")));
+  // dst may hold part of version 1 now: version 0 is pulled again, whole.
+  ZO_ASSERT_OK_AND_ASSIGN(bool again, client->PullForStep(1, {0}, dst));
+  EXPECT_TRUE(again);
+  client.reset();
   server->Shutdown(absl::Seconds(1));
 }
 

@@ -125,8 +125,8 @@ struct OffloadClient::Impl {
   absl::Status InitParamsOn(int server, const std::vector<PushPiece>& pieces,
                             absl::Span<const float> values, CallGroup& group);
   absl::StatusOr<bool> Pull(int64_t version, int64_t have_version, absl::Span<const int> tensors,
-                            absl::Span<const absl::Span<std::byte>> dst,
-                            double* loss_scale = nullptr);
+                            absl::Span<const absl::Span<std::byte>> dst, double* loss_scale,
+                            CallGroup* cancel);
   // One server's part of a Pull, retried.
   absl::Status PullFrom(int server, int64_t version, int64_t have_version, PullReceiver& receiver,
                         CallGroup& group);
@@ -398,7 +398,7 @@ absl::Status OffloadClient::Impl::WithStuckPeer(absl::Status error) {
 absl::StatusOr<bool> OffloadClient::Impl::Pull(int64_t version, int64_t have_version,
                                                absl::Span<const int> tensors,
                                                absl::Span<const absl::Span<std::byte>> dst,
-                                               double* loss_scale) {
+                                               double* loss_scale, CallGroup* cancel) {
   ZO_RETURN_IF_ERROR(CheckState());
   if (version < 0 || have_version < -1) {
     return absl::InvalidArgumentError(
@@ -436,14 +436,14 @@ absl::StatusOr<bool> OffloadClient::Impl::Pull(int64_t version, int64_t have_ver
   if (receivers.empty()) return true;  // only empty tensors: dst holds any version
 
   CallGroup group;
-  if (absl::Status pulled = RunInParallel(receivers.size(), group,
-                                          [&](size_t i) {
-                                            return PullFrom(servers[i], version, have_version,
-                                                            *receivers[i], group);
-                                          });
-      !pulled.ok()) {
-    return WithStuckPeer(std::move(pulled));
+  if (cancel != nullptr && !cancel->AddChild(&group)) {
+    return absl::CancelledError(absl::StrCat("the pull of version ", version, " was cancelled"));
   }
+  absl::Status pulled = RunInParallel(receivers.size(), group, [&](size_t i) {
+    return PullFrom(servers[i], version, have_version, *receivers[i], group);
+  });
+  if (cancel != nullptr) cancel->RemoveChild(&group);
+  if (!pulled.ok()) return WithStuckPeer(std::move(pulled));
 
   const bool unchanged =
       std::all_of(receivers.begin(), receivers.end(), [](const auto& r) { return r->unchanged(); });
@@ -599,15 +599,22 @@ absl::Status OffloadClient::PushRange(int64_t step, int tensor, int64_t offset,
 
 absl::Status OffloadClient::FinishStep(int64_t step) { return impl_->FinishStep(step); }
 
+PullCancellation::PullCancellation() : group_(std::make_unique<CallGroup>()) {}
+PullCancellation::~PullCancellation() = default;
+void PullCancellation::Cancel() { group_->CancelAll(); }
+bool PullCancellation::cancelled() const { return group_->cancelled(); }
+
 absl::StatusOr<bool> OffloadClient::Pull(int64_t version, int64_t have_version,
                                          absl::Span<const int> tensors,
-                                         absl::Span<const absl::Span<std::byte>> dst) {
-  return impl_->Pull(version, have_version, tensors, dst);
+                                         absl::Span<const absl::Span<std::byte>> dst,
+                                         PullCancellation* cancel) {
+  return impl_->Pull(version, have_version, tensors, dst, nullptr,
+                     cancel != nullptr ? cancel->group_.get() : nullptr);
 }
 
 absl::StatusOr<bool> OffloadClient::PullForStep(int64_t step, absl::Span<const int> tensors,
                                                 absl::Span<const absl::Span<std::byte>> dst,
-                                                double* loss_scale) {
+                                                double* loss_scale, PullCancellation* cancel) {
   if (step < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot pull for step ", step, ": steps are numbered from 1"));
@@ -622,8 +629,15 @@ absl::StatusOr<bool> OffloadClient::PullForStep(int64_t step, absl::Span<const i
   }
   bool changed = false;
   if (version != impl_->pulled_version) {
-    ZO_ASSIGN_OR_RETURN(changed, impl_->Pull(version, impl_->pulled_version, tensors, dst,
-                                             &impl_->pulled_loss_scale));
+    absl::StatusOr<bool> pulled =
+        impl_->Pull(version, impl_->pulled_version, tensors, dst, &impl_->pulled_loss_scale,
+                    cancel != nullptr ? cancel->group_.get() : nullptr);
+    if (!pulled.ok()) {
+      // A pull that failed half way may have written part of dst.
+      impl_->pulled_version = -1;
+      return pulled.status();
+    }
+    changed = *pulled;
     impl_->pulled_version = version;
   }
   if (loss_scale != nullptr) *loss_scale = impl_->pulled_loss_scale;

@@ -36,6 +36,30 @@ class Channel;
 
 namespace zo {
 
+namespace client_internal {
+class CallGroup;
+}
+
+// Lets one thread give up another's Pull: Cancel() ends the pulls handed
+// this object, those in flight and any started later, with CANCELLED (a
+// prefetch for a step that will not run, a worker tearing down while its
+// prefetch waits for a version only its own pushes would make).
+// Thread-safe.
+class PullCancellation {
+ public:
+  PullCancellation();
+  ~PullCancellation();
+  void Cancel();
+  bool cancelled() const;
+
+  PullCancellation(const PullCancellation&) = delete;
+  PullCancellation& operator=(const PullCancellation&) = delete;
+
+ private:
+  friend class OffloadClient;
+  std::unique_ptr<client_internal::CallGroup> group_;
+};
+
 struct ClientOptions {
   std::string job;
   // Every server of the job as "host:port", in striping order. Ignored when
@@ -138,8 +162,11 @@ class OffloadClient {
   // (dst[i] is tensor i's full size in the job's dtype), waiting on the
   // servers until it exists. Returns false, leaving dst untouched, when the
   // weights equal those of `have_version` (only skipped steps between).
+  // After an error dst may hold part of the version. `cancel` (may be null)
+  // ends the wait from another thread.
   absl::StatusOr<bool> Pull(int64_t version, int64_t have_version, absl::Span<const int> tensors,
-                            absl::Span<const absl::Span<std::byte>> dst);
+                            absl::Span<const absl::Span<std::byte>> dst,
+                            PullCancellation* cancel = nullptr);
 
   // Pulls VersionForStep(config.zo.dpu, step, base version)
   // (common/dpu_policy.h) into dst unless dst already holds its weights (the
@@ -147,10 +174,12 @@ class OffloadClient {
   // dst changed, so a caller copies weights to the device only when they did.
   // `loss_scale`, when given, receives the loss scale of the steps computed
   // on that version: the one `step`'s loss is multiplied by (loss_scale()
-  // may already be a later step's under DPU).
+  // may already be a later step's under DPU). After an error the client
+  // forgets what dst holds: the next call pulls its version whole.
   absl::StatusOr<bool> PullForStep(int64_t step, absl::Span<const int> tensors,
                                    absl::Span<const absl::Span<std::byte>> dst,
-                                   double* loss_scale = nullptr);
+                                   double* loss_scale = nullptr,
+                                   PullCancellation* cancel = nullptr);
 
   // Bytes queued by the pushes and written into dst by the pulls so far
   // (the payload, not the wire framing): for metrics.

@@ -17,7 +17,7 @@ OffloadLink::OffloadLink(OffloadClient* client, backend::Backend& backend,
 }
 
 OffloadLink::~OffloadLink() {
-  JoinPrefetch();
+  CancelPrefetch();
   std::unique_lock<std::mutex> lock(mu_);
   copied_.wait(lock, [this] { return copies_in_flight_ == 0; });
 }
@@ -118,9 +118,10 @@ void OffloadLink::MaybePrefetch(int64_t step) {
   if (prefetch_step_ >= 0 || params_.empty()) return;
   if (VersionForStep(client_->config().zo.dpu, step) > pushed_) return;
   prefetch_step_ = step;
-  prefetch_ = std::thread([this, client = client_, step] {
+  prefetch_cancel_ = std::make_unique<PullCancellation>();
+  prefetch_ = std::thread([this, client = client_, step, cancel = prefetch_cancel_.get()] {
     absl::StatusOr<bool> changed =
-        client->PullForStep(step, pulled_tensors_, host_, &prefetch_loss_scale_);
+        client->PullForStep(step, pulled_tensors_, host_, &prefetch_loss_scale_, cancel);
     prefetch_changed_ = changed.ok() && *changed;
     if (!changed.ok()) {
       prefetch_status_ = changed.status();
@@ -136,6 +137,11 @@ void OffloadLink::JoinPrefetch() {
   if (prefetch_.joinable()) prefetch_.join();
 }
 
+void OffloadLink::CancelPrefetch() {
+  if (prefetch_cancel_ != nullptr) prefetch_cancel_->Cancel();
+  JoinPrefetch();
+}
+
 absl::Status OffloadLink::LoadWeights(int64_t step, absl::Span<model::Param* const> params) {
   if (params_.empty()) ZO_RETURN_IF_ERROR(Prepare(params));
   if (params.size() != params_.size() ||
@@ -143,8 +149,8 @@ absl::Status OffloadLink::LoadWeights(int64_t step, absl::Span<model::Param* con
     return absl::InternalError("LoadWeights: a stage's parameters changed between steps");
   }
   const int64_t prefetched = std::exchange(prefetch_step_, -1);
-  JoinPrefetch();
   if (prefetched == step) {
+    JoinPrefetch();
     if (!prefetch_status_.ok()) {
       host_ahead_ = true;  // a retry uploads whatever the failed prefetch left
       return prefetch_status_;
@@ -154,8 +160,10 @@ absl::Status OffloadLink::LoadWeights(int64_t step, absl::Span<model::Param* con
     }
     loss_scale_ = prefetch_loss_scale_;
   } else {
-    // A prefetch for another step (a step retried): what it left in host_
-    // is not on the device.
+    // A prefetch for another step (a step retried): its version may never
+    // come before this step is done, and what it left in host_ is not on the
+    // device.
+    CancelPrefetch();
     if (prefetched >= 0) host_ahead_ = true;
     ZO_RETURN_IF_ERROR(LoadNow(step));
   }

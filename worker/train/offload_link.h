@@ -43,7 +43,8 @@ class OffloadLink final : public model::ParamLink {
   // it by name.
   OffloadLink(OffloadClient* client, backend::Backend& backend,
               const std::vector<TensorSpec>& manifest, DType dtype);
-  // Waits for the copies still in flight (a step that failed half way).
+  // Gives up a prefetch in flight and waits for the copies still in flight
+  // (a step that failed half way).
   ~OffloadLink() override;
 
   // A restarted worker swaps its resend client for a plain one after the
@@ -70,6 +71,10 @@ class OffloadLink final : public model::ParamLink {
   void MaybePrefetch(int64_t step);
   // Waits for the prefetch thread; its outcome stays in prefetch_*.
   void JoinPrefetch();
+  // Ends the prefetch's pull and waits for its thread: for a prefetch whose
+  // step will not run next, which may wait on a version only this worker's
+  // own pushes would make.
+  void CancelPrefetch();
 
   OffloadClient* client_;
   backend::Backend& backend_;
@@ -89,7 +94,8 @@ class OffloadLink final : public model::ParamLink {
   int64_t pushed_ = -1;    // the last step whose gradients are all acknowledged
 
   std::thread prefetch_;
-  int64_t prefetch_step_ = -1;  // the step prefetch_ fetches for; -1: none
+  int64_t prefetch_step_ = -1;                         // the step prefetch_ fetches for; -1: none
+  std::unique_ptr<PullCancellation> prefetch_cancel_;  // of the prefetch in flight
   // Written by prefetch_, read after joining it.
   absl::Status prefetch_status_;
   bool prefetch_changed_ = false;

@@ -156,5 +156,39 @@ TEST(OffloadLinkTest, MicroBatchPushesThroughTwoSlotsSumOnTheServer) {
       << refused;
 }
 
+// Two dp ranks; rank 1 pushes nothing for step 1. Rank 0's link prefetches
+// step 2's weights (version 1), which only rank 1's gradients would make.
+// Retrying step 1 and tearing the link down must give that prefetch up
+// rather than wait for the call's deadline (an hour here: a hang would be
+// this test's failure), which in a worker stuck both ranks' pipelines.
+TEST(OffloadLinkTest, APrefetchThatCannotCompleteIsGivenUp) {
+  Fixture f;
+  ASSERT_NO_FATAL_FAILURE(StartServerAndParams(f));
+  ClientOptions options;
+  options.job = "stuck";
+  options.channels = {f.server->InProcessChannel()};
+  options.dp_world_size = 2;
+  options.call_timeout = absl::Hours(1);
+  const std::string config = R"({"train_batch_size": 2,
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.05}}, "bf16": {"enabled": true}})";
+  auto client = OffloadClient::Open(options, config, f.manifest);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto link = std::make_unique<OffloadLink>(client->get(), *f.cpu, f.manifest, DType::kBFloat16);
+  ASSERT_THAT(link->InitializeIfFresh(f.pointers, 7), IsOk());
+  ASSERT_THAT(link->LoadWeights(1, f.pointers), IsOk());
+  for (model::Param& p : f.params) ASSERT_THAT(link->PushGradient(1, p, -1), IsOk());
+  ASSERT_THAT(link->FinishStep(1), IsOk());  // starts the prefetch of step 2
+  // The step again (as after a failure elsewhere): its version 0 is there.
+  ASSERT_THAT(link->LoadWeights(1, f.pointers), IsOk());
+  std::vector<std::byte> a(30);
+  ASSERT_THAT(f.cpu->Download(f.params[0].value, absl::MakeSpan(a)), IsOk());
+  std::vector<std::byte> want(30), b(14);
+  ASSERT_THAT((*client)->Pull(0, -1, {0, 1}, {absl::MakeSpan(want), absl::MakeSpan(b)}).status(),
+              IsOk());
+  EXPECT_EQ(a, want);
+  // LoadWeights started the prefetch of step 2 again; torn down while it waits.
+  link.reset();
+}
+
 }  // namespace
 }  // namespace zo::train

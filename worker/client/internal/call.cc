@@ -31,13 +31,28 @@ void CallGroup::Unregister(grpc::ClientContext* context) {
   contexts_.erase(context);
 }
 
+bool CallGroup::AddChild(CallGroup* child) {
+  std::lock_guard lock(mu_);
+  if (cancelled_) return false;
+  children_.insert(child);
+  return true;
+}
+
+void CallGroup::RemoveChild(CallGroup* child) {
+  std::lock_guard lock(mu_);
+  children_.erase(child);
+}
+
 void CallGroup::CancelAll() {
   {
     std::lock_guard lock(mu_);
     cancelled_ = true;
     // TryCancel only marks the call; it never waits on it, so holding mu_
-    // here cannot deadlock with a call that is finishing.
+    // here cannot deadlock with a call that is finishing. A child never
+    // takes its parent's mutex, so locking the children's under it cannot
+    // either.
     for (grpc::ClientContext* context : contexts_) context->TryCancel();
+    for (CallGroup* child : children_) child->CancelAll();
   }
   cancelled_cv_.notify_all();
 }

@@ -44,7 +44,13 @@ class CallGroup {
   // call should not start). The context must stay alive until Unregister.
   bool Register(grpc::ClientContext* context);
   void Unregister(grpc::ClientContext* context);
-  // Cancels every registered call and every later Register and Sleep.
+  // Makes `child` cancelled with this group (a caller's cancellation over
+  // one operation's group); false, leaving it alone, when this group is
+  // already cancelled. `child` must stay alive until RemoveChild.
+  bool AddChild(CallGroup* child);
+  void RemoveChild(CallGroup* child);
+  // Cancels every registered call and child, and every later Register,
+  // AddChild and Sleep.
   void CancelAll();
   bool cancelled() const;
   // Sleeps for `d`; false, early, when the group is cancelled.
@@ -55,6 +61,7 @@ class CallGroup {
   std::condition_variable cancelled_cv_;
   bool cancelled_ = false;                   // guarded by mu_
   std::set<grpc::ClientContext*> contexts_;  // guarded by mu_
+  std::set<CallGroup*> children_;            // guarded by mu_
 };
 
 // Runs `attempt` with a fresh context (NewCallContext(settings.attempt)) until it returns OK, a

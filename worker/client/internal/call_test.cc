@@ -70,5 +70,37 @@ TEST(RetryCallTest, GivesUpAfterTheWindowSayingHowOften) {
   EXPECT_GT(attempts, 2);
 }
 
+TEST(CallGroupTest, CancellingAParentCancelsItsChildrenAndTheirSleeps) {
+  CallGroup parent;
+  CallGroup child;
+  ASSERT_TRUE(parent.AddChild(&child));
+  std::thread sleeper([&] { EXPECT_FALSE(child.Sleep(absl::Hours(1))); });
+  parent.CancelAll();
+  sleeper.join();
+  EXPECT_TRUE(child.cancelled());
+  // A child added after the cancellation is refused and stays as it was.
+  CallGroup late;
+  EXPECT_FALSE(parent.AddChild(&late));
+  EXPECT_FALSE(late.cancelled());
+}
+
+TEST(CallGroupTest, ARemovedChildIsNotCancelled) {
+  CallGroup parent;
+  CallGroup child;
+  ASSERT_TRUE(parent.AddChild(&child));
+  parent.RemoveChild(&child);
+  parent.CancelAll();
+  EXPECT_FALSE(child.cancelled());
+}
+
+TEST(CallGroupTest, CancellingAChildLeavesItsParent) {
+  CallGroup parent;
+  CallGroup child;
+  ASSERT_TRUE(parent.AddChild(&child));
+  child.CancelAll();
+  EXPECT_FALSE(parent.cancelled());
+  parent.RemoveChild(&child);
+}
+
 }  // namespace
 }  // namespace zo::client_internal
