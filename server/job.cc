@@ -16,6 +16,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/units.h"
+#include "offload/io/fault_injecting_backend.h"
 #include "offload/io/io_engine.h"
 #include "offload/optimizer_kernels.h"
 #include "offload/tier/swap_layout.h"
@@ -149,7 +150,19 @@ absl::Status Job::Init() {
         "; set zero_optimization.offload_optimizer.device to \"nvme\" or add servers"));
   }
   ZO_RETURN_IF_ERROR(CheckHostMemory(options));
-  ZO_ASSIGN_OR_RETURN(state_, TieredOptimizerState::Create(options, local_elems_, resources_.pool));
+  TieredStateSeams seams;
+  if (resources_.nvme_latency > absl::ZeroDuration()) {
+    seams.make_engine =
+        [latency = resources_.nvme_latency](
+            const IoEngineOptions& io) -> absl::StatusOr<std::unique_ptr<IoEngine>> {
+      ZO_ASSIGN_OR_RETURN(std::unique_ptr<IoBackend> backend, CreateIoBackend(io));
+      FaultPlan plan;
+      plan.faults.push_back(IoFault::Slow(latency));
+      return CreateFaultInjectingEngine(io, std::move(backend), std::move(plan));
+    };
+  }
+  ZO_ASSIGN_OR_RETURN(state_, TieredOptimizerState::Create(options, local_elems_, resources_.pool,
+                                                           std::move(seams)));
   // A step's snapshot hook copies one tile (master, m, v) per buffer.
   snapshot_staging_ = std::make_shared<SnapshotStaging>(kSnapshotStagingBytes, 3 * kTileElems);
   ZO_ASSIGN_OR_RETURN(accum_, GradientAccumulator::Create({

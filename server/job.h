@@ -89,6 +89,9 @@ struct JobResources {
   // RAM the host can still hand out, checked before a job allocates;
   // empty: /proc/meminfo's MemAvailable (AvailableHostMemory). For tests.
   std::function<std::optional<int64_t>()> available_ram;
+  // Fault injection for soak tests: every NVMe swap read and write takes at
+  // least this long (a slow disk, offload/io/fault_injecting_backend.h).
+  absl::Duration nvme_latency;
 };
 
 class Job {

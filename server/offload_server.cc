@@ -59,6 +59,13 @@ absl::StatusOr<std::unique_ptr<OffloadServer>> OffloadServer::Start(const Server
   if (!options.metrics_listen.empty()) {
     ZO_RETURN_IF_ERROR(ParseHostPort(options.metrics_listen, PortUse::kListen).status());
   }
+  if (options.inject_nvme_latency < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--inject-nvme-latency must be >= 0");
+  }
+  if (options.inject_nvme_latency > absl::ZeroDuration()) {
+    ZO_LOG(WARNING) << "every NVMe swap read and write is slowed to at least "
+                    << options.inject_nvme_latency << " (--inject-nvme-latency: for testing)";
+  }
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   impl->pool = std::make_unique<ThreadPool>(options.threads);
@@ -75,6 +82,8 @@ absl::StatusOr<std::unique_ptr<OffloadServer>> OffloadServer::Start(const Server
       .keep_checkpoints = options.keep_checkpoints,
       .log_every = options.log_every,
       .max_jobs = options.max_jobs,
+      .available_ram = {},  // /proc/meminfo
+      .nvme_latency = options.inject_nvme_latency,
   });
   impl->metrics = std::make_shared<ServerMetrics>(impl->registry.get());
   impl->service = std::make_unique<OffloadService>(impl->registry.get(), options.auth_token,

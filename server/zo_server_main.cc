@@ -46,6 +46,9 @@ ABSL_FLAG(std::string, port_file, "", "write the bound port to this file once li
 ABSL_FLAG(std::string, metrics_listen, "",
           "serve Prometheus metrics (GET /metrics) on this host:port, e.g. 0.0.0.0:9400; port 0 "
           "picks a free one (the log says which); empty: no metrics endpoint");
+ABSL_FLAG(absl::Duration, inject_nvme_latency, absl::ZeroDuration(),
+          "testing: every NVMe swap read and write takes at least this long, e.g. 20ms (a slow "
+          "disk, for soak tests); 0: off");
 
 namespace zo {
 namespace {
@@ -69,6 +72,7 @@ int Run() {
   options.max_jobs = absl::GetFlag(FLAGS_max_jobs);
   options.log_every = absl::GetFlag(FLAGS_log_every);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.inject_nvme_latency = absl::GetFlag(FLAGS_inject_nvme_latency);
   auto fail = [](const absl::Status& s) {
     std::cerr << "zo-server: " << s.message() << "\n";
     return 2;

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "offload/io/block_io_engine.h"
 
@@ -48,6 +49,14 @@ IoFault IoFault::DelayPiece(uint64_t piece_index, int delay) {
   f.piece_index = piece_index;
   f.delay = delay;
   f.times = 1;
+  return f;
+}
+
+IoFault IoFault::Slow(absl::Duration latency, std::optional<IoOp> op) {
+  IoFault f;
+  f.action = Action::kSlow;
+  f.latency = latency;
+  f.op = op;
   return f;
 }
 
@@ -118,6 +127,10 @@ void FaultInjectingBackend::Submit(absl::Span<const IoPiece> pieces) {
         delay_ids_.emplace_back(p.id, f->delay);
         pass.push_back(p);
         break;
+      case IoFault::Action::kSlow:
+        slow_ids_.emplace_back(p.id, absl::Now() + f->latency);
+        pass.push_back(p);
+        break;
     }
   }
   inner_in_flight_ += pass.size();
@@ -132,12 +145,35 @@ void FaultInjectingBackend::Deliver(const IoPieceResult& result, std::vector<IoP
     delay_ids_.erase(it);
     return;
   }
+  auto slow = std::find_if(slow_ids_.begin(), slow_ids_.end(),
+                           [&](const auto& d) { return d.first == result.id; });
+  if (slow != slow_ids_.end()) {
+    const absl::Time due = slow->second;
+    slow_ids_.erase(slow);
+    if (absl::Now() < due) {
+      slowed_.push_back({result, due});
+      return;
+    }
+  }
+  Pass(result, out);
+}
+
+void FaultInjectingBackend::Pass(const IoPieceResult& result, std::vector<IoPieceResult>* out) {
   out->push_back(result);
   for (Held& h : held_) --h.remaining;
   auto due = std::stable_partition(held_.begin(), held_.end(),
                                    [](const Held& h) { return h.remaining > 0; });
   for (auto h = due; h != held_.end(); ++h) out->push_back(h->result);
   held_.erase(due, held_.end());
+}
+
+void FaultInjectingBackend::PassDue(std::vector<IoPieceResult>* out) {
+  const absl::Time now = absl::Now();
+  auto waiting = std::stable_partition(slowed_.begin(), slowed_.end(),
+                                       [&](const Slowed& s) { return s.due > now; });
+  std::vector<Slowed> due(waiting, slowed_.end());
+  slowed_.erase(waiting, slowed_.end());
+  for (const Slowed& s : due) Pass(s.result, out);
 }
 
 absl::Status FaultInjectingBackend::Wait(size_t min_results, std::vector<IoPieceResult>* out) {
@@ -151,9 +187,14 @@ absl::Status FaultInjectingBackend::Wait(size_t min_results, std::vector<IoPiece
     inner_in_flight_ -= inner.size();
     for (const IoPieceResult& r : inner) Deliver(r, &batch);
     inner.clear();
+    PassDue(&batch);
     if (batch.size() >= min_results) break;
     if (inner_in_flight_ > 0) {
       ZO_RETURN_IF_ERROR(inner_->Wait(1, &inner));
+    } else if (!slowed_.empty()) {
+      absl::Time first = slowed_.front().due;
+      for (const Slowed& s : slowed_) first = std::min(first, s.due);
+      absl::SleepFor(first - absl::Now());
     } else if (!held_.empty()) {
       // Nothing else will come: let the oldest held result go.
       batch.push_back(held_.front().result);

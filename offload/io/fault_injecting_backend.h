@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "offload/io/io_backend.h"
 #include "offload/io/io_engine.h"
 
@@ -32,11 +33,13 @@ struct IoFault {
     kFail,   // completes with -error; nothing moves
     kShort,  // only short_bytes move; the engine must send the rest again
     kDelay,  // the result comes back after `delay` later results
+    kSlow,   // the result comes back no sooner than `latency` after submission
   };
   Action action = Action::kFail;
   int error = EIO;         // kFail
   size_t short_bytes = 0;  // kShort; 0: half the piece in whole 4 KiB blocks
   int delay = 1;           // kDelay
+  absl::Duration latency;  // kSlow
 
   std::optional<IoOp> op;
   std::optional<int> fd;
@@ -53,6 +56,9 @@ struct IoFault {
   static IoFault FailRandomly(double probability, int error = EIO);
   static IoFault ShortPiece(uint64_t piece_index, size_t short_bytes = 0);
   static IoFault DelayPiece(uint64_t piece_index, int delay);
+  // Every piece (of `op`, when given) takes at least `latency`: a slow or
+  // overloaded disk. The data is intact.
+  static IoFault Slow(absl::Duration latency, std::optional<IoOp> op = std::nullopt);
 };
 
 struct FaultPlan {
@@ -85,9 +91,19 @@ class FaultInjectingBackend final : public IoBackend {
     int remaining;  // later results to let pass first
   };
 
+  struct Slowed {
+    IoPieceResult result;
+    absl::Time due;
+  };
+
   const IoFault* Match(const IoPiece& piece);
   uint64_t NextRandom();
+  // Holds a delayed or slowed result back, or passes it on.
   void Deliver(const IoPieceResult& result, std::vector<IoPieceResult>* out);
+  // `result` to `out`, and the delayed results it was the last to wait for.
+  void Pass(const IoPieceResult& result, std::vector<IoPieceResult>* out);
+  // Passes the slowed results that are due.
+  void PassDue(std::vector<IoPieceResult>* out);
 
   const std::unique_ptr<IoBackend> inner_;
   const FaultPlan plan_;
@@ -99,6 +115,8 @@ class FaultInjectingBackend final : public IoBackend {
   std::vector<IoPieceResult> ready_;                 // failed without reaching inner_
   std::vector<std::pair<uint64_t, int>> delay_ids_;  // piece id -> delay
   std::vector<Held> held_;
+  std::vector<std::pair<uint64_t, absl::Time>> slow_ids_;  // piece id -> due
+  std::vector<Slowed> slowed_;
 };
 
 // An engine over FaultInjectingBackend(inner, plan), named "faulty(<inner>)".

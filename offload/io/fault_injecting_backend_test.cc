@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -154,6 +155,19 @@ TEST_F(FaultInjectingBackendTest, ADelayLongerThanTheWorkStillEnds) {
   plan.faults.push_back(IoFault::DelayPiece(1, 1000));
   MakeEngine(std::move(plan));
   EXPECT_THAT(Tags(Run(IoOp::kWrite, 3, kBlock)), ElementsAre(0, 2, 1));
+}
+
+TEST_F(FaultInjectingBackendTest, SlowedPiecesTakeTheirLatencyAndKeepTheData) {
+  FaultPlan plan;
+  plan.faults.push_back(IoFault::Slow(absl::Milliseconds(30), IoOp::kWrite));
+  MakeEngine(std::move(plan));
+  const absl::Time start = absl::Now();
+  std::vector<IoCompletion> done = Run(IoOp::kWrite, 4, 2 * kBlock);
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(30));
+  for (const IoCompletion& c : done) EXPECT_THAT(c.status, IsOk()) << c.tag;
+  EXPECT_EQ(faults_->injected(), 8);  // every write piece; the reads below pass
+  EXPECT_TRUE(ReadBackMatches(8 * kBlock));
+  EXPECT_EQ(faults_->injected(), 8);
 }
 
 TEST_F(FaultInjectingBackendTest, ReorderingIsSeededAndKeepsTheData) {
