@@ -3,7 +3,9 @@
 // files, checkpoints every 5 steps. For ZO_CHAOS_SECONDS (default 600), at
 // random moments, one process at a time (a server or a worker, chosen at
 // random) is killed with SIGKILL and started again as systemd would; the
-// next kill waits until the job has moved on. Afterwards:
+// next kill waits until the job has moved on. Servers run on slowed disks
+// at random (zo-server --inject-nvme-latency: every swap read and write
+// takes 5 or 25 ms more; server 1 always starts slowed). Afterwards:
 //   - every loss any worker reported, for every step it computed (again,
 //     after a rollback), equals that step's loss in a run nothing happened
 //     to (bit for bit, per dp rank);
@@ -15,6 +17,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -113,13 +116,19 @@ class ChaosSoakTest : public ::testing::Test {
         << absl::StrReplaceAll(kConfig, {{"NVME", dir_ + "/nvme-unused"}});
   }
 
-  ServerProcess StartServer(const std::string& run, int index, int port = 0) {
+  // `nvme_latency_ms` > 0: the server's disk is that much slower per I/O.
+  ServerProcess StartServer(const std::string& run, int index, int port = 0,
+                            int nvme_latency_ms = 0) {
     const std::string nvme = absl::StrCat(dir_, "/", run, "/nvme", index);
     std::filesystem::create_directories(nvme);
-    absl::StatusOr<ServerProcess> s =
-        ServerProcess::Start({"--checkpoint-dir", absl::StrCat(dir_, "/", run, "/ckpt"),
-                              "--nvme-path", nvme, "--threads", "1", "--keep-checkpoints", "2"},
-                             port);
+    std::vector<std::string> args = {"--checkpoint-dir",   absl::StrCat(dir_, "/", run, "/ckpt"),
+                                     "--nvme-path",        nvme,
+                                     "--threads",          "1",
+                                     "--keep-checkpoints", "2"};
+    if (nvme_latency_ms > 0) {
+      args.insert(args.end(), {"--inject-nvme-latency", absl::StrCat(nvme_latency_ms, "ms")});
+    }
+    absl::StatusOr<ServerProcess> s = ServerProcess::Start(args, port);
     EXPECT_TRUE(s.ok()) << s.status();
     return *std::move(s);
   }
@@ -175,8 +184,19 @@ TEST_F(ChaosSoakTest, KillsAnywhereLeaveTheTrajectoryOfARunWithout) {
   const uint32_t seed = seed_env != nullptr ? std::atoi(seed_env) : 7;
   std::mt19937 rng(seed);
 
+  // A server's disk: as it is, or slowed by 5 or 25 ms per I/O.
+  int slowed_starts = 0;
+  const auto disk_latency_ms = [&] {
+    const int ms = std::array{0, 5, 25}[std::uniform_int_distribution<int>(0, 2)(rng)];
+    slowed_starts += ms > 0;
+    return ms;
+  };
   std::vector<ServerProcess> servers;
-  for (int i = 0; i < kServers; ++i) servers.push_back(StartServer("chaos", i));
+  for (int i = 0; i < kServers; ++i) {
+    const int ms = i == 1 ? 25 : disk_latency_ms();
+    slowed_starts += i == 1;
+    servers.push_back(StartServer("chaos", i, 0, ms));
+  }
   const std::string addresses = ServerList(servers);
   std::vector<ChildProcess> workers;
   for (int r = 0; r < kRanks; ++r) workers.push_back(StartWorker("chaos", addresses, r, 1000000));
@@ -209,7 +229,7 @@ TEST_F(ChaosSoakTest, KillsAnywhereLeaveTheTrajectoryOfARunWithout) {
     if (victim < kServers) {
       const int port = servers[victim].port();
       servers[victim].Kill();
-      servers[victim] = StartServer("chaos", victim, port);
+      servers[victim] = StartServer("chaos", victim, port, disk_latency_ms());
       ++kills[victim == 0 ? "lead server" : "follower server"];
     } else {
       const int rank = victim - kServers;
@@ -295,11 +315,11 @@ TEST_F(ChaosSoakTest, KillsAnywhereLeaveTheTrajectoryOfARunWithout) {
   }
   std::printf(
       "chaos: %d s, seed %u: %d kills survived (%s); %lld steps, %lld losses equal to the "
-      "calm run's; rank 0 resumed %lld times, losing %lld steps of work; worst server RSS "
-      "growth %.1f MiB\n",
+      "calm run's; rank 0 resumed %lld times, losing %lld steps of work; %d server starts on "
+      "a slowed disk; worst server RSS growth %.1f MiB\n",
       seconds, seed, total, summary.c_str(), static_cast<long long>(steps),
       static_cast<long long>(compared), static_cast<long long>(resumes),
-      static_cast<long long>(lost), worst_rss_growth / double(1 << 20));
+      static_cast<long long>(lost), slowed_starts, worst_rss_growth / double(1 << 20));
 }
 
 }  // namespace

@@ -12,16 +12,16 @@ out=${2:-/tmp/zo-chaos-stall}
 mkdir -p "$out"
 ZO_CHAOS_SECONDS=$seconds build/release/tests/chaos_soak_test >"$out/soak.log" 2>&1 &
 soak=$!
-# The soak's scratch folder is the newest zo_chaos_soak_* once it has started.
-until dir=$(ls -td "${TEST_TMPDIR:-/tmp}"/zo_chaos_soak_* 2>/dev/null | head -1) &&
-  [[ -e "$dir/chaos/rank0.jsonl" ]]; do
+# The soak's scratch folder is named after its pid (FreshTempDir).
+dir="${TEST_TMPDIR:-/tmp}/zo_chaos_soak_$soak"
+until [[ -e "$dir/chaos/rank0.jsonl" ]]; do
   kill -0 $soak 2>/dev/null || break
   sleep 1
 done
 while kill -0 $soak 2>/dev/null; do
   sleep 5
   # The calm replay (a worker without --steps 1000000) is not watched.
-  for p in $(pgrep -f 'zo-train.*--steps'); do
+  for p in $(pgrep -P $soak -f 'zo-train.*--steps'); do
     tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -q -- '--steps 1000000' || break 2
   done
   now=$(date +%s)
@@ -29,7 +29,7 @@ while kill -0 $soak 2>/dev/null; do
   m1=$(stat -c %Y "$dir/chaos/rank1.jsonl" 2>/dev/null || echo "$now")
   if ((now - m0 > 40 && now - m1 > 40)); then
     echo "stall at $(date) in $dir" >"$out/backtraces.txt"
-    for p in $(pgrep -f 'zo-train.*--steps 1000000'); do
+    for p in $(pgrep -P $soak -f 'zo-train.*--steps 1000000'); do
       echo "=== zo-train pid $p: $(tr '\0' ' ' <"/proc/$p/cmdline")" >>"$out/backtraces.txt"
       gdb -p "$p" -batch -ex 'thread apply all bt 30' >>"$out/backtraces.txt" 2>&1
     done
