@@ -418,6 +418,12 @@ absl::StatusOr<bool> Job::AwaitVersion(int64_t version, std::function<void()> wa
   std::lock_guard lock(mu_);
   *ticket = WaitList::kNone;
   if (stop_) return stop_reason_;
+  // Until a restore ends, versions the job has are being replaced (and
+  // may be ones it will not have).
+  if (restoring_) {
+    *ticket = version_waiters_.Add(version, std::move(wake));
+    return false;
+  }
   if (version_ >= version) return true;
   if (!health_.ok()) {
     const absl::Status why = NeedsRestoreLocked();
@@ -454,8 +460,11 @@ absl::Status Job::WaitForVersion(int64_t version, absl::Time deadline, uint64_t 
 absl::StatusOr<PullCursor> Job::OpenPull(const v1::PullParamsRequest& request) {
   ZO_RETURN_IF_ERROR(CheckPullRequest(request));
   double loss_scale = 1.0;
+  int64_t restores_begun = 0;
   {
     std::lock_guard lock(mu_);
+    if (restoring_) return RestoredWhileOpening();
+    restores_begun = restores_begun_;
     if (version_ < request.version()) {
       return absl::FailedPreconditionError(absl::StrCat("version ", request.version(), " of job ",
                                                         spec_.name, " does not exist yet"));
@@ -468,7 +477,14 @@ absl::StatusOr<PullCursor> Job::OpenPull(const v1::PullParamsRequest& request) {
     if (want.has_value() && want == have)
       return PullCursor::Unchanged(request.version(), loss_scale);
   }
-  ZO_ASSIGN_OR_RETURN(ParamVersions::Lease lease, versions_->Acquire(request.version()));
+  absl::StatusOr<ParamVersions::Lease> lease = versions_->Acquire(request.version());
+  if (!lease.ok()) {
+    // A restore that began since the checks above replaced the versions.
+    ZO_RETURN_IF_ERROR(CheckIncarnation(request.incarnation()));
+    std::lock_guard lock(mu_);
+    if (restoring_ || restores_begun_ != restores_begun) return RestoredWhileOpening();
+    return lease.status();
+  }
   std::vector<int> tensors(request.tensors().begin(), request.tensors().end());
   if (tensors.empty()) {
     for (int t = 0; t < static_cast<int>(map_.tensors().size()); ++t) tensors.push_back(t);
@@ -481,8 +497,15 @@ absl::StatusOr<PullCursor> Job::OpenPull(const v1::PullParamsRequest& request) {
       ranges.push_back({t, p.tensor_offset, local, p.length});
     }
   }
-  return PullCursor::Serving(request.version(), loss_scale, spec_.dtype, std::move(lease),
+  return PullCursor::Serving(request.version(), loss_scale, spec_.dtype, *std::move(lease),
                              std::move(ranges));
+}
+
+absl::Status Job::RestoredWhileOpening() const {
+  // UNAVAILABLE: the client asks again, and then waits for the restore.
+  return absl::UnavailableError(absl::StrCat("job ", spec_.name,
+                                             " was being restored while this pull opened; "
+                                             "pull again"));
 }
 
 absl::Status Job::PullParams(const v1::PullParamsRequest& request, absl::Time deadline,

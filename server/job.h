@@ -141,7 +141,8 @@ class Job {
   // ends the wait with CheckIncarnation's answer.
   absl::Status WaitForVersion(int64_t version, absl::Time deadline, uint64_t incarnation = 0);
   // The request's pieces of a version the job has (FAILED_PRECONDITION for
-  // one it does not have yet or no longer holds).
+  // one it does not have yet or no longer holds; UNAVAILABLE while a
+  // restore replaces them).
   absl::StatusOr<PullCursor> OpenPull(const v1::PullParamsRequest& request);
   // A pull served: its time goes into the next step's log line and, with
   // its bytes, into the totals.
@@ -231,6 +232,8 @@ class Job {
   // The error calls get while health_ is not OK: UNAVAILABLE during a
   // restore, FAILED_PRECONDITION while the job waits for one. Requires mu_.
   absl::Status NeedsRestoreLocked() const;
+  // OpenPull's answer when a restore replaced the versions under it.
+  absl::Status RestoredWhileOpening() const;
   bool AbortedLocked(int64_t generation) const { return stop_ || generation != generation_; }
   // A requested checkpoint whose version the job has reached, and none
   // still being finished.
@@ -305,6 +308,9 @@ class Job {
   double last_lr_ = 0.0;
   int64_t last_checkpoint_step_ = -1;
   absl::Status health_;
+  // A restore is replacing the state and versions: pulls wait for it.
+  bool restoring_ = false;
+  int64_t restores_begun_ = 0;  // tells a pull whether one began while it opened
   bool stop_ = false;
   absl::Status stop_reason_;
   bool frozen_ = false;              // lead: a move holds the job at its version

@@ -429,6 +429,9 @@ absl::Status Job::RestorePart(const v1::RestorePartRequest& request) {
   {
     std::lock_guard lock(mu_);
     generation_ = request.generation();
+    // Before the health change wakes the pulls that wait: they wait again.
+    restoring_ = true;
+    ++restores_begun_;
     SetHealthLocked(absl::UnavailableError("a restore is in progress"));
     // A checkpoint waiting for a version the restore undoes would wait for
     // steps its own caller has to redo first (a worker blocked in it pushes
@@ -470,6 +473,7 @@ absl::Status Job::RestorePart(const v1::RestorePartRequest& request) {
                       "reads 0 until the next step";
     }
     // Pulls that waited re-check their instance (and hear of the restore).
+    restoring_ = false;
     resources_.wakes->Post(version_waiters_.TakeAll());
     SetHealthLocked(status.ok() ? absl::OkStatus()
                                 : absl::DataLossError(absl::StrCat("restore from ", request.path(),
