@@ -159,7 +159,9 @@ class Job {
   absl::Status OnCommit(const v1::StepCommit& commit);
   absl::StatusOr<v1::WriteCheckpointPartResponse> WriteCheckpointPart(
       const v1::WriteCheckpointPartRequest& request, absl::Time deadline);
-  absl::Status RestorePart(const v1::RestorePartRequest& request);
+  // `healthy_after` false (the lead, whose followers restore next): the job
+  // still reads as restoring when its part is back; Restore makes it healthy.
+  absl::Status RestorePart(const v1::RestorePartRequest& request, bool healthy_after = true);
 
   // Lead only: run a checkpoint between steps / restore every server.
   // `freeze`: once committed, decide no further step until Thaw (the first

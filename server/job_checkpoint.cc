@@ -386,7 +386,10 @@ absl::StatusOr<v1::RestoreResponse> Job::Restore(const std::string& path, absl::
   request.set_path(dir);
   request.set_generation(generation);
   request.set_rollback(rollback);
-  absl::Status status = RestorePart(request);
+  // The lead stays "restoring" until every follower has its part: a worker
+  // that found it healthy would resume at the restored version and pull it
+  // from a follower that still holds the old ones.
+  absl::Status status = RestorePart(request, /*healthy_after=*/false);
   for (size_t i = 1; i < spec_.servers.size() && status.ok(); ++i) {
     status = resources_.peers->RestorePart(spec_.servers[i], request, resources_.peer_timeout * 10);
   }
@@ -397,15 +400,15 @@ absl::StatusOr<v1::RestoreResponse> Job::Restore(const std::string& path, absl::
                              .last_overflow_iteration = meta.scaler_last_overflow_iteration,
                              .hysteresis_left = meta.scaler_hysteresis_left});
   }
-  if (!status.ok()) {
-    {
-      std::lock_guard lock(mu_);
-      SetHealthLocked(
-          absl::DataLossError(absl::StrCat("partial restore from ", dir, ": ", status.message())));
-    }
-    cv_.notify_all();
-    return status;
+  {
+    std::lock_guard lock(mu_);
+    SetHealthLocked(status.ok() ? absl::OkStatus()
+                                : absl::DataLossError(absl::StrCat("partial restore from ", dir,
+                                                                   ": ", status.message())));
+    step_open_time_ = absl::Now();
   }
+  cv_.notify_all();
+  if (!status.ok()) return status;
   ZO_LOG(INFO) << "job " << spec_.name << ": restored version " << meta.version << " from " << dir
                << " (written by " << meta.num_servers << " servers, now " << spec_.servers.size()
                << ")";
@@ -415,7 +418,7 @@ absl::StatusOr<v1::RestoreResponse> Job::Restore(const std::string& path, absl::
   return response;
 }
 
-absl::Status Job::RestorePart(const v1::RestorePartRequest& request) {
+absl::Status Job::RestorePart(const v1::RestorePartRequest& request, bool healthy_after) {
   ZO_ASSIGN_OR_RETURN(auto reader, CheckpointReader::Open(request.path()));
   const CheckpointMeta& meta = reader->meta();
   if (!SameManifest(meta.manifest, spec_.manifest)) {
@@ -475,9 +478,12 @@ absl::Status Job::RestorePart(const v1::RestorePartRequest& request) {
     // Pulls that waited re-check their instance (and hear of the restore).
     restoring_ = false;
     resources_.wakes->Post(version_waiters_.TakeAll());
-    SetHealthLocked(status.ok() ? absl::OkStatus()
-                                : absl::DataLossError(absl::StrCat("restore from ", request.path(),
-                                                                   " failed: ", status.message())));
+    if (!status.ok()) {
+      SetHealthLocked(absl::DataLossError(
+          absl::StrCat("restore from ", request.path(), " failed: ", status.message())));
+    } else if (healthy_after) {
+      SetHealthLocked(absl::OkStatus());
+    }
     step_open_time_ = absl::Now();
   }
   cv_.notify_all();
