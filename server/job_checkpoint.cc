@@ -376,10 +376,16 @@ absl::StatusOr<v1::RestoreResponse> Job::Restore(const std::string& path, absl::
     return absl::FailedPreconditionError(
         absl::StrCat("checkpoint ", dir, " holds a different manifest than job ", spec_.name));
   }
+  // Random, not generation_ + 1: a lead that restarted counts from 0 again
+  // while a follower may be at 1 already, and a restore of the generation a
+  // server is in aborts nothing there (its step would wait for the dead
+  // lead forever). Generations are only ever compared for equality.
   int64_t generation;
   {
     std::lock_guard lock(mu_);
-    generation = generation_ + 1;
+    do {
+      generation = static_cast<int64_t>(job_internal::NewIncarnation() >> 1);
+    } while (generation == generation_);
   }
   v1::RestorePartRequest request;
   request.set_job(spec_.name);

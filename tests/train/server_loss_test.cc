@@ -49,5 +49,26 @@ TEST_F(ServerLossTest, TheLeadKilledAndRestartedIsRestoredByTheWorker) {
   KillAndRestartMidRun(*this, 0);
 }
 
+// A follower lost (the job rolls back: a restore on every server), then the
+// lead: the restarted lead's own restore must still abort the step the
+// follower waits in for the dead lead. Restores were numbered from the
+// lead's count, which a restarted lead starts again: it reused the number
+// the follower was already at, and the follower went on waiting forever.
+TEST_F(ServerLossTest, TheLeadLostAfterAFollowerRollbackIsRestoredToo) {
+  std::vector<ServerProcess> servers;
+  for (int i = 0; i < 2; ++i) servers.push_back(StartServer());
+  ChildProcess train = StartTrain(Join(servers, {0, 1}), {"--checkpoint-every", "5"});
+  int steps = 13;
+  for (int victim : {1, 0}) {
+    ASSERT_TRUE(WaitForSteps(metrics(), steps, train)) << train.ReadLog();
+    const int port = servers[victim].port();
+    servers[victim].Kill();
+    servers[victim] = StartServer(port);
+    steps += 9;  // past the next checkpoint, whatever the rollback undid
+  }
+  ExpectTheReferenceTrajectory(train);
+  EXPECT_THAT(train.ReadLog(), HasSubstr("restored it from its latest checkpoint"));
+}
+
 }  // namespace
 }  // namespace zo::testing
