@@ -109,12 +109,22 @@ absl::Status Job::CheckHostMemory(const TieredStateOptions& options) const {
                              : 0);
   const int64_t gradients = local_elems_ * (contributors == 1 ? lp : 4);
   const int64_t versions = 2 * local_elems_ * lp;
-  const int64_t needed = state + gradients + versions;
+  // A checkpoint's staging copies (at most the whole state, in tile buffers,
+  // and at most kSnapshotStagingBytes), kept once a checkpoint has run.
+  const int64_t staging_buffer = 3 * kTileElems * static_cast<int64_t>(sizeof(float));
+  const int64_t staging =
+      resources_.checkpoint_root.empty()
+          ? 0
+          : std::min(kSnapshotStagingBytes / staging_buffer,
+                     (local_elems_ * kStateBytesPerElem + staging_buffer - 1) / staging_buffer) *
+                staging_buffer;
+  const int64_t needed = state + gradients + versions + staging;
   if (needed <= *available) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrCat(
       "job ", spec_.name, " needs ", FormatBytes(needed), " of RAM on this server (",
       FormatBytes(state), " optimizer state, ", FormatBytes(gradients), " gradients, ",
-      FormatBytes(versions), " weights served to pulls) and ", FormatBytes(*available),
+      FormatBytes(versions), " weights served to pulls, ", FormatBytes(staging),
+      " checkpoint staging) and ", FormatBytes(*available),
       " is available; put the optimizer state on NVMe (zero_optimization.offload_optimizer) "
       "or add servers"));
 }
@@ -279,7 +289,8 @@ v1::JobStatus Job::Status() const {
   st.set_base_version(base_version_);
   st.set_waiting_pulls(version_waiters_.size());
   st.set_waiting_pushes(accum_->waiting());
-  st.set_ram_bytes(state_->ram_bytes() + accum_->buffer_bytes() + versions_->buffer_bytes());
+  st.set_ram_bytes(state_->ram_bytes() + accum_->buffer_bytes() + versions_->buffer_bytes() +
+                   snapshot_staging_->held_bytes());
   return st;
 }
 

@@ -21,12 +21,14 @@
 #include "common/memory_estimate.h"
 #include "common/status_macros.h"
 #include "common/testing/status_matchers.h"
+#include "common/units.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "offload/checkpoint/checkpoint_test_util.h"
 #include "offload/io/direct_file.h"
 #include "offload/thread_pool.h"
+#include "offload/tier/swap_layout.h"
 #include "server/lr_schedule.h"
 
 namespace zo {
@@ -194,12 +196,20 @@ TEST_F(JobTest, RamBytesAreTheEstimate) {
 // what it needs and what there is, instead of ending in the OOM killer; one
 // that fits exactly opens.
 TEST_F(JobTest, AJobLargerThanTheAvailableRamIsRefusedBeforeAllocating) {
-  available_ram_ = [] { return std::optional<int64_t>(kElems * 18 - 1); };
-  EXPECT_THAT(TryOpen(R"("fp16": {"enabled": true})", v1::DTYPE_FP16).status(),
-              StatusIs(absl::StatusCode::kResourceExhausted,
-                       AllOf(HasSubstr("job job needs 1.76 KiB of RAM on this server"),
-                             HasSubstr("1.76 KiB is available"), HasSubstr("NVMe"))));
-  available_ram_ = [] { return std::optional<int64_t>(kElems * 18); };
+  // 18 bytes per element, and one staging buffer for checkpoints (the
+  // fixture gives the job a checkpoint directory).
+  constexpr int64_t kStaging = 3 * kTileElems * sizeof(float);
+  available_ram_ = [] { return std::optional<int64_t>(kElems * 18 + kStaging - 1); };
+  EXPECT_THAT(
+      TryOpen(R"("fp16": {"enabled": true})", v1::DTYPE_FP16).status(),
+      StatusIs(
+          absl::StatusCode::kResourceExhausted,
+          AllOf(HasSubstr(absl::StrCat("job job needs ", FormatBytes(kElems * 18 + kStaging),
+                                       " of RAM on this server")),
+                HasSubstr(absl::StrCat(FormatBytes(kStaging), " checkpoint staging")),
+                HasSubstr(absl::StrCat(FormatBytes(kElems * 18 + kStaging - 1), " is available")),
+                HasSubstr("NVMe"))));
+  available_ram_ = [] { return std::optional<int64_t>(kElems * 18 + kStaging); };
   EXPECT_THAT(TryOpen(R"("fp16": {"enabled": true})", v1::DTYPE_FP16).status(), IsOk());
   available_ram_ = [] { return std::nullopt; };  // unknown: the allocation decides
   EXPECT_THAT(TryOpen(R"("fp16": {"enabled": true})", v1::DTYPE_FP16).status(), IsOk());
