@@ -47,7 +47,8 @@ ABSL_FLAG(std::string, grad_dtype, "fp16",
           "for bf16 gradients, fp16 otherwise)");
 ABSL_FLAG(std::string, threads, "",
           "adam: comma-separated thread counts, e.g. 1,2,8 (default: every count from 1 to "
-          "the number of cores); nvme: one count for the step (default: all cores)");
+          "the number of cores); nvme: one count for the step (default: all cores); "
+          "checkpoint: the server's optimizer threads (default: one per core)");
 ABSL_FLAG(int, rounds, 0,
           "timed rounds (default: adam 7, nvme 5). adam: per (path, threads), after one "
           "warm-up, the step and the baseline once each, alternating which goes first. "
@@ -332,6 +333,11 @@ absl::StatusOr<bench::CheckpointBenchOptions> CheckpointOptionsFromFlags() {
   o.rounds = rounds == 0 ? 3 : rounds;
   o.dir = absl::GetFlag(FLAGS_dir);
   o.json = absl::GetFlag(FLAGS_json);
+  const std::string threads = absl::GetFlag(FLAGS_threads);
+  if (!threads.empty() && (!absl::SimpleAtoi(threads, &o.threads) || o.threads < 1)) {
+    return absl::InvalidArgumentError("--threads wants one count >= 1 for checkpoint, got '" +
+                                      threads + "'");
+  }
   return o;
 }
 

@@ -20,10 +20,12 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/cluster/wait_until.h"
 #include "tests/server/server_process.h"
 #include "tests/server/training_harness.h"
 #include "tests/support/child_process.h"
@@ -399,6 +401,33 @@ TEST(ZoTrainE2eTest, KilledWorkerRestartsFromTheServersVersion) {
   ASSERT_EQ(mismatch->Wait(60s), std::optional<int>(1)) << mismatch->ReadLog();
   EXPECT_THAT(mismatch->ReadLog(),
               ::testing::HasSubstr("job killed exists with another description"));
+}
+
+// A worker started before its server (a pod that is not ready, a host
+// restarting) waits for it, saying so, and trains once it is up.
+TEST(ZoTrainE2eTest, AWorkerStartedBeforeItsServerWaitsForIt) {
+  const std::string dir = FreshTempDir("zo_train_wait_for_server");
+  // A port nothing listens on once this server is gone.
+  int port = 0;
+  {
+    std::vector<ServerProcess> probe = StartServers(1);
+    ASSERT_EQ(probe.size(), 1u);
+    port = probe[0].port();
+  }
+  const std::string config = WriteFile(dir, "ds.json", Config(false));
+  auto train = StartTrain(Concat({"--config", config, "--steps", "3", "--servers",
+                                  absl::StrCat("127.0.0.1:", port), "--job", "early"},
+                                 kTinyGpt),
+                          dir + "/train.log");
+  ASSERT_TRUE(train.ok()) << train.status();
+  const absl::Status waiting = cluster::WaitUntil(
+      "zo-train saying it waits",
+      [&] { return absl::StrContains(train->ReadLog(), "zo-train: waiting for the servers"); }, dir,
+      {&*train}, std::chrono::minutes(2));
+  ASSERT_TRUE(waiting.ok()) << waiting << train->ReadLog();
+  ZO_ASSERT_OK_AND_ASSIGN(ServerProcess server, ServerProcess::Start({}, port));
+  ASSERT_EQ(train->Wait(std::chrono::minutes(3)), std::optional<int>(0)) << train->ReadLog();
+  EXPECT_THAT(train->ReadLog(), ::testing::ContainsRegex("step +3/3"));
 }
 
 // `zo-train | tee log`: stdout is a pipe, which stdio buffers fully. The

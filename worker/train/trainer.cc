@@ -318,6 +318,38 @@ absl::StatusOr<Attached> Attach(const TrainOptions& o, Plan& plan, backend::Back
   return at;
 }
 
+// The first attach. Servers that cannot be reached yet (a host restarting,
+// a Kubernetes pod not ready, a lead killed a moment ago) are waited for,
+// saying so at once and every 10 s, for at most 5 minutes; any other error
+// ends it.
+absl::StatusOr<Attached> AttachAtStart(const TrainOptions& o, Plan& plan, backend::Backend& backend,
+                                       model::BatchSource& source) {
+  const absl::Time start = absl::Now();
+  absl::Time next_note = start;
+  for (;;) {
+    absl::StatusOr<Attached> at = Attach(o, plan, backend, source, /*attach_only=*/false);
+    const absl::Status why = at.status();
+    if (at.ok() || o.servers.empty() ||
+        !(absl::IsUnavailable(why) || absl::IsDeadlineExceeded(why))) {
+      return at;
+    }
+    if (absl::Now() - start > absl::Minutes(5)) {
+      return absl::Status(why.code(),
+                          absl::StrCat("the servers of job ", o.job,
+                                       " were still unreachable after 5 minutes: ", why.message()));
+    }
+    if (absl::Now() >= next_note) {
+      std::fprintf(o.out, "zo-train: waiting for the servers (%s), %lld s (%s)\n",
+                   absl::StrJoin(o.servers, ",").c_str(),
+                   static_cast<long long>(absl::ToInt64Seconds(absl::Now() - start)),
+                   std::string(why.message()).c_str());
+      std::fflush(o.out);
+      next_note = absl::Now() + absl::Seconds(10);
+    }
+    absl::SleepFor(absl::Milliseconds(500));
+  }
+}
+
 // A job that moved can be followed by a process that runs all of its
 // stages; stages in other processes would have to agree on where to resume.
 absl::Status CanFollow(const TrainOptions& o, const JobMove& move) {
@@ -510,7 +542,7 @@ absl::Status Train(const TrainOptions& given) {
   }
 
   if (!o.restore.empty()) ZO_RETURN_IF_ERROR(RestoreJob(o, plan));
-  ZO_ASSIGN_OR_RETURN(Attached at, Attach(o, plan, *backend, *source, /*attach_only=*/false));
+  ZO_ASSIGN_OR_RETURN(Attached at, AttachAtStart(o, plan, *backend, *source));
   const int64_t version = at.local.front().client->version();
   if (version >= o.steps) {
     std::fprintf(o.out,

@@ -53,8 +53,9 @@ ABSL_FLAG(std::string, partition_method, "parameters",
 ABSL_FLAG(int, activation_checkpoint_every, 0,
           "keep activations only every N layers and recompute the rest in backward; 0: off");
 ABSL_FLAG(std::string, servers, "",
-          "offload servers, host:port comma-separated in the same order for every worker; "
-          "empty: an embedded in-process server");
+          "offload servers, host:port comma-separated in the same order for every worker "
+          "(waited for up to 5 minutes when unreachable at start); empty: an embedded "
+          "in-process server");
 ABSL_FLAG(std::string, job, "zo-train", "job name on the servers (a restarted worker re-attaches)");
 ABSL_FLAG(std::string, auth_token_file, "", "file holding the servers' shared token");
 ABSL_FLAG(std::string, tls_ca, "", "PEM root certificates: talk TLS to --servers");
