@@ -326,7 +326,7 @@ std::string_view EnumName(GradientAccumulation policy) {
 absl::StatusOr<LoadedConfig> ParseConfig(const std::string& json_text,
                                          const ConfigOptions& options) {
   ZO_ASSIGN_OR_RETURN(LoadedConfig loaded, Parse(json_text, options));
-  LogDiagnostics(loaded, "config");
+  if (options.log_diagnostics) LogDiagnostics(loaded, "config");
   return loaded;
 }
 
@@ -350,7 +350,7 @@ absl::StatusOr<LoadedConfig> LoadConfigFile(const std::string& path, const Confi
     return absl::Status(loaded.status().code(),
                         absl::StrCat(path, ": ", loaded.status().message()));
   }
-  LogDiagnostics(*loaded, path);
+  if (options.log_diagnostics) LogDiagnostics(*loaded, path);
   return loaded;
 }
 

@@ -199,6 +199,9 @@ struct Config {
 
 struct ConfigOptions {
   int dp_world_size = 1;  // data-parallel replicas, for the batch-size rule; >= 1
+  // Warnings at WARNING and notes at INFO in the log; off where the caller
+  // reports them its own way (Python's warnings module).
+  bool log_diagnostics = true;
 };
 
 struct LoadedConfig {

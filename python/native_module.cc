@@ -19,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/config.h"
 #include "common/dtype.h"
 #include "common/sharding.h"
 #include "server/offload_server.h"
@@ -148,7 +149,15 @@ class Client {
     options.dp_world_size = dp_world_size;
     options.auth_token = auth_token;
     py::gil_scoped_release release;
-    client_ = Check(OffloadClient::Open(options, config_json, std::move(specs)));
+    client_ = Check(OffloadClient::Open(options, config_json, specs));
+    if (client_->version() > 0) {
+      // A job that has trained: this process may be a restarted worker
+      // whose last run pushed part of the next step before it died. Its
+      // first step goes through a client that skips what the servers
+      // already have from this rank instead of rejecting it.
+      options.resend = true;
+      resend_client_ = Check(OffloadClient::Open(options, config_json, std::move(specs)));
+    }
   }
 
   int64_t version() const { return client_->version(); }
@@ -175,7 +184,7 @@ class Client {
     absl::Status pushed;
     {
       py::gil_scoped_release release;
-      pushed = client_->PushShared(step, tensor, std::move(owner), bytes);
+      pushed = active().PushShared(step, tensor, std::move(owner), bytes);
     }
     Check(pushed);
   }
@@ -184,7 +193,9 @@ class Client {
     absl::Status finished;
     {
       py::gil_scoped_release release;
-      finished = client_->FinishStep(step);
+      finished = active().FinishStep(step);
+      // The step after a restart is done: later ones are sent only once.
+      if (finished.ok()) resend_client_.reset();
     }
     released_->Drain();  // every byte of the step is written
     Check(finished);
@@ -197,7 +208,7 @@ class Client {
     for (const py::buffer& b : dst) spans.push_back(Bytes(b, true, "weights"));
     py::gil_scoped_release release;
     double scale = 1;
-    const bool changed = Check(client_->PullForStep(step, tensors, spans, &scale));
+    const bool changed = Check(active().PullForStep(step, tensors, spans, &scale));
     return {changed, scale};
   }
 
@@ -224,12 +235,14 @@ class Client {
 
   int64_t Restore(const std::string& path) {
     py::gil_scoped_release release;
+    resend_client_.reset();  // a restore drops every partly pushed step
     return Check(client_->Restore(path));
   }
 
   void Close() {
     {
       py::gil_scoped_release release;
+      resend_client_.reset();
       client_.reset();
     }
     released_->Close();
@@ -240,9 +253,21 @@ class Client {
   }
 
  private:
+  OffloadClient& active() { return resend_client_ != nullptr ? *resend_client_ : *client_; }
+
   std::unique_ptr<OffloadClient> client_;
+  std::unique_ptr<OffloadClient> resend_client_;  // until the first step after a restart
   std::shared_ptr<ReleaseQueue> released_ = std::make_shared<ReleaseQueue>();
 };
+
+// The config's warnings (unknown or renamed keys, overridden settings), for
+// Python's warnings module; a config ParseConfig refuses gives none here
+// (the Client's open names its error).
+std::vector<std::string> ConfigWarnings(const std::string& config_json, int dp_world_size) {
+  absl::StatusOr<LoadedConfig> loaded =
+      ParseConfig(config_json, {.dp_world_size = dp_world_size, .log_diagnostics = false});
+  return loaded.ok() ? loaded->warnings : std::vector<std::string>{};
+}
 
 }  // namespace
 }  // namespace zo::python
@@ -252,6 +277,8 @@ PYBIND11_MODULE(_native, m) {
   using zo::python::EmbeddedServer;
   using zo::python::ManifestEntry;
   m.doc() = "zo's offload client and embedded server (use zo.torch)";
+  m.def("config_warnings", &zo::python::ConfigWarnings, py::arg("config_json"),
+        py::arg("dp_world_size") = 1);
   py::class_<EmbeddedServer>(m, "EmbeddedServer")
       .def(py::init<const std::string&, int>(), py::arg("checkpoint_dir") = "",
            py::arg("threads") = 0)

@@ -5,6 +5,7 @@ import contextlib
 import copy
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -125,3 +126,49 @@ def test_a_killed_worker_loads_its_checkpoint_and_repeats_the_trajectory(tmp_pat
     whole, resumed = torch.load(tmp_path / "whole.pt"), torch.load(tmp_path / "resumed.pt")
     for name in whole:
         assert torch.equal(whole[name], resumed[name]), name
+
+
+def test_a_worker_killed_mid_step_reattaches_and_continues(tmp_path):
+    """No checkpoint: the restarted process attaches at the servers' version,
+    re-sends the step its predecessor had begun pushing (the servers keep
+    what they have and take the rest) and ends where an uninterrupted run
+    ends, bit for bit."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    worker = [sys.executable, os.path.join(here, "restart_worker.py")]
+    with zo_servers(1) as (address,):
+        subprocess.run(worker + [address, "6", "--out", str(tmp_path / "whole.pt")],
+                       check=True, stdout=subprocess.DEVNULL, timeout=300)
+    with zo_servers(2) as addresses:
+        servers = ",".join(addresses)
+        died = subprocess.run(worker + [servers, "6", "--die-in-step", "4"],
+                              capture_output=True, text=True, timeout=300)
+        assert died.returncode == -9 and "step 3 done" in died.stdout, died.stderr
+        out = subprocess.run(worker + [servers, "6", "--out", str(tmp_path / "resumed.pt")],
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        assert "attached at 3" in out.stdout and "step 4 done" in out.stdout
+    whole, resumed = torch.load(tmp_path / "whole.pt"), torch.load(tmp_path / "resumed.pt")
+    for name in whole:
+        assert torch.equal(whole[name], resumed[name]), name
+
+
+def test_unreachable_servers_are_named():
+    model, _ = reference_and_model()
+    with socket.socket() as s:  # a port nobody listens on once closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(RuntimeError, match=f"127.0.0.1:{port}"):
+        zo.torch.OffloadOptimizer(model.named_parameters(), config=config(),
+                                  servers=[f"127.0.0.1:{port}"], job="nowhere")
+
+
+def test_a_different_model_on_an_open_job_is_refused_naming_the_tensor():
+    with zo_servers(1) as (address,):
+        model, _ = reference_and_model()
+        opt = zo.torch.OffloadOptimizer(model.named_parameters(), config=config(),
+                                        servers=[address], job="shared")
+        other = torch.nn.Sequential(torch.nn.Linear(8, 3))
+        with pytest.raises(RuntimeError, match="manifest|tensor"):
+            zo.torch.OffloadOptimizer(other.named_parameters(), config=config(),
+                                      servers=[address], job="shared")
+        opt.close()
