@@ -82,3 +82,19 @@ def test_what_the_engine_does_not_offer_is_named():
     with pytest.raises(AttributeError, match="pipeline_parallelism"):
         engine.pipeline_parallelism()
     opt.close()
+
+
+def test_get_lr_after_load_checkpoint_is_the_checkpoints(tmp_path):
+    model, _ = reference_and_model()
+    cfg = dict(ds_config(1), scheduler={"type": "WarmupLR", "params": {
+        "warmup_min_lr": 0, "warmup_max_lr": LR, "warmup_num_steps": 10,
+        "warmup_type": "linear"}})
+    engine, opt, _, scheduler = zo.torch.initialize(model=model, config=cfg)
+    train(engine, 3)
+    saved_lr = engine.get_lr()
+    engine.save_checkpoint(str(tmp_path))
+    train(engine, 3)
+    assert engine.get_lr() != saved_lr  # still warming up
+    engine.load_checkpoint(str(tmp_path))
+    assert engine.get_lr() == saved_lr and scheduler.get_last_lr() == saved_lr
+    opt.close()

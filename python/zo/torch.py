@@ -28,6 +28,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 
 import torch
 
@@ -57,6 +58,29 @@ def _job_dtype(cfg):
     return "fp32"
 
 
+def _check_parameters(named):
+    """Refuses parameters zo cannot train, naming each: the job's manifest is
+    made of them, and pulled weights are written into their memory in place."""
+    seen = set()
+    for name, p in named:
+        if not isinstance(p, torch.Tensor):
+            raise TypeError(f"parameter '{name}' is a {type(p).__name__}, not a tensor")
+        if name in seen:
+            raise ValueError(f"parameter name '{name}' appears twice: the job's manifest "
+                             "needs one name per tensor")
+        seen.add(name)
+        if p.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise TypeError(f"parameter '{name}' is {p.dtype}: zo trains float32, float16 "
+                            "and bfloat16 parameters")
+        if p.layout != torch.strided:
+            raise TypeError(f"parameter '{name}' is {p.layout}: zo trains dense parameters")
+        if not p.is_contiguous():
+            raise ValueError(f"parameter '{name}' is not contiguous (shape {list(p.shape)}, "
+                             f"strides {list(p.stride())}): zo writes weights into a "
+                             "parameter's memory in place; make it contiguous before "
+                             "building the optimizer")
+
+
 def _raw(t):
     """A writable buffer over a contiguous CPU tensor's memory (bf16 as int16)."""
     if t.dtype == torch.bfloat16:
@@ -81,7 +105,13 @@ class OffloadOptimizer(torch.optim.Optimizer):
         named = list(named_parameters)
         if not named:
             raise ValueError("OffloadOptimizer got no parameters")
+        if not all(isinstance(item, tuple) and len(item) == 2 for item in named):
+            raise TypeError("OffloadOptimizer takes model.named_parameters() (name, tensor) "
+                            "pairs: the names make the job's manifest")
+        _check_parameters(named)
         config_json, cfg = _load_config(config)
+        for warning in _native.config_warnings(config_json, dp_world_size):
+            warnings.warn(f"zo config: {warning}", stacklevel=2)
         if (cfg.get("zo", {}).get("gradient_accumulation") == "servers"
                 and cfg.get("gradient_accumulation_steps", 1) != 1):
             raise NotImplementedError(
@@ -96,17 +126,24 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._dtype_name = _job_dtype(cfg)
         self._dtype = _JOB_DTYPES[self._dtype_name]
         manifest = [(n, list(p.shape), self._dtype_name) for n, p in named]
+        self._opened_as = [(tuple(p.shape), p.dtype, p.device) for p in self._params]
         self._server = None
         if servers is None:
             self._server = _native.EmbeddedServer(checkpoint_dir or "")
-        self._client = _native.Client(config_json, manifest, list(servers or []), self._server,
-                                      job, dp_rank, dp_world_size, auth_token)
+        try:
+            self._client = _native.Client(config_json, manifest, list(servers or []),
+                                          self._server, job, dp_rank, dp_world_size, auth_token)
+        except RuntimeError:
+            if self._server is not None:
+                self._server.shutdown()
+            raise
         # Parameters the client reads and writes directly (CPU, contiguous, the
         # job's dtype); the others go through a staging copy.
         self._staging = [None if self._direct(p) else
                          torch.empty(p.shape, dtype=self._dtype,
                                      pin_memory=p.is_cuda and torch.cuda.is_available())
                          for p in self._params]
+        self._grad_staging = [None] * len(self._params)  # CUDA gradients, made when first needed
         self.loss_scale = 1.0
         self._pushed = set()  # parameters whose gradient for the next step is out
         if self._client.version == 0:
@@ -135,6 +172,18 @@ class OffloadOptimizer(torch.optim.Optimizer):
                     if s is not None:
                         p.copy_(s)
 
+    def _stage_from_device(self, index, grad):
+        """A CUDA gradient cast on the device and copied into a page-locked
+        buffer kept for this parameter: a DMA, no pageable bounce. The buffer
+        is free again by the next step (finish_step waits for its bytes)."""
+        if self._grad_staging[index] is None:
+            self._grad_staging[index] = torch.empty(grad.shape, dtype=self._dtype,
+                                                    pin_memory=True)
+        staging = self._grad_staging[index]
+        staging.copy_(grad.detach().to(self._dtype), non_blocking=True)
+        torch.cuda.current_stream(grad.device).synchronize()
+        return staging
+
     @torch.no_grad()
     def push_gradient(self, index, grad):
         """Pushes parameter `index`'s final gradient for the next step now (the
@@ -142,13 +191,28 @@ class OffloadOptimizer(torch.optim.Optimizer):
         then pushes only the others."""
         if grad is None:
             grad = torch.zeros(self._params[index].shape, dtype=self._dtype)
+        elif grad.is_cuda:
+            grad = self._stage_from_device(index, grad)
         else:
-            grad = grad.detach().to("cpu", self._dtype).contiguous()
+            grad = grad.detach().to(self._dtype).contiguous()  # no copy when it already is
         self._client.push(self._step + 1, index, _raw(grad))
         self._pushed.add(index)
 
+    def _check_unchanged(self):
+        """The job's manifest is fixed when it opens: a parameter resized,
+        retyped or moved since then cannot be trained by it."""
+        for name, p, (shape, dtype, device) in zip(self._names, self._params, self._opened_as):
+            now = (tuple(p.shape), p.dtype, p.device)
+            if now != (shape, dtype, device) or not p.is_contiguous():
+                raise RuntimeError(
+                    f"parameter '{name}' changed since the job was opened: it was "
+                    f"{list(shape)} {dtype} on {device}, it is {list(p.shape)} {p.dtype} on "
+                    f"{p.device}{'' if p.is_contiguous() else ', not contiguous'}; a job's "
+                    "parameters are fixed: open a new job (another job= name) for the new model")
+
     @torch.no_grad()
     def step(self, closure=None):
+        self._check_unchanged()
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -161,11 +225,15 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._pushed.clear()
         self._step = step
         self._load(step + 1)
+        self._show_server_lr()
+        return loss
+
+    def _show_server_lr(self):
+        """param_groups' lr: the rate of the servers' last applied step."""
         status = self._client.job_status()
-        if status["version"] >= step:
+        if status["version"] >= self._step and status["applied_steps"] > 0:
             for group in self.param_groups:
                 group["lr"] = status["last_lr"]
-        return loss
 
     def state_dict(self):
         """A server checkpoint of the job at this step (every server writes its
@@ -181,6 +249,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
             raise ValueError("not a zo OffloadOptimizer state_dict (no 'zo' checkpoint entry)")
         self._step = self._client.restore(zo_state["checkpoint"])
         self._load(self._step + 1)
+        self._show_server_lr()
         for group, saved in zip(self.param_groups, state_dict.get("param_groups", [])):
             group["lr"] = saved["lr"]
 
@@ -218,6 +287,9 @@ class OffloadEngine:
         # gradient is added to .grad, so .grad + grad is the final sum), and
         # the push overlaps the rest of the backward.
         self._push_in_backward = False
+        self._trained = {id(p) for p in optimizer._params}
+        # Parameters left out of the job on purpose (model_parameters=).
+        self._frozen = {n for n, p in model.named_parameters() if id(p) not in self._trained}
         for i, p in enumerate(optimizer._params):
             if p.requires_grad:
                 p.register_hook(self._final_gradient_hook(i, p))
@@ -248,7 +320,27 @@ class OffloadEngine:
     def named_parameters(self, *args, **kwargs):
         return self.module.named_parameters(*args, **kwargs)
 
+    def _check_same_parameters(self):
+        """The job's manifest is fixed when it opens: a module added, removed or
+        replaced since then cannot be trained by it."""
+        named = list(self.module.named_parameters())
+        now = [n for n, p in named if id(p) in self._trained]
+        if now == self.optimizer._names and all(
+                id(p) in self._trained or n in self._frozen or not p.requires_grad
+                for n, p in named):
+            return
+        new = {n for n, p in named
+               if p.requires_grad and id(p) not in self._trained and n not in self._frozen}
+        gone = set(self.optimizer._names) - set(now)
+        changes = [f"{what} {sorted(names)}" for what, names in
+                   (("replaced", new & gone), ("added", new - gone), ("removed", gone - new))
+                   if names]
+        raise RuntimeError(
+            f"the model's parameters changed since the job was opened ({'; '.join(changes)}): "
+            "a job's parameters are fixed; open a new job (another job= name) for the new model")
+
     def backward(self, loss):
+        self._check_same_parameters()
         self._push_in_backward = (self._micro_steps + 1) % self._gas == 0
         try:
             (loss * (self.optimizer.loss_scale / self._gas)).backward()
