@@ -98,3 +98,15 @@ def test_get_lr_after_load_checkpoint_is_the_checkpoints(tmp_path):
     engine.load_checkpoint(str(tmp_path))
     assert engine.get_lr() == saved_lr and scheduler.get_last_lr() == saved_lr
     opt.close()
+
+
+def test_the_dp_rank_comes_from_the_launchers_environment(monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    model, _ = reference_and_model()
+    engine, opt, _, _ = zo.torch.initialize(model=model, config=ds_config(3))
+    assert (engine.global_rank, engine.world_size, engine.local_rank) == (1, 2, 1)
+    assert engine.train_batch_size() == 4 * 3 * 2
+    assert not engine.fp16_enabled() and engine.zero_optimization_stage() == 0
+    opt.close()

@@ -2,6 +2,7 @@
 servers equals one, and two dp ranks in two processes average."""
 
 import contextlib
+import json
 import copy
 import os
 import re
@@ -172,3 +173,31 @@ def test_a_different_model_on_an_open_job_is_refused_naming_the_tensor():
             zo.torch.OffloadOptimizer(other.named_parameters(), config=config(),
                                       servers=[address], job="shared")
         opt.close()
+
+
+def test_a_deepspeed_script_runs_with_zo_torch_imported_as_deepspeed(tmp_path):
+    here = os.path.dirname(os.path.abspath(__file__))
+    ds_config = tmp_path / "ds_config.json"
+    ds_config.write_text(json.dumps({
+        "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+        "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.01}},
+        "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": LR,
+                                                     "warmup_num_steps": 4}},
+        "fp16": {"enabled": True, "initial_scale_power": 8},
+        "gradient_clipping": 1.0,
+        "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}))
+    with zo_servers(2, "--checkpoint-dir", str(tmp_path / "server-ckpt")) as addresses:
+        out = subprocess.run(
+            [sys.executable, os.path.join(here, "deepspeed_style_script.py"), "--deepspeed",
+             "--deepspeed_config", str(ds_config), "--zo_servers", ",".join(addresses),
+             "--steps", "6", "--save_dir", str(tmp_path / "ckpt")],
+            capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    rows = [line.split() for line in out.stdout.splitlines()]
+    assert [int(r[1]) for r in rows] == [1, 2, 3, 4, 5, 6], out.stdout
+    assert all(r[7] == "True" and float(r[9]) > 0 and r[11] == "8" for r in rows), out.stdout
+    # The servers' schedule, as the script's scheduler reports it: warming up
+    # from 0 to the config's lr over 4 steps.
+    lrs = [float(r[5]) for r in rows]
+    assert lrs[0] == 0 and lrs == sorted(lrs) and lrs[-1] == pytest.approx(LR), lrs
+    assert (tmp_path / "ckpt" / "latest").read_text() == "global_step6"

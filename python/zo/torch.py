@@ -122,6 +122,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         super().__init__([p for _, p in named], {"lr": lr})
         self._names = [n for n, _ in named]
         self._params = [p for _, p in named]
+        self._dp_rank = dp_rank
         self._dp_world_size = dp_world_size
         self._dtype_name = _job_dtype(cfg)
         self._dtype = _JOB_DTYPES[self._dtype_name]
@@ -282,6 +283,8 @@ class OffloadEngine:
         self._micro_batch = int(micro)
         self._gas = int(gas)
         self._micro_steps = 0
+        self._cfg = cfg
+        self.lr_scheduler = _ServerLr(optimizer)
         # During the last micro-batch's backward each gradient is pushed the
         # moment autograd has it (a hook on the parameter fires before the
         # gradient is added to .grad, so .grad + grad is the final sum), and
@@ -371,6 +374,43 @@ class OffloadEngine:
     def get_lr(self):
         return [g["lr"] for g in self.optimizer.param_groups]
 
+    def get_global_grad_norm(self):
+        """The gradient norm of the servers' last step (before clipping)."""
+        return self.optimizer._client.job_status()["last_grad_norm"]
+
+    def was_step_applied(self):
+        """False when the servers skipped the last step (an fp16 overflow)."""
+        return not self.optimizer._client.job_status()["last_skipped"]
+
+    def train_batch_size(self):
+        return self._micro_batch * self._gas * self.world_size
+
+    def fp16_enabled(self):
+        return self.optimizer._dtype_name == "fp16"
+
+    def bfloat16_enabled(self):
+        return self.optimizer._dtype_name == "bf16"
+
+    def zero_optimization_stage(self):
+        return int(self._cfg.get("zero_optimization", {}).get("stage", 0))
+
+    @property
+    def global_rank(self):
+        return self.optimizer._dp_rank
+
+    @property
+    def world_size(self):
+        return self.optimizer._dp_world_size
+
+    @property
+    def local_rank(self):
+        return int(os.environ.get("LOCAL_RANK", 0))
+
+    @property
+    def device(self):
+        """Where the model's parameters are (DeepSpeed scripts move batches there)."""
+        return next(self.module.parameters()).device
+
     def train_micro_batch_size_per_gpu(self):
         return self._micro_batch
 
@@ -420,8 +460,11 @@ class OffloadEngine:
         raise AttributeError(
             f"zo.torch's engine has no '{name}': it offers DeepSpeed's training-loop calls "
             "(forward, backward, step, save_checkpoint, load_checkpoint, "
-            "is_gradient_accumulation_boundary, global_steps, get_lr, "
-            "train_micro_batch_size_per_gpu, gradient_accumulation_steps); the model is .module")
+            "is_gradient_accumulation_boundary, global_steps, get_lr, get_global_grad_norm, "
+            "was_step_applied, train_batch_size, train_micro_batch_size_per_gpu, "
+            "gradient_accumulation_steps, fp16_enabled, bfloat16_enabled, "
+            "zero_optimization_stage, global_rank, local_rank, world_size, device, "
+            "lr_scheduler); the model is .module")
 
 
 class _ServerLr:
@@ -440,9 +483,43 @@ class _ServerLr:
         pass  # the servers advance the schedule with every applied step
 
 
+def add_config_arguments(parser):
+    """DeepSpeed's add_config_arguments: --deepspeed, --deepspeed_config, and
+    zo's --zo_servers (host:port,...), which initialize(args=...) reads."""
+    group = parser.add_argument_group("zo (DeepSpeed-style)")
+    group.add_argument("--deepspeed", action="store_true",
+                       help="accepted for DeepSpeed scripts; zo is always on")
+    group.add_argument("--deepspeed_config", default=None, type=str,
+                       help="the DeepSpeed-style JSON config")
+    group.add_argument("--zo_servers", default=None, type=str,
+                       help="zo-server addresses, host:port,... (default: an embedded server)")
+    return parser
+
+
+def init_distributed(dist_backend=None, **_):
+    """DeepSpeed's init_distributed. zo's workers need no process group (the
+    servers average the dp ranks' gradients); one is set up only when a
+    launcher's environment asks for it (MASTER_ADDR and WORLD_SIZE), for the
+    script's own collectives."""
+    import torch.distributed as dist
+    if dist.is_available() and not dist.is_initialized() and "MASTER_ADDR" in os.environ \
+            and "WORLD_SIZE" in os.environ:
+        backend = dist_backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        dist.init_process_group(backend)
+
+
+def _launcher_rank():
+    """(rank, world size) from torchrun's or DeepSpeed's launcher, else (0, 1)."""
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+# initialize() arguments of DeepSpeed's that change nothing here.
+_IGNORED_INITIALIZE_ARGS = {"dist_init_required", "distributed_port"}
+
+
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,
                lr_scheduler=None, config=None, config_params=None, servers=None, job="zo-torch",
-               dp_rank=0, dp_world_size=1, checkpoint_dir=None, auth_token="", **kwargs):
+               dp_rank=None, dp_world_size=None, checkpoint_dir=None, auth_token="", **kwargs):
     """DeepSpeed's initialize with zo's servers under it:
 
         engine, optimizer, _, scheduler = zo.torch.initialize(
@@ -450,7 +527,9 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
 
     The optimizer and the lr schedule come from the config and run on the
     servers, so optimizer=, lr_scheduler= and training_data= are refused.
-    servers=None starts an embedded server in this process.
+    servers=None starts an embedded server in this process, unless
+    args.zo_servers (add_config_arguments) names servers. dp_rank and
+    dp_world_size default to the launcher's RANK and WORLD_SIZE.
     """
     refused = {"optimizer": optimizer, "lr_scheduler": lr_scheduler,
                "training_data": training_data}
@@ -460,9 +539,16 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
                 f"zo.torch.initialize({name}=...): the optimizer and its schedule run on zo's "
                 "servers from the config's 'optimizer' and 'scheduler' sections, and data "
                 "stays in your own loop; leave it out")
-    if kwargs:
+    unsupported = sorted(set(kwargs) - _IGNORED_INITIALIZE_ARGS)
+    if unsupported:
         raise NotImplementedError(
-            f"zo.torch.initialize does not take {', '.join(sorted(kwargs))}")
+            f"zo.torch.initialize does not take {', '.join(unsupported)} (zo trains data "
+            "parallel only: no model-parallel unit, no data loader)")
+    if servers is None and args is not None and getattr(args, "zo_servers", None):
+        servers = args.zo_servers.split(",")
+    launcher_rank, launcher_world = _launcher_rank()
+    dp_rank = launcher_rank if dp_rank is None else dp_rank
+    dp_world_size = launcher_world if dp_world_size is None else dp_world_size
     if model is None:
         raise ValueError("zo.torch.initialize needs model=")
     config = config if config is not None else config_params
@@ -482,4 +568,4 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
                            dp_world_size=dp_world_size, checkpoint_dir=checkpoint_dir or "",
                            auth_token=auth_token)
     engine = OffloadEngine(model, opt, cfg)
-    return engine, opt, None, _ServerLr(opt)
+    return engine, opt, None, engine.lr_scheduler
