@@ -19,9 +19,14 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/config.h"
 #include "common/dtype.h"
 #include "common/sharding.h"
+#include "common/status_macros.h"
+#include "rpc/job_move.h"
 #include "server/offload_server.h"
 #include "worker/client/offload_client.h"
 
@@ -148,16 +153,57 @@ class Client {
     options.dp_rank = dp_rank;
     options.dp_world_size = dp_world_size;
     options.auth_token = auth_token;
+    options_ = options;
+    config_json_ = config_json;
+    specs_ = specs;
     py::gil_scoped_release release;
-    client_ = Check(OffloadClient::Open(options, config_json, specs));
-    if (client_->version() > 0) {
-      // A job that has trained: this process may be a restarted worker
-      // whose last run pushed part of the next step before it died. Its
-      // first step goes through a client that skips what the servers
-      // already have from this rank instead of rejecting it.
-      options.resend = true;
-      resend_client_ = Check(OffloadClient::Open(options, config_json, std::move(specs)));
+    Check(OpenClients());
+  }
+
+  // Whether the last failed call was answered "the job moved" (zo-ctl
+  // rescale): then follow() attaches where it went.
+  bool moved() const { return move_.has_value(); }
+
+  // Attaches to the servers the job moved to, once it is there at the
+  // version the move named (they may still be restoring it), for at most 5
+  // minutes; returns the version it is at.
+  int64_t Follow() {
+    if (!move_.has_value()) throw py::value_error("follow(): the job has not moved");
+    const JobMove move = *move_;
+    py::gil_scoped_release release;
+    resend_client_.reset();
+    client_.reset();
+    options_.servers = move.servers;
+    options_.channels.clear();
+    options_.attach_only = true;
+    const absl::Time give_up = absl::Now() + absl::Minutes(5);
+    absl::Duration backoff = absl::Milliseconds(50);
+    for (;;) {
+      absl::Status why = OpenClients();
+      if (why.ok()) {
+        absl::StatusOr<v1::JobStatus> lead = client_->JobStatus();
+        why = lead.status();
+        if (why.ok()) why = client_->CheckState();
+        if (why.ok() && (!lead->needs_restore().empty() || lead->version() < move.version)) {
+          why = absl::UnavailableError(absl::StrCat("job ", move.job, " is not at version ",
+                                                    move.version, " on its new servers yet"));
+        }
+        if (why.ok()) break;
+      }
+      const std::optional<JobMove> again = ParseJobMove(why);
+      const bool wait = absl::IsNotFound(why) || absl::IsUnavailable(why) ||
+                        absl::IsFailedPrecondition(why) ||
+                        (again.has_value() && again->servers == move.servers);
+      if (!wait || absl::Now() > give_up) {
+        Check(absl::Status(why.code(),
+                           absl::StrCat("following job ", move.job, " to ",
+                                        absl::StrJoin(move.servers, ","), ": ", why.message())));
+      }
+      absl::SleepFor(backoff);  // the new servers are restoring: poll, gently
+      backoff = std::min(2 * backoff, absl::Seconds(1));
     }
+    move_.reset();
+    return client_->version();
   }
 
   int64_t version() const { return client_->version(); }
@@ -186,7 +232,7 @@ class Client {
       py::gil_scoped_release release;
       pushed = active().PushShared(step, tensor, std::move(owner), bytes);
     }
-    Check(pushed);
+    CheckNoting(pushed);
   }
 
   void FinishStep(int64_t step) {
@@ -198,7 +244,7 @@ class Client {
       if (finished.ok()) resend_client_.reset();
     }
     released_->Drain();  // every byte of the step is written
-    Check(finished);
+    CheckNoting(finished);
   }
 
   // (whether dst changed, the loss scale of the step's weights).
@@ -206,10 +252,14 @@ class Client {
                                       const std::vector<py::buffer>& dst) {
     std::vector<absl::Span<std::byte>> spans;
     for (const py::buffer& b : dst) spans.push_back(Bytes(b, true, "weights"));
-    py::gil_scoped_release release;
+    absl::StatusOr<bool> changed;
     double scale = 1;
-    const bool changed = Check(active().PullForStep(step, tensors, spans, &scale));
-    return {changed, scale};
+    {
+      py::gil_scoped_release release;
+      changed = active().PullForStep(step, tensors, spans, &scale);
+    }
+    CheckNoting(changed.status());
+    return {*changed, scale};
   }
 
   py::dict JobStatus() {
@@ -253,10 +303,35 @@ class Client {
   }
 
  private:
+  // Opens the client (and, for a job that has trained, the resend client).
+  absl::Status OpenClients() {
+    ZO_ASSIGN_OR_RETURN(client_, OffloadClient::Open(options_, config_json_, specs_));
+    if (client_->version() > 0) {
+      // A job that has trained: this process may be a restarted worker
+      // whose last run pushed part of the next step before it died. Its
+      // first step goes through a client that skips what the servers
+      // already have from this rank instead of rejecting it.
+      ClientOptions resend = options_;
+      resend.resend = true;
+      ZO_ASSIGN_OR_RETURN(resend_client_, OffloadClient::Open(resend, config_json_, specs_));
+    }
+    return absl::OkStatus();
+  }
+
+  // Check, remembering a "the job moved" answer for follow().
+  void CheckNoting(const absl::Status& status) {
+    if (!status.ok()) move_ = ParseJobMove(status);
+    Check(status);
+  }
+
   OffloadClient& active() { return resend_client_ != nullptr ? *resend_client_ : *client_; }
 
   std::unique_ptr<OffloadClient> client_;
   std::unique_ptr<OffloadClient> resend_client_;  // until the first step after a restart
+  ClientOptions options_;
+  std::string config_json_;
+  std::vector<TensorSpec> specs_;
+  std::optional<JobMove> move_;  // what the last failed call said, if the job moved
   std::shared_ptr<ReleaseQueue> released_ = std::make_shared<ReleaseQueue>();
 };
 
@@ -301,5 +376,7 @@ PYBIND11_MODULE(_native, m) {
       .def("job_status", &Client::JobStatus)
       .def("checkpoint", &Client::Checkpoint, py::arg("min_version") = 0)
       .def("restore", &Client::Restore, py::arg("path") = "")
+      .def("moved", &Client::moved)
+      .def("follow", &Client::Follow)
       .def("close", &Client::Close);
 }

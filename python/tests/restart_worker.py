@@ -3,12 +3,13 @@ test: trains TiedLm against one server up to STEPS, one line per finished
 step on stdout. With --die-in-step K it pushes part of step K's gradients
 and then kills itself (SIGKILL), as a worker lost mid-step would be.
 
-    python3 restart_worker.py SERVERS STEPS [--die-in-step K] [--out FILE]
+    python3 restart_worker.py SERVERS STEPS [--die-in-step K] [--pause-after K] [--out FILE]
 """
 
 import argparse
 import os
 import signal
+import sys
 
 import torch
 
@@ -21,6 +22,8 @@ def main():
     ap.add_argument("server", help="host:port[,host:port...]")
     ap.add_argument("steps", type=int)
     ap.add_argument("--die-in-step", type=int, default=0)
+    ap.add_argument("--pause-after", type=int, default=0,
+                    help="after step K print 'paused' and wait for a line on stdin")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     model, _ = reference_and_model()
@@ -39,6 +42,9 @@ def main():
         opt.step()
         opt.zero_grad()
         print(f"step {opt.global_steps} done", flush=True)
+        if opt.global_steps == a.pause_after:
+            print("paused", flush=True)
+            sys.stdin.readline()
     if a.out:
         torch.save({n: p.detach().clone() for n, p in model.named_parameters()}, a.out)
     opt.close()

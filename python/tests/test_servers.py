@@ -201,3 +201,37 @@ def test_a_deepspeed_script_runs_with_zo_torch_imported_as_deepspeed(tmp_path):
     lrs = [float(r[5]) for r in rows]
     assert lrs[0] == 0 and lrs == sorted(lrs) and lrs[-1] == pytest.approx(LR), lrs
     assert (tmp_path / "ckpt" / "latest").read_text() == "global_step6"
+
+
+ZO_CTL = os.environ.get("ZO_CTL_PATH", "")
+
+
+@pytest.mark.skipif(not os.path.exists(ZO_CTL), reason="ZO_CTL_PATH names no zo-ctl (ctest sets it)")
+def test_a_worker_follows_its_job_to_the_servers_it_was_rescaled_onto(tmp_path):
+    here = os.path.dirname(os.path.abspath(__file__))
+    worker = [sys.executable, os.path.join(here, "restart_worker.py")]
+    with zo_servers(1) as (address,):
+        subprocess.run(worker + [address, "8", "--out", str(tmp_path / "whole.pt")],
+                       check=True, stdout=subprocess.DEVNULL, timeout=300)
+    with zo_servers(3, "--checkpoint-dir", str(tmp_path / "ckpt")) as (a, b, c):
+        p = subprocess.Popen(worker + [f"{a},{b}", "8", "--pause-after", "3", "--out",
+                                       str(tmp_path / "moved.pt")],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for line in p.stdout:
+            if line.strip() == "paused":
+                break
+        moved = subprocess.run([ZO_CTL, "rescale", "--server", a, "--job", "restarted",
+                                "--servers", f"{a},{b},{c}"],
+                               capture_output=True, text=True, timeout=120)
+        assert moved.returncode == 0, moved.stderr
+        p.stdin.write("go on\n")
+        p.stdin.flush()
+        rest = p.stdout.read()
+        assert p.wait(timeout=300) == 0
+        assert "step 8 done" in rest, rest
+        status = subprocess.run([ZO_CTL, "status", "--server", c, "--job", "restarted"],
+                                capture_output=True, text=True, timeout=60)
+        assert status.returncode == 0 and re.search(r"version +8 ", status.stdout), status.stdout
+    whole, moved_run = torch.load(tmp_path / "whole.pt"), torch.load(tmp_path / "moved.pt")
+    for name in whole:
+        assert torch.equal(whole[name], moved_run[name]), name

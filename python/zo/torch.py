@@ -165,8 +165,15 @@ class OffloadOptimizer(torch.optim.Optimizer):
     def _load(self, step):
         """Writes the weights `step` computes on into the parameters."""
         buffers = [_raw(p.data if s is None else s) for p, s in zip(self._params, self._staging)]
-        changed, self.loss_scale = self._client.pull_for_step(
-            step, list(range(len(self._params))), buffers)
+        try:
+            changed, self.loss_scale = self._client.pull_for_step(
+                step, list(range(len(self._params))), buffers)
+        except RuntimeError:
+            if not self._client.moved():
+                raise
+            self._client.follow()  # it moved at the version this step needs: pull it there
+            changed, self.loss_scale = self._client.pull_for_step(
+                step, list(range(len(self._params))), buffers)
         if changed:
             with torch.no_grad():
                 for p, s in zip(self._params, self._staging):
@@ -196,7 +203,12 @@ class OffloadOptimizer(torch.optim.Optimizer):
             grad = self._stage_from_device(index, grad)
         else:
             grad = grad.detach().to(self._dtype).contiguous()  # no copy when it already is
-        self._client.push(self._step + 1, index, _raw(grad))
+        try:
+            self._client.push(self._step + 1, index, _raw(grad))
+        except RuntimeError:
+            if not self._client.moved():
+                raise
+            return  # step() follows the job and pushes this gradient again
         self._pushed.add(index)
 
     def _check_unchanged(self):
@@ -218,16 +230,42 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for i, p in enumerate(self._params):
-            if i not in self._pushed:
-                self.push_gradient(i, p.grad)
         step = self._step + 1
-        self._client.finish_step(step)
+        while not self._push_step(step):
+            # The job moved (zo-ctl rescale): attach where it went and push
+            # this step there again, unless the move already took it.
+            version = self._client.follow()
+            self._pushed.clear()
+            if version >= step:
+                break
+            if version < step - 1:
+                # Restored to an older checkpoint: the weights go back there
+                # and the next backward computes the step after it.
+                warnings.warn(f"zo: the job moved back to version {version}: "
+                              f"steps {version + 1}..{step - 1} are taken again", stacklevel=2)
+                self._step = version
+                self._load(version + 1)
+                self._show_server_lr()
+                return loss
         self._pushed.clear()
         self._step = step
         self._load(step + 1)
         self._show_server_lr()
         return loss
+
+    def _push_step(self, step):
+        """Pushes the gradients not out yet and finishes the step; False when
+        the job turned out to have moved."""
+        try:
+            for i, p in enumerate(self._params):
+                if i not in self._pushed:
+                    self.push_gradient(i, p.grad)
+            self._client.finish_step(step)
+            return True
+        except RuntimeError:
+            if not self._client.moved():
+                raise
+            return False
 
     def _show_server_lr(self):
         """param_groups' lr: the rate of the servers' last applied step."""
