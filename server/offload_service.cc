@@ -134,8 +134,8 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* OffloadService::PushGradients(
   return new PushReactor(registry_, auth_, *context, response);
 }
 
-grpc::ServerWriteReactor<v1::ParamPiece>* OffloadService::PullParams(
-    grpc::CallbackServerContext* context, const v1::PullParamsRequest* request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* OffloadService::PullParams(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
   return new PullReactor(registry_, auth_, *context, *request);
 }
 

@@ -21,8 +21,9 @@
 
 namespace zo {
 
-class OffloadService final : public v1::Offload::WithRawCallbackMethod_PushGradients<
-                                 v1::Offload::WithCallbackMethod_PullParams<v1::Offload::Service>> {
+class OffloadService final
+    : public v1::Offload::WithRawCallbackMethod_PushGradients<
+          v1::Offload::WithRawCallbackMethod_PullParams<v1::Offload::Service>> {
  public:
   // `auth_token` empty: calls are not checked. The registry is borrowed.
   OffloadService(JobRegistry* registry, std::string auth_token, int64_t max_message_bytes);
@@ -44,8 +45,8 @@ class OffloadService final : public v1::Offload::WithRawCallbackMethod_PushGradi
   // (gradient_piece_view.h) instead of parsed into a message.
   grpc::ServerReadReactor<grpc::ByteBuffer>* PushGradients(grpc::CallbackServerContext* context,
                                                            grpc::ByteBuffer* response) override;
-  grpc::ServerWriteReactor<v1::ParamPiece>* PullParams(
-      grpc::CallbackServerContext* context, const v1::PullParamsRequest* request) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* PullParams(grpc::CallbackServerContext* context,
+                                                         const grpc::ByteBuffer* request) override;
   grpc::Status ReportStepStats(grpc::ServerContext* context, const v1::StepStats* request,
                                v1::StepStatsResponse* response) override;
   grpc::Status CommitStep(grpc::ServerContext* context, const v1::StepCommit* request,

@@ -16,19 +16,17 @@ PullCursor PullCursor::Serving(int64_t version, double loss_scale, DType dtype,
                                ParamVersions::Lease lease, std::vector<Range> ranges) {
   PullCursor cursor(version, loss_scale);
   cursor.dtype_ = dtype;
-  cursor.lease_.emplace(std::move(lease));
+  cursor.lease_ = std::make_shared<ParamVersions::Lease>(std::move(lease));
   cursor.ranges_ = std::move(ranges);
   return cursor;
 }
 
-bool PullCursor::Next(v1::ParamPiece* piece) {
-  piece->Clear();
-  piece->set_version(version_);
-  piece->set_loss_scale(loss_scale_);
+bool PullCursor::Next(PullPiece* piece) {
+  *piece = PullPiece{.version = version_, .loss_scale = loss_scale_, .data = {}};
   if (unchanged_) {
     if (unchanged_sent_) return false;
     unchanged_sent_ = true;
-    piece->set_unchanged(true);
+    piece->unchanged = true;
     return true;
   }
   while (range_ < ranges_.size() && done_ == ranges_[range_].elems) {
@@ -39,13 +37,30 @@ bool PullCursor::Next(v1::ParamPiece* piece) {
   const Range& r = ranges_[range_];
   const int64_t elem = static_cast<int64_t>(DTypeSize(dtype_));
   const int64_t len = std::min(kMaxPullPieceBytes / elem, r.elems - done_);
-  const char* data = static_cast<const char*>(lease_->data());
-  piece->set_dtype(DTypeToProto(dtype_));
-  piece->set_tensor(r.tensor);
-  piece->set_offset(r.tensor_offset + done_);
-  piece->set_data(data + (r.local_offset + done_) * elem, static_cast<size_t>(len * elem));
+  const std::byte* data = static_cast<const std::byte*>(lease_->data());
+  piece->tensor = r.tensor;
+  piece->offset = r.tensor_offset + done_;
+  piece->dtype = dtype_;
+  piece->data = {data + (r.local_offset + done_) * elem, static_cast<size_t>(len * elem)};
   done_ += len;
   bytes_given_ += len * elem;
+  return true;
+}
+
+bool PullCursor::Next(v1::ParamPiece* piece) {
+  PullPiece next;
+  if (!Next(&next)) return false;
+  piece->Clear();
+  piece->set_version(next.version);
+  piece->set_loss_scale(next.loss_scale);
+  if (next.unchanged) {
+    piece->set_unchanged(true);
+    return true;
+  }
+  piece->set_dtype(DTypeToProto(next.dtype));
+  piece->set_tensor(next.tensor);
+  piece->set_offset(next.offset);
+  piece->set_data(reinterpret_cast<const char*>(next.data.data()), next.data.size());
   return true;
 }
 

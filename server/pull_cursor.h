@@ -6,10 +6,12 @@
 #ifndef ZO_SERVER_PULL_CURSOR_H_
 #define ZO_SERVER_PULL_CURSOR_H_
 
+#include <cstddef>
 #include <cstdint>
-#include <optional>
+#include <memory>
 #include <vector>
 
+#include "absl/types/span.h"
 #include "common/dtype.h"
 #include "proto/zo/v1/params.pb.h"
 #include "server/param_versions.h"
@@ -18,6 +20,18 @@ namespace zo {
 
 // Payload of one ParamPiece.
 inline constexpr int64_t kMaxPullPieceBytes = 1 << 20;
+
+// One piece as it leaves: a ParamPiece's fields, its data still where it
+// lies in the version's memory.
+struct PullPiece {
+  int64_t version = 0;
+  double loss_scale = 1;
+  bool unchanged = false;
+  int tensor = 0;
+  int64_t offset = 0;  // first element, counted from the tensor's start
+  DType dtype = DType::kFloat16;
+  absl::Span<const std::byte> data;
+};
 
 class PullCursor {
  public:
@@ -36,8 +50,14 @@ class PullCursor {
   static PullCursor Serving(int64_t version, double loss_scale, DType dtype,
                             ParamVersions::Lease lease, std::vector<Range> ranges);
 
-  // Fills `piece` with the next piece; false when every piece was given.
+  // The next piece; false when every piece was given. Its data stays valid
+  // while data_holder() (or the cursor) lives.
+  bool Next(PullPiece* piece);
+  // The same as a message (a copy of the data).
   bool Next(v1::ParamPiece* piece);
+  // Keeps the version's data held: what a piece written without a copy
+  // holds until the transport has sent it. Null for an unchanged pull.
+  std::shared_ptr<const void> data_holder() const { return lease_; }
   // Weight bytes given so far.
   int64_t bytes_given() const { return bytes_given_; }
 
@@ -52,7 +72,7 @@ class PullCursor {
   bool unchanged_ = false;
   bool unchanged_sent_ = false;
   DType dtype_ = DType::kFloat16;
-  std::optional<ParamVersions::Lease> lease_;
+  std::shared_ptr<ParamVersions::Lease> lease_;
   std::vector<Range> ranges_;
   size_t range_ = 0;  // the range Next reads
   int64_t done_ = 0;  // elements of ranges_[range_] already given

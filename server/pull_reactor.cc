@@ -1,15 +1,37 @@
 #include "server/pull_reactor.h"
 
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "rpc/rpc_util.h"
+#include "server/param_piece_wire.h"
 
 namespace zo {
+namespace {
+
+// A small request's bytes, gathered and parsed.
+bool ParseRawMessage(const grpc::ByteBuffer& raw, google::protobuf::MessageLite* message) {
+  std::vector<grpc::Slice> slices;
+  if (!raw.Dump(&slices).ok()) return false;
+  std::string bytes;
+  for (const grpc::Slice& slice : slices) {
+    bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  }
+  return message->ParseFromString(bytes);
+}
+
+}  // namespace
 
 PullReactor::PullReactor(JobRegistry* registry, const CallAuth& auth,
                          const grpc::CallbackServerContext& context,
-                         const v1::PullParamsRequest& request)
-    : request_(request) {
+                         const grpc::ByteBuffer& raw_request) {
   if (absl::Status s = auth.Check(context); !s.ok()) {
     FinishWith(s);
+    return;
+  }
+  if (!ParseRawMessage(raw_request, &request_)) {
+    FinishWith(absl::InvalidArgumentError("a PullParams request that does not parse"));
     return;
   }
   absl::StatusOr<std::shared_ptr<Job>> found = registry->Find(request_.job());
@@ -56,11 +78,14 @@ void PullReactor::Await() {
     return;
   }
   cursor_.emplace(*std::move(cursor));
+  data_holder_ = std::make_shared<std::pair<std::shared_ptr<Job>, std::shared_ptr<const void>>>(
+      job_, cursor_->data_holder());  // the lease goes before the job
   WriteNext();
 }
 
 void PullReactor::WriteNext() {
-  if (cursor_->Next(&piece_)) {
+  if (PullPiece piece; cursor_->Next(&piece)) {
+    piece_ = EncodeParamPiece(piece, data_holder_);
     StartWrite(&piece_);
     return;
   }

@@ -1,6 +1,8 @@
 // One PullParams call as a gRPC callback reactor: waits for the version
 // asked (a wake kept by the job, not a parked thread), then writes the
 // pieces of a PullCursor one at a time, each when the last is on its way.
+// The method is raw (bytes in, bytes out): pieces go out as
+// EncodeParamPiece makes them, their weights never copied.
 //
 //   ctor: check -> AwaitVersion -> has it: OpenPull, StartWrite(first)
 //                               -> waiting: (wake) AwaitVersion again
@@ -28,10 +30,11 @@
 
 namespace zo {
 
-class PullReactor final : public grpc::ServerWriteReactor<v1::ParamPiece> {
+class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
+  // `raw_request`: a serialized v1::PullParamsRequest.
   PullReactor(JobRegistry* registry, const CallAuth& auth,
-              const grpc::CallbackServerContext& context, const v1::PullParamsRequest& request);
+              const grpc::CallbackServerContext& context, const grpc::ByteBuffer& raw_request);
 
   void OnWriteDone(bool ok) override;
   void OnCancel() override;
@@ -45,10 +48,13 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::ParamPiece> {
   bool ClaimFinishLocked();
   void FinishWith(const absl::Status& status);
 
-  const v1::PullParamsRequest request_;
+  v1::PullParamsRequest request_;
   std::shared_ptr<Job> job_;
   std::optional<PullCursor> cursor_;
-  v1::ParamPiece piece_;  // the write in flight
+  // What the pieces' data slices keep alive: the version's lease and the
+  // job that owns its memory.
+  std::shared_ptr<const void> data_holder_;
+  grpc::ByteBuffer piece_;  // the write in flight
   absl::Time serve_start_;
 
   std::mutex mu_;  // taken before the job's locks
