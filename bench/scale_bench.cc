@@ -64,7 +64,7 @@ std::string JobConfig(const ScaleBenchOptions& o) {
       {"gradient_clipping", 1.0},
       {"fp16", {{"enabled", true}}},
       {"zero_optimization", {{"stage", 2}, {"offload_optimizer", {{"device", "cpu"}}}}},
-      {"zo", {{"chunk_elems", o.chunk_elems}}},
+      {"zo", {{"chunk_elems", o.chunk_elems}, {"dpu", {{"enabled", o.dpu}, {"warmup_steps", 0}}}}},
   };
   return config.dump();
 }
@@ -92,7 +92,9 @@ absl::StatusOr<std::vector<double>> WorkerSteps(const ScaleBenchOptions& o,
     const auto start = std::chrono::steady_clock::now();
     ZO_RETURN_IF_ERROR(client->PushShared(step, 0, grad, data));
     ZO_RETURN_IF_ERROR(client->FinishStep(step));
-    ZO_RETURN_IF_ERROR(client->Pull(step, step - 1, tensors, dst).status());
+    // Without DPU step t + 1 computes on v(t); with it, on v(t - 1).
+    const int64_t version = o.dpu ? step - 1 : step;
+    ZO_RETURN_IF_ERROR(client->Pull(version, version - 1, tensors, dst).status());
     if (step > 1) step_s.push_back(SecondsSince(start));
     std::cerr << absl::StrFormat("scale: %d server(s), step %d: %.3f s\n", servers.size(), step,
                                  SecondsSince(start));
@@ -213,15 +215,17 @@ absl::Status RunScaleBench(const ScaleBenchOptions& o, std::ostream& out) {
     if (o.json) {
       out << nlohmann::json{{"bench", "scale"},           {"servers", k},
                             {"link_mbit", o.link_mbit},   {"step_s", step_s},
-                            {"bytes_per_s", bytes_per_s}, {"efficiency", efficiency}}
+                            {"bytes_per_s", bytes_per_s}, {"efficiency", efficiency},
+                            {"dpu", o.dpu}}
                  .dump()
           << std::endl;
     } else {
       out << absl::StrFormat(
                  "scale: %d server host(s) at %d Mbit/s each: step %.3f s (median of %d), "
-                 "%.1f MB/s pushed + pulled (%.0f%% of the links one way), efficiency %.2f\n",
+                 "%.1f MB/s pushed + pulled (%.0f%% of the links one way), efficiency %.2f%s\n",
                  k, o.link_mbit, step_s, steps->size(), bytes_per_s / 1e6,
-                 100.0 * bytes_per_s * 8 / (1.0 * k * o.link_mbit * 1e6), efficiency)
+                 100.0 * bytes_per_s * 8 / (1.0 * k * o.link_mbit * 1e6), efficiency,
+                 o.dpu ? " (DPU)" : "")
           << std::flush;
     }
   }

@@ -119,6 +119,10 @@ ABSL_FLAG(std::string, largest_gradient_accumulation, "auto",
 ABSL_FLAG(int64_t, link_mbit, 1000, "scale: each server host's link cap, Mbit/s each way");
 ABSL_FLAG(std::string, server_hosts, "1,2,4",
           "scale: server host counts, comma-separated; the first is the efficiency baseline");
+ABSL_FLAG(bool, scale_dpu, false,
+          "scale: pull the weights of the step before, as a worker with the delayed parameter "
+          "update does, so the servers' update overlaps the next push instead of sitting in "
+          "every step");
 ABSL_FLAG(std::string, scale_params, "32Mi",
           "scale: fp16 elements of the job, pushed as gradients and pulled as weights each step");
 ABSL_FLAG(int, checkpoint_every, 10, "checkpoint: steps between checkpoints");
@@ -161,8 +165,10 @@ constexpr char kUsage[] =
     "         whose links tc caps at --link-mbit each way; per count k, k zo-servers hold\n"
     "         a job of --scale-params fp16 elements (chunks of --chunk-elems) and the\n"
     "         worker times --rounds steps of push, acknowledgement and pull after one\n"
-    "         warm-up; efficiency = T(1) / (k T(k)) (target >= 0.9 at 4). Needs root; run\n"
-    "         it on its own (it forks before starting threads).\n"
+    "         warm-up (--scale-dpu: pulling the step before's weights, as with DPU);\n"
+    "         efficiency = T(1) / (k T(k)) (target >= 0.9 at 4). The hosts share this\n"
+    "         machine's cores, so without DPU the servers' update does not shrink with k.\n"
+    "         Needs root; run it on its own (it forks before starting threads).\n"
     "  checkpoint  an in-process server on loopback with a checkpoint directory under\n"
     "         --dir and a job of --params fp16 elements (default 32Mi) whose state is in\n"
     "         RAM; the worker pushes, waits for the acknowledgement and pulls, so the\n"
@@ -311,6 +317,7 @@ absl::StatusOr<bench::ScaleBenchOptions> ScaleOptionsFromFlags() {
     o.servers.push_back(n);
   }
   o.link_mbit = absl::GetFlag(FLAGS_link_mbit);
+  o.dpu = absl::GetFlag(FLAGS_scale_dpu);
   ZO_ASSIGN_OR_RETURN(o.params, ParseCount(absl::GetFlag(FLAGS_scale_params)));
   ZO_ASSIGN_OR_RETURN(o.chunk_elems, ParseCount(absl::GetFlag(FLAGS_chunk_elems)));
   const int rounds = absl::GetFlag(FLAGS_rounds);
