@@ -213,9 +213,12 @@ absl::Status RunScaleBench(const ScaleBenchOptions& o, std::ostream& out) {
     const double efficiency = baseline / (k * step_s);
     const double bytes_per_s = bytes_per_step / step_s;
     if (o.json) {
-      out << nlohmann::json{{"bench", "scale"},           {"servers", k},
-                            {"link_mbit", o.link_mbit},   {"step_s", step_s},
-                            {"bytes_per_s", bytes_per_s}, {"efficiency", efficiency},
+      out << nlohmann::json{{"bench", "scale"},
+                            {"servers", k},
+                            {"link_mbit", o.link_mbit},
+                            {"step_s", step_s},
+                            {"bytes_per_s", bytes_per_s},
+                            {"efficiency", efficiency},
                             {"dpu", o.dpu}}
                  .dump()
           << std::endl;
