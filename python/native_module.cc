@@ -206,14 +206,14 @@ class Client {
     return client_->version();
   }
 
-  int64_t version() const { return client_->version(); }
-  double loss_scale() const { return client_->loss_scale(); }
+  int64_t version() const { return open().version(); }
+  double loss_scale() const { return open().loss_scale(); }
 
   void InitParams(int tensor, const py::buffer& values) {
     const absl::Span<std::byte> bytes = Bytes(values, false, "initial values");
     if (values.request().itemsize != 4) throw py::value_error("initial values must be float32");
     py::gil_scoped_release release;
-    Check(client_->InitParams(
+    Check(open().InitParams(
         tensor, {reinterpret_cast<const float*>(bytes.data()), bytes.size() / sizeof(float)}));
   }
 
@@ -266,7 +266,7 @@ class Client {
     v1::JobStatus s;
     {
       py::gil_scoped_release release;
-      s = Check(client_->JobStatus());
+      s = Check(open().JobStatus());
     }
     py::dict d;
     d["version"] = s.version();
@@ -280,13 +280,13 @@ class Client {
 
   std::string Checkpoint(int64_t min_version) {
     py::gil_scoped_release release;
-    return Check(client_->Checkpoint(min_version));
+    return Check(open().Checkpoint(min_version));
   }
 
   int64_t Restore(const std::string& path) {
     py::gil_scoped_release release;
     resend_client_.reset();  // a restore drops every partly pushed step
-    return Check(client_->Restore(path));
+    return Check(open().Restore(path));
   }
 
   void Close() {
@@ -324,7 +324,15 @@ class Client {
     Check(status);
   }
 
-  OffloadClient& active() { return resend_client_ != nullptr ? *resend_client_ : *client_; }
+  // The client, or a RuntimeError when it is closed (or a follow() failed):
+  // never a null dereference from Python.
+  OffloadClient& open() const {
+    if (client_ == nullptr) {
+      throw std::runtime_error("FAILED_PRECONDITION: this zo client is closed");
+    }
+    return *client_;
+  }
+  OffloadClient& active() const { return resend_client_ != nullptr ? *resend_client_ : open(); }
 
   std::unique_ptr<OffloadClient> client_;
   std::unique_ptr<OffloadClient> resend_client_;  // until the first step after a restart

@@ -70,3 +70,12 @@ def test_a_module_replaced_after_initialize_is_named():
         engine.backward(engine(batch(2)))
     assert engine.global_steps == 1
     opt.close()
+
+
+def test_an_optimizer_used_after_close_says_so():
+    model, _ = reference_and_model()
+    opt = open_optimizer(model.named_parameters())
+    opt.close()
+    model(batch(1)).backward()
+    with pytest.raises(RuntimeError, match="closed"):
+        opt.step()
