@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "grpcpp/impl/codegen/proto_utils.h"
 #include "gtest/gtest.h"
 #include "proto/zo/v1/params.pb.h"
 #include "server/param_versions.h"
@@ -17,13 +18,9 @@ namespace {
 
 // The bytes gRPC would send, parsed the way a client parses them.
 v1::ParamPiece Parse(const grpc::ByteBuffer& buffer) {
-  std::vector<grpc::Slice> slices;
-  EXPECT_TRUE(buffer.Dump(&slices).ok());
-  std::string bytes;
-  for (const grpc::Slice& s : slices)
-    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  grpc::ByteBuffer copy = buffer;  // Deserialize consumes its argument
   v1::ParamPiece piece;
-  EXPECT_TRUE(piece.ParseFromString(bytes));
+  EXPECT_TRUE(grpc::SerializationTraits<v1::ParamPiece>::Deserialize(&copy, &piece).ok());
   return piece;
 }
 

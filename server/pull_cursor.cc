@@ -50,18 +50,23 @@ bool PullCursor::Next(PullPiece* piece) {
 bool PullCursor::Next(v1::ParamPiece* piece) {
   PullPiece next;
   if (!Next(&next)) return false;
-  piece->Clear();
-  piece->set_version(next.version);
-  piece->set_loss_scale(next.loss_scale);
-  if (next.unchanged) {
-    piece->set_unchanged(true);
-    return true;
-  }
-  piece->set_dtype(DTypeToProto(next.dtype));
-  piece->set_tensor(next.tensor);
-  piece->set_offset(next.offset);
+  *piece = ParamPieceHeader(next);
   piece->set_data(reinterpret_cast<const char*>(next.data.data()), next.data.size());
   return true;
+}
+
+v1::ParamPiece ParamPieceHeader(const PullPiece& piece) {
+  v1::ParamPiece header;
+  header.set_version(piece.version);
+  header.set_loss_scale(piece.loss_scale);
+  if (piece.unchanged) {
+    header.set_unchanged(true);
+    return header;
+  }
+  header.set_dtype(DTypeToProto(piece.dtype));
+  header.set_tensor(piece.tensor);
+  header.set_offset(piece.offset);
+  return header;
 }
 
 }  // namespace zo

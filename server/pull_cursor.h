@@ -33,6 +33,9 @@ struct PullPiece {
   absl::Span<const std::byte> data;
 };
 
+// The piece's message with every field but `data`.
+v1::ParamPiece ParamPieceHeader(const PullPiece& piece);
+
 class PullCursor {
  public:
   // A range of one tensor and where its elements lie in the server's local

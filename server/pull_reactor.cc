@@ -1,27 +1,12 @@
 #include "server/pull_reactor.h"
 
-#include <string>
 #include <utility>
-#include <vector>
 
+#include "grpcpp/impl/codegen/proto_utils.h"
 #include "rpc/rpc_util.h"
 #include "server/param_piece_wire.h"
 
 namespace zo {
-namespace {
-
-// A small request's bytes, gathered and parsed.
-bool ParseRawMessage(const grpc::ByteBuffer& raw, google::protobuf::MessageLite* message) {
-  std::vector<grpc::Slice> slices;
-  if (!raw.Dump(&slices).ok()) return false;
-  std::string bytes;
-  for (const grpc::Slice& slice : slices) {
-    bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
-  }
-  return message->ParseFromString(bytes);
-}
-
-}  // namespace
 
 PullReactor::PullReactor(JobRegistry* registry, const CallAuth& auth,
                          const grpc::CallbackServerContext& context,
@@ -30,7 +15,8 @@ PullReactor::PullReactor(JobRegistry* registry, const CallAuth& auth,
     FinishWith(s);
     return;
   }
-  if (!ParseRawMessage(raw_request, &request_)) {
+  grpc::ByteBuffer request = raw_request;  // shares the slices; Deserialize consumes its argument
+  if (!grpc::SerializationTraits<v1::PullParamsRequest>::Deserialize(&request, &request_).ok()) {
     FinishWith(absl::InvalidArgumentError("a PullParams request that does not parse"));
     return;
   }
