@@ -13,6 +13,11 @@
 //     bounded.
 // Prints the kills survived and the steps computed again. Label `chaos`:
 // not in the default ctest run (minutes); `ctest --test-dir build/release -L chaos`.
+// ZO_CHAOS_OPTIMIZER=cpu keeps the optimizer state in RAM instead (the
+// servers then serve pulls by rounding the master: server/param_versions.h),
+// and ZO_CHAOS_DPU=1 turns the delayed parameter update on (with
+// ZO_CHAOS_VICTIMS=workers: a rollback makes a DPU run leave the calm
+// run's trajectory, see below).
 #include <dirent.h>
 #include <unistd.h>
 
@@ -112,8 +117,17 @@ class ChaosSoakTest : public ::testing::Test {
   void SetUp() override {
     dir_ = FreshTempDir("chaos_soak");
     // Each server's --nvme-path overrides the config's.
-    std::ofstream(dir_ + "/config.json")
-        << absl::StrReplaceAll(kConfig, {{"NVME", dir_ + "/nvme-unused"}});
+    std::string config = absl::StrReplaceAll(kConfig, {{"NVME", dir_ + "/nvme-unused"}});
+    if (const char* device = std::getenv("ZO_CHAOS_OPTIMIZER"); device != nullptr) {
+      config = absl::StrReplaceAll(
+          config, {{R"("device": "nvme")", absl::StrCat(R"("device": ")", device, "\"")}});
+    }
+    if (const char* dpu = std::getenv("ZO_CHAOS_DPU"); dpu != nullptr && std::string(dpu) == "1") {
+      config = absl::StrReplaceAll(
+          config, {{R"("chunk_elems": 16384)",
+                    R"("chunk_elems": 16384, "dpu": {"enabled": true, "warmup_steps": 2})"}});
+    }
+    std::ofstream(dir_ + "/config.json") << config;
   }
 
   // `nvme_latency_ms` > 0: the server's disk is that much slower per I/O.
@@ -183,6 +197,11 @@ TEST_F(ChaosSoakTest, KillsAnywhereLeaveTheTrajectoryOfARunWithout) {
   const char* seed_env = std::getenv("ZO_CHAOS_SEED");
   const uint32_t seed = seed_env != nullptr ? std::atoi(seed_env) : 7;
   std::mt19937 rng(seed);
+  // ZO_CHAOS_VICTIMS=workers: no server is killed, so nothing is rolled back
+  // (what a run with DPU needs to stay exact: a restore resumes it on the
+  // restored version, not the one before).
+  const char* victims = std::getenv("ZO_CHAOS_VICTIMS");
+  const bool workers_only = victims != nullptr && std::string(victims) == "workers";
 
   // A server's disk: as it is, or slowed by 5 or 25 ms per I/O.
   int slowed_starts = 0;
@@ -223,7 +242,8 @@ TEST_F(ChaosSoakTest, KillsAnywhereLeaveTheTrajectoryOfARunWithout) {
   const absl::Time end = absl::Now() + absl::Seconds(seconds);
   while (absl::Now() < end) {
     absl::SleepFor(absl::Milliseconds(std::uniform_int_distribution<int>(500, 4000)(rng)));
-    const int victim = std::uniform_int_distribution<int>(0, kServers + kRanks - 1)(rng);
+    const int victim =
+        std::uniform_int_distribution<int>(workers_only ? kServers : 0, kServers + kRanks - 1)(rng);
     int64_t at = 0;
     for (int r = 0; r < kRanks; ++r) at = std::max(at, LastStep(Metrics("chaos", r)));
     if (victim < kServers) {
