@@ -409,6 +409,15 @@ class CheckpointInFlight {
   std::future<absl::StatusOr<std::string>> result_;
 };
 
+// The servers applied a step this worker is still computing: it restarted
+// after its last push of that step. Its pull then finds the version the step
+// computes on replaced, or its push finds the chunk taking a later step.
+bool JobWentOnWithout(const absl::Status& failed) {
+  return absl::IsFailedPrecondition(failed) &&
+         (absl::StrContains(failed.message(), " is not held (latest is ") ||
+          absl::StrContains(failed.message(), " is not open: job "));
+}
+
 // Attaches to a job that moved, once it is there at the version the move
 // named: the new servers may still be restoring it (NOT_FOUND, a stale
 // "moved" answer, or the version before the restore) for a while.
@@ -597,7 +606,16 @@ absl::Status Train(const TrainOptions& given) {
     // process may be what failed, and the error says which.)
     const bool all_stages_here = o.stage < 0 || o.pipeline_stages == 1;
     if (!move.has_value() && !moved_options.servers.empty() && all_stages_here &&
-        (lost_job || unreachable)) {
+        JobWentOnWithout(failed)) {
+      // Restarted after its last push of this step: the servers applied it
+      // meanwhile (a push finds the chunk at a later step, or the version
+      // this step computes on was replaced). Carry on from where they are.
+      move = JobMove{.job = o.job, .servers = moved_options.servers, .version = step};
+      progress.Note(absl::StrCat(
+          "zo-train: the job went on past step ", step,
+          " (this worker's gradients for it were all in): ", failed.message(), "; catching up"));
+    } else if (!move.has_value() && !moved_options.servers.empty() && all_stages_here &&
+               (lost_job || unreachable)) {
       // A server is down, or restarted without the job (its lead then rolls
       // every server back to the last checkpoint): wait for the job on the
       // same servers, at whatever version they are, and carry on from there.
