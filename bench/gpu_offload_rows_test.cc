@@ -68,7 +68,8 @@ TEST(GpuLargestRowTest, TrainsZoTrainsModelAndReportsItsLosses) {
   for (const auto& loss : r["losses"]) EXPECT_TRUE(std::isfinite(loss.get<double>()));
   EXPECT_GT(r["params"].get<int64_t>(), 2 * 12 * 32 * 32);
   EXPECT_GT(r["peak_host_rss_bytes"].get<int64_t>(), 0);
-  EXPECT_GT(r["server_ram_bytes_estimate"].get<int64_t>(), 16 * r["params"].get<int64_t>());
+  // 12 bytes of optimizer state and 2 of gradients per parameter, at least.
+  EXPECT_GE(r["server_ram_bytes_estimate"].get<int64_t>(), 14 * r["params"].get<int64_t>());
   EXPECT_GT(r["step_s"].get<double>(), 0);
 }
 

@@ -23,6 +23,10 @@ constexpr int64_t kGradAccumBytes = 4;  // fp32 sum over dp ranks
 constexpr int64_t kMaxParams = int64_t{1} << 48;
 constexpr int kMaxBufferCount = 1024;
 
+// Stored low-precision versions per element, as the server's ParamVersions
+// holds them.
+int LowPrecisionCopies(const EstimateInput& in) { return in.nvme ? 2 : (in.dpu ? 1 : 0); }
+
 // Whether `sizes` splits into at most `parts` contiguous groups none larger
 // than `cap`.
 bool FitsIn(const std::vector<int64_t>& sizes, int parts, int64_t cap) {
@@ -119,9 +123,10 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const EstimateInput& input) {
   // Several dp ranks sum in fp32; one rank's 16-bit gradients are kept as
   // received.
   s.grad_accum_bytes = s.elems * (input.dp_ranks == 1 ? lp : kGradAccumBytes);
-  // Two versions: the latest and the one before (the delayed update pulls
-  // v_t while the step writing v_{t+1} runs).
-  s.low_precision_bytes = 2 * s.elems * lp;
+  // With the master in RAM a pull rounds it as it reads; DPU keeps the
+  // version before the latest (pulls of v_t go on while the step writing
+  // v_{t+1} runs). With the master on NVMe both versions are stored.
+  s.low_precision_bytes = s.elems * lp * LowPrecisionCopies(input);
   s.ram_bytes = s.grad_accum_bytes + s.low_precision_bytes;
   if (input.nvme) {
     // Each buffer holds one sub-group's master, m and v; a sub-group never
@@ -188,7 +193,12 @@ std::string FormatEstimateTable(const MemoryEstimate& e) {
              nvme ? bytes(s.moment_bytes) : "-");
   out += Row(e.input.dp_ranks == 1 ? lp + " gradients as received" : "fp32 gradient sum",
              bytes(s.grad_accum_bytes), "-");
-  out += Row(lp + " copies for pulls (2 versions)", bytes(s.low_precision_bytes), "-");
+  const int copies = LowPrecisionCopies(in);
+  if (copies > 0) {
+    out += Row(
+        absl::StrCat(lp, " copies for pulls (", copies, copies == 1 ? " version)" : " versions)"),
+        bytes(s.low_precision_bytes), "-");
+  }
   if (nvme) {
     out += Row(absl::StrFormat("swap buffers (%d x %s elements)", in.buffer_count,
                                FormatCount(static_cast<double>(s.sub_group_elems))),

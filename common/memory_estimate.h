@@ -22,6 +22,7 @@ struct EstimateInput {
   int servers = 1;
   DType precision = DType::kFloat16;  // fp16 or bf16
   bool nvme = false;                  // optimizer state (master, m, v) on NVMe
+  bool dpu = false;                   // zo.dpu: the delayed parameter update
   int64_t chunk_elems = int64_t{4} << 20;
   int64_t sub_group_size = 1000000000;  // DeepSpeed's default
   int buffer_count = 4;
@@ -50,12 +51,15 @@ struct GpuEstimate {
 // For the server holding the most elements.
 struct ServerEstimate {
   int64_t elems = 0;
-  int64_t master_bytes = 0;         // fp32 master weights
-  int64_t moment_bytes = 0;         // fp32 Adam m and v
-  int64_t grad_accum_bytes = 0;     // gradient buffer: fp32 sum, or 16-bit with one dp rank (RAM)
-  int64_t low_precision_bytes = 0;  // fp16/bf16 copies served to pulls, 2 versions (always RAM)
-  int64_t io_buffer_bytes = 0;      // swap buffers, NVMe only
-  int64_t sub_group_elems = 0;      // sub-group actually used (clamped to elems)
+  int64_t master_bytes = 0;      // fp32 master weights
+  int64_t moment_bytes = 0;      // fp32 Adam m and v
+  int64_t grad_accum_bytes = 0;  // gradient buffer: fp32 sum, or 16-bit with one dp rank (RAM)
+  // fp16/bf16 copies served to pulls (RAM): none when pulls round the
+  // master (all in RAM), one version with DPU, two with NVMe
+  // (server/param_versions.h)
+  int64_t low_precision_bytes = 0;
+  int64_t io_buffer_bytes = 0;  // swap buffers, NVMe only
+  int64_t sub_group_elems = 0;  // sub-group actually used (clamped to elems)
   int64_t ram_bytes = 0;
   int64_t nvme_bytes = 0;
 };

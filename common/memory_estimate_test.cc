@@ -11,6 +11,7 @@ namespace zo {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::StatusIs;
 
 // Figures below are computed by hand from docs/architecture.md's "Memory tiers":
@@ -30,17 +31,27 @@ TEST(MemoryEstimateTest, OneBillionParamsInRam) {
   EXPECT_EQ(e.server.elems, 1000000000);
   EXPECT_EQ(e.server.master_bytes, 4000000000);
   EXPECT_EQ(e.server.moment_bytes, 8000000000);
-  EXPECT_EQ(e.server.grad_accum_bytes, 2000000000);     // one dp rank: fp16 as received
-  EXPECT_EQ(e.server.low_precision_bytes, 4000000000);  // two fp16 versions
-  EXPECT_EQ(e.server.ram_bytes, 18000000000);
+  EXPECT_EQ(e.server.grad_accum_bytes, 2000000000);  // one dp rank: fp16 as received
+  EXPECT_EQ(e.server.low_precision_bytes, 0);        // pulls round the master
+  EXPECT_EQ(e.server.ram_bytes, 14000000000);
   EXPECT_EQ(e.server.nvme_bytes, 0);
   EXPECT_THAT(FormatEstimateTable(e), HasSubstr("fp16 gradients as received"));
+  EXPECT_THAT(FormatEstimateTable(e), Not(HasSubstr("copies for pulls")));
 
   in.dp_ranks = 2;  // summed in fp32
   ZO_ASSERT_OK_AND_ASSIGN(MemoryEstimate two, EstimateMemory(in));
   EXPECT_EQ(two.server.grad_accum_bytes, 4000000000);
-  EXPECT_EQ(two.server.ram_bytes, 20000000000);
+  EXPECT_EQ(two.server.ram_bytes, 16000000000);
   EXPECT_THAT(FormatEstimateTable(two), HasSubstr("fp32 gradient sum"));
+
+  in.dpu = true;  // one kept version beside the master
+  ZO_ASSERT_OK_AND_ASSIGN(MemoryEstimate dpu, EstimateMemory(in));
+  EXPECT_EQ(dpu.server.low_precision_bytes, 2000000000);
+  EXPECT_EQ(dpu.server.ram_bytes, 18000000000);
+  EXPECT_THAT(FormatEstimateTable(dpu), HasSubstr("fp16 copies for pulls (1 version)"));
+  in.dp_ranks = 1;
+  ZO_ASSERT_OK_AND_ASSIGN(MemoryEstimate dpu_one, EstimateMemory(in));
+  EXPECT_EQ(dpu_one.server.ram_bytes, 16000000000);
 }
 
 // zo.gradient_accumulation "servers": the GPU keeps one layer's fp32
@@ -57,15 +68,15 @@ TEST(MemoryEstimateTest, GradientsSummedOnTheServersShowBesideTheDevicePolicy) {
   EXPECT_EQ(e.gpu_servers.total_bytes, 4000000000 + 2400000000);
   EXPECT_EQ(e.gpu_servers.host_staging_bytes, 3 * 2000000000LL);  // weights + 2 gradient slots
   EXPECT_EQ(e.gpu_servers.pushed_bytes_per_step, 4 * 2000000000LL);
-  EXPECT_EQ(e.server.ram_bytes, 18000000000);
-  EXPECT_EQ(e.server_ram_bytes_servers, 20000000000);  // fp32 sum instead of fp16 as received
+  EXPECT_EQ(e.server.ram_bytes, 14000000000);
+  EXPECT_EQ(e.server_ram_bytes_servers, 16000000000);  // fp32 sum instead of fp16 as received
   const std::string table = FormatEstimateTable(e);
   EXPECT_THAT(table, ::testing::ContainsRegex("device +servers"));
   EXPECT_THAT(table, ::testing::ContainsRegex("total, before activations +7.45 GiB +5.96 GiB"));
   EXPECT_THAT(table, HasSubstr("total, gradient_accumulation servers"));
   const nlohmann::json j = nlohmann::json::parse(FormatEstimateJson(e));
   EXPECT_EQ(j["gpu_gradient_accumulation_servers"]["total_bytes"], 6400000000);
-  EXPECT_EQ(j["server"]["ram_bytes_gradient_accumulation_servers"], 20000000000);
+  EXPECT_EQ(j["server"]["ram_bytes_gradient_accumulation_servers"], 16000000000);
   in.micro_batches = 0;
   EXPECT_THAT(EstimateMemory(in).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("micro-batches")));

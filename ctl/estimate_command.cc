@@ -31,6 +31,9 @@ ABSL_FLAG(std::string, servers, "1",
           "job's new servers, HOST:PORT,... in striping order");
 ABSL_FLAG(std::string, precision, "fp16", "estimate: fp16 or bf16");
 ABSL_FLAG(bool, nvme, false, "estimate: optimizer state (master, m, v) on NVMe");
+ABSL_FLAG(bool, dpu, false,
+          "estimate: the delayed parameter update (zo.dpu), which keeps a second version of "
+          "the 16-bit weights on the servers");
 ABSL_FLAG(std::string, chunk_elems, "4194304",
           "estimate: elements per chunk (zo.chunk_elems); counts like 4M or 1e8 work");
 ABSL_FLAG(std::string, sub_group_size, "1e9",
@@ -60,6 +63,7 @@ void ApplyConfigDefaults(const Config& config) {
   SetIfDefault(FLAGS_nvme,
                config.zero_optimization.offload_optimizer.device == OffloadDevice::kNvme);
   SetIfDefault(FLAGS_sub_group_size, absl::StrCat(config.zero_optimization.sub_group_size));
+  SetIfDefault(FLAGS_dpu, config.zo.dpu.enabled);
   SetIfDefault(FLAGS_buffer_count, config.zero_optimization.offload_optimizer.buffer_count);
   SetIfDefault(FLAGS_chunk_elems, absl::StrCat(config.zo.chunk_elems));
   SetIfDefault(FLAGS_micro_batches, static_cast<int>(config.gradient_accumulation_steps));
@@ -100,6 +104,7 @@ absl::StatusOr<EstimateInput> EstimateInputFromFlags() {
         "estimate: --servers is a count of servers, got '", absl::GetFlag(FLAGS_servers), "'"));
   }
   in.nvme = absl::GetFlag(FLAGS_nvme);
+  in.dpu = absl::GetFlag(FLAGS_dpu);
   ZO_ASSIGN_OR_RETURN(in.chunk_elems, ParseCount(absl::GetFlag(FLAGS_chunk_elems)));
   ZO_ASSIGN_OR_RETURN(in.sub_group_size, ParseCount(absl::GetFlag(FLAGS_sub_group_size)));
   in.buffer_count = absl::GetFlag(FLAGS_buffer_count);

@@ -108,7 +108,9 @@ absl::Status Job::CheckHostMemory(const TieredStateOptions& options) const {
                              ? options.buffer_count * static_cast<int64_t>(layout.slot_bytes())
                              : 0);
   const int64_t gradients = local_elems_ * (contributors == 1 ? lp : 4);
-  const int64_t versions = 2 * local_elems_ * lp;
+  const int64_t versions = ParamVersions::BufferBytes(local_elems_, spec_.dtype,
+                                                      ServesFromMaster(layout.nvme_sub_groups()),
+                                                      spec_.config.zo.dpu.enabled);
   // A checkpoint's staging copies (at most the whole state, in tile buffers,
   // and at most kSnapshotStagingBytes), kept once a checkpoint has run.
   const int64_t staging_buffer = 3 * kTileElems * static_cast<int64_t>(sizeof(float));
@@ -190,7 +192,19 @@ absl::Status Job::Init() {
                                         cv_.notify_all();
                                       },
                               }));
-  ZO_ASSIGN_OR_RETURN(versions_, ParamVersions::Create(local_elems_, spec_.dtype));
+  if (ServesFromMaster(state_->nvme_sub_groups())) {
+    ZO_ASSIGN_OR_RETURN(versions_, ParamVersions::CreateFromMaster(
+                                       local_elems_, spec_.dtype,
+                                       {.round_master =
+                                            [this](int64_t offset, int64_t n, void* out) {
+                                              RoundMaster(state_->ram_master() + offset, out,
+                                                          static_cast<size_t>(n), spec_.dtype);
+                                            },
+                                        .keep_previous = spec_.config.zo.dpu.enabled,
+                                        .pool = resources_.pool}));
+  } else {
+    ZO_ASSIGN_OR_RETURN(versions_, ParamVersions::Create(local_elems_, spec_.dtype));
+  }
 
   scale_after_version_[0] = LossScaler::FromConfig(config).scale();
   coordinator_ = std::make_unique<StepCoordinator>(StepCoordinator::Options{
@@ -294,6 +308,14 @@ v1::JobStatus Job::Status() const {
   return st;
 }
 
+v1::JobStatus Job::StatusForAttach(absl::Duration max_wait) const {
+  {
+    std::unique_lock lock(mu_);
+    cv_.wait_for(lock, absl::ToChronoNanoseconds(max_wait), [&] { return !applying_ || stop_; });
+  }
+  return Status();
+}
+
 double Job::ScaleForVersionLocked(int64_t version) const {
   auto it = scale_after_version_.upper_bound(version);
   if (it == scale_after_version_.begin()) return scale_after_version_.begin()->second;
@@ -347,9 +369,10 @@ absl::Status Job::InitParams(const v1::ParamInitPiece& piece) {
   std::vector<float> values(static_cast<size_t>(n));
   std::memcpy(values.data(), piece.data().data(), piece.data().size());
   ZO_RETURN_IF_ERROR(state_->LoadMaster(c.local_offset + piece.offset(), values));
-  char* lp = static_cast<char*>(versions_->base_data());
-  RoundMaster(values.data(), lp + (c.local_offset + piece.offset()) * DTypeSize(spec_.dtype),
-              values.size(), spec_.dtype);
+  if (char* lp = static_cast<char*>(versions_->base_data()); lp != nullptr) {
+    RoundMaster(values.data(), lp + (c.local_offset + piece.offset()) * DTypeSize(spec_.dtype),
+                values.size(), spec_.dtype);
+  }
   return absl::OkStatus();
 }
 
@@ -529,6 +552,7 @@ absl::Status Job::PullParams(const v1::PullParamsRequest& request, absl::Time de
   while (cursor.Next(&piece)) {
     if (!emit(piece)) return absl::CancelledError("the caller went away");
   }
+  ZO_RETURN_IF_ERROR(cursor.status());
   RecordPull(absl::Now() - start, cursor.bytes_given());
   return absl::OkStatus();
 }
@@ -559,6 +583,10 @@ v1::StepStats Job::ComputeStepStats(int64_t step, int64_t generation) {
 void Job::StepLoop() {
   std::unique_lock lock(mu_);
   for (;;) {
+    if (applying_) {
+      applying_ = false;
+      cv_.notify_all();
+    }
     const auto due = [&] {
       return stop_ || (is_lead() && CheckpointDueLocked()) || (ReadyToReportLocked() && !frozen_);
     };
@@ -595,6 +623,7 @@ void Job::StepLoop() {
     lock.lock();
     if (!decided.has_value() || AbortedLocked(generation)) continue;
     const v1::StepCommit& commit = *decided;
+    applying_ = true;
     lock.unlock();
 
     const absl::Time update_start = absl::Now();

@@ -102,6 +102,11 @@ class Job {
   const JobSpec& spec() const { return spec_; }
   bool is_lead() const { return spec_.server_index == 0; }
   v1::JobStatus Status() const;
+  // Status once no decided step is still being applied (at most
+  // `max_wait`): what a worker attaching mid-run gets, so that it resumes
+  // after that step, on weights the servers still hold (a pull of the
+  // version the update replaces would find it gone).
+  v1::JobStatus StatusForAttach(absl::Duration max_wait = absl::Seconds(5)) const;
 
   // Worker calls.
   absl::Status InitParams(const v1::ParamInitPiece& piece);
@@ -203,7 +208,7 @@ class Job {
   absl::Status Init();
   // RESOURCE_EXHAUSTED, before anything is allocated, when the job's RAM on
   // this server (optimizer state in RAM, swap buffers, gradient buffer, the
-  // served 16-bit versions) exceeds what the host has available.
+  // stored 16-bit versions) exceeds what the host has available.
   absl::Status CheckHostMemory(const TieredStateOptions& options) const;
 
   // Validation shared by the worker calls; returns the local chunk index.
@@ -214,6 +219,10 @@ class Job {
   // LocalChunkIndex, the piece's dtype is the job's, and its incarnation.
   absl::StatusOr<int> PushedChunkIndex(const GradientPieceView& piece) const;
 
+  // Pulls round the master as they read it when it all lies in RAM
+  // (ParamVersions::CreateFromMaster); with sub-groups on NVMe the served
+  // copies are stored.
+  static bool ServesFromMaster(int64_t nvme_sub_groups) { return nvme_sub_groups == 0; }
   void StepLoop();
   // Lead: asks each follower whether it still has the job.
   void ProbeFollowers();
@@ -298,7 +307,7 @@ class Job {
   std::atomic<bool> step_wants_state_{false};
 
   mutable std::mutex mu_;
-  std::condition_variable cv_;
+  mutable std::condition_variable cv_;
   int64_t open_step_ = 1;
   int64_t version_ = 0;
   int64_t base_version_ = 0;
@@ -315,7 +324,9 @@ class Job {
   int64_t restores_begun_ = 0;  // tells a pull whether one began while it opened
   bool stop_ = false;
   absl::Status stop_reason_;
-  bool frozen_ = false;              // lead: a move holds the job at its version
+  bool frozen_ = false;  // lead: a move holds the job at its version
+  // The step thread has decided a step and not yet applied it.
+  bool applying_ = false;
   bool checkpoint_running_ = false;  // lead: checkpoint_thread_ finishes one
   // Open to update end of the last step: how long a snapshot waits for a
   // step to carry its NVMe part.

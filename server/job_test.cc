@@ -165,18 +165,25 @@ TEST_F(JobTest, InitialWeightsAtAnOffsetNearTheInt64LimitAreOutOfRange) {
 
 // What the job allocates is what `zo-ctl estimate` says a server holds:
 // 12 bytes of optimizer state, the gradient buffer (2 bytes as received with
-// one dp rank, a 4-byte fp32 sum with two) and two 2-byte versions.
+// one dp rank, a 4-byte fp32 sum with two) and, with DPU, the one 2-byte
+// version kept beside the master (pulls of the latest round the master).
 TEST_F(JobTest, RamBytesAreTheEstimate) {
-  for (int dp : {1, 2}) {
-    auto job = Open(R"("fp16": {"enabled": true})", v1::DTYPE_FP16, dp);
-    ASSERT_NE(job, nullptr);
-    EstimateInput in;
-    in.tensor_elems = {kElems};
-    in.dp_ranks = dp;
-    in.chunk_elems = 64;
-    ZO_ASSERT_OK_AND_ASSIGN(const MemoryEstimate e, EstimateMemory(in));
-    EXPECT_EQ(job->Status().ram_bytes(), e.server.ram_bytes) << "dp " << dp;
-    EXPECT_EQ(job->Status().ram_bytes(), kElems * (dp == 1 ? 18 : 20)) << "dp " << dp;
+  for (bool dpu : {false, true}) {
+    for (int dp : {1, 2}) {
+      auto job = Open(dpu ? R"("fp16": {"enabled": true}, "zo": {"dpu": {"enabled": true}})"
+                          : R"("fp16": {"enabled": true})",
+                      v1::DTYPE_FP16, dp);
+      ASSERT_NE(job, nullptr);
+      EstimateInput in;
+      in.tensor_elems = {kElems};
+      in.dp_ranks = dp;
+      in.dpu = dpu;
+      in.chunk_elems = 64;
+      ZO_ASSERT_OK_AND_ASSIGN(const MemoryEstimate e, EstimateMemory(in));
+      const std::string which = absl::StrCat("dp ", dp, dpu ? " with DPU" : "");
+      EXPECT_EQ(job->Status().ram_bytes(), e.server.ram_bytes) << which;
+      EXPECT_EQ(job->Status().ram_bytes(), kElems * ((dp == 1 ? 14 : 16) + (dpu ? 2 : 0))) << which;
+    }
   }
   // Two micro-batches pushed one by one: one rank, yet an fp32 sum.
   ZO_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Job> job,
@@ -189,27 +196,27 @@ TEST_F(JobTest, RamBytesAreTheEstimate) {
   in.chunk_elems = 64;
   ZO_ASSERT_OK_AND_ASSIGN(const MemoryEstimate e, EstimateMemory(in));
   EXPECT_EQ(job->Status().ram_bytes(), e.server_ram_bytes_servers);
-  EXPECT_EQ(job->Status().ram_bytes(), kElems * 20);
+  EXPECT_EQ(job->Status().ram_bytes(), kElems * 16);
 }
 
 // A job the host cannot hold is refused before anything is allocated, naming
 // what it needs and what there is, instead of ending in the OOM killer; one
 // that fits exactly opens.
 TEST_F(JobTest, AJobLargerThanTheAvailableRamIsRefusedBeforeAllocating) {
-  // 18 bytes per element, and one staging buffer for checkpoints (the
+  // 14 bytes per element, and one staging buffer for checkpoints (the
   // fixture gives the job a checkpoint directory).
   constexpr int64_t kStaging = 3 * kTileElems * sizeof(float);
-  available_ram_ = [] { return std::optional<int64_t>(kElems * 18 + kStaging - 1); };
+  available_ram_ = [] { return std::optional<int64_t>(kElems * 14 + kStaging - 1); };
   EXPECT_THAT(
       TryOpen(R"("fp16": {"enabled": true})", v1::DTYPE_FP16).status(),
       StatusIs(
           absl::StatusCode::kResourceExhausted,
-          AllOf(HasSubstr(absl::StrCat("job job needs ", FormatBytes(kElems * 18 + kStaging),
+          AllOf(HasSubstr(absl::StrCat("job job needs ", FormatBytes(kElems * 14 + kStaging),
                                        " of RAM on this server")),
                 HasSubstr(absl::StrCat(FormatBytes(kStaging), " checkpoint staging")),
-                HasSubstr(absl::StrCat(FormatBytes(kElems * 18 + kStaging - 1), " is available")),
+                HasSubstr(absl::StrCat(FormatBytes(kElems * 14 + kStaging - 1), " is available")),
                 HasSubstr("NVMe"))));
-  available_ram_ = [] { return std::optional<int64_t>(kElems * 18 + kStaging); };
+  available_ram_ = [] { return std::optional<int64_t>(kElems * 14 + kStaging); };
   EXPECT_THAT(TryOpen(R"("fp16": {"enabled": true})", v1::DTYPE_FP16).status(), IsOk());
   available_ram_ = [] { return std::nullopt; };  // unknown: the allocation decides
   EXPECT_THAT(TryOpen(R"("fp16": {"enabled": true})", v1::DTYPE_FP16).status(), IsOk());

@@ -58,7 +58,8 @@ grpc::Status OffloadService::OpenJob(grpc::ServerContext* context,
   ZO_RPC_ASSIGN_OR_RETURN(spec, JobSpecFromRequest(*request));
   ZO_RPC_ASSIGN_OR_RETURN(opened, registry_->Open(std::move(spec), request->attach_only()));
   response->set_attached(opened.attached);
-  *response->mutable_status() = opened.job->Status();
+  *response->mutable_status() =
+      opened.attached ? opened.job->StatusForAttach() : opened.job->Status();
   ZO_LOG(INFO) << (opened.attached ? "attached to job " : "opened job ") << request->job()
                << " from " << context->peer();
   return grpc::Status::OK;

@@ -43,7 +43,7 @@ TEST(ParamPieceWireTest, EveryPieceParsesToTheMessageTheCursorBuilds) {
   int count = 0;
   while (messages.Next(&expected)) {
     ASSERT_TRUE(pieces.Next(&piece));
-    const v1::ParamPiece got = Parse(EncodeParamPiece(piece, pieces.data_holder()));
+    const v1::ParamPiece got = Parse(EncodeParamPiece(piece, piece.owner));
     EXPECT_EQ(got.SerializeAsString(), expected.SerializeAsString()) << "piece " << count;
     ++count;
   }
@@ -75,8 +75,8 @@ TEST(ParamPieceWireTest, TheDataSliceHoldsTheVersionUntilItIsReleased) {
                             {{.tensor = 0, .tensor_offset = 0, .local_offset = 0, .elems = 16}});
     PullPiece piece;
     ASSERT_TRUE(cursor.Next(&piece));
-    holder = cursor.data_holder();
-    buffer.emplace(EncodeParamPiece(piece, cursor.data_holder()));
+    holder = piece.owner;
+    buffer.emplace(EncodeParamPiece(piece, std::move(piece.owner)));
   }
   EXPECT_FALSE(holder.expired());  // the cursor is gone, the slice holds on
   buffer.reset();

@@ -1,5 +1,6 @@
 #include "server/param_versions.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -8,29 +9,39 @@
 namespace zo {
 
 absl::StatusOr<std::unique_ptr<ParamVersions>> ParamVersions::Create(int64_t elems, DType dtype) {
+  std::unique_ptr<ParamVersions> v(new ParamVersions(elems, dtype, FromMaster{}));
   const size_t bytes = static_cast<size_t>(std::max<int64_t>(elems, 1)) * DTypeSize(dtype);
-  ZO_ASSIGN_OR_RETURN(AlignedBuffer a, AlignedBuffer::Allocate(bytes));
-  ZO_ASSIGN_OR_RETURN(AlignedBuffer b, AlignedBuffer::Allocate(bytes));
-  return std::unique_ptr<ParamVersions>(
-      new ParamVersions(elems, dtype, std::move(a), std::move(b)));
+  for (Buffer& b : v->buffers_) {
+    ZO_ASSIGN_OR_RETURN(b.memory, AlignedBuffer::Allocate(bytes));
+  }
+  v->buffers_[0].data_version = 0;
+  return v;
 }
 
-ParamVersions::ParamVersions(int64_t elems, DType dtype, AlignedBuffer a, AlignedBuffer b)
-    : elems_(elems), dtype_(dtype) {
-  buffers_[0].memory = std::move(a);
-  buffers_[1].memory = std::move(b);
-  buffers_[0].data_version = 0;
+absl::StatusOr<std::unique_ptr<ParamVersions>> ParamVersions::CreateFromMaster(int64_t elems,
+                                                                               DType dtype,
+                                                                               FromMaster from) {
+  if (!from.round_master) {
+    return absl::InvalidArgumentError("ParamVersions::CreateFromMaster needs round_master");
+  }
+  std::unique_ptr<ParamVersions> v(new ParamVersions(elems, dtype, std::move(from)));
+  if (v->num_buffers() == 1) {
+    const size_t bytes = static_cast<size_t>(std::max<int64_t>(elems, 1)) * DTypeSize(dtype);
+    ZO_ASSIGN_OR_RETURN(v->buffers_[0].memory, AlignedBuffer::Allocate(bytes));
+  }
+  v->master_data_ = 0;
+  return v;
+}
+
+ParamVersions::ParamVersions(int64_t elems, DType dtype, FromMaster from)
+    : elems_(elems), dtype_(dtype), from_(std::move(from)) {
   data_version_ = {0};
 }
 
-void ParamVersions::Reset(int64_t version) {
-  std::unique_lock lock(mu_);
-  readers_done_.wait(
-      lock, [&] { return Unblocked(buffers_[0].readers == 0 && buffers_[1].readers == 0); });
-  base_ = version;
-  data_version_ = {version};
-  buffers_[0].data_version = -1;
-  buffers_[1].data_version = -1;
+int64_t ParamVersions::BufferBytes(int64_t elems, DType dtype, bool from_master,
+                                   bool keep_previous) {
+  const int buffers = from_master ? (keep_previous ? 1 : 0) : 2;
+  return buffers * elems * static_cast<int64_t>(DTypeSize(dtype));
 }
 
 bool ParamVersions::Unblocked(bool free) {
@@ -38,20 +49,54 @@ bool ParamVersions::Unblocked(bool free) {
   return free;
 }
 
+bool ParamVersions::NoReadersLocked() const {
+  return buffers_[0].readers == 0 && buffers_[1].readers == 0 && master_pins_ == 0 &&
+         master_reading_ == 0;
+}
+
 int64_t ParamVersions::times_blocked() const {
   std::lock_guard lock(mu_);
   return times_blocked_;
 }
 
-void ParamVersions::CommitBase() {
-  std::lock_guard lock(mu_);
-  buffers_[0].data_version = base_;
+void ParamVersions::Reset(int64_t version) {
+  std::unique_lock lock(mu_);
+  readers_done_.wait(lock, [&] { return Unblocked(NoReadersLocked()); });
+  base_ = version;
+  data_version_ = {version};
+  buffers_[0].data_version = -1;
+  buffers_[1].data_version = -1;
+  master_data_ = -1;
 }
 
-void* ParamVersions::base_data() { return buffers_[0].memory.data(); }
+void ParamVersions::CommitBase() {
+  std::lock_guard lock(mu_);
+  if (from_master()) {
+    master_data_ = base_;
+  } else {
+    buffers_[0].data_version = base_;
+  }
+}
+
+void* ParamVersions::base_data() { return from_master() ? nullptr : buffers_[0].memory.data(); }
 
 void* ParamVersions::BeginWrite() {
   std::unique_lock lock(mu_);
+  if (from_master()) {
+    if (from_.keep_previous) {
+      KeepLatest(lock);
+    } else {
+      // New pulls no longer pin the master (they could hold the update off
+      // for ever); theirs are the workers that died, and they are told the
+      // version is gone once the update begins.
+      update_waiting_ = true;
+      readers_done_.wait(lock,
+                         [&] { return Unblocked(master_pins_ == 0 && master_reading_ == 0); });
+      update_waiting_ = false;
+      master_data_ = -1;
+    }
+    return nullptr;
+  }
   const int64_t current = data_version_.back();
   const int target = buffers_[0].data_version == current ? 1 : 0;
   readers_done_.wait(lock, [&] { return Unblocked(buffers_[target].readers == 0); });
@@ -60,10 +105,40 @@ void* ParamVersions::BeginWrite() {
   return buffers_[target].memory.data();
 }
 
+void ParamVersions::KeepLatest(std::unique_lock<std::mutex>& lock) {
+  Buffer& kept = buffers_[0];
+  readers_done_.wait(lock, [&] { return Unblocked(kept.readers == 0); });
+  kept.data_version = -1;  // what it held is gone; no lease on it meanwhile
+  lock.unlock();
+  // The master does not change before this returns, so pulls of the latest
+  // version go on rounding it meanwhile.
+  char* out = static_cast<char*>(kept.memory.data());
+  const int64_t size = static_cast<int64_t>(DTypeSize(dtype_));
+  const int parts = from_.pool != nullptr ? from_.pool->size() : 1;
+  auto round_part = [&](int part) {
+    const int64_t begin = elems_ * part / parts;
+    const int64_t end = elems_ * (part + 1) / parts;
+    if (end > begin) from_.round_master(begin, end - begin, out + begin * size);
+  };
+  if (from_.pool != nullptr) {
+    from_.pool->RunOnAll(round_part);
+  } else {
+    round_part(0);
+  }
+  lock.lock();
+  kept.data_version = master_data_;
+  master_data_ = -1;  // reads of it now copy the kept buffer
+  readers_done_.wait(lock, [&] { return Unblocked(master_reading_ == 0); });
+}
+
 void ParamVersions::CommitWrite(int64_t version) {
   std::lock_guard lock(mu_);
-  buffers_[writing_].data_version = version;
-  writing_ = -1;
+  if (from_master()) {
+    master_data_ = version;
+  } else {
+    buffers_[writing_].data_version = version;
+    writing_ = -1;
+  }
   data_version_.push_back(version);
 }
 
@@ -88,29 +163,75 @@ std::optional<int64_t> ParamVersions::DataVersionLocked(int64_t version) const {
   return data_version_[i];
 }
 
+absl::Status ParamVersions::NotHeldLocked(int64_t version) const {
+  const int64_t latest = base_ + static_cast<int64_t>(data_version_.size()) - 1;
+  return absl::FailedPreconditionError(absl::StrCat(
+      "version ", version, " is not held (latest is ", latest, "; only the ",
+      keep_previous() ? "two newest distinct versions are" : "newest version is", " kept)"));
+}
+
 absl::StatusOr<ParamVersions::Lease> ParamVersions::Acquire(int64_t version) {
   std::lock_guard lock(mu_);
   const std::optional<int64_t> data = DataVersionLocked(version);
   if (data.has_value()) {
-    for (int b = 0; b < 2; ++b) {
+    if (from_master() && master_data_ == *data) {
+      // With a kept previous version an update moves the lease's reads to
+      // the kept buffer; without one the lease keeps the master as it is.
+      if (from_.keep_previous || update_waiting_) return Lease(this, Lease::kUnpinned, version);
+      ++master_pins_;
+      return Lease(this, Lease::kMaster, version);
+    }
+    for (int b = 0; b < num_buffers(); ++b) {
       if (buffers_[b].data_version == *data) {
         ++buffers_[b].readers;
-        return Lease(this, b);
+        return Lease(this, b, version);
       }
     }
   }
-  const int64_t latest = base_ + static_cast<int64_t>(data_version_.size()) - 1;
-  return absl::FailedPreconditionError(
-      absl::StrCat("version ", version, " is not held (latest is ", latest,
-                   "; only the two newest distinct versions are kept)"));
+  return NotHeldLocked(version);
+}
+
+absl::Status ParamVersions::ReadFromMaster(int64_t version, int64_t offset, int64_t n, void* out) {
+  std::unique_lock lock(mu_);
+  const std::optional<int64_t> data = DataVersionLocked(version);
+  if (data.has_value() && master_data_ == *data) {
+    ++master_reading_;
+    lock.unlock();
+    from_.round_master(offset, n, out);
+    lock.lock();
+    if (--master_reading_ == 0) readers_done_.notify_all();
+    return absl::OkStatus();
+  }
+  if (data.has_value() && num_buffers() == 1 && buffers_[0].data_version == *data) {
+    Buffer& kept = buffers_[0];
+    ++kept.readers;
+    lock.unlock();
+    const size_t size = DTypeSize(dtype_);
+    std::memcpy(out, static_cast<const char*>(kept.memory.data()) + offset * size, n * size);
+    lock.lock();
+    if (--kept.readers == 0) readers_done_.notify_all();
+    return absl::OkStatus();
+  }
+  return NotHeldLocked(version);
 }
 
 ParamVersions::Lease::~Lease() {
-  if (owner_ == nullptr) return;
+  if (owner_ == nullptr || buffer_ == kUnpinned) return;
   std::lock_guard lock(owner_->mu_);
-  if (--owner_->buffers_[buffer_].readers == 0) owner_->readers_done_.notify_all();
+  int& readers = buffer_ == kMaster ? owner_->master_pins_ : owner_->buffers_[buffer_].readers;
+  if (--readers == 0) owner_->readers_done_.notify_all();
 }
 
-const void* ParamVersions::Lease::data() const { return owner_->buffers_[buffer_].memory.data(); }
+const void* ParamVersions::Lease::data() const {
+  if (owner_->from_master()) return nullptr;
+  return owner_->buffers_[buffer_].memory.data();
+}
+
+absl::Status ParamVersions::Lease::Read(int64_t offset, int64_t n, void* out) const {
+  if (owner_->from_master()) return owner_->ReadFromMaster(version_, offset, n, out);
+  const size_t size = DTypeSize(owner_->dtype_);
+  std::memcpy(out, static_cast<const char*>(data()) + offset * size, n * size);
+  return absl::OkStatus();
+}
 
 }  // namespace zo

@@ -1,46 +1,89 @@
-// The low-precision weights a job serves to pulls, by version. Two buffers:
-// the latest version's and the one before, so that with the delayed
-// parameter update a worker can pull v_t while the step producing v_{t+1}
-// writes the other buffer. A skipped step makes a new version with the same
-// data (no copy), which lets a pull say "unchanged".
+// The low-precision weights a job serves to pulls, by version
+// (docs/architecture.md, "Memory tiers"). Two ways to hold them:
 //
-// Thread-safe. Writing a buffer waits until no pull still reads it.
+// - From the master (CreateFromMaster; the job's fp32 master is all in
+//   RAM): the latest version is not stored. A pull rounds the master as it
+//   reads, which gives the bytes an update's kernel would have written.
+//   With keep_previous, one buffer holds the version before the latest:
+//   each update first rounds the master into it, so a pull of v_t goes on
+//   from there while the step producing v_{t+1} writes the master. 2 bytes
+//   per element (fp16/bf16), or none without keep_previous, where an update
+//   waits for the pulls of the latest version to end.
+// - Materialized (Create; the master is partly on NVMe, where a pull cannot
+//   read it): two buffers, the latest version's and the one before; each
+//   update writes the older one (4 bytes per element).
+//
+// A skipped step makes a new version with the same data (no copy), which
+// lets a pull say "unchanged".
+//
+// Thread-safe. An update waits until no pull still reads what it replaces.
 #ifndef ZO_SERVER_PARAM_VERSIONS_H_
 #define ZO_SERVER_PARAM_VERSIONS_H_
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/dtype.h"
 #include "offload/aligned_buffer.h"
+#include "offload/thread_pool.h"
 
 namespace zo {
 
 class ParamVersions {
  public:
-  // Two buffers of `elems` elements of `dtype`; version 0 is all zeros.
+  // Materialized: two buffers of `elems` elements of `dtype`; version 0 is
+  // all zeros.
   static absl::StatusOr<std::unique_ptr<ParamVersions>> Create(int64_t elems, DType dtype);
+
+  struct FromMaster {
+    // Writes master elements [offset, offset + n) rounded to the dtype into
+    // `out`. Called from pull threads and the update's thread, concurrently,
+    // never between BeginWrite and CommitWrite (nor between Reset and
+    // CommitBase), when the master may change.
+    std::function<void(int64_t offset, int64_t n, void* out)> round_master;
+    // Keep the version before the latest (the delayed parameter update
+    // computes on it while the next update runs).
+    bool keep_previous = true;
+    // Splits the rounding into the kept buffer; borrowed. Null: inline.
+    ThreadPool* pool = nullptr;
+  };
+  // Served from the master, whose version 0 is what round_master reads now.
+  static absl::StatusOr<std::unique_ptr<ParamVersions>> CreateFromMaster(int64_t elems, DType dtype,
+                                                                         FromMaster from);
 
   DType dtype() const { return dtype_; }
   int64_t elems() const { return elems_; }
-  // Bytes of both buffers.
-  int64_t buffer_bytes() const { return 2 * elems_ * static_cast<int64_t>(DTypeSize(dtype_)); }
+  bool from_master() const { return static_cast<bool>(from_.round_master); }
+  // Bytes of the buffers this holds: what it adds to a server's RAM.
+  int64_t buffer_bytes() const {
+    return BufferBytes(elems_, dtype_, from_master(), keep_previous());
+  }
+  // The same before creating one (the job's RAM check, zo-ctl estimate).
+  static int64_t BufferBytes(int64_t elems, DType dtype, bool from_master, bool keep_previous);
 
   // Starts over at `version` (a restore): waits for readers, then holds no
-  // version until CommitBase, while the caller fills base_data().
+  // version until CommitBase, while the caller fills base_data() (or, from
+  // the master, the master).
   void Reset(int64_t version);
   void CommitBase();
-  // Buffer 0: the initial weights (version 0) or a restored version.
+  // Materialized: buffer 0, the initial weights (version 0) or a restored
+  // version. Null when served from the master.
   void* base_data();
 
-  // The buffer the next applied step writes; waits until no pull reads it.
-  // Follow with CommitWrite.
+  // An update begins; waits until no pull reads what it replaces.
+  // Materialized: returns the buffer the update writes the new version's
+  // low-precision copy into. From the master: returns null, and the master
+  // may be written until CommitWrite (with keep_previous, the latest
+  // version has first been rounded into the kept buffer).
   void* BeginWrite();
-  // The buffer from BeginWrite now holds `version` (= latest() + 1).
+  // The update is done: the data now is `version` (= latest() + 1).
   void CommitWrite(int64_t version);
   // `version` (= latest() + 1) was skipped: same data as the one before.
   void RecordSkip(int64_t version);
@@ -53,25 +96,37 @@ class ParamVersions {
   // Read access to one version's data while it lives.
   class Lease {
    public:
-    Lease(Lease&& other) noexcept : owner_(other.owner_), buffer_(other.buffer_) {
+    Lease(Lease&& other) noexcept
+        : owner_(other.owner_), buffer_(other.buffer_), version_(other.version_) {
       other.owner_ = nullptr;
     }
     Lease(const Lease&) = delete;
     Lease& operator=(const Lease&) = delete;
     Lease& operator=(Lease&&) = delete;
     ~Lease();
+    // The version's elements where they lie (materialized), or null: then
+    // Read copies them out.
     const void* data() const;
+    // Elements [offset, offset + n) into `out`. FAILED_PRECONDITION when the
+    // version is no longer held (a pull that outlived two updates).
+    absl::Status Read(int64_t offset, int64_t n, void* out) const;
 
    private:
     friend class ParamVersions;
-    Lease(ParamVersions* owner, int buffer) : owner_(owner), buffer_(buffer) {}
+    // buffer_: the buffer this lease keeps from being overwritten, kMaster
+    // for the master, kUnpinned for none.
+    static constexpr int kMaster = -1;
+    static constexpr int kUnpinned = -2;
+    Lease(ParamVersions* owner, int buffer, int64_t version)
+        : owner_(owner), buffer_(buffer), version_(version) {}
     ParamVersions* owner_;
     int buffer_;
+    int64_t version_;
   };
   // FAILED_PRECONDITION when the version's data is no longer (or not yet) held.
   absl::StatusOr<Lease> Acquire(int64_t version);
 
-  // How often BeginWrite or Reset found readers in the way and went to wait:
+  // How often an update or Reset found readers in the way and went to wait:
   // lets a test know, without sleeping, that another thread is blocked.
   int64_t times_blocked() const;
 
@@ -81,18 +136,34 @@ class ParamVersions {
     int64_t data_version = -1;  // -1: holds nothing
     int readers = 0;
   };
-  ParamVersions(int64_t elems, DType dtype, AlignedBuffer a, AlignedBuffer b);
+  ParamVersions(int64_t elems, DType dtype, FromMaster from);
+  bool keep_previous() const { return !from_master() || from_.keep_previous; }
+  int num_buffers() const { return from_master() ? (from_.keep_previous ? 1 : 0) : 2; }
   std::optional<int64_t> DataVersionLocked(int64_t version) const;
+  absl::Status NotHeldLocked(int64_t version) const;
   bool Unblocked(bool free);  // a wait predicate's result, counting the blocks; mu_ held
+  bool NoReadersLocked() const;
+  // From the master: the update's first part, with keep_previous.
+  void KeepLatest(std::unique_lock<std::mutex>& lock);
+  // From the master: Lease::Read.
+  absl::Status ReadFromMaster(int64_t version, int64_t offset, int64_t n, void* out);
 
   const int64_t elems_;
   const DType dtype_;
+  const FromMaster from_;
   mutable std::mutex mu_;
   std::condition_variable readers_done_;
   Buffer buffers_[2];
   int64_t base_ = 0;
   std::vector<int64_t> data_version_;  // index: version - base_
   int writing_ = -1;
+  // From the master: the data version the master holds (-1 while an update
+  // or a restore writes it), the leases that keep it so for a whole pull
+  // (without keep_previous), and the reads rounding it now.
+  int64_t master_data_ = -1;
+  int master_pins_ = 0;
+  bool update_waiting_ = false;  // for the pins to go (without keep_previous)
+  int master_reading_ = 0;
   int64_t times_blocked_ = 0;
 };
 

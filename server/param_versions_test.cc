@@ -1,5 +1,6 @@
 #include "server/param_versions.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -7,17 +8,22 @@
 #include <memory>
 #include <optional>
 #include <thread>
+#include <vector>
 
+#include "common/convert.h"
 #include "common/dtype.h"
+#include "common/status_macros.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "offload/thread_pool.h"
 
 namespace zo {
 namespace {
 
 using ::testing::HasSubstr;
 using testing::IsOk;
+using testing::IsOkAndHolds;
 using ::testing::Optional;
 using testing::StatusIs;
 
@@ -239,6 +245,219 @@ TEST(ParamVersionsTest, ResetWaitsForReaders) {
   restorer.join();
   EXPECT_TRUE(reset);
   EXPECT_EQ(v->latest(), 5);
+}
+
+// ---- Served from the master ----
+
+// A job's fp32 master in miniature: version k's element i is k * 100 + i / 2,
+// exact in fp16 for k < 10, so a served element names its version.
+class FromMasterTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<ParamVersions> Make(bool keep_previous) {
+    absl::StatusOr<std::unique_ptr<ParamVersions>> v = ParamVersions::CreateFromMaster(
+        kElems, DType::kFloat16,
+        {.round_master =
+             [this](int64_t offset, int64_t n, void* out) {
+               FloatToHalf(master_.data() + offset, static_cast<uint16_t*>(out),
+                           static_cast<size_t>(n));
+             },
+         .keep_previous = keep_previous,
+         .pool = &pool_});
+    EXPECT_THAT(v, IsOk());
+    return v.ok() ? std::move(v).value() : nullptr;
+  }
+
+  void SetMaster(int version) {
+    for (int64_t i = 0; i < kElems; ++i) master_[i] = static_cast<float>(version * 100) + i * 0.5f;
+  }
+
+  // An update to `version`, as the job's step makes it.
+  void Update(ParamVersions& v, int version) {
+    EXPECT_EQ(v.BeginWrite(), nullptr);
+    SetMaster(version);
+    v.CommitWrite(version);
+  }
+
+  // Which version elements [offset, offset + n) of `lease` read as; -1 for
+  // a mix.
+  static absl::StatusOr<int> ReadsAs(const ParamVersions::Lease& lease, int64_t offset = 0,
+                                     int64_t n = kElems) {
+    std::vector<uint16_t> half(n);
+    ZO_RETURN_IF_ERROR(lease.Read(offset, n, half.data()));
+    std::vector<float> got(n);
+    HalfToFloat(half.data(), got.data(), half.size());
+    const int version = static_cast<int>(got[0] - offset * 0.5f) / 100;
+    for (int64_t i = 0; i < n; ++i) {
+      if (got[i] != static_cast<float>(version * 100) + (offset + i) * 0.5f) return -1;
+    }
+    return version;
+  }
+
+  ThreadPool pool_{2};
+  std::vector<float> master_ = std::vector<float>(kElems, 0.0f);
+};
+
+TEST_F(FromMasterTest, TheLatestVersionIsTheRoundedMasterAndIsNotStored) {
+  std::unique_ptr<ParamVersions> v = Make(/*keep_previous=*/false);
+  ASSERT_NE(v, nullptr);
+  EXPECT_TRUE(v->from_master());
+  EXPECT_EQ(v->buffer_bytes(), 0);
+  EXPECT_EQ(v->base_data(), nullptr);
+  SetMaster(0);  // the initial weights, loaded into the master
+  {
+    ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease lease, v->Acquire(0));
+    EXPECT_EQ(lease.data(), nullptr) << "no stored copy to point at";
+    EXPECT_THAT(ReadsAs(lease), IsOkAndHolds(0));
+    EXPECT_THAT(ReadsAs(lease, 7, 20), IsOkAndHolds(0));
+  }
+  Update(*v, 1);
+  ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease lease, v->Acquire(1));
+  EXPECT_THAT(ReadsAs(lease), IsOkAndHolds(1));
+  EXPECT_THAT(v->Acquire(0), StatusIs(kFailedPrecondition,
+                                      HasSubstr("version 0 is not held (latest is 1; only the "
+                                                "newest version is kept)")));
+}
+
+// Without a kept version an update waits for the pulls of the latest, which
+// read the master it is about to write.
+TEST_F(FromMasterTest, WithoutAKeptVersionAnUpdateWaitsForThePullsOfTheLatest) {
+  std::unique_ptr<ParamVersions> v = Make(/*keep_previous=*/false);
+  ASSERT_NE(v, nullptr);
+  SetMaster(0);
+  ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease first, v->Acquire(0));
+  std::optional<ParamVersions::Lease> pull(std::move(first));
+  std::atomic<bool> began{false};
+  std::thread step([&] {
+    v->BeginWrite();
+    began = true;
+  });
+  AwaitBlocked(*v, 1);
+  EXPECT_FALSE(began);
+  EXPECT_THAT(ReadsAs(*pull, 32, 32), IsOkAndHolds(0)) << "the pull goes on meanwhile";
+  // A pull begun now (a worker that died after its last push) does not
+  // hold the update off: it reads until the update begins.
+  ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease late, v->Acquire(0));
+  EXPECT_THAT(ReadsAs(late, 0, 8), IsOkAndHolds(0));
+  pull.reset();
+  step.join();
+  EXPECT_TRUE(began);
+  EXPECT_THAT(ReadsAs(late, 8, 8), StatusIs(kFailedPrecondition, HasSubstr("not held")));
+  EXPECT_THAT(v->Acquire(0), StatusIs(kFailedPrecondition, HasSubstr("not held")))
+      << "the master is being written";
+  SetMaster(1);
+  v->CommitWrite(1);
+  ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease lease, v->Acquire(1));
+  EXPECT_THAT(ReadsAs(lease), IsOkAndHolds(1));
+}
+
+// With DPU the version before the latest is kept: each update rounds the
+// master into the kept buffer first, so a pull of the latest that is still
+// going on reads the same bytes from there, and the update does not wait.
+TEST_F(FromMasterTest, AKeptVersionLetsAPullOfTheLatestGoOnThroughTheUpdate) {
+  std::unique_ptr<ParamVersions> v = Make(/*keep_previous=*/true);
+  ASSERT_NE(v, nullptr);
+  EXPECT_EQ(v->buffer_bytes(), kElems * 2);
+  SetMaster(0);
+  Update(*v, 1);
+  ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease v0, v->Acquire(0));
+  ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease v1, v->Acquire(1));
+  EXPECT_THAT(ReadsAs(v0), IsOkAndHolds(0));
+  EXPECT_THAT(ReadsAs(v1, 0, 10), IsOkAndHolds(1));
+  {
+    // v0 is read from the kept buffer: the next update waits for it.
+    std::optional<ParamVersions::Lease> old(std::move(v0));
+    std::atomic<bool> began{false};
+    std::thread step([&] {
+      v->BeginWrite();
+      began = true;
+    });
+    AwaitBlocked(*v, 1);
+    EXPECT_FALSE(began);
+    old.reset();
+    step.join();
+  }
+  // Mid-update: version 1 now comes from the kept buffer, the master is free.
+  SetMaster(2);
+  EXPECT_THAT(ReadsAs(v1, 10, kElems - 10), IsOkAndHolds(1)) << "the rest of the pull";
+  v->CommitWrite(2);
+  EXPECT_THAT(ReadsAs(v1), IsOkAndHolds(1));
+  ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease v2, v->Acquire(2));
+  EXPECT_THAT(ReadsAs(v2), IsOkAndHolds(2));
+  EXPECT_THAT(v->Acquire(0), StatusIs(kFailedPrecondition, HasSubstr("two newest")));
+
+  // The v1 lease, unpinned, does not hold up the next update either; after
+  // it v1 is gone and the lease says so.
+  Update(*v, 3);
+  EXPECT_THAT(ReadsAs(v1), StatusIs(kFailedPrecondition, HasSubstr("version 1 is not held")));
+  ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease again, v->Acquire(2));
+  EXPECT_THAT(ReadsAs(again), IsOkAndHolds(2));
+}
+
+TEST_F(FromMasterTest, SkipsShareDataAndARestoreStartsFromTheMaster) {
+  std::unique_ptr<ParamVersions> v = Make(/*keep_previous=*/true);
+  ASSERT_NE(v, nullptr);
+  SetMaster(0);
+  Update(*v, 1);
+  v->RecordSkip(2);
+  EXPECT_THAT(v->DataVersion(2), Optional(1));
+  {
+    ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease lease, v->Acquire(2));
+    EXPECT_THAT(ReadsAs(lease), IsOkAndHolds(1));
+  }
+  Update(*v, 3);  // keeps the data of versions 1 and 2
+  for (int64_t version : {1, 2}) {
+    ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease lease, v->Acquire(version));
+    EXPECT_THAT(ReadsAs(lease), IsOkAndHolds(1)) << version;
+  }
+
+  v->Reset(5);
+  EXPECT_THAT(v->Acquire(5), StatusIs(kFailedPrecondition, HasSubstr("not held")))
+      << "until CommitBase";
+  SetMaster(5);  // the checkpoint, loaded into the master
+  v->CommitBase();
+  ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease lease, v->Acquire(5));
+  EXPECT_THAT(ReadsAs(lease), IsOkAndHolds(5));
+  EXPECT_THAT(v->Acquire(3), StatusIs(kFailedPrecondition, HasSubstr("not held")));
+}
+
+// Pulls racing the updates: every piece a pull gets is wholly the version it
+// asked for, from the master or the kept buffer, or the pull is told the
+// version is gone; never a mix of two versions.
+TEST_F(FromMasterTest, PiecesReadDuringUpdatesAreNeverAMix) {
+  for (bool keep_previous : {false, true}) {
+    std::unique_ptr<ParamVersions> v = Make(keep_previous);
+    ASSERT_NE(v, nullptr);
+    SetMaster(0);
+    std::atomic<bool> done{false};
+    std::atomic<int64_t> pieces{0};
+    std::atomic<int64_t> mixed{0};
+    std::vector<std::thread> pullers;
+    for (int t = 0; t < 2; ++t) {
+      pullers.emplace_back([&, t] {
+        while (!done) {
+          const int64_t version = std::max<int64_t>(0, v->latest() - t);
+          absl::StatusOr<ParamVersions::Lease> lease = v->Acquire(version);
+          if (!lease.ok()) continue;  // replaced since latest() was read
+          for (int64_t offset = 0; offset < kElems; offset += 16) {
+            absl::StatusOr<int> as = ReadsAs(*lease, offset, 16);
+            if (!as.ok()) break;  // gone: the pull ends
+            ++pieces;
+            if (*as != version) ++mixed;
+          }
+        }
+      });
+    }
+    for (int version = 1; version <= 9; ++version) {
+      // Wait for a few pieces per version, so that reads overlap updates.
+      const int64_t until = pieces + 8;
+      while (pieces < until) std::this_thread::yield();
+      Update(*v, version);
+    }
+    done = true;
+    for (std::thread& t : pullers) t.join();
+    EXPECT_EQ(mixed, 0) << (keep_previous ? "kept" : "not kept");
+    EXPECT_GT(pieces, 0);
+  }
 }
 
 }  // namespace

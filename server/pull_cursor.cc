@@ -37,11 +37,20 @@ bool PullCursor::Next(PullPiece* piece) {
   const Range& r = ranges_[range_];
   const int64_t elem = static_cast<int64_t>(DTypeSize(dtype_));
   const int64_t len = std::min(kMaxPullPieceBytes / elem, r.elems - done_);
-  const std::byte* data = static_cast<const std::byte*>(lease_->data());
+  const auto bytes = static_cast<size_t>(len * elem);
+  if (const void* data = lease_->data(); data != nullptr) {
+    piece->data = {static_cast<const std::byte*>(data) + (r.local_offset + done_) * elem, bytes};
+    piece->owner = lease_;
+  } else {
+    auto copy = std::make_shared<std::vector<std::byte>>(bytes);
+    status_ = lease_->Read(r.local_offset + done_, len, copy->data());
+    if (!status_.ok()) return false;
+    piece->data = {copy->data(), bytes};
+    piece->owner = std::move(copy);
+  }
   piece->tensor = r.tensor;
   piece->offset = r.tensor_offset + done_;
   piece->dtype = dtype_;
-  piece->data = {data + (r.local_offset + done_) * elem, static_cast<size_t>(len * elem)};
   done_ += len;
   bytes_given_ += len * elem;
   return true;

@@ -1,8 +1,9 @@
 // One pull's answer, produced a piece at a time: the pieces of the requested
 // tensors this server owns, cut at kMaxPullPieceBytes, read from the version
-// the cursor holds. A caller that writes asynchronously (a gRPC reactor)
-// asks for the next piece when the last one is on its way; the version's
-// data stays held until the cursor is destroyed.
+// the cursor holds (where it lies, or rounded from the master into a buffer
+// of the piece's own: server/param_versions.h). A caller that writes
+// asynchronously (a gRPC reactor) asks for the next piece when the last one
+// is on its way; each piece's `owner` keeps its data valid.
 #ifndef ZO_SERVER_PULL_CURSOR_H_
 #define ZO_SERVER_PULL_CURSOR_H_
 
@@ -11,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "common/dtype.h"
 #include "proto/zo/v1/params.pb.h"
@@ -31,6 +33,9 @@ struct PullPiece {
   int64_t offset = 0;  // first element, counted from the tensor's start
   DType dtype = DType::kFloat16;
   absl::Span<const std::byte> data;
+  // Keeps `data` valid: what a piece written without a copy holds until the
+  // transport has sent it. Null for an unchanged pull.
+  std::shared_ptr<const void> owner;
 };
 
 // The piece's message with every field but `data`.
@@ -53,14 +58,13 @@ class PullCursor {
   static PullCursor Serving(int64_t version, double loss_scale, DType dtype,
                             ParamVersions::Lease lease, std::vector<Range> ranges);
 
-  // The next piece; false when every piece was given. Its data stays valid
-  // while data_holder() (or the cursor) lives.
+  // The next piece; false when every piece was given, or when reading one
+  // failed (then status() says why: the version was replaced under a pull
+  // that outlived it).
   bool Next(PullPiece* piece);
   // The same as a message (a copy of the data).
   bool Next(v1::ParamPiece* piece);
-  // Keeps the version's data held: what a piece written without a copy
-  // holds until the transport has sent it. Null for an unchanged pull.
-  std::shared_ptr<const void> data_holder() const { return lease_; }
+  const absl::Status& status() const { return status_; }
   // Weight bytes given so far.
   int64_t bytes_given() const { return bytes_given_; }
 
@@ -80,6 +84,7 @@ class PullCursor {
   size_t range_ = 0;  // the range Next reads
   int64_t done_ = 0;  // elements of ranges_[range_] already given
   int64_t bytes_given_ = 0;
+  absl::Status status_;
 };
 
 }  // namespace zo

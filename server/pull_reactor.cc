@@ -64,15 +64,20 @@ void PullReactor::Await() {
     return;
   }
   cursor_.emplace(*std::move(cursor));
-  data_holder_ = std::make_shared<std::pair<std::shared_ptr<Job>, std::shared_ptr<const void>>>(
-      job_, cursor_->data_holder());  // the lease goes before the job
   WriteNext();
 }
 
 void PullReactor::WriteNext() {
   if (PullPiece piece; cursor_->Next(&piece)) {
-    piece_ = EncodeParamPiece(piece, data_holder_);
+    // The piece's data goes before the job.
+    piece_ = EncodeParamPiece(
+        piece, std::make_shared<std::pair<std::shared_ptr<Job>, std::shared_ptr<const void>>>(
+                   job_, std::move(piece.owner)));
     StartWrite(&piece_);
+    return;
+  }
+  if (!cursor_->status().ok()) {
+    FinishWith(cursor_->status());
     return;
   }
   job_->RecordPull(absl::Now() - serve_start_, cursor_->bytes_given());

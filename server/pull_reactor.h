@@ -51,9 +51,6 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   v1::PullParamsRequest request_;
   std::shared_ptr<Job> job_;
   std::optional<PullCursor> cursor_;
-  // What the pieces' data slices keep alive: the version's lease and the
-  // job that owns its memory.
-  std::shared_ptr<const void> data_holder_;
   grpc::ByteBuffer piece_;  // the write in flight
   absl::Time serve_start_;
 

@@ -42,8 +42,10 @@ absl::Status LoadStatePart(CheckpointReader& reader, absl::Span<const LocalChunk
     ZO_RETURN_IF_ERROR(reader.ReadFlat(map.ChunkRange(c.id).begin, absl::MakeSpan(master),
                                        absl::MakeSpan(m), absl::MakeSpan(v)));
     ZO_RETURN_IF_ERROR(state.WriteState(c.local_offset, master, m, v));
-    job_internal::RoundMaster(master.data(), lp + c.local_offset * DTypeSize(dtype), master.size(),
-                              dtype);
+    if (lp != nullptr) {
+      job_internal::RoundMaster(master.data(), lp + c.local_offset * DTypeSize(dtype),
+                                master.size(), dtype);
+    }
   }
   return absl::OkStatus();
 }

@@ -36,7 +36,8 @@ absl::StatusOr<CheckpointPartSummary> WriteStatePart(TieredOptimizerState& state
                                                      const ShardMap& map, const std::string& path);
 
 // Reads `chunks` from the checkpoint into `state`, and their master rounded
-// to `dtype` into `low_precision` (the served copy, local offsets). Stops at
+// to `dtype` into `low_precision` (the served copy, local offsets; null when
+// pulls are served from the master itself). Stops at
 // the first error; chunks before it are loaded.
 absl::Status LoadStatePart(CheckpointReader& reader, absl::Span<const LocalChunk> chunks,
                            const ShardMap& map, TieredOptimizerState& state, void* low_precision,

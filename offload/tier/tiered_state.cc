@@ -295,6 +295,8 @@ int64_t TieredOptimizerState::ram_sub_groups() const { return impl_->layout.ram_
 int64_t TieredOptimizerState::nvme_sub_groups() const { return impl_->layout.nvme_sub_groups(); }
 int64_t TieredOptimizerState::ram_elems() const { return impl_->layout.ram_elems(); }
 
+const float* TieredOptimizerState::ram_master() const { return impl_->Ram(kStateMaster); }
+
 absl::Status TieredOptimizerState::LoadMaster(int64_t offset, absl::Span<const float> values) {
   return impl_->Write("LoadMaster", offset, static_cast<int64_t>(values.size()),
                       [&](int64_t, float* p, float* m, float* v, int64_t src, int64_t n) {

@@ -93,6 +93,11 @@ class TieredOptimizerState {
   int64_t nvme_sub_groups() const;
   // Elements [0, ram_elems()) are in RAM, the rest on NVMe.
   int64_t ram_elems() const;
+  // The fp32 master of elements [0, ram_elems()), where it lies. Readable
+  // from any thread, concurrently with other readers, while the caller
+  // keeps AdamStep, LoadMaster and WriteState away (the server's served
+  // weights are rounded from it: server/param_versions.h).
+  const float* ram_master() const;
   // Bytes this state holds in RAM: the RAM sub-groups' master, m and v and
   // the swap buffers.
   int64_t ram_bytes() const;

@@ -14,6 +14,7 @@ namespace zo {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 struct Result {
   int exit_code;
@@ -59,7 +60,11 @@ TEST(ZoCtlEstimateTest, TableForAManifest) {
   const Result r = RunZoCtl("estimate --manifest " + manifest + " --precision bf16");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("1.00 M parameters in 2 tensor(s), bf16"));
-  EXPECT_THAT(r.output, HasSubstr("bf16 copies for pulls (2 versions)"));
+  // Pulls round the master: no stored copy, unless DPU keeps one version.
+  EXPECT_THAT(r.output, Not(HasSubstr("copies for pulls")));
+  const Result dpu = RunZoCtl("estimate --manifest " + manifest + " --precision bf16 --dpu");
+  ASSERT_EQ(dpu.exit_code, 0) << dpu.output;
+  EXPECT_THAT(dpu.output, HasSubstr("bf16 copies for pulls (1 version)"));
 }
 
 TEST(ZoCtlEstimateTest, BadInputExitsTwoWithAReason) {

@@ -263,7 +263,8 @@ TEST_F(BadInputTest, OversizedJobsAreRefusedBeforeAnythingIsAllocated) {
     };
   };
   // 2^40 fp32 elements: in chunks of 256, too many chunks to keep track of;
-  // in chunks of 2^30, 24 bytes each here (state, fp32 sum, two versions).
+  // in chunks of 2^30, 16 bytes each here (state, fp32 gradients; pulls round the
+  // master).
   EXPECT_THAT(open(*server_, "huge", tensor("w", {int64_t{1} << 40})),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("4294967296 chunks of 256, more than the 4194304")));
@@ -271,7 +272,7 @@ TEST_F(BadInputTest, OversizedJobsAreRefusedBeforeAnythingIsAllocated) {
   big_chunks.replace(big_chunks.find("256"), 3, "1073741824");
   EXPECT_THAT(open(*server_, "huge", tensor("w", {int64_t{1} << 40}), big_chunks),
               StatusIs(absl::StatusCode::kResourceExhausted,
-                       AllOf(HasSubstr("job huge needs 24.00 TiB of RAM on this server"),
+                       AllOf(HasSubstr("job huge needs 16.00 TiB of RAM on this server"),
                              HasSubstr("is available"))));
   EXPECT_THAT(
       open(*server_, "long-name", tensor(std::string(2000, 'n'), {4})),
