@@ -51,9 +51,9 @@ ParamVersions::FromMaster FromMasterOptions(ThreadPool* pool) {
 void ServeAll(benchmark::State& state, ParamVersions& versions) {
   int64_t sink = 0;
   for (auto _ : state) {
-    PullCursor cursor =
-        PullCursor::Serving(0, 1.0, DType::kFloat16, *versions.Acquire(0),
-                            {{.tensor = 0, .tensor_offset = 0, .local_offset = 0, .elems = kElems}});
+    PullCursor cursor = PullCursor::Serving(
+        0, 1.0, DType::kFloat16, *versions.Acquire(0),
+        {{.tensor = 0, .tensor_offset = 0, .local_offset = 0, .elems = kElems}});
     PullPiece piece;
     while (cursor.Next(&piece)) sink += static_cast<int64_t>(piece.data[0]);
   }
@@ -69,7 +69,8 @@ void BM_PullFromStoredCopy(benchmark::State& state) {
 BENCHMARK(BM_PullFromStoredCopy)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_PullRoundingTheMaster(benchmark::State& state) {
-  auto versions = *ParamVersions::CreateFromMaster(kElems, DType::kFloat16, FromMasterOptions(nullptr));
+  auto versions =
+      *ParamVersions::CreateFromMaster(kElems, DType::kFloat16, FromMasterOptions(nullptr));
   ServeAll(state, *versions);
 }
 BENCHMARK(BM_PullRoundingTheMaster)->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -78,7 +79,8 @@ BENCHMARK(BM_PullRoundingTheMaster)->Unit(benchmark::kMillisecond)->UseRealTime(
 // cores (the update's pool).
 void BM_KeepPreviousVersion(benchmark::State& state) {
   ThreadPool pool;
-  auto versions = *ParamVersions::CreateFromMaster(kElems, DType::kFloat16, FromMasterOptions(&pool));
+  auto versions =
+      *ParamVersions::CreateFromMaster(kElems, DType::kFloat16, FromMasterOptions(&pool));
   int64_t version = 1;
   for (auto _ : state) {
     versions->BeginWrite();
@@ -109,9 +111,8 @@ void BM_Update(benchmark::State& state) {
   int64_t version = 1;
   for (auto _ : state) {
     if (mode == 2) kept->BeginWrite();
-    const absl::Status s =
-        tier->AdamStep(c, {grad.data(), DType::kFloat16},
-                       {mode == 0 ? copy.data() : nullptr, DType::kFloat16});
+    const absl::Status s = tier->AdamStep(c, {grad.data(), DType::kFloat16},
+                                          {mode == 0 ? copy.data() : nullptr, DType::kFloat16});
     if (!s.ok()) state.SkipWithError("AdamStep failed");
     if (mode == 2) kept->CommitWrite(version++);
   }
