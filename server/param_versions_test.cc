@@ -62,6 +62,32 @@ void AwaitBlocked(const ParamVersions& v, int64_t n) {
   while (v.times_blocked() < n) std::this_thread::yield();
 }
 
+// An update begun on another thread (BeginWrite), once it is seen waiting
+// for readers: `began` turns true when BeginWrite returns; Join waits for it.
+class BlockedUpdate {
+ public:
+  explicit BlockedUpdate(ParamVersions& v)
+      : blocks_before_(v.times_blocked()), thread_([this, &v] {
+          target_ = v.BeginWrite();
+          began = true;
+        }) {
+    AwaitBlocked(v, blocks_before_ + 1);
+  }
+  ~BlockedUpdate() {
+    if (thread_.joinable()) thread_.join();
+  }
+  void* Join() {
+    thread_.join();
+    return target_;
+  }
+  std::atomic<bool> began{false};
+
+ private:
+  const int64_t blocks_before_;  // read before the thread starts
+  void* target_ = nullptr;
+  std::thread thread_;
+};
+
 TEST(ParamVersionsTest, VersionZeroIsReadableAndZero) {
   std::unique_ptr<ParamVersions> v = MakeVersions();
   ASSERT_NE(v, nullptr);
@@ -167,21 +193,15 @@ TEST(ParamVersionsTest, BeginWriteWaitsForLeasesOnItsBuffer) {
   // And one on version 1, which the write leaves alone.
   ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease newest, v->Acquire(1));
 
-  std::atomic<bool> began{false};
-  void* target = nullptr;
-  std::thread writer([&] {
-    target = v->BeginWrite();
-    began = true;
-  });
-  AwaitBlocked(*v, 1);
-  EXPECT_FALSE(began) << "two readers of version 0 remain";
+  BlockedUpdate writer(*v);
+  EXPECT_FALSE(writer.began) << "two readers of version 0 remain";
   old_lease.reset();  // 2 -> 1 readers: the writer stays blocked
-  EXPECT_FALSE(began) << "one reader of version 0 remains";
+  EXPECT_FALSE(writer.began) << "one reader of version 0 remains";
   // Readers may keep acquiring the newest version meanwhile.
   EXPECT_THAT(v->Acquire(1), IsOk());
   second.reset();
-  writer.join();
-  EXPECT_TRUE(began);
+  void* const target = writer.Join();
+  EXPECT_TRUE(writer.began);
   EXPECT_EQ(target, v->base_data());
   Fill(target, 2);
   v->CommitWrite(2);
@@ -326,21 +346,16 @@ TEST_F(FromMasterTest, WithoutAKeptVersionAnUpdateWaitsForThePullsOfTheLatest) {
   SetMaster(0);
   ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease first, v->Acquire(0));
   std::optional<ParamVersions::Lease> pull(std::move(first));
-  std::atomic<bool> began{false};
-  std::thread step([&] {
-    v->BeginWrite();
-    began = true;
-  });
-  AwaitBlocked(*v, 1);
-  EXPECT_FALSE(began);
+  BlockedUpdate step(*v);
+  EXPECT_FALSE(step.began);
   EXPECT_THAT(ReadsAs(*pull, 32, 32), IsOkAndHolds(0)) << "the pull goes on meanwhile";
   // A pull begun now (a worker that died after its last push) does not
   // hold the update off: it reads until the update begins.
   ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease late, v->Acquire(0));
   EXPECT_THAT(ReadsAs(late, 0, 8), IsOkAndHolds(0));
   pull.reset();
-  step.join();
-  EXPECT_TRUE(began);
+  step.Join();
+  EXPECT_TRUE(step.began);
   EXPECT_THAT(ReadsAs(late, 8, 8), StatusIs(kFailedPrecondition, HasSubstr("not held")));
   EXPECT_THAT(v->Acquire(0), StatusIs(kFailedPrecondition, HasSubstr("not held")))
       << "the master is being written";
@@ -366,15 +381,10 @@ TEST_F(FromMasterTest, AKeptVersionLetsAPullOfTheLatestGoOnThroughTheUpdate) {
   {
     // v0 is read from the kept buffer: the next update waits for it.
     std::optional<ParamVersions::Lease> old(std::move(v0));
-    std::atomic<bool> began{false};
-    std::thread step([&] {
-      v->BeginWrite();
-      began = true;
-    });
-    AwaitBlocked(*v, 1);
-    EXPECT_FALSE(began);
+    BlockedUpdate step(*v);
+    EXPECT_FALSE(step.began);
     old.reset();
-    step.join();
+    step.Join();
   }
   // Mid-update: version 1 now comes from the kept buffer, the master is free.
   SetMaster(2);
