@@ -42,10 +42,11 @@ bool PullCursor::Next(PullPiece* piece) {
     piece->data = {static_cast<const std::byte*>(data) + (r.local_offset + done_) * elem, bytes};
     piece->owner = lease_;
   } else {
-    auto copy = std::make_shared<std::vector<std::byte>>(bytes);
-    status_ = lease_->Read(r.local_offset + done_, len, copy->data());
+    // Not zeroed: Read writes every byte.
+    std::shared_ptr<std::byte[]> copy(new std::byte[bytes]);
+    status_ = lease_->Read(r.local_offset + done_, len, copy.get());
     if (!status_.ok()) return false;
-    piece->data = {copy->data(), bytes};
+    piece->data = {copy.get(), bytes};
     piece->owner = std::move(copy);
   }
   piece->tensor = r.tensor;
