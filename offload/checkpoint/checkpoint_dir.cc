@@ -168,6 +168,12 @@ OrderedJson MetaToJson(const CheckpointMeta& meta) {
     doc["last_step"] = {
         {"grad_norm", std::move(norm)}, {"lr", meta.last_lr}, {"skipped", meta.last_skipped}};
   }
+  if (meta.has_previous) {
+    doc["previous"] = {{"version", meta.previous_version},
+                       {"loss_scale", meta.previous_loss_scale},
+                       {"dtype", meta.previous_dtype},
+                       {"same_data", meta.previous_same_data}};
+  }
   OrderedJson parts = OrderedJson::array();
   for (const CheckpointPartSummary& p : meta.parts) {
     parts.push_back(
@@ -205,6 +211,19 @@ absl::StatusOr<ShardMap> ValidateMeta(const CheckpointMeta& meta, const std::str
         meta.parts[i].bytes <= 0) {
       return bad(absl::StrCat("parts[", i, "]: file '", f, "' (", meta.parts[i].bytes,
                               " bytes) must be a non-empty file name inside the directory"));
+    }
+  }
+  if (meta.has_previous) {
+    if (meta.previous_version != meta.version - 1 || meta.version < 1) {
+      return bad(absl::StrCat("previous.version ", meta.previous_version,
+                              " must be the one before version ", meta.version));
+    }
+    if (!ParseDType(meta.previous_dtype).has_value()) {
+      return bad(absl::StrCat("previous.dtype '", meta.previous_dtype, "' is not a known type"));
+    }
+    if (!std::isfinite(meta.previous_loss_scale) || meta.previous_loss_scale <= 0) {
+      return bad(absl::StrCat("previous.loss_scale ", meta.previous_loss_scale,
+                              " must be finite and > 0"));
     }
   }
   absl::StatusOr<ShardMap> map =
@@ -253,6 +272,12 @@ absl::StatusOr<std::unique_ptr<CheckpointPartReader>> OpenPart(const std::string
                      " bytes and ", ChecksumHex(want.index_checksum)));
   }
   ZO_RETURN_IF_ERROR(CheckPartChunks(*part, map, server, path));
+  if (part->previous_bytes() != PreviousBytesOf(meta)) {
+    return absl::DataLossError(absl::StrCat("checkpoint part ", path, " holds ",
+                                            part->previous_bytes(),
+                                            " bytes per element of the previous version; ",
+                                            kMetaFileName, " says ", PreviousBytesOf(meta)));
+  }
   return part;
 }
 
@@ -266,6 +291,12 @@ std::string CheckpointDirName(int64_t version) { return absl::StrFormat("step-%0
 
 std::string CheckpointPartFileName(int server_index) {
   return absl::StrFormat("part-%05d.zop", server_index);
+}
+
+uint32_t PreviousBytesOf(const CheckpointMeta& meta) {
+  if (!meta.has_previous || meta.previous_same_data) return 0;
+  const std::optional<DType> dtype = ParseDType(meta.previous_dtype);
+  return dtype.has_value() ? static_cast<uint32_t>(DTypeSize(*dtype)) : 0;
 }
 
 absl::StatusOr<std::string> BeginCheckpoint(const std::string& root, const std::string& job,
@@ -430,6 +461,18 @@ absl::StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir) {
     ZO_RETURN_IF_ERROR(lr.status);
     meta.has_last_step = true;
   }
+  if (const auto previous = doc.find("previous"); previous != doc.end()) {
+    if (!previous->is_object()) {
+      return absl::DataLossError(absl::StrCat(file, ": field \"previous\" is not an object"));
+    }
+    MetaReader pr{*previous, file, "previous.", absl::OkStatus()};
+    pr.Field("version", meta.previous_version);
+    pr.Field("loss_scale", meta.previous_loss_scale);
+    pr.Field("dtype", meta.previous_dtype);
+    pr.Field("same_data", meta.previous_same_data);
+    ZO_RETURN_IF_ERROR(pr.status);
+    meta.has_previous = true;
+  }
   const auto parts = doc.find("parts");
   if (parts == doc.end() || !parts->is_array()) {
     return absl::DataLossError(absl::StrCat(file, ": field \"parts\" is missing or not an array"));
@@ -521,6 +564,32 @@ absl::Status CheckpointReader::ReadFlat(int64_t flat_begin, absl::Span<float> ma
     ZO_ASSIGN_OR_RETURN(const CheckpointPartReader* part, impl_->Part(map.ServerOfChunk(chunk)));
     ZO_RETURN_IF_ERROR(part->Read(chunk, pos - range.begin, piece(master, done, len),
                                   piece(m, done, len), piece(v, done, len)));
+    done += len;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointReader::ReadPreviousFlat(int64_t flat_begin, int64_t n, void* out) {
+  const ShardMap& map = *impl_->map;
+  const uint32_t size = PreviousBytesOf(impl_->meta);
+  if (size == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint ", impl_->dir, " holds no previous version's weights"));
+  }
+  const int64_t total = map.total_elems();
+  if (flat_begin < 0 || n < 0 || flat_begin > total || n > total - flat_begin) {
+    return absl::OutOfRangeError(absl::StrCat("checkpoint ", impl_->dir, ": elements [", flat_begin,
+                                              ", ", flat_begin + n, ") are outside the job's ",
+                                              total, " elements"));
+  }
+  char* dst = static_cast<char*>(out);
+  for (int64_t done = 0; done < n;) {
+    const int64_t pos = flat_begin + done;
+    const int64_t chunk = pos / map.chunk_elems();
+    const FlatRange range = map.ChunkRange(chunk);
+    const int64_t len = std::min(range.end - pos, n - done);
+    ZO_ASSIGN_OR_RETURN(const CheckpointPartReader* part, impl_->Part(map.ServerOfChunk(chunk)));
+    ZO_RETURN_IF_ERROR(part->ReadPrevious(chunk, pos - range.begin, len, dst + done * size));
     done += len;
   }
   return absl::OkStatus();

@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/dtype.h"
 #include "common/sharding.h"
 #include "offload/checkpoint/checkpoint_part.h"
 
@@ -43,6 +44,16 @@ struct CheckpointMeta {
   double last_grad_norm = 0.0;  // NaN: the step's gradients were non-finite
   double last_lr = 0.0;         // of the newest applied step
   bool last_skipped = false;
+  // With a delayed parameter update the step after `version` computes on
+  // the version before it, which is kept too (optional in checkpoint.json,
+  // "previous"): its number (version - 1), the loss scale it came with, and
+  // its weights' type. The parts carry its weights unless they equal the
+  // checkpoint's own (the step between was skipped): then `same_data`.
+  bool has_previous = false;
+  int64_t previous_version = 0;
+  double previous_loss_scale = 1.0;
+  std::string previous_dtype;  // "fp16", "bf16" or "fp32"
+  bool previous_same_data = false;
   std::vector<TensorSpec> manifest;
   int64_t chunk_elems = 0;
   int num_servers = 0;  // part i holds the chunks c with c mod num_servers == i
@@ -56,6 +67,10 @@ struct CheckpointMeta {
 std::string CheckpointDirName(int64_t version);
 // "part-00003.zop".
 std::string CheckpointPartFileName(int server_index);
+
+// Bytes per element of the previous version in each part of `meta`: 0 when
+// the parts carry none.
+uint32_t PreviousBytesOf(const CheckpointMeta& meta);
 
 // Creates <root>/<job>/step-<version>.tmp (parents as needed), removing a
 // stale one left by an earlier failed attempt; returns its path.
@@ -105,6 +120,10 @@ class CheckpointReader {
   // a part whose summary differs from the meta's is DATA_LOSS.
   absl::Status ReadFlat(int64_t flat_begin, absl::Span<float> master, absl::Span<float> m,
                         absl::Span<float> v);
+  // Elements [flat_begin, flat_begin + n) of the previous version's weights
+  // into `out` (n elements of meta().previous_dtype); FAILED_PRECONDITION
+  // when the parts carry none (see CheckpointMeta::has_previous).
+  absl::Status ReadPreviousFlat(int64_t flat_begin, int64_t n, void* out);
 
   CheckpointReader(const CheckpointReader&) = delete;
   CheckpointReader& operator=(const CheckpointReader&) = delete;

@@ -63,6 +63,11 @@ void ExpectSameMeta(const CheckpointMeta& a, const CheckpointMeta& b) {
   }
   EXPECT_EQ(a.last_lr, b.last_lr);
   EXPECT_EQ(a.last_skipped, b.last_skipped);
+  EXPECT_EQ(a.has_previous, b.has_previous);
+  EXPECT_EQ(a.previous_version, b.previous_version);
+  EXPECT_EQ(a.previous_loss_scale, b.previous_loss_scale);
+  EXPECT_EQ(a.previous_dtype, b.previous_dtype);
+  EXPECT_EQ(a.previous_same_data, b.previous_same_data);
   ASSERT_EQ(a.manifest.size(), b.manifest.size());
   for (size_t i = 0; i < a.manifest.size(); ++i) {
     EXPECT_EQ(a.manifest[i].name, b.manifest[i].name);
@@ -159,6 +164,76 @@ TEST_F(CheckpointDirTest, TheLastStepRoundTripsNonFiniteNormIncluded) {
     if (!std::isfinite(norm)) meta.last_grad_norm = std::numeric_limits<double>::quiet_NaN();
     ExpectSameMeta(read, meta);
   }
+}
+
+// The version before the checkpoint's (a delayed parameter update computes
+// its next step on it): the meta's record round-trips, and its 16-bit
+// weights read back across chunks and parts.
+TEST_F(CheckpointDirTest, ThePreviousVersionRoundTripsAndReadsAcrossParts) {
+  const FlatState s = TwoServerState();
+  const auto total = static_cast<int64_t>(s.master.size());
+  std::vector<std::byte> previous(2 * total);
+  for (size_t i = 0; i < previous.size(); ++i) previous[i] = static_cast<std::byte>(i * 37 % 251);
+  ZO_ASSERT_OK_AND_ASSIGN(const std::string tmp, BeginCheckpoint(root_, "gpt", 20));
+  CheckpointMeta meta = TestMeta("gpt", 20, s);
+  meta.has_previous = true;
+  meta.previous_version = 19;
+  meta.previous_loss_scale = 65536.0;
+  meta.previous_dtype = "fp16";
+  for (int server = 0; server < 2; ++server) {
+    ZO_ASSERT_OK_AND_ASSIGN(CheckpointPartSummary part, WriteTestPart(tmp, s, server, &previous));
+    meta.parts.push_back(part);
+  }
+  ZO_ASSERT_OK_AND_ASSIGN(const std::string dir, CommitCheckpoint(tmp, meta));
+  ZO_ASSERT_OK_AND_ASSIGN(const CheckpointMeta read, ReadCheckpointMeta(dir));
+  ExpectSameMeta(read, meta);
+  ZO_ASSERT_OK_AND_ASSIGN(auto reader, CheckpointReader::Open(dir));
+  std::vector<std::byte> all(previous.size());
+  ASSERT_THAT(reader->ReadPreviousFlat(0, total, all.data()), IsOk());
+  EXPECT_TRUE(all == previous);
+  std::vector<std::byte> some(2 * 30000);
+  ASSERT_THAT(reader->ReadPreviousFlat(19999, 30000, some.data()), IsOk());  // chunks 0, 1, 2
+  EXPECT_TRUE(std::equal(some.begin(), some.end(), previous.begin() + 2 * 19999));
+  EXPECT_THAT(reader->ReadPreviousFlat(total - 1, 2, some.data()),
+              StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("outside")));
+}
+
+TEST_F(CheckpointDirTest, APreviousVersionTheMetaAndPartsDisagreeOnFailsTheCommit) {
+  const FlatState s = TwoServerState();
+  {
+    // The meta lists weights of the version before; the parts carry none.
+    ZO_ASSERT_OK_AND_ASSIGN(const std::string tmp, BeginCheckpoint(root_, "gpt", 20));
+    CheckpointMeta meta = TestMeta("gpt", 20, s);
+    meta.has_previous = true;
+    meta.previous_version = 19;
+    meta.previous_dtype = "bf16";
+    for (int server = 0; server < 2; ++server) {
+      ZO_ASSERT_OK_AND_ASSIGN(CheckpointPartSummary part, WriteTestPart(tmp, s, server));
+      meta.parts.push_back(part);
+    }
+    EXPECT_THAT(CommitCheckpoint(tmp, meta).status(),
+                StatusIs(absl::StatusCode::kDataLoss,
+                         AllOf(HasSubstr("part-00000.zop"), HasSubstr("previous version"))));
+    // With the same data as version 20 the parts need none.
+    meta.previous_same_data = true;
+    ZO_ASSERT_OK_AND_ASSIGN(const std::string dir, CommitCheckpoint(tmp, meta));
+    ZO_ASSERT_OK_AND_ASSIGN(auto reader, CheckpointReader::Open(dir));
+    std::vector<std::byte> out(2);
+    EXPECT_THAT(reader->ReadPreviousFlat(0, 1, out.data()),
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no previous")));
+  }
+  ZO_ASSERT_OK_AND_ASSIGN(const std::string tmp, BeginCheckpoint(root_, "gpt", 21));
+  CheckpointMeta meta = TestMeta("gpt", 21, s);
+  meta.has_previous = true;
+  meta.previous_version = 19;  // not 20
+  meta.previous_dtype = "fp16";
+  meta.previous_same_data = true;
+  for (int server = 0; server < 2; ++server) {
+    ZO_ASSERT_OK_AND_ASSIGN(CheckpointPartSummary part, WriteTestPart(tmp, s, server));
+    meta.parts.push_back(part);
+  }
+  EXPECT_THAT(CommitCheckpoint(tmp, meta).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("previous.version 19")));
 }
 
 TEST_F(CheckpointDirTest, ReadFlatAcrossChunksAndPartsMatchesTheOriginal) {

@@ -29,20 +29,55 @@ static_assert(std::endian::native == std::endian::little,
               "checkpoint parts are little-endian and written as they are in memory");
 
 constexpr char kMagic[8] = {'Z', 'O', 'C', 'K', 'P', 'T', '0', '1'};
-constexpr uint32_t kFormatVersion = 1;
+// Format 1: master, m, v. Format 2 adds a fourth array per chunk, the
+// low-precision weights of the version before the checkpoint's (what a
+// resumed delayed-parameter-update step computes on). A part without one is
+// written as format 1, byte for byte what builds before format 2 wrote.
+constexpr uint32_t kFormatPlain = 1;
+constexpr uint32_t kFormatWithPrevious = 2;
 constexpr uint64_t kHeaderBytes = 4096;
-constexpr uint64_t kAlignBytes = 4096;        // every array starts on a page
-constexpr uint64_t kBlockBytes = 65536;       // checksum granularity
-constexpr uint64_t kTrailerBytes = 40;        // index offset, length, checksum, version, magic
-constexpr uint64_t kEntryFixedBytes = 6 * 8;  // chunk, flat_begin, elems, 3 offsets
-constexpr int kArrays = 3;
-constexpr const char* kArrayNames[kArrays] = {"master", "m", "v"};
+constexpr uint64_t kAlignBytes = 4096;   // every array starts on a page
+constexpr uint64_t kBlockBytes = 65536;  // checksum granularity
+constexpr uint64_t kTrailerBytes = 40;   // index offset, length, checksum, version, magic
+constexpr int kFloatArrays = 3;
+constexpr int kMaxArrays = 4;
+constexpr int kPrevious = 3;  // the fourth array's index
+constexpr const char* kArrayNames[kMaxArrays] = {"master", "m", "v", "previous"};
 
 alignas(64) constexpr char kZeros[kAlignBytes] = {};
 
 uint64_t RoundUp(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
-uint64_t Blocks(int64_t elems) {
-  return RoundUp(static_cast<uint64_t>(elems) * sizeof(float), kBlockBytes) / kBlockBytes;
+uint32_t FormatFor(uint32_t previous_bytes) {
+  return previous_bytes == 0 ? kFormatPlain : kFormatWithPrevious;
+}
+// chunk, flat_begin, elems and one file offset per array.
+uint64_t EntryFixedBytes(uint32_t format) {
+  return 3 * 8 + 8 * (format == kFormatPlain ? kFloatArrays : kMaxArrays);
+}
+
+// Where one chunk's arrays lie: in the file (from `first`, the master's
+// offset) and in its list of block checksums ([array][block]).
+struct ChunkLayout {
+  int arrays = kFloatArrays;
+  uint64_t bytes[kMaxArrays] = {};      // data bytes of each array
+  uint64_t offset[kMaxArrays] = {};     // file offset of each (4 KiB-aligned)
+  uint64_t first_sum[kMaxArrays] = {};  // index of its first block checksum
+  uint64_t sums = 0;                    // block checksums in all
+  uint64_t end = 0;                     // file offset past the last array's padding
+};
+ChunkLayout LayoutOf(int64_t elems, uint64_t first, uint32_t previous_bytes) {
+  ChunkLayout l;
+  l.arrays = previous_bytes == 0 ? kFloatArrays : kMaxArrays;
+  uint64_t at = first;
+  for (int a = 0; a < l.arrays; ++a) {
+    l.bytes[a] = static_cast<uint64_t>(elems) * (a == kPrevious ? previous_bytes : sizeof(float));
+    l.offset[a] = at;
+    l.first_sum[a] = l.sums;
+    at += RoundUp(l.bytes[a], kAlignBytes);
+    l.sums += RoundUp(l.bytes[a], kBlockBytes) / kBlockBytes;
+  }
+  l.end = at;
+  return l;
 }
 uint64_t Hash(const char* data, size_t len) { return XXH3_64bits(data, len); }
 
@@ -74,28 +109,28 @@ std::string BaseName(const std::string& path) {
 
 std::string Hex(uint64_t v) { return absl::StrCat("0x", absl::Hex(v, absl::kZeroPad16)); }
 
-// The header as both writers start the file.
-std::string Header() {
+// The header as both writers start the file: magic, format, and from
+// format 2 the previous version's element size.
+std::string Header(uint32_t previous_bytes) {
   std::string header(kMagic, sizeof(kMagic));
-  PutU32(header, kFormatVersion);
+  PutU32(header, FormatFor(previous_bytes));
+  if (previous_bytes != 0) PutU32(header, previous_bytes);
   header.resize(kHeaderBytes, '\0');
   return header;
 }
 
 // An index entry up to its checksums.
-void PutEntryHead(std::string& out, const CheckpointChunk& c, uint64_t first_array_offset) {
+void PutEntryHead(std::string& out, const CheckpointChunk& c, const ChunkLayout& l) {
   PutU64(out, static_cast<uint64_t>(c.chunk));
   PutU64(out, static_cast<uint64_t>(c.flat_begin));
   PutU64(out, static_cast<uint64_t>(c.elems));
-  const uint64_t region_bytes =
-      RoundUp(static_cast<uint64_t>(c.elems) * sizeof(float), kAlignBytes);
-  for (int a = 0; a < kArrays; ++a) PutU64(out, first_array_offset + a * region_bytes);
+  for (int a = 0; a < l.arrays; ++a) PutU64(out, l.offset[a]);
 }
 
 // Index (entry count, then `entries`) and trailer for an index starting at
 // `index_offset`: the bytes that end the file, and the index checksum.
-std::string IndexAndTrailer(uint64_t count, const std::string& entries, uint64_t index_offset,
-                            uint64_t& checksum) {
+std::string IndexAndTrailer(uint32_t format, uint64_t count, const std::string& entries,
+                            uint64_t index_offset, uint64_t& checksum) {
   std::string tail;
   PutU64(tail, count);
   tail += entries;
@@ -104,7 +139,7 @@ std::string IndexAndTrailer(uint64_t count, const std::string& entries, uint64_t
   PutU64(tail, index_offset);
   PutU64(tail, index_bytes);
   PutU64(tail, checksum);
-  PutU32(tail, kFormatVersion);
+  PutU32(tail, format);
   PutU32(tail, 0);
   tail.append(kMagic, sizeof(kMagic));
   return tail;
@@ -129,6 +164,7 @@ absl::Status SyncAndClose(int& fd, const std::string& path) {
 
 struct CheckpointPartWriter::Impl {
   std::string path;
+  uint32_t previous_bytes = 0;
   int fd = -1;
   uint64_t offset = 0;   // bytes written so far
   uint64_t entries = 0;  // chunks added
@@ -151,15 +187,16 @@ struct CheckpointPartWriter::Impl {
 };
 
 absl::StatusOr<std::unique_ptr<CheckpointPartWriter>> CheckpointPartWriter::Create(
-    const std::string& path) {
+    const std::string& path, uint32_t previous_bytes) {
   const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return ZO_ERRNO_STATUS(errno, absl::StrCat("create checkpoint part ", path));
   auto impl = std::make_unique<Impl>();
   impl->path = path;
+  impl->previous_bytes = previous_bytes;
   impl->fd = fd;
   // From here the writer owns the file and removes it on failure.
   std::unique_ptr<CheckpointPartWriter> writer(new CheckpointPartWriter(std::move(impl)));
-  ZO_RETURN_IF_ERROR(writer->impl_->Write(Header()));
+  ZO_RETURN_IF_ERROR(writer->impl_->Write(Header(previous_bytes)));
   return writer;
 }
 
@@ -172,18 +209,21 @@ CheckpointPartWriter::~CheckpointPartWriter() {
 
 absl::Status CheckpointPartWriter::AddChunk(int64_t chunk, int64_t flat_begin,
                                             absl::Span<const float> master,
-                                            absl::Span<const float> m, absl::Span<const float> v) {
+                                            absl::Span<const float> m, absl::Span<const float> v,
+                                            absl::Span<const std::byte> previous) {
   Impl& s = *impl_;
   if (s.finished) {
     return absl::FailedPreconditionError(
         absl::StrCat("checkpoint part ", s.path, " is finished; cannot add chunk ", chunk));
   }
   if (!s.error.ok()) return s.error;
-  if (master.empty() || m.size() != master.size() || v.size() != master.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint part ", s.path, ": chunk ", chunk,
-                                                   " needs master, m and v of one size > 0, got ",
-                                                   master.size(), ", ", m.size(), " and ", v.size(),
-                                                   " elements"));
+  if (master.empty() || m.size() != master.size() || v.size() != master.size() ||
+      previous.size() != master.size() * s.previous_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint part ", s.path, ": chunk ", chunk,
+                     " needs master, m and v of one size > 0 and ", s.previous_bytes,
+                     " bytes of the previous version per element, got ", master.size(), ", ",
+                     m.size(), " and ", v.size(), " elements and ", previous.size(), " bytes"));
   }
   if (chunk <= s.last_chunk || flat_begin < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -191,21 +231,21 @@ absl::Status CheckpointPartWriter::AddChunk(int64_t chunk, int64_t flat_begin,
         ") must be >= 0, come after chunk ", s.last_chunk, " and start at a flat index >= 0"));
   }
   const int64_t elems = static_cast<int64_t>(master.size());
+  const ChunkLayout l = LayoutOf(elems, s.offset, s.previous_bytes);
   std::string entry;
-  PutEntryHead(entry, {chunk, flat_begin, elems}, s.offset);
-  const std::array<absl::Span<const float>, kArrays> arrays = {master, m, v};
-  const uint64_t data_bytes = static_cast<uint64_t>(elems) * sizeof(float);
-  const uint64_t region_bytes = RoundUp(data_bytes, kAlignBytes);
-  for (int a = 0; a < kArrays; ++a) {
-    const char* data = reinterpret_cast<const char*>(arrays[a].data());
-    for (uint64_t b = 0; b < data_bytes; b += kBlockBytes) {
-      PutU64(entry, Hash(data + b, std::min(kBlockBytes, data_bytes - b)));
+  PutEntryHead(entry, {chunk, flat_begin, elems}, l);
+  const char* arrays[kMaxArrays] = {
+      reinterpret_cast<const char*>(master.data()), reinterpret_cast<const char*>(m.data()),
+      reinterpret_cast<const char*>(v.data()), reinterpret_cast<const char*>(previous.data())};
+  for (int a = 0; a < l.arrays; ++a) {
+    for (uint64_t b = 0; b < l.bytes[a]; b += kBlockBytes) {
+      PutU64(entry, Hash(arrays[a] + b, std::min(kBlockBytes, l.bytes[a] - b)));
     }
   }
-  for (int a = 0; a < kArrays; ++a) {
-    const char* data = reinterpret_cast<const char*>(arrays[a].data());
-    ZO_RETURN_IF_ERROR(s.Write(absl::string_view(data, data_bytes)));
-    ZO_RETURN_IF_ERROR(s.Write(absl::string_view(kZeros, region_bytes - data_bytes)));
+  for (int a = 0; a < l.arrays; ++a) {
+    ZO_RETURN_IF_ERROR(s.Write(absl::string_view(arrays[a], l.bytes[a])));
+    ZO_RETURN_IF_ERROR(
+        s.Write(absl::string_view(kZeros, RoundUp(l.bytes[a], kAlignBytes) - l.bytes[a])));
   }
   s.index += entry;
   ++s.entries;
@@ -221,7 +261,8 @@ absl::StatusOr<CheckpointPartSummary> CheckpointPartWriter::Finish() {
   }
   if (!s.error.ok()) return s.error;
   uint64_t checksum = 0;
-  ZO_RETURN_IF_ERROR(s.Write(IndexAndTrailer(s.entries, s.index, s.offset, checksum)));
+  ZO_RETURN_IF_ERROR(s.Write(
+      IndexAndTrailer(FormatFor(s.previous_bytes), s.entries, s.index, s.offset, checksum)));
   s.error = SyncAndClose(s.fd, s.path);
   if (!s.error.ok()) return s.error;
   s.finished = true;
@@ -232,22 +273,27 @@ absl::StatusOr<CheckpointPartSummary> CheckpointPartWriter::Finish() {
 
 struct ScatteredPartWriter::Impl {
   std::string path;
+  uint32_t previous_bytes = 0;
   int fd = -1;
   std::vector<CheckpointChunk> chunks;
-  std::vector<uint64_t> first_offset;  // of each chunk's master array
+  std::vector<ChunkLayout> layouts;
   uint64_t index_offset = 0;
-  // Per chunk, [array][block]: the checksums of blocks that one Write
-  // covered whole, hashed from its memory then (`hashed` 1); Finish reads
-  // back only the others. Distinct blocks are written by distinct threads.
+  // Per chunk, [array][block] as in its layout: the checksums of blocks that
+  // one write covered whole, hashed from its memory then (`hashed` 1);
+  // Finish reads back only the others. Distinct blocks are written by
+  // distinct threads.
   std::vector<std::vector<uint64_t>> sums;
   std::vector<std::vector<uint8_t>> hashed;
   std::mutex mu;
   absl::Status error;  // sticky: the first failed write
   bool finished = false;
+
+  // Bytes [begin, begin + len) of array `a` of chunks[index], from `data`.
+  absl::Status WriteArray(size_t index, int a, uint64_t begin, uint64_t len, const char* data);
 };
 
 absl::StatusOr<std::unique_ptr<ScatteredPartWriter>> ScatteredPartWriter::Create(
-    const std::string& path, std::vector<CheckpointChunk> chunks) {
+    const std::string& path, std::vector<CheckpointChunk> chunks, uint32_t previous_bytes) {
   auto impl = std::make_unique<Impl>();
   uint64_t offset = kHeaderBytes;
   int64_t last = -1;
@@ -258,19 +304,21 @@ absl::StatusOr<std::unique_ptr<ScatteredPartWriter>> ScatteredPartWriter::Create
           c.elems, " elements) must have elems > 0 and come after chunk ", last));
     }
     last = c.chunk;
-    impl->first_offset.push_back(offset);
-    offset += kArrays * RoundUp(static_cast<uint64_t>(c.elems) * sizeof(float), kAlignBytes);
-    impl->sums.emplace_back(kArrays * Blocks(c.elems));
-    impl->hashed.emplace_back(kArrays * Blocks(c.elems));
+    const ChunkLayout l = LayoutOf(c.elems, offset, previous_bytes);
+    impl->layouts.push_back(l);
+    offset = l.end;
+    impl->sums.emplace_back(l.sums);
+    impl->hashed.emplace_back(l.sums);
   }
   impl->index_offset = offset;
   const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return ZO_ERRNO_STATUS(errno, absl::StrCat("create checkpoint part ", path));
   impl->path = path;
+  impl->previous_bytes = previous_bytes;
   impl->fd = fd;
   impl->chunks = std::move(chunks);
   std::unique_ptr<ScatteredPartWriter> writer(new ScatteredPartWriter(std::move(impl)));
-  ZO_RETURN_IF_ERROR(PwriteAll(fd, Header(), 0, path));
+  ZO_RETURN_IF_ERROR(PwriteAll(fd, Header(previous_bytes), 0, path));
   if (ftruncate(fd, static_cast<off_t>(offset)) != 0) {
     return ZO_ERRNO_STATUS(errno, absl::StrCat("size checkpoint part ", path, " to ", offset));
   }
@@ -286,6 +334,29 @@ ScatteredPartWriter::~ScatteredPartWriter() {
 
 const std::vector<CheckpointChunk>& ScatteredPartWriter::chunks() const { return impl_->chunks; }
 const std::string& ScatteredPartWriter::path() const { return impl_->path; }
+uint32_t ScatteredPartWriter::previous_bytes() const { return impl_->previous_bytes; }
+
+absl::Status ScatteredPartWriter::Impl::WriteArray(size_t index, int a, uint64_t begin,
+                                                   uint64_t len, const char* data) {
+  const ChunkLayout& l = layouts[index];
+  const uint64_t end = begin + len;
+  // The blocks inside [begin, end), hashed while in memory.
+  const uint64_t blocks = RoundUp(l.bytes[a], kBlockBytes) / kBlockBytes;
+  for (uint64_t b = RoundUp(begin, kBlockBytes) / kBlockBytes;
+       b < blocks && std::min((b + 1) * kBlockBytes, l.bytes[a]) <= end; ++b) {
+    const uint64_t n = std::min(kBlockBytes, l.bytes[a] - b * kBlockBytes);
+    sums[index][l.first_sum[a] + b] = Hash(data + (b * kBlockBytes - begin), n);
+    hashed[index][l.first_sum[a] + b] = 1;
+  }
+  absl::Status written = PwriteAll(fd, absl::string_view(data, len), l.offset[a] + begin, path);
+  if (written.ok()) return written;
+  std::lock_guard lock(mu);
+  if (error.ok()) {
+    error = absl::Status(written.code(),
+                         absl::StrCat("checkpoint part ", path, ": ", written.message()));
+  }
+  return error;
+}
 
 absl::Status ScatteredPartWriter::Write(size_t index, int64_t offset, int64_t n,
                                         const float* master, const float* m, const float* v) {
@@ -299,39 +370,33 @@ absl::Status ScatteredPartWriter::Write(size_t index, int64_t offset, int64_t n,
         absl::StrCat("checkpoint part ", s.path, ": elements [", offset, ", ", offset + n,
                      ") of chunk index ", index, " are outside its ", s.chunks.size(), " chunks"));
   }
-  const uint64_t data_bytes = static_cast<uint64_t>(s.chunks[index].elems) * sizeof(float);
-  const uint64_t region_bytes = RoundUp(data_bytes, kAlignBytes);
-  const uint64_t blocks = Blocks(s.chunks[index].elems);
-  const float* arrays[kArrays] = {master, m, v};
-  // The blocks inside [begin, end) of each array, hashed while in memory.
-  const uint64_t begin = static_cast<uint64_t>(offset) * sizeof(float);
-  const uint64_t end = static_cast<uint64_t>(offset + n) * sizeof(float);
-  for (uint64_t b = RoundUp(begin, kBlockBytes) / kBlockBytes;
-       b < blocks && std::min((b + 1) * kBlockBytes, data_bytes) <= end; ++b) {
-    const uint64_t len = std::min(kBlockBytes, data_bytes - b * kBlockBytes);
-    for (int a = 0; a < kArrays; ++a) {
-      const char* bytes = reinterpret_cast<const char*>(arrays[a]) + (b * kBlockBytes - begin);
-      s.sums[index][a * blocks + b] = Hash(bytes, len);
-      s.hashed[index][a * blocks + b] = 1;
-    }
-  }
-  for (int a = 0; a < kArrays; ++a) {
-    const uint64_t at =
-        s.first_offset[index] + a * region_bytes + static_cast<uint64_t>(offset) * sizeof(float);
-    absl::Status written = PwriteAll(s.fd,
-                                     absl::string_view(reinterpret_cast<const char*>(arrays[a]),
-                                                       static_cast<size_t>(n) * sizeof(float)),
-                                     at, s.path);
-    if (!written.ok()) {
-      std::lock_guard lock(s.mu);
-      if (s.error.ok()) {
-        s.error = absl::Status(written.code(),
-                               absl::StrCat("checkpoint part ", s.path, ": ", written.message()));
-      }
-      return s.error;
-    }
+  const float* arrays[kFloatArrays] = {master, m, v};
+  for (int a = 0; a < kFloatArrays; ++a) {
+    ZO_RETURN_IF_ERROR(s.WriteArray(index, a, static_cast<uint64_t>(offset) * sizeof(float),
+                                    static_cast<uint64_t>(n) * sizeof(float),
+                                    reinterpret_cast<const char*>(arrays[a])));
   }
   return absl::OkStatus();
+}
+
+absl::Status ScatteredPartWriter::WritePrevious(size_t index, int64_t offset, int64_t n,
+                                                const void* data) {
+  Impl& s = *impl_;
+  {
+    std::lock_guard lock(s.mu);
+    if (!s.error.ok()) return s.error;
+  }
+  if (s.previous_bytes == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint part ", s.path, " was created without a previous version to write"));
+  }
+  if (index >= s.chunks.size() || offset < 0 || n <= 0 || offset + n > s.chunks[index].elems) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint part ", s.path, ": previous-version elements [", offset, ", ", offset + n,
+        ") of chunk index ", index, " are outside its ", s.chunks.size(), " chunks"));
+  }
+  return s.WriteArray(index, kPrevious, static_cast<uint64_t>(offset) * s.previous_bytes,
+                      static_cast<uint64_t>(n) * s.previous_bytes, static_cast<const char*>(data));
 }
 
 absl::StatusOr<CheckpointPartSummary> ScatteredPartWriter::Finish() {
@@ -344,31 +409,28 @@ absl::StatusOr<CheckpointPartSummary> ScatteredPartWriter::Finish() {
     std::lock_guard lock(s.mu);
     if (!s.error.ok()) return s.error;
   }
-  // Blocks no single Write covered are read back (from the page cache,
+  // Blocks no single write covered are read back (from the page cache,
   // mostly) to hash them.
   std::string entries;
   std::vector<char> block(kBlockBytes);
   for (size_t i = 0; i < s.chunks.size(); ++i) {
-    const CheckpointChunk& c = s.chunks[i];
-    PutEntryHead(entries, c, s.first_offset[i]);
-    const uint64_t data_bytes = static_cast<uint64_t>(c.elems) * sizeof(float);
-    const uint64_t region_bytes = RoundUp(data_bytes, kAlignBytes);
-    const uint64_t blocks = Blocks(c.elems);
-    for (int a = 0; a < kArrays; ++a) {
-      const uint64_t base = s.first_offset[i] + a * region_bytes;
-      for (uint64_t b = 0; b < blocks; ++b) {
-        if (s.hashed[i][a * blocks + b]) {
-          PutU64(entries, s.sums[i][a * blocks + b]);
+    const ChunkLayout& l = s.layouts[i];
+    PutEntryHead(entries, s.chunks[i], l);
+    for (int a = 0; a < l.arrays; ++a) {
+      for (uint64_t at = 0, k = l.first_sum[a]; at < l.bytes[a]; at += kBlockBytes, ++k) {
+        if (s.hashed[i][k]) {
+          PutU64(entries, s.sums[i][k]);
           continue;
         }
-        const size_t len = std::min(kBlockBytes, data_bytes - b * kBlockBytes);
-        ZO_RETURN_IF_ERROR(PreadAll(s.fd, block.data(), len, base + b * kBlockBytes, s.path));
+        const size_t len = std::min(kBlockBytes, l.bytes[a] - at);
+        ZO_RETURN_IF_ERROR(PreadAll(s.fd, block.data(), len, l.offset[a] + at, s.path));
         PutU64(entries, Hash(block.data(), len));
       }
     }
   }
   uint64_t checksum = 0;
-  const std::string tail = IndexAndTrailer(s.chunks.size(), entries, s.index_offset, checksum);
+  const std::string tail = IndexAndTrailer(FormatFor(s.previous_bytes), s.chunks.size(), entries,
+                                           s.index_offset, checksum);
   ZO_RETURN_IF_ERROR(PwriteAll(s.fd, tail, s.index_offset, s.path));
   ZO_RETURN_IF_ERROR(SyncAndClose(s.fd, s.path));
   s.finished = true;
@@ -380,11 +442,14 @@ absl::StatusOr<CheckpointPartSummary> ScatteredPartWriter::Finish() {
 
 struct CheckpointPartReader::Impl {
   struct Entry {
-    std::array<uint64_t, kArrays> offset;
+    std::array<uint64_t, kMaxArrays> offset = {};
     size_t sums = 0;  // first checksum in `sums`: [array][block]
   };
   std::string path;
   int fd = -1;
+  uint32_t format = kFormatPlain;
+  uint32_t previous_bytes = 0;
+  int arrays = kFloatArrays;
   std::vector<CheckpointChunk> chunks;
   std::vector<Entry> entries;
   std::vector<uint64_t> sums;
@@ -394,7 +459,8 @@ struct CheckpointPartReader::Impl {
     return absl::DataLossError(absl::StrCat("checkpoint part ", path, ": ", what));
   }
   absl::Status ParseIndex(const std::string& index, uint64_t index_offset);
-  absl::Status ReadArray(size_t e, int array, int64_t offset, absl::Span<float> out) const;
+  // Bytes [begin, begin + len) of array `a` of chunk entry `e` into `dst`.
+  absl::Status ReadArray(size_t e, int a, uint64_t begin, uint64_t len, char* dst) const;
 };
 
 absl::Status CheckpointPartReader::Impl::ParseIndex(const std::string& index,
@@ -404,42 +470,43 @@ absl::Status CheckpointPartReader::Impl::ParseIndex(const std::string& index,
   if (index.size() < 8) return Corrupt("index shorter than its entry count");
   const uint64_t count = GetU64(p);
   p += 8;
-  // Every entry takes at least kEntryFixedBytes + 3 checksums.
-  if (count > index.size() / (kEntryFixedBytes + kArrays * 8)) {
+  const uint64_t fixed = EntryFixedBytes(format);
+  // Every entry takes at least its fixed part and one checksum per array.
+  if (count > index.size() / (fixed + arrays * 8)) {
     return Corrupt(absl::StrCat("index claims ", count, " chunks in ", index.size(), " bytes"));
   }
   for (uint64_t i = 0; i < count; ++i) {
-    if (static_cast<uint64_t>(end - p) < kEntryFixedBytes) {
+    if (static_cast<uint64_t>(end - p) < fixed) {
       return Corrupt(absl::StrCat("index entry ", i, " is cut short"));
     }
     const CheckpointChunk c{static_cast<int64_t>(GetU64(p)), static_cast<int64_t>(GetU64(p + 8)),
                             static_cast<int64_t>(GetU64(p + 16))};
     Entry entry;
-    for (int a = 0; a < kArrays; ++a) entry.offset[a] = GetU64(p + 24 + 8 * a);
-    p += kEntryFixedBytes;
+    for (int a = 0; a < arrays; ++a) entry.offset[a] = GetU64(p + 24 + 8 * a);
+    p += fixed;
     const int64_t prev = chunks.empty() ? -1 : chunks.back().chunk;
     if (c.chunk <= prev || c.flat_begin < 0 || c.elems <= 0 ||
         static_cast<uint64_t>(c.elems) > index_offset / sizeof(float)) {
       return Corrupt(absl::StrCat("index entry ", i, " (chunk ", c.chunk, ", flat_begin ",
                                   c.flat_begin, ", ", c.elems, " elements) is malformed"));
     }
-    const uint64_t bytes = static_cast<uint64_t>(c.elems) * sizeof(float);
-    for (int a = 0; a < kArrays; ++a) {
+    // The sizes and checksum counts; the offsets are the file's.
+    const ChunkLayout l = LayoutOf(c.elems, kHeaderBytes, previous_bytes);
+    for (int a = 0; a < arrays; ++a) {
       const uint64_t off = entry.offset[a];
       if (off < kHeaderBytes || off % kAlignBytes != 0 || off > index_offset ||
-          bytes > index_offset - off) {
+          l.bytes[a] > index_offset - off) {
         return Corrupt(absl::StrCat("chunk ", c.chunk, "'s ", kArrayNames[a], " at offset ", off,
-                                    " (", bytes, " bytes) is outside the data area [", kHeaderBytes,
-                                    ", ", index_offset, ")"));
+                                    " (", l.bytes[a], " bytes) is outside the data area [",
+                                    kHeaderBytes, ", ", index_offset, ")"));
       }
     }
-    const uint64_t n = kArrays * Blocks(c.elems);
-    if (static_cast<uint64_t>(end - p) / 8 < n) {
+    if (static_cast<uint64_t>(end - p) / 8 < l.sums) {
       return Corrupt(absl::StrCat("index entry ", i, " (chunk ", c.chunk, ") is cut short"));
     }
     entry.sums = sums.size();
-    for (uint64_t k = 0; k < n; ++k) sums.push_back(GetU64(p + 8 * k));
-    p += 8 * n;
+    for (uint64_t k = 0; k < l.sums; ++k) sums.push_back(GetU64(p + 8 * k));
+    p += 8 * l.sums;
     chunks.push_back(c);
     entries.push_back(entry);
   }
@@ -466,15 +533,24 @@ absl::StatusOr<std::unique_ptr<CheckpointPartReader>> CheckpointPartReader::Open
                                   "trailer (",
                                   kHeaderBytes + kTrailerBytes, "): truncated"));
   }
-  char head[12];
+  char head[16];
   ZO_RETURN_IF_ERROR(PreadAll(fd, head, sizeof(head), 0, path));
   if (std::memcmp(head, kMagic, sizeof(kMagic)) != 0) {
     return s.Corrupt("bad magic at offset 0: not a zo checkpoint part");
   }
-  if (const uint32_t version = GetU32(head + 8); version != kFormatVersion) {
+  s.format = GetU32(head + 8);
+  if (s.format != kFormatPlain && s.format != kFormatWithPrevious) {
     return absl::FailedPreconditionError(
-        absl::StrCat("checkpoint part ", path, " has format version ", version,
-                     "; this build reads version ", kFormatVersion));
+        absl::StrCat("checkpoint part ", path, " has format version ", s.format,
+                     "; this build reads versions ", kFormatPlain, " and ", kFormatWithPrevious));
+  }
+  if (s.format == kFormatWithPrevious) {
+    s.previous_bytes = GetU32(head + 12);
+    if (s.previous_bytes != 2 && s.previous_bytes != 4) {
+      return s.Corrupt(absl::StrCat("the header gives the previous version ", s.previous_bytes,
+                                    "-byte elements; 2 or 4 are written"));
+    }
+    s.arrays = kMaxArrays;
   }
   char trailer[kTrailerBytes];
   ZO_RETURN_IF_ERROR(PreadAll(fd, trailer, kTrailerBytes, size - kTrailerBytes, path));
@@ -482,9 +558,9 @@ absl::StatusOr<std::unique_ptr<CheckpointPartReader>> CheckpointPartReader::Open
     return s.Corrupt(absl::StrCat("bad trailer magic at offset ", size - 8,
                                   ": the file is truncated or was never finished"));
   }
-  if (const uint32_t version = GetU32(trailer + 24); version != kFormatVersion) {
+  if (const uint32_t version = GetU32(trailer + 24); version != s.format) {
     return s.Corrupt(
-        absl::StrCat("the trailer says format version ", version, ", the header ", kFormatVersion));
+        absl::StrCat("the trailer says format version ", version, ", the header ", s.format));
   }
   const uint64_t index_offset = GetU64(trailer);
   const uint64_t index_bytes = GetU64(trailer + 8);
@@ -518,27 +594,26 @@ const std::vector<CheckpointChunk>& CheckpointPartReader::chunks() const { retur
 const CheckpointPartSummary& CheckpointPartReader::summary() const { return impl_->summary; }
 
 // Reads whole 64 KiB blocks so that each can be verified: runs of blocks that
-// lie inside `out` go straight into it, the partial blocks at either end
+// lie inside `dst` go straight into it, the partial blocks at either end
 // through a bounce buffer.
-absl::Status CheckpointPartReader::Impl::ReadArray(size_t e, int array, int64_t offset,
-                                                   absl::Span<float> out) const {
+absl::Status CheckpointPartReader::Impl::ReadArray(size_t e, int array, uint64_t b0, uint64_t len,
+                                                   char* dst) const {
   const CheckpointChunk& c = chunks[e];
+  const ChunkLayout l = LayoutOf(c.elems, kHeaderBytes, previous_bytes);
   const uint64_t base = entries[e].offset[array];
-  const uint64_t data_bytes = static_cast<uint64_t>(c.elems) * sizeof(float);
-  const uint64_t b0 = static_cast<uint64_t>(offset) * sizeof(float);
-  const uint64_t b1 = b0 + out.size() * sizeof(float);
-  char* const dst = reinterpret_cast<char*>(out.data());
-  const uint64_t* const sums = this->sums.data() + entries[e].sums + array * Blocks(c.elems);
+  const uint64_t data_bytes = l.bytes[array];
+  const uint64_t b1 = b0 + len;
+  const uint64_t* const sums = this->sums.data() + entries[e].sums + l.first_sum[array];
   std::vector<char> bounce;
   auto block_end = [&](uint64_t k) { return std::min((k + 1) * kBlockBytes, data_bytes); };
   auto verify = [&](uint64_t k, const char* data) -> absl::Status {
-    const uint64_t len = block_end(k) - k * kBlockBytes;
-    const uint64_t actual = Hash(data, len);
+    const uint64_t n = block_end(k) - k * kBlockBytes;
+    const uint64_t actual = Hash(data, n);
     if (actual == sums[k]) return absl::OkStatus();
     return absl::DataLossError(absl::StrCat(
         "checksum mismatch in checkpoint part ", path, ": chunk ", c.chunk, " (flat elements [",
         c.flat_begin, ", ", c.flat_begin + c.elems, ")), ", kArrayNames[array], " block ", k,
-        " at file offset ", base + k * kBlockBytes, " (", len, " bytes) hashes to ", Hex(actual),
+        " at file offset ", base + k * kBlockBytes, " (", n, " bytes) hashes to ", Hex(actual),
         ", written as ", Hex(sums[k]), "; the part is corrupt: restore from another checkpoint"));
   };
   auto read_range = [&](char* buf, uint64_t begin, uint64_t end) -> absl::Status {
@@ -571,35 +646,64 @@ absl::Status CheckpointPartReader::Impl::ReadArray(size_t e, int array, int64_t 
   return absl::OkStatus();
 }
 
+namespace {
+
+// The chunk's entry, or NOT_FOUND / OUT_OF_RANGE for elements [offset, offset + n).
+absl::StatusOr<size_t> FindRange(const std::string& path,
+                                 const std::vector<CheckpointChunk>& chunks, int64_t chunk,
+                                 int64_t offset, int64_t n) {
+  const auto it =
+      std::lower_bound(chunks.begin(), chunks.end(), chunk,
+                       [](const CheckpointChunk& c, int64_t id) { return c.chunk < id; });
+  if (it == chunks.end() || it->chunk != chunk) {
+    return absl::NotFoundError(absl::StrCat("checkpoint part ", path, " has no chunk ", chunk));
+  }
+  if (offset < 0 || offset > it->elems || n > it->elems - offset) {
+    return absl::OutOfRangeError(absl::StrCat("checkpoint part ", path, ": elements [", offset,
+                                              ", ", offset + n, ") are outside chunk ", chunk,
+                                              "'s ", it->elems, " elements"));
+  }
+  return static_cast<size_t>(it - chunks.begin());
+}
+
+}  // namespace
+
 absl::Status CheckpointPartReader::Read(int64_t chunk, int64_t offset, absl::Span<float> master,
                                         absl::Span<float> m, absl::Span<float> v) const {
   const Impl& s = *impl_;
-  const std::array<absl::Span<float>, kArrays> outs = {master, m, v};
+  const std::array<absl::Span<float>, kFloatArrays> outs = {master, m, v};
   size_t n = 0;
   for (const absl::Span<float>& out : outs) n = std::max(n, out.size());
-  for (int a = 0; a < kArrays; ++a) {
+  for (int a = 0; a < kFloatArrays; ++a) {
     if (!outs[a].empty() && outs[a].size() != n) {
       return absl::InvalidArgumentError(absl::StrCat(
           "checkpoint part ", s.path, ": read of chunk ", chunk, " got spans of ", master.size(),
           ", ", m.size(), " and ", v.size(), " elements; each must be empty or of one size"));
     }
   }
-  const auto it =
-      std::lower_bound(s.chunks.begin(), s.chunks.end(), chunk,
-                       [](const CheckpointChunk& c, int64_t id) { return c.chunk < id; });
-  if (it == s.chunks.end() || it->chunk != chunk) {
-    return absl::NotFoundError(absl::StrCat("checkpoint part ", s.path, " has no chunk ", chunk));
-  }
-  if (offset < 0 || offset > it->elems || static_cast<int64_t>(n) > it->elems - offset) {
-    return absl::OutOfRangeError(absl::StrCat(
-        "checkpoint part ", s.path, ": elements [", offset, ", ", offset + static_cast<int64_t>(n),
-        ") are outside chunk ", chunk, "'s ", it->elems, " elements"));
-  }
-  const size_t e = static_cast<size_t>(it - s.chunks.begin());
-  for (int a = 0; a < kArrays; ++a) {
-    if (!outs[a].empty()) ZO_RETURN_IF_ERROR(s.ReadArray(e, a, offset, outs[a]));
+  ZO_ASSIGN_OR_RETURN(const size_t e,
+                      FindRange(s.path, s.chunks, chunk, offset, static_cast<int64_t>(n)));
+  for (int a = 0; a < kFloatArrays; ++a) {
+    if (outs[a].empty()) continue;
+    ZO_RETURN_IF_ERROR(s.ReadArray(e, a, static_cast<uint64_t>(offset) * sizeof(float),
+                                   n * sizeof(float), reinterpret_cast<char*>(outs[a].data())));
   }
   return absl::OkStatus();
+}
+
+uint32_t CheckpointPartReader::previous_bytes() const { return impl_->previous_bytes; }
+
+absl::Status CheckpointPartReader::ReadPrevious(int64_t chunk, int64_t offset, int64_t n,
+                                                void* out) const {
+  const Impl& s = *impl_;
+  if (s.previous_bytes == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint part ", s.path, " holds no previous version"));
+  }
+  ZO_ASSIGN_OR_RETURN(const size_t e, FindRange(s.path, s.chunks, chunk, offset, n));
+  if (n == 0) return absl::OkStatus();
+  return s.ReadArray(e, kPrevious, static_cast<uint64_t>(offset) * s.previous_bytes,
+                     static_cast<uint64_t>(n) * s.previous_bytes, static_cast<char*>(out));
 }
 
 }  // namespace zo

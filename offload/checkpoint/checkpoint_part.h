@@ -1,7 +1,8 @@
 // One server's part of a checkpoint: the fp32 master, m and v of the chunks
-// it owns, in one file, written once and read back by any number of servers
-// (a checkpoint restores onto a different server count). The format is
-// described in offload/checkpoint/design.md.
+// it owns (and, when the job runs a delayed parameter update, the 16-bit
+// weights of the version before: what its next step computes on), in one file, written once and
+// read back by any number of servers (a checkpoint restores onto a different server count). The
+// format is described in offload/checkpoint/design.md.
 //
 //   ZO_ASSIGN_OR_RETURN(auto writer, CheckpointPartWriter::Create(dir + "/part-00000.zop"));
 //   for (chunk : my chunks) ZO_RETURN_IF_ERROR(writer->AddChunk(c, begin, master, m, v));
@@ -9,6 +10,7 @@
 #ifndef ZO_OFFLOAD_CHECKPOINT_CHECKPOINT_PART_H_
 #define ZO_OFFLOAD_CHECKPOINT_CHECKPOINT_PART_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -43,13 +45,18 @@ class CheckpointPartWriter {
  public:
   // Creates `path`; ALREADY_EXISTS when it exists, the errno's status
   // (RESOURCE_EXHAUSTED for a full disk) naming the path otherwise.
-  static absl::StatusOr<std::unique_ptr<CheckpointPartWriter>> Create(const std::string& path);
+  // `previous_bytes` > 0: every chunk also carries the previous version's
+  // weights, elements of that many bytes.
+  static absl::StatusOr<std::unique_ptr<CheckpointPartWriter>> Create(const std::string& path,
+                                                                      uint32_t previous_bytes = 0);
   ~CheckpointPartWriter();
 
-  // Appends one chunk; master, m and v have the same size (> 0). Chunks are
-  // added in ascending chunk order, each once.
+  // Appends one chunk; master, m and v have the same size (> 0), `previous`
+  // previous_bytes per element. Chunks are added in ascending chunk order,
+  // each once.
   absl::Status AddChunk(int64_t chunk, int64_t flat_begin, absl::Span<const float> master,
-                        absl::Span<const float> m, absl::Span<const float> v);
+                        absl::Span<const float> m, absl::Span<const float> v,
+                        absl::Span<const std::byte> previous = {});
 
   // Writes the index and trailer, fsyncs and closes.
   absl::StatusOr<CheckpointPartSummary> Finish();
@@ -80,19 +87,23 @@ class CheckpointPartWriter {
 // writer removes the file.
 class ScatteredPartWriter {
  public:
-  // `chunks` in ascending chunk id, each with elems > 0. The file is sized
-  // now (sparse): padding reads as zeros.
+  // `chunks` in ascending chunk id, each with elems > 0; `previous_bytes`
+  // as for CheckpointPartWriter. The file is sized now (sparse): padding
+  // reads as zeros.
   static absl::StatusOr<std::unique_ptr<ScatteredPartWriter>> Create(
-      const std::string& path, std::vector<CheckpointChunk> chunks);
+      const std::string& path, std::vector<CheckpointChunk> chunks, uint32_t previous_bytes = 0);
   ~ScatteredPartWriter();
 
   const std::vector<CheckpointChunk>& chunks() const;
   const std::string& path() const;
+  uint32_t previous_bytes() const;
 
   // Elements [offset, offset + n) of chunks()[index]; each pointer holds n
   // floats. The first failure is sticky and returned by later calls.
   absl::Status Write(size_t index, int64_t offset, int64_t n, const float* master, const float* m,
                      const float* v);
+  // The same elements of the previous version: n * previous_bytes() bytes.
+  absl::Status WritePrevious(size_t index, int64_t offset, int64_t n, const void* data);
 
   // Every element must have been written (the caller tracks that; a range
   // never written reads as zeros).
@@ -127,6 +138,14 @@ class CheckpointPartReader {
   // the chunk's end.
   absl::Status Read(int64_t chunk, int64_t offset, absl::Span<float> master, absl::Span<float> m,
                     absl::Span<float> v) const;
+
+  // Bytes per element of the previous version's weights; 0 when the part
+  // holds none (format 1).
+  uint32_t previous_bytes() const;
+  // Elements [offset, offset + n) of the previous version into `out`
+  // (n * previous_bytes() bytes), checked as Read; FAILED_PRECONDITION when
+  // the part holds none.
+  absl::Status ReadPrevious(int64_t chunk, int64_t offset, int64_t n, void* out) const;
 
   CheckpointPartReader(const CheckpointPartReader&) = delete;
   CheckpointPartReader& operator=(const CheckpointPartReader&) = delete;

@@ -352,5 +352,134 @@ TEST_F(CheckpointPartTest, ScatteredWriterRejectsBadRangesAndRemovesAnUnfinished
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("no/such/dir")));
 }
 
+// The previous version's 16-bit weights of a chunk: a pattern of its own.
+std::vector<std::byte> PreviousOf(const TestChunk& c) {
+  std::vector<std::byte> out(c.master.size() * 2);
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i] = static_cast<std::byte>((i * 131 + static_cast<size_t>(c.chunk) * 7 + 3) & 0xff);
+  }
+  return out;
+}
+
+absl::StatusOr<CheckpointPartSummary> WritePartWithPrevious(const std::string& path,
+                                                            const std::vector<TestChunk>& chunks) {
+  ZO_ASSIGN_OR_RETURN(auto writer, CheckpointPartWriter::Create(path, 2));
+  for (const TestChunk& c : chunks) {
+    ZO_RETURN_IF_ERROR(writer->AddChunk(c.chunk, c.flat_begin, c.master, c.m, c.v, PreviousOf(c)));
+  }
+  return writer->Finish();
+}
+
+TEST_F(CheckpointPartTest, PlainPartIsFormatOneWithoutAPreviousVersion) {
+  ASSERT_THAT(WritePart(path_, OddChunks()), IsOk());
+  EXPECT_EQ(FileBytes(path_)[8], 1) << "format version, byte 8";
+  ZO_ASSERT_OK_AND_ASSIGN(auto reader, CheckpointPartReader::Open(path_));
+  EXPECT_EQ(reader->previous_bytes(), 0u);
+  std::vector<std::byte> out(2);
+  EXPECT_THAT(reader->ReadPrevious(0, 0, 1, out.data()),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no previous version")));
+}
+
+// A part carrying the previous version: written in order and scattered
+// (from four threads, the previous version in ranges of its own) it is the
+// same file, and every range of every array reads back.
+TEST_F(CheckpointPartTest, PreviousVersionRoundTripsFromBothWriters) {
+  const std::vector<TestChunk> chunks = OddChunks();
+  ZO_ASSERT_OK_AND_ASSIGN(const CheckpointPartSummary in_order,
+                          WritePartWithPrevious(dir_ + "/in-order.zop", chunks));
+  EXPECT_EQ(FileBytes(dir_ + "/in-order.zop")[8], 2) << "format version, byte 8";
+
+  std::vector<CheckpointChunk> layout;
+  std::vector<std::vector<std::byte>> previous;
+  for (const TestChunk& c : chunks) {
+    layout.push_back({c.chunk, c.flat_begin, static_cast<int64_t>(c.master.size())});
+    previous.push_back(PreviousOf(c));
+  }
+  ZO_ASSERT_OK_AND_ASSIGN(auto writer, ScatteredPartWriter::Create(path_, layout, 2));
+  EXPECT_EQ(writer->previous_bytes(), 2u);
+  struct Range {
+    size_t index;
+    int64_t offset, n;
+    bool previous;
+  };
+  std::vector<Range> ranges;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const auto elems = static_cast<int64_t>(chunks[i].master.size());
+    for (int64_t at = 0; at < elems; at += 999) {
+      ranges.push_back({i, at, std::min<int64_t>(999, elems - at), false});
+    }
+    // Ranges that cover whole 32 Ki-element blocks of 2-byte data and parts of others.
+    for (int64_t at = 0; at < elems; at += 40000) {
+      ranges.push_back({i, at, std::min<int64_t>(40000, elems - at), true});
+    }
+  }
+  std::mt19937 rng(9);
+  std::shuffle(ranges.begin(), ranges.end(), rng);
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> results(4);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (size_t r = t; r < ranges.size(); r += 4) {
+        const Range& g = ranges[r];
+        const TestChunk& c = chunks[g.index];
+        absl::Status s = g.previous
+                             ? writer->WritePrevious(g.index, g.offset, g.n,
+                                                     previous[g.index].data() + 2 * g.offset)
+                             : writer->Write(g.index, g.offset, g.n, c.master.data() + g.offset,
+                                             c.m.data() + g.offset, c.v.data() + g.offset);
+        if (!s.ok()) results[t] = s;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& s : results) ASSERT_THAT(s, IsOk());
+  ZO_ASSERT_OK_AND_ASSIGN(const CheckpointPartSummary scattered, writer->Finish());
+  EXPECT_EQ(scattered.index_checksum, in_order.index_checksum);
+  EXPECT_TRUE(FileBytes(path_) == FileBytes(dir_ + "/in-order.zop"));
+
+  ZO_ASSERT_OK_AND_ASSIGN(auto reader, CheckpointPartReader::Open(path_));
+  EXPECT_EQ(reader->previous_bytes(), 2u);
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const TestChunk& c = chunks[i];
+    const auto n = static_cast<int64_t>(c.master.size());
+    std::vector<float> master(n), m(n), v(n);
+    ASSERT_THAT(
+        reader->Read(c.chunk, 0, absl::MakeSpan(master), absl::MakeSpan(m), absl::MakeSpan(v)),
+        IsOk());
+    EXPECT_TRUE(master == c.master && m == c.m && v == c.v) << "chunk " << c.chunk;
+    std::vector<std::byte> whole(2 * n);
+    ASSERT_THAT(reader->ReadPrevious(c.chunk, 0, n, whole.data()), IsOk());
+    EXPECT_TRUE(whole == previous[i]) << "chunk " << c.chunk;
+    if (n > 3) {  // unaligned, and across a block border when the chunk has two
+      const int64_t at = n > 32768 ? 32767 : 1;
+      const int64_t len = n - at - 1;
+      std::vector<std::byte> part(2 * len);
+      ASSERT_THAT(reader->ReadPrevious(c.chunk, at, len, part.data()), IsOk());
+      EXPECT_TRUE(std::equal(part.begin(), part.end(), previous[i].begin() + 2 * at));
+    }
+  }
+  std::vector<std::byte> two(4);
+  EXPECT_THAT(reader->ReadPrevious(0, 0, 2, two.data()),
+              StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("[0, 2)")));
+}
+
+TEST_F(CheckpointPartTest, FlippedPreviousVersionByteIsDataLossNamingIt) {
+  const std::vector<TestChunk> chunks = {MakeChunk(5, 500, 3 * kBlockElems)};
+  ASSERT_THAT(WritePartWithPrevious(path_, chunks), IsOk());
+  // After master, m and v: the previous version, its block 1 (32 Ki elements in).
+  const uint64_t previous_offset = kHeader + 3 * Region(3 * kBlockElems);
+  ASSERT_THAT(FlipByte(path_, previous_offset + 65536 + 3), IsOk());
+  ZO_ASSERT_OK_AND_ASSIGN(auto reader, CheckpointPartReader::Open(path_));
+  const int64_t n = 3 * kBlockElems;
+  std::vector<std::byte> out(2 * n);
+  EXPECT_THAT(reader->ReadPrevious(5, 0, n, out.data()),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr("previous block 1"), HasSubstr("chunk 5"))));
+  ASSERT_THAT(reader->ReadPrevious(5, 0, 32768, out.data()), IsOk());  // block 0
+  std::vector<float> master(n);
+  EXPECT_THAT(reader->Read(5, 0, absl::MakeSpan(master), {}, {}), IsOk());
+  EXPECT_EQ(master, chunks[0].master);
+}
+
 }  // namespace
 }  // namespace zo

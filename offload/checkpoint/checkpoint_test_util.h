@@ -56,16 +56,20 @@ inline FlatState MakeFlatState(std::vector<TensorSpec> manifest, int64_t chunk_e
 }
 
 // Writes the part of `server` into `dir` (its chunks, ascending).
-inline absl::StatusOr<CheckpointPartSummary> WriteTestPart(const std::string& dir,
-                                                           const FlatState& s, int server) {
+inline absl::StatusOr<CheckpointPartSummary> WriteTestPart(
+    const std::string& dir, const FlatState& s, int server,
+    const std::vector<std::byte>* previous = nullptr) {
   ZO_ASSIGN_OR_RETURN(ShardMap map, ShardMap::Create(s.manifest, s.chunk_elems, s.num_servers));
   ZO_ASSIGN_OR_RETURN(auto writer, CheckpointPartWriter::Create(
-                                       absl::StrCat(dir, "/", CheckpointPartFileName(server))));
+                                       absl::StrCat(dir, "/", CheckpointPartFileName(server)),
+                                       previous != nullptr ? 2 : 0));
   for (int64_t c : map.ChunksOfServer(server)) {
     const FlatRange r = map.ChunkRange(c);
     const size_t b = static_cast<size_t>(r.begin), n = static_cast<size_t>(r.size());
+    absl::Span<const std::byte> prev;
+    if (previous != nullptr) prev = {previous->data() + 2 * b, 2 * n};
     ZO_RETURN_IF_ERROR(writer->AddChunk(c, r.begin, {s.master.data() + b, n}, {s.m.data() + b, n},
-                                        {s.v.data() + b, n}));
+                                        {s.v.data() + b, n}, prev));
   }
   return writer->Finish();
 }
