@@ -3,8 +3,9 @@
 // (header, trailer, index), then reads of every chunk it lists, whole and
 // in part.
 //
-// Input, to spend mutations on bytes that matter: the first 12 bytes are
-// the header (magic, version); the 4084 zero bytes that pad it to 4 KiB are
+// Input, to spend mutations on bytes that matter: the first 16 bytes are
+// the header (magic, version, the previous version's element size); the
+// 4080 zero bytes that pad it to 4 KiB are
 // not in the input; the rest is the file from offset 4096. Before reading,
 // the trailer's index checksum is set to the hash of the index it points to,
 // so that the index parser sees mutated indexes (a mismatch is checked
@@ -23,7 +24,7 @@
 
 namespace {
 
-constexpr size_t kHeaderInput = 12;
+constexpr size_t kHeaderInput = 16;
 constexpr size_t kHeaderBytes = 4096;
 constexpr size_t kTrailerBytes = 40;
 
@@ -56,6 +57,11 @@ void ReadChunk(const zo::CheckpointPartReader& part, const zo::CheckpointChunk& 
     part.Read(c.chunk, 1, {master.data(), k}, {}, {v.data(), k}).IgnoreError();
   }
   part.Read(c.chunk, n, {}, {}, {}).IgnoreError();
+  if (part.previous_bytes() > 0) {
+    std::vector<char> previous(static_cast<size_t>(n) * part.previous_bytes());
+    part.ReadPrevious(c.chunk, 0, n, previous.data()).IgnoreError();
+    if (n > 2) part.ReadPrevious(c.chunk, 1, n - 2, previous.data()).IgnoreError();
+  }
 }
 
 }  // namespace

@@ -62,12 +62,22 @@ testing::FlatState ReferenceState() {
                                 /*chunk_elems=*/32, /*num_servers=*/2, /*seed=*/3);
 }
 
-CheckpointMeta WriteReferenceParts(const std::string& dir) {
+CheckpointMeta WriteReferenceParts(const std::string& dir, bool with_previous) {
   const testing::FlatState s = ReferenceState();
   CheckpointMeta meta = testing::TestMeta("ref", 3, s);
+  std::vector<std::byte> previous;
+  if (with_previous) {
+    meta.has_previous = true;
+    meta.previous_version = 2;
+    meta.previous_loss_scale = 65536.0;
+    meta.previous_dtype = "fp16";
+    previous.resize(2 * s.master.size());
+    for (size_t i = 0; i < previous.size(); ++i) previous[i] = static_cast<std::byte>(i * 29 + 1);
+  }
   for (int server = 0; server < s.num_servers; ++server) {
     std::filesystem::remove(absl::StrCat(dir, "/", CheckpointPartFileName(server)));
-    absl::StatusOr<CheckpointPartSummary> part = testing::WriteTestPart(dir, s, server);
+    absl::StatusOr<CheckpointPartSummary> part =
+        testing::WriteTestPart(dir, s, server, with_previous ? &previous : nullptr);
     if (!part.ok()) Fail("cannot write the reference checkpoint", part.status().ToString());
     meta.parts.push_back(*part);
   }

@@ -33,7 +33,9 @@ testing::FlatState ReferenceState();
 // Writes the reference checkpoint's parts into `dir` and returns its
 // checkpoint.json contents' meta (parts filled in). Byte-for-byte the same
 // every time, so a checkpoint.json seed matches parts written later.
-CheckpointMeta WriteReferenceParts(const std::string& dir);
+// `with_previous`: the parts carry a previous version's fp16 weights too
+// (format 2) and the meta says so.
+CheckpointMeta WriteReferenceParts(const std::string& dir, bool with_previous = false);
 
 [[noreturn]] void Fail(std::string_view what, std::string_view detail = "");
 

@@ -116,20 +116,28 @@ void JobRequests() {
 
 void Checkpoint() {
   const std::string tmp_root = zo::fuzz::ScratchDir();
-  absl::StatusOr<std::string> tmp = zo::BeginCheckpoint(tmp_root, "ref", 3);
-  if (!tmp.ok()) zo::fuzz::Fail("BeginCheckpoint", tmp.status().ToString());
-  const zo::CheckpointMeta meta = zo::fuzz::WriteReferenceParts(*tmp);
-  absl::StatusOr<std::string> dir = zo::CommitCheckpoint(*tmp, meta);
-  if (!dir.ok()) zo::fuzz::Fail("CommitCheckpoint", dir.status().ToString());
-  const std::string json = zo::fuzz::ReadFileOrDie(*dir + "/checkpoint.json");
-  Seed("checkpoint_meta_fuzzer", "reference_checkpoint.json", json);
-  Seed("safetensors_export_fuzzer", "reference_checkpoint.json", json);
-  for (int server = 0; server < 2; ++server) {
-    // Without the zero padding of the header (checkpoint_part_fuzzer.cc).
-    const std::string part =
-        zo::fuzz::ReadFileOrDie(absl::StrCat(*dir, "/", zo::CheckpointPartFileName(server)));
-    Seed("checkpoint_part_fuzzer", absl::StrCat("part", server),
-         part.substr(0, 12) + part.substr(4096));
+  for (const bool with_previous : {false, true}) {
+    const int64_t version = with_previous ? 4 : 3;
+    absl::StatusOr<std::string> tmp = zo::BeginCheckpoint(tmp_root, "ref", version);
+    if (!tmp.ok()) zo::fuzz::Fail("BeginCheckpoint", tmp.status().ToString());
+    zo::CheckpointMeta meta = zo::fuzz::WriteReferenceParts(*tmp, with_previous);
+    if (with_previous) {
+      meta.version = version;
+      meta.previous_version = version - 1;
+    }
+    absl::StatusOr<std::string> dir = zo::CommitCheckpoint(*tmp, meta);
+    if (!dir.ok()) zo::fuzz::Fail("CommitCheckpoint", dir.status().ToString());
+    const std::string suffix = with_previous ? "_with_previous" : "";
+    const std::string json = zo::fuzz::ReadFileOrDie(*dir + "/checkpoint.json");
+    Seed("checkpoint_meta_fuzzer", absl::StrCat("reference_checkpoint", suffix, ".json"), json);
+    if (!with_previous) Seed("safetensors_export_fuzzer", "reference_checkpoint.json", json);
+    for (int server = 0; server < 2; ++server) {
+      // Without the zero padding of the header (checkpoint_part_fuzzer.cc).
+      const std::string part =
+          zo::fuzz::ReadFileOrDie(absl::StrCat(*dir, "/", zo::CheckpointPartFileName(server)));
+      Seed("checkpoint_part_fuzzer", absl::StrCat("part", server, suffix),
+           part.substr(0, 16) + part.substr(4096));
+    }
   }
 }
 

@@ -300,7 +300,7 @@ v1::JobStatus Job::Status() const {
   st.set_last_skipped(last_skipped_);
   st.set_last_lr(last_lr_);
   st.set_last_checkpoint_step(last_checkpoint_step_);
-  st.set_base_version(base_version_);
+  st.set_base_version(oldest_version_);
   st.set_waiting_pulls(version_waiters_.size());
   st.set_waiting_pushes(accum_->waiting());
   st.set_ram_bytes(state_->ram_bytes() + accum_->buffer_bytes() + versions_->buffer_bytes() +
@@ -609,7 +609,7 @@ void Job::StepLoop() {
     // The scale the step's gradients carry: with DPU, that of the older
     // version the workers computed on.
     const double scale_used =
-        ScaleForVersionLocked(VersionForStep(spec_.config.zo.dpu, step, base_version_));
+        ScaleForVersionLocked(VersionForStep(spec_.config.zo.dpu, step, oldest_version_));
     lock.unlock();
 
     const absl::Time ready = absl::Now();
@@ -684,6 +684,9 @@ absl::Status Job::Apply(const v1::StepCommit& commit) {
     hp.bias_correction = p.bias_correction;
     const AdamStepConstants c =
         MakeAdamStepConstants(hp, commit.applied_steps(), commit.grad_multiplier());
+    // A checkpoint part that carries the version this update overwrites
+    // writes it first (the background writer may have already).
+    if (snapshot_ != nullptr) snapshot_->CapturePrevious().IgnoreError();  // the part's failure
     void* lp = versions_->BeginWrite();
     // A checkpoint part in progress takes each tile as it was before this step.
     const absl::Status stepped = state_->AdamStep(

@@ -266,9 +266,14 @@ class Job {
   absl::StatusOr<v1::CheckpointResponse> FinishCheckpoint(const StartedCheckpoint& started);
   void CheckpointDoneLocked(const absl::StatusOr<v1::CheckpointResponse>& result,
                             std::deque<std::shared_ptr<PendingCheckpoint>>& requests);
+  // Lead: fills the commit record's "previous" for a checkpoint of
+  // `version` (the job is at it), and returns the bytes per element each
+  // part carries of that version's weights (0: none). Requires mu_.
+  uint32_t PlanPreviousLocked(int64_t version, CheckpointMeta& meta) const;
   // This server's part: the snapshot taken at `version` (which the job is
-  // at), then captured and written while steps go on.
-  absl::Status BeginOwnPart(int64_t version, const std::string& dir);
+  // at), then captured and written while steps go on; with previous_bytes,
+  // carrying the weights of version - 1 too.
+  absl::Status BeginOwnPart(int64_t version, const std::string& dir, uint32_t previous_bytes);
   absl::StatusOr<v1::WriteCheckpointPartResponse> FinishOwnPart(int64_t version,
                                                                 const std::string& dir);
   // Captures what no step has: RAM a slice at a time (a step waits for one
@@ -311,6 +316,9 @@ class Job {
   int64_t open_step_ = 1;
   int64_t version_ = 0;
   int64_t base_version_ = 0;
+  // The oldest version held: base_version_, or the one before it when the
+  // restore brought the version a delayed parameter update computes on.
+  int64_t oldest_version_ = 0;
   int64_t applied_steps_ = 0;
   int64_t generation_ = 0;
   std::map<int64_t, double> scale_after_version_;  // the newest few

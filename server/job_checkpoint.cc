@@ -5,11 +5,15 @@
 #include <algorithm>
 #include <filesystem>
 #include <future>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/dpu_policy.h"
+#include "common/dtype.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "offload/checkpoint/checkpoint_dir.h"
@@ -151,6 +155,7 @@ absl::StatusOr<Job::StartedCheckpoint> Job::StartCheckpoint(int64_t version, int
   meta.dp_world_size = spec_.dp_world_size;
   meta.config_json = spec_.config_json;
   meta.applied_steps = coordinator_->applied_steps();
+  uint32_t previous_bytes = 0;
   {
     std::lock_guard lock(mu_);
     const LossScalerState s = coordinator_->scaler_state();
@@ -162,14 +167,16 @@ absl::StatusOr<Job::StartedCheckpoint> Job::StartCheckpoint(int64_t version, int
     meta.last_grad_norm = last_grad_norm_;
     meta.last_lr = last_lr_;
     meta.last_skipped = last_skipped_;
+    previous_bytes = PlanPreviousLocked(version, meta);
   }
-  ZO_RETURN_IF_ERROR(BeginOwnPart(version, started.dir));
+  ZO_RETURN_IF_ERROR(BeginOwnPart(version, started.dir, previous_bytes));
   v1::WriteCheckpointPartRequest request;
   request.set_job(spec_.name);
   request.set_version(version);
   request.set_dir(started.dir);
   request.set_generation(generation);
   request.set_phase(v1::WriteCheckpointPartRequest::BEGIN);
+  request.set_previous_bytes(previous_bytes);
   // The followers are at `version` or about to be; none can step past it
   // before this loop returns, since the next step's commit comes from here.
   for (size_t i = 1; i < spec_.servers.size(); ++i) {
@@ -182,6 +189,21 @@ absl::StatusOr<Job::StartedCheckpoint> Job::StartCheckpoint(int64_t version, int
     }
   }
   return started;
+}
+
+uint32_t Job::PlanPreviousLocked(int64_t version, CheckpointMeta& meta) const {
+  // Only when the step after `version` computes on the version before it.
+  const DpuConfig& dpu = spec_.config.zo.dpu;
+  if (!versions_->keep_previous() ||
+      VersionForStep(dpu, version + 1, oldest_version_) != version - 1) {
+    return 0;
+  }
+  meta.has_previous = true;
+  meta.previous_version = version - 1;
+  meta.previous_loss_scale = ScaleForVersionLocked(version - 1);
+  meta.previous_dtype = std::string(DTypeName(spec_.dtype));
+  meta.previous_same_data = versions_->DataVersion(version - 1) == versions_->DataVersion(version);
+  return meta.previous_same_data ? 0 : static_cast<uint32_t>(DTypeSize(spec_.dtype));
 }
 
 absl::StatusOr<v1::CheckpointResponse> Job::FinishCheckpoint(const StartedCheckpoint& started) {
@@ -262,13 +284,13 @@ absl::StatusOr<v1::WriteCheckpointPartResponse> Job::WriteCheckpointPart(
     }
   }
   if (phase != v1::WriteCheckpointPartRequest::FINISH) {
-    ZO_RETURN_IF_ERROR(BeginOwnPart(request.version(), request.dir()));
+    ZO_RETURN_IF_ERROR(BeginOwnPart(request.version(), request.dir(), request.previous_bytes()));
   }
   if (phase == v1::WriteCheckpointPartRequest::BEGIN) return v1::WriteCheckpointPartResponse();
   return FinishOwnPart(request.version(), request.dir());
 }
 
-absl::Status Job::BeginOwnPart(int64_t version, const std::string& dir) {
+absl::Status Job::BeginOwnPart(int64_t version, const std::string& dir, uint32_t previous_bytes) {
   const std::string path =
       (std::filesystem::path(dir) / CheckpointPartFileName(spec_.server_index)).string();
   std::lock_guard state_lock(state_mu_);
@@ -283,8 +305,25 @@ absl::Status Job::BeginOwnPart(int64_t version, const std::string& dir) {
   // One left by a lead that never finished it (it failed, or died).
   DropSnapshotLocked(absl::AbortedError(
       absl::StrCat("a checkpoint of version ", version, " began on this server after it")));
-  ZO_ASSIGN_OR_RETURN(snapshot_,
-                      StateSnapshot::Begin(path, chunks(), map_, version, snapshot_staging_));
+  std::optional<StateSnapshot::Previous> previous;
+  if (previous_bytes != 0) {
+    if (previous_bytes != DTypeSize(spec_.dtype)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint of version ", version, " asks for the previous version in ", previous_bytes,
+          "-byte elements; job ", spec_.name, " serves ", std::string(DTypeName(spec_.dtype))));
+    }
+    // Pinned in memory until written: the next update waits for that.
+    absl::StatusOr<ParamVersions::Lease> lease = versions_->Acquire(version - 1);
+    if (!lease.ok() || lease->data() == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint of version ", version, " needs the weights of version ", version - 1,
+          " on server ", spec_.server_index, ", which does not hold them in memory",
+          lease.ok() ? "" : absl::StrCat(": ", lease.status().message())));
+    }
+    previous.emplace(StateSnapshot::Previous{*std::move(lease), previous_bytes});
+  }
+  ZO_ASSIGN_OR_RETURN(snapshot_, StateSnapshot::Begin(path, chunks(), map_, version,
+                                                      snapshot_staging_, std::move(previous)));
   return absl::OkStatus();
 }
 
@@ -318,6 +357,8 @@ absl::StatusOr<v1::WriteCheckpointPartResponse> Job::FinishOwnPart(int64_t versi
 }
 
 absl::Status Job::CaptureSnapshot(StateSnapshot& snapshot) {
+  // First what the next update waits for.
+  ZO_RETURN_IF_ERROR(snapshot.CapturePrevious());
   // RAM a slice at a time while the step thread does not want the state;
   // meanwhile (and while a step runs) the copies its hook staged are written.
   for (;;) {
@@ -421,6 +462,10 @@ absl::StatusOr<v1::RestoreResponse> Job::Restore(const std::string& path, absl::
   v1::RestoreResponse response;
   response.set_path(dir);
   response.set_version(meta.version);
+  {
+    std::lock_guard lock(mu_);
+    response.set_base_version(oldest_version_);
+  }
   return response;
 }
 
@@ -460,17 +505,39 @@ absl::Status Job::RestorePart(const v1::RestorePartRequest& request, bool health
   cv_.notify_all();
   // Aborts the pushes that wait and forgets what was delivered.
   accum_->Reset(meta.version + 1);
-  versions_->Reset(meta.version);
+  // The version the next step computes on, if the checkpoint kept it and
+  // this job runs a delayed parameter update too.
+  ParamVersions::Previous previous = ParamVersions::Previous::kNone;
+  if (meta.has_previous && spec_.config.zo.dpu.enabled && versions_->keep_previous() &&
+      VersionForStep(spec_.config.zo.dpu, meta.version + 1, meta.version - 1) == meta.version - 1) {
+    if (meta.previous_same_data) {
+      previous = ParamVersions::Previous::kSameData;
+    } else if (meta.previous_dtype == DTypeName(spec_.dtype)) {
+      previous = ParamVersions::Previous::kStored;
+    }
+  }
+  if (meta.has_previous && previous == ParamVersions::Previous::kNone) {
+    ZO_LOG(WARNING) << "job " << spec_.name << ": checkpoint " << request.path()
+                    << " kept the weights of version " << meta.previous_version << " ("
+                    << meta.previous_dtype << ") for a delayed parameter update this job "
+                    << "does not run the same way; resuming on version " << meta.version;
+  }
+  versions_->Reset(meta.version, previous);
   const absl::Status status =
-      LoadStatePart(*reader, chunks(), map_, *state_, versions_->base_data(), spec_.dtype);
+      LoadStatePart(*reader, chunks(), map_, *state_, versions_->base_data(), spec_.dtype,
+                    versions_->previous_data());
   versions_->CommitBase();
   {
     std::lock_guard lock(mu_);
     version_ = meta.version;
     base_version_ = meta.version;
+    oldest_version_ = previous == ParamVersions::Previous::kNone ? meta.version : meta.version - 1;
     open_step_ = meta.version + 1;
     applied_steps_ = meta.applied_steps;
     scale_after_version_ = {{meta.version, meta.loss_scale}};
+    if (oldest_version_ < meta.version) {
+      scale_after_version_[meta.version - 1] = meta.previous_loss_scale;
+    }
     last_checkpoint_step_ = meta.version;
     const LastStep last = LastStepOf(meta, spec_.config);
     last_grad_norm_ = last.grad_norm;

@@ -59,11 +59,26 @@ int64_t ParamVersions::times_blocked() const {
   return times_blocked_;
 }
 
-void ParamVersions::Reset(int64_t version) {
+void ParamVersions::Reset(int64_t version, Previous previous) {
   std::unique_lock lock(mu_);
   readers_done_.wait(lock, [&] { return Unblocked(NoReadersLocked()); });
-  base_ = version;
-  data_version_ = {version};
+  if (previous == Previous::kStored && !keep_previous()) previous = Previous::kNone;
+  if (version < 1) previous = Previous::kNone;
+  resetting_previous_ = previous;
+  switch (previous) {
+    case Previous::kNone:
+      base_ = version;
+      data_version_ = {version};
+      break;
+    case Previous::kStored:
+      base_ = version - 1;
+      data_version_ = {version - 1, version};
+      break;
+    case Previous::kSameData:
+      base_ = version - 1;
+      data_version_ = {version, version};
+      break;
+  }
   buffers_[0].data_version = -1;
   buffers_[1].data_version = -1;
   master_data_ = -1;
@@ -71,14 +86,25 @@ void ParamVersions::Reset(int64_t version) {
 
 void ParamVersions::CommitBase() {
   std::lock_guard lock(mu_);
+  const int64_t latest = data_version_.back();
   if (from_master()) {
-    master_data_ = base_;
+    master_data_ = latest;
   } else {
-    buffers_[0].data_version = base_;
+    buffers_[0].data_version = latest;
   }
+  if (resetting_previous_ == Previous::kStored) {
+    buffers_[from_master() ? 0 : 1].data_version = latest - 1;
+  }
+  resetting_previous_ = Previous::kNone;
 }
 
 void* ParamVersions::base_data() { return from_master() ? nullptr : buffers_[0].memory.data(); }
+
+void* ParamVersions::previous_data() {
+  std::lock_guard lock(mu_);
+  if (resetting_previous_ != Previous::kStored) return nullptr;
+  return buffers_[from_master() ? 0 : 1].memory.data();
+}
 
 void* ParamVersions::BeginWrite() {
   std::unique_lock lock(mu_);
@@ -223,12 +249,12 @@ ParamVersions::Lease::~Lease() {
 }
 
 const void* ParamVersions::Lease::data() const {
-  if (owner_->from_master()) return nullptr;
+  if (buffer_ < 0) return nullptr;  // the master, read by rounding it
   return owner_->buffers_[buffer_].memory.data();
 }
 
 absl::Status ParamVersions::Lease::Read(int64_t offset, int64_t n, void* out) const {
-  if (owner_->from_master()) return owner_->ReadFromMaster(version_, offset, n, out);
+  if (buffer_ < 0) return owner_->ReadFromMaster(version_, offset, n, out);
   const size_t size = DTypeSize(owner_->dtype_);
   std::memcpy(out, static_cast<const char*>(data()) + offset * size, n * size);
   return absl::OkStatus();

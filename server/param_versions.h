@@ -68,14 +68,29 @@ class ParamVersions {
   // The same before creating one (the job's RAM check, zo-ctl estimate).
   static int64_t BufferBytes(int64_t elems, DType dtype, bool from_master, bool keep_previous);
 
+  // What a restore brings of the version before the one it restores (a
+  // checkpoint of a job with a delayed parameter update, whose next step
+  // computes on it).
+  enum class Previous {
+    kNone,      // nothing: the restored version is the oldest held
+    kStored,    // its weights, which the caller fills previous_data() with
+    kSameData,  // the restored version's weights (the step between was skipped)
+  };
   // Starts over at `version` (a restore): waits for readers, then holds no
   // version until CommitBase, while the caller fills base_data() (or, from
-  // the master, the master).
-  void Reset(int64_t version);
+  // the master, the master) and, with kStored, previous_data(). kStored
+  // needs keep_previous (a materialized one always keeps it).
+  void Reset(int64_t version, Previous previous = Previous::kNone);
   void CommitBase();
   // Materialized: buffer 0, the initial weights (version 0) or a restored
   // version. Null when served from the master.
   void* base_data();
+  // Between Reset(kStored) and CommitBase: where the version before the
+  // restored one goes (materialized buffer 1, or the kept buffer).
+  void* previous_data();
+  // Whether the version before the latest is kept (materialized, or from the
+  // master with keep_previous).
+  bool keep_previous() const { return !from_master() || from_.keep_previous; }
 
   // An update begins; waits until no pull reads what it replaces.
   // Materialized: returns the buffer the update writes the new version's
@@ -104,8 +119,8 @@ class ParamVersions {
     Lease& operator=(const Lease&) = delete;
     Lease& operator=(Lease&&) = delete;
     ~Lease();
-    // The version's elements where they lie (materialized), or null: then
-    // Read copies them out.
+    // The version's elements where they lie (materialized, or the kept
+    // previous version), or null: then Read copies them out.
     const void* data() const;
     // Elements [offset, offset + n) into `out`. FAILED_PRECONDITION when the
     // version is no longer held (a pull that outlived two updates).
@@ -137,7 +152,6 @@ class ParamVersions {
     int readers = 0;
   };
   ParamVersions(int64_t elems, DType dtype, FromMaster from);
-  bool keep_previous() const { return !from_master() || from_.keep_previous; }
   int num_buffers() const { return from_master() ? (from_.keep_previous ? 1 : 0) : 2; }
   std::optional<int64_t> DataVersionLocked(int64_t version) const;
   absl::Status NotHeldLocked(int64_t version) const;
@@ -155,7 +169,8 @@ class ParamVersions {
   std::condition_variable readers_done_;
   Buffer buffers_[2];
   int64_t base_ = 0;
-  std::vector<int64_t> data_version_;  // index: version - base_
+  std::vector<int64_t> data_version_;              // index: version - base_
+  Previous resetting_previous_ = Previous::kNone;  // between Reset and CommitBase
   int writing_ = -1;
   // From the master: the data version the master holds (-1 while an update
   // or a restore writes it), the leases that keep it so for a whole pull

@@ -247,6 +247,43 @@ TEST(ParamVersionsTest, ResetThenCommitBase) {
   EXPECT_TRUE(Holds(v13.data(), 13));
 }
 
+// A restore that brings the version before the restored one (a DPU
+// checkpoint): both are held, and the next update replaces the older.
+TEST(ParamVersionsTest, ARestoreWithThePreviousVersionHoldsBoth) {
+  std::unique_ptr<ParamVersions> v = MakeVersions();
+  ASSERT_NE(v, nullptr);
+  Write(*v, 1);
+  v->Reset(10, ParamVersions::Previous::kStored);
+  EXPECT_EQ(v->latest(), 10);
+  EXPECT_THAT(v->DataVersion(9), Optional(9));
+  EXPECT_EQ(v->DataVersion(8), std::nullopt);
+  ASSERT_NE(v->previous_data(), nullptr);
+  EXPECT_NE(v->previous_data(), v->base_data());
+  Fill(v->base_data(), 10);
+  Fill(v->previous_data(), 9);
+  v->CommitBase();
+  EXPECT_EQ(v->previous_data(), nullptr) << "only between Reset and CommitBase";
+  for (uint16_t version : {9, 10}) {
+    ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease lease, v->Acquire(version));
+    EXPECT_TRUE(Holds(lease.data(), version)) << version;
+  }
+  Write(*v, 11);  // over version 9
+  EXPECT_THAT(v->Acquire(9), StatusIs(kFailedPrecondition, HasSubstr("version 9")));
+  {
+    ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease v10, v->Acquire(10));
+    EXPECT_TRUE(Holds(v10.data(), 10));
+  }
+
+  // The step between was skipped: the version before is the restored data.
+  v->Reset(20, ParamVersions::Previous::kSameData);
+  EXPECT_EQ(v->previous_data(), nullptr);
+  Fill(v->base_data(), 20);
+  v->CommitBase();
+  EXPECT_EQ(v->DataVersion(19), v->DataVersion(20));
+  ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease v19, v->Acquire(19));
+  EXPECT_TRUE(Holds(v19.data(), 20));
+}
+
 TEST(ParamVersionsTest, ResetWaitsForReaders) {
   std::unique_ptr<ParamVersions> v = MakeVersions();
   ASSERT_NE(v, nullptr);
@@ -428,6 +465,42 @@ TEST_F(FromMasterTest, SkipsShareDataAndARestoreStartsFromTheMaster) {
   ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease lease, v->Acquire(5));
   EXPECT_THAT(ReadsAs(lease), IsOkAndHolds(5));
   EXPECT_THAT(v->Acquire(3), StatusIs(kFailedPrecondition, HasSubstr("not held")));
+}
+
+// A restore with the kept version: it goes into the kept buffer, and the
+// first update rounds the restored master over it.
+TEST_F(FromMasterTest, ARestoreWithThePreviousVersionFillsTheKeptBuffer) {
+  std::unique_ptr<ParamVersions> v = Make(/*keep_previous=*/true);
+  ASSERT_NE(v, nullptr);
+  SetMaster(0);
+  Update(*v, 1);
+  v->Reset(8, ParamVersions::Previous::kStored);
+  ASSERT_NE(v->previous_data(), nullptr);
+  SetMaster(7);  // what version 7 rounds to, as the checkpoint stored it
+  FloatToHalf(master_.data(), static_cast<uint16_t*>(v->previous_data()), kElems);
+  SetMaster(8);  // the checkpoint's master
+  v->CommitBase();
+  {
+    ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease v7, v->Acquire(7));
+    EXPECT_NE(v7.data(), nullptr) << "the kept buffer, pinned";
+    EXPECT_THAT(ReadsAs(v7), IsOkAndHolds(7));
+    ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease v8, v->Acquire(8));
+    EXPECT_EQ(v8.data(), nullptr) << "the master";
+    EXPECT_THAT(ReadsAs(v8), IsOkAndHolds(8));
+  }
+  Update(*v, 9);
+  EXPECT_THAT(v->Acquire(7), StatusIs(kFailedPrecondition, HasSubstr("not held")));
+  ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease v8, v->Acquire(8));
+  EXPECT_THAT(ReadsAs(v8), IsOkAndHolds(8));
+
+  // Without a kept buffer there is nowhere to put one: the restore holds
+  // only its own version.
+  std::unique_ptr<ParamVersions> plain = Make(/*keep_previous=*/false);
+  ASSERT_NE(plain, nullptr);
+  plain->Reset(8, ParamVersions::Previous::kStored);
+  EXPECT_EQ(plain->previous_data(), nullptr);
+  plain->CommitBase();
+  EXPECT_EQ(plain->DataVersion(7), std::nullopt);
 }
 
 // Pulls racing the updates: every piece a pull gets is wholly the version it

@@ -32,9 +32,10 @@ absl::StatusOr<CheckpointPartSummary> WriteStatePart(TieredOptimizerState& state
 
 absl::Status LoadStatePart(CheckpointReader& reader, absl::Span<const LocalChunk> chunks,
                            const ShardMap& map, TieredOptimizerState& state, void* low_precision,
-                           DType dtype) {
+                           DType dtype, void* previous) {
   std::vector<float> master, m, v;
   char* lp = static_cast<char*>(low_precision);
+  char* prev = static_cast<char*>(previous);
   for (const LocalChunk& c : chunks) {
     master.resize(c.elems);
     m.resize(c.elems);
@@ -45,6 +46,10 @@ absl::Status LoadStatePart(CheckpointReader& reader, absl::Span<const LocalChunk
     if (lp != nullptr) {
       job_internal::RoundMaster(master.data(), lp + c.local_offset * DTypeSize(dtype),
                                 master.size(), dtype);
+    }
+    if (prev != nullptr) {
+      ZO_RETURN_IF_ERROR(reader.ReadPreviousFlat(map.ChunkRange(c.id).begin, c.elems,
+                                                 prev + c.local_offset * DTypeSize(dtype)));
     }
   }
   return absl::OkStatus();

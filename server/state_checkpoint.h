@@ -35,13 +35,14 @@ absl::StatusOr<CheckpointPartSummary> WriteStatePart(TieredOptimizerState& state
                                                      absl::Span<const LocalChunk> chunks,
                                                      const ShardMap& map, const std::string& path);
 
-// Reads `chunks` from the checkpoint into `state`, and their master rounded
-// to `dtype` into `low_precision` (the served copy, local offsets; null when
-// pulls are served from the master itself). Stops at
-// the first error; chunks before it are loaded.
+// Reads `chunks` from the checkpoint into `state`, their master rounded to
+// `dtype` into `low_precision` (the served copy, local offsets; null when
+// pulls are served from the master itself), and the previous version's
+// weights into `previous` (local offsets; null: not wanted). Stops at the
+// first error; chunks before it are loaded.
 absl::Status LoadStatePart(CheckpointReader& reader, absl::Span<const LocalChunk> chunks,
                            const ShardMap& map, TieredOptimizerState& state, void* low_precision,
-                           DType dtype);
+                           DType dtype, void* previous = nullptr);
 
 // The newest step as JobStatus reports it after restoring `meta`.
 struct LastStep {

@@ -12,7 +12,12 @@ namespace zo {
 
 absl::StatusOr<std::unique_ptr<StateSnapshot>> StateSnapshot::Begin(
     const std::string& path, absl::Span<const LocalChunk> chunks, const ShardMap& map,
-    int64_t version, std::shared_ptr<SnapshotStaging> staging) {
+    int64_t version, std::shared_ptr<SnapshotStaging> staging, std::optional<Previous> previous) {
+  if (previous.has_value() && (previous->bytes == 0 || previous->lease.data() == nullptr)) {
+    return absl::InternalError(absl::StrCat("snapshot ", path,
+                                            ": the previous version to carry is not in memory (",
+                                            previous->bytes, "-byte elements)"));
+  }
   std::vector<CheckpointChunk> layout;
   int64_t total = 0;
   for (const LocalChunk& c : chunks) {
@@ -24,21 +29,53 @@ absl::StatusOr<std::unique_ptr<StateSnapshot>> StateSnapshot::Begin(
     layout.push_back({c.id, map.ChunkRange(c.id).begin, c.elems});
     total += c.elems;
   }
-  ZO_ASSIGN_OR_RETURN(auto writer, ScatteredPartWriter::Create(path, std::move(layout)));
+  const uint32_t previous_bytes = previous.has_value() ? previous->bytes : 0;
+  ZO_ASSIGN_OR_RETURN(auto writer,
+                      ScatteredPartWriter::Create(path, std::move(layout), previous_bytes));
   return std::unique_ptr<StateSnapshot>(
       new StateSnapshot(std::move(writer), std::vector<LocalChunk>(chunks.begin(), chunks.end()),
-                        total, version, std::move(staging)));
+                        total, version, std::move(staging), std::move(previous)));
 }
 
 StateSnapshot::StateSnapshot(std::unique_ptr<ScatteredPartWriter> writer,
                              std::vector<LocalChunk> chunks, int64_t total, int64_t version,
-                             std::shared_ptr<SnapshotStaging> staging)
+                             std::shared_ptr<SnapshotStaging> staging,
+                             std::optional<Previous> previous)
     : writer_(std::move(writer)),
       chunks_(std::move(chunks)),
       total_(total),
       version_(version),
       staging_(std::move(staging)),
-      uncaptured_(total) {}
+      previous_(std::move(previous)),
+      uncaptured_(total),
+      previous_pending_(previous_.has_value()) {}
+
+absl::Status StateSnapshot::CapturePrevious() {
+  std::lock_guard previous_lock(previous_mu_);
+  if (!previous_.has_value()) {
+    std::lock_guard lock(mu_);
+    return error_;
+  }
+  absl::Status written;
+  {
+    std::lock_guard lock(mu_);
+    written = error_;
+  }
+  const auto* data = static_cast<const char*>(previous_->lease.data());
+  for (size_t i = 0; i < chunks_.size() && written.ok(); ++i) {
+    const LocalChunk& c = chunks_[i];
+    written = writer_->WritePrevious(i, 0, c.elems, data + c.local_offset * previous_->bytes);
+  }
+  previous_.reset();  // the next update may overwrite them now
+  {
+    std::lock_guard lock(mu_);
+    previous_pending_ = false;
+    if (!written.ok() && error_.ok()) error_ = written;
+    written = error_;
+  }
+  cv_.notify_all();
+  return written;
+}
 
 std::pair<int64_t, int64_t> StateSnapshot::NextGapLocked(int64_t from, int64_t end,
                                                          int64_t limit) const {
@@ -265,16 +302,21 @@ void StateSnapshot::Abort(absl::Status why) {
     if (error_.ok()) error_ = std::move(why);
   }
   cv_.notify_all();
+  // The lease goes now, not when the last holder of the snapshot lets go:
+  // a restore waits for every lease before it resets the versions.
+  std::lock_guard previous_lock(previous_mu_);
+  previous_.reset();
 }
 
 absl::StatusOr<CheckpointPartSummary> StateSnapshot::Finish() {
   {
     std::lock_guard lock(mu_);
     ZO_RETURN_IF_ERROR(error_);
-    if (uncaptured_ > 0 || in_flight_ > 0) {
+    if (uncaptured_ > 0 || in_flight_ > 0 || previous_pending_) {
       return absl::FailedPreconditionError(
           absl::StrCat("snapshot ", path(), " of version ", version_, ": ", uncaptured_,
-                       " elements not captured yet, ", in_flight_, " writes in flight"));
+                       " elements not captured yet, ", in_flight_, " writes in flight",
+                       previous_pending_ ? ", the previous version not written" : ""));
     }
   }
   return writer_->Finish();

@@ -17,6 +17,13 @@
 // So the snapshot holds the state of `version` exactly whatever steps run
 // meanwhile, and no step waits longer than one slice or its own hook.
 //
+// With a delayed parameter update the part also carries the 16-bit weights
+// of the version before `version` (offload/checkpoint/design.md). The
+// snapshot holds a lease on them, which keeps the next update from
+// overwriting them; CapturePrevious writes them all and lets the lease go.
+// The background writer calls it first, and the next update calls it
+// before it begins, whichever comes first.
+//
 //   ZO_ASSIGN_OR_RETURN(auto snap, StateSnapshot::Begin(path, chunks, map, version));
 //   state->AdamStep(c, grad, lp, nullptr, snap->observer());   // steps go on
 //   ... snap->CaptureSomeFromRam(*state, 1 << 20) between steps ...
@@ -33,6 +40,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,18 +52,27 @@
 #include "offload/checkpoint/checkpoint_part.h"
 #include "offload/tier/tiered_state.h"
 #include "server/gradient_accumulator.h"
+#include "server/param_versions.h"
 #include "server/snapshot_staging.h"
 
 namespace zo {
 
 class StateSnapshot {
  public:
+  // The version before the snapshot's, to carry in the part: a lease whose
+  // data() lies in memory (a pinned buffer), local offsets, `bytes` per
+  // element.
+  struct Previous {
+    ParamVersions::Lease lease;
+    uint32_t bytes = 0;
+  };
   // Creates the part file at `path` for `chunks` (local offsets, ascending
   // and contiguous from 0) of the state at `version`. `staging` (may be
   // null: no staging) lends the hook its copy buffers.
   static absl::StatusOr<std::unique_ptr<StateSnapshot>> Begin(
       const std::string& path, absl::Span<const LocalChunk> chunks, const ShardMap& map,
-      int64_t version, std::shared_ptr<SnapshotStaging> staging = nullptr);
+      int64_t version, std::shared_ptr<SnapshotStaging> staging = nullptr,
+      std::optional<Previous> previous = std::nullopt);
   ~StateSnapshot();  // staged copies not written go back to the pool
 
   int64_t version() const { return version_; }
@@ -70,6 +87,10 @@ class StateSnapshot {
   // Capture with staging, as a step's TieredOptimizerState hook; valid while
   // the snapshot lives.
   StateObserver observer();
+  // Writes the previous version's weights, if the part carries them and
+  // they are not written yet, and releases their lease. Safe to call from
+  // any thread, any number of times; the first failure is the snapshot's.
+  absl::Status CapturePrevious();
   // Writes every staged copy (the background writer's job).
   absl::Status WriteStaged();
   // Waits until complete, a staged copy waits to be written, or `deadline`.
@@ -96,7 +117,8 @@ class StateSnapshot {
 
  private:
   StateSnapshot(std::unique_ptr<ScatteredPartWriter> writer, std::vector<LocalChunk> chunks,
-                int64_t total, int64_t version, std::shared_ptr<SnapshotStaging> staging);
+                int64_t total, int64_t version, std::shared_ptr<SnapshotStaging> staging,
+                std::optional<Previous> previous);
   struct Staged {
     int64_t begin = 0, end = 0;
     AlignedBuffer data;  // master, then m, then v, each end - begin floats
@@ -108,7 +130,9 @@ class StateSnapshot {
   // elements and to `end`; {end, end} when none. Requires mu_.
   std::pair<int64_t, int64_t> NextGapLocked(int64_t from, int64_t end, int64_t limit) const;
   // Every element captured and written, or the snapshot failed. Requires mu_.
-  bool CompleteLocked() const { return !error_.ok() || (uncaptured_ == 0 && in_flight_ == 0); }
+  bool CompleteLocked() const {
+    return !error_.ok() || (uncaptured_ == 0 && in_flight_ == 0 && !previous_pending_);
+  }
   absl::Status WriteRange(int64_t begin, int64_t end, const float* master, const float* m,
                           const float* v);
 
@@ -118,12 +142,17 @@ class StateSnapshot {
   const int64_t version_;
   const std::shared_ptr<SnapshotStaging> staging_;
 
+  // Held while the previous version is written (never with mu_ waited on).
+  std::mutex previous_mu_;
+  std::optional<Previous> previous_;  // until written, or the snapshot aborts
+
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   std::map<int64_t, int64_t> captured_;  // disjoint [begin, end), merged
   int64_t uncaptured_ = 0;               // elements not claimed yet
   int in_flight_ = 0;                    // claimed ranges still being written or staged
   std::deque<Staged> staged_;            // copies waiting for WriteStaged
+  bool previous_pending_ = false;        // the previous version is not written yet
   absl::Status error_;                   // the first failure, sticky
 };
 

@@ -6,6 +6,7 @@
 #include <iterator>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/testing/status_matchers.h"
@@ -145,6 +146,57 @@ TEST_F(StateSnapshotTest, AnAbortedSnapshotFailsItsFinishAndLeavesNoFile) {
               StatusIs(absl::StatusCode::kAborted, HasSubstr("restored to version 1")));
   snapshot_.reset();
   EXPECT_FALSE(std::filesystem::exists(dir_.File("part.zop")));
+}
+
+// The version before the snapshot's rides along: its lease holds the next
+// update off until CapturePrevious has written it, and an abort lets it go.
+TEST_F(StateSnapshotTest, ThePreviousVersionHoldsTheNextUpdateOffUntilWritten) {
+  ZO_ASSERT_OK_AND_ASSIGN(std::unique_ptr<ParamVersions> versions,
+                          ParamVersions::Create(elems_, DType::kFloat16));
+  auto write_version = [&](int64_t version) {
+    auto* out = static_cast<uint16_t*>(versions->BeginWrite());
+    for (int64_t i = 0; i < elems_; ++i) out[i] = static_cast<uint16_t>(version * 7 + i);
+    versions->CommitWrite(version);
+  };
+  write_version(1);
+  write_version(2);
+  ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease lease, versions->Acquire(1));
+  ZO_ASSERT_OK_AND_ASSIGN(snapshot_,
+                          StateSnapshot::Begin(dir_.File("part.zop"), chunks_, *map_, 2, nullptr,
+                                               StateSnapshot::Previous{std::move(lease), 2}));
+  ASSERT_THAT(snapshot_->CaptureRest(*state_), IsOk());
+  EXPECT_FALSE(snapshot_->complete());
+  EXPECT_THAT(snapshot_->Finish().status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("previous version")));
+
+  // Update 3 writes the buffer of version 1: it waits for the snapshot.
+  const int64_t blocked = versions->times_blocked();
+  std::thread update([&] { write_version(3); });
+  while (versions->times_blocked() == blocked) std::this_thread::yield();
+  ASSERT_THAT(snapshot_->CapturePrevious(), IsOk());
+  update.join();
+  EXPECT_THAT(snapshot_->CapturePrevious(), IsOk()) << "a second call has nothing to do";
+  ASSERT_THAT(snapshot_->Finish().status(), IsOk());
+
+  ZO_ASSERT_OK_AND_ASSIGN(auto reader, CheckpointPartReader::Open(dir_.File("part.zop")));
+  EXPECT_EQ(reader->previous_bytes(), 2u);
+  for (const LocalChunk& c : chunks_) {
+    std::vector<uint16_t> got(c.elems);
+    ASSERT_THAT(reader->ReadPrevious(c.id, 0, c.elems, got.data()), IsOk());
+    for (int64_t i = 0; i < c.elems; ++i) {
+      ASSERT_EQ(got[i], static_cast<uint16_t>(7 + c.local_offset + i)) << "chunk " << c.id;
+    }
+  }
+
+  // Aborted before it was written: the lease goes at once.
+  ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease lease2, versions->Acquire(2));
+  ZO_ASSERT_OK_AND_ASSIGN(snapshot_,
+                          StateSnapshot::Begin(dir_.File("part2.zop"), chunks_, *map_, 3, nullptr,
+                                               StateSnapshot::Previous{std::move(lease2), 2}));
+  snapshot_->Abort(absl::AbortedError("restored"));
+  versions->Reset(9);  // would wait for the lease for ever
+  EXPECT_THAT(snapshot_->CapturePrevious(),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("restored")));
 }
 
 }  // namespace

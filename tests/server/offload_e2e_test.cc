@@ -11,6 +11,7 @@
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "offload/checkpoint/checkpoint_dir.h"
 #include "tests/server/least_squares.h"
 #include "tests/server/server_process.h"
 #include "tests/server/training_harness.h"
@@ -183,6 +184,42 @@ TEST(OffloadE2eTest, CheckpointOnTwoServersRestoresOntoThreeIdentically) {
   // Element-wise Adam and a norm summed in chunk order do not depend on the
   // server count: bit for bit the uninterrupted run.
   EXPECT_EQ(x, UninterruptedWeights());
+}
+
+// With a delayed parameter update the step after a checkpoint computes on
+// the version before it: the checkpoint keeps those weights, so a restore
+// (onto another server count) continues the trajectory bit for bit.
+TEST(OffloadE2eTest, DelayedParameterUpdateRestoresOntoTheSameTrajectory) {
+  const LeastSquares p = Problem();
+  const std::string ckpt = FreshTempDir("e2e_ckpt_dpu");
+  const std::string config = ConfigJson("", R"(, "dpu": {"enabled": true, "warmup_steps": 3})");
+  std::string path;
+  std::vector<float> uninterrupted;
+  {
+    std::vector<ServerProcess> servers = StartServers(2, {"--checkpoint-dir", ckpt});
+    ZO_ASSERT_OK_AND_ASSIGN(
+        auto workers, OpenWorkers(p, DType::kFloat32, "dpu_restore", config, Addresses(servers)));
+    ASSERT_THAT(workers[0]->InitWeights(), IsOk());
+    ASSERT_THAT(RunSteps(workers, 1, 20), IsOk());
+    ZO_ASSERT_OK_AND_ASSIGN(path, workers[0]->client().Checkpoint(20));
+    ASSERT_THAT(RunSteps(workers, 21, 30), IsOk());
+    ZO_ASSERT_OK_AND_ASSIGN(uninterrupted, workers[0]->PullAll(30));
+  }
+  ZO_ASSERT_OK_AND_ASSIGN(const CheckpointMeta meta, ReadCheckpointMeta(path));
+  EXPECT_TRUE(meta.has_previous);
+  EXPECT_EQ(meta.previous_version, 19);
+  EXPECT_FALSE(meta.previous_same_data);
+
+  std::vector<ServerProcess> servers = StartServers(3, {"--checkpoint-dir", ckpt});
+  ZO_ASSERT_OK_AND_ASSIGN(
+      auto workers, OpenWorkers(p, DType::kFloat32, "dpu_restore", config, Addresses(servers)));
+  ZO_ASSERT_OK_AND_ASSIGN(const int64_t version, workers[0]->client().Restore(path));
+  EXPECT_EQ(version, 20);
+  ZO_ASSERT_OK_AND_ASSIGN(const v1::JobStatus st, workers[1]->client().JobStatus());
+  EXPECT_EQ(st.base_version(), 19) << "the version step 21 computes on is held";
+  ASSERT_THAT(RunSteps(workers, 21, 30), IsOk());
+  ZO_ASSERT_OK_AND_ASSIGN(const std::vector<float> x, workers[0]->PullAll(30));
+  EXPECT_EQ(x, uninterrupted);
 }
 
 TEST(OffloadE2eTest, KilledServerFailsClientsFastAndRestoreResumesExactly) {

@@ -622,8 +622,9 @@ absl::StatusOr<bool> OffloadClient::PullForStep(int64_t step, absl::Span<const i
   std::lock_guard lock(impl_->pull_for_step_mu);
   int64_t version = VersionForStep(impl_->config.zo.dpu, step);
   {
-    // After a restore to v_r the servers hold nothing older: the first step
-    // of a resumed DPU run computes on v_r rather than v_{r-1}.
+    // After a restore to v_r the servers hold v_{r-1} only when the
+    // checkpoint kept it; otherwise the first step of a resumed DPU run
+    // computes on v_r rather than v_{r-1}.
     std::lock_guard state_lock(impl_->state_mu);
     version = std::max(version, impl_->base_version);
   }
@@ -712,7 +713,9 @@ absl::StatusOr<int64_t> OffloadClient::Restore(const std::string& path, bool rol
   impl_->pulled_version = -1;
   std::lock_guard state_lock(impl_->state_mu);
   impl_->version = response.version();
-  impl_->base_version = response.version();
+  // With a delayed parameter update the checkpoint may have kept the
+  // version the next step computes on: then that is the oldest.
+  impl_->base_version = response.base_version();
   impl_->lost_state.clear();  // every server holds the restored state now
   return response.version();
 }
