@@ -686,7 +686,9 @@ absl::Status Job::Apply(const v1::StepCommit& commit) {
         MakeAdamStepConstants(hp, commit.applied_steps(), commit.grad_multiplier());
     // A checkpoint part that carries the version this update overwrites
     // writes it first (the background writer may have already).
-    if (snapshot_ != nullptr) snapshot_->CapturePrevious().IgnoreError();  // the part's failure
+    if (snapshot_ != nullptr) {
+      snapshot_->CapturePrevious(/*from_a_step=*/true).IgnoreError();  // the part's failure
+    }
     void* lp = versions_->BeginWrite();
     // A checkpoint part in progress takes each tile as it was before this step.
     const absl::Status stepped = state_->AdamStep(

@@ -50,7 +50,7 @@ StateSnapshot::StateSnapshot(std::unique_ptr<ScatteredPartWriter> writer,
       uncaptured_(total),
       previous_pending_(previous_.has_value()) {}
 
-absl::Status StateSnapshot::CapturePrevious() {
+absl::Status StateSnapshot::CapturePrevious(bool from_a_step) {
   std::lock_guard previous_lock(previous_mu_);
   if (!previous_.has_value()) {
     std::lock_guard lock(mu_);
@@ -64,7 +64,8 @@ absl::Status StateSnapshot::CapturePrevious() {
   const auto* data = static_cast<const char*>(previous_->lease.data());
   for (size_t i = 0; i < chunks_.size() && written.ok(); ++i) {
     const LocalChunk& c = chunks_[i];
-    written = writer_->WritePrevious(i, 0, c.elems, data + c.local_offset * previous_->bytes);
+    written = writer_->WritePrevious(i, 0, c.elems, data + c.local_offset * previous_->bytes,
+                                     /*direct=*/!from_a_step);
   }
   previous_.reset();  // the next update may overwrite them now
   {
@@ -148,17 +149,19 @@ void StateSnapshot::Capture(int64_t offset, int64_t n, const float* master, cons
     const int64_t at = b - offset;
     // A copy costs the step less than the page cache: the writer takes it.
     AlignedBuffer copy;
-    if (stage && staging_ != nullptr && static_cast<int64_t>(3 * k) <= staging_->buffer_floats()) {
+    if (stage && staging_ != nullptr &&
+        3 * StrideFor(static_cast<int64_t>(k)) <= staging_->buffer_floats()) {
       copy = staging_->Take();
     }
     if (copy.data() != nullptr) {
       float* to = copy.as<float>();
+      const int64_t stride = StrideFor(static_cast<int64_t>(k));
       std::memcpy(to, master + at, k * sizeof(float));
-      std::memcpy(to + k, m + at, k * sizeof(float));
-      std::memcpy(to + 2 * k, v + at, k * sizeof(float));
+      std::memcpy(to + stride, m + at, k * sizeof(float));
+      std::memcpy(to + 2 * stride, v + at, k * sizeof(float));
       {
         std::lock_guard lock(mu_);
-        staged_.push_back({b, e, std::move(copy)});
+        staged_.push_back({b, e, stride, std::move(copy)});
       }
       cv_.notify_all();
       continue;
@@ -179,29 +182,79 @@ StateObserver StateSnapshot::observer() {
   };
 }
 
+int64_t StateSnapshot::StrideFor(int64_t k) const {
+  // Whole pages per array when the buffer has room: the writer can then send
+  // each array to the disk directly.
+  constexpr int64_t kPageFloats = 4096 / sizeof(float);
+  const int64_t padded = (k + kPageFloats - 1) / kPageFloats * kPageFloats;
+  return staging_ != nullptr && 3 * padded <= staging_->buffer_floats() ? padded : k;
+}
+
 absl::Status StateSnapshot::WriteStaged() {
+  // Every copy staged by now at once, so that neighbours go out as one run.
+  constexpr size_t kMaxBatch = 256;
   for (;;) {
-    Staged copy;
+    std::vector<Staged> batch;
     bool failed;
     {
       std::lock_guard lock(mu_);
       if (staged_.empty()) return error_;
-      copy = std::move(staged_.front());
-      staged_.pop_front();
+      while (!staged_.empty() && batch.size() < kMaxBatch) {
+        batch.push_back(std::move(staged_.front()));
+        staged_.pop_front();
+      }
       failed = !error_.ok();
     }
-    const int64_t k = copy.end - copy.begin;
-    const float* data = copy.data.as<float>();
-    const absl::Status written =
-        failed ? absl::OkStatus() : WriteRange(copy.begin, copy.end, data, data + k, data + 2 * k);
-    staging_->Give(std::move(copy.data));
+    const absl::Status written = failed ? absl::OkStatus() : WriteBatch(batch);
+    for (Staged& copy : batch) staging_->Give(std::move(copy.data));
     {
       std::lock_guard lock(mu_);
-      --in_flight_;
+      in_flight_ -= static_cast<int>(batch.size());
       if (!written.ok() && error_.ok()) error_ = written;
     }
     cv_.notify_all();
   }
+}
+
+absl::Status StateSnapshot::WriteBatch(std::vector<Staged>& batch) {
+  std::sort(batch.begin(), batch.end(),
+            [](const Staged& a, const Staged& b) { return a.begin < b.begin; });
+  // Each copy cut at chunk borders; pieces that follow each other in one
+  // chunk make a run.
+  struct Segment {
+    size_t chunk;
+    int64_t offset;  // in the chunk
+    ScatteredPartWriter::Piece piece;
+  };
+  std::vector<Segment> segments;
+  for (const Staged& copy : batch) {
+    const float* data = copy.data.as<float>();
+    auto it = std::upper_bound(chunks_.begin(), chunks_.end(), copy.begin,
+                               [](int64_t at, const LocalChunk& c) { return at < c.local_offset; });
+    size_t i = static_cast<size_t>(std::distance(chunks_.begin(), it)) - 1;
+    for (int64_t pos = copy.begin; pos < copy.end; ++i) {
+      const LocalChunk& c = chunks_[i];
+      const int64_t n = std::min(copy.end, c.local_offset + c.elems) - pos;
+      const int64_t at = pos - copy.begin;
+      segments.push_back({i,
+                          pos - c.local_offset,
+                          {n, data + at, data + copy.stride + at, data + 2 * copy.stride + at}});
+      pos += n;
+    }
+  }
+  std::vector<ScatteredPartWriter::Piece> run;
+  for (size_t j = 0; j < segments.size();) {
+    run = {segments[j].piece};
+    size_t next = j + 1;
+    while (next < segments.size() && segments[next].chunk == segments[j].chunk &&
+           segments[next].offset == segments[next - 1].offset + segments[next - 1].piece.n) {
+      run.push_back(segments[next].piece);
+      ++next;
+    }
+    ZO_RETURN_IF_ERROR(writer_->WriteRun(segments[j].chunk, segments[j].offset, run));
+    j = next;
+  }
+  return absl::OkStatus();
 }
 
 void StateSnapshot::WaitForWork(absl::Time deadline) const {
@@ -227,10 +280,11 @@ absl::StatusOr<bool> StateSnapshot::CaptureSomeFromRam(TieredOptimizerState& sta
     AlignedBuffer buffer = staging_->Take();
     if (buffer.data() == nullptr) break;
     const auto k = static_cast<size_t>(gap.second - gap.first);
+    const int64_t stride = StrideFor(static_cast<int64_t>(k));
     float* to = buffer.as<float>();
     if (absl::Status read =
-            state.ReadState(gap.first, absl::MakeSpan(to, k), absl::MakeSpan(to + k, k),
-                            absl::MakeSpan(to + 2 * k, k));
+            state.ReadState(gap.first, absl::MakeSpan(to, k), absl::MakeSpan(to + stride, k),
+                            absl::MakeSpan(to + 2 * stride, k));
         !read.ok()) {
       staging_->Give(std::move(buffer));
       return read;
@@ -239,7 +293,7 @@ absl::StatusOr<bool> StateSnapshot::CaptureSomeFromRam(TieredOptimizerState& sta
       std::lock_guard lock(mu_);
       ClaimLocked(gap.first, gap.second);
       ++in_flight_;
-      staged_.push_back({gap.first, gap.second, std::move(buffer)});
+      staged_.push_back({gap.first, gap.second, stride, std::move(buffer)});
     }
     cv_.notify_all();
     done += gap.second - gap.first;

@@ -8,7 +8,10 @@
 //     before_update) copies the range as it still is into a staging buffer
 //     (server/snapshot_staging.h), tile by tile on the pool's workers (NVMe
 //     tiles straight from the pipeline's buffer), which the background
-//     writer then writes; with no buffer free, the hook writes itself;
+//     writer then writes (neighbouring copies as one run, straight to the
+//     disk where the filesystem allows: no page-cache copy, no writeback
+//     competing with the steps later); with no buffer free, the hook
+//     writes itself;
 //   - the background writer reaches it between steps (RAM ranges, a slice
 //     at a time, holding the state still for one slice);
 //   - nothing else did: the rest goes through one observe pass
@@ -90,7 +93,9 @@ class StateSnapshot {
   // Writes the previous version's weights, if the part carries them and
   // they are not written yet, and releases their lease. Safe to call from
   // any thread, any number of times; the first failure is the snapshot's.
-  absl::Status CapturePrevious();
+  // `from_a_step`: through the page cache (no waiting for the disk), for
+  // the update that would overwrite them.
+  absl::Status CapturePrevious(bool from_a_step = false);
   // Writes every staged copy (the background writer's job).
   absl::Status WriteStaged();
   // Waits until complete, a staged copy waits to be written, or `deadline`.
@@ -121,8 +126,13 @@ class StateSnapshot {
                 std::optional<Previous> previous);
   struct Staged {
     int64_t begin = 0, end = 0;
-    AlignedBuffer data;  // master, then m, then v, each end - begin floats
+    int64_t stride = 0;  // master at 0, m at stride, v at 2 * stride; end - begin floats each
+    AlignedBuffer data;
   };
+  // The stride of a staged copy of k elements.
+  int64_t StrideFor(int64_t k) const;
+  // Writes `batch` (sorted here) as runs of neighbouring copies.
+  absl::Status WriteBatch(std::vector<Staged>& batch);
   // Claims the uncaptured pieces of [begin, end) (marks them captured and
   // counts them in flight); requires mu_.
   std::vector<std::pair<int64_t, int64_t>> ClaimLocked(int64_t begin, int64_t end);

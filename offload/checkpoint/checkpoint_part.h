@@ -103,7 +103,26 @@ class ScatteredPartWriter {
   absl::Status Write(size_t index, int64_t offset, int64_t n, const float* master, const float* m,
                      const float* v);
   // The same elements of the previous version: n * previous_bytes() bytes.
-  absl::Status WritePrevious(size_t index, int64_t offset, int64_t n, const void* data);
+  // `direct`: as WriteRun (waits for the disk where it can go around the
+  // page cache).
+  absl::Status WritePrevious(size_t index, int64_t offset, int64_t n, const void* data,
+                             bool direct = false);
+
+  // Ranges that follow each other in chunks()[index] from `offset` on, each
+  // from buffers of its own: one system call per array, and where the file
+  // offsets, lengths and buffers are 4 KiB-aligned (and the filesystem
+  // allows it) straight to the disk with O_DIRECT, costing no page-cache
+  // copy and no writeback later. So the caller waits for the disk: this is
+  // for a background writer, not a step.
+  struct Piece {
+    int64_t n = 0;
+    const float* master = nullptr;
+    const float* m = nullptr;
+    const float* v = nullptr;
+  };
+  absl::Status WriteRun(size_t index, int64_t offset, absl::Span<const Piece> pieces);
+  // Whether WriteRun can go around the page cache here (tmpfs cannot).
+  bool writes_direct() const;
 
   // Every element must have been written (the caller tracks that; a range
   // never written reads as zeros).

@@ -5,9 +5,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <iterator>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -479,6 +482,76 @@ TEST_F(CheckpointPartTest, FlippedPreviousVersionByteIsDataLossNamingIt) {
   std::vector<float> master(n);
   EXPECT_THAT(reader->Read(5, 0, absl::MakeSpan(master), {}, {}), IsOk());
   EXPECT_EQ(master, chunks[0].master);
+}
+
+// Runs of pieces (as the background writer sends its staged copies): in
+// page-aligned buffers, some whole pages and some not, some runs starting
+// off a page; with single-range writes for the rest, the file is byte for
+// byte the in-order writer's, whichever way (direct or not) each went.
+TEST_F(CheckpointPartTest, RunsOfPiecesMakeTheSameFileAsInOrderWrites) {
+  const std::vector<TestChunk> chunks = {MakeChunk(2, 0, 5 * kBlockElems + 777),
+                                         MakeChunk(6, 900000, 3000)};
+  ZO_ASSERT_OK_AND_ASSIGN(const CheckpointPartSummary in_order,
+                          WritePart(dir_ + "/in-order.zop", chunks));
+  std::vector<CheckpointChunk> layout;
+  for (const TestChunk& c : chunks) {
+    layout.push_back({c.chunk, c.flat_begin, static_cast<int64_t>(c.master.size())});
+  }
+  ZO_ASSERT_OK_AND_ASSIGN(auto writer, ScatteredPartWriter::Create(path_, layout));
+  std::cout << "writes_direct: " << writer->writes_direct() << "\n";
+  // Each piece copied into page-aligned memory of its own, as staging does.
+  struct Copy {
+    std::unique_ptr<float[], decltype(&std::free)> data{nullptr, &std::free};
+    ScatteredPartWriter::Piece piece;
+  };
+  auto copy_of = [](const TestChunk& c, int64_t at, int64_t n) {
+    Copy copy;
+    const size_t bytes = (3 * static_cast<size_t>(n) * 4 + 4095) / 4096 * 4096 + 8192;
+    copy.data.reset(static_cast<float*>(std::aligned_alloc(4096, bytes)));
+    // Arrays on page boundaries when n is whole pages, as in staging.
+    const int64_t stride = (n + 1023) / 1024 * 1024;
+    float* to = copy.data.get();
+    std::copy_n(c.master.begin() + at, n, to);
+    std::copy_n(c.m.begin() + at, n, to + stride);
+    std::copy_n(c.v.begin() + at, n, to + 2 * stride);
+    copy.piece = {n, to, to + stride, to + 2 * stride};
+    return copy;
+  };
+  const TestChunk& big = chunks[0];
+  // [0, 1000): a plain write; then a run from element 1000 (off a page);
+  // then a run from 4096 (a page) of whole-page pieces and a ragged last one;
+  // then the rest as one run.
+  ASSERT_THAT(writer->Write(0, 0, 1000, big.master.data(), big.m.data(), big.v.data()), IsOk());
+  {
+    std::vector<Copy> copies;
+    copies.push_back(copy_of(big, 1000, 1024));
+    copies.push_back(copy_of(big, 2024, 2072));
+    std::vector<ScatteredPartWriter::Piece> pieces = {copies[0].piece, copies[1].piece};
+    ASSERT_THAT(writer->WriteRun(0, 1000, pieces), IsOk());
+  }
+  {
+    std::vector<Copy> copies;
+    copies.push_back(copy_of(big, 4096, kBlockElems));
+    copies.push_back(copy_of(big, 4096 + kBlockElems, 2 * kBlockElems));
+    copies.push_back(copy_of(big, 4096 + 3 * kBlockElems, 1500));
+    std::vector<ScatteredPartWriter::Piece> pieces;
+    for (const Copy& c : copies) pieces.push_back(c.piece);
+    ASSERT_THAT(writer->WriteRun(0, 4096, pieces), IsOk());
+  }
+  const int64_t rest = 4096 + 3 * kBlockElems + 1500;
+  {
+    Copy copy = copy_of(big, rest, static_cast<int64_t>(big.master.size()) - rest);
+    ASSERT_THAT(writer->WriteRun(0, rest, {copy.piece}), IsOk());
+  }
+  {
+    Copy copy = copy_of(chunks[1], 0, 3000);
+    ASSERT_THAT(writer->WriteRun(1, 0, {copy.piece}), IsOk());
+  }
+  EXPECT_THAT(writer->WriteRun(1, 2999, {copy_of(chunks[1], 0, 2).piece}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[2999, 3001)")));
+  ZO_ASSERT_OK_AND_ASSIGN(const CheckpointPartSummary scattered, writer->Finish());
+  EXPECT_EQ(scattered.index_checksum, in_order.index_checksum);
+  EXPECT_TRUE(FileBytes(path_) == FileBytes(dir_ + "/in-order.zop"));
 }
 
 }  // namespace
