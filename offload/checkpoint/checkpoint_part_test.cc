@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <iterator>
 #include <memory>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -286,6 +288,23 @@ std::string FileBytes(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
+// Runs write(0..count-1) spread over four threads, as snapshot writers do;
+// the first failure, or OK.
+absl::Status WriteOnFourThreads(size_t count, const std::function<absl::Status(size_t)>& write) {
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> results(4);
+  for (size_t t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (size_t r = t; r < count; r += 4) {
+        if (absl::Status s = write(r); !s.ok()) results[t] = s;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& s : results) ZO_RETURN_IF_ERROR(s);
+  return absl::OkStatus();
+}
+
 // Ranges in shuffled order from four threads make the same file, byte for
 // byte (checksums included), as the in-order writer given the same chunks.
 TEST_F(CheckpointPartTest, ScatteredWritesMakeTheSameFileAsInOrderWrites) {
@@ -314,21 +333,15 @@ TEST_F(CheckpointPartTest, ScatteredWritesMakeTheSameFileAsInOrderWrites) {
   }
   std::mt19937 rng(5);
   std::shuffle(ranges.begin(), ranges.end(), rng);
-  std::vector<std::thread> threads;
-  std::vector<absl::Status> results(4);
-  for (int t = 0; t < 4; ++t) {
-    threads.emplace_back([&, t] {
-      for (size_t r = t; r < ranges.size(); r += 4) {
-        const Range& g = ranges[r];
-        const TestChunk& c = chunks[g.index];
-        absl::Status s = writer->Write(g.index, g.offset, g.n, c.master.data() + g.offset,
+  ASSERT_THAT(WriteOnFourThreads(ranges.size(),
+                                 [&](size_t r) {
+                                   const Range& g = ranges[r];
+                                   const TestChunk& c = chunks[g.index];
+                                   return writer->Write(
+                                       g.index, g.offset, g.n, c.master.data() + g.offset,
                                        c.m.data() + g.offset, c.v.data() + g.offset);
-        if (!s.ok()) results[t] = s;
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  for (const absl::Status& s : results) ASSERT_THAT(s, IsOk());
+                                 }),
+              IsOk());
   ZO_ASSERT_OK_AND_ASSIGN(const CheckpointPartSummary scattered, writer->Finish());
 
   EXPECT_EQ(scattered.bytes, in_order.bytes);
@@ -418,24 +431,18 @@ TEST_F(CheckpointPartTest, PreviousVersionRoundTripsFromBothWriters) {
   }
   std::mt19937 rng(9);
   std::shuffle(ranges.begin(), ranges.end(), rng);
-  std::vector<std::thread> threads;
-  std::vector<absl::Status> results(4);
-  for (int t = 0; t < 4; ++t) {
-    threads.emplace_back([&, t] {
-      for (size_t r = t; r < ranges.size(); r += 4) {
-        const Range& g = ranges[r];
-        const TestChunk& c = chunks[g.index];
-        absl::Status s = g.previous
-                             ? writer->WritePrevious(g.index, g.offset, g.n,
-                                                     previous[g.index].data() + 2 * g.offset)
-                             : writer->Write(g.index, g.offset, g.n, c.master.data() + g.offset,
-                                             c.m.data() + g.offset, c.v.data() + g.offset);
-        if (!s.ok()) results[t] = s;
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  for (const absl::Status& s : results) ASSERT_THAT(s, IsOk());
+  ASSERT_THAT(WriteOnFourThreads(
+                  ranges.size(),
+                  [&](size_t r) {
+                    const Range& g = ranges[r];
+                    const TestChunk& c = chunks[g.index];
+                    return g.previous
+                               ? writer->WritePrevious(g.index, g.offset, g.n,
+                                                       previous[g.index].data() + 2 * g.offset)
+                               : writer->Write(g.index, g.offset, g.n, c.master.data() + g.offset,
+                                               c.m.data() + g.offset, c.v.data() + g.offset);
+                  }),
+              IsOk());
   ZO_ASSERT_OK_AND_ASSIGN(const CheckpointPartSummary scattered, writer->Finish());
   EXPECT_EQ(scattered.index_checksum, in_order.index_checksum);
   EXPECT_TRUE(FileBytes(path_) == FileBytes(dir_ + "/in-order.zop"));
