@@ -98,7 +98,9 @@ absl::Status Progress::FlushMetrics(const StepOutcomes& outcomes, bool final) {
   while (!pending_.empty()) {
     const StepReport& r = pending_.front();
     std::optional<StepOutcome> outcome = outcomes.Get(r.step);
-    if (!outcome && !final) break;
+    // Unknown for good once the servers are past it: written without, like
+    // at the end, rather than holding back every line after it.
+    if (!outcome && !final && !outcomes.Passed(r.step)) break;
     nlohmann::json j;
     j["step"] = r.step;
     j["loss"] = r.loss ? nlohmann::json(*r.loss) : nlohmann::json(nullptr);

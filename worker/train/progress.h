@@ -38,7 +38,8 @@ class Progress {
                                        int steps_per_print, const std::string& metrics_path);
 
   // One finished step; prints its line when it is due. Its metrics line
-  // waits until `outcomes` knows whether the servers skipped it.
+  // waits until `outcomes` knows whether the servers skipped it, or until
+  // the servers are past it without that being known (then null).
   absl::Status Step(const StepReport& report, const StepOutcomes& outcomes);
   // A line of its own between the progress lines (clears the bar first).
   void Note(const std::string& line);

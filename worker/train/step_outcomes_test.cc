@@ -44,5 +44,34 @@ TEST(StepOutcomesTest, UnknownUntilBothNeighboursAreKnown) {
   EXPECT_FALSE(outcomes.Get(4)->skipped);
 }
 
+TEST(StepOutcomesTest, AJumpOfSeveralVersionsIsFilledInWhenTheCountersSayHow) {
+  // With DPU a reply after step 8 can name version 6 and the next one 9:
+  // steps 7 and 8 are never named and version 7 has no counter.
+  StepOutcomes none_skipped;
+  none_skipped.Observe(6, 5, false, 1, 1);
+  none_skipped.Observe(9, 8, false, 1, 1);
+  for (int64_t step : {7, 8}) {
+    ASSERT_TRUE(none_skipped.Get(step).has_value()) << step;
+    EXPECT_FALSE(none_skipped.Get(step)->skipped) << step;
+  }
+
+  StepOutcomes all_skipped;
+  all_skipped.Observe(6, 6, false, 1, 1);
+  all_skipped.Observe(9, 6, true, 1, 1);  // 7, 8 and 9 skipped (the scale fell)
+  for (int64_t step : {7, 8}) {
+    ASSERT_TRUE(all_skipped.Get(step).has_value()) << step;
+    EXPECT_TRUE(all_skipped.Get(step)->skipped) << step;
+  }
+
+  // One of 7 and 8 skipped: which one no reply says.
+  StepOutcomes one_of_two;
+  one_of_two.Observe(6, 6, false, 1, 1);
+  one_of_two.Observe(9, 8, false, 1, 1);
+  EXPECT_FALSE(one_of_two.Get(7).has_value());
+  EXPECT_FALSE(one_of_two.Get(8).has_value());
+  EXPECT_TRUE(one_of_two.Passed(8));
+  EXPECT_FALSE(one_of_two.Passed(9));
+}
+
 }  // namespace
 }  // namespace zo::train
