@@ -270,6 +270,37 @@ TEST(OffloadE2eTest, KilledServerFailsClientsFastAndRestoreResumesExactly) {
   EXPECT_EQ(x, UninterruptedWeights());
 }
 
+// A step whose push to one server fails ends with that server's error at
+// once, even while another server holds its push for the step before (here
+// waiting for rank 1's gradients of step 6, which never come; in the field
+// a follower whose lead died holds it the same way). Before, the worker
+// waited out the held call's deadline before it could look for the job
+// again; with this test's 30-minute deadline that is the ctest timeout.
+TEST(OffloadE2eTest, AFailedPushEndsTheStepWithoutWaitingForTheOtherServers) {
+  const LeastSquares p = Problem();
+  std::vector<ServerProcess> servers = StartServers(2);
+  const std::string config = ConfigJson("", R"(, "dpu": {"enabled": true, "warmup_steps": 3})");
+  ClientOptions options;
+  options.call_timeout = absl::Minutes(30);
+  options.retry_for = absl::Seconds(1);
+  ZO_ASSERT_OK_AND_ASSIGN(
+      auto workers, OpenWorkers(p, DType::kFloat32, "held", config, Addresses(servers), options));
+  ASSERT_THAT(workers[0]->InitWeights(), IsOk());
+  ASSERT_THAT(RunSteps(workers, 1, 5), IsOk());
+  ASSERT_THAT(workers[0]->RunStep(6, false), IsOk());  // rank 1 never pushes step 6
+
+  const std::vector<float> zeros(p.tensor_sizes[0], 0.0f);
+  const std::vector<std::byte> bytes = FromFloats(DType::kFloat32, zeros.data(), zeros.size());
+  OffloadClient& client = workers[0]->client();
+  ASSERT_THAT(client.Push(7, 0, bytes), IsOk());
+  ZO_ASSERT_OK_AND_ASSIGN(const v1::JobStatus held, client.JobStatus());
+  servers[1].Kill();
+  const absl::Status finished = client.FinishStep(7);
+  EXPECT_EQ(finished.code(), absl::StatusCode::kUnavailable) << finished;
+  EXPECT_THAT(std::string(finished.message()), HasSubstr(servers[1].address()));
+  EXPECT_EQ(held.version(), 5);
+}
+
 // A worker that dies after delivering part of a step, restarted with
 // `resend`: the servers skip what they already have, take the rest, and the
 // run is bit for bit the uninterrupted one (docs/architecture.md: "a restarted worker

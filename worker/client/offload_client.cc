@@ -33,6 +33,7 @@ using client_internal::PullReceiver;
 using client_internal::PushStream;
 using client_internal::RetryCall;
 using client_internal::RunInParallel;
+using client_internal::StreamEnds;
 using client_internal::ValidateOptions;
 
 // How long the destructor lets unfinished pushes end before cancelling them.
@@ -147,6 +148,7 @@ struct OffloadClient::Impl {
   std::vector<std::unique_ptr<v1::Offload::Stub>> stubs;  // fixed after construction
   ByteBudget budget;
 
+  StreamEnds stream_ends;  // every push stream tells it when it ends; outlives them
   // Open push calls by step, then server. A stream is added by the first
   // piece of its (server, step) and removed by FinishStep.
   std::mutex mu;
@@ -273,7 +275,7 @@ absl::Status OffloadClient::Impl::PushRange(int64_t step, int tensor, int64_t of
     std::unique_ptr<PushStream>& stream = streams[step][p.server];
     if (stream == nullptr) {
       stream = std::make_unique<PushStream>(channels[p.server], names[p.server], step,
-                                            NewCallContext(call.attempt), &budget);
+                                            NewCallContext(call.attempt), &budget, &stream_ends);
     }
     ZO_RETURN_IF_ERROR(stream->Enqueue(std::move(piece)));
   }
@@ -292,14 +294,34 @@ absl::Status OffloadClient::Impl::FinishStep(int64_t step) {
     streams.erase(it);
   }
   for (auto& [server, stream] : open) stream->Close();
-  absl::Status first;
-  // Each call has a deadline (call_timeout from its first piece), so this
-  // wait ends.
-  for (auto& [server, stream] : open) {
-    stream->WaitFor(absl::InfiniteDuration());
-    first.Update(stream->status());
+  // Until every call has ended, or one has failed. Each call has a deadline
+  // (call_timeout from its first piece), so this wait ends.
+  absl::Status failed;
+  {
+    std::unique_lock lock(stream_ends.mu);
+    stream_ends.cv.wait(lock, [&] {
+      bool all_done = true;
+      for (auto& [server, stream] : open) {
+        if (!stream->done()) {
+          all_done = false;
+        } else if (absl::Status s = stream->status(); !s.ok()) {
+          failed = std::move(s);
+          return true;
+        }
+      }
+      return all_done;
+    });
   }
-  return first;
+  if (failed.ok()) return absl::OkStatus();
+  // The step cannot be finished now: the other calls are ended here rather
+  // than at their deadline. (A server that lost its lead keeps a push for
+  // the next step waiting until then, and the worker would wait with it
+  // before it could go and look for the job again.)
+  for (auto& [server, stream] : open) {
+    if (!stream->done()) stream->Cancel();
+  }
+  for (auto& [server, stream] : open) stream->WaitFor(absl::InfiniteDuration());
+  return failed;
 }
 
 absl::Status OffloadClient::Impl::InitParamsOn(int server, const std::vector<PushPiece>& pieces,

@@ -10,12 +10,14 @@
 namespace zo::client_internal {
 
 PushStream::PushStream(std::shared_ptr<grpc::Channel> channel, std::string server, int64_t step,
-                       std::unique_ptr<grpc::ClientContext> context, ByteBudget* budget)
+                       std::unique_ptr<grpc::ClientContext> context, ByteBudget* budget,
+                       StreamEnds* ends)
     : channel_(std::move(channel)),
       server_(std::move(server)),
       step_(step),
       context_(std::move(context)),
       budget_(budget),
+      ends_(ends),
       thread_([this] { Run(); }) {}
 
 PushStream::~PushStream() {
@@ -65,6 +67,11 @@ bool PushStream::WaitFor(absl::Duration timeout) {
     return true;
   }
   return done_cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout), [&] { return done_; });
+}
+
+bool PushStream::done() const {
+  std::lock_guard lock(mu_);
+  return done_;
 }
 
 absl::Status PushStream::status() const {
@@ -132,6 +139,12 @@ void PushStream::Run() {
     done_ = true;
   }
   done_cv_.notify_all();
+  if (ends_ != nullptr) {
+    // Taken and let go so that a waiter between checking its streams and
+    // waiting cannot miss this.
+    { std::lock_guard lock(ends_->mu); }
+    ends_->cv.notify_all();
+  }
 }
 
 }  // namespace zo::client_internal

@@ -25,14 +25,23 @@
 
 namespace zo::client_internal {
 
+// Told whenever one of the streams sharing it ends, so that one waiter can
+// watch several streams at once (a step's calls to every server).
+struct StreamEnds {
+  std::mutex mu;
+  std::condition_variable cv;
+};
+
 // Thread-safe. Bytes of a queued piece are released to `budget` once gRPC
 // has taken the piece (Write returned) or the piece is dropped.
 class PushStream {
  public:
-  // Starts the call. `budget` must outlive the stream; `context` carries the
-  // call's deadline and token.
+  // Starts the call. `budget` and `ends` (notified when the call ends; may be
+  // null) must outlive the stream; `context` carries the call's deadline and
+  // token.
   PushStream(std::shared_ptr<grpc::Channel> channel, std::string server, int64_t step,
-             std::unique_ptr<grpc::ClientContext> context, ByteBudget* budget);
+             std::unique_ptr<grpc::ClientContext> context, ByteBudget* budget,
+             StreamEnds* ends = nullptr);
   // Cancels the call if it is still open and joins its thread.
   ~PushStream();
 
@@ -50,6 +59,8 @@ class PushStream {
   void Cancel();
   // Waits until the call has ended, at most `timeout`; true when it has.
   bool WaitFor(absl::Duration timeout);
+  // Whether the call has ended (does not wait).
+  bool done() const;
 
   // OK while the call is healthy; after a failure the call's status, with
   // the server's name. After WaitFor returned true: the call's final status.
@@ -65,6 +76,7 @@ class PushStream {
   const int64_t step_;
   const std::unique_ptr<grpc::ClientContext> context_;
   ByteBudget* const budget_;
+  StreamEnds* const ends_;
 
   mutable std::mutex mu_;
   std::condition_variable work_cv_;  // the thread waits: a piece queued, or closing
