@@ -427,6 +427,7 @@ absl::StatusOr<Attached> Reattach(const TrainOptions& o, Plan& plan, backend::Ba
   const absl::Time start = absl::Now();
   const absl::Time give_up = start + absl::Minutes(5);
   absl::Time next_note = start + absl::Seconds(5);
+  absl::Duration pause = absl::Milliseconds(50);
   for (;;) {
     absl::StatusOr<Attached> at = Attach(o, plan, backend, source, /*attach_only=*/true);
     absl::Status why = at.status();
@@ -476,7 +477,9 @@ absl::StatusOr<Attached> Reattach(const TrainOptions& o, Plan& plan, backend::Ba
           absl::ToInt64Seconds(absl::Now() - start), " s (", why.message(), ")"));
       next_note = absl::Now() + absl::Seconds(10);
     }
-    absl::SleepFor(absl::Milliseconds(50));
+    // Each try opens a connection to every server: back off to a second.
+    absl::SleepFor(pause);
+    pause = std::min(2 * pause, absl::Seconds(1));
   }
 }
 
