@@ -135,7 +135,8 @@ TEST(GradientAccumulatorTest, MicroBatchPushesAreEachDeliveredOnceAndSummed) {
                                          .chunks = kChunks,
                                          .dp_world_size = 1024,
                                          .pushes_per_rank = 1024,
-                                         .wakes = &one.wakes})
+                                         .wakes = &one.wakes,
+                                         .on_ready = {}})
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);

@@ -22,7 +22,7 @@ PullCursor PullCursor::Serving(int64_t version, double loss_scale, DType dtype,
 }
 
 bool PullCursor::Next(PullPiece* piece) {
-  *piece = PullPiece{.version = version_, .loss_scale = loss_scale_, .data = {}};
+  *piece = PullPiece{.version = version_, .loss_scale = loss_scale_, .data = {}, .owner = {}};
   if (unchanged_) {
     if (unchanged_sent_) return false;
     unchanged_sent_ = true;
