@@ -288,6 +288,15 @@ std::string FileBytes(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
+// Where each test chunk lies in the part, as a ScatteredPartWriter takes it.
+std::vector<CheckpointChunk> LayoutOf(const std::vector<TestChunk>& chunks) {
+  std::vector<CheckpointChunk> layout;
+  for (const TestChunk& c : chunks) {
+    layout.push_back({c.chunk, c.flat_begin, static_cast<int64_t>(c.master.size())});
+  }
+  return layout;
+}
+
 // Runs write(0..count-1) spread over four threads, as snapshot writers do;
 // the first failure, or OK.
 absl::Status WriteOnFourThreads(size_t count, const std::function<absl::Status(size_t)>& write) {
@@ -312,11 +321,7 @@ TEST_F(CheckpointPartTest, ScatteredWritesMakeTheSameFileAsInOrderWrites) {
   ZO_ASSERT_OK_AND_ASSIGN(const CheckpointPartSummary in_order,
                           WritePart(dir_ + "/in-order.zop", chunks));
 
-  std::vector<CheckpointChunk> layout;
-  for (const TestChunk& c : chunks) {
-    layout.push_back({c.chunk, c.flat_begin, static_cast<int64_t>(c.master.size())});
-  }
-  ZO_ASSERT_OK_AND_ASSIGN(auto writer, ScatteredPartWriter::Create(path_, layout));
+  ZO_ASSERT_OK_AND_ASSIGN(auto writer, ScatteredPartWriter::Create(path_, LayoutOf(chunks)));
   struct Range {
     size_t index;
     int64_t offset, n;
@@ -405,13 +410,9 @@ TEST_F(CheckpointPartTest, PreviousVersionRoundTripsFromBothWriters) {
                           WritePartWithPrevious(dir_ + "/in-order.zop", chunks));
   EXPECT_EQ(FileBytes(dir_ + "/in-order.zop")[8], 2) << "format version, byte 8";
 
-  std::vector<CheckpointChunk> layout;
   std::vector<std::vector<std::byte>> previous;
-  for (const TestChunk& c : chunks) {
-    layout.push_back({c.chunk, c.flat_begin, static_cast<int64_t>(c.master.size())});
-    previous.push_back(PreviousOf(c));
-  }
-  ZO_ASSERT_OK_AND_ASSIGN(auto writer, ScatteredPartWriter::Create(path_, layout, 2));
+  for (const TestChunk& c : chunks) previous.push_back(PreviousOf(c));
+  ZO_ASSERT_OK_AND_ASSIGN(auto writer, ScatteredPartWriter::Create(path_, LayoutOf(chunks), 2));
   EXPECT_EQ(writer->previous_bytes(), 2u);
   struct Range {
     size_t index;
@@ -500,11 +501,7 @@ TEST_F(CheckpointPartTest, RunsOfPiecesMakeTheSameFileAsInOrderWrites) {
                                          MakeChunk(6, 900000, 3000)};
   ZO_ASSERT_OK_AND_ASSIGN(const CheckpointPartSummary in_order,
                           WritePart(dir_ + "/in-order.zop", chunks));
-  std::vector<CheckpointChunk> layout;
-  for (const TestChunk& c : chunks) {
-    layout.push_back({c.chunk, c.flat_begin, static_cast<int64_t>(c.master.size())});
-  }
-  ZO_ASSERT_OK_AND_ASSIGN(auto writer, ScatteredPartWriter::Create(path_, layout));
+  ZO_ASSERT_OK_AND_ASSIGN(auto writer, ScatteredPartWriter::Create(path_, LayoutOf(chunks)));
   std::cout << "writes_direct: " << writer->writes_direct() << "\n";
   // Each piece copied into page-aligned memory of its own, as staging does.
   struct Copy {
