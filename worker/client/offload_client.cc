@@ -302,7 +302,7 @@ absl::Status OffloadClient::Impl::FinishStep(int64_t step) {
     stream_ends.cv.wait(lock, [&] {
       bool all_done = true;
       for (auto& [server, stream] : open) {
-        if (!stream->done()) {
+        if (!stream->WaitFor(absl::ZeroDuration())) {
           all_done = false;
         } else if (absl::Status s = stream->status(); !s.ok()) {
           failed = std::move(s);
@@ -318,7 +318,7 @@ absl::Status OffloadClient::Impl::FinishStep(int64_t step) {
   // the next step waiting until then, and the worker would wait with it
   // before it could go and look for the job again.)
   for (auto& [server, stream] : open) {
-    if (!stream->done()) stream->Cancel();
+    if (!stream->WaitFor(absl::ZeroDuration())) stream->Cancel();
   }
   for (auto& [server, stream] : open) stream->WaitFor(absl::InfiniteDuration());
   return failed;

@@ -69,11 +69,6 @@ bool PushStream::WaitFor(absl::Duration timeout) {
   return done_cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout), [&] { return done_; });
 }
 
-bool PushStream::done() const {
-  std::lock_guard lock(mu_);
-  return done_;
-}
-
 absl::Status PushStream::status() const {
   std::lock_guard lock(mu_);
   return status_;

@@ -57,10 +57,9 @@ class PushStream {
   void Close();
   // Cancels the call; queued pieces are dropped.
   void Cancel();
-  // Waits until the call has ended, at most `timeout`; true when it has.
+  // Waits until the call has ended, at most `timeout` (zero: just looks);
+  // true when it has.
   bool WaitFor(absl::Duration timeout);
-  // Whether the call has ended (does not wait).
-  bool done() const;
 
   // OK while the call is healthy; after a failure the call's status, with
   // the server's name. After WaitFor returned true: the call's final status.
