@@ -69,7 +69,7 @@ bool CallGroup::Sleep(absl::Duration d) {
 
 absl::Status RetryCall(const CallSettings& settings, absl::string_view server, CallGroup* group,
                        absl::FunctionRef<absl::Status(grpc::ClientContext&)> attempt) {
-  const absl::Time start = absl::Now();
+  const absl::Time start = settings.now();
   // The window opens at the first failure, not at the call: a pull that
   // waited minutes for its version and then lost its connection is retried
   // like one that failed at once.
@@ -84,16 +84,16 @@ absl::Status RetryCall(const CallSettings& settings, absl::string_view server, C
     if (group != nullptr) group->Unregister(context.get());
     if (status.ok()) return status;
 
-    if (attempts == 1) give_up = absl::Now() + settings.retry_for;
+    if (attempts == 1) give_up = settings.now() + settings.retry_for;
     const bool cancelled = group != nullptr && group->cancelled();
-    if (cancelled || !IsRetryable(status.code()) || absl::Now() + backoff > give_up) {
+    if (cancelled || !IsRetryable(status.code()) || settings.now() + backoff > give_up) {
       absl::Status error = ServerError(server, status);
       if (attempts > 1) {
         error = absl::Status(
             error.code(),
             absl::StrCat(
                 error.message(), " (gave up after ", attempts, " attempts in ",
-                absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1))),
+                absl::FormatDuration(absl::Trunc(settings.now() - start, absl::Milliseconds(1))),
                 ")"));
       }
       return error;

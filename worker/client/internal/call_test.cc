@@ -43,17 +43,21 @@ TEST(RetryCallTest, OtherCodesSurfaceAtOnceNamingTheServer) {
 // A call that was in flight longer than the retry window (a pull waiting for
 // its version) and then lost its connection is still retried: the window
 // opens at the failure.
+// The retry window's clock in ALongAttemptThatFailsIsStillRetried.
+absl::Time fake_now = absl::UnixEpoch();
+
 TEST(RetryCallTest, ALongAttemptThatFailsIsStillRetried) {
+  CallSettings settings = Fast(absl::Milliseconds(200));
+  settings.now = [] { return fake_now; };
   int attempts = 0;
-  const absl::Status s =
-      RetryCall(Fast(absl::Milliseconds(200)), "s:1", nullptr, [&](grpc::ClientContext&) {
-        if (++attempts == 1) {
-          // Stands in for a long wait on the server (longer than retry_for).
-          std::this_thread::sleep_for(std::chrono::milliseconds(300));
-          return absl::UnavailableError("connection reset");
-        }
-        return absl::OkStatus();
-      });
+  const absl::Status s = RetryCall(settings, "s:1", nullptr, [&](grpc::ClientContext&) {
+    if (++attempts == 1) {
+      // Stands in for a long wait on the server (longer than retry_for).
+      fake_now += absl::Milliseconds(300);
+      return absl::UnavailableError("connection reset");
+    }
+    return absl::OkStatus();
+  });
   EXPECT_TRUE(s.ok()) << s;
   EXPECT_EQ(attempts, 2);
 }
