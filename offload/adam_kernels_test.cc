@@ -369,6 +369,48 @@ TEST_P(AdamKernelTest, CopyIsRoundedStoredMaster) {
   }
 }
 
+// CopyOf::kOldWeight (the version a delayed parameter update keeps): the
+// copy is the master as it was before the step, rounded, and the step
+// itself is bit for bit the one that writes the new weight's copy. Every
+// length up to two vectors and a long odd one, so the masked or scratch
+// tails are covered too.
+TEST_P(AdamKernelTest, OldWeightCopyIsTheMasterBeforeTheStep) {
+  AdamHyperParams hp;
+  hp.weight_decay = 0.1;
+  const AdamStepConstants c = MakeAdamStepConstants(hp, 3, 0.5);
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> dist(-3.0f, 3.0f);
+  std::vector<size_t> lengths;
+  for (size_t n = 0; n <= 33; ++n) lengths.push_back(n);
+  lengths.push_back(1027);
+  for (DType copy_type : {DType::kFloat16, DType::kBFloat16}) {
+    for (size_t n : lengths) {
+      std::vector<float> p0(n), m0(n), v0(n);
+      GradBuffer grad(DType::kFloat16, n, 0);
+      for (size_t i = 0; i < n; ++i) {
+        p0[i] = dist(rng);
+        m0[i] = dist(rng) * 0.1f;
+        v0[i] = std::abs(dist(rng)) * 0.01f;
+        grad.Set(i, dist(rng));
+      }
+      std::vector<float> p(p0), m(m0), v(v0), pn(p0), mn(m0), vn(v0);
+      std::vector<uint16_t> old_copy(n + 1, 0xABCD), new_copy(n);
+      RunAdam(GetParam(), c, grad.ptr(), p.data(), m.data(), v.data(), {old_copy.data(), copy_type},
+              n, CopyOf::kOldWeight);
+      RunAdam(GetParam(), c, grad.ptr(), pn.data(), mn.data(), vn.data(),
+              {new_copy.data(), copy_type}, n);
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(old_copy[i], kernel_testing::LowBits(copy_type, p0[i]))
+            << DTypeName(copy_type) << " n=" << n << " element " << i;
+        ASSERT_TRUE(kernel_testing::SameBits(p[i], pn[i])) << "n=" << n << " element " << i;
+        ASSERT_TRUE(kernel_testing::SameBits(m[i], mn[i])) << "n=" << n << " element " << i;
+        ASSERT_TRUE(kernel_testing::SameBits(v[i], vn[i])) << "n=" << n << " element " << i;
+      }
+      EXPECT_EQ(old_copy[n], 0xABCD) << "written past the end, n=" << n;
+    }
+  }
+}
+
 TEST_P(AdamKernelTest, EmptyRangeTouchesNothing) {
   const AdamStepConstants c = MakeAdamStepConstants(AdamHyperParams(), 1, 1.0);
   RunAdam(GetParam(), c, {nullptr, DType::kFloat16}, nullptr, nullptr, nullptr,

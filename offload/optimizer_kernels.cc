@@ -63,8 +63,9 @@ float Sign(float x) {
 }
 
 void AdamScalar(const AdamStepConstants& c, TypedConstPtr grad, float* p, float* m, float* v,
-                TypedPtr low_precision, size_t n) {
+                TypedPtr low_precision, size_t n, CopyOf copy_of) {
   for (size_t i = 0; i < n; ++i) {
+    if (copy_of == CopyOf::kOldWeight) StoreCopy(low_precision, i, p[i]);
     float g = LoadValue(grad, i) * c.grad_scale;
     if (c.weight_decay != 0.0f) g += c.weight_decay * p[i];
     const float param = p[i] * c.decay_factor;
@@ -72,7 +73,7 @@ void AdamScalar(const AdamStepConstants& c, TypedConstPtr grad, float* p, float*
     v[i] = c.beta2 * v[i] + c.one_minus_beta2 * g * g;
     const float denom = std::sqrt(v[i]) * c.inv_sqrt_bias2 + c.eps;
     p[i] = param - c.step_size * (m[i] / denom);
-    StoreCopy(low_precision, i, p[i]);
+    if (copy_of == CopyOf::kNewWeight) StoreCopy(low_precision, i, p[i]);
   }
 }
 
@@ -133,7 +134,8 @@ GradStats StatsScalar(TypedConstPtr src, size_t n) {
   return oi::SrcType::kF32;
 }
 
-[[maybe_unused]] oi::KernelIo ToIo(TypedConstPtr grad, TypedPtr copy) {
+[[maybe_unused]] oi::KernelIo ToIo(TypedConstPtr grad, TypedPtr copy,
+                                   CopyOf copy_of = CopyOf::kNewWeight) {
   oi::CopyType copy_type = oi::CopyType::kNone;
   if (copy.data != nullptr) {
     switch (copy.dtype) {
@@ -148,7 +150,7 @@ GradStats StatsScalar(TypedConstPtr src, size_t n) {
         break;
     }
   }
-  return {grad.data, ToSrcType(grad.dtype), copy.data, copy_type};
+  return {grad.data, ToSrcType(grad.dtype), copy.data, copy_type, copy_of == CopyOf::kOldWeight};
 }
 
 [[maybe_unused]] oi::AdamArgs ToArgs(const AdamStepConstants& c) {
@@ -204,23 +206,24 @@ LionStepConstants MakeLionStepConstants(const LionHyperParams& hp, double grad_s
 
 // SIMD kernels exist only on x86-64; elsewhere only kScalar is ever supported.
 void AdamUpdate(const AdamStepConstants& c, TypedConstPtr grad, float* p, float* m, float* v,
-                TypedPtr low_precision, size_t n, SimdLevel level) {
+                TypedPtr low_precision, size_t n, SimdLevel level, CopyOf copy_of) {
   assert(SimdLevelSupported(level));
   switch (level) {
 #if defined(__x86_64__)
     case SimdLevel::kAvx2:
-      return oi::AdamAvx2(ToArgs(c), ToIo(grad, low_precision), p, m, v, n);
+      return oi::AdamAvx2(ToArgs(c), ToIo(grad, low_precision, copy_of), p, m, v, n);
     case SimdLevel::kAvx512:
-      return oi::AdamAvx512(ToArgs(c), ToIo(grad, low_precision), p, m, v, n, UseBf16Insn());
+      return oi::AdamAvx512(ToArgs(c), ToIo(grad, low_precision, copy_of), p, m, v, n,
+                            UseBf16Insn());
 #endif
     default:
-      return AdamScalar(c, grad, p, m, v, low_precision, n);
+      return AdamScalar(c, grad, p, m, v, low_precision, n, copy_of);
   }
 }
 
 void AdamUpdate(const AdamStepConstants& c, TypedConstPtr grad, float* p, float* m, float* v,
-                TypedPtr low_precision, size_t n) {
-  AdamUpdate(c, grad, p, m, v, low_precision, n, ActiveSimdLevel());
+                TypedPtr low_precision, size_t n, CopyOf copy_of) {
+  AdamUpdate(c, grad, p, m, v, low_precision, n, ActiveSimdLevel(), copy_of);
 }
 
 void AdagradUpdate(const AdagradStepConstants& c, TypedConstPtr grad, float* p, float* sum,

@@ -75,10 +75,15 @@ AdamStepConstants MakeAdamStepConstants(const AdamHyperParams& hp, int64_t step,
 //   v[i] = beta2 * v[i] + (1 - beta2) * g * g
 //   p[i] -= step_size * (m[i] / (sqrt(v[i]) * inv_sqrt_bias2 + eps))
 //   low_precision[i] = round_to_nearest_even(p[i])              (if given)
+// With CopyOf::kOldWeight the copy rounds p[i] as it was before the update
+// instead: the version a delayed parameter update keeps serving, written
+// while the weight is in a register anyway.
+enum class CopyOf { kNewWeight, kOldWeight };
 void AdamUpdate(const AdamStepConstants& c, TypedConstPtr grad, float* p, float* m, float* v,
-                TypedPtr low_precision, size_t n, SimdLevel level);
+                TypedPtr low_precision, size_t n, SimdLevel level,
+                CopyOf copy_of = CopyOf::kNewWeight);
 void AdamUpdate(const AdamStepConstants& c, TypedConstPtr grad, float* p, float* m, float* v,
-                TypedPtr low_precision, size_t n);
+                TypedPtr low_precision, size_t n, CopyOf copy_of = CopyOf::kNewWeight);
 
 // ---- Adagrad (torch.optim.Adagrad, lr_decay = 0, initial accumulator 0) ----
 

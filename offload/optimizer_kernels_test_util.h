@@ -52,7 +52,8 @@ inline std::string Unsupported(const KernelPath& p) {
   return "";
 }
 
-inline offload_internal::KernelIo InternalIo(TypedConstPtr grad, TypedPtr copy) {
+inline offload_internal::KernelIo InternalIo(TypedConstPtr grad, TypedPtr copy,
+                                             bool copy_old = false) {
   using offload_internal::CopyType;
   using offload_internal::SrcType;
   const SrcType src = grad.dtype == DType::kFloat32   ? SrcType::kF32
@@ -64,16 +65,18 @@ inline offload_internal::KernelIo InternalIo(TypedConstPtr grad, TypedPtr copy) 
          : copy.dtype == DType::kFloat16 ? CopyType::kF16
                                          : CopyType::kBf16;
   }
-  return {grad.data, src, copy.data, ct};
+  return {grad.data, src, copy.data, ct, copy_old};
 }
 
 inline void RunAdam(const KernelPath& path, const AdamStepConstants& c, TypedConstPtr grad,
-                    float* p, float* m, float* v, TypedPtr copy, size_t n) {
-  if (path.bf16_insn < 0) return AdamUpdate(c, grad, p, m, v, copy, n, path.level);
+                    float* p, float* m, float* v, TypedPtr copy, size_t n,
+                    CopyOf copy_of = CopyOf::kNewWeight) {
+  if (path.bf16_insn < 0) return AdamUpdate(c, grad, p, m, v, copy, n, path.level, copy_of);
   const offload_internal::AdamArgs a = {
       c.grad_scale, c.beta1,          c.beta2, c.one_minus_beta1, c.one_minus_beta2,
       c.step_size,  c.inv_sqrt_bias2, c.eps,   c.weight_decay,    c.decay_factor};
-  offload_internal::AdamAvx512(a, InternalIo(grad, copy), p, m, v, n, path.bf16_insn == 1);
+  offload_internal::AdamAvx512(a, InternalIo(grad, copy, copy_of == CopyOf::kOldWeight), p, m, v, n,
+                               path.bf16_insn == 1);
 }
 
 inline void RunAdagrad(const KernelPath& path, const AdagradStepConstants& c, TypedConstPtr grad,

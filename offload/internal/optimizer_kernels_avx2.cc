@@ -125,8 +125,8 @@ struct AdamVec {
 };
 
 template <SrcType kSrc, CopyType kCopy, bool kL2>
-inline void AdamVector(const AdamVec& c, const void* grad, float* p, float* m, float* v,
-                       void* copy) {
+inline void AdamVector(const AdamVec& c, const void* grad, float* p, float* m, float* v, void* copy,
+                       bool copy_old) {
   const __m256 p0 = _mm256_loadu_ps(p);
   __m256 g = _mm256_mul_ps(LoadSrc<kSrc>(grad), c.grad_scale);
   if constexpr (kL2) g = _mm256_fmadd_ps(c.weight_decay, p0, g);
@@ -140,7 +140,7 @@ inline void AdamVector(const AdamVec& c, const void* grad, float* p, float* m, f
   _mm256_storeu_ps(m, m1);
   _mm256_storeu_ps(v, v1);
   _mm256_storeu_ps(p, p1);
-  StoreCopy<kCopy>(copy, p1);
+  StoreCopy<kCopy>(copy, copy_old ? p0 : p1);
 }
 
 template <SrcType kSrc, CopyType kCopy, bool kL2>
@@ -153,15 +153,16 @@ void AdamLoop(const AdamArgs& a, const KernelIo& io, float* p, float* m, float* 
   constexpr size_t gs = SrcSize(kSrc), cs = CopySize(kCopy);
   const void* const grad = io.grad;  // locals: stores through float* may alias io
   void* const copy = io.copy;
+  const bool copy_old = io.copy_old;
   size_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
-    AdamVector<kSrc, kCopy, kL2>(c, Offset(grad, i * gs), p + i, m + i, v + i,
-                                 Offset(copy, i * cs));
+    AdamVector<kSrc, kCopy, kL2>(c, Offset(grad, i * gs), p + i, m + i, v + i, Offset(copy, i * cs),
+                                 copy_old);
   }
   if (const size_t r = n - i; r > 0) {
     Scratch sg, sp, sm, sv, sc;
     AdamVector<kSrc, kCopy, kL2>(c, sg.Fill(Offset(grad, i * gs), r * gs), sp.FillF32(p + i, r),
-                                 sm.FillF32(m + i, r), sv.FillF32(v + i, r), sc.bytes);
+                                 sm.FillF32(m + i, r), sv.FillF32(v + i, r), sc.bytes, copy_old);
     sp.Flush(p + i, r * 4);
     sm.Flush(m + i, r * 4);
     sv.Flush(v + i, r * 4);

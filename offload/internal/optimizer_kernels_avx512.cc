@@ -171,6 +171,7 @@ void AdamLoop(const AdamArgs& a, const KernelIo& io, float* p, float* m, float* 
                      _mm512_set1_ps(a.weight_decay),    _mm512_set1_ps(a.decay_factor)};
   const void* const grad = io.grad;  // locals: stores through float* may alias io
   void* const copy = io.copy;
+  const bool copy_old = io.copy_old;
   ForEachVector(n, [&](size_t i, __mmask16 k, auto tail) {
     constexpr bool kTail = decltype(tail)::value;
     const __m512 p0 = LoadF32<kTail>(p + i, k);
@@ -186,7 +187,7 @@ void AdamLoop(const AdamArgs& a, const KernelIo& io, float* p, float* m, float* 
     StoreF32<kTail>(m + i, k, m1);
     StoreF32<kTail>(v + i, k, v1);
     StoreF32<kTail>(p + i, k, p1);
-    StoreCopy<kCopy, kTail>(copy, i, k, p1);
+    StoreCopy<kCopy, kTail>(copy, i, k, copy_old ? p0 : p1);
   });
 }
 

@@ -23,7 +23,7 @@ namespace zo::offload_internal {
 
 // Element type of a gradient / source buffer.
 enum class SrcType : int { kF32, kF16, kBf16 };
-// What the kernel writes as the copy of the new master weight.
+// What the kernel writes as the copy of the master weight.
 enum class CopyType : int { kNone, kF32, kF16, kBf16 };
 
 // Mirrors of the public *StepConstants (same meaning, see optimizer_kernels.h).
@@ -39,12 +39,14 @@ struct LionArgs {
 };
 
 // The buffers of one call. `grad` has `grad_type`; `copy` is ignored when
-// copy_type is kNone.
+// copy_type is kNone. copy_old (Adam only): the copy rounds the master as it
+// was before the update instead of the new one.
 struct KernelIo {
   const void* grad;
   SrcType grad_type;
   void* copy;
   CopyType copy_type;
+  bool copy_old;
 };
 
 // Sum of squares (double) and whether any value was NaN or +-Inf.
