@@ -347,7 +347,8 @@ absl::Status TieredOptimizerState::WriteState(int64_t offset, absl::Span<const f
 absl::Status TieredOptimizerState::AdamStep(const AdamStepConstants& c, TypedConstPtr grad,
                                             TypedPtr low_precision,
                                             const std::function<void(int64_t end)>& updated,
-                                            const StateObserver& before_update) {
+                                            const StateObserver& before_update,
+                                            const TileUpdated& tile_updated, CopyOf copy_of) {
   Impl& s = *impl_;
   if (!s.error.ok()) return s.NeedsRestore();
   if (s.layout.total_elems() == 0) return absl::OkStatus();
@@ -361,7 +362,8 @@ absl::Status TieredOptimizerState::AdamStep(const AdamStepConstants& c, TypedCon
       before_update(static_cast<int64_t>(at), end - begin, p + begin, m + begin, v + begin);
     }
     AdamUpdate(c, OffsetBy(grad, at), p + begin, m + begin, v + begin, OffsetBy(low_precision, at),
-               static_cast<size_t>(end - begin));
+               static_cast<size_t>(end - begin), copy_of);
+    if (tile_updated) tile_updated(static_cast<int64_t>(at), end - begin);
   };
   const OverlapFn ram_pass = [&](const std::function<void()>& pump) {
     s.ForRamTiles(

@@ -130,9 +130,16 @@ class TieredOptimizerState {
   // `before_update`, if set, sees every tile just before its update (NVMe
   // tiles after their checksums are verified): a snapshot copies what the
   // step is about to change.
+  // `tile_updated`, if set, is told each tile's range once its update and
+  // copy are written (on the pool's workers, concurrently for disjoint
+  // ranges): a kept previous version (`copy_of` kOldWeight) is served from
+  // there on.
+  using TileUpdated = std::function<void(int64_t offset, int64_t n)>;
   absl::Status AdamStep(const AdamStepConstants& c, TypedConstPtr grad, TypedPtr low_precision,
                         const std::function<void(int64_t end)>& updated = nullptr,
-                        const StateObserver& before_update = nullptr);
+                        const StateObserver& before_update = nullptr,
+                        const TileUpdated& tile_updated = nullptr,
+                        CopyOf copy_of = CopyOf::kNewWeight);
 
   // Streams every NVMe-resident sub-group through the step's pipeline with
   // `observer` in place of the update (verified on read, written back

@@ -2,11 +2,13 @@
 
 #include <sys/stat.h>
 
+#include <atomic>
 #include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "common/fp16.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -339,6 +341,43 @@ TEST_F(TieredStateTest, ReportsEachUpdatedPrefixInOrder) {
   want.push_back(kTotal);
   EXPECT_EQ(ends, want);
   EXPECT_EQ(problem, "");
+}
+
+// With CopyOf::kOldWeight the copy is the master as it was before the step
+// (what a delayed parameter update keeps serving), and `tile_updated` names
+// every element once, after its copy is written: a pull may read a range
+// from then on. RAM and NVMe tiles alike.
+TEST_F(TieredStateTest, TellsEachTileOnceItsCopyOfTheOldWeightIsWritten) {
+  ZO_ASSERT_OK_AND_ASSIGN(auto state, TieredOptimizerState::Create(Options(2), kTotal, &pool_));
+  const std::vector<float> before = Pattern(kTotal, 4);
+  ASSERT_THAT(state->LoadMaster(0, before), IsOk());
+  const std::vector<float> grad = Pattern(kTotal, 5);
+  constexpr uint16_t kUntouched = 0xFFFF;  // a NaN no rounding of the pattern gives
+  std::vector<uint16_t> copy(kTotal, kUntouched);
+  std::vector<std::atomic<int>> told(kTotal);
+  std::atomic<int64_t> unwritten{0};
+  const auto tile_updated = [&](int64_t offset, int64_t n) {
+    for (int64_t i = offset; i < offset + n; ++i) {
+      if (copy[i] == kUntouched) ++unwritten;
+      ++told[i];
+    }
+  };
+  ASSERT_THAT(state->AdamStep(MakeAdamStepConstants({}, 1, 1.0), {grad.data(), DType::kFloat32},
+                              {copy.data(), DType::kFloat16}, nullptr, nullptr, tile_updated,
+                              CopyOf::kOldWeight),
+              IsOk());
+  EXPECT_EQ(unwritten, 0);
+  std::vector<float> after(kTotal);
+  ASSERT_THAT(state->ReadState(0, absl::MakeSpan(after), {}, {}), IsOk());
+  int64_t wrong = 0, moved = 0, not_told_once = 0;
+  for (int64_t i = 0; i < kTotal; ++i) {
+    if (copy[i] != FloatToHalfBits(before[i])) ++wrong;
+    if (after[i] != before[i]) ++moved;
+    if (told[i] != 1) ++not_told_once;
+  }
+  EXPECT_EQ(wrong, 0) << "copies that are not the old master rounded";
+  EXPECT_EQ(not_told_once, 0);
+  EXPECT_GT(moved, kTotal / 2) << "the step did update the master";
 }
 
 // The swap's I/O totals count what a step moves: each NVMe sub-group read
