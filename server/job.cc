@@ -200,8 +200,7 @@ absl::Status Job::Init() {
                                               RoundMaster(state_->ram_master() + offset, out,
                                                           static_cast<size_t>(n), spec_.dtype);
                                             },
-                                        .keep_previous = spec_.config.zo.dpu.enabled,
-                                        .pool = resources_.pool}));
+                                        .keep_previous = spec_.config.zo.dpu.enabled}));
   } else {
     ZO_ASSIGN_OR_RETURN(versions_, ParamVersions::Create(local_elems_, spec_.dtype));
   }
@@ -689,13 +688,23 @@ absl::Status Job::Apply(const v1::StepCommit& commit) {
     if (snapshot_ != nullptr) {
       snapshot_->CapturePrevious(/*from_a_step=*/true).IgnoreError();  // the part's failure
     }
+    // Materialized versions: the kernel writes the new version's copy. From
+    // the master with DPU: it writes the version being replaced into the
+    // kept buffer as it goes, and pulls of it follow tile by tile.
     void* lp = versions_->BeginWrite();
+    const bool keeps = versions_->from_master() && versions_->keep_previous();
     // A checkpoint part in progress takes each tile as it was before this step.
     const absl::Status stepped = state_->AdamStep(
         c, accum_->gradients(), {lp, spec_.dtype},
         [&](int64_t end) { released = accum_->ReleaseBelow(released, end, commit.step()); },
-        snapshot_ != nullptr ? snapshot_->observer() : StateObserver());
-    if (!stepped.ok()) DropSnapshotLocked(stepped);
+        snapshot_ != nullptr ? snapshot_->observer() : StateObserver(),
+        keeps ? [&](int64_t offset, int64_t n) { versions_->MarkKept(offset, n); }
+              : TieredOptimizerState::TileUpdated(),
+        keeps ? CopyOf::kOldWeight : CopyOf::kNewWeight);
+    if (!stepped.ok()) {
+      versions_->AbortWrite();
+      DropSnapshotLocked(stepped);
+    }
     ZO_RETURN_IF_ERROR(stepped);
     versions_->CommitWrite(commit.step());
   }

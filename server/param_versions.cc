@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 
 namespace zo {
@@ -82,6 +84,9 @@ void ParamVersions::Reset(int64_t version, Previous previous) {
   buffers_[0].data_version = -1;
   buffers_[1].data_version = -1;
   master_data_ = -1;
+  keeping_ = -1;
+  kept_ranges_.clear();
+  if (keep_waiters_ > 0) kept_more_.notify_all();
 }
 
 void ParamVersions::CommitBase() {
@@ -109,8 +114,16 @@ void* ParamVersions::previous_data() {
 void* ParamVersions::BeginWrite() {
   std::unique_lock lock(mu_);
   if (from_master()) {
+    void* out = nullptr;
     if (from_.keep_previous) {
-      KeepLatest(lock);
+      // What the kept buffer held is replaced; the latest version moves
+      // there range by range as the update writes it (MarkKept).
+      Buffer& kept = buffers_[0];
+      readers_done_.wait(lock, [&] { return Unblocked(kept.readers == 0); });
+      kept.data_version = -1;
+      keeping_ = master_data_;
+      kept_ranges_.clear();
+      out = kept.memory.data();
     } else {
       // New pulls no longer pin the master (they could hold the update off
       // for ever); theirs are the workers that died, and they are told the
@@ -119,9 +132,12 @@ void* ParamVersions::BeginWrite() {
       readers_done_.wait(lock,
                          [&] { return Unblocked(master_pins_ == 0 && master_reading_ == 0); });
       update_waiting_ = false;
-      master_data_ = -1;
     }
-    return nullptr;
+    master_data_ = -1;  // reads of it now go to the kept buffer (or fail)
+    // A read rounding the master began before: the update must not change
+    // the master under it.
+    readers_done_.wait(lock, [&] { return Unblocked(master_reading_ == 0); });
+    return out;
   }
   const int64_t current = data_version_.back();
   const int target = buffers_[0].data_version == current ? 1 : 0;
@@ -131,41 +147,83 @@ void* ParamVersions::BeginWrite() {
   return buffers_[target].memory.data();
 }
 
-void ParamVersions::KeepLatest(std::unique_lock<std::mutex>& lock) {
-  Buffer& kept = buffers_[0];
-  readers_done_.wait(lock, [&] { return Unblocked(kept.readers == 0); });
-  kept.data_version = -1;  // what it held is gone; no lease on it meanwhile
-  lock.unlock();
-  // The master does not change before this returns, so pulls of the latest
-  // version go on rounding it meanwhile.
-  char* out = static_cast<char*>(kept.memory.data());
-  const int64_t size = static_cast<int64_t>(DTypeSize(dtype_));
-  const int parts = from_.pool != nullptr ? from_.pool->size() : 1;
-  auto round_part = [&](int part) {
-    const int64_t begin = elems_ * part / parts;
-    const int64_t end = elems_ * (part + 1) / parts;
-    if (end > begin) from_.round_master(begin, end - begin, out + begin * size);
-  };
-  if (from_.pool != nullptr) {
-    from_.pool->RunOnAll(round_part);
-  } else {
-    round_part(0);
+void ParamVersions::MarkKept(int64_t offset, int64_t n) {
+  if (n <= 0) return;
+  std::lock_guard lock(mu_);
+  AddKeptLocked(offset, n);
+  if (keep_waiters_ > 0) kept_more_.notify_all();
+}
+
+void ParamVersions::AddKeptLocked(int64_t offset, int64_t n) {
+  int64_t begin = offset;
+  int64_t end = offset + n;
+  auto next = kept_ranges_.lower_bound(begin);
+  if (next != kept_ranges_.begin()) {
+    auto before = std::prev(next);
+    if (before->second >= begin) {
+      begin = before->first;
+      end = std::max(end, before->second);
+      next = kept_ranges_.erase(before);
+    }
   }
-  lock.lock();
-  kept.data_version = master_data_;
-  master_data_ = -1;  // reads of it now copy the kept buffer
-  readers_done_.wait(lock, [&] { return Unblocked(master_reading_ == 0); });
+  while (next != kept_ranges_.end() && next->first <= end) {
+    end = std::max(end, next->second);
+    next = kept_ranges_.erase(next);
+  }
+  kept_ranges_.emplace(begin, end);
+}
+
+bool ParamVersions::KeptLocked(int64_t offset, int64_t n) const {
+  auto after = kept_ranges_.upper_bound(offset);
+  if (after == kept_ranges_.begin()) return false;
+  return std::prev(after)->second >= offset + n;
+}
+
+int64_t ParamVersions::KeptElemsLocked() const {
+  int64_t kept = 0;
+  for (const auto& [begin, end] : kept_ranges_) kept += end - begin;
+  return kept;
+}
+
+void ParamVersions::EndKeepingLocked() {
+  if (keeping_ < 0) return;
+  const int64_t kept = KeptElemsLocked();
+  if (kept == elems_) {
+    buffers_[0].data_version = keeping_;
+  } else {
+    ZO_LOG(ERROR) << "ParamVersions: an update kept only " << kept << " of " << elems_
+                  << " elements of version " << keeping_ << "; that version is no longer served";
+  }
+  keeping_ = -1;
+  kept_ranges_.clear();
+  if (keep_waiters_ > 0) kept_more_.notify_all();
 }
 
 void ParamVersions::CommitWrite(int64_t version) {
   std::lock_guard lock(mu_);
   if (from_master()) {
+    EndKeepingLocked();
     master_data_ = version;
   } else {
     buffers_[writing_].data_version = version;
     writing_ = -1;
   }
   data_version_.push_back(version);
+}
+
+void ParamVersions::AbortWrite() {
+  std::lock_guard lock(mu_);
+  if (from_master()) {
+    if (KeptElemsLocked() == elems_) {
+      EndKeepingLocked();
+    } else {
+      keeping_ = -1;  // partly kept, and the master partly changed: gone
+      kept_ranges_.clear();
+      if (keep_waiters_ > 0) kept_more_.notify_all();
+    }
+  } else if (writing_ >= 0) {
+    writing_ = -1;  // the buffer holds nothing
+  }
 }
 
 void ParamVersions::RecordSkip(int64_t /*version*/) {
@@ -207,6 +265,8 @@ absl::StatusOr<ParamVersions::Lease> ParamVersions::Acquire(int64_t version) {
       ++master_pins_;
       return Lease(this, Lease::kMaster, version);
     }
+    // Being kept by the update now: read range by range as it is kept.
+    if (keeping_ >= 0 && keeping_ == *data) return Lease(this, Lease::kUnpinned, version);
     for (int b = 0; b < num_buffers(); ++b) {
       if (buffers_[b].data_version == *data) {
         ++buffers_[b].readers;
@@ -219,24 +279,35 @@ absl::StatusOr<ParamVersions::Lease> ParamVersions::Acquire(int64_t version) {
 
 absl::Status ParamVersions::ReadFromMaster(int64_t version, int64_t offset, int64_t n, void* out) {
   std::unique_lock lock(mu_);
-  const std::optional<int64_t> data = DataVersionLocked(version);
-  if (data.has_value() && master_data_ == *data) {
-    ++master_reading_;
-    lock.unlock();
-    from_.round_master(offset, n, out);
-    lock.lock();
-    if (--master_reading_ == 0) readers_done_.notify_all();
-    return absl::OkStatus();
-  }
-  if (data.has_value() && num_buffers() == 1 && buffers_[0].data_version == *data) {
+  for (;;) {
+    const std::optional<int64_t> data = DataVersionLocked(version);
+    if (!data.has_value()) break;
+    if (master_data_ == *data) {
+      ++master_reading_;
+      lock.unlock();
+      from_.round_master(offset, n, out);
+      lock.lock();
+      if (--master_reading_ == 0) readers_done_.notify_all();
+      return absl::OkStatus();
+    }
+    if (num_buffers() != 1) break;
     Buffer& kept = buffers_[0];
-    ++kept.readers;
-    lock.unlock();
-    const size_t size = DTypeSize(dtype_);
-    std::memcpy(out, static_cast<const char*>(kept.memory.data()) + offset * size, n * size);
-    lock.lock();
-    if (--kept.readers == 0) readers_done_.notify_all();
-    return absl::OkStatus();
+    const bool being_kept = keeping_ >= 0 && keeping_ == *data;
+    if (kept.data_version == *data || (being_kept && KeptLocked(offset, n))) {
+      ++kept.readers;
+      lock.unlock();
+      const size_t size = DTypeSize(dtype_);
+      std::memcpy(out, static_cast<const char*>(kept.memory.data()) + offset * size, n * size);
+      lock.lock();
+      if (--kept.readers == 0) readers_done_.notify_all();
+      return absl::OkStatus();
+    }
+    if (!being_kept) break;
+    // The update has not reached this range yet: a tile's time at most.
+    ++times_blocked_;
+    ++keep_waiters_;
+    kept_more_.wait(lock);
+    --keep_waiters_;
   }
   return NotHeldLocked(version);
 }

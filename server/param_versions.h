@@ -4,11 +4,14 @@
 // - From the master (CreateFromMaster; the job's fp32 master is all in
 //   RAM): the latest version is not stored. A pull rounds the master as it
 //   reads, which gives the bytes an update's kernel would have written.
-//   With keep_previous, one buffer holds the version before the latest:
-//   each update first rounds the master into it, so a pull of v_t goes on
-//   from there while the step producing v_{t+1} writes the master. 2 bytes
-//   per element (fp16/bf16), or none without keep_previous, where an update
-//   waits for the pulls of the latest version to end.
+//   With keep_previous, one buffer holds the version before the latest: the
+//   update's kernel writes the master as it was, rounded, into it while it
+//   updates the master (AdamUpdate's CopyOf::kOldWeight), and says which
+//   ranges are done (MarkKept), so a pull of v_t goes on from there while
+//   the step producing v_{t+1} writes the master; a piece whose range is not
+//   kept yet waits for it. 2 bytes per element (fp16/bf16), or none without
+//   keep_previous, where an update waits for the pulls of the latest version
+//   to end.
 // - Materialized (Create; the master is partly on NVMe, where a pull cannot
 //   read it): two buffers, the latest version's and the one before; each
 //   update writes the older one (4 bytes per element).
@@ -23,6 +26,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -32,7 +36,6 @@
 #include "absl/status/statusor.h"
 #include "common/dtype.h"
 #include "offload/aligned_buffer.h"
-#include "offload/thread_pool.h"
 
 namespace zo {
 
@@ -51,8 +54,6 @@ class ParamVersions {
     // Keep the version before the latest (the delayed parameter update
     // computes on it while the next update runs).
     bool keep_previous = true;
-    // Splits the rounding into the kept buffer; borrowed. Null: inline.
-    ThreadPool* pool = nullptr;
   };
   // Served from the master, whose version 0 is what round_master reads now.
   static absl::StatusOr<std::unique_ptr<ParamVersions>> CreateFromMaster(int64_t elems, DType dtype,
@@ -94,12 +95,20 @@ class ParamVersions {
 
   // An update begins; waits until no pull reads what it replaces.
   // Materialized: returns the buffer the update writes the new version's
-  // low-precision copy into. From the master: returns null, and the master
-  // may be written until CommitWrite (with keep_previous, the latest
-  // version has first been rounded into the kept buffer).
+  // low-precision copy into. From the master: the master may be written
+  // until CommitWrite, and this returns null, or with keep_previous the kept
+  // buffer, which the update fills with the latest version: the master as
+  // it was before the update, rounded.
   void* BeginWrite();
+  // From the master with keep_previous, between BeginWrite and CommitWrite:
+  // kept-buffer elements [offset, offset + n) hold their part of the latest
+  // version; pulls read them from now on. Thread-safe.
+  void MarkKept(int64_t offset, int64_t n);
   // The update is done: the data now is `version` (= latest() + 1).
   void CommitWrite(int64_t version);
+  // The update failed before CommitWrite: the latest version is held only if
+  // it was wholly kept; pulls waiting for a range are told it is gone.
+  void AbortWrite();
   // `version` (= latest() + 1) was skipped: same data as the one before.
   void RecordSkip(int64_t version);
 
@@ -141,8 +150,9 @@ class ParamVersions {
   // FAILED_PRECONDITION when the version's data is no longer (or not yet) held.
   absl::StatusOr<Lease> Acquire(int64_t version);
 
-  // How often an update or Reset found readers in the way and went to wait:
-  // lets a test know, without sleeping, that another thread is blocked.
+  // How often an update or Reset found readers in the way, or a read found
+  // its range not yet kept, and went to wait: lets a test know, without
+  // sleeping, that another thread is blocked.
   int64_t times_blocked() const;
 
  private:
@@ -157,8 +167,13 @@ class ParamVersions {
   absl::Status NotHeldLocked(int64_t version) const;
   bool Unblocked(bool free);  // a wait predicate's result, counting the blocks; mu_ held
   bool NoReadersLocked() const;
-  // From the master: the update's first part, with keep_previous.
-  void KeepLatest(std::unique_lock<std::mutex>& lock);
+  // From the master with keep_previous: whether [offset, offset + n) of the
+  // version being kept is in the kept buffer; records a kept range.
+  bool KeptLocked(int64_t offset, int64_t n) const;
+  void AddKeptLocked(int64_t offset, int64_t n);
+  int64_t KeptElemsLocked() const;
+  // Ends keeping: the kept buffer holds `keeping_` if all of it was kept.
+  void EndKeepingLocked();
   // From the master: Lease::Read.
   absl::Status ReadFromMaster(int64_t version, int64_t offset, int64_t n, void* out);
 
@@ -179,6 +194,13 @@ class ParamVersions {
   int master_pins_ = 0;
   bool update_waiting_ = false;  // for the pins to go (without keep_previous)
   int master_reading_ = 0;
+  // From the master with keep_previous, during an update: the data version
+  // being kept (-1: none), its kept ranges (begin -> end, merged), and the
+  // reads waiting for a range.
+  int64_t keeping_ = -1;
+  std::map<int64_t, int64_t> kept_ranges_;
+  int keep_waiters_ = 0;
+  std::condition_variable kept_more_;
   int64_t times_blocked_ = 0;
 };
 

@@ -16,7 +16,6 @@
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "offload/thread_pool.h"
 
 namespace zo {
 namespace {
@@ -318,8 +317,7 @@ class FromMasterTest : public ::testing::Test {
                FloatToHalf(master_.data() + offset, static_cast<uint16_t*>(out),
                            static_cast<size_t>(n));
              },
-         .keep_previous = keep_previous,
-         .pool = &pool_});
+         .keep_previous = keep_previous});
     EXPECT_THAT(v, IsOk());
     return v.ok() ? std::move(v).value() : nullptr;
   }
@@ -328,12 +326,30 @@ class FromMasterTest : public ::testing::Test {
     for (int64_t i = 0; i < kElems; ++i) master_[i] = static_cast<float>(version * 100) + i * 0.5f;
   }
 
-  // An update to `version`, as the job's step makes it.
+  // Sets master elements [offset, offset + n) to `version`'s values, as
+  // one tile of an update begun with BeginWrite (which returned `kept`):
+  // with a kept buffer the old values go there rounded, then MarkKept.
+  void UpdateRange(ParamVersions& v, void* kept, int version, int64_t offset, int64_t n) {
+    if (v.keep_previous()) {
+      FloatToHalf(master_.data() + offset, static_cast<uint16_t*>(kept) + offset,
+                  static_cast<size_t>(n));
+    }
+    for (int64_t i = offset; i < offset + n; ++i) {
+      master_[i] = static_cast<float>(version * 100) + i * 0.5f;
+    }
+    if (v.keep_previous()) v.MarkKept(offset, n);
+  }
+
+  // An update to `version`, as the job's step makes it: tile by tile.
   void Update(ParamVersions& v, int version) {
-    EXPECT_EQ(v.BeginWrite(), nullptr);
-    SetMaster(version);
+    void* const kept = v.BeginWrite();
+    EXPECT_EQ(kept != nullptr, v.keep_previous());
+    for (int64_t offset = 0; offset < kElems; offset += kTile) {
+      UpdateRange(v, kept, version, offset, kTile);
+    }
     v.CommitWrite(version);
   }
+  static constexpr int64_t kTile = 16;
 
   // Which version elements [offset, offset + n) of `lease` read as; -1 for
   // a mix.
@@ -350,7 +366,6 @@ class FromMasterTest : public ::testing::Test {
     return version;
   }
 
-  ThreadPool pool_{2};
   std::vector<float> master_ = std::vector<float>(kElems, 0.0f);
 };
 
@@ -415,16 +430,17 @@ TEST_F(FromMasterTest, AKeptVersionLetsAPullOfTheLatestGoOnThroughTheUpdate) {
   ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease v1, v->Acquire(1));
   EXPECT_THAT(ReadsAs(v0), IsOkAndHolds(0));
   EXPECT_THAT(ReadsAs(v1, 0, 10), IsOkAndHolds(1));
+  void* kept = nullptr;
   {
     // v0 is read from the kept buffer: the next update waits for it.
     std::optional<ParamVersions::Lease> old(std::move(v0));
     BlockedUpdate step(*v);
     EXPECT_FALSE(step.began);
     old.reset();
-    step.Join();
+    kept = step.Join();
   }
   // Mid-update: version 1 now comes from the kept buffer, the master is free.
-  SetMaster(2);
+  UpdateRange(*v, kept, 2, 0, kElems);
   EXPECT_THAT(ReadsAs(v1, 10, kElems - 10), IsOkAndHolds(1)) << "the rest of the pull";
   v->CommitWrite(2);
   EXPECT_THAT(ReadsAs(v1), IsOkAndHolds(1));
@@ -438,6 +454,66 @@ TEST_F(FromMasterTest, AKeptVersionLetsAPullOfTheLatestGoOnThroughTheUpdate) {
   EXPECT_THAT(ReadsAs(v1), StatusIs(kFailedPrecondition, HasSubstr("version 1 is not held")));
   ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease again, v->Acquire(2));
   EXPECT_THAT(ReadsAs(again), IsOkAndHolds(2));
+}
+
+// The update keeps the latest version range by range as it goes. A piece of
+// it read meanwhile comes from the kept buffer where its range is kept, and
+// waits for the update to keep it where it is not.
+TEST_F(FromMasterTest, APieceNotYetKeptWaitsForTheUpdateToKeepIt) {
+  std::unique_ptr<ParamVersions> v = Make(/*keep_previous=*/true);
+  ASSERT_NE(v, nullptr);
+  SetMaster(0);
+  Update(*v, 1);
+  ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease v1, v->Acquire(1));
+  void* const kept = v->BeginWrite();
+  UpdateRange(*v, kept, 2, 0, kTile);
+  EXPECT_THAT(ReadsAs(v1, 0, kTile), IsOkAndHolds(1)) << "kept";
+  ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease late, v->Acquire(1));
+  EXPECT_EQ(late.data(), nullptr) << "a lease taken mid-update reads range by range";
+  std::atomic<bool> read{false};
+  absl::StatusOr<int> rest = -2;
+  const int64_t blocks = v->times_blocked();
+  std::thread reader([&] {
+    rest = ReadsAs(late, kTile, 2 * kTile);
+    read = true;
+  });
+  AwaitBlocked(*v, blocks + 1);
+  UpdateRange(*v, kept, 2, kTile, kTile);  // half of what the reader needs
+  EXPECT_FALSE(read);
+  UpdateRange(*v, kept, 2, 2 * kTile, kTile);
+  reader.join();
+  EXPECT_THAT(rest, IsOkAndHolds(1));
+  UpdateRange(*v, kept, 2, 3 * kTile, kElems - 3 * kTile);
+  v->CommitWrite(2);
+  EXPECT_THAT(ReadsAs(v1), IsOkAndHolds(1));
+  EXPECT_THAT(ReadsAs(late), IsOkAndHolds(1));
+}
+
+// An update that fails part way (the step's state went bad) ends the
+// keeping: a read waiting for a range is told the version is gone, not left
+// waiting, and a later update keeps afresh.
+TEST_F(FromMasterTest, AFailedUpdateReleasesTheReadsWaitingForItsRanges) {
+  std::unique_ptr<ParamVersions> v = Make(/*keep_previous=*/true);
+  ASSERT_NE(v, nullptr);
+  SetMaster(0);
+  Update(*v, 1);
+  ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease v1, v->Acquire(1));
+  UpdateRange(*v, v->BeginWrite(), 2, 0, kTile);
+  absl::StatusOr<int> rest = -2;
+  const int64_t blocks = v->times_blocked();
+  std::thread reader([&] { rest = ReadsAs(v1, kTile, kTile); });
+  AwaitBlocked(*v, blocks + 1);
+  v->AbortWrite();
+  reader.join();
+  EXPECT_THAT(rest, StatusIs(kFailedPrecondition, HasSubstr("version 1 is not held")));
+
+  // Wholly kept before the failure: the version is still served.
+  v->Reset(4);
+  SetMaster(4);
+  v->CommitBase();
+  UpdateRange(*v, v->BeginWrite(), 5, 0, kElems);
+  v->AbortWrite();
+  EXPECT_THAT(ReadsAs(*v->Acquire(4)), IsOkAndHolds(4));
 }
 
 TEST_F(FromMasterTest, SkipsShareDataAndARestoreStartsFromTheMaster) {

@@ -4,12 +4,14 @@
 //     points at it; the baseline) against rounding the fp32 master into a
 //     piece buffer as it is given (bytes/s: the 16-bit bytes served);
 //   - an update: the fused Adam step writing the new 16-bit copy (stored
-//     versions), without it (served from the master), and without it after
-//     rounding the master into the kept buffer (served from the master, DPU).
+//     versions), without it (served from the master), writing the previous
+//     version's copy instead (served from the master, DPU), and keeping
+//     that version in a pass of its own first (how DPU kept it before).
 //
 //   build/release/bin/pull_serving_benchmark --benchmark_repetitions=5
 //       --benchmark_report_aggregates_only=true
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -36,14 +38,13 @@ const std::vector<float>& Master() {
   return *master;
 }
 
-ParamVersions::FromMaster FromMasterOptions(ThreadPool* pool) {
+ParamVersions::FromMaster FromMasterOptions() {
   return {.round_master =
               [](int64_t offset, int64_t n, void* out) {
                 job_internal::RoundMaster(Master().data() + offset, out, static_cast<size_t>(n),
                                           DType::kFloat16);
               },
-          .keep_previous = true,
-          .pool = pool};
+          .keep_previous = true};
 }
 
 // Takes every piece of version 0 and touches its first byte, as the
@@ -69,21 +70,30 @@ void BM_PullFromStoredCopy(benchmark::State& state) {
 BENCHMARK(BM_PullFromStoredCopy)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_PullRoundingTheMaster(benchmark::State& state) {
-  auto versions =
-      *ParamVersions::CreateFromMaster(kElems, DType::kFloat16, FromMasterOptions(nullptr));
+  auto versions = *ParamVersions::CreateFromMaster(kElems, DType::kFloat16, FromMasterOptions());
   ServeAll(state, *versions);
 }
 BENCHMARK(BM_PullRoundingTheMaster)->Unit(benchmark::kMillisecond)->UseRealTime();
 
-// The rounding into the kept buffer at the start of each DPU update, on all
-// cores (the update's pool).
+// Keeping the previous version in a pass of its own, on all cores: what
+// DPU's update added before the kernel wrote the kept version itself.
+void KeepInOnePass(ThreadPool& pool, ParamVersions& versions, const float* master, void* kept) {
+  pool.RunOnAll([&](int worker) {
+    const int64_t begin = kElems * worker / pool.size();
+    const int64_t end = kElems * (worker + 1) / pool.size();
+    job_internal::RoundMaster(master + begin, static_cast<uint16_t*>(kept) + begin,
+                              static_cast<size_t>(end - begin), DType::kFloat16);
+    versions.MarkKept(begin, end - begin);
+  });
+}
+
 void BM_KeepPreviousVersion(benchmark::State& state) {
   ThreadPool pool;
-  auto versions =
-      *ParamVersions::CreateFromMaster(kElems, DType::kFloat16, FromMasterOptions(&pool));
+  auto versions = *ParamVersions::CreateFromMaster(kElems, DType::kFloat16, FromMasterOptions());
   int64_t version = 1;
   for (auto _ : state) {
-    versions->BeginWrite();
+    void* kept = versions->BeginWrite();
+    KeepInOnePass(pool, *versions, Master().data(), kept);
     versions->CommitWrite(version++);
   }
   state.SetBytesProcessed(state.iterations() * kElems * 2);
@@ -91,38 +101,51 @@ void BM_KeepPreviousVersion(benchmark::State& state) {
 BENCHMARK(BM_KeepPreviousVersion)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // One server update of kElems RAM-resident elements (fp16 gradients) on all
-// cores. state.range(0): 0 writes the 16-bit copy in the kernel (stored
-// versions), 1 writes none (from the master), 2 keeps the previous version
-// first and writes none (from the master, DPU).
+// cores. state.range(0): 0 writes the new 16-bit copy in the kernel (stored
+// versions), 1 writes none (from the master), 2 writes the old version's
+// copy into the kept buffer in the kernel (from the master, DPU, as the job
+// does), 3 keeps it in a pass of its own first, then updates writing none.
 void BM_Update(benchmark::State& state) {
   ThreadPool pool;
   auto tier = *TieredOptimizerState::Create({}, kElems, &pool);
   if (!tier->LoadMaster(0, Master()).ok()) state.SkipWithError("LoadMaster failed");
   std::vector<uint16_t> grad(kElems, 0x1400);  // fp16 2^-10
-  std::vector<uint16_t> copy(kElems);
-  ParamVersions::FromMaster from = FromMasterOptions(&pool);
-  from.round_master = [&](int64_t offset, int64_t n, void* out) {
-    job_internal::RoundMaster(tier->ram_master() + offset, out, static_cast<size_t>(n),
-                              DType::kFloat16);
-  };
-  auto kept = *ParamVersions::CreateFromMaster(kElems, DType::kFloat16, from);
-  const AdamStepConstants c = MakeAdamStepConstants(AdamHyperParams{}, 1, 1.0);
   const int mode = static_cast<int>(state.range(0));
-  int64_t version = 1;
+  // Stored versions (materialized), or served from the master.
+  auto versions =
+      mode == 0 ? *ParamVersions::Create(kElems, DType::kFloat16)
+                : *ParamVersions::CreateFromMaster(kElems, DType::kFloat16, FromMasterOptions());
+  const AdamStepConstants c = MakeAdamStepConstants(AdamHyperParams{}, 1, 1.0);
+  TieredOptimizerState::TileUpdated mark_kept;
+  if (mode == 2) mark_kept = [&](int64_t offset, int64_t n) { versions->MarkKept(offset, n); };
+  // The buffers' pages are touched before timing, as a job's are after its
+  // first steps.
+  for (int64_t version = 1; version <= 2; ++version) {
+    if (void* out = versions->BeginWrite(); out != nullptr) std::memset(out, 0, kElems * 2);
+    if (mode != 0) versions->MarkKept(0, kElems);
+    versions->CommitWrite(version);
+  }
+  int64_t version = 3;
   for (auto _ : state) {
-    if (mode == 2) kept->BeginWrite();
-    const absl::Status s = tier->AdamStep(c, {grad.data(), DType::kFloat16},
-                                          {mode == 0 ? copy.data() : nullptr, DType::kFloat16});
+    void* out = mode == 1 ? nullptr : versions->BeginWrite();
+    if (mode == 3) {
+      KeepInOnePass(pool, *versions, tier->ram_master(), out);
+      out = nullptr;
+    }
+    const absl::Status s =
+        tier->AdamStep(c, {grad.data(), DType::kFloat16}, {out, DType::kFloat16}, nullptr, nullptr,
+                       mark_kept, mode == 2 ? CopyOf::kOldWeight : CopyOf::kNewWeight);
     if (!s.ok()) state.SkipWithError("AdamStep failed");
-    if (mode == 2) kept->CommitWrite(version++);
+    if (mode != 1) versions->CommitWrite(version++);
   }
   state.SetItemsProcessed(state.iterations() * kElems);
 }
 BENCHMARK(BM_Update)
-    ->ArgName("stored0_master1_kept2")
+    ->ArgName("stored0_master1_fused2_separate3")
     ->Arg(0)
     ->Arg(1)
     ->Arg(2)
+    ->Arg(3)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
