@@ -47,7 +47,7 @@ std::string JobConfig(const CheckpointBenchOptions& o) {
       {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-4}}}}},
       {"fp16", {{"enabled", true}}},
       {"zero_optimization", {{"stage", 2}, {"offload_optimizer", {{"device", "cpu"}}}}},
-      {"zo", {{"chunk_elems", o.chunk_elems}}},
+      {"zo", {{"chunk_elems", o.chunk_elems}, {"dpu", {{"enabled", o.dpu}, {"warmup_steps", 0}}}}},
   };
   return config.dump();
 }
@@ -118,7 +118,9 @@ absl::Status RunCheckpointBench(const CheckpointBenchOptions& o, std::ostream& o
     if (o.compute_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.compute_ms));
     ZO_RETURN_IF_ERROR(client->PushShared(step, 0, shared, data));
     ZO_RETURN_IF_ERROR(client->FinishStep(step));
-    return client->Pull(step, step - 1, tensors, dst).status();
+    // Without DPU step t + 1 computes on v(t); with it, on v(t - 1).
+    const int64_t version = o.dpu ? step - 1 : step;
+    return client->Pull(version, version - 1, tensors, dst).status();
   };
   // Warm-up: connections, first touch of the state and the page cache.
   for (int i = 0; i < 2; ++i) ZO_RETURN_IF_ERROR(one_step());
@@ -164,6 +166,7 @@ absl::Status RunCheckpointBench(const CheckpointBenchOptions& o, std::ostream& o
                           {"steps", o.steps},
                           {"rounds", o.rounds},
                           {"compute_ms", o.compute_ms},
+                          {"dpu", o.dpu},
                           {"state_bytes", o.params * 12},
                           {"steps_per_s_none", none},
                           {"steps_per_s_background", background},
@@ -175,11 +178,12 @@ absl::Status RunCheckpointBench(const CheckpointBenchOptions& o, std::ostream& o
   } else {
     out << absl::StrFormat(
         "checkpoint every %d steps, %d params (%.2f GiB of state), worker compute %d ms per "
-        "step, %d checkpoints written\n"
+        "step%s, %d checkpoints written\n"
         "  none        %.3f steps/s\n  background  %.3f steps/s  ratio %.3f (target >= 0.95)\n"
         "  blocking    %.3f steps/s  ratio %.3f\n",
-        o.every, o.params, o.params * 12.0 / (1 << 30), o.compute_ms, checkpoints, none, background,
-        background / none, blocking, blocking / none);
+        o.every, o.params, o.params * 12.0 / (1 << 30), o.compute_ms,
+        o.dpu ? ", DPU (each checkpoint also holds the version before)" : "", checkpoints, none,
+        background, background / none, blocking, blocking / none);
   }
   return absl::OkStatus();
 }

@@ -17,7 +17,10 @@
 //   blocking    the same checkpoints, the worker waiting for each commit (how
 //               a checkpoint cost training before snapshots)
 //
-// and reports median steps/s per mode and ratio = background / none.
+// and reports median steps/s per mode and ratio = background / none. With
+// `dpu` the job runs the delayed parameter update: the worker pulls the
+// version before the one it pushed, and each checkpoint also carries that
+// version (2 bytes more per parameter).
 #ifndef ZO_BENCH_CHECKPOINT_BENCH_H_
 #define ZO_BENCH_CHECKPOINT_BENCH_H_
 
@@ -38,6 +41,7 @@ struct CheckpointBenchOptions {
   int threads = 0;               // the server's optimizer threads; 0: one per core
   int compute_ms = 0;            // the worker's compute per step, as a GPU's: idle here
   std::string dir = "/var/tmp";  // a scratch folder is made in it, removed after
+  bool dpu = false;              // the delayed parameter update
   bool json = false;
 };
 

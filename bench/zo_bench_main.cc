@@ -126,6 +126,9 @@ ABSL_FLAG(bool, scale_dpu, false,
 ABSL_FLAG(std::string, scale_params, "32Mi",
           "scale: fp16 elements of the job, pushed as gradients and pulled as weights each step");
 ABSL_FLAG(int, checkpoint_every, 10, "checkpoint: steps between checkpoints");
+ABSL_FLAG(bool, checkpoint_dpu, false,
+          "checkpoint: run the job with the delayed parameter update (the worker pulls the "
+          "version before the one it pushed; each checkpoint also holds that version)");
 ABSL_FLAG(int, checkpoint_steps, 30, "checkpoint: steps per timed segment of each mode");
 ABSL_FLAG(int, compute_ms, 0,
           "checkpoint: the worker's compute per step before it pushes, standing in for a GPU's "
@@ -177,7 +180,8 @@ constexpr char kUsage[] =
     "         background (as zo-train asks), and with the worker waiting for each,\n"
     "         rotating, --rounds each (default 3); ratio = median background steps/s /\n"
     "         median steps/s without (target >= 0.95). --compute-ms adds a worker compute\n"
-    "         time per step (a GPU's forward and backward; the CPU idles meanwhile).\n"
+    "         time per step (a GPU's forward and backward; the CPU idles meanwhile);\n"
+    "         --checkpoint-dpu runs the job with the delayed parameter update.\n"
     "  gpu    (builds with CUDA) on CUDA device --gpu: a --gemm-size^3 --dtype GEMM through\n"
     "         cuBLASLt (the attainable peak), then forward + backward steps of a GPT\n"
     "         (--n-layer, --n-embd, --n-head, --block-size; vocabulary 50304; --batch\n"
@@ -335,6 +339,7 @@ absl::StatusOr<bench::CheckpointBenchOptions> CheckpointOptionsFromFlags() {
   ZO_ASSIGN_OR_RETURN(o.chunk_elems, ParseCount(absl::GetFlag(FLAGS_chunk_elems)));
   o.every = absl::GetFlag(FLAGS_checkpoint_every);
   o.steps = absl::GetFlag(FLAGS_checkpoint_steps);
+  o.dpu = absl::GetFlag(FLAGS_checkpoint_dpu);
   o.compute_ms = absl::GetFlag(FLAGS_compute_ms);
   const int rounds = absl::GetFlag(FLAGS_rounds);
   o.rounds = rounds == 0 ? 3 : rounds;
