@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -81,12 +80,10 @@ void ParamVersions::Reset(int64_t version, Previous previous) {
       data_version_ = {version, version};
       break;
   }
+  EndKeepingLocked();  // reads waiting for an update's ranges are told it is gone
   buffers_[0].data_version = -1;
   buffers_[1].data_version = -1;
   master_data_ = -1;
-  keeping_ = -1;
-  kept_ranges_.clear();
-  if (keep_waiters_ > 0) kept_more_.notify_all();
 }
 
 void ParamVersions::CommitBase() {
@@ -122,7 +119,7 @@ void* ParamVersions::BeginWrite() {
       readers_done_.wait(lock, [&] { return Unblocked(kept.readers == 0); });
       kept.data_version = -1;
       keeping_ = master_data_;
-      kept_ranges_.clear();
+      kept_ranges_.Clear();
       out = kept.memory.data();
     } else {
       // New pulls no longer pin the master (they could hold the update off
@@ -148,61 +145,28 @@ void* ParamVersions::BeginWrite() {
 }
 
 void ParamVersions::MarkKept(int64_t offset, int64_t n) {
-  if (n <= 0) return;
   std::lock_guard lock(mu_);
-  AddKeptLocked(offset, n);
+  kept_ranges_.Add(offset, offset + n);
   if (keep_waiters_ > 0) kept_more_.notify_all();
 }
 
-void ParamVersions::AddKeptLocked(int64_t offset, int64_t n) {
-  int64_t begin = offset;
-  int64_t end = offset + n;
-  auto next = kept_ranges_.lower_bound(begin);
-  if (next != kept_ranges_.begin()) {
-    auto before = std::prev(next);
-    if (before->second >= begin) {
-      begin = before->first;
-      end = std::max(end, before->second);
-      next = kept_ranges_.erase(before);
-    }
-  }
-  while (next != kept_ranges_.end() && next->first <= end) {
-    end = std::max(end, next->second);
-    next = kept_ranges_.erase(next);
-  }
-  kept_ranges_.emplace(begin, end);
-}
-
-bool ParamVersions::KeptLocked(int64_t offset, int64_t n) const {
-  auto after = kept_ranges_.upper_bound(offset);
-  if (after == kept_ranges_.begin()) return false;
-  return std::prev(after)->second >= offset + n;
-}
-
-int64_t ParamVersions::KeptElemsLocked() const {
-  int64_t kept = 0;
-  for (const auto& [begin, end] : kept_ranges_) kept += end - begin;
-  return kept;
-}
-
-void ParamVersions::EndKeepingLocked() {
-  if (keeping_ < 0) return;
-  const int64_t kept = KeptElemsLocked();
-  if (kept == elems_) {
-    buffers_[0].data_version = keeping_;
-  } else {
-    ZO_LOG(ERROR) << "ParamVersions: an update kept only " << kept << " of " << elems_
-                  << " elements of version " << keeping_ << "; that version is no longer served";
-  }
+bool ParamVersions::EndKeepingLocked() {
+  const bool whole = keeping_ >= 0 && kept_ranges_.size() == elems_;
+  if (whole) buffers_[0].data_version = keeping_;
   keeping_ = -1;
-  kept_ranges_.clear();
+  kept_ranges_.Clear();
   if (keep_waiters_ > 0) kept_more_.notify_all();
+  return whole;
 }
 
 void ParamVersions::CommitWrite(int64_t version) {
   std::lock_guard lock(mu_);
   if (from_master()) {
-    EndKeepingLocked();
+    const int64_t keeping = keeping_, kept = kept_ranges_.size();
+    if (!EndKeepingLocked() && keeping >= 0) {
+      ZO_LOG(ERROR) << "ParamVersions: an update kept only " << kept << " of " << elems_
+                    << " elements of version " << keeping << "; that version is no longer served";
+    }
     master_data_ = version;
   } else {
     buffers_[writing_].data_version = version;
@@ -214,13 +178,8 @@ void ParamVersions::CommitWrite(int64_t version) {
 void ParamVersions::AbortWrite() {
   std::lock_guard lock(mu_);
   if (from_master()) {
-    if (KeptElemsLocked() == elems_) {
-      EndKeepingLocked();
-    } else {
-      keeping_ = -1;  // partly kept, and the master partly changed: gone
-      kept_ranges_.clear();
-      if (keep_waiters_ > 0) kept_more_.notify_all();
-    }
+    // Partly kept, with the master partly changed: that version is gone.
+    EndKeepingLocked();
   } else if (writing_ >= 0) {
     writing_ = -1;  // the buffer holds nothing
   }
@@ -293,7 +252,7 @@ absl::Status ParamVersions::ReadFromMaster(int64_t version, int64_t offset, int6
     if (num_buffers() != 1) break;
     Buffer& kept = buffers_[0];
     const bool being_kept = keeping_ >= 0 && keeping_ == *data;
-    if (kept.data_version == *data || (being_kept && KeptLocked(offset, n))) {
+    if (kept.data_version == *data || (being_kept && kept_ranges_.Contains(offset, offset + n))) {
       ++kept.readers;
       lock.unlock();
       const size_t size = DTypeSize(dtype_);

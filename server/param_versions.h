@@ -26,7 +26,6 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -35,6 +34,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/dtype.h"
+#include "common/range_set.h"
 #include "offload/aligned_buffer.h"
 
 namespace zo {
@@ -167,13 +167,9 @@ class ParamVersions {
   absl::Status NotHeldLocked(int64_t version) const;
   bool Unblocked(bool free);  // a wait predicate's result, counting the blocks; mu_ held
   bool NoReadersLocked() const;
-  // From the master with keep_previous: whether [offset, offset + n) of the
-  // version being kept is in the kept buffer; records a kept range.
-  bool KeptLocked(int64_t offset, int64_t n) const;
-  void AddKeptLocked(int64_t offset, int64_t n);
-  int64_t KeptElemsLocked() const;
-  // Ends keeping: the kept buffer holds `keeping_` if all of it was kept.
-  void EndKeepingLocked();
+  // Ends keeping: the kept buffer holds `keeping_` if all of it was kept
+  // (returns whether it was); reads waiting for a range go on.
+  bool EndKeepingLocked();
   // From the master: Lease::Read.
   absl::Status ReadFromMaster(int64_t version, int64_t offset, int64_t n, void* out);
 
@@ -195,10 +191,10 @@ class ParamVersions {
   bool update_waiting_ = false;  // for the pins to go (without keep_previous)
   int master_reading_ = 0;
   // From the master with keep_previous, during an update: the data version
-  // being kept (-1: none), its kept ranges (begin -> end, merged), and the
+  // being kept (-1: none), its kept ranges, and the
   // reads waiting for a range.
   int64_t keeping_ = -1;
-  std::map<int64_t, int64_t> kept_ranges_;
+  RangeSet kept_ranges_;
   int keep_waiters_ = 0;
   std::condition_variable kept_more_;
   int64_t times_blocked_ = 0;

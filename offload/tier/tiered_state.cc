@@ -2,11 +2,10 @@
 
 #include <algorithm>
 #include <cstring>
-#include <iterator>
-#include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/range_set.h"
 #include "common/status_macros.h"
 #include "offload/aligned_buffer.h"
 #include "offload/cpu_optimizer.h"
@@ -81,7 +80,6 @@ struct TieredOptimizerState::Impl {
   absl::Status Write(absl::string_view what, int64_t offset, int64_t len, const PieceFn& fill);
   absl::Status Read(int64_t offset, int64_t len, const PieceFn& copy_out);
   void AddRestored(int64_t begin, int64_t end);
-  int64_t RestoredElems() const;
 
   const TieredStateOptions options;
   const SwapLayout layout;
@@ -95,8 +93,8 @@ struct TieredOptimizerState::Impl {
   std::unique_ptr<IoEngine> engine;
   std::unique_ptr<SwapPipeline> pipeline;
 
-  absl::Status error;                   // sticky: the first failure
-  std::map<int64_t, int64_t> restored;  // [begin, end) rewritten since `error`
+  absl::Status error;  // sticky: the first failure
+  RangeSet restored;   // rewritten since `error`
 };
 
 void TieredOptimizerState::Impl::ForRamTiles(
@@ -131,7 +129,7 @@ absl::Status TieredOptimizerState::Impl::CheckRange(absl::string_view what, int6
 absl::Status TieredOptimizerState::Impl::NeedsRestore() const {
   return absl::FailedPreconditionError(
       absl::StrCat("the optimizer state needs restore (LoadMaster or WriteState of every element; ",
-                   layout.total_elems() - RestoredElems(), " of ", layout.total_elems(),
+                   layout.total_elems() - restored.size(), " of ", layout.total_elems(),
                    " not yet rewritten) after: ", absl::StatusCodeToString(error.code()), ": ",
                    error.message()));
 }
@@ -140,34 +138,16 @@ absl::Status TieredOptimizerState::Impl::Record(absl::string_view what, absl::St
   if (status.ok()) return status;
   status = Failed(what, status);
   if (error.ok()) error = status;  // the first failure is the one to report
-  restored.clear();
+  restored.Clear();
   return status;
 }
 
 void TieredOptimizerState::Impl::AddRestored(int64_t begin, int64_t end) {
-  if (begin == end) return;
-  auto it = restored.upper_bound(begin);
-  if (it != restored.begin() && std::prev(it)->second >= begin) {
-    --it;
-    begin = it->first;
-    end = std::max(end, it->second);
-    it = restored.erase(it);
-  }
-  while (it != restored.end() && it->first <= end) {
-    end = std::max(end, it->second);
-    it = restored.erase(it);
-  }
-  restored.emplace(begin, end);
-  if (begin == 0 && end == layout.total_elems()) {
+  restored.Add(begin, end);
+  if (restored.size() == layout.total_elems()) {
     error = absl::OkStatus();
-    restored.clear();
+    restored.Clear();
   }
-}
-
-int64_t TieredOptimizerState::Impl::RestoredElems() const {
-  int64_t n = 0;
-  for (const auto& [begin, end] : restored) n += end - begin;
-  return n;
 }
 
 absl::Status TieredOptimizerState::Impl::Write(absl::string_view what, int64_t offset, int64_t len,
