@@ -366,6 +366,33 @@ class FromMasterTest : public ::testing::Test {
     return version;
   }
 
+  // A read of [offset, offset + n) begun on another thread, once it is seen
+  // waiting for its range to be kept: `done` turns true when it returns;
+  // Join gives what it read as.
+  class BlockedRead {
+   public:
+    BlockedRead(ParamVersions& v, const ParamVersions::Lease& lease, int64_t offset, int64_t n)
+        : blocks_before_(v.times_blocked()), thread_([this, &lease, offset, n] {
+            result_ = ReadsAs(lease, offset, n);
+            done = true;
+          }) {
+      AwaitBlocked(v, blocks_before_ + 1);
+    }
+    ~BlockedRead() {
+      if (thread_.joinable()) thread_.join();
+    }
+    absl::StatusOr<int> Join() {
+      thread_.join();
+      return result_;
+    }
+    std::atomic<bool> done{false};
+
+   private:
+    const int64_t blocks_before_;  // read before the thread starts
+    absl::StatusOr<int> result_ = -2;
+    std::thread thread_;
+  };
+
   std::vector<float> master_ = std::vector<float>(kElems, 0.0f);
 };
 
@@ -470,19 +497,11 @@ TEST_F(FromMasterTest, APieceNotYetKeptWaitsForTheUpdateToKeepIt) {
   EXPECT_THAT(ReadsAs(v1, 0, kTile), IsOkAndHolds(1)) << "kept";
   ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease late, v->Acquire(1));
   EXPECT_EQ(late.data(), nullptr) << "a lease taken mid-update reads range by range";
-  std::atomic<bool> read{false};
-  absl::StatusOr<int> rest = -2;
-  const int64_t blocks = v->times_blocked();
-  std::thread reader([&] {
-    rest = ReadsAs(late, kTile, 2 * kTile);
-    read = true;
-  });
-  AwaitBlocked(*v, blocks + 1);
+  BlockedRead rest(*v, late, kTile, 2 * kTile);
   UpdateRange(*v, kept, 2, kTile, kTile);  // half of what the reader needs
-  EXPECT_FALSE(read);
+  EXPECT_FALSE(rest.done);
   UpdateRange(*v, kept, 2, 2 * kTile, kTile);
-  reader.join();
-  EXPECT_THAT(rest, IsOkAndHolds(1));
+  EXPECT_THAT(rest.Join(), IsOkAndHolds(1));
   UpdateRange(*v, kept, 2, 3 * kTile, kElems - 3 * kTile);
   v->CommitWrite(2);
   EXPECT_THAT(ReadsAs(v1), IsOkAndHolds(1));
@@ -499,13 +518,9 @@ TEST_F(FromMasterTest, AFailedUpdateReleasesTheReadsWaitingForItsRanges) {
   Update(*v, 1);
   ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease v1, v->Acquire(1));
   UpdateRange(*v, v->BeginWrite(), 2, 0, kTile);
-  absl::StatusOr<int> rest = -2;
-  const int64_t blocks = v->times_blocked();
-  std::thread reader([&] { rest = ReadsAs(v1, kTile, kTile); });
-  AwaitBlocked(*v, blocks + 1);
+  BlockedRead rest(*v, v1, kTile, kTile);
   v->AbortWrite();
-  reader.join();
-  EXPECT_THAT(rest, StatusIs(kFailedPrecondition, HasSubstr("version 1 is not held")));
+  EXPECT_THAT(rest.Join(), StatusIs(kFailedPrecondition, HasSubstr("version 1 is not held")));
 
   // Wholly kept before the failure: the version is still served.
   v->Reset(4);
