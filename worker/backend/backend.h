@@ -32,6 +32,9 @@
 
 namespace zo::backend {
 
+class DeviceSharing;  // device_sharing.h
+class DeviceLinks;    // device_link.h
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -80,6 +83,14 @@ class Backend {
   // once and calls done before returning.
   virtual void UploadAsync(absl::Span<const std::byte> src, Tensor& dst,
                            std::function<void(absl::Status)> done);
+
+  // Memory another process on this host can map (device_sharing.h): what
+  // stage processes on one host hand activations over with. nullptr when
+  // the backend cannot share. Owned by the backend.
+  virtual DeviceSharing* sharing() { return nullptr; }
+  // Point-to-point links between devices of processes that cannot map each
+  // other's memory (device_link.h: NCCL). nullptr when the backend has none.
+  virtual DeviceLinks* links() { return nullptr; }
   // A copy of src rounded to `dtype` (fp32 -> fp16 overflows to inf, which
   // is how the servers learn of a gradient overflow).
   virtual Tensor Cast(const Tensor& src, DType dtype) = 0;

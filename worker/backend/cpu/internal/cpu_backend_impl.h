@@ -9,6 +9,7 @@
 
 #include "worker/backend/backend.h"
 #include "worker/backend/cpu/cpu_backend.h"
+#include "worker/backend/cpu/internal/host_sharing.h"
 
 namespace zo::backend::cpu {
 
@@ -73,6 +74,10 @@ class CpuBackend final : public Backend {
   Tensor CrossEntropy(const Tensor& logits, absl::Span<const int32_t> targets) override;
   Tensor CrossEntropyBackward(const Tensor& logits, absl::Span<const int32_t> targets,
                               float scale) override;
+  DeviceSharing* sharing() override { return &sharing_; }
+
+ private:
+  HostSharing sharing_{*this};
 };
 
 }  // namespace zo::backend::cpu

@@ -20,7 +20,9 @@
 #include "common/wake_queue.h"
 #include "worker/backend/backend.h"
 #include "worker/backend/cuda/cuda_backend.h"
+#include "worker/backend/cuda/internal/cuda_sharing.h"
 #include "worker/backend/cuda/internal/kernels.h"
+#include "worker/backend/cuda/internal/nccl_link.h"
 
 namespace zo::backend::cuda {
 
@@ -126,6 +128,10 @@ class CudaBackend final : public Backend {
   Tensor CrossEntropy(const Tensor& logits, absl::Span<const int32_t> targets) override;
   Tensor CrossEntropyBackward(const Tensor& logits, absl::Span<const int32_t> targets,
                               float scale) override;
+  DeviceSharing* sharing() override { return &sharing_; }
+#ifdef ZO_HAVE_NCCL
+  DeviceLinks* links() override { return NcclLinks::Available() ? &links_ : nullptr; }
+#endif
 
  private:
   // Records `status` as the backend's failure unless one is recorded.
@@ -155,6 +161,10 @@ class CudaBackend final : public Backend {
 
   CudaBackendOptions options_;
   std::shared_ptr<DeviceContext> context_;
+  CudaSharing sharing_{context_};
+#ifdef ZO_HAVE_NCCL
+  NcclLinks links_{context_};
+#endif
   // DownloadAsync's and UploadAsync's copies run on these, beside the
   // compute stream (one per direction: the two DMA engines work at once);
   // their `done` callbacks on completions_.
