@@ -142,7 +142,8 @@ void Checkpoint() {
 }
 
 void TcpFrames() {
-  const std::string hello = pi::EncodeHello({.stages = 4, .stage = 1, .job = "demo"});
+  const std::string hello = pi::EncodeHello(
+      {.stages = 4, .stage = 1, .job = "demo", .host = "", .inbox = "", .link = ""});
   auto frame = [&](pi::FrameHeader h, std::string limit) {
     std::string f(pi::kFrameHeaderBytes, '\0');
     pi::EncodeFrameHeader(h, reinterpret_cast<std::byte*>(f.data()));
@@ -161,6 +162,9 @@ void TcpFrames() {
   grad.shape = {8, 0, 5};
   grad.payload_bytes = 0;
   Seed("tcp_frame_fuzzer", "grad_empty_limit_4k", frame(grad, std::string("\x00\x10\x00\x00", 4)));
+  act.slot = 3;  // the tensor sits in the receiver's inbox slot 3
+  Seed("tcp_frame_fuzzer", "activation_in_slot", frame(act, ""));
+  Seed("tcp_frame_fuzzer", "credit", frame(pi::Credit(3), ""));
 }
 
 }  // namespace

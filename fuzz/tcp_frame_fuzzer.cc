@@ -5,8 +5,8 @@
 // Input: bytes 0-19 the handshake, 20-115 the frame header, then up to 8
 // bytes of the limit (little-endian, 4 KiB to 2^40; absent: 64 MiB).
 //
-// Invariants: a decoded header encodes back to a header that decodes to the
-// same; its payload is exactly numel x dtype size and within the limit; and
+// Invariants: a decoded header (or credit) encodes back to one that decodes
+// to the same; its payload is exactly numel x dtype size and within the limit; and
 // the tensor's element count has no overflow whatever order its dimensions
 // are multiplied in (the receiver allocates and shapes a tensor from them).
 #include <algorithm>
@@ -30,7 +30,8 @@ void CheckHello(const uint8_t* data) {
   pi::Hello with_job = hello;
   with_job.job.assign(job_bytes, 'j');
   const std::string encoded = pi::EncodeHello(with_job);
-  ZO_FUZZ_CHECK(encoded.size() == pi::kHelloFixedBytes + job_bytes, "hello size");
+  // The fixed part, the job, and the (empty) host, inbox and link fields' lengths.
+  ZO_FUZZ_CHECK(encoded.size() == pi::kHelloFixedBytes + job_bytes + 12, "hello size");
   uint32_t again_bytes = 0;
   const pi::Hello again =
       pi::DecodeHelloFixed(reinterpret_cast<const std::byte*>(encoded.data()), &again_bytes);
@@ -45,6 +46,14 @@ void CheckFrame(const uint8_t* data, int64_t limit) {
                                           pi::kFrameHeaderBytes);
   absl::StatusOr<pi::FrameHeader> h = pi::DecodeFrameHeader(bytes, limit);
   if (!h.ok()) return;
+  std::array<std::byte, pi::kFrameHeaderBytes> encoded;
+  if (h->credit) {  // names only a slot
+    ZO_FUZZ_CHECK(h->slot >= 0 && h->slot < pi::kMaxInboxSlots, "credit slot");
+    pi::EncodeFrameHeader(pi::Credit(h->slot), encoded.data());
+    absl::StatusOr<pi::FrameHeader> again = pi::DecodeFrameHeader(encoded, limit);
+    ZO_FUZZ_CHECK(again.ok() && again->credit && again->slot == h->slot, "credit round trip");
+    return;
+  }
   int64_t numel = 1;
   int64_t nonzero = 1;  // the product of the other dimensions, as any reshape sees it
   for (const int64_t d : h->shape) {
@@ -56,12 +65,12 @@ void CheckFrame(const uint8_t* data, int64_t limit) {
                 "payload size");
   ZO_FUZZ_CHECK(h->payload_bytes <= static_cast<uint64_t>(limit), "payload over the limit");
 
-  std::array<std::byte, pi::kFrameHeaderBytes> encoded;
   pi::EncodeFrameHeader(*h, encoded.data());
   absl::StatusOr<pi::FrameHeader> again = pi::DecodeFrameHeader(encoded, limit);
   ZO_FUZZ_CHECK(again.ok(), again.status().ToString());
   ZO_FUZZ_CHECK(again->tag == h->tag && again->dtype == h->dtype && again->shape == h->shape &&
-                    again->payload_bytes == h->payload_bytes,
+                    again->payload_bytes == h->payload_bytes && again->slot == h->slot &&
+                    !again->credit,
                 "frame round trip");
 }
 

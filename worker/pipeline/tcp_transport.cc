@@ -15,6 +15,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -24,6 +25,8 @@
 #include "absl/strings/str_join.h"
 #include "common/host_port.h"
 #include "common/status_macros.h"
+#include "worker/backend/device_link.h"
+#include "worker/backend/device_sharing.h"
 #include "worker/pipeline/internal/tcp_wire.h"
 
 namespace zo::pipeline {
@@ -37,8 +40,11 @@ using pipeline_internal::FrameHeader;
 using pipeline_internal::Hello;
 using pipeline_internal::kFrameHeaderBytes;
 using pipeline_internal::kHelloFixedBytes;
+using pipeline_internal::kMaxHelloFieldBytes;
+using pipeline_internal::kMaxInboxSlots;
 using pipeline_internal::kMaxJobBytes;
 using pipeline_internal::kMaxRank;
+using pipeline_internal::kOnLink;
 using pipeline_internal::kProtocolVersion;
 
 // errno at the socket boundary: a failed connection means "retry the step".
@@ -256,16 +262,43 @@ std::string PeerName(int fd) {
   return absl::StrCat(host, ":", port);
 }
 
-// Exchanges handshakes; returns the peer's stage. `expected` < 0 accepts any
-// stage (the accepting side learns who called from the handshake).
-absl::StatusOr<int> Handshake(int fd, const TcpTransportOptions& o, absl::Time deadline,
-                              int expected) {
+// What tells two processes they share a machine (and so may map each
+// other's memory): the kernel's boot id, else the host name.
+std::string HostIdentity() {
+  std::ifstream boot_id("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  if (boot_id >> id && !id.empty()) return id;
+  char name[256] = {};
+  gethostname(name, sizeof(name) - 1);
+  return absl::StrCat("host:", name);
+}
+
+// Reads a u32 length and that many bytes (at most `limit`).
+absl::Status ReadField(int fd, absl::Time deadline, size_t limit, const char* what,
+                       std::string* out) {
+  std::array<std::byte, 4> length;
+  ZO_RETURN_IF_ERROR(ReadAll(fd, length.data(), length.size(), deadline, nullptr));
+  const uint32_t bytes = pipeline_internal::DecodeU32(length.data());
+  if (bytes > limit) return absl::DataLossError(absl::StrCat(what, " of ", bytes, " bytes"));
+  out->resize(bytes);
+  return ReadAll(fd, out->data(), bytes, deadline, nullptr);
+}
+
+// Exchanges handshakes, offering `inbox` and `link` (or empty); returns the
+// peer's. `expected` < 0 accepts any stage (the accepting side learns who
+// called from the handshake).
+absl::StatusOr<Hello> Handshake(int fd, const TcpTransportOptions& o, absl::Time deadline,
+                                int expected, const std::string& host, const std::string& inbox,
+                                const std::string& link) {
   const std::string where = expected >= 0
                                 ? absl::StrCat("stage ", expected, " at ", o.addresses[expected])
                                 : absl::StrCat("the peer connecting from ", PeerName(fd));
   const std::string hello = EncodeHello(Hello{.stages = static_cast<uint32_t>(o.stages),
                                               .stage = static_cast<uint32_t>(o.stage),
-                                              .job = o.job});
+                                              .job = o.job,
+                                              .host = host,
+                                              .inbox = inbox,
+                                              .link = link});
   const std::string context = absl::StrCat("handshake with ", where, ": ");
   if (absl::Status s = WriteAll(fd, hello.data(), hello.size(), 0); !s.ok()) {
     return Prefix(s, context);
@@ -288,9 +321,11 @@ absl::StatusOr<int> Handshake(int fd, const TcpTransportOptions& o, absl::Time d
     return absl::DataLossError(absl::StrCat(context, "job name of ", job_bytes, " bytes"));
   }
   peer.job.resize(job_bytes);
-  if (absl::Status s = ReadAll(fd, peer.job.data(), job_bytes, deadline, nullptr); !s.ok()) {
-    return Prefix(s, context);
-  }
+  absl::Status read = ReadAll(fd, peer.job.data(), job_bytes, deadline, nullptr);
+  if (read.ok()) read = ReadField(fd, deadline, kMaxHelloFieldBytes, "host field", &peer.host);
+  if (read.ok()) read = ReadField(fd, deadline, kMaxHelloFieldBytes, "inbox field", &peer.inbox);
+  if (read.ok()) read = ReadField(fd, deadline, kMaxHelloFieldBytes, "link field", &peer.link);
+  if (!read.ok()) return Prefix(read, context);
   const int peer_stage = static_cast<int>(peer.stage);
   const std::string peer_where =
       expected >= 0 ? absl::StrCat("stage ", peer_stage, " at ", o.addresses[expected])
@@ -305,7 +340,7 @@ absl::StatusOr<int> Handshake(int fd, const TcpTransportOptions& o, absl::Time d
                                                       " is stage ", peer_stage, ", expected stage ",
                                                       expected));
   }
-  return peer_stage;
+  return peer;
 }
 
 }  // namespace
@@ -324,11 +359,21 @@ struct TcpTransport::Peer {
   std::deque<std::pair<MessageTag, backend::Tensor>> queue;  // guarded by mu
   absl::Status read_status;                                  // sticky, guarded by mu
 
+  // Memory shared with this peer (both null on the socket route).
+  std::unique_ptr<backend::Inbox> inbox;       // ours, the peer Puts into it
+  std::unique_ptr<backend::PeerInbox> outbox;  // the peer's, mapped here
+  std::unique_ptr<backend::DeviceLink> link;   // both ways, when joined
+  std::string route;
+  std::mutex put_mu;  // one Put at a time into the outbox
+  std::condition_variable slot_freed;
+  std::vector<int> free_slots;             // of the outbox; guarded by mu
+  std::vector<backend::Tensor> in_flight;  // by outbox slot, kept until its credit; guarded by mu
+
   std::string Name() const { return absl::StrCat("stage ", stage, " at ", address); }
 };
 
 TcpTransport::TcpTransport(const TcpTransportOptions& options, backend::Backend& backend)
-    : options_(options), backend_(backend) {}
+    : options_(options), backend_(backend), credit_writer_(std::make_unique<WakeQueue>()) {}
 
 TcpTransport::~TcpTransport() {
   for (auto& peer : peers_) {
@@ -336,6 +381,9 @@ TcpTransport::~TcpTransport() {
   }
   for (auto& peer : peers_) {
     if (peer->reader.joinable()) peer->reader.join();
+  }
+  credit_writer_.reset();  // its writes fail now; then the descriptors may go
+  for (auto& peer : peers_) {
     if (peer->fd >= 0) close(peer->fd);
   }
 }
@@ -359,6 +407,12 @@ absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Connect(
   if (options.max_message_bytes < 1) {
     return absl::InvalidArgumentError("max_message_bytes must be positive");
   }
+  if (options.share_memory && (options.inbox_slots < 1 || options.inbox_slots > kMaxInboxSlots ||
+                               options.inbox_slot_bytes < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("an inbox of ", options.inbox_slots,
+                                                   " slots of ", options.inbox_slot_bytes,
+                                                   " bytes (1 to ", kMaxInboxSlots, " slots)"));
+  }
   for (const std::string& address : options.addresses) {
     ZO_RETURN_IF_ERROR(ParseHostPort(address, PortUse::kConnect).status());
   }
@@ -374,16 +428,82 @@ absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Connect(
     if (n < stage) lower.insert(n);
     if (n > stage) higher.insert(n);
   }
-  auto add_peer = [&](int peer_stage, ScopedFd fd) {
+  const absl::Time deadline = absl::Now() + options.connect_timeout;
+  const std::string host = HostIdentity();
+  backend::DeviceSharing* sharing = options.share_memory ? backend.sharing() : nullptr;
+  backend::DeviceLinks* links = options.device_links ? backend.links() : nullptr;
+  // The backend's name in the handshake's link field says this stage can
+  // join a device link; the link's own offer is sent only once both sides
+  // have chosen one (making it costs NCCL a bootstrap listener).
+  const std::string link_kind = links != nullptr ? backend.name() : std::string();
+  // An inbox offered to each neighbour before its handshake; kept only for
+  // one on this host. One that cannot be had leaves that neighbour's
+  // tensors on the socket.
+  auto offer = [&]() -> std::unique_ptr<backend::Inbox> {
+    if (sharing == nullptr) return nullptr;
+    absl::StatusOr<std::unique_ptr<backend::Inbox>> inbox =
+        sharing->CreateInbox(options.inbox_slots, options.inbox_slot_bytes);
+    return inbox.ok() ? *std::move(inbox) : nullptr;
+  };
+  // The lower stage makes the link's offer and sends it; both join it.
+  auto join_link = [&](int fd,
+                       int peer_stage) -> absl::StatusOr<std::unique_ptr<backend::DeviceLink>> {
+    const std::string context = absl::StrCat("device link with stage ", peer_stage, ": ");
+    std::string link_offer;
+    if (stage < peer_stage) {
+      absl::StatusOr<std::string> made = links->Offer();
+      if (!made.ok()) return Prefix(made.status(), context);
+      link_offer = *std::move(made);
+      const std::string field = pipeline_internal::EncodeField(link_offer);
+      if (absl::Status s = WriteAll(fd, field.data(), field.size(), 0); !s.ok()) {
+        return Prefix(s, context);
+      }
+    } else if (absl::Status s =
+                   ReadField(fd, deadline, kMaxHelloFieldBytes, "link offer", &link_offer);
+               !s.ok()) {
+      return Prefix(s, context);
+    }
+    absl::StatusOr<std::unique_ptr<backend::DeviceLink>> link =
+        links->Join(link_offer, stage < peer_stage ? 0 : 1);
+    if (!link.ok()) return Prefix(link.status(), context);
+    return link;
+  };
+  auto add_peer = [&](const Hello& hello, ScopedFd fd,
+                      std::unique_ptr<backend::Inbox> inbox) -> absl::Status {
     SetNoDelay(fd.get());
     auto peer = std::make_unique<Peer>();
-    peer->stage = peer_stage;
-    peer->address = options.addresses[peer_stage];
+    peer->stage = static_cast<int>(hello.stage);
+    peer->address = options.addresses[peer->stage];
+    const bool same_host = hello.host == host;
+    if (links != nullptr && !hello.link.empty() && (!same_host || options.prefer_device_link)) {
+      ZO_ASSIGN_OR_RETURN(peer->link, join_link(fd.get(), peer->stage));
+      peer->route = absl::StrCat("a device link (", backend.name(), " to ", hello.link, ")");
+    } else if (!same_host) {
+      peer->route = "the socket (the peer runs on another host)";
+    } else {
+      peer->inbox = std::move(inbox);
+      if (sharing == nullptr) {
+        peer->route = options.share_memory
+                          ? absl::StrCat("the socket (", backend.name(), " shares no memory)")
+                          : std::string("the socket (share_memory is off)");
+      } else if (hello.inbox.empty()) {
+        peer->route = "the socket (the peer offers no inbox)";
+      } else if (absl::StatusOr<std::unique_ptr<backend::PeerInbox>> outbox =
+                     sharing->OpenPeerInbox(hello.inbox);
+                 !outbox.ok()) {
+        peer->route = absl::StrCat("the socket (", outbox.status().message(), ")");
+      } else {
+        peer->outbox = *std::move(outbox);
+        peer->in_flight.resize(static_cast<size_t>(peer->outbox->slots()));
+        for (int slot = peer->outbox->slots(); slot-- > 0;) peer->free_slots.push_back(slot);
+        peer->route = absl::StrCat("shared memory (", backend.name(), ")");
+      }
+    }
     peer->fd = fd.Release();
     t->peers_.push_back(std::move(peer));
+    return absl::OkStatus();
   };
 
-  const absl::Time deadline = absl::Now() + options.connect_timeout;
   ScopedFd listener;
   if (!higher.empty()) {
     ZO_ASSIGN_OR_RETURN(listener, Listen(options.addresses[stage]));
@@ -393,8 +513,10 @@ absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Connect(
   for (int n : lower) {
     ZO_ASSIGN_OR_RETURN(ScopedFd fd,
                         Dial(options.addresses[n], deadline, options.connect_timeout, n));
-    ZO_ASSIGN_OR_RETURN(int peer_stage, Handshake(fd.get(), options, deadline, n));
-    add_peer(peer_stage, std::move(fd));
+    std::unique_ptr<backend::Inbox> inbox = offer();
+    ZO_ASSIGN_OR_RETURN(Hello hello, Handshake(fd.get(), options, deadline, n, host,
+                                               inbox ? inbox->handle() : std::string(), link_kind));
+    ZO_RETURN_IF_ERROR(add_peer(hello, std::move(fd), std::move(inbox)));
   }
   while (!higher.empty()) {
     if (const int err = WaitFor(listener.get(), POLLIN, deadline); err != 0) {
@@ -409,13 +531,16 @@ absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Connect(
       if (errno == EINTR || errno == ECONNABORTED || errno == EAGAIN) continue;
       return SocketError(errno, absl::StrCat("accepting on ", options.addresses[stage]));
     }
-    ZO_ASSIGN_OR_RETURN(int peer_stage, Handshake(fd.get(), options, deadline, /*expected=*/-1));
+    std::unique_ptr<backend::Inbox> inbox = offer();
+    ZO_ASSIGN_OR_RETURN(Hello hello, Handshake(fd.get(), options, deadline, /*expected=*/-1, host,
+                                               inbox ? inbox->handle() : std::string(), link_kind));
+    const int peer_stage = static_cast<int>(hello.stage);
     if (higher.erase(peer_stage) == 0) {
       return absl::FailedPreconditionError(absl::StrCat(
           "stage ", peer_stage, " connected to stage ", stage, " at ", options.addresses[stage],
           ", which expects only its ring neighbours, each once"));
     }
-    add_peer(peer_stage, std::move(fd));
+    ZO_RETURN_IF_ERROR(add_peer(hello, std::move(fd), std::move(inbox)));
   }
   for (auto& peer : t->peers_) {
     if (peer->fd >= 0)
@@ -442,6 +567,7 @@ void TcpTransport::ReadLoop(Peer* peer) {
       peer->read_status = std::move(s);
     }
     peer->arrived.notify_all();
+    peer->slot_freed.notify_all();
     return;
   }
 }
@@ -457,6 +583,52 @@ absl::Status TcpTransport::ReadOneMessage(Peer* peer) {
   }
   absl::StatusOr<FrameHeader> header = DecodeFrameHeader(bytes, options_.max_message_bytes);
   if (!header.ok()) return Prefix(header.status(), from);
+  if (header->credit) {
+    backend::Tensor sent;  // dropped outside the lock
+    {
+      std::lock_guard<std::mutex> lock(peer->mu);
+      const int slot = header->slot;
+      if (peer->outbox == nullptr || slot >= static_cast<int>(peer->in_flight.size()) ||
+          !peer->in_flight[static_cast<size_t>(slot)].defined()) {
+        return absl::DataLossError(
+            absl::StrCat(from, "a credit for slot ", slot, ", which holds nothing sent to it"));
+      }
+      sent = std::move(peer->in_flight[static_cast<size_t>(slot)]);
+      peer->in_flight[static_cast<size_t>(slot)] = backend::Tensor();
+      peer->free_slots.push_back(slot);
+    }
+    peer->slot_freed.notify_all();
+    return absl::OkStatus();
+  }
+  if (header->slot == kOnLink) {
+    if (peer->link == nullptr) {
+      return absl::DataLossError(absl::StrCat(from, "a message on a device link never joined"));
+    }
+    absl::StatusOr<backend::Tensor> tensor = peer->link->Recv(header->dtype, header->shape);
+    if (!tensor.ok()) return Prefix(tensor.status(), from);
+    {
+      std::lock_guard<std::mutex> lock(peer->mu);
+      peer->queue.emplace_back(header->tag, *std::move(tensor));
+    }
+    peer->arrived.notify_all();
+    return absl::OkStatus();
+  }
+  if (header->slot >= 0) {
+    if (peer->inbox == nullptr) {
+      return absl::DataLossError(
+          absl::StrCat(from, "a message in inbox slot ", header->slot, ", but none was offered"));
+    }
+    absl::StatusOr<backend::Tensor> tensor =
+        peer->inbox->Take(header->slot, header->dtype, header->shape);
+    if (!tensor.ok()) return Prefix(tensor.status(), from);
+    ReturnCredit(peer, header->slot);
+    {
+      std::lock_guard<std::mutex> lock(peer->mu);
+      peer->queue.emplace_back(header->tag, *std::move(tensor));
+    }
+    peer->arrived.notify_all();
+    return absl::OkStatus();
+  }
   std::vector<std::byte> payload(header->payload_bytes);
   if (absl::Status s =
           ReadAll(peer->fd, payload.data(), payload.size(), absl::InfiniteFuture(), nullptr);
@@ -503,6 +675,9 @@ absl::Status TcpTransport::Send(int to, const MessageTag& tag, const backend::Te
     std::lock_guard<std::mutex> lock(peer->mu);
     if (!peer->read_status.ok()) return peer->read_status;
   }
+  if (peer->link != nullptr) return SendLinked(peer, tag, tensor);
+  if (peer->outbox != nullptr && peer->outbox->Fits(tensor)) return SendShared(peer, tag, tensor);
+  messages_over_socket_.fetch_add(1, std::memory_order_relaxed);
   std::array<std::byte, kFrameHeaderBytes> header;
   EncodeFrameHeader(
       FrameHeader{tag, tensor.dtype(), tensor.shape(), static_cast<uint64_t>(tensor.nbytes())},
@@ -519,6 +694,98 @@ absl::Status TcpTransport::Send(int to, const MessageTag& tag, const backend::Te
     return peer->write_status;
   }
   return absl::OkStatus();
+}
+
+absl::Status TcpTransport::SendShared(Peer* peer, const MessageTag& tag,
+                                      const backend::Tensor& tensor) {
+  const std::string what = absl::StrCat("sending ", ToString(tag), " to ", peer->Name());
+  int slot = -1;
+  {
+    const auto timeout = std::min(options_.recv_timeout, absl::Hours(24 * 365));
+    const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(timeout);
+    std::unique_lock<std::mutex> lock(peer->mu);
+    if (!peer->slot_freed.wait_until(
+            lock, deadline, [&] { return !peer->free_slots.empty() || !peer->read_status.ok(); })) {
+      return absl::DeadlineExceededError(absl::StrCat(what, ": no inbox slot freed within ",
+                                                      absl::FormatDuration(options_.recv_timeout)));
+    }
+    if (!peer->read_status.ok()) return peer->read_status;
+    slot = peer->free_slots.back();
+    peer->free_slots.pop_back();
+    peer->in_flight[static_cast<size_t>(slot)] = tensor;  // allocated until the credit
+  }
+  {
+    std::lock_guard<std::mutex> lock(peer->put_mu);
+    if (absl::Status s = peer->outbox->Put(slot, tensor); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+    }
+  }
+  std::array<std::byte, kFrameHeaderBytes> header;
+  EncodeFrameHeader(FrameHeader{.tag = tag,
+                                .dtype = tensor.dtype(),
+                                .shape = tensor.shape(),
+                                .payload_bytes = static_cast<uint64_t>(tensor.nbytes()),
+                                .slot = slot},
+                    header.data());
+  std::lock_guard<std::mutex> lock(peer->write_mu);
+  if (!peer->write_status.ok()) return peer->write_status;
+  if (absl::Status s = WriteAll(peer->fd, header.data(), header.size(), 0); !s.ok()) {
+    peer->write_status = absl::UnavailableError(absl::StrCat(what, ": ", s.message()));
+    return peer->write_status;
+  }
+  messages_shared_.fetch_add(1, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+// The link's send and the header go out in the same order (under the write
+// lock): the receiver's reader takes each header's tensor off the link.
+absl::Status TcpTransport::SendLinked(Peer* peer, const MessageTag& tag,
+                                      const backend::Tensor& tensor) {
+  const std::string what = absl::StrCat("sending ", ToString(tag), " to ", peer->Name());
+  std::array<std::byte, kFrameHeaderBytes> header;
+  EncodeFrameHeader(FrameHeader{.tag = tag,
+                                .dtype = tensor.dtype(),
+                                .shape = tensor.shape(),
+                                .payload_bytes = static_cast<uint64_t>(tensor.nbytes()),
+                                .slot = kOnLink},
+                    header.data());
+  std::lock_guard<std::mutex> lock(peer->write_mu);
+  if (!peer->write_status.ok()) return peer->write_status;
+  if (absl::Status s = peer->link->Send(tensor); !s.ok()) {
+    peer->write_status = absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+    return peer->write_status;
+  }
+  if (absl::Status s = WriteAll(peer->fd, header.data(), header.size(), 0); !s.ok()) {
+    peer->write_status = absl::UnavailableError(absl::StrCat(what, ": ", s.message()));
+    return peer->write_status;
+  }
+  messages_linked_.fetch_add(1, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+void TcpTransport::ReturnCredit(Peer* peer, int slot) {
+  credit_writer_->Post({[peer, slot] {
+    std::array<std::byte, kFrameHeaderBytes> header;
+    EncodeFrameHeader(pipeline_internal::Credit(slot), header.data());
+    std::lock_guard<std::mutex> lock(peer->write_mu);
+    if (!peer->write_status.ok()) return;
+    if (absl::Status s = WriteAll(peer->fd, header.data(), header.size(), 0); !s.ok()) {
+      peer->write_status = absl::UnavailableError(
+          absl::StrCat("returning inbox slot ", slot, " to ", peer->Name(), ": ", s.message()));
+    }
+  }});
+}
+
+std::string TcpTransport::Route(int stage) const {
+  const Peer* peer = FindPeer(stage);
+  if (peer == nullptr) return "none (not a ring neighbour)";
+  return peer->fd < 0 ? "memory (this stage itself)" : peer->route;
+}
+
+TcpTransportStats TcpTransport::stats() const {
+  return {.messages_linked = messages_linked_.load(std::memory_order_relaxed),
+          .messages_shared = messages_shared_.load(std::memory_order_relaxed),
+          .messages_over_socket = messages_over_socket_.load(std::memory_order_relaxed)};
 }
 
 absl::StatusOr<backend::Tensor> TcpTransport::Recv(int from, const MessageTag& tag) {

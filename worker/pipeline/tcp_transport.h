@@ -11,9 +11,24 @@
 // two stages sending large tensors to each other at once never block on full
 // socket buffers. A stage that sends to itself (one stage running several
 // chunks) goes through an in-memory queue.
+//
+// Neighbours on the same host whose backend can share memory
+// (Backend::sharing(): CUDA IPC, a shared memory file for the CPU) skip the
+// socket for the tensor's bytes: each stage offers every neighbour an inbox
+// of slots in the handshake, a sender Puts a tensor into a free slot of the
+// receiver's inbox and sends only the header naming the slot, and the
+// receiver's reader Takes it out and returns a credit frame that frees the
+// slot. Tensors larger than a slot, peers on other hosts and inboxes that
+// cannot be mapped go through the socket.
+//
+// Neighbours on different hosts whose backends have device links
+// (Backend::links(): NCCL) send tensors over the link instead, the socket
+// again carrying only the headers. Both offer a link in the handshake and
+// join the lower stage's, so both decide alike.
 #ifndef ZO_WORKER_PIPELINE_TCP_TRANSPORT_H_
 #define ZO_WORKER_PIPELINE_TCP_TRANSPORT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -22,6 +37,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/wake_queue.h"
 #include "worker/backend/backend.h"
 #include "worker/pipeline/transport.h"
 
@@ -40,6 +56,23 @@ struct TcpTransportOptions {
   absl::Duration recv_timeout = absl::Minutes(10);
   // Larger incoming messages are refused as DATA_LOSS (a garbled header).
   int64_t max_message_bytes = int64_t{1} << 30;
+  // Offer neighbours on this host an inbox of inbox_slots x inbox_slot_bytes
+  // of the backend's memory (device memory on a GPU), when the backend can
+  // share it. More slots let a sender run further ahead of its receiver.
+  bool share_memory = true;
+  int inbox_slots = 4;
+  int64_t inbox_slot_bytes = int64_t{64} << 20;
+  // Offer a device link (NCCL) to neighbours on other hosts, when the
+  // backend has one; with prefer_device_link, to neighbours on this host
+  // too (two GPUs of one machine over NCCL rather than CUDA IPC).
+  bool device_links = true;
+  bool prefer_device_link = false;
+};
+
+struct TcpTransportStats {
+  int64_t messages_linked = 0;       // sent over a device link
+  int64_t messages_shared = 0;       // sent through a neighbour's inbox
+  int64_t messages_over_socket = 0;  // sent with their bytes on the socket
 };
 
 // Thread-safe: Send and Recv may be called from several threads (writes to
@@ -71,6 +104,11 @@ class TcpTransport final : public Transport {
   // sent a garbled frame.
   absl::StatusOr<backend::Tensor> Recv(int from, const MessageTag& tag) override;
 
+  // How tensors for neighbour `stage` travel, for the log: "shared memory
+  // (cuda IPC)" or "the socket (the peer runs on another host)".
+  std::string Route(int stage) const;
+  TcpTransportStats stats() const;
+
  private:
   struct Peer;
 
@@ -78,10 +116,19 @@ class TcpTransport final : public Transport {
   Peer* FindPeer(int stage) const;
   void ReadLoop(Peer* peer);
   absl::Status ReadOneMessage(Peer* peer);
+  absl::Status SendShared(Peer* peer, const MessageTag& tag, const backend::Tensor& tensor);
+  absl::Status SendLinked(Peer* peer, const MessageTag& tag, const backend::Tensor& tensor);
+  void ReturnCredit(Peer* peer, int slot);
 
   const TcpTransportOptions options_;
   backend::Backend& backend_;
   std::vector<std::unique_ptr<Peer>> peers_;  // fixed once Connect returns
+  // Writes credit frames, so a reader never waits for a peer's write lock
+  // (that writer may be blocked on a socket only this reader drains).
+  std::unique_ptr<WakeQueue> credit_writer_;
+  std::atomic<int64_t> messages_linked_{0};
+  std::atomic<int64_t> messages_shared_{0};
+  std::atomic<int64_t> messages_over_socket_{0};
 };
 
 }  // namespace zo::pipeline

@@ -177,6 +177,68 @@ TEST_F(TcpPairTest, PeerDestroyedIsUnavailableAfterItsMessages) {
               unavailable);
 }
 
+// Two stages of one host: what fits in a slot goes through the receiver's
+// inbox (here the CPU backend's shared memory file), the rest through the
+// socket. Nine messages through two slots: the sender goes on only as the
+// receiver's reader hands slots back, before anything is received.
+TEST(TcpSharedMemoryTest, TensorsGoThroughTheInboxAndItsSlotsComeBack) {
+  auto backend = backend::MakeCpuBackend();
+  const std::vector<std::string> addresses = Addresses(2);
+  std::vector<TcpTransportOptions> options = {Options(0, addresses), Options(1, addresses)};
+  for (TcpTransportOptions& o : options) {
+    o.inbox_slots = 2;
+    o.inbox_slot_bytes = 64 << 10;
+  }
+  auto transports = ConnectAll(*backend, options);
+  ASSERT_THAT(transports[0], IsOk());
+  ASSERT_THAT(transports[1], IsOk());
+  TcpTransport& sender = **transports[0];
+  TcpTransport& receiver = **transports[1];
+  EXPECT_EQ(sender.Route(1), "shared memory (cpu)");
+  EXPECT_EQ(receiver.Route(0), "shared memory (cpu)");
+
+  std::vector<backend::Tensor> sent;
+  for (int mb = 0; mb < 9; ++mb) {
+    sent.push_back(Filled(*backend, mb % 2 ? DType::kBFloat16 : DType::kFloat16, {64, 64}, mb));
+    ASSERT_THAT(sender.Send(1, Tag(MessageTag::Kind::kActivation, mb), sent.back()), IsOk());
+  }
+  // 128 KiB of fp32 storage: larger than a slot.
+  sent.push_back(Filled(*backend, DType::kFloat32, {256, 128}, 9));
+  ASSERT_THAT(sender.Send(1, Tag(MessageTag::Kind::kActivation, 9), sent.back()), IsOk());
+  for (int mb = 0; mb < 10; ++mb) {
+    absl::StatusOr<backend::Tensor> got = receiver.Recv(0, Tag(MessageTag::Kind::kActivation, mb));
+    ASSERT_THAT(got, IsOk());
+    EXPECT_EQ(got->dtype(), sent[mb].dtype());
+    EXPECT_EQ(got->shape(), sent[mb].shape());
+    EXPECT_TRUE(Bytes(*backend, *got) == Bytes(*backend, sent[mb])) << "message " << mb;
+  }
+  EXPECT_EQ(sender.stats().messages_shared, 9);
+  EXPECT_EQ(sender.stats().messages_over_socket, 1);
+}
+
+TEST(TcpSharedMemoryTest, AStageThatSharesNothingGetsEverythingOverTheSocket) {
+  auto backend = backend::MakeCpuBackend();
+  const std::vector<std::string> addresses = Addresses(2);
+  std::vector<TcpTransportOptions> options = {Options(0, addresses), Options(1, addresses)};
+  options[1].share_memory = false;
+  auto transports = ConnectAll(*backend, options);
+  ASSERT_THAT(transports[0], IsOk());
+  ASSERT_THAT(transports[1], IsOk());
+  EXPECT_EQ((*transports[0])->Route(1), "the socket (the peer offers no inbox)");
+  EXPECT_EQ((*transports[1])->Route(0), "the socket (share_memory is off)");
+  const backend::Tensor t = Filled(*backend, DType::kFloat16, {4, 4}, 1);
+  ASSERT_THAT((*transports[0])->Send(1, Tag(MessageTag::Kind::kGrad, 0), t), IsOk());
+  ASSERT_THAT((*transports[1])->Send(0, Tag(MessageTag::Kind::kGrad, 0), t), IsOk());
+  for (int s = 0; s < 2; ++s) {
+    absl::StatusOr<backend::Tensor> got =
+        (*transports[s])->Recv(1 - s, Tag(MessageTag::Kind::kGrad, 0));
+    ASSERT_THAT(got, IsOk());
+    EXPECT_TRUE(Bytes(*backend, *got) == Bytes(*backend, t));
+    EXPECT_EQ((*transports[s])->stats().messages_over_socket, 1);
+    EXPECT_EQ((*transports[s])->stats().messages_shared, 0);
+  }
+}
+
 TEST(TcpTransportTest, RecvTimesOut) {
   std::unique_ptr<backend::Backend> backend = backend::MakeCpuBackend();
   const std::vector<std::string> addresses = Addresses(2);
@@ -257,7 +319,8 @@ class RawPeerTest : public ::testing::Test {
     ASSERT_GE(fd_, 0) << transport_.status();
     const std::string hello =
         hello_override_.empty()
-            ? pipeline_internal::EncodeHello({.stages = 2, .stage = 1, .job = "job-1"})
+            ? pipeline_internal::EncodeHello(
+                  {.stages = 2, .stage = 1, .job = "job-1", .host = "", .inbox = "", .link = ""})
             : hello_override_;
     ASSERT_EQ(write(fd_, hello.data(), hello.size()), static_cast<ssize_t>(hello.size()));
     stage0.join();
@@ -333,6 +396,60 @@ TEST_F(RawPeerTest, OversizedOrHighRankFrameIsDataLoss) {
                   }(),
                   1 << 30),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("rank 9 > 8")));
+}
+
+// The raw peer's handshake names no host, so stage 0 kept no inbox for it.
+TEST_F(RawPeerTest, AMessageInASlotNeverOfferedIsDataLoss) {
+  ASSERT_THAT(transport_, IsOk());
+  EXPECT_EQ((*transport_)->Route(1), "the socket (the peer runs on another host)");
+  std::array<std::byte, pipeline_internal::kFrameHeaderBytes> header;
+  pipeline_internal::EncodeFrameHeader({.tag = Tag(MessageTag::Kind::kGrad, 0),
+                                        .dtype = DType::kFloat16,
+                                        .shape = {2},
+                                        .payload_bytes = 4,
+                                        .slot = 0},
+                                       header.data());
+  SendRaw(header.data(), header.size());
+  EXPECT_THAT((*transport_)->Recv(1, Tag(MessageTag::Kind::kGrad, 0)),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr("a message in inbox slot 0, but none was offered")));
+}
+
+TEST_F(RawPeerTest, ACreditForASlotNeverSentToIsDataLoss) {
+  ASSERT_THAT(transport_, IsOk());
+  std::array<std::byte, pipeline_internal::kFrameHeaderBytes> header;
+  pipeline_internal::EncodeFrameHeader(pipeline_internal::Credit(3), header.data());
+  SendRaw(header.data(), header.size());
+  EXPECT_THAT((*transport_)->Recv(1, Tag(MessageTag::Kind::kGrad, 0)),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr("a credit for slot 3, which holds nothing sent to it")));
+}
+
+TEST(TcpWireTest, SlotsAndCreditsSurviveTheRoundTrip) {
+  std::array<std::byte, pipeline_internal::kFrameHeaderBytes> bytes;
+  pipeline_internal::EncodeFrameHeader({.tag = Tag(MessageTag::Kind::kActivation, 2),
+                                        .dtype = DType::kBFloat16,
+                                        .shape = {3, 5},
+                                        .payload_bytes = 30,
+                                        .slot = 254},
+                                       bytes.data());
+  absl::StatusOr<pipeline_internal::FrameHeader> h =
+      pipeline_internal::DecodeFrameHeader(bytes, 1 << 30);
+  ASSERT_THAT(h, IsOk());
+  EXPECT_EQ(h->slot, 254);
+  EXPECT_FALSE(h->credit);
+  EXPECT_EQ(h->tag, Tag(MessageTag::Kind::kActivation, 2));
+  EXPECT_EQ(h->shape, (backend::Shape{3, 5}));
+
+  pipeline_internal::EncodeFrameHeader(pipeline_internal::Credit(7), bytes.data());
+  h = pipeline_internal::DecodeFrameHeader(bytes, 1 << 30);
+  ASSERT_THAT(h, IsOk());
+  EXPECT_TRUE(h->credit);
+  EXPECT_EQ(h->slot, 7);
+
+  pipeline_internal::EncodeFrameHeader(pipeline_internal::Credit(-1), bytes.data());  // no slot
+  EXPECT_THAT(pipeline_internal::DecodeFrameHeader(bytes, 1 << 30),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("credit frame for slot -1")));
 }
 
 // Found by fuzz/tcp_frame_fuzzer.cc: past a zero dimension the others went

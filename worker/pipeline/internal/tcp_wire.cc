@@ -27,17 +27,39 @@ T Get(const std::byte*& p) {
   return static_cast<T>(u);
 }
 
+// The frame kind after kActivation (0) and kGrad (1).
+constexpr uint8_t kCreditKind = 2;
+
 }  // namespace
 
 std::string EncodeHello(const Hello& hello) {
-  std::string out(kHelloFixedBytes + hello.job.size(), '\0');
+  std::string out(kHelloFixedBytes + hello.job.size() + 12 + hello.host.size() +
+                      hello.inbox.size() + hello.link.size(),
+                  '\0');
   std::byte* p = reinterpret_cast<std::byte*>(out.data());
   Put(p, hello.magic);
   Put(p, hello.version);
   Put(p, hello.stages);
   Put(p, hello.stage);
-  Put(p, static_cast<uint32_t>(hello.job.size()));
-  std::memcpy(p, hello.job.data(), hello.job.size());
+  auto field = [&p](const std::string& bytes) {
+    Put(p, static_cast<uint32_t>(bytes.size()));
+    std::memcpy(p, bytes.data(), bytes.size());
+    p += bytes.size();
+  };
+  field(hello.job);
+  field(hello.host);
+  field(hello.inbox);
+  field(hello.link);
+  return out;
+}
+
+uint32_t DecodeU32(const std::byte* bytes) { return Get<uint32_t>(bytes); }
+
+std::string EncodeField(const std::string& bytes) {
+  std::string out(4 + bytes.size(), '\0');
+  std::byte* p = reinterpret_cast<std::byte*>(out.data());
+  Put(p, static_cast<uint32_t>(bytes.size()));
+  std::memcpy(p, bytes.data(), bytes.size());
   return out;
 }
 
@@ -54,10 +76,10 @@ Hello DecodeHelloFixed(const std::byte* bytes, uint32_t* job_bytes) {
 void EncodeFrameHeader(const FrameHeader& header, std::byte* out) {
   std::byte* p = out;
   Put(p, kFrameMagic);
-  Put(p, static_cast<uint8_t>(header.tag.kind));
+  Put(p, header.credit ? kCreditKind : static_cast<uint8_t>(header.tag.kind));
   Put(p, static_cast<uint8_t>(header.dtype));
   Put(p, static_cast<uint8_t>(header.shape.size()));
-  Put(p, uint8_t{0});
+  Put(p, static_cast<uint8_t>(header.slot + 1));
   Put(p, header.tag.step);
   Put(p, static_cast<int32_t>(header.tag.micro_batch));
   Put(p, static_cast<int32_t>(header.tag.chunk));
@@ -83,7 +105,14 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(absl::Span<const std::byte> bytes,
   const uint8_t kind = Get<uint8_t>(p);
   const uint8_t dtype = Get<uint8_t>(p);
   const uint8_t rank = Get<uint8_t>(p);
-  Get<uint8_t>(p);
+  h.slot = static_cast<int>(Get<uint8_t>(p)) - 1;
+  if (kind == kCreditKind) {
+    if (h.slot < 0 || h.slot >= kMaxInboxSlots) {
+      return absl::DataLossError(absl::StrCat("credit frame for slot ", h.slot));
+    }
+    h.credit = true;
+    return h;
+  }
   if (kind > static_cast<uint8_t>(MessageTag::Kind::kGrad)) {
     return absl::DataLossError(
         absl::StrCat("message header with unknown kind ", static_cast<int>(kind)));

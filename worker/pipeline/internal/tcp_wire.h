@@ -2,12 +2,22 @@
 // so tests can write a misbehaving peer. All integers little-endian.
 //
 // Handshake, each side sends one right after connecting, then reads the
-// other's (20 bytes + job):
-//   u32 magic "ZOPH" | u32 version | u32 stages | u32 stage | u32 job bytes | job
+// other's (32 bytes + job + host + inbox + link):
+//   u32 magic "ZOPH" | u32 version | u32 stages | u32 stage | u32 job bytes |
+//   job | u32 host bytes | host | u32 inbox bytes | inbox | u32 link bytes | link
+// host names the machine (its boot id); inbox, when not empty, is the
+// handle of slots the peer may Put tensors into (backend DeviceSharing);
+// link, when not empty, a device link offer (backend DeviceLinks: NCCL ids).
+// Peers on different hosts that both offer a link join the lower stage's.
 // Message frame (96-byte header + payload):
-//   u32 magic "ZOPM" | u8 kind | u8 dtype | u8 rank | u8 0 | i64 step |
+//   u32 magic "ZOPM" | u8 kind | u8 dtype | u8 rank | u8 where | i64 step |
 //   i32 micro_batch | i32 chunk | 8 x i64 dims (unused = 0) | u64 payload bytes
-//   payload: the tensor in its storage dtype (backend Download/Upload bytes).
+//   where = 0: the payload follows, the tensor in its storage dtype (backend
+//   Download/Upload bytes); where = s + 1 (s < kMaxInboxSlots): the tensor
+//   is in the receiver's inbox slot s and nothing follows; where = 255
+//   (kOnLink): the tensor comes over the device link, nothing follows.
+// Credit frame (kind 2, same 96 bytes): the receiver has taken inbox slot
+// `where - 1`; every other field is 0.
 #ifndef ZO_WORKER_PIPELINE_INTERNAL_TCP_WIRE_H_
 #define ZO_WORKER_PIPELINE_INTERNAL_TCP_WIRE_H_
 
@@ -25,9 +35,14 @@ namespace zo::pipeline::pipeline_internal {
 
 inline constexpr uint32_t kHelloMagic = 0x48504f5a;  // "ZOPH"
 inline constexpr uint32_t kFrameMagic = 0x4d504f5a;  // "ZOPM"
-inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr uint32_t kProtocolVersion = 2;
 inline constexpr size_t kHelloFixedBytes = 20;
 inline constexpr size_t kMaxJobBytes = 4096;
+// Bounds on the host and inbox fields.
+inline constexpr size_t kMaxHelloFieldBytes = 4096;
+// Slots are numbered in one byte (where - 1); its last value means the link.
+inline constexpr int kMaxInboxSlots = 254;
+inline constexpr int kOnLink = 254;  // FrameHeader::slot of a tensor on the device link
 inline constexpr size_t kFrameHeaderBytes = 96;
 inline constexpr int kMaxRank = 8;
 
@@ -37,24 +52,46 @@ struct Hello {
   uint32_t stages = 0;
   uint32_t stage = 0;
   std::string job;
+  std::string host;
+  std::string inbox;
+  std::string link;
 };
 
 // The whole handshake message.
 std::string EncodeHello(const Hello& hello);
+// One length-prefixed field (u32 bytes | bytes), as the handshake's host,
+// inbox and link fields and the device link's offer after it.
+std::string EncodeField(const std::string& bytes);
 // The fixed part; `job` is left empty and its length returned in *job_bytes.
 Hello DecodeHelloFixed(const std::byte* bytes, uint32_t* job_bytes);
+// A little-endian u32: the lengths of the host and inbox fields.
+uint32_t DecodeU32(const std::byte* bytes);
 
 struct FrameHeader {
   MessageTag tag;
   DType dtype = DType::kFloat32;
   backend::Shape shape;
   uint64_t payload_bytes = 0;
+  // >= 0: the tensor is in this slot of the receiver's inbox, or on the
+  // device link when kOnLink; no payload follows (payload_bytes still says
+  // its size).
+  int slot = -1;
+  // A credit: the receiver has taken `slot`; the other fields are unused.
+  bool credit = false;
 };
+
+// The credit frame returning `slot`.
+inline FrameHeader Credit(int slot) {
+  FrameHeader h;
+  h.slot = slot;
+  h.credit = true;
+  return h;
+}
 
 void EncodeFrameHeader(const FrameHeader& header, std::byte* out);
 // DATA_LOSS naming what is wrong: magic, kind, dtype, rank > kMaxRank, a
 // negative dimension, payload != numel x dtype size, payload >
-// max_message_bytes.
+// max_message_bytes, a credit without a slot.
 absl::StatusOr<FrameHeader> DecodeFrameHeader(absl::Span<const std::byte> bytes,
                                               int64_t max_message_bytes);
 
