@@ -12,6 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build/release}
 bins=("$build/worker/backend/cuda_backend_test" "$build/worker/model/model_stage_gpu_test"
+      "$build/worker/pipeline/gpu_transport_test"
       "$build/tests/zo_train_e2e_test" "$build/worker/train/trainer_test"
       "$build/bin/zo-bench" "$build/bin/zo-train"
       "$build/bin/zo-server")

@@ -5,7 +5,7 @@
 # peer step (bench/torch_twin/gpt2_gpu_step.py, when python3 has torch) and
 # a short zo-train run on the GPU. Logs and JSON rows go to $OUT (default
 # ./gpu-check-out). PARTS picks what runs, in this order (default: all but
-# largest): ops stage bench twin train e2e gpt2 accum memcheck largest.
+# largest): ops stage ipc bench twin train e2e gpt2 accum memcheck largest.
 # `largest` is zo-bench gpu's gpu_largest row: a 4.1B GPT with its server
 # in this process, minutes and ~100 GB of host RAM. BENCH_DTYPES (default
 # "bf16 fp16") and OPS_FILTER (a gtest filter) narrow bench and ops;
@@ -19,10 +19,12 @@ tar -C .devbin -xJf .devbin/lib.tar.xz
 # cuBLASLt 13: the CUDA toolkit's, else the one PyTorch's wheels carry.
 ltdir=$(dirname "$(find /usr/local/cuda/lib64 /usr/local/cuda*/ /opt /usr/lib \
   -name 'libcublasLt.so.13*' 2>/dev/null | head -1)")
-export LD_LIBRARY_PATH=$PWD/.devbin/lib:$ltdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-echo "gpu-check: cuBLASLt from $ltdir"
+# NCCL (loaded at run time, for device links): the toolkit's or PyTorch's.
+nccldir=$(dirname "$(find /usr/local/cuda*/ /opt /usr/lib -name 'libnccl.so.2*' 2>/dev/null | head -1)")
+export LD_LIBRARY_PATH=$PWD/.devbin/lib:$ltdir:$nccldir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+echo "gpu-check: cuBLASLt from $ltdir, NCCL from $nccldir"
 status=0
-parts=" ${PARTS:-ops stage bench twin train e2e gpt2 accum memcheck} "
+parts=" ${PARTS:-ops stage ipc bench twin train e2e gpt2 accum memcheck} "
 want() { [[ $parts == *" $1 "* ]]; }
 step() {  # name, timeout, command...
   local name=$1 limit=$2; shift 2
@@ -46,6 +48,8 @@ done
 grep -E "Failure|off; worst|cuda: |Expected|Which is" "$out/cuda_backend_test.log" | head -40
 fi
 want stage && step model_stage_gpu_test 90 .devbin/model_stage_gpu_test
+# Two stage processes handing tensors over through CUDA IPC.
+want ipc && step gpu_transport_test 90 .devbin/gpu_transport_test
 if want bench; then
   for dtype in ${BENCH_DTYPES:-bf16 fp16}; do
     step zo_bench_gpu_$dtype 180 .devbin/zo-bench gpu --json --dtype "$dtype"
