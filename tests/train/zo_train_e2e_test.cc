@@ -303,6 +303,12 @@ TEST(ZoTrainE2eTest, TwoStageProcessesOverTcpFollowTheEmbeddedRun) {
     ASSERT_EQ(*code, 0) << w.ReadLog();
   }
   EXPECT_THAT(workers[0].ReadLog(), ::testing::HasSubstr("stage 0: layers embed .. h.0"));
+  // One host: activations go through the receiver's inbox (the CPU
+  // backend's shared memory, CUDA IPC on a GPU), not the socket.
+  EXPECT_THAT(workers[0].ReadLog(),
+              ::testing::HasSubstr("stage 0 <-> stage 1: tensors through shared memory ("));
+  EXPECT_THAT(workers[1].ReadLog(),
+              ::testing::HasSubstr("stage 1 <-> stage 0: tensors through shared memory ("));
   // Said once, when DPU is on; the reference run without it says nothing.
   for (ChildProcess& w : workers) {
     const std::string log = w.ReadLog();

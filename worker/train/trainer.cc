@@ -4,6 +4,7 @@
 #include <chrono>
 #include <future>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -307,6 +308,12 @@ absl::StatusOr<Attached> Attach(const TrainOptions& o, Plan& plan, backend::Back
                                                                  .addresses = o.stage_addresses,
                                                                  .job = o.job},
                                                                 backend));
+    const std::set<int> neighbours = {(o.stage + o.pipeline_stages - 1) % o.pipeline_stages,
+                                      (o.stage + 1) % o.pipeline_stages};
+    for (int n : neighbours) {
+      std::fprintf(o.out, "zo-train: stage %d <-> stage %d: tensors through %s\n", o.stage, n,
+                   at.tcp->Route(n).c_str());
+    }
   }
   for (LocalStage& ls : at.local) {
     pipeline::Transport& transport =
