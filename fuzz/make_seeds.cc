@@ -143,7 +143,7 @@ void Checkpoint() {
 
 void TcpFrames() {
   const std::string hello = pi::EncodeHello(
-      {.stages = 4, .stage = 1, .job = "demo", .host = "", .inbox = "", .link = ""});
+      {.stages = 4, .stage = 1, .job = "demo", .host = "", .sharing = "", .link = ""});
   auto frame = [&](pi::FrameHeader h, std::string limit) {
     std::string f(pi::kFrameHeaderBytes, '\0');
     pi::EncodeFrameHeader(h, reinterpret_cast<std::byte*>(f.data()));

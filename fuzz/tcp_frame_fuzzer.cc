@@ -30,7 +30,7 @@ void CheckHello(const uint8_t* data) {
   pi::Hello with_job = hello;
   with_job.job.assign(job_bytes, 'j');
   const std::string encoded = pi::EncodeHello(with_job);
-  // The fixed part, the job, and the (empty) host, inbox and link fields' lengths.
+  // The fixed part, the job, and the (empty) host, sharing and link fields' lengths.
   ZO_FUZZ_CHECK(encoded.size() == pi::kHelloFixedBytes + job_bytes + 12, "hello size");
   uint32_t again_bytes = 0;
   const pi::Hello again =

@@ -21,8 +21,10 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "common/host_port.h"
 #include "common/status_macros.h"
 #include "worker/backend/device_link.h"
@@ -262,6 +264,9 @@ std::string PeerName(int fd) {
   return absl::StrCat(host, ":", port);
 }
 
+// The link field's mark of a stage that wants a device link even on its host.
+constexpr absl::string_view kPrefer = ";prefer";
+
 // What tells two processes they share a machine (and so may map each
 // other's memory): the kernel's boot id, else the host name.
 std::string HostIdentity() {
@@ -284,11 +289,11 @@ absl::Status ReadField(int fd, absl::Time deadline, size_t limit, const char* wh
   return ReadAll(fd, out->data(), bytes, deadline, nullptr);
 }
 
-// Exchanges handshakes, offering `inbox` and `link` (or empty); returns the
-// peer's. `expected` < 0 accepts any stage (the accepting side learns who
-// called from the handshake).
+// Exchanges handshakes, saying what this stage can share and link (or
+// empty); returns the peer's. `expected` < 0 accepts any stage (the
+// accepting side learns who called from the handshake).
 absl::StatusOr<Hello> Handshake(int fd, const TcpTransportOptions& o, absl::Time deadline,
-                                int expected, const std::string& host, const std::string& inbox,
+                                int expected, const std::string& host, const std::string& sharing,
                                 const std::string& link) {
   const std::string where = expected >= 0
                                 ? absl::StrCat("stage ", expected, " at ", o.addresses[expected])
@@ -297,7 +302,7 @@ absl::StatusOr<Hello> Handshake(int fd, const TcpTransportOptions& o, absl::Time
                                               .stage = static_cast<uint32_t>(o.stage),
                                               .job = o.job,
                                               .host = host,
-                                              .inbox = inbox,
+                                              .sharing = sharing,
                                               .link = link});
   const std::string context = absl::StrCat("handshake with ", where, ": ");
   if (absl::Status s = WriteAll(fd, hello.data(), hello.size(), 0); !s.ok()) {
@@ -323,7 +328,9 @@ absl::StatusOr<Hello> Handshake(int fd, const TcpTransportOptions& o, absl::Time
   peer.job.resize(job_bytes);
   absl::Status read = ReadAll(fd, peer.job.data(), job_bytes, deadline, nullptr);
   if (read.ok()) read = ReadField(fd, deadline, kMaxHelloFieldBytes, "host field", &peer.host);
-  if (read.ok()) read = ReadField(fd, deadline, kMaxHelloFieldBytes, "inbox field", &peer.inbox);
+  if (read.ok()) {
+    read = ReadField(fd, deadline, kMaxHelloFieldBytes, "sharing field", &peer.sharing);
+  }
   if (read.ok()) read = ReadField(fd, deadline, kMaxHelloFieldBytes, "link field", &peer.link);
   if (!read.ok()) return Prefix(read, context);
   const int peer_stage = static_cast<int>(peer.stage);
@@ -432,19 +439,14 @@ absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Connect(
   const std::string host = HostIdentity();
   backend::DeviceSharing* sharing = options.share_memory ? backend.sharing() : nullptr;
   backend::DeviceLinks* links = options.device_links ? backend.links() : nullptr;
-  // The backend's name in the handshake's link field says this stage can
-  // join a device link; the link's own offer is sent only once both sides
-  // have chosen one (making it costs NCCL a bootstrap listener).
-  const std::string link_kind = links != nullptr ? backend.name() : std::string();
-  // An inbox offered to each neighbour before its handshake; kept only for
-  // one on this host. One that cannot be had leaves that neighbour's
-  // tensors on the socket.
-  auto offer = [&]() -> std::unique_ptr<backend::Inbox> {
-    if (sharing == nullptr) return nullptr;
-    absl::StatusOr<std::unique_ptr<backend::Inbox>> inbox =
-        sharing->CreateInbox(options.inbox_slots, options.inbox_slot_bytes);
-    return inbox.ok() ? *std::move(inbox) : nullptr;
-  };
+  // The handshake's sharing and link fields say what this stage can do;
+  // inboxes and a link's offer are made only once both sides have chosen
+  // them (an inbox is device memory on a GPU, an NCCL offer a bootstrap
+  // listener).
+  const std::string sharing_kind = sharing != nullptr ? backend.name() : std::string();
+  const std::string link_kind =
+      links == nullptr ? std::string()
+                       : absl::StrCat(backend.name(), options.prefer_device_link ? kPrefer : "");
   // The lower stage makes the link's offer and sends it; both join it.
   auto join_link = [&](int fd,
                        int peer_stage) -> absl::StatusOr<std::unique_ptr<backend::DeviceLink>> {
@@ -468,36 +470,65 @@ absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Connect(
     if (!link.ok()) return Prefix(link.status(), context);
     return link;
   };
-  auto add_peer = [&](const Hello& hello, ScopedFd fd,
-                      std::unique_ptr<backend::Inbox> inbox) -> absl::Status {
+  // Each side sends its inbox's handle and reads the peer's (a few hundred
+  // bytes each way: writing first cannot block), maps the peer's, then says
+  // whether it did; an inbox the peer could not map is freed at once.
+  auto share_inboxes = [&](int fd, Peer& peer) -> absl::Status {
+    const std::string context = absl::StrCat("inboxes with stage ", peer.stage, ": ");
+    std::unique_ptr<backend::Inbox> inbox;
+    if (absl::StatusOr<std::unique_ptr<backend::Inbox>> made =
+            sharing->CreateInbox(options.inbox_slots, options.inbox_slot_bytes);
+        made.ok()) {
+      inbox = *std::move(made);
+    }
+    const std::string mine = pipeline_internal::EncodeField(inbox ? inbox->handle() : "");
+    std::string theirs;
+    absl::Status s = WriteAll(fd, mine.data(), mine.size(), 0);
+    if (s.ok()) s = ReadField(fd, deadline, kMaxHelloFieldBytes, "inbox handle", &theirs);
+    if (!s.ok()) return Prefix(s, context);
+    if (theirs.empty()) {
+      peer.route = "the socket (the peer could not allocate an inbox)";
+    } else if (absl::StatusOr<std::unique_ptr<backend::PeerInbox>> outbox =
+                   sharing->OpenPeerInbox(theirs);
+               !outbox.ok()) {
+      peer.route = absl::StrCat("the socket (", outbox.status().message(), ")");
+    } else {
+      peer.outbox = *std::move(outbox);
+      peer.in_flight.resize(static_cast<size_t>(peer.outbox->slots()));
+      for (int slot = peer.outbox->slots(); slot-- > 0;) peer.free_slots.push_back(slot);
+      peer.route = absl::StrCat("shared memory (", backend.name(), ")");
+    }
+    const char mapped = peer.outbox != nullptr ? 1 : 0;
+    char peer_mapped = 0;
+    s = WriteAll(fd, &mapped, 1, 0);
+    if (s.ok()) s = ReadAll(fd, &peer_mapped, 1, deadline, nullptr);
+    if (!s.ok()) return Prefix(s, context);
+    if (peer_mapped == 1) peer.inbox = std::move(inbox);
+    return absl::OkStatus();
+  };
+  auto add_peer = [&](const Hello& hello, ScopedFd fd) -> absl::Status {
     SetNoDelay(fd.get());
     auto peer = std::make_unique<Peer>();
     peer->stage = static_cast<int>(hello.stage);
     peer->address = options.addresses[peer->stage];
     const bool same_host = hello.host == host;
-    if (links != nullptr && !hello.link.empty() && (!same_host || options.prefer_device_link)) {
+    // Both sides decide alike: each knows whether both can, and whether
+    // either prefers a link.
+    const bool prefer_link = options.prefer_device_link || absl::EndsWith(hello.link, kPrefer);
+    if (links != nullptr && !hello.link.empty() && (!same_host || prefer_link)) {
       ZO_ASSIGN_OR_RETURN(peer->link, join_link(fd.get(), peer->stage));
-      peer->route = absl::StrCat("a device link (", backend.name(), " to ", hello.link, ")");
+      peer->route = absl::StrCat("a device link (", backend.name(), " to ",
+                                 absl::StripSuffix(hello.link, kPrefer), ")");
     } else if (!same_host) {
       peer->route = "the socket (the peer runs on another host)";
+    } else if (sharing == nullptr) {
+      peer->route = options.share_memory
+                        ? absl::StrCat("the socket (", backend.name(), " shares no memory)")
+                        : std::string("the socket (share_memory is off)");
+    } else if (hello.sharing.empty()) {
+      peer->route = "the socket (the peer shares no memory)";
     } else {
-      peer->inbox = std::move(inbox);
-      if (sharing == nullptr) {
-        peer->route = options.share_memory
-                          ? absl::StrCat("the socket (", backend.name(), " shares no memory)")
-                          : std::string("the socket (share_memory is off)");
-      } else if (hello.inbox.empty()) {
-        peer->route = "the socket (the peer offers no inbox)";
-      } else if (absl::StatusOr<std::unique_ptr<backend::PeerInbox>> outbox =
-                     sharing->OpenPeerInbox(hello.inbox);
-                 !outbox.ok()) {
-        peer->route = absl::StrCat("the socket (", outbox.status().message(), ")");
-      } else {
-        peer->outbox = *std::move(outbox);
-        peer->in_flight.resize(static_cast<size_t>(peer->outbox->slots()));
-        for (int slot = peer->outbox->slots(); slot-- > 0;) peer->free_slots.push_back(slot);
-        peer->route = absl::StrCat("shared memory (", backend.name(), ")");
-      }
+      ZO_RETURN_IF_ERROR(share_inboxes(fd.get(), *peer));
     }
     peer->fd = fd.Release();
     t->peers_.push_back(std::move(peer));
@@ -513,10 +544,9 @@ absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Connect(
   for (int n : lower) {
     ZO_ASSIGN_OR_RETURN(ScopedFd fd,
                         Dial(options.addresses[n], deadline, options.connect_timeout, n));
-    std::unique_ptr<backend::Inbox> inbox = offer();
-    ZO_ASSIGN_OR_RETURN(Hello hello, Handshake(fd.get(), options, deadline, n, host,
-                                               inbox ? inbox->handle() : std::string(), link_kind));
-    ZO_RETURN_IF_ERROR(add_peer(hello, std::move(fd), std::move(inbox)));
+    ZO_ASSIGN_OR_RETURN(Hello hello,
+                        Handshake(fd.get(), options, deadline, n, host, sharing_kind, link_kind));
+    ZO_RETURN_IF_ERROR(add_peer(hello, std::move(fd)));
   }
   while (!higher.empty()) {
     if (const int err = WaitFor(listener.get(), POLLIN, deadline); err != 0) {
@@ -531,16 +561,15 @@ absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Connect(
       if (errno == EINTR || errno == ECONNABORTED || errno == EAGAIN) continue;
       return SocketError(errno, absl::StrCat("accepting on ", options.addresses[stage]));
     }
-    std::unique_ptr<backend::Inbox> inbox = offer();
     ZO_ASSIGN_OR_RETURN(Hello hello, Handshake(fd.get(), options, deadline, /*expected=*/-1, host,
-                                               inbox ? inbox->handle() : std::string(), link_kind));
+                                               sharing_kind, link_kind));
     const int peer_stage = static_cast<int>(hello.stage);
     if (higher.erase(peer_stage) == 0) {
       return absl::FailedPreconditionError(absl::StrCat(
           "stage ", peer_stage, " connected to stage ", stage, " at ", options.addresses[stage],
           ", which expects only its ring neighbours, each once"));
     }
-    ZO_RETURN_IF_ERROR(add_peer(hello, std::move(fd), std::move(inbox)));
+    ZO_RETURN_IF_ERROR(add_peer(hello, std::move(fd)));
   }
   for (auto& peer : t->peers_) {
     if (peer->fd >= 0)

@@ -14,17 +14,17 @@
 //
 // Neighbours on the same host whose backend can share memory
 // (Backend::sharing(): CUDA IPC, a shared memory file for the CPU) skip the
-// socket for the tensor's bytes: each stage offers every neighbour an inbox
-// of slots in the handshake, a sender Puts a tensor into a free slot of the
-// receiver's inbox and sends only the header naming the slot, and the
-// receiver's reader Takes it out and returns a credit frame that frees the
-// slot. Tensors larger than a slot, peers on other hosts and inboxes that
-// cannot be mapped go through the socket.
+// socket for the tensor's bytes: after the handshake each gives the other an
+// inbox of slots, a sender Puts a tensor into a free slot of the receiver's
+// inbox and sends only the header naming the slot, and the receiver's
+// reader Takes it out and returns a credit frame that frees the slot.
+// Tensors larger than a slot, peers on other hosts and inboxes that cannot
+// be mapped go through the socket.
 //
 // Neighbours on different hosts whose backends have device links
 // (Backend::links(): NCCL) send tensors over the link instead, the socket
-// again carrying only the headers. Both offer a link in the handshake and
-// join the lower stage's, so both decide alike.
+// again carrying only the headers. Both say in the handshake that they can,
+// and join the lower stage's offer, so both decide alike.
 #ifndef ZO_WORKER_PIPELINE_TCP_TRANSPORT_H_
 #define ZO_WORKER_PIPELINE_TCP_TRANSPORT_H_
 

@@ -224,7 +224,7 @@ TEST(TcpSharedMemoryTest, AStageThatSharesNothingGetsEverythingOverTheSocket) {
   auto transports = ConnectAll(*backend, options);
   ASSERT_THAT(transports[0], IsOk());
   ASSERT_THAT(transports[1], IsOk());
-  EXPECT_EQ((*transports[0])->Route(1), "the socket (the peer offers no inbox)");
+  EXPECT_EQ((*transports[0])->Route(1), "the socket (the peer shares no memory)");
   EXPECT_EQ((*transports[1])->Route(0), "the socket (share_memory is off)");
   const backend::Tensor t = Filled(*backend, DType::kFloat16, {4, 4}, 1);
   ASSERT_THAT((*transports[0])->Send(1, Tag(MessageTag::Kind::kGrad, 0), t), IsOk());
@@ -320,7 +320,7 @@ class RawPeerTest : public ::testing::Test {
     const std::string hello =
         hello_override_.empty()
             ? pipeline_internal::EncodeHello(
-                  {.stages = 2, .stage = 1, .job = "job-1", .host = "", .inbox = "", .link = ""})
+                  {.stages = 2, .stage = 1, .job = "job-1", .host = "", .sharing = "", .link = ""})
             : hello_override_;
     ASSERT_EQ(write(fd_, hello.data(), hello.size()), static_cast<ssize_t>(hello.size()));
     stage0.join();

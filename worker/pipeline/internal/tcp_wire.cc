@@ -34,7 +34,7 @@ constexpr uint8_t kCreditKind = 2;
 
 std::string EncodeHello(const Hello& hello) {
   std::string out(kHelloFixedBytes + hello.job.size() + 12 + hello.host.size() +
-                      hello.inbox.size() + hello.link.size(),
+                      hello.sharing.size() + hello.link.size(),
                   '\0');
   std::byte* p = reinterpret_cast<std::byte*>(out.data());
   Put(p, hello.magic);
@@ -48,7 +48,7 @@ std::string EncodeHello(const Hello& hello) {
   };
   field(hello.job);
   field(hello.host);
-  field(hello.inbox);
+  field(hello.sharing);
   field(hello.link);
   return out;
 }

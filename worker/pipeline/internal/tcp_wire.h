@@ -2,13 +2,20 @@
 // so tests can write a misbehaving peer. All integers little-endian.
 //
 // Handshake, each side sends one right after connecting, then reads the
-// other's (32 bytes + job + host + inbox + link):
+// other's (32 bytes + job + host + sharing + link):
 //   u32 magic "ZOPH" | u32 version | u32 stages | u32 stage | u32 job bytes |
-//   job | u32 host bytes | host | u32 inbox bytes | inbox | u32 link bytes | link
-// host names the machine (its boot id); inbox, when not empty, is the
-// handle of slots the peer may Put tensors into (backend DeviceSharing);
-// link, when not empty, a device link offer (backend DeviceLinks: NCCL ids).
-// Peers on different hosts that both offer a link join the lower stage's.
+//   job | u32 host bytes | host | u32 sharing bytes | sharing | u32 link bytes | link
+// host names the machine (its boot id). sharing, when not empty, says the
+// stage can share its backend's memory (backend DeviceSharing; the backend's
+// name); link, that it can join a device link (backend DeviceLinks; the
+// backend's name, then ";prefer" when it wants one even on this host).
+// Then, between two stages that chose one:
+//   - inboxes (same host, both share, no link): each sends a field with its
+//     inbox's handle (empty: none could be had), then one byte: 1 when it
+//     mapped the peer's. An inbox its peer did not map is freed.
+//   - a device link (both can; other hosts, or one prefers it): the lower
+//     stage sends a field with the link's offer (NCCL ids) and both join it.
+// A field is u32 bytes | bytes (EncodeField).
 // Message frame (96-byte header + payload):
 //   u32 magic "ZOPM" | u8 kind | u8 dtype | u8 rank | u8 where | i64 step |
 //   i32 micro_batch | i32 chunk | 8 x i64 dims (unused = 0) | u64 payload bytes
@@ -53,14 +60,14 @@ struct Hello {
   uint32_t stage = 0;
   std::string job;
   std::string host;
-  std::string inbox;
+  std::string sharing;
   std::string link;
 };
 
 // The whole handshake message.
 std::string EncodeHello(const Hello& hello);
 // One length-prefixed field (u32 bytes | bytes), as the handshake's host,
-// inbox and link fields and the device link's offer after it.
+// sharing and link fields and the inbox handles and link offer after it.
 std::string EncodeField(const std::string& bytes);
 // The fixed part; `job` is left empty and its length returned in *job_bytes.
 Hello DecodeHelloFixed(const std::byte* bytes, uint32_t* job_bytes);
