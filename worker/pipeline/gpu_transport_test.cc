@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -190,6 +191,37 @@ int StreamStage(int stage, const std::vector<std::string>& addresses, bool share
   return 0;
 }
 
+// Stage 0 sends an activation whose producer (a chain of ops) is still
+// queued, so the inbox copy waits behind it, and is SIGKILLed at once.
+// Stage 1 must learn of it - the tensor or an error - and close its
+// transport; SIGALRM ends it (exit 128 + 14) if it hangs instead.
+int KilledSenderStage(int stage, const std::vector<std::string>& addresses) {
+  std::string why;
+  if (backend::CudaDeviceCount(&why) == 0) return kSkip;
+  absl::StatusOr<std::unique_ptr<backend::Backend>> made = backend::MakeCudaBackend();
+  STAGE_CHECK(made.ok(), "%s", made.status().ToString().c_str());
+  backend::Backend& b = **made;
+  TcpTransportOptions options{.stage = stage, .stages = 2, .addresses = addresses, .job = "kill"};
+  options.recv_timeout = absl::Seconds(20);
+  absl::StatusOr<std::unique_ptr<TcpTransport>> connected = TcpTransport::Connect(options, b);
+  STAGE_CHECK(connected.ok(), "%s", connected.status().ToString().c_str());
+  const MessageTag tag{MessageTag::Kind::kActivation, 1, 0, 0};
+  if (stage == 0) {
+    backend::Tensor x = b.Zeros(DType::kBFloat16, {4096, 4096});
+    for (int i = 0; i < 400; ++i) x = b.Add(x, x);
+    absl::Status s = (*connected)->Send(1, tag, x);
+    STAGE_CHECK(s.ok(), "%s", s.ToString().c_str());
+    kill(getpid(), SIGKILL);
+  }
+  alarm(60);
+  absl::StatusOr<backend::Tensor> got = (*connected)->Recv(0, tag);
+  std::fprintf(stderr, "stage 1: the killed sender's message: %s\n",
+               got.ok() ? "arrived" : got.status().ToString().c_str());
+  connected->reset();  // joins the reader
+  std::fprintf(stderr, "stage 1: transport closed\n");
+  return 0;
+}
+
 // Runs `role(stage)` for stages 0 and 1 in child processes; their exit codes.
 template <typename Role>
 std::vector<int> RunStages(Role role) {
@@ -244,6 +276,15 @@ TEST(CudaIpcTransportTest, StreamsThroughBothRoutes) {
     EXPECT_EQ(codes[0], 0) << "stage 0, share " << share;
     EXPECT_EQ(codes[1], 0) << "stage 1, share " << share;
   }
+}
+
+TEST(CudaIpcTransportTest, AReceiverOutlivesASenderKilledWithACopyQueued) {
+  const std::vector<std::string> addresses = TwoAddresses();
+  const std::vector<int> codes =
+      RunStages([&](int stage) { return KilledSenderStage(stage, addresses); });
+  if (codes[1] == kSkip) GTEST_SKIP() << "no CUDA device";
+  EXPECT_EQ(codes[0], 128 + SIGKILL) << "stage 0 should have been killed";
+  EXPECT_EQ(codes[1], 0) << "stage 1 (142: it hung and SIGALRM ended it)";
 }
 
 }  // namespace
