@@ -106,6 +106,33 @@ absl::Status CudaStatus(cudaError_t err, const char* call, const char* op) {
       absl::StrCat("cuda: ", call, " failed in ", op, ": ", cudaGetErrorString(err)));
 }
 
+std::shared_ptr<void> DeviceStorage(std::shared_ptr<DeviceContext> context, void* ptr) {
+  if (ptr == nullptr) {
+    auto placeholder = std::make_shared<char>(0);
+    return std::shared_ptr<void>(placeholder, placeholder.get());
+  }
+  // The deleter holds the context: the stream outlives every tensor.
+  return std::shared_ptr<void>(
+      ptr, [context = std::move(context)](void* p) { cudaFreeAsync(p, context->stream); });
+}
+
+absl::StatusOr<Tensor> AllocateOnStream(const std::shared_ptr<DeviceContext>& context,
+                                        cudaStream_t stream, DType dtype, const Shape& shape,
+                                        const std::string& what) {
+  const int64_t bytes = NumElements(shape) * static_cast<int64_t>(DTypeSize(dtype));
+  void* ptr = nullptr;
+  if (bytes > 0) {
+    if (cudaError_t err = cudaMallocAsync(&ptr, static_cast<size_t>(bytes), stream);
+        err != cudaSuccess) {
+      cudaGetLastError();  // not sticky: the device goes on working
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cuda: out of memory on cuda:", context->device, " for ", what, " (", bytes,
+                       " bytes): ", cudaGetErrorString(err)));
+    }
+  }
+  return Tensor(dtype, shape, DeviceStorage(context, ptr));
+}
+
 DeviceContext::~DeviceContext() {
   if (stream != nullptr) {
     cudaSetDevice(device);
@@ -196,17 +223,7 @@ Tensor CudaBackend::Empty(DType dtype, Shape shape) {
       ptr = nullptr;
     }
   }
-  // The deleter holds the context: the stream outlives every tensor.
-  std::shared_ptr<DeviceContext> context = context_;
-  std::shared_ptr<void> storage(ptr, [context](void* p) {
-    if (p != nullptr) cudaFreeAsync(p, context->stream);
-  });
-  // A zero-size tensor is still defined: give it a non-null handle.
-  if (ptr == nullptr) {
-    auto placeholder = std::make_shared<char>(0);
-    storage = std::shared_ptr<void>(placeholder, placeholder.get());
-  }
-  return Tensor(dtype, std::move(shape), std::move(storage));
+  return Tensor(dtype, std::move(shape), DeviceStorage(context_, ptr));
 }
 
 Tensor CudaBackend::Zeros(DType dtype, Shape shape) {

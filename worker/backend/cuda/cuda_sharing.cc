@@ -93,32 +93,16 @@ class CudaInbox final : public Inbox {
     }
     cudaError_t err = cudaSetDevice(context_->device);
     if (err != cudaSuccess) return Error(err, "cudaSetDevice", what);
-    // Allocated on this stream so the copy need not wait for the compute
-    // stream; once synchronised, any stream may use and free it.
-    void* ptr = nullptr;
-    if (bytes > 0 &&
-        (err = cudaMallocAsync(&ptr, static_cast<size_t>(bytes), stream_)) != cudaSuccess) {
-      cudaGetLastError();
-      return absl::ResourceExhaustedError(
-          absl::StrCat("cuda: out of memory on cuda:", context_->device, " receiving ", what, " (",
-                       bytes, " bytes): ", cudaGetErrorString(err)));
-    }
-    std::shared_ptr<DeviceContext> context = context_;
-    std::shared_ptr<void> storage(ptr, [context](void* p) {
-      if (p != nullptr) cudaFreeAsync(p, context->stream);
-    });
-    if (ptr == nullptr) {
-      auto placeholder = std::make_shared<char>(0);
-      storage = std::shared_ptr<void>(placeholder, placeholder.get());
-    }
+    absl::StatusOr<Tensor> t = AllocateOnStream(context_, stream_, dtype, shape, what);
+    if (!t.ok()) return t.status();
     err = cudaStreamWaitEvent(stream_, events_[static_cast<size_t>(slot)], 0);
     if (err == cudaSuccess && bytes > 0) {
-      err = cudaMemcpyAsync(ptr, static_cast<std::byte*>(base_) + slot * slot_bytes_,
+      err = cudaMemcpyAsync(t->storage(), static_cast<std::byte*>(base_) + slot * slot_bytes_,
                             static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice, stream_);
     }
     if (err == cudaSuccess) err = cudaStreamSynchronize(stream_);
     if (err != cudaSuccess) return Error(err, "cudaMemcpyAsync", what);
-    return Tensor(dtype, shape, std::move(storage));
+    return t;
   }
 
  private:

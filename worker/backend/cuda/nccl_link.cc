@@ -132,25 +132,11 @@ class NcclLink final : public DeviceLink {
     const std::string what = absl::StrCat(ShapeString(shape), " ", std::string(DTypeName(dtype)));
     cudaError_t err = cudaSetDevice(context_->device);
     if (err != cudaSuccess) return CudaError(err, "cudaSetDevice", what);
-    void* ptr = nullptr;
-    if (bytes > 0 &&
-        (err = cudaMallocAsync(&ptr, static_cast<size_t>(bytes), recv_stream_)) != cudaSuccess) {
-      cudaGetLastError();
-      return absl::ResourceExhaustedError(
-          absl::StrCat("cuda: out of memory on cuda:", context_->device, " receiving ", what, " (",
-                       bytes, " bytes)"));
-    }
-    std::shared_ptr<DeviceContext> context = context_;
-    std::shared_ptr<void> storage(ptr, [context](void* p) {
-      if (p != nullptr) cudaFreeAsync(p, context->stream);
-    });
-    if (ptr == nullptr) {
-      auto placeholder = std::make_shared<char>(0);
-      storage = std::shared_ptr<void>(placeholder, placeholder.get());
-    }
+    absl::StatusOr<Tensor> t = AllocateOnStream(context_, recv_stream_, dtype, shape, what);
+    if (!t.ok()) return t.status();
     if (bytes > 0) {
-      if (ncclResult_t r = LoadNccl()->Recv(ptr, static_cast<size_t>(bytes), ncclUint8, peer_,
-                                            recv_comm_, recv_stream_);
+      if (ncclResult_t r = LoadNccl()->Recv(t->storage(), static_cast<size_t>(bytes), ncclUint8,
+                                            peer_, recv_comm_, recv_stream_);
           r != ncclSuccess) {
         return NcclError(r, "ncclRecv", what);
       }
@@ -158,7 +144,7 @@ class NcclLink final : public DeviceLink {
     if ((err = cudaStreamSynchronize(recv_stream_)) != cudaSuccess) {
       return CudaError(err, "cudaStreamSynchronize", what);
     }
-    return Tensor(dtype, shape, std::move(storage));
+    return t;
   }
 
  private:

@@ -17,6 +17,7 @@
 #include <tuple>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/wake_queue.h"
 #include "worker/backend/backend.h"
 #include "worker/backend/cuda/cuda_backend.h"
@@ -69,6 +70,20 @@ struct DeviceContext {
   cudaStream_t stream = nullptr;
   ~DeviceContext();
 };
+
+// Storage for device memory `ptr` from cudaMallocAsync, freed on the
+// context's compute stream when the last tensor lets go (stream-ordered, no
+// synchronisation); a null `ptr` (zero bytes, a failed allocation) gets a
+// placeholder, so the tensor is still defined.
+std::shared_ptr<void> DeviceStorage(std::shared_ptr<DeviceContext> context, void* ptr);
+
+// A tensor allocated on `stream` rather than the compute stream, so work
+// queued there need not wait for the compute stream; once that work is
+// synchronised, any stream may use it. RESOURCE_EXHAUSTED naming `what`
+// when the device has no room.
+absl::StatusOr<Tensor> AllocateOnStream(const std::shared_ptr<DeviceContext>& context,
+                                        cudaStream_t stream, DType dtype, const Shape& shape,
+                                        const std::string& what);
 
 // A cached cuBLASLt plan for one GEMM shape.
 struct GemmKey {
