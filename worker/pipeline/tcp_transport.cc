@@ -377,6 +377,21 @@ struct TcpTransport::Peer {
   std::vector<backend::Tensor> in_flight;  // by outbox slot, kept until its credit; guarded by mu
 
   std::string Name() const { return absl::StrCat("stage ", stage, " at ", address); }
+
+  // Writes a header that carries no payload (its tensor is in an inbox or
+  // on the link, or it is a credit); write_mu held. A failure is sticky.
+  absl::Status WriteHeaderLocked(const FrameHeader& h) {
+    if (!write_status.ok()) return write_status;
+    std::array<std::byte, kFrameHeaderBytes> bytes;
+    EncodeFrameHeader(h, bytes.data());
+    if (absl::Status s = WriteAll(fd, bytes.data(), bytes.size(), 0); !s.ok()) {
+      write_status = absl::UnavailableError(
+          absl::StrCat(h.credit ? absl::StrCat("returning inbox slot ", h.slot, " to ")
+                                : absl::StrCat("sending ", ToString(h.tag), " to "),
+                       Name(), ": ", s.message()));
+    }
+    return write_status;
+  }
 };
 
 TcpTransport::TcpTransport(const TcpTransportOptions& options, backend::Backend& backend)
@@ -727,7 +742,6 @@ absl::Status TcpTransport::Send(int to, const MessageTag& tag, const backend::Te
 
 absl::Status TcpTransport::SendShared(Peer* peer, const MessageTag& tag,
                                       const backend::Tensor& tensor) {
-  const std::string what = absl::StrCat("sending ", ToString(tag), " to ", peer->Name());
   int slot = -1;
   {
     const auto timeout = std::min(options_.recv_timeout, absl::Hours(24 * 365));
@@ -735,7 +749,8 @@ absl::Status TcpTransport::SendShared(Peer* peer, const MessageTag& tag,
     std::unique_lock<std::mutex> lock(peer->mu);
     if (!peer->slot_freed.wait_until(
             lock, deadline, [&] { return !peer->free_slots.empty() || !peer->read_status.ok(); })) {
-      return absl::DeadlineExceededError(absl::StrCat(what, ": no inbox slot freed within ",
+      return absl::DeadlineExceededError(absl::StrCat("sending ", ToString(tag), " to ",
+                                                      peer->Name(), ": no inbox slot freed within ",
                                                       absl::FormatDuration(options_.recv_timeout)));
     }
     if (!peer->read_status.ok()) return peer->read_status;
@@ -743,25 +758,27 @@ absl::Status TcpTransport::SendShared(Peer* peer, const MessageTag& tag,
     peer->free_slots.pop_back();
     peer->in_flight[static_cast<size_t>(slot)] = tensor;  // allocated until the credit
   }
+  absl::Status put;
   {
     std::lock_guard<std::mutex> lock(peer->put_mu);
-    if (absl::Status s = peer->outbox->Put(slot, tensor); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+    put = peer->outbox->Put(slot, tensor);
+  }
+  if (!put.ok()) {  // nothing was sent: the slot is free again
+    {
+      std::lock_guard<std::mutex> lock(peer->mu);
+      peer->in_flight[static_cast<size_t>(slot)] = backend::Tensor();
+      peer->free_slots.push_back(slot);
     }
+    return absl::Status(put.code(), absl::StrCat("sending ", ToString(tag), " to ", peer->Name(),
+                                                 ": ", put.message()));
   }
-  std::array<std::byte, kFrameHeaderBytes> header;
-  EncodeFrameHeader(FrameHeader{.tag = tag,
-                                .dtype = tensor.dtype(),
-                                .shape = tensor.shape(),
-                                .payload_bytes = static_cast<uint64_t>(tensor.nbytes()),
-                                .slot = slot},
-                    header.data());
   std::lock_guard<std::mutex> lock(peer->write_mu);
-  if (!peer->write_status.ok()) return peer->write_status;
-  if (absl::Status s = WriteAll(peer->fd, header.data(), header.size(), 0); !s.ok()) {
-    peer->write_status = absl::UnavailableError(absl::StrCat(what, ": ", s.message()));
-    return peer->write_status;
-  }
+  ZO_RETURN_IF_ERROR(
+      peer->WriteHeaderLocked(FrameHeader{.tag = tag,
+                                          .dtype = tensor.dtype(),
+                                          .shape = tensor.shape(),
+                                          .payload_bytes = static_cast<uint64_t>(tensor.nbytes()),
+                                          .slot = slot}));
   messages_shared_.fetch_add(1, std::memory_order_relaxed);
   return absl::OkStatus();
 }
@@ -770,38 +787,27 @@ absl::Status TcpTransport::SendShared(Peer* peer, const MessageTag& tag,
 // lock): the receiver's reader takes each header's tensor off the link.
 absl::Status TcpTransport::SendLinked(Peer* peer, const MessageTag& tag,
                                       const backend::Tensor& tensor) {
-  const std::string what = absl::StrCat("sending ", ToString(tag), " to ", peer->Name());
-  std::array<std::byte, kFrameHeaderBytes> header;
-  EncodeFrameHeader(FrameHeader{.tag = tag,
-                                .dtype = tensor.dtype(),
-                                .shape = tensor.shape(),
-                                .payload_bytes = static_cast<uint64_t>(tensor.nbytes()),
-                                .slot = kOnLink},
-                    header.data());
   std::lock_guard<std::mutex> lock(peer->write_mu);
   if (!peer->write_status.ok()) return peer->write_status;
   if (absl::Status s = peer->link->Send(tensor); !s.ok()) {
-    peer->write_status = absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+    peer->write_status = absl::Status(
+        s.code(), absl::StrCat("sending ", ToString(tag), " to ", peer->Name(), ": ", s.message()));
     return peer->write_status;
   }
-  if (absl::Status s = WriteAll(peer->fd, header.data(), header.size(), 0); !s.ok()) {
-    peer->write_status = absl::UnavailableError(absl::StrCat(what, ": ", s.message()));
-    return peer->write_status;
-  }
+  ZO_RETURN_IF_ERROR(
+      peer->WriteHeaderLocked(FrameHeader{.tag = tag,
+                                          .dtype = tensor.dtype(),
+                                          .shape = tensor.shape(),
+                                          .payload_bytes = static_cast<uint64_t>(tensor.nbytes()),
+                                          .slot = kOnLink}));
   messages_linked_.fetch_add(1, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 
 void TcpTransport::ReturnCredit(Peer* peer, int slot) {
   credit_writer_->Post({[peer, slot] {
-    std::array<std::byte, kFrameHeaderBytes> header;
-    EncodeFrameHeader(pipeline_internal::Credit(slot), header.data());
     std::lock_guard<std::mutex> lock(peer->write_mu);
-    if (!peer->write_status.ok()) return;
-    if (absl::Status s = WriteAll(peer->fd, header.data(), header.size(), 0); !s.ok()) {
-      peer->write_status = absl::UnavailableError(
-          absl::StrCat("returning inbox slot ", slot, " to ", peer->Name(), ": ", s.message()));
-    }
+    (void)peer->WriteHeaderLocked(pipeline_internal::Credit(slot));  // a failure is sticky
   }});
 }
 
