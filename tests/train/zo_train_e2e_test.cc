@@ -1,10 +1,8 @@
 // zo-train end to end, as users run it: real zo-train processes, real
 // zo-server processes, pipeline stages in separate processes over TCP.
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,6 +20,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/testing/free_port.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -181,20 +180,6 @@ std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<st
   return a;
 }
 
-// A free loopback port (bound and released: a port another process could
-// take in between, which loopback tests accept).
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
 // tinyshakespeare lives beside the repository (../shared/data), never in it.
 std::string ShakespearePath() {
   for (const std::string& candidate :
@@ -282,7 +267,8 @@ TEST(ZoTrainE2eTest, TwoStageProcessesOverTcpFollowTheEmbeddedRun) {
   // 2 zo-servers, 2 stage processes talking TCP, DPU after kDpuWarmup.
   std::vector<ServerProcess> servers = StartServers(2);
   ASSERT_EQ(servers.size(), 2u);
-  const std::string stages = absl::StrCat("127.0.0.1:", FreePort(), ",127.0.0.1:", FreePort());
+  const std::string stages =
+      absl::StrCat("127.0.0.1:", FreeLoopbackPort(), ",127.0.0.1:", FreeLoopbackPort());
   const std::string config = WriteFile(dir, "dpu.json", Config(true, kDpuWarmup));
   std::vector<ChildProcess> workers;
   for (int s = 0; s < 2; ++s) {

@@ -5,9 +5,6 @@
 // With two GPUs the stages sit on different devices (peer access), and the
 // same exchange runs over an NCCL device link as between hosts (NCCL
 // refuses two ranks on one GPU, so that case needs two).
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,6 +17,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/testing/free_port.h"
 #include "gtest/gtest.h"
 #include "worker/backend/cuda/cuda_backend.h"
 #include "worker/pipeline/tcp_transport.h"
@@ -29,19 +27,6 @@ namespace {
 
 constexpr int kSkip = 77;
 constexpr int kSharedMessages = 9;
-
-int FreePort() {
-  // The kernel's pick for port 0, released for the stage to take.
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 // Small integers: exact in fp16, bf16 and fp32.
 std::vector<float> Pattern(int64_t n, int seed) {
@@ -244,7 +229,8 @@ std::vector<int> RunStages(Role role) {
 }
 
 std::vector<std::string> TwoAddresses() {
-  return {absl::StrCat("127.0.0.1:", FreePort()), absl::StrCat("127.0.0.1:", FreePort())};
+  return {absl::StrCat("127.0.0.1:", zo::testing::FreeLoopbackPort()),
+          absl::StrCat("127.0.0.1:", zo::testing::FreeLoopbackPort())};
 }
 
 TEST(CudaIpcTransportTest, StageProcessesHandTensorsOverInDeviceMemory) {
