@@ -81,21 +81,24 @@ trap 'exit 1' INT TERM
 
 # Free ports: slurmctld, two slurmds, zo-server, and four consecutive ones for
 # the stages of the four worker tasks on one node (all held at once so they
-# are distinct).
+# are distinct). Below the kernel's ephemeral range: a port picked there and
+# released can be taken by any outgoing connection (srun's, gRPC's) before
+# the daemon or stage that was to listen on it binds.
 read -r ctld_port slurmd_port1 slurmd_port2 zo_port stage_port < <(/usr/bin/python3 -c '
-import socket
+import random, socket
+ephemeral = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
 held = []
-def grab(port=0):
-    s = socket.socket(); s.bind(("", port)); held.append(s); return s.getsockname()[1]
-ports = [grab() for _ in range(4)]
-while True:
-    base = grab()
-    try:
-        for k in range(1, 4): grab(base + k)
-        break
-    except OSError:
-        pass
-print(*ports, base)')
+def run_of(n):
+    while True:
+        base = random.randrange(10000, ephemeral - n)
+        try:
+            for k in range(n):
+                s = socket.socket(); s.bind(("", base + k)); held.append(s)
+            return base
+        except OSError:
+            pass
+ports = [run_of(1) for _ in range(4)]
+print(*ports, run_of(4))')
 
 # Two node names for one host, both resolvable: component 0 (servers) and
 # component 1 (workers) must get different nodes, since the backfill
