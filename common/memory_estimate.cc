@@ -24,8 +24,10 @@ constexpr int64_t kMaxParams = int64_t{1} << 48;
 constexpr int kMaxBufferCount = 1024;
 
 // Stored low-precision versions per element, as the server's ParamVersions
-// holds them.
-int LowPrecisionCopies(const EstimateInput& in) { return in.nvme ? 2 : (in.dpu ? 1 : 0); }
+// holds them: none with the master in RAM (pulls round it; with DPU the
+// version before the latest is recomputed by undoing the step, plus a few
+// corrections), both with the master on NVMe.
+int LowPrecisionCopies(const EstimateInput& in) { return in.nvme ? 2 : 0; }
 
 // Whether `sizes` splits into at most `parts` contiguous groups none larger
 // than `cap`.
@@ -123,9 +125,11 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const EstimateInput& input) {
   // Several dp ranks sum in fp32; one rank's 16-bit gradients are kept as
   // received.
   s.grad_accum_bytes = s.elems * (input.dp_ranks == 1 ? lp : kGradAccumBytes);
-  // With the master in RAM a pull rounds it as it reads; DPU keeps the
+  // With the master in RAM a pull rounds it as it reads, and with DPU the
   // version before the latest (pulls of v_t go on while the step writing
-  // v_{t+1} runs). With the master on NVMe both versions are stored.
+  // v_{t+1} runs) is recomputed from the state: the corrections it needs
+  // are tens of bytes per million elements, not counted. With the master on
+  // NVMe both versions are stored.
   s.low_precision_bytes = s.elems * lp * LowPrecisionCopies(input);
   s.ram_bytes = s.grad_accum_bytes + s.low_precision_bytes;
   if (input.nvme) {
@@ -194,6 +198,9 @@ std::string FormatEstimateTable(const MemoryEstimate& e) {
   out += Row(e.input.dp_ranks == 1 ? lp + " gradients as received" : "fp32 gradient sum",
              bytes(s.grad_accum_bytes), "-");
   const int copies = LowPrecisionCopies(in);
+  if (copies == 0 && in.dpu) {
+    out += Row(absl::StrCat(lp, " previous version (DPU): recomputed"), "~0", "-");
+  }
   if (copies > 0) {
     out += Row(
         absl::StrCat(lp, " copies for pulls (", copies, copies == 1 ? " version)" : " versions)"),

@@ -55,8 +55,8 @@ struct ServerEstimate {
   int64_t moment_bytes = 0;      // fp32 Adam m and v
   int64_t grad_accum_bytes = 0;  // gradient buffer: fp32 sum, or 16-bit with one dp rank (RAM)
   // fp16/bf16 copies served to pulls (RAM): none when pulls round the
-  // master (all in RAM), one version with DPU, two with NVMe
-  // (server/param_versions.h)
+  // master (all in RAM; with DPU the previous version is recomputed), two
+  // with NVMe (server/param_versions.h)
   int64_t low_precision_bytes = 0;
   int64_t io_buffer_bytes = 0;  // swap buffers, NVMe only
   int64_t sub_group_elems = 0;  // sub-group actually used (clamped to elems)

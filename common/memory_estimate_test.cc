@@ -44,14 +44,15 @@ TEST(MemoryEstimateTest, OneBillionParamsInRam) {
   EXPECT_EQ(two.server.ram_bytes, 16000000000);
   EXPECT_THAT(FormatEstimateTable(two), HasSubstr("fp32 gradient sum"));
 
-  in.dpu = true;  // one kept version beside the master
+  in.dpu = true;  // the version before the latest is recomputed, not kept
   ZO_ASSERT_OK_AND_ASSIGN(MemoryEstimate dpu, EstimateMemory(in));
-  EXPECT_EQ(dpu.server.low_precision_bytes, 2000000000);
-  EXPECT_EQ(dpu.server.ram_bytes, 18000000000);
-  EXPECT_THAT(FormatEstimateTable(dpu), HasSubstr("fp16 copies for pulls (1 version)"));
+  EXPECT_EQ(dpu.server.low_precision_bytes, 0);
+  EXPECT_EQ(dpu.server.ram_bytes, 16000000000);
+  EXPECT_THAT(FormatEstimateTable(dpu), HasSubstr("fp16 previous version (DPU): recomputed"));
+  EXPECT_THAT(FormatEstimateTable(dpu), Not(HasSubstr("copies for pulls")));
   in.dp_ranks = 1;
   ZO_ASSERT_OK_AND_ASSIGN(MemoryEstimate dpu_one, EstimateMemory(in));
-  EXPECT_EQ(dpu_one.server.ram_bytes, 16000000000);
+  EXPECT_EQ(dpu_one.server.ram_bytes, 14000000000);
 }
 
 // zo.gradient_accumulation "servers": the GPU keeps one layer's fp32

@@ -32,8 +32,9 @@ ABSL_FLAG(std::string, servers, "1",
 ABSL_FLAG(std::string, precision, "fp16", "estimate: fp16 or bf16");
 ABSL_FLAG(bool, nvme, false, "estimate: optimizer state (master, m, v) on NVMe");
 ABSL_FLAG(bool, dpu, false,
-          "estimate: the delayed parameter update (zo.dpu), which keeps a second version of "
-          "the 16-bit weights on the servers");
+          "estimate: the delayed parameter update (zo.dpu): with state in RAM it costs no "
+          "memory (the previous version is recomputed); with NVMe it is part of the two "
+          "stored 16-bit versions");
 ABSL_FLAG(std::string, chunk_elems, "4194304",
           "estimate: elements per chunk (zo.chunk_elems); counts like 4M or 1e8 work");
 ABSL_FLAG(std::string, sub_group_size, "1e9",

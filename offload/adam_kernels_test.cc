@@ -369,11 +369,11 @@ TEST_P(AdamKernelTest, CopyIsRoundedStoredMaster) {
   }
 }
 
-// CopyOf::kOldWeight (the version a delayed parameter update keeps): the
-// copy is the master as it was before the step, rounded, and the step
-// itself is bit for bit the one that writes the new weight's copy. Every
-// length up to two vectors and a long odd one, so the masked or scratch
-// tails are covered too.
+// CopyOf::kOldWeight (what a delayed parameter update checks its undo
+// against): the copy is the master as it was before the step, rounded, and
+// the step itself is bit for bit the one that writes the new weight's copy.
+// Every length up to two vectors and a long odd one, so the masked or
+// scratch tails are covered too.
 TEST_P(AdamKernelTest, OldWeightCopyIsTheMasterBeforeTheStep) {
   AdamHyperParams hp;
   hp.weight_decay = 0.1;

@@ -76,8 +76,9 @@ AdamStepConstants MakeAdamStepConstants(const AdamHyperParams& hp, int64_t step,
 //   p[i] -= step_size * (m[i] / (sqrt(v[i]) * inv_sqrt_bias2 + eps))
 //   low_precision[i] = round_to_nearest_even(p[i])              (if given)
 // With CopyOf::kOldWeight the copy rounds p[i] as it was before the update
-// instead: the version a delayed parameter update keeps serving, written
-// while the weight is in a register anyway.
+// instead (kFloat32: the old weight itself), written while the weight is in
+// a register anyway: what a delayed parameter update checks its undo of the
+// step against (offload/adam_undo.h).
 enum class CopyOf { kNewWeight, kOldWeight };
 void AdamUpdate(const AdamStepConstants& c, TypedConstPtr grad, float* p, float* m, float* v,
                 TypedPtr low_precision, size_t n, SimdLevel level,

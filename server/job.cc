@@ -16,6 +16,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/units.h"
+#include "offload/adam_undo.h"
 #include "offload/io/fault_injecting_backend.h"
 #include "offload/io/io_engine.h"
 #include "offload/optimizer_kernels.h"
@@ -23,6 +24,7 @@
 #include "rpc/job_move.h"
 #include "rpc/proto_convert.h"
 #include "server/job_internal.h"
+#include "server/state_checkpoint.h"
 
 namespace zo {
 namespace {
@@ -109,8 +111,7 @@ absl::Status Job::CheckHostMemory(const TieredStateOptions& options) const {
                              : 0);
   const int64_t gradients = local_elems_ * (contributors == 1 ? lp : 4);
   const int64_t versions = ParamVersions::BufferBytes(local_elems_, spec_.dtype,
-                                                      ServesFromMaster(layout.nvme_sub_groups()),
-                                                      spec_.config.zo.dpu.enabled);
+                                                      ServesFromMaster(layout.nvme_sub_groups()));
   // A checkpoint's staging copies (at most the whole state, in tile buffers,
   // and at most kSnapshotStagingBytes), kept once a checkpoint has run.
   const int64_t staging_buffer = 3 * kTileElems * static_cast<int64_t>(sizeof(float));
@@ -667,40 +668,66 @@ void Job::StepLoop() {
   }
 }
 
+AdamHyperParams Job::HyperParams(double lr) const {
+  const OptimizerParams& p = spec_.config.optimizer.params;
+  AdamHyperParams hp;
+  hp.lr = lr;
+  hp.beta1 = p.betas[0];
+  hp.beta2 = p.betas[1];
+  hp.eps = p.eps;
+  hp.weight_decay = p.weight_decay;
+  hp.adam_w_mode = spec_.config.optimizer.type == OptimizerType::kAdamW || p.adam_w_mode;
+  hp.bias_correction = p.bias_correction;
+  return hp;
+}
+
+AdamStepConstants Job::RestoredStepConstants(const CheckpointMeta& meta) const {
+  // The gradient's scale does not enter the undo.
+  return MakeAdamStepConstants(HyperParams(LastStepOf(meta, spec_.config).lr), meta.applied_steps,
+                               1.0);
+}
+
+ParamVersions::Undo Job::UndoOf(const AdamStepConstants& c) const {
+  return [this, c](int64_t offset, int64_t n, void* out) {
+    RoundWeightsBeforeAdamStep(c, state_->ram_master() + offset, state_->ram_m() + offset,
+                               state_->ram_v() + offset, {out, spec_.dtype},
+                               static_cast<size_t>(n));
+  };
+}
+
 absl::Status Job::Apply(const v1::StepCommit& commit) {
   size_t released = 0;
   if (commit.skip()) {
     versions_->RecordSkip(commit.step());
   } else {
-    const OptimizerParams& p = spec_.config.optimizer.params;
-    AdamHyperParams hp;
-    hp.lr = commit.lr();
-    hp.beta1 = p.betas[0];
-    hp.beta2 = p.betas[1];
-    hp.eps = p.eps;
-    hp.weight_decay = p.weight_decay;
-    hp.adam_w_mode = spec_.config.optimizer.type == OptimizerType::kAdamW || p.adam_w_mode;
-    hp.bias_correction = p.bias_correction;
-    const AdamStepConstants c =
-        MakeAdamStepConstants(hp, commit.applied_steps(), commit.grad_multiplier());
+    const AdamStepConstants c = MakeAdamStepConstants(
+        HyperParams(commit.lr()), commit.applied_steps(), commit.grad_multiplier());
     // A checkpoint part that carries the version this update overwrites
     // writes it first (the background writer may have already).
     if (snapshot_ != nullptr) {
       snapshot_->CapturePrevious(/*from_a_step=*/true).IgnoreError();  // the part's failure
     }
     // Materialized versions: the kernel writes the new version's copy. From
-    // the master with DPU: it writes the version being replaced into the
-    // kept buffer as it goes, and pulls of it follow tile by tile.
-    void* lp = versions_->BeginWrite();
+    // the master with DPU: the kernel writes each tile's old weights into a
+    // scratch, where the undo of this step is checked against them (only
+    // near rounding boundaries), and pulls of the version being replaced
+    // follow tile by tile.
     const bool keeps = versions_->from_master() && versions_->keep_previous();
+    void* lp = versions_->BeginWrite(keeps ? UndoOf(c) : nullptr);
     // A checkpoint part in progress takes each tile as it was before this step.
     const absl::Status stepped = state_->AdamStep(
         c, accum_->gradients(), {lp, spec_.dtype},
         [&](int64_t end) { released = accum_->ReleaseBelow(released, end, commit.step()); },
         snapshot_ != nullptr ? snapshot_->observer() : StateObserver(),
-        keeps ? [&](int64_t offset, int64_t n) { versions_->MarkKept(offset, n); }
+        keeps ? [&](const TieredOptimizerState::UpdatedTile& t) {
+          std::vector<uint32_t> index;
+          std::vector<uint8_t> values;
+          FindUndoMismatches(c, static_cast<const float*>(t.old_weights), t.p, t.m, t.v,
+                             spec_.dtype, static_cast<size_t>(t.n), &index, &values);
+          versions_->MarkKept(t.offset, t.n, std::move(index), std::move(values));
+        }
               : TieredOptimizerState::TileUpdated(),
-        keeps ? CopyOf::kOldWeight : CopyOf::kNewWeight);
+        DType::kFloat32);
     if (!stepped.ok()) {
       versions_->AbortWrite();
       DropSnapshotLocked(stepped);

@@ -235,6 +235,13 @@ class Job {
   bool ReadyToReportLocked() const;
   v1::StepStats ComputeStepStats(int64_t step, int64_t generation);
   absl::Status Apply(const v1::StepCommit& commit);
+  // The optimizer's hyper-parameters at learning rate `lr`.
+  AdamHyperParams HyperParams(double lr) const;
+  // The constants of the step that made the version `meta` restores.
+  AdamStepConstants RestoredStepConstants(const CheckpointMeta& meta) const;
+  // Recomputes the weights before the step with constants `c` from the state
+  // it left (served as the previous version: server/param_versions.h).
+  ParamVersions::Undo UndoOf(const AdamStepConstants& c) const;
   const std::vector<LocalChunk>& chunks() const { return accum_->chunks(); }
   // Sets health_ and closes (or reopens) the accumulator to match: pushes
   // fail with the reason while the job needs a restore, and waiting pulls

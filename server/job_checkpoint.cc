@@ -312,13 +312,13 @@ absl::Status Job::BeginOwnPart(int64_t version, const std::string& dir, uint32_t
           "checkpoint of version ", version, " asks for the previous version in ", previous_bytes,
           "-byte elements; job ", spec_.name, " serves ", std::string(DTypeName(spec_.dtype))));
     }
-    // Pinned in memory until written: the next update waits for that.
+    // Pinned until written: the next update waits for that.
     absl::StatusOr<ParamVersions::Lease> lease = versions_->Acquire(version - 1);
-    if (!lease.ok() || lease->data() == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "checkpoint of version ", version, " needs the weights of version ", version - 1,
-          " on server ", spec_.server_index, ", which does not hold them in memory",
-          lease.ok() ? "" : absl::StrCat(": ", lease.status().message())));
+    if (!lease.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint of version ", version, " needs the weights of version ",
+                       version - 1, " on server ", spec_.server_index,
+                       ", which does not hold them: ", lease.status().message()));
     }
     previous.emplace(StateSnapshot::Previous{*std::move(lease), previous_bytes});
   }
@@ -522,11 +522,16 @@ absl::Status Job::RestorePart(const v1::RestorePartRequest& request, bool health
                     << meta.previous_dtype << ") for a delayed parameter update this job "
                     << "does not run the same way; resuming on version " << meta.version;
   }
-  versions_->Reset(meta.version, previous);
-  const absl::Status status =
-      LoadStatePart(*reader, chunks(), map_, *state_, versions_->base_data(), spec_.dtype,
-                    versions_->previous_data());
-  versions_->CommitBase();
+  absl::Status status = versions_->Reset(meta.version, previous);
+  if (status.ok()) {
+    status = LoadStatePart(*reader, chunks(), map_, *state_, versions_->base_data(), spec_.dtype,
+                           versions_->previous_data());
+  }
+  // The restored version came from a step the checkpoint describes: undoing
+  // it gives the stored previous version but for a few corrections.
+  versions_->CommitBase(previous == ParamVersions::Previous::kStored && versions_->from_master()
+                            ? UndoOf(RestoredStepConstants(meta))
+                            : ParamVersions::Undo());
   {
     std::lock_guard lock(mu_);
     version_ = meta.version;

@@ -37,6 +37,7 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using testing::IsOk;
+using testing::IsOkAndHolds;
 using testing::StatusIs;
 
 constexpr int64_t kElems = 100;  // two chunks of 64 and 36
@@ -84,8 +85,8 @@ class JobTest : public ::testing::Test {
     return Job::Create(std::move(spec), resources);
   }
 
-  // Every element's gradient for `step` is `value`.
-  static absl::Status Push(Job& job, int64_t step, float value) {
+  // Every element's gradient for `step` from dp rank `rank` is `value`.
+  static absl::Status Push(Job& job, int64_t step, float value, int rank = 0) {
     const DType dtype = job.spec().dtype;
     for (int64_t chunk = 0; chunk < 2; ++chunk) {
       const int64_t n = chunk == 0 ? 64 : kElems - 64;
@@ -93,6 +94,7 @@ class JobTest : public ::testing::Test {
       piece.set_job("job");
       piece.set_step(step);
       piece.set_chunk(chunk);
+      piece.set_dp_rank(rank);
       piece.set_dtype(DTypeToProto(dtype));
       std::string data(static_cast<size_t>(n) * DTypeSize(dtype), '\0');
       for (int64_t i = 0; i < n; ++i) {
@@ -182,7 +184,8 @@ TEST_F(JobTest, RamBytesAreTheEstimate) {
       ZO_ASSERT_OK_AND_ASSIGN(const MemoryEstimate e, EstimateMemory(in));
       const std::string which = absl::StrCat("dp ", dp, dpu ? " with DPU" : "");
       EXPECT_EQ(job->Status().ram_bytes(), e.server.ram_bytes) << which;
-      EXPECT_EQ(job->Status().ram_bytes(), kElems * ((dp == 1 ? 14 : 16) + (dpu ? 2 : 0))) << which;
+      // DPU adds nothing: the previous version is recomputed from the state.
+      EXPECT_EQ(job->Status().ram_bytes(), kElems * (dp == 1 ? 14 : 16)) << which;
     }
   }
   // Two micro-batches pushed one by one: one rank, yet an fp32 sum.
@@ -197,6 +200,68 @@ TEST_F(JobTest, RamBytesAreTheEstimate) {
   ZO_ASSERT_OK_AND_ASSIGN(const MemoryEstimate e, EstimateMemory(in));
   EXPECT_EQ(job->Status().ram_bytes(), e.server_ram_bytes_servers);
   EXPECT_EQ(job->Status().ram_bytes(), kElems * 16);
+}
+
+// With DPU the version before the latest is served after the next step
+// exactly as it was served when it was the latest, though no copy of it is
+// kept: the job undoes the step from its state and keeps only corrections,
+// which must be few (an undo with the wrong constants would make every tile
+// a copy: 2 more bytes per element in ram_bytes).
+TEST_F(JobTest, WithDpuThePreviousVersionIsServedAsItWasWithoutACopy) {
+  for (v1::DType dtype : {v1::DTYPE_FP16, v1::DTYPE_BF16}) {
+    SCOPED_TRACE(v1::DType_Name(dtype));
+    std::unique_ptr<Job> job =
+        Open(absl::StrCat(
+                 dtype == v1::DTYPE_FP16 ? R"("fp16": {"enabled": true})"
+                                         : R"("bf16": {"enabled": true})",
+                 R"(, "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.1}},
+                     "zo": {"chunk_elems": 64, "dpu": {"enabled": true, "warmup_steps": 0}})"),
+             dtype, 2);
+    ASSERT_NE(job, nullptr);
+    for (int64_t chunk = 0; chunk < 2; ++chunk) {
+      const int64_t n = chunk == 0 ? 64 : kElems - 64;
+      std::string data(static_cast<size_t>(n) * 4, '\0');
+      for (int64_t i = 0; i < n; ++i) {
+        const float w = 0.37f * static_cast<float>((chunk * 64 + i) % 17) - 3.1f;
+        std::memcpy(data.data() + i * 4, &w, 4);
+      }
+      v1::ParamInitPiece piece;
+      piece.set_job("job");
+      piece.set_chunk(chunk);
+      piece.set_data(std::move(data));
+      ASSERT_THAT(job->InitParams(piece), IsOk());
+    }
+    ZO_ASSERT_OK_AND_ASSIGN(std::string served, Weights(*job, 0));
+    for (int64_t step = 1; step <= 6; ++step) {
+      for (int rank = 0; rank < 2; ++rank) {
+        ASSERT_THAT(Push(*job, step, 0.25f * static_cast<float>(step % 3) - 0.3f, rank), IsOk());
+      }
+      ASSERT_THAT(WaitForVersion(*job, step), IsOk());
+      ZO_ASSERT_OK_AND_ASSIGN(std::string previous, Weights(*job, step - 1));
+      EXPECT_EQ(previous, served) << "version " << step - 1 << " after step " << step;
+      ZO_ASSERT_OK_AND_ASSIGN(served, Weights(*job, step));
+      EXPECT_NE(previous, served) << "step " << step << " moved the weights";
+      EXPECT_LT(job->Status().ram_bytes(), kElems * 16 + kElems / 2) << "step " << step;
+    }
+    // A checkpoint carries version 5 for the step after 6; restored after
+    // more steps, both come back as they were served.
+    ZO_ASSERT_OK_AND_ASSIGN(const std::string v5, Weights(*job, 5));
+    ZO_ASSERT_OK_AND_ASSIGN(const v1::CheckpointResponse at6,
+                            job->Checkpoint(6, absl::InfiniteFuture()));
+    for (int rank = 0; rank < 2; ++rank) ASSERT_THAT(Push(*job, 7, 0.1f, rank), IsOk());
+    ASSERT_THAT(WaitForVersion(*job, 7), IsOk());
+    // With the checkpoint's staging buffers now.
+    const int64_t before_restore = job->Status().ram_bytes();
+    ZO_ASSERT_OK_AND_ASSIGN(const v1::RestoreResponse restored,
+                            job->Restore(at6.path(), absl::InfiniteFuture(), /*rollback=*/true));
+    EXPECT_EQ(restored.base_version(), 5) << "the checkpoint kept version 5";
+    EXPECT_THAT(Weights(*job, 5), IsOkAndHolds(v5));
+    EXPECT_THAT(Weights(*job, 6), IsOkAndHolds(served));
+    // Corrections again, not a copy (which would add 2 bytes per element).
+    EXPECT_LT(job->Status().ram_bytes(), before_restore + kElems / 2) << "after the restore";
+    job.reset();
+    std::filesystem::remove_all(root_);  // the next dtype's job checkpoints afresh
+  }
 }
 
 // A job the host cannot hold is refused before anything is allocated, naming

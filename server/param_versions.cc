@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -26,10 +27,6 @@ absl::StatusOr<std::unique_ptr<ParamVersions>> ParamVersions::CreateFromMaster(i
     return absl::InvalidArgumentError("ParamVersions::CreateFromMaster needs round_master");
   }
   std::unique_ptr<ParamVersions> v(new ParamVersions(elems, dtype, std::move(from)));
-  if (v->num_buffers() == 1) {
-    const size_t bytes = static_cast<size_t>(std::max<int64_t>(elems, 1)) * DTypeSize(dtype);
-    ZO_ASSIGN_OR_RETURN(v->buffers_[0].memory, AlignedBuffer::Allocate(bytes));
-  }
   v->master_data_ = 0;
   return v;
 }
@@ -39,10 +36,19 @@ ParamVersions::ParamVersions(int64_t elems, DType dtype, FromMaster from)
   data_version_ = {0};
 }
 
-int64_t ParamVersions::BufferBytes(int64_t elems, DType dtype, bool from_master,
-                                   bool keep_previous) {
-  const int buffers = from_master ? (keep_previous ? 1 : 0) : 2;
-  return buffers * elems * static_cast<int64_t>(DTypeSize(dtype));
+int64_t ParamVersions::BufferBytes(int64_t elems, DType dtype, bool from_master) {
+  return from_master ? 0 : 2 * elems * static_cast<int64_t>(DTypeSize(dtype));
+}
+
+int64_t ParamVersions::buffer_bytes() const {
+  std::lock_guard lock(mu_);
+  return BufferBytes(elems_, dtype_, from_master()) + correction_stats_.bytes +
+         static_cast<int64_t>(restoring_previous_.size());
+}
+
+ParamVersions::CorrectionStats ParamVersions::corrections() const {
+  std::lock_guard lock(mu_);
+  return correction_stats_;
 }
 
 bool ParamVersions::Unblocked(bool free) {
@@ -52,7 +58,7 @@ bool ParamVersions::Unblocked(bool free) {
 
 bool ParamVersions::NoReadersLocked() const {
   return buffers_[0].readers == 0 && buffers_[1].readers == 0 && master_pins_ == 0 &&
-         master_reading_ == 0;
+         master_reading_ == 0 && previous_pins_ == 0;
 }
 
 int64_t ParamVersions::times_blocked() const {
@@ -60,11 +66,84 @@ int64_t ParamVersions::times_blocked() const {
   return times_blocked_;
 }
 
-void ParamVersions::Reset(int64_t version, Previous previous) {
+ParamVersions::Corrections ParamVersions::FindCorrections(const void* truth, const void* undone,
+                                                          int64_t n) const {
+  const size_t size = DTypeSize(dtype_);
+  const auto* t = static_cast<const uint8_t*>(truth);
+  const auto* u = static_cast<const uint8_t*>(undone);
+  Corrections c;
+  c.n = n;
+  // Past this many, a copy of the range is smaller.
+  const auto most = static_cast<size_t>(n) * size / (sizeof(uint32_t) + size);
+  for (int64_t i = 0; i < n; ++i) {
+    // Whole blocks that agree are skipped at memcmp's speed.
+    if (i % 64 == 0 && i + 64 <= n && std::memcmp(t + i * size, u + i * size, 64 * size) == 0) {
+      i += 63;
+      continue;
+    }
+    if (std::memcmp(t + i * size, u + i * size, size) == 0) continue;
+    if (c.index.size() == most) {
+      c.index = {};
+      c.values = {};
+      c.whole.assign(t, t + n * size);
+      return c;
+    }
+    c.index.push_back(static_cast<uint32_t>(i));
+    c.values.insert(c.values.end(), t + i * size, t + (i + 1) * size);
+  }
+  return c;
+}
+
+void ParamVersions::AddCorrectionsLocked(int64_t offset, Corrections c) {
+  if (c.index.empty() && c.whole.empty()) return;
+  correction_stats_.elems += c.whole.empty() ? static_cast<int64_t>(c.index.size()) : c.n;
+  correction_stats_.bytes += c.bytes();
+  corrections_.insert_or_assign(offset, std::move(c));
+}
+
+void ParamVersions::ClearCorrectionsLocked() {
+  corrections_.clear();
+  correction_stats_ = {};
+}
+
+void ParamVersions::ApplyCorrectionsLocked(int64_t offset, int64_t n, void* out) const {
+  const size_t size = DTypeSize(dtype_);
+  auto* dst = static_cast<uint8_t*>(out);
+  const int64_t end = offset + n;
+  auto it = corrections_.upper_bound(offset);
+  if (it != corrections_.begin()) --it;
+  for (; it != corrections_.end() && it->first < end; ++it) {
+    const int64_t begin = it->first;
+    const Corrections& c = it->second;
+    if (begin + c.n <= offset) continue;
+    const int64_t lo = std::max(begin, offset), hi = std::min(begin + c.n, end);
+    if (!c.whole.empty()) {
+      std::memcpy(dst + (lo - offset) * size, c.whole.data() + (lo - begin) * size,
+                  (hi - lo) * size);
+      continue;
+    }
+    auto i = std::lower_bound(c.index.begin(), c.index.end(), static_cast<uint32_t>(lo - begin));
+    for (; i != c.index.end() && begin + *i < hi; ++i) {
+      const auto k = static_cast<size_t>(i - c.index.begin());
+      std::memcpy(dst + (begin + *i - offset) * size, c.values.data() + k * size, size);
+    }
+  }
+}
+
+absl::Status ParamVersions::Reset(int64_t version, Previous previous) {
   std::unique_lock lock(mu_);
   readers_done_.wait(lock, [&] { return Unblocked(NoReadersLocked()); });
   if (previous == Previous::kStored && !keep_previous()) previous = Previous::kNone;
   if (version < 1) previous = Previous::kNone;
+  if (previous == Previous::kStored && from_master()) {
+    const size_t bytes = static_cast<size_t>(std::max<int64_t>(elems_, 1)) * DTypeSize(dtype_);
+    absl::StatusOr<AlignedBuffer> buffer = AlignedBuffer::Allocate(bytes);
+    if (!buffer.ok()) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("restoring the version before ", version, ": ", buffer.status().message()));
+    }
+    restoring_previous_ = *std::move(buffer);
+  }
   resetting_previous_ = previous;
   switch (previous) {
     case Previous::kNone:
@@ -81,23 +160,52 @@ void ParamVersions::Reset(int64_t version, Previous previous) {
       break;
   }
   EndKeepingLocked();  // reads waiting for an update's ranges are told it is gone
+  ClearCorrectionsLocked();
+  undo_ = nullptr;
   buffers_[0].data_version = -1;
   buffers_[1].data_version = -1;
   master_data_ = -1;
+  previous_data_ = -1;
+  return absl::OkStatus();
 }
 
-void ParamVersions::CommitBase() {
-  std::lock_guard lock(mu_);
+void ParamVersions::CommitBase(const Undo& undo) {
+  std::unique_lock lock(mu_);
   const int64_t latest = data_version_.back();
-  if (from_master()) {
-    master_data_ = latest;
-  } else {
-    buffers_[0].data_version = latest;
-  }
-  if (resetting_previous_ == Previous::kStored) {
-    buffers_[from_master() ? 0 : 1].data_version = latest - 1;
-  }
+  const Previous previous = resetting_previous_;
   resetting_previous_ = Previous::kNone;
+  if (!from_master()) {
+    buffers_[0].data_version = latest;
+    if (previous == Previous::kStored) buffers_[1].data_version = latest - 1;
+    return;
+  }
+  if (previous == Previous::kStored) {
+    // Nothing reads yet (master_data_ is -1): the state is the restored one.
+    AlignedBuffer stored = std::move(restoring_previous_);
+    lock.unlock();
+    constexpr int64_t kRange = int64_t{1} << 16;
+    const size_t size = DTypeSize(dtype_);
+    std::vector<uint8_t> undone(static_cast<size_t>(kRange) * size);
+    std::vector<std::pair<int64_t, Corrections>> found;
+    for (int64_t at = 0; at < elems_; at += kRange) {
+      const int64_t n = std::min(kRange, elems_ - at);
+      const auto* truth = static_cast<const uint8_t*>(stored.data()) + at * size;
+      if (undo) {
+        undo(at, n, undone.data());
+        found.emplace_back(at, FindCorrections(truth, undone.data(), n));
+      } else {
+        Corrections c;
+        c.n = n;
+        c.whole.assign(truth, truth + n * size);
+        found.emplace_back(at, std::move(c));
+      }
+    }
+    lock.lock();
+    for (auto& [at, c] : found) AddCorrectionsLocked(at, std::move(c));
+    undo_ = undo;
+    previous_data_ = latest - 1;
+  }
+  master_data_ = latest;
 }
 
 void* ParamVersions::base_data() { return from_master() ? nullptr : buffers_[0].memory.data(); }
@@ -105,22 +213,20 @@ void* ParamVersions::base_data() { return from_master() ? nullptr : buffers_[0].
 void* ParamVersions::previous_data() {
   std::lock_guard lock(mu_);
   if (resetting_previous_ != Previous::kStored) return nullptr;
-  return buffers_[from_master() ? 0 : 1].memory.data();
+  return from_master() ? restoring_previous_.data() : buffers_[1].memory.data();
 }
 
-void* ParamVersions::BeginWrite() {
+void* ParamVersions::BeginWrite(Undo undo) {
   std::unique_lock lock(mu_);
   if (from_master()) {
-    void* out = nullptr;
     if (from_.keep_previous) {
-      // What the kept buffer held is replaced; the latest version moves
-      // there range by range as the update writes it (MarkKept).
-      Buffer& kept = buffers_[0];
-      readers_done_.wait(lock, [&] { return Unblocked(kept.readers == 0); });
-      kept.data_version = -1;
+      // The version before the latest is replaced (a checkpoint writing it
+      // lets go first); the latest becomes derivable range by range as the
+      // update finishes them (MarkKept).
+      readers_done_.wait(lock, [&] { return Unblocked(previous_pins_ == 0); });
+      previous_data_ = -1;
       keeping_ = master_data_;
       kept_ranges_.Clear();
-      out = kept.memory.data();
     } else {
       // New pulls no longer pin the master (they could hold the update off
       // for ever); theirs are the workers that died, and they are told the
@@ -130,11 +236,13 @@ void* ParamVersions::BeginWrite() {
                          [&] { return Unblocked(master_pins_ == 0 && master_reading_ == 0); });
       update_waiting_ = false;
     }
-    master_data_ = -1;  // reads of it now go to the kept buffer (or fail)
-    // A read rounding the master began before: the update must not change
-    // the master under it.
+    master_data_ = -1;  // reads of it now wait for its ranges (or fail)
+    // A read of the master or of the state began before: the update must
+    // not change the state under it, nor the undo it used.
     readers_done_.wait(lock, [&] { return Unblocked(master_reading_ == 0); });
-    return out;
+    ClearCorrectionsLocked();
+    undo_ = std::move(undo);
+    return nullptr;
   }
   const int64_t current = data_version_.back();
   const int target = buffers_[0].data_version == current ? 1 : 0;
@@ -144,15 +252,58 @@ void* ParamVersions::BeginWrite() {
   return buffers_[target].memory.data();
 }
 
-void ParamVersions::MarkKept(int64_t offset, int64_t n) {
+void ParamVersions::MarkKept(int64_t offset, int64_t n, const void* old_weights) {
+  Corrections c;
+  if (undo_) {
+    // undo_ is set before the update's first tile and stays until the next
+    // update or restore, which cannot begin while this one runs.
+    thread_local std::vector<uint8_t> undone;
+    undone.resize(static_cast<size_t>(n) * DTypeSize(dtype_));
+    undo_(offset, n, undone.data());
+    c = FindCorrections(old_weights, undone.data(), n);
+  } else {
+    const auto* w = static_cast<const uint8_t*>(old_weights);
+    c.n = n;
+    c.whole.assign(w, w + n * DTypeSize(dtype_));
+  }
   std::lock_guard lock(mu_);
+  KeptLocked(offset, n, std::move(c));
+}
+
+void ParamVersions::MarkKept(int64_t offset, int64_t n, std::vector<uint32_t> index,
+                             std::vector<uint8_t> values) {
+  const size_t size = DTypeSize(dtype_);
+  Corrections c;
+  c.n = n;
+  if (index.size() * (sizeof(uint32_t) + size) > static_cast<size_t>(n) * size) {
+    // Smaller as a copy: the undo, mended.
+    c.whole.resize(static_cast<size_t>(n) * size);
+    if (undo_) undo_(offset, n, c.whole.data());
+    for (size_t k = 0; k < index.size(); ++k) {
+      std::memcpy(c.whole.data() + index[k] * size, values.data() + k * size, size);
+    }
+  } else {
+    c.index = std::move(index);
+    c.values = std::move(values);
+  }
+  std::lock_guard lock(mu_);
+  KeptLocked(offset, n, std::move(c));
+}
+
+void ParamVersions::KeptLocked(int64_t offset, int64_t n, Corrections c) {
+  if (keeping_ < 0) return;  // aborted meanwhile
+  AddCorrectionsLocked(offset, std::move(c));
   kept_ranges_.Add(offset, offset + n);
   if (keep_waiters_ > 0) kept_more_.notify_all();
 }
 
 bool ParamVersions::EndKeepingLocked() {
   const bool whole = keeping_ >= 0 && kept_ranges_.size() == elems_;
-  if (whole) buffers_[0].data_version = keeping_;
+  if (whole) {
+    previous_data_ = keeping_;
+  } else if (keeping_ >= 0) {
+    ClearCorrectionsLocked();
+  }
   keeping_ = -1;
   kept_ranges_.Clear();
   if (keep_waiters_ > 0) kept_more_.notify_all();
@@ -218,13 +369,17 @@ absl::StatusOr<ParamVersions::Lease> ParamVersions::Acquire(int64_t version) {
   const std::optional<int64_t> data = DataVersionLocked(version);
   if (data.has_value()) {
     if (from_master() && master_data_ == *data) {
-      // With a kept previous version an update moves the lease's reads to
-      // the kept buffer; without one the lease keeps the master as it is.
+      // With a previous version served, an update moves the lease's reads to
+      // the undo; without one the lease keeps the master as it is.
       if (from_.keep_previous || update_waiting_) return Lease(this, Lease::kUnpinned, version);
       ++master_pins_;
       return Lease(this, Lease::kMaster, version);
     }
-    // Being kept by the update now: read range by range as it is kept.
+    if (from_master() && previous_data_ >= 0 && previous_data_ == *data) {
+      ++previous_pins_;
+      return Lease(this, Lease::kPrevious, version);
+    }
+    // Being replaced by the update now: read range by range as it is done.
     if (keeping_ >= 0 && keeping_ == *data) return Lease(this, Lease::kUnpinned, version);
     for (int b = 0; b < num_buffers(); ++b) {
       if (buffers_[b].data_version == *data) {
@@ -249,16 +404,15 @@ absl::Status ParamVersions::ReadFromMaster(int64_t version, int64_t offset, int6
       if (--master_reading_ == 0) readers_done_.notify_all();
       return absl::OkStatus();
     }
-    if (num_buffers() != 1) break;
-    Buffer& kept = buffers_[0];
     const bool being_kept = keeping_ >= 0 && keeping_ == *data;
-    if (kept.data_version == *data || (being_kept && kept_ranges_.Contains(offset, offset + n))) {
-      ++kept.readers;
+    if ((previous_data_ >= 0 && previous_data_ == *data) ||
+        (being_kept && kept_ranges_.Contains(offset, offset + n))) {
+      ++master_reading_;
       lock.unlock();
-      const size_t size = DTypeSize(dtype_);
-      std::memcpy(out, static_cast<const char*>(kept.memory.data()) + offset * size, n * size);
+      if (undo_) undo_(offset, n, out);
       lock.lock();
-      if (--kept.readers == 0) readers_done_.notify_all();
+      ApplyCorrectionsLocked(offset, n, out);
+      if (--master_reading_ == 0) readers_done_.notify_all();
       return absl::OkStatus();
     }
     if (!being_kept) break;
@@ -274,12 +428,14 @@ absl::Status ParamVersions::ReadFromMaster(int64_t version, int64_t offset, int6
 ParamVersions::Lease::~Lease() {
   if (owner_ == nullptr || buffer_ == kUnpinned) return;
   std::lock_guard lock(owner_->mu_);
-  int& readers = buffer_ == kMaster ? owner_->master_pins_ : owner_->buffers_[buffer_].readers;
+  int& readers = buffer_ == kMaster     ? owner_->master_pins_
+                 : buffer_ == kPrevious ? owner_->previous_pins_
+                                        : owner_->buffers_[buffer_].readers;
   if (--readers == 0) owner_->readers_done_.notify_all();
 }
 
 const void* ParamVersions::Lease::data() const {
-  if (buffer_ < 0) return nullptr;  // the master, read by rounding it
+  if (buffer_ < 0) return nullptr;  // from the master: computed by Read
   return owner_->buffers_[buffer_].memory.data();
 }
 

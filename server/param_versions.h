@@ -4,14 +4,18 @@
 // - From the master (CreateFromMaster; the job's fp32 master is all in
 //   RAM): the latest version is not stored. A pull rounds the master as it
 //   reads, which gives the bytes an update's kernel would have written.
-//   With keep_previous, one buffer holds the version before the latest: the
-//   update's kernel writes the master as it was, rounded, into it while it
-//   updates the master (AdamUpdate's CopyOf::kOldWeight), and says which
-//   ranges are done (MarkKept), so a pull of v_t goes on from there while
-//   the step producing v_{t+1} writes the master; a piece whose range is not
-//   kept yet waits for it. 2 bytes per element (fp16/bf16), or none without
-//   keep_previous, where an update waits for the pulls of the latest version
-//   to end.
+//   With keep_previous (a delayed parameter update computes on the version
+//   before the latest while the next update runs), that version is not
+//   stored either: a pull recomputes it by undoing the update that replaced
+//   it (the Undo each update brings, offload/adam_undo.h) and applies the
+//   corrections that update recorded for the rare elements where the undo
+//   rounds to a neighbour of the true old weight. The update finds them per
+//   tile, where it still holds the old weights (MarkKept); a piece whose
+//   tiles are not done yet waits for them. About 0 bytes per element (the
+//   corrections: tens of bytes per million elements with usual recipes;
+//   never more than a copy), where keeping a copy cost 2. Without
+//   keep_previous, an update waits for the pulls of the latest version to
+//   end.
 // - Materialized (Create; the master is partly on NVMe, where a pull cannot
 //   read it): two buffers, the latest version's and the one before; each
 //   update writes the older one (4 bytes per element).
@@ -26,6 +30,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -51,10 +56,17 @@ class ParamVersions {
     // never between BeginWrite and CommitWrite (nor between Reset and
     // CommitBase), when the master may change.
     std::function<void(int64_t offset, int64_t n, void* out)> round_master;
-    // Keep the version before the latest (the delayed parameter update
-    // computes on it while the next update runs).
+    // Serve the version before the latest too (the delayed parameter
+    // update computes on it while the next update runs).
     bool keep_previous = true;
   };
+  // Writes the version before the latest update's, elements [offset,
+  // offset + n), into `out`, recomputed from the state as that update left
+  // it: RoundWeightsBeforeAdamStep with its constants. Deterministic (the
+  // corrections found once hold for every later call). Called from pull
+  // threads and the update's workers, only for ranges the update is done
+  // with and until the next update or restore begins.
+  using Undo = std::function<void(int64_t offset, int64_t n, void* out)>;
   // Served from the master, whose version 0 is what round_master reads now.
   static absl::StatusOr<std::unique_ptr<ParamVersions>> CreateFromMaster(int64_t elems, DType dtype,
                                                                          FromMaster from);
@@ -62,12 +74,22 @@ class ParamVersions {
   DType dtype() const { return dtype_; }
   int64_t elems() const { return elems_; }
   bool from_master() const { return static_cast<bool>(from_.round_master); }
-  // Bytes of the buffers this holds: what it adds to a server's RAM.
-  int64_t buffer_bytes() const {
-    return BufferBytes(elems_, dtype_, from_master(), keep_previous());
-  }
-  // The same before creating one (the job's RAM check, zo-ctl estimate).
-  static int64_t BufferBytes(int64_t elems, DType dtype, bool from_master, bool keep_previous);
+  // Bytes this holds: what it adds to a server's RAM (buffers and
+  // corrections).
+  int64_t buffer_bytes() const;
+  // The buffers' part before creating one (the job's RAM check, zo-ctl
+  // estimate); the corrections come on top, a few bytes per million
+  // elements.
+  static int64_t BufferBytes(int64_t elems, DType dtype, bool from_master);
+  // From the master with keep_previous: how many elements of the version
+  // before the latest (or the one an update is replacing) are corrected, and
+  // in how many bytes (a range whose corrections would outweigh a copy of
+  // it is held as a copy: all its elements count).
+  struct CorrectionStats {
+    int64_t elems = 0;
+    int64_t bytes = 0;
+  };
+  CorrectionStats corrections() const;
 
   // What a restore brings of the version before the one it restores (a
   // checkpoint of a job with a delayed parameter update, whose next step
@@ -80,14 +102,19 @@ class ParamVersions {
   // Starts over at `version` (a restore): waits for readers, then holds no
   // version until CommitBase, while the caller fills base_data() (or, from
   // the master, the master) and, with kStored, previous_data(). kStored
-  // needs keep_previous (a materialized one always keeps it).
-  void Reset(int64_t version, Previous previous = Previous::kNone);
-  void CommitBase();
+  // needs keep_previous (a materialized one always keeps it). Fails only
+  // when the buffer for the previous version cannot be had (from the master).
+  absl::Status Reset(int64_t version, Previous previous = Previous::kNone);
+  // From the master with kStored: `undo` recomputes the stored previous
+  // version from the restored state; what it gets wrong becomes corrections
+  // and the stored buffer is freed (without `undo` every range is a copy).
+  void CommitBase(const Undo& undo = nullptr);
   // Materialized: buffer 0, the initial weights (version 0) or a restored
   // version. Null when served from the master.
   void* base_data();
   // Between Reset(kStored) and CommitBase: where the version before the
-  // restored one goes (materialized buffer 1, or the kept buffer).
+  // restored one goes (materialized buffer 1, or from the master a buffer
+  // that lives until CommitBase).
   void* previous_data();
   // Whether the version before the latest is kept (materialized, or from the
   // master with keep_previous).
@@ -96,14 +123,22 @@ class ParamVersions {
   // An update begins; waits until no pull reads what it replaces.
   // Materialized: returns the buffer the update writes the new version's
   // low-precision copy into. From the master: the master may be written
-  // until CommitWrite, and this returns null, or with keep_previous the kept
-  // buffer, which the update fills with the latest version: the master as
-  // it was before the update, rounded.
-  void* BeginWrite();
+  // until CommitWrite, and this returns null. With keep_previous, `undo`
+  // recomputes the latest version from what this update leaves (null: every
+  // range MarkKept is given is kept as a copy).
+  void* BeginWrite(Undo undo = nullptr);
   // From the master with keep_previous, between BeginWrite and CommitWrite:
-  // kept-buffer elements [offset, offset + n) hold their part of the latest
-  // version; pulls read them from now on. Thread-safe.
-  void MarkKept(int64_t offset, int64_t n);
+  // the update is done with elements [offset, offset + n), whose weights
+  // before it were `old_weights` (n elements of the dtype). Records where
+  // the undo differs; pulls of the latest version read the range from now
+  // on. Thread-safe; ranges are disjoint.
+  void MarkKept(int64_t offset, int64_t n, const void* old_weights);
+  // The same where the caller found the differences itself (the job, with
+  // FindUndoMismatches: cheaper than undoing every element): `index`
+  // (ascending, within the range) and `values` (index.size() elements of
+  // the dtype) are the elements the undo gets wrong and their true weights.
+  void MarkKept(int64_t offset, int64_t n, std::vector<uint32_t> index,
+                std::vector<uint8_t> values);
   // The update is done: the data now is `version` (= latest() + 1).
   void CommitWrite(int64_t version);
   // The update failed before CommitWrite: the latest version is held only if
@@ -128,8 +163,8 @@ class ParamVersions {
     Lease& operator=(const Lease&) = delete;
     Lease& operator=(Lease&&) = delete;
     ~Lease();
-    // The version's elements where they lie (materialized, or the kept
-    // previous version), or null: then Read copies them out.
+    // The version's elements where they lie (materialized), or null: then
+    // Read computes them.
     const void* data() const;
     // Elements [offset, offset + n) into `out`. FAILED_PRECONDITION when the
     // version is no longer held (a pull that outlived two updates).
@@ -138,9 +173,11 @@ class ParamVersions {
    private:
     friend class ParamVersions;
     // buffer_: the buffer this lease keeps from being overwritten, kMaster
-    // for the master, kUnpinned for none.
+    // for the master, kPrevious for the undone previous version (its
+    // update waits), kUnpinned for none.
     static constexpr int kMaster = -1;
     static constexpr int kUnpinned = -2;
+    static constexpr int kPrevious = -3;
     Lease(ParamVersions* owner, int buffer, int64_t version)
         : owner_(owner), buffer_(buffer), version_(version) {}
     ParamVersions* owner_;
@@ -161,13 +198,32 @@ class ParamVersions {
     int64_t data_version = -1;  // -1: holds nothing
     int readers = 0;
   };
+  // Where the undo of one range rounds otherwise than the true old weights:
+  // their indices (ascending, within the range) and values, or, when that
+  // would take more room, the whole range's weights.
+  struct Corrections {
+    int64_t n = 0;
+    std::vector<uint32_t> index;
+    std::vector<uint8_t> values;  // index.size() elements of the dtype
+    std::vector<uint8_t> whole;   // n elements, instead of index and values
+    int64_t bytes() const {
+      return static_cast<int64_t>(index.size() * sizeof(uint32_t) + values.size() + whole.size());
+    }
+  };
   ParamVersions(int64_t elems, DType dtype, FromMaster from);
-  int num_buffers() const { return from_master() ? (from_.keep_previous ? 1 : 0) : 2; }
+  int num_buffers() const { return from_master() ? 0 : 2; }
   std::optional<int64_t> DataVersionLocked(int64_t version) const;
   absl::Status NotHeldLocked(int64_t version) const;
   bool Unblocked(bool free);  // a wait predicate's result, counting the blocks; mu_ held
   bool NoReadersLocked() const;
-  // Ends keeping: the kept buffer holds `keeping_` if all of it was kept
+  // `truth` against the undo's `undone` (n elements each).
+  Corrections FindCorrections(const void* truth, const void* undone, int64_t n) const;
+  void AddCorrectionsLocked(int64_t offset, Corrections c);
+  void KeptLocked(int64_t offset, int64_t n, Corrections c);
+  void ClearCorrectionsLocked();
+  // Overwrites out's elements (for [offset, offset + n)) that have corrections.
+  void ApplyCorrectionsLocked(int64_t offset, int64_t n, void* out) const;
+  // Ends keeping: the previous version is held if all of it was kept
   // (returns whether it was); reads waiting for a range go on.
   bool EndKeepingLocked();
   // From the master: Lease::Read.
@@ -178,25 +234,34 @@ class ParamVersions {
   const FromMaster from_;
   mutable std::mutex mu_;
   std::condition_variable readers_done_;
-  Buffer buffers_[2];
+  Buffer buffers_[2];  // materialized
   int64_t base_ = 0;
   std::vector<int64_t> data_version_;              // index: version - base_
   Previous resetting_previous_ = Previous::kNone;  // between Reset and CommitBase
+  AlignedBuffer restoring_previous_;               // from the master, the same
   int writing_ = -1;
   // From the master: the data version the master holds (-1 while an update
   // or a restore writes it), the leases that keep it so for a whole pull
-  // (without keep_previous), and the reads rounding it now.
+  // (without keep_previous), and the reads computing from the state now.
   int64_t master_data_ = -1;
   int master_pins_ = 0;
   bool update_waiting_ = false;  // for the pins to go (without keep_previous)
   int master_reading_ = 0;
-  // From the master with keep_previous, during an update: the data version
-  // being kept (-1: none), its kept ranges, and the
-  // reads waiting for a range.
+  // From the master with keep_previous: the data version before the
+  // master's, served by undoing the last update (-1: none), the leases that
+  // keep it (a checkpoint writing it), and the update recomputing it (undo_).
+  int64_t previous_data_ = -1;
+  int previous_pins_ = 0;
+  Undo undo_;
+  // During an update: the data version being replaced (-1: none), the
+  // ranges done (MarkKept), and the reads waiting for a range.
   int64_t keeping_ = -1;
   RangeSet kept_ranges_;
   int keep_waiters_ = 0;
   std::condition_variable kept_more_;
+  // The corrections of previous_data_ (or keeping_), by range offset.
+  std::map<int64_t, Corrections> corrections_;
+  CorrectionStats correction_stats_;
   int64_t times_blocked_ = 0;
 };
 

@@ -65,9 +65,9 @@ void AwaitBlocked(const ParamVersions& v, int64_t n) {
 // for readers: `began` turns true when BeginWrite returns; Join waits for it.
 class BlockedUpdate {
  public:
-  explicit BlockedUpdate(ParamVersions& v)
-      : blocks_before_(v.times_blocked()), thread_([this, &v] {
-          target_ = v.BeginWrite();
+  explicit BlockedUpdate(ParamVersions& v, ParamVersions::Undo undo = nullptr)
+      : blocks_before_(v.times_blocked()), thread_([this, &v, undo = std::move(undo)] {
+          target_ = v.BeginWrite(undo);
           began = true;
         }) {
     AwaitBlocked(v, blocks_before_ + 1);
@@ -215,7 +215,7 @@ TEST(ParamVersionsTest, ResetThenCommitBase) {
   Write(*v, 1);
   Write(*v, 2);
 
-  v->Reset(10);
+  ASSERT_THAT(v->Reset(10), IsOk());
   EXPECT_EQ(v->latest(), 10);
   EXPECT_THAT(v->DataVersion(10), Optional(10));
   EXPECT_EQ(v->DataVersion(9), std::nullopt);
@@ -252,7 +252,7 @@ TEST(ParamVersionsTest, ARestoreWithThePreviousVersionHoldsBoth) {
   std::unique_ptr<ParamVersions> v = MakeVersions();
   ASSERT_NE(v, nullptr);
   Write(*v, 1);
-  v->Reset(10, ParamVersions::Previous::kStored);
+  ASSERT_THAT(v->Reset(10, ParamVersions::Previous::kStored), IsOk());
   EXPECT_EQ(v->latest(), 10);
   EXPECT_THAT(v->DataVersion(9), Optional(9));
   EXPECT_EQ(v->DataVersion(8), std::nullopt);
@@ -274,7 +274,7 @@ TEST(ParamVersionsTest, ARestoreWithThePreviousVersionHoldsBoth) {
   }
 
   // The step between was skipped: the version before is the restored data.
-  v->Reset(20, ParamVersions::Previous::kSameData);
+  ASSERT_THAT(v->Reset(20, ParamVersions::Previous::kSameData), IsOk());
   EXPECT_EQ(v->previous_data(), nullptr);
   Fill(v->base_data(), 20);
   v->CommitBase();
@@ -291,7 +291,7 @@ TEST(ParamVersionsTest, ResetWaitsForReaders) {
   std::optional<ParamVersions::Lease> held(std::move(lease));
   std::atomic<bool> reset{false};
   std::thread restorer([&] {
-    v->Reset(5);
+    EXPECT_THAT(v->Reset(5), IsOk());
     reset = true;
   });
   AwaitBlocked(*v, 1);
@@ -322,32 +322,57 @@ class FromMasterTest : public ::testing::Test {
     return v.ok() ? std::move(v).value() : nullptr;
   }
 
+  static float Value(int version, int64_t i) {
+    return static_cast<float>(version * 100) + i * 0.5f;
+  }
+
   void SetMaster(int version) {
-    for (int64_t i = 0; i < kElems; ++i) master_[i] = static_cast<float>(version * 100) + i * 0.5f;
+    for (int64_t i = 0; i < kElems; ++i) master_[i] = Value(version, i);
+    master_version_ = version;
+  }
+
+  // The undo of an update from version `from` to `to`: recomputes the old
+  // weights from the master as the update left it (so a read that ran ahead
+  // of the update would read a mix), and gets every wrong_every_-th element
+  // wrong by one unit in the last place, which the corrections must mend.
+  ParamVersions::Undo UndoOf(int from, int to) {
+    return [this, from, to](int64_t offset, int64_t n, void* out) {
+      auto* half = static_cast<uint16_t*>(out);
+      for (int64_t i = 0; i < n; ++i) {
+        const float old = master_[offset + i] - static_cast<float>((to - from) * 100);
+        FloatToHalf(&old, &half[i], 1);
+        if ((offset + i) % wrong_every_ == 0) half[i] ^= 1;
+      }
+    };
   }
 
   // Sets master elements [offset, offset + n) to `version`'s values, as
-  // one tile of an update begun with BeginWrite (which returned `kept`):
-  // with a kept buffer the old values go there rounded, then MarkKept.
-  void UpdateRange(ParamVersions& v, void* kept, int version, int64_t offset, int64_t n) {
-    if (v.keep_previous()) {
-      FloatToHalf(master_.data() + offset, static_cast<uint16_t*>(kept) + offset,
-                  static_cast<size_t>(n));
-    }
-    for (int64_t i = offset; i < offset + n; ++i) {
-      master_[i] = static_cast<float>(version * 100) + i * 0.5f;
-    }
-    if (v.keep_previous()) v.MarkKept(offset, n);
+  // one tile of an update begun with BeginWrite, and with a previous
+  // version kept tells it the tile's old weights.
+  void UpdateRange(ParamVersions& v, int version, int64_t offset, int64_t n) {
+    std::vector<uint16_t> old(n);
+    FloatToHalf(master_.data() + offset, old.data(), static_cast<size_t>(n));
+    for (int64_t i = offset; i < offset + n; ++i) master_[i] = Value(version, i);
+    if (v.keep_previous()) v.MarkKept(offset, n, old.data());
+  }
+
+  // Begins the update from the master's version to `version`.
+  void BeginUpdate(ParamVersions& v, int version) {
+    EXPECT_EQ(v.BeginWrite(v.keep_previous() ? UndoOf(master_version_, version) : nullptr),
+              nullptr);
+  }
+  void CommitUpdate(ParamVersions& v, int version) {
+    v.CommitWrite(version);
+    master_version_ = version;
   }
 
   // An update to `version`, as the job's step makes it: tile by tile.
   void Update(ParamVersions& v, int version) {
-    void* const kept = v.BeginWrite();
-    EXPECT_EQ(kept != nullptr, v.keep_previous());
+    BeginUpdate(v, version);
     for (int64_t offset = 0; offset < kElems; offset += kTile) {
-      UpdateRange(v, kept, version, offset, kTile);
+      UpdateRange(v, version, offset, kTile);
     }
-    v.CommitWrite(version);
+    CommitUpdate(v, version);
   }
   static constexpr int64_t kTile = 16;
 
@@ -394,6 +419,8 @@ class FromMasterTest : public ::testing::Test {
   };
 
   std::vector<float> master_ = std::vector<float>(kElems, 0.0f);
+  int master_version_ = 0;
+  int64_t wrong_every_ = 5;
 };
 
 TEST_F(FromMasterTest, TheLatestVersionIsTheRoundedMasterAndIsNotStored) {
@@ -417,9 +444,9 @@ TEST_F(FromMasterTest, TheLatestVersionIsTheRoundedMasterAndIsNotStored) {
                                                 "newest version is kept)")));
 }
 
-// Without a kept version an update waits for the pulls of the latest, which
-// read the master it is about to write.
-TEST_F(FromMasterTest, WithoutAKeptVersionAnUpdateWaitsForThePullsOfTheLatest) {
+// Without the previous version served an update waits for the pulls of the
+// latest, which read the master it is about to write.
+TEST_F(FromMasterTest, WithoutThePreviousVersionAnUpdateWaitsForThePullsOfTheLatest) {
   std::unique_ptr<ParamVersions> v = Make(/*keep_previous=*/false);
   ASSERT_NE(v, nullptr);
   SetMaster(0);
@@ -444,32 +471,38 @@ TEST_F(FromMasterTest, WithoutAKeptVersionAnUpdateWaitsForThePullsOfTheLatest) {
   EXPECT_THAT(ReadsAs(lease), IsOkAndHolds(1));
 }
 
-// With DPU the version before the latest is kept: each update rounds the
-// master into the kept buffer first, so a pull of the latest that is still
-// going on reads the same bytes from there, and the update does not wait.
-TEST_F(FromMasterTest, AKeptVersionLetsAPullOfTheLatestGoOnThroughTheUpdate) {
+// With DPU the version before the latest is served too, without a copy:
+// each update checks the undo against each tile's old weights and keeps
+// only the corrections, so a pull of the latest that is still going on
+// reads the same bytes through the update, and the update does not wait.
+TEST_F(FromMasterTest, ThePreviousVersionIsUndoneSoAPullOfTheLatestGoesOnThroughTheUpdate) {
   std::unique_ptr<ParamVersions> v = Make(/*keep_previous=*/true);
   ASSERT_NE(v, nullptr);
-  EXPECT_EQ(v->buffer_bytes(), kElems * 2);
+  EXPECT_EQ(v->buffer_bytes(), 0);
   SetMaster(0);
   Update(*v, 1);
+  // Elements 0, 5, ..., 60 the undo gets wrong: 13 corrections of 4 + 2 bytes.
+  EXPECT_EQ(v->corrections().elems, 13);
+  EXPECT_EQ(v->corrections().bytes, 13 * 6);
+  EXPECT_EQ(v->buffer_bytes(), 13 * 6);
   ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease v0, v->Acquire(0));
   ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease v1, v->Acquire(1));
+  EXPECT_EQ(v0.data(), nullptr) << "no stored copy";
   EXPECT_THAT(ReadsAs(v0), IsOkAndHolds(0));
+  EXPECT_THAT(ReadsAs(v0, 3, 29), IsOkAndHolds(0));
   EXPECT_THAT(ReadsAs(v1, 0, 10), IsOkAndHolds(1));
-  void* kept = nullptr;
   {
-    // v0 is read from the kept buffer: the next update waits for it.
+    // v0 is pinned (a checkpoint writing it): the next update waits for it.
     std::optional<ParamVersions::Lease> old(std::move(v0));
-    BlockedUpdate step(*v);
+    BlockedUpdate step(*v, UndoOf(1, 2));
     EXPECT_FALSE(step.began);
     old.reset();
-    kept = step.Join();
+    EXPECT_EQ(step.Join(), nullptr);
   }
-  // Mid-update: version 1 now comes from the kept buffer, the master is free.
-  UpdateRange(*v, kept, 2, 0, kElems);
+  // Mid-update: version 1 is now undone from the new master.
+  for (int64_t offset = 0; offset < kElems; offset += kTile) UpdateRange(*v, 2, offset, kTile);
   EXPECT_THAT(ReadsAs(v1, 10, kElems - 10), IsOkAndHolds(1)) << "the rest of the pull";
-  v->CommitWrite(2);
+  CommitUpdate(*v, 2);
   EXPECT_THAT(ReadsAs(v1), IsOkAndHolds(1));
   ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease v2, v->Acquire(2));
   EXPECT_THAT(ReadsAs(v2), IsOkAndHolds(2));
@@ -483,27 +516,53 @@ TEST_F(FromMasterTest, AKeptVersionLetsAPullOfTheLatestGoOnThroughTheUpdate) {
   EXPECT_THAT(ReadsAs(again), IsOkAndHolds(2));
 }
 
-// The update keeps the latest version range by range as it goes. A piece of
-// it read meanwhile comes from the kept buffer where its range is kept, and
-// waits for the update to keep it where it is not.
+// Where the undo gets most of a range wrong, corrections would outweigh a
+// copy: the range is kept whole instead, and so is every range of an update
+// that brings no undo. Memory never exceeds a copy's.
+TEST_F(FromMasterTest, ARangeTheUndoGetsMostlyWrongIsKeptWhole) {
+  std::unique_ptr<ParamVersions> v = Make(/*keep_previous=*/true);
+  ASSERT_NE(v, nullptr);
+  SetMaster(0);
+  wrong_every_ = 2;  // 8 of a tile's 16: past the 5 that cost less than a copy
+  Update(*v, 1);
+  EXPECT_EQ(v->corrections().elems, kElems);
+  EXPECT_EQ(v->corrections().bytes, kElems * 2);
+  {
+    ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease v0, v->Acquire(0));
+    EXPECT_THAT(ReadsAs(v0), IsOkAndHolds(0));
+    EXPECT_THAT(ReadsAs(v0, 9, 30), IsOkAndHolds(0));
+  }  // pinned: the next update would wait for it
+
+  wrong_every_ = 5;
+  EXPECT_EQ(v->BeginWrite(nullptr), nullptr);
+  for (int64_t offset = 0; offset < kElems; offset += kTile) UpdateRange(*v, 2, offset, kTile);
+  CommitUpdate(*v, 2);
+  EXPECT_EQ(v->corrections().bytes, kElems * 2);
+  ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease v1, v->Acquire(1));
+  EXPECT_THAT(ReadsAs(v1), IsOkAndHolds(1));
+}
+
+// The update makes the latest version undoable range by range as it goes.
+// A piece of it read meanwhile is undone where its range is done, and waits
+// for the update where it is not.
 TEST_F(FromMasterTest, APieceNotYetKeptWaitsForTheUpdateToKeepIt) {
   std::unique_ptr<ParamVersions> v = Make(/*keep_previous=*/true);
   ASSERT_NE(v, nullptr);
   SetMaster(0);
   Update(*v, 1);
   ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease v1, v->Acquire(1));
-  void* const kept = v->BeginWrite();
-  UpdateRange(*v, kept, 2, 0, kTile);
+  BeginUpdate(*v, 2);
+  UpdateRange(*v, 2, 0, kTile);
   EXPECT_THAT(ReadsAs(v1, 0, kTile), IsOkAndHolds(1)) << "kept";
   ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease late, v->Acquire(1));
   EXPECT_EQ(late.data(), nullptr) << "a lease taken mid-update reads range by range";
   BlockedRead rest(*v, late, kTile, 2 * kTile);
-  UpdateRange(*v, kept, 2, kTile, kTile);  // half of what the reader needs
+  UpdateRange(*v, 2, kTile, kTile);  // half of what the reader needs
   EXPECT_FALSE(rest.done);
-  UpdateRange(*v, kept, 2, 2 * kTile, kTile);
+  UpdateRange(*v, 2, 2 * kTile, kTile);
   EXPECT_THAT(rest.Join(), IsOkAndHolds(1));
-  UpdateRange(*v, kept, 2, 3 * kTile, kElems - 3 * kTile);
-  v->CommitWrite(2);
+  UpdateRange(*v, 2, 3 * kTile, kElems - 3 * kTile);
+  CommitUpdate(*v, 2);
   EXPECT_THAT(ReadsAs(v1), IsOkAndHolds(1));
   EXPECT_THAT(ReadsAs(late), IsOkAndHolds(1));
 }
@@ -517,16 +576,19 @@ TEST_F(FromMasterTest, AFailedUpdateReleasesTheReadsWaitingForItsRanges) {
   SetMaster(0);
   Update(*v, 1);
   ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease v1, v->Acquire(1));
-  UpdateRange(*v, v->BeginWrite(), 2, 0, kTile);
+  BeginUpdate(*v, 2);
+  UpdateRange(*v, 2, 0, kTile);
   BlockedRead rest(*v, v1, kTile, kTile);
   v->AbortWrite();
   EXPECT_THAT(rest.Join(), StatusIs(kFailedPrecondition, HasSubstr("version 1 is not held")));
+  EXPECT_EQ(v->corrections().bytes, 0) << "the partial update's corrections are dropped";
 
   // Wholly kept before the failure: the version is still served.
-  v->Reset(4);
+  ASSERT_THAT(v->Reset(4), IsOk());
   SetMaster(4);
   v->CommitBase();
-  UpdateRange(*v, v->BeginWrite(), 5, 0, kElems);
+  BeginUpdate(*v, 5);
+  UpdateRange(*v, 5, 0, kElems);
   v->AbortWrite();
   EXPECT_THAT(ReadsAs(*v->Acquire(4)), IsOkAndHolds(4));
 }
@@ -548,7 +610,7 @@ TEST_F(FromMasterTest, SkipsShareDataAndARestoreStartsFromTheMaster) {
     EXPECT_THAT(ReadsAs(lease), IsOkAndHolds(1)) << version;
   }
 
-  v->Reset(5);
+  ASSERT_THAT(v->Reset(5), IsOk());
   EXPECT_THAT(v->Acquire(5), StatusIs(kFailedPrecondition, HasSubstr("not held")))
       << "until CommitBase";
   SetMaster(5);  // the checkpoint, loaded into the master
@@ -558,44 +620,50 @@ TEST_F(FromMasterTest, SkipsShareDataAndARestoreStartsFromTheMaster) {
   EXPECT_THAT(v->Acquire(3), StatusIs(kFailedPrecondition, HasSubstr("not held")));
 }
 
-// A restore with the kept version: it goes into the kept buffer, and the
-// first update rounds the restored master over it.
-TEST_F(FromMasterTest, ARestoreWithThePreviousVersionFillsTheKeptBuffer) {
-  std::unique_ptr<ParamVersions> v = Make(/*keep_previous=*/true);
-  ASSERT_NE(v, nullptr);
-  SetMaster(0);
-  Update(*v, 1);
-  v->Reset(8, ParamVersions::Previous::kStored);
-  ASSERT_NE(v->previous_data(), nullptr);
-  SetMaster(7);  // what version 7 rounds to, as the checkpoint stored it
-  FloatToHalf(master_.data(), static_cast<uint16_t*>(v->previous_data()), kElems);
-  SetMaster(8);  // the checkpoint's master
-  v->CommitBase();
-  {
-    ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease v7, v->Acquire(7));
-    EXPECT_NE(v7.data(), nullptr) << "the kept buffer, pinned";
-    EXPECT_THAT(ReadsAs(v7), IsOkAndHolds(7));
+// A restore with the previous version: the checkpoint's copy goes into a
+// buffer that lives until CommitBase, which undoes the restored step and
+// keeps only the corrections; the first update replaces them.
+TEST_F(FromMasterTest, ARestoreWithThePreviousVersionKeepsOnlyItsCorrections) {
+  for (bool with_undo : {true, false}) {
+    SCOPED_TRACE(with_undo ? "undo" : "no undo: copies");
+    std::unique_ptr<ParamVersions> v = Make(/*keep_previous=*/true);
+    ASSERT_NE(v, nullptr);
+    SetMaster(0);
+    Update(*v, 1);
+    ASSERT_THAT(v->Reset(8, ParamVersions::Previous::kStored), IsOk());
+    ASSERT_NE(v->previous_data(), nullptr);
+    EXPECT_EQ(v->buffer_bytes(), kElems * 2) << "the stored copy, until CommitBase";
+    SetMaster(7);  // what version 7 rounds to, as the checkpoint stored it
+    FloatToHalf(master_.data(), static_cast<uint16_t*>(v->previous_data()), kElems);
+    SetMaster(8);  // the checkpoint's master
+    v->CommitBase(with_undo ? UndoOf(7, 8) : nullptr);
+    EXPECT_EQ(v->previous_data(), nullptr);
+    EXPECT_EQ(v->buffer_bytes(), with_undo ? 13 * 6 : kElems * 2);
+    {
+      ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease v7, v->Acquire(7));
+      EXPECT_EQ(v7.data(), nullptr);
+      EXPECT_THAT(ReadsAs(v7), IsOkAndHolds(7));
+      ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease v8, v->Acquire(8));
+      EXPECT_THAT(ReadsAs(v8), IsOkAndHolds(8));
+    }
+    Update(*v, 9);
+    EXPECT_THAT(v->Acquire(7), StatusIs(kFailedPrecondition, HasSubstr("not held")));
     ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease v8, v->Acquire(8));
-    EXPECT_EQ(v8.data(), nullptr) << "the master";
     EXPECT_THAT(ReadsAs(v8), IsOkAndHolds(8));
   }
-  Update(*v, 9);
-  EXPECT_THAT(v->Acquire(7), StatusIs(kFailedPrecondition, HasSubstr("not held")));
-  ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease v8, v->Acquire(8));
-  EXPECT_THAT(ReadsAs(v8), IsOkAndHolds(8));
 
-  // Without a kept buffer there is nowhere to put one: the restore holds
+  // Without keep_previous there is nowhere to put one: the restore holds
   // only its own version.
   std::unique_ptr<ParamVersions> plain = Make(/*keep_previous=*/false);
   ASSERT_NE(plain, nullptr);
-  plain->Reset(8, ParamVersions::Previous::kStored);
+  ASSERT_THAT(plain->Reset(8, ParamVersions::Previous::kStored), IsOk());
   EXPECT_EQ(plain->previous_data(), nullptr);
   plain->CommitBase();
   EXPECT_EQ(plain->DataVersion(7), std::nullopt);
 }
 
 // Pulls racing the updates: every piece a pull gets is wholly the version it
-// asked for, from the master or the kept buffer, or the pull is told the
+// asked for, rounded or undone from the master, or the pull is told the
 // version is gone; never a mix of two versions.
 TEST_F(FromMasterTest, PiecesReadDuringUpdatesAreNeverAMix) {
   for (bool keep_previous : {false, true}) {
@@ -629,7 +697,7 @@ TEST_F(FromMasterTest, PiecesReadDuringUpdatesAreNeverAMix) {
     }
     done = true;
     for (std::thread& t : pullers) t.join();
-    EXPECT_EQ(mixed, 0) << (keep_previous ? "kept" : "not kept");
+    EXPECT_EQ(mixed, 0) << (keep_previous ? "previous served" : "latest only");
     EXPECT_GT(pieces, 0);
   }
 }

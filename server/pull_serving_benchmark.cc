@@ -1,22 +1,26 @@
 // What serving weights costs a server, for each way ParamVersions holds them
 // (server/param_versions.h):
 //   - a pull: every piece of one version from a stored copy (the slice
-//     points at it; the baseline) against rounding the fp32 master into a
-//     piece buffer as it is given (bytes/s: the 16-bit bytes served);
+//     points at it; the baseline), rounding the fp32 master into a piece
+//     buffer as it is given, and undoing the last step from the state (the
+//     version before the latest, with DPU) (bytes/s: the 16-bit bytes
+//     served);
 //   - an update: the fused Adam step writing the new 16-bit copy (stored
-//     versions), without it (served from the master), writing the previous
-//     version's copy instead (served from the master, DPU), and keeping
-//     that version in a pass of its own first (how DPU kept it before).
+//     versions), without it (served from the master), and checking the
+//     undo against each tile's old weights near rounding boundaries (served
+//     from the master, DPU).
 //
 //   build/release/bin/pull_serving_benchmark --benchmark_repetitions=5
 //       --benchmark_report_aggregates_only=true
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <vector>
 
 #include "benchmark/benchmark.h"
 #include "common/dtype.h"
+#include "offload/adam_undo.h"
 #include "offload/optimizer_kernels.h"
 #include "offload/thread_pool.h"
 #include "offload/tier/tiered_state.h"
@@ -44,7 +48,7 @@ ParamVersions::FromMaster FromMasterOptions() {
                 job_internal::RoundMaster(Master().data() + offset, out, static_cast<size_t>(n),
                                           DType::kFloat16);
               },
-          .keep_previous = true};
+          .keep_previous = false};
 }
 
 // Takes every piece of version 0 and touches its first byte, as the
@@ -75,77 +79,123 @@ void BM_PullRoundingTheMaster(benchmark::State& state) {
 }
 BENCHMARK(BM_PullRoundingTheMaster)->Unit(benchmark::kMillisecond)->UseRealTime();
 
-// Keeping the previous version in a pass of its own, on all cores: what
-// DPU's update added before the kernel wrote the kept version itself.
-void KeepInOnePass(ThreadPool& pool, ParamVersions& versions, const float* master, void* kept) {
-  pool.RunOnAll([&](int worker) {
-    const int64_t begin = kElems * worker / pool.size();
-    const int64_t end = kElems * (worker + 1) / pool.size();
-    job_internal::RoundMaster(master + begin, static_cast<uint16_t*>(kept) + begin,
-                              static_cast<size_t>(end - begin), DType::kFloat16);
-    versions.MarkKept(begin, end - begin);
-  });
-}
-
-void BM_KeepPreviousVersion(benchmark::State& state) {
+// A RAM-resident state after `steps` real steps (fp16 gradients), served
+// from its master with the previous version undone.
+struct SteppedState {
   ThreadPool pool;
-  auto versions = *ParamVersions::CreateFromMaster(kElems, DType::kFloat16, FromMasterOptions());
-  int64_t version = 1;
-  for (auto _ : state) {
-    void* kept = versions->BeginWrite();
-    KeepInOnePass(pool, *versions, Master().data(), kept);
-    versions->CommitWrite(version++);
+  std::unique_ptr<TieredOptimizerState> tier;
+  std::unique_ptr<ParamVersions> versions;
+  std::vector<uint16_t> grad = std::vector<uint16_t>(kElems);
+  int64_t version = 0;
+
+  explicit SteppedState(bool keep_previous = true) {
+    tier = *TieredOptimizerState::Create({}, kElems, &pool);
+    if (!tier->LoadMaster(0, Master()).ok()) std::abort();
+    for (int64_t i = 0; i < kElems; ++i) grad[i] = static_cast<uint16_t>(0x1000 + i % 4093);
+    versions = *ParamVersions::CreateFromMaster(kElems, DType::kFloat16,
+                                                {.round_master =
+                                                     [this](int64_t offset, int64_t n, void* out) {
+                                                       job_internal::RoundMaster(
+                                                           tier->ram_master() + offset, out,
+                                                           static_cast<size_t>(n), DType::kFloat16);
+                                                     },
+                                                 .keep_previous = keep_previous});
   }
+  // One step serving only the latest version (no DPU).
+  absl::Status StepLatestOnly() {
+    const AdamStepConstants c = MakeAdamStepConstants({}, version + 1, 1.0);
+    versions->BeginWrite();
+    const absl::Status s =
+        tier->AdamStep(c, {grad.data(), DType::kFloat16}, {nullptr, DType::kFloat16});
+    versions->CommitWrite(++version);
+    return s;
+  }
+  // One step serving the version it replaces too (DPU), as the job does.
+  absl::Status Step() {
+    const AdamStepConstants c = MakeAdamStepConstants({}, version + 1, 1.0);
+    versions->BeginWrite([this, c](int64_t offset, int64_t n, void* out) {
+      RoundWeightsBeforeAdamStep(c, tier->ram_master() + offset, tier->ram_m() + offset,
+                                 tier->ram_v() + offset, {out, DType::kFloat16},
+                                 static_cast<size_t>(n));
+    });
+    // As the job does: fp32 old weights, checked near rounding boundaries.
+    const auto check = [&](const TieredOptimizerState::UpdatedTile& t) {
+      std::vector<uint32_t> index;
+      std::vector<uint8_t> values;
+      FindUndoMismatches(c, static_cast<const float*>(t.old_weights), t.p, t.m, t.v,
+                         DType::kFloat16, static_cast<size_t>(t.n), &index, &values);
+      versions->MarkKept(t.offset, t.n, std::move(index), std::move(values));
+    };
+    const absl::Status s =
+        tier->AdamStep(c, {grad.data(), DType::kFloat16}, {nullptr, DType::kFloat16}, nullptr,
+                       nullptr, check, DType::kFloat32);
+    versions->CommitWrite(++version);
+    return s;
+  }
+};
+
+void BM_PullUndoingTheStep(benchmark::State& state) {
+  SteppedState s;
+  for (int i = 0; i < 3; ++i) {
+    if (!s.Step().ok()) state.SkipWithError("AdamStep failed");
+  }
+  state.counters["corrected_per_million"] =
+      1e6 * static_cast<double>(s.versions->corrections().elems) / kElems;
+  int64_t sink = 0;
+  for (auto _ : state) {
+    PullCursor cursor = PullCursor::Serving(
+        s.version - 1, 1.0, DType::kFloat16, *s.versions->Acquire(s.version - 1),
+        {{.tensor = 0, .tensor_offset = 0, .local_offset = 0, .elems = kElems}});
+    PullPiece piece;
+    while (cursor.Next(&piece)) sink += static_cast<int64_t>(piece.data[0]);
+  }
+  benchmark::DoNotOptimize(sink);
   state.SetBytesProcessed(state.iterations() * kElems * 2);
 }
-BENCHMARK(BM_KeepPreviousVersion)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_PullUndoingTheStep)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // One server update of kElems RAM-resident elements (fp16 gradients) on all
-// cores. state.range(0): 0 writes the new 16-bit copy in the kernel (stored
-// versions), 1 writes none (from the master), 2 writes the old version's
-// copy into the kept buffer in the kernel (from the master, DPU, as the job
-// does), 3 keeps it in a pass of its own first, then updates writing none.
+// cores, on the same state. state.range(0): 0 writes the new 16-bit copy in
+// the kernel (stored versions), 1 writes none (served from the master, no
+// DPU), 2 checks the undo against each tile's old weights near rounding
+// boundaries and keeps only corrections (DPU, as the job does).
 void BM_Update(benchmark::State& state) {
-  ThreadPool pool;
-  auto tier = *TieredOptimizerState::Create({}, kElems, &pool);
-  if (!tier->LoadMaster(0, Master()).ok()) state.SkipWithError("LoadMaster failed");
-  std::vector<uint16_t> grad(kElems, 0x1400);  // fp16 2^-10
   const int mode = static_cast<int>(state.range(0));
-  // Stored versions (materialized), or served from the master.
-  auto versions =
-      mode == 0 ? *ParamVersions::Create(kElems, DType::kFloat16)
-                : *ParamVersions::CreateFromMaster(kElems, DType::kFloat16, FromMasterOptions());
-  const AdamStepConstants c = MakeAdamStepConstants(AdamHyperParams{}, 1, 1.0);
-  TieredOptimizerState::TileUpdated mark_kept;
-  if (mode == 2) mark_kept = [&](int64_t offset, int64_t n) { versions->MarkKept(offset, n); };
-  // The buffers' pages are touched before timing, as a job's are after its
-  // first steps.
-  for (int64_t version = 1; version <= 2; ++version) {
-    if (void* out = versions->BeginWrite(); out != nullptr) std::memset(out, 0, kElems * 2);
-    if (mode != 0) versions->MarkKept(0, kElems);
-    versions->CommitWrite(version);
-  }
-  int64_t version = 3;
-  for (auto _ : state) {
-    void* out = mode == 1 ? nullptr : versions->BeginWrite();
-    if (mode == 3) {
-      KeepInOnePass(pool, *versions, tier->ram_master(), out);
-      out = nullptr;
+  SteppedState s(/*keep_previous=*/mode == 2);
+  std::unique_ptr<ParamVersions> stored;
+  if (mode == 0) stored = *ParamVersions::Create(kElems, DType::kFloat16);
+  const auto step = [&]() -> absl::Status {
+    switch (mode) {
+      case 0: {
+        const AdamStepConstants c = MakeAdamStepConstants({}, s.version + 1, 1.0);
+        void* out = stored->BeginWrite();
+        const absl::Status st =
+            s.tier->AdamStep(c, {s.grad.data(), DType::kFloat16}, {out, DType::kFloat16});
+        stored->CommitWrite(++s.version);
+        return st;
+      }
+      case 1:
+        return s.StepLatestOnly();
+      default:
+        return s.Step();
     }
-    const absl::Status s =
-        tier->AdamStep(c, {grad.data(), DType::kFloat16}, {out, DType::kFloat16}, nullptr, nullptr,
-                       mark_kept, mode == 2 ? CopyOf::kOldWeight : CopyOf::kNewWeight);
-    if (!s.ok()) state.SkipWithError("AdamStep failed");
-    if (mode != 1) versions->CommitWrite(version++);
+  };
+  // The first steps' pages and corrections settle before timing.
+  for (int i = 0; i < 2; ++i) {
+    if (!step().ok()) state.SkipWithError("AdamStep failed");
   }
+  for (auto _ : state) {
+    if (!step().ok()) state.SkipWithError("AdamStep failed");
+  }
+  state.counters["kept_bytes_per_elem"] =
+      static_cast<double>(mode == 0 ? stored->buffer_bytes() : s.versions->buffer_bytes()) / kElems;
   state.SetItemsProcessed(state.iterations() * kElems);
 }
 BENCHMARK(BM_Update)
-    ->ArgName("stored0_master1_fused2_separate3")
+    ->ArgName("stored0_master1_dpu2")
     ->Arg(0)
     ->Arg(1)
     ->Arg(2)
-    ->Arg(3)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

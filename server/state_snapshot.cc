@@ -7,16 +7,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "offload/aligned_buffer.h"
 
 namespace zo {
 
 absl::StatusOr<std::unique_ptr<StateSnapshot>> StateSnapshot::Begin(
     const std::string& path, absl::Span<const LocalChunk> chunks, const ShardMap& map,
     int64_t version, std::shared_ptr<SnapshotStaging> staging, std::optional<Previous> previous) {
-  if (previous.has_value() && (previous->bytes == 0 || previous->lease.data() == nullptr)) {
-    return absl::InternalError(absl::StrCat("snapshot ", path,
-                                            ": the previous version to carry is not in memory (",
-                                            previous->bytes, "-byte elements)"));
+  if (previous.has_value() && previous->bytes == 0) {
+    return absl::InternalError(
+        absl::StrCat("snapshot ", path, ": the previous version to carry has 0-byte elements"));
   }
   std::vector<CheckpointChunk> layout;
   int64_t total = 0;
@@ -62,10 +62,27 @@ absl::Status StateSnapshot::CapturePrevious(bool from_a_step) {
     written = error_;
   }
   const auto* data = static_cast<const char*>(previous_->lease.data());
+  // Not stored: recomputed into a buffer a piece at a time.
+  constexpr int64_t kPiece = int64_t{1} << 20;
+  absl::StatusOr<AlignedBuffer> piece;
+  if (data == nullptr) {
+    piece = AlignedBuffer::Allocate(static_cast<size_t>(kPiece) * previous_->bytes);
+    if (!piece.ok()) written = piece.status();
+  }
   for (size_t i = 0; i < chunks_.size() && written.ok(); ++i) {
     const LocalChunk& c = chunks_[i];
-    written = writer_->WritePrevious(i, 0, c.elems, data + c.local_offset * previous_->bytes,
-                                     /*direct=*/!from_a_step);
+    if (data != nullptr) {
+      written = writer_->WritePrevious(i, 0, c.elems, data + c.local_offset * previous_->bytes,
+                                       /*direct=*/!from_a_step);
+      continue;
+    }
+    for (int64_t at = 0; at < c.elems && written.ok(); at += kPiece) {
+      const int64_t n = std::min(kPiece, c.elems - at);
+      written = previous_->lease.Read(c.local_offset + at, n, piece->data());
+      if (written.ok()) {
+        written = writer_->WritePrevious(i, at, n, piece->data(), /*direct=*/!from_a_step);
+      }
+    }
   }
   previous_.reset();  // the next update may overwrite them now
   {

@@ -62,9 +62,9 @@ namespace zo {
 
 class StateSnapshot {
  public:
-  // The version before the snapshot's, to carry in the part: a lease whose
-  // data() lies in memory (a pinned buffer), local offsets, `bytes` per
-  // element.
+  // The version before the snapshot's, to carry in the part: a lease that
+  // keeps it (read in pieces: it may be recomputed rather than stored),
+  // local offsets, `bytes` per element.
   struct Previous {
     ParamVersions::Lease lease;
     uint32_t bytes = 0;

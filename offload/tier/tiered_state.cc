@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/range_set.h"
@@ -276,6 +277,8 @@ int64_t TieredOptimizerState::nvme_sub_groups() const { return impl_->layout.nvm
 int64_t TieredOptimizerState::ram_elems() const { return impl_->layout.ram_elems(); }
 
 const float* TieredOptimizerState::ram_master() const { return impl_->Ram(kStateMaster); }
+const float* TieredOptimizerState::ram_m() const { return impl_->Ram(kStateM); }
+const float* TieredOptimizerState::ram_v() const { return impl_->Ram(kStateV); }
 
 absl::Status TieredOptimizerState::LoadMaster(int64_t offset, absl::Span<const float> values) {
   return impl_->Write("LoadMaster", offset, static_cast<int64_t>(values.size()),
@@ -328,22 +331,42 @@ absl::Status TieredOptimizerState::AdamStep(const AdamStepConstants& c, TypedCon
                                             TypedPtr low_precision,
                                             const std::function<void(int64_t end)>& updated,
                                             const StateObserver& before_update,
-                                            const TileUpdated& tile_updated, CopyOf copy_of) {
+                                            const TileUpdated& tile_updated,
+                                            DType old_weights_dtype) {
   Impl& s = *impl_;
   if (!s.error.ok()) return s.NeedsRestore();
   if (s.layout.total_elems() == 0) return absl::OkStatus();
   if (grad.data == nullptr) return absl::InvalidArgumentError("AdamStep: no gradient");
+  if (tile_updated && low_precision.data != nullptr) {
+    return absl::InvalidArgumentError(
+        "AdamStep: a low-precision copy and tile_updated's old weights cannot both be written");
+  }
   const SwapLayout& layout = s.layout;
   // One kernel call per tile, RAM or NVMe alike: the same bits either way.
   const TileKernel kernel = [&](int64_t sg, int64_t begin, int64_t end, float* p, float* m,
                                 float* v) {
     const auto at = static_cast<size_t>(layout.begin(sg) + begin);
+    const auto n = static_cast<size_t>(end - begin);
     if (before_update) {
       before_update(static_cast<int64_t>(at), end - begin, p + begin, m + begin, v + begin);
     }
-    AdamUpdate(c, OffsetBy(grad, at), p + begin, m + begin, v + begin, OffsetBy(low_precision, at),
-               static_cast<size_t>(end - begin), copy_of);
-    if (tile_updated) tile_updated(static_cast<int64_t>(at), end - begin);
+    if (!tile_updated) {
+      AdamUpdate(c, OffsetBy(grad, at), p + begin, m + begin, v + begin,
+                 OffsetBy(low_precision, at), n);
+      return;
+    }
+    // The old weights of one tile at a time, per worker: a tile's worth of
+    // scratch instead of a copy of every weight.
+    thread_local std::vector<float> old_weights;
+    old_weights.resize((n * DTypeSize(old_weights_dtype) + sizeof(float) - 1) / sizeof(float));
+    AdamUpdate(c, OffsetBy(grad, at), p + begin, m + begin, v + begin,
+               {old_weights.data(), old_weights_dtype}, n, CopyOf::kOldWeight);
+    tile_updated({.offset = static_cast<int64_t>(at),
+                  .n = end - begin,
+                  .old_weights = old_weights.data(),
+                  .p = p + begin,
+                  .m = m + begin,
+                  .v = v + begin});
   };
   const OverlapFn ram_pass = [&](const std::function<void()>& pump) {
     s.ForRamTiles(

@@ -98,6 +98,9 @@ class TieredOptimizerState {
   // keeps AdamStep, LoadMaster and WriteState away (the server's served
   // weights are rounded from it: server/param_versions.h).
   const float* ram_master() const;
+  // Its moments, the same way (the server undoes a step from them).
+  const float* ram_m() const;
+  const float* ram_v() const;
   // Bytes this state holds in RAM: the RAM sub-groups' master, m and v and
   // the swap buffers.
   int64_t ram_bytes() const;
@@ -130,16 +133,27 @@ class TieredOptimizerState {
   // `before_update`, if set, sees every tile just before its update (NVMe
   // tiles after their checksums are verified): a snapshot copies what the
   // step is about to change.
-  // `tile_updated`, if set, is told each tile's range once its update and
-  // copy are written (on the pool's workers, concurrently for disjoint
-  // ranges): a kept previous version (`copy_of` kOldWeight) is served from
-  // there on.
-  using TileUpdated = std::function<void(int64_t offset, int64_t n)>;
+  // `tile_updated`, if set, sees each tile once its update is written (on
+  // the pool's workers, concurrently for disjoint tiles), with the tile's
+  // weights from before the step rounded to `old_weights_dtype` and its
+  // state after the step: a delayed parameter update serves the version the
+  // step replaces from there on (server/param_versions.h). `low_precision`
+  // must then be empty (the kernel's one copy is the old weights').
+  struct UpdatedTile {
+    int64_t offset = 0;
+    int64_t n = 0;
+    const void* old_weights = nullptr;  // n elements of old_weights_dtype
+    const float* p = nullptr;           // n elements each, after the step (valid
+                                        // during the call: NVMe tiles are buffers)
+    const float* m = nullptr;
+    const float* v = nullptr;
+  };
+  using TileUpdated = std::function<void(const UpdatedTile&)>;
   absl::Status AdamStep(const AdamStepConstants& c, TypedConstPtr grad, TypedPtr low_precision,
                         const std::function<void(int64_t end)>& updated = nullptr,
                         const StateObserver& before_update = nullptr,
                         const TileUpdated& tile_updated = nullptr,
-                        CopyOf copy_of = CopyOf::kNewWeight);
+                        DType old_weights_dtype = DType::kFloat16);
 
   // Streams every NVMe-resident sub-group through the step's pipeline with
   // `observer` in place of the update (verified on read, written back

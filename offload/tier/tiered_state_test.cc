@@ -343,41 +343,58 @@ TEST_F(TieredStateTest, ReportsEachUpdatedPrefixInOrder) {
   EXPECT_EQ(problem, "");
 }
 
-// With CopyOf::kOldWeight the copy is the master as it was before the step
-// (what a delayed parameter update keeps serving), and `tile_updated` names
-// every element once, after its copy is written: a pull may read a range
-// from then on. RAM and NVMe tiles alike.
-TEST_F(TieredStateTest, TellsEachTileOnceItsCopyOfTheOldWeightIsWritten) {
+// `tile_updated` shows every element once, after its update, with the
+// master as it was before the step, rounded (what a delayed parameter update
+// checks its undo against), and the state the step left; a pull may read a
+// range from then on. RAM and NVMe tiles alike. It takes the kernel's one
+// copy, so asking for a low-precision copy as well is refused.
+TEST_F(TieredStateTest, ShowsEachTileOnceWithItsOldWeightsAndNewState) {
   ZO_ASSERT_OK_AND_ASSIGN(auto state, TieredOptimizerState::Create(Options(2), kTotal, &pool_));
   const std::vector<float> before = Pattern(kTotal, 4);
   ASSERT_THAT(state->LoadMaster(0, before), IsOk());
   const std::vector<float> grad = Pattern(kTotal, 5);
-  constexpr uint16_t kUntouched = 0xFFFF;  // a NaN no rounding of the pattern gives
-  std::vector<uint16_t> copy(kTotal, kUntouched);
+  // What each tile showed, by element (RAM and NVMe tiles alike).
+  std::vector<uint16_t> old_copy(kTotal);
+  std::vector<float> p(kTotal), m(kTotal), v(kTotal);
   std::vector<std::atomic<int>> told(kTotal);
-  std::atomic<int64_t> unwritten{0};
-  const auto tile_updated = [&](int64_t offset, int64_t n) {
-    for (int64_t i = offset; i < offset + n; ++i) {
-      if (copy[i] == kUntouched) ++unwritten;
-      ++told[i];
+  const auto tile_updated = [&](const TieredOptimizerState::UpdatedTile& t) {
+    const auto* old_weights = static_cast<const uint16_t*>(t.old_weights);
+    for (int64_t i = 0; i < t.n; ++i) {
+      old_copy[t.offset + i] = old_weights[i];
+      p[t.offset + i] = t.p[i];
+      m[t.offset + i] = t.m[i];
+      v[t.offset + i] = t.v[i];
+      ++told[t.offset + i];
     }
   };
-  ASSERT_THAT(state->AdamStep(MakeAdamStepConstants({}, 1, 1.0), {grad.data(), DType::kFloat32},
-                              {copy.data(), DType::kFloat16}, nullptr, nullptr, tile_updated,
-                              CopyOf::kOldWeight),
-              IsOk());
-  EXPECT_EQ(unwritten, 0);
-  std::vector<float> after(kTotal);
-  ASSERT_THAT(state->ReadState(0, absl::MakeSpan(after), {}, {}), IsOk());
-  int64_t wrong = 0, moved = 0, not_told_once = 0;
+  ASSERT_THAT(
+      state->AdamStep(MakeAdamStepConstants({}, 1, 1.0), {grad.data(), DType::kFloat32},
+                      {nullptr, DType::kFloat16}, nullptr, nullptr, tile_updated, DType::kFloat16),
+      IsOk());
+  std::vector<float> after(kTotal), m_after(kTotal), v_after(kTotal);
+  ASSERT_THAT(
+      state->ReadState(0, absl::MakeSpan(after), absl::MakeSpan(m_after), absl::MakeSpan(v_after)),
+      IsOk());
+  int64_t wrong = 0, moved = 0, not_told_once = 0, not_the_state = 0;
   for (int64_t i = 0; i < kTotal; ++i) {
-    if (copy[i] != FloatToHalfBits(before[i])) ++wrong;
+    if (old_copy[i] != FloatToHalfBits(before[i])) ++wrong;
     if (after[i] != before[i]) ++moved;
     if (told[i] != 1) ++not_told_once;
+    if (p[i] != after[i] || m[i] != m_after[i] || v[i] != v_after[i]) ++not_the_state;
   }
-  EXPECT_EQ(wrong, 0) << "copies that are not the old master rounded";
+  EXPECT_EQ(wrong, 0) << "old weights that are not the old master rounded";
   EXPECT_EQ(not_told_once, 0);
+  EXPECT_EQ(not_the_state, 0) << "tiles shown with a state other than the step's result";
   EXPECT_GT(moved, kTotal / 2) << "the step did update the master";
+
+  // Both a copy and old weights: refused, nothing changed.
+  std::vector<uint16_t> copy(kTotal);
+  EXPECT_THAT(state->AdamStep(MakeAdamStepConstants({}, 2, 1.0), {grad.data(), DType::kFloat32},
+                              {copy.data(), DType::kFloat16}, nullptr, nullptr, tile_updated),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("cannot both")));
+  std::vector<float> unchanged(kTotal);
+  ASSERT_THAT(state->ReadState(0, absl::MakeSpan(unchanged), {}, {}), IsOk());
+  EXPECT_EQ(unchanged, after);
 }
 
 // The swap's I/O totals count what a step moves: each NVMe sub-group read

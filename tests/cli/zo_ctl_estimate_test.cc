@@ -60,11 +60,13 @@ TEST(ZoCtlEstimateTest, TableForAManifest) {
   const Result r = RunZoCtl("estimate --manifest " + manifest + " --precision bf16");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("1.00 M parameters in 2 tensor(s), bf16"));
-  // Pulls round the master: no stored copy, unless DPU keeps one version.
+  // Pulls round the master: no stored copy, and with DPU none either (the
+  // previous version is recomputed).
   EXPECT_THAT(r.output, Not(HasSubstr("copies for pulls")));
   const Result dpu = RunZoCtl("estimate --manifest " + manifest + " --precision bf16 --dpu");
   ASSERT_EQ(dpu.exit_code, 0) << dpu.output;
-  EXPECT_THAT(dpu.output, HasSubstr("bf16 copies for pulls (1 version)"));
+  EXPECT_THAT(dpu.output, HasSubstr("bf16 previous version (DPU): recomputed"));
+  EXPECT_THAT(dpu.output, Not(HasSubstr("copies for pulls")));
 }
 
 TEST(ZoCtlEstimateTest, BadInputExitsTwoWithAReason) {
