@@ -93,7 +93,7 @@ void FindUndoMismatches(const AdamStepConstants& c, const float* old_p, const fl
                         std::vector<uint32_t>* index, std::vector<uint8_t>* values) {
   const size_t size = DTypeSize(dtype);
   const bool filter = dtype != DType::kFloat32 && c.decay_factor >= 0.5f;
-  alignas(64) uint8_t near[kBlock];
+  alignas(64) uint8_t near[kBlock + 8];  // 8 spare: the scan reads whole words
   // The marked elements of a block, gathered, so that their undo and
   // roundings run as vectors too (the undo of an element does not depend on
   // its neighbours).
@@ -107,25 +107,22 @@ void FindUndoMismatches(const AdamStepConstants& c, const float* old_p, const fl
     } else {
       std::memset(near, 1, len);
     }
+    // The marked ones, eight flags at a time (nearly all words are 0).
+    std::memset(near + len, 0, 8);
     size_t count = 0;
-    for (size_t j = 0; j < len; ++j) {
-      // Eight flags at a time: nearly all are 0.
-      if (j % 8 == 0 && j + 8 <= len) {
-        uint64_t word;
-        std::memcpy(&word, near + j, 8);
-        if (word == 0) {
-          j += 7;
-          continue;
-        }
+    for (size_t j = 0; j < len; j += 8) {
+      uint64_t word;
+      std::memcpy(&word, near + j, 8);
+      while (word != 0) {
+        const size_t i = at + j + static_cast<size_t>(std::countr_zero(word)) / 8;
+        word &= word - 1;  // flags are 0 or 1: one bit per marked element
+        at_index[count] = static_cast<uint32_t>(i);
+        gp[count] = p[i];
+        gm[count] = m[i];
+        gv[count] = v[i];
+        gold[count] = old_p[i];
+        ++count;
       }
-      if (near[j] == 0) continue;
-      const size_t i = at + j;
-      at_index[count] = static_cast<uint32_t>(i);
-      gp[count] = p[i];
-      gm[count] = m[i];
-      gv[count] = v[i];
-      gold[count] = old_p[i];
-      ++count;
     }
     if (count == 0) continue;
     RoundWeightsBeforeAdamStep(c, gp, gm, gv, {undone, dtype}, count);

@@ -819,12 +819,19 @@ void Job::LogStep(const v1::StepCommit& commit, absl::Duration wait, absl::Durat
   const int every = resources_.log_every > 0 ? resources_.log_every : spec_.config.steps_per_print;
   const absl::Duration serve = absl::Nanoseconds(serve_ns_.exchange(0));
   if (commit.step() % every != 0 && !commit.skip()) return;
+  // With DPU from the master: what serving the previous version costs.
+  std::string previous;
+  if (versions_->from_master() && versions_->keep_previous()) {
+    const ParamVersions::CorrectionStats c = versions_->corrections();
+    previous = absl::StrFormat(" | previous version: %d corrections (%s)", c.elems,
+                               FormatBytes(static_cast<double>(c.bytes)));
+  }
   ZO_LOG(INFO) << absl::StrFormat(
       "job %s step %d: loss_scale %g grad_norm %.4g lr %.3g%s | wait %.1f ms update %.1f ms "
-      "serve %.1f ms",
+      "serve %.1f ms%s",
       spec_.name, commit.step(), commit.next_loss_scale(), commit.grad_norm(), commit.lr(),
       commit.skip() ? " SKIPPED (overflow)" : "", absl::ToDoubleMilliseconds(wait),
-      absl::ToDoubleMilliseconds(update), absl::ToDoubleMilliseconds(serve));
+      absl::ToDoubleMilliseconds(update), absl::ToDoubleMilliseconds(serve), previous);
 }
 
 // ---------------------------------------------------------------- coordination

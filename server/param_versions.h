@@ -137,6 +137,7 @@ class ParamVersions {
   // FindUndoMismatches: cheaper than undoing every element): `index`
   // (ascending, within the range) and `values` (index.size() elements of
   // the dtype) are the elements the undo gets wrong and their true weights.
+  // Needs the update's undo (BeginWrite's).
   void MarkKept(int64_t offset, int64_t n, std::vector<uint32_t> index,
                 std::vector<uint8_t> values);
   // The update is done: the data now is `version` (= latest() + 1).
