@@ -115,4 +115,18 @@ void Bf16ToFloat(const uint16_t* src, float* dst, size_t n) {
   Bf16ToFloat(src, dst, n, ActiveSimdLevel());
 }
 
+void FloatToDType(const float* src, DType dtype, void* dst, size_t n) {
+  switch (dtype) {
+    case DType::kFloat16:
+      FloatToHalf(src, static_cast<uint16_t*>(dst), n);
+      break;
+    case DType::kBFloat16:
+      FloatToBf16(src, static_cast<uint16_t*>(dst), n);
+      break;
+    case DType::kFloat32:
+      std::memcpy(dst, src, n * sizeof(float));
+      break;
+  }
+}
+
 }  // namespace zo

@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "common/cpu_features.h"
+#include "common/dtype.h"
 
 namespace zo {
 
@@ -26,6 +27,10 @@ void FloatToHalf(const float* src, uint16_t* dst, size_t n);
 void HalfToFloat(const uint16_t* src, float* dst, size_t n);
 void FloatToBf16(const float* src, uint16_t* dst, size_t n);
 void Bf16ToFloat(const uint16_t* src, float* dst, size_t n);
+
+// fp32 -> `dtype` (kFloat16, kBFloat16, or kFloat32: a copy), dispatched as
+// above; `dst` holds n elements of dtype.
+void FloatToDType(const float* src, DType dtype, void* dst, size_t n);
 
 // The same at an explicit level, for tests and benchmarks. Precondition:
 // SimdLevelSupported(level); otherwise the process may die of SIGILL

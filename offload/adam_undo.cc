@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "common/convert.h"
+#include "common/cpu_features.h"
 
 // Built with -ffp-contract=off (offload/CMakeLists.txt): a contracted
 // p + step_size * q would round once where the scalar tail rounds twice.
@@ -19,18 +20,21 @@ namespace {
 // the rounding.
 constexpr size_t kBlock = 1024;
 
-// The loops below built for wider vectors too, picked at load time. Safe for
-// the undo's determinism: every ISA gives IEEE add, mul, div and sqrt the
-// same bits (and the filter only decides where to look).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define ZO_UNDO_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define ZO_UNDO_CLONES
+// The two loops below are built for AVX2 and AVX-512 too and picked by
+// ActiveSimdLevel() (no ifunc: its resolvers run before a sanitizer's
+// runtime is up). Safe for the undo's determinism: every ISA gives IEEE add,
+// mul, div and sqrt the same bits (and the filter only decides where to
+// look). `target` without `fma`, so nothing can be contracted either.
+#if defined(__x86_64__) && defined(__GNUC__)
+#define ZO_UNDO_MULTI_ISA 1
+#define ZO_UNDO_AVX2 __attribute__((target("avx2")))
+#define ZO_UNDO_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 #endif
+#define ZO_UNDO_BODY inline __attribute__((always_inline))
 
-ZO_UNDO_CLONES void UndoBlock(const AdamStepConstants& c, const float* __restrict p,
-                              const float* __restrict m, const float* __restrict v,
-                              float* __restrict out, size_t n) {
+ZO_UNDO_BODY void UndoBlockBody(const AdamStepConstants& c, const float* __restrict p,
+                                const float* __restrict m, const float* __restrict v,
+                                float* __restrict out, size_t n) {
   const float step_size = c.step_size, inv_sqrt_bias2 = c.inv_sqrt_bias2, eps = c.eps;
   const float decay = c.decay_factor;
   for (size_t i = 0; i < n; ++i) {
@@ -63,8 +67,8 @@ ZO_UNDO_CLONES void UndoBlock(const AdamStepConstants& c, const float* __restric
 // min. Always marked: old weights under 2^-96 and non-finite ones, fp16's
 // subnormal and overflow ranges, bf16's top binade, and any p whose binade
 // is 2^20 above old's. Integers only and branch-free, so that it vectorises.
-ZO_UNDO_CLONES void MarkNearBoundaries(const float* __restrict old_p, const float* __restrict p,
-                                       DType dtype, size_t n, uint8_t* __restrict near) {
+ZO_UNDO_BODY void MarkNearBoundariesBody(const float* __restrict old_p, const float* __restrict p,
+                                         DType dtype, size_t n, uint8_t* __restrict near) {
   const bool half_precision = dtype == DType::kFloat16;
   // fp16 normals are [2^-14, 65504]; 65504 rounds up to inf from 65520.
   const int32_t lowest = half_precision ? 127 - 14 : 31;
@@ -84,6 +88,54 @@ ZO_UNDO_CLONES void MarkNearBoundaries(const float* __restrict old_p, const floa
                     static_cast<int>(ulps > reach);
     near[i] = static_cast<uint8_t>(far ^ 1);
   }
+}
+
+#ifdef ZO_UNDO_MULTI_ISA
+ZO_UNDO_AVX2 void UndoBlockAvx2(const AdamStepConstants& c, const float* p, const float* m,
+                                const float* v, float* out, size_t n) {
+  UndoBlockBody(c, p, m, v, out, n);
+}
+ZO_UNDO_AVX512 void UndoBlockAvx512(const AdamStepConstants& c, const float* p, const float* m,
+                                    const float* v, float* out, size_t n) {
+  UndoBlockBody(c, p, m, v, out, n);
+}
+ZO_UNDO_AVX2 void MarkNearBoundariesAvx2(const float* old_p, const float* p, DType dtype, size_t n,
+                                         uint8_t* near) {
+  MarkNearBoundariesBody(old_p, p, dtype, n, near);
+}
+ZO_UNDO_AVX512 void MarkNearBoundariesAvx512(const float* old_p, const float* p, DType dtype,
+                                             size_t n, uint8_t* near) {
+  MarkNearBoundariesBody(old_p, p, dtype, n, near);
+}
+#endif
+
+void UndoBlock(const AdamStepConstants& c, const float* p, const float* m, const float* v,
+               float* out, size_t n) {
+#ifdef ZO_UNDO_MULTI_ISA
+  switch (ActiveSimdLevel()) {
+    case SimdLevel::kAvx512:
+      return UndoBlockAvx512(c, p, m, v, out, n);
+    case SimdLevel::kAvx2:
+      return UndoBlockAvx2(c, p, m, v, out, n);
+    case SimdLevel::kScalar:
+      break;
+  }
+#endif
+  UndoBlockBody(c, p, m, v, out, n);
+}
+
+void MarkNearBoundaries(const float* old_p, const float* p, DType dtype, size_t n, uint8_t* near) {
+#ifdef ZO_UNDO_MULTI_ISA
+  switch (ActiveSimdLevel()) {
+    case SimdLevel::kAvx512:
+      return MarkNearBoundariesAvx512(old_p, p, dtype, n, near);
+    case SimdLevel::kAvx2:
+      return MarkNearBoundariesAvx2(old_p, p, dtype, n, near);
+    case SimdLevel::kScalar:
+      break;
+  }
+#endif
+  MarkNearBoundariesBody(old_p, p, dtype, n, near);
 }
 
 }  // namespace
@@ -126,17 +178,7 @@ void FindUndoMismatches(const AdamStepConstants& c, const float* old_p, const fl
     }
     if (count == 0) continue;
     RoundWeightsBeforeAdamStep(c, gp, gm, gv, {undone, dtype}, count);
-    switch (dtype) {
-      case DType::kFloat32:
-        std::memcpy(truth, gold, count * 4);
-        break;
-      case DType::kFloat16:
-        FloatToHalf(gold, reinterpret_cast<uint16_t*>(truth), count);
-        break;
-      case DType::kBFloat16:
-        FloatToBf16(gold, reinterpret_cast<uint16_t*>(truth), count);
-        break;
-    }
+    FloatToDType(gold, dtype, truth, count);
     for (size_t k = 0; k < count; ++k) {
       if (std::memcmp(undone + k * size, truth + k * size, size) == 0) continue;
       index->push_back(at_index[k]);
@@ -150,19 +192,9 @@ void RoundWeightsBeforeAdamStep(const AdamStepConstants& c, const float* p, cons
   alignas(64) float block[kBlock];
   for (size_t at = 0; at < n; at += kBlock) {
     const size_t len = n - at < kBlock ? n - at : kBlock;
-    switch (out.dtype) {
-      case DType::kFloat32:
-        UndoBlock(c, p + at, m + at, v + at, static_cast<float*>(out.data) + at, len);
-        break;
-      case DType::kFloat16:
-        UndoBlock(c, p + at, m + at, v + at, block, len);
-        FloatToHalf(block, static_cast<uint16_t*>(out.data) + at, len);
-        break;
-      case DType::kBFloat16:
-        UndoBlock(c, p + at, m + at, v + at, block, len);
-        FloatToBf16(block, static_cast<uint16_t*>(out.data) + at, len);
-        break;
-    }
+    UndoBlock(c, p + at, m + at, v + at, block, len);
+    FloatToDType(block, out.dtype, static_cast<uint8_t*>(out.data) + at * DTypeSize(out.dtype),
+                 len);
   }
 }
 

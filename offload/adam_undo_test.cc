@@ -154,6 +154,14 @@ TEST(AdamUndoDeterminismTest, Fp32ValueIsTheStepUndone) {
     ASSERT_NEAR(undone[i], expected, scale * 8 * kernel_testing::kUnitRoundoff) << "element " << i;
     // And the old weight itself, up to the step's own rounding of p.
     ASSERT_NEAR(undone[i], s.p0[i], scale * 8 * kernel_testing::kUnitRoundoff) << "element " << i;
+    // Bit for bit the plain fp32 formula (this file is built for baseline
+    // x86-64, which has no FMA to contract it into): the vector path the
+    // host picked rounds like scalar code, so corrections found on one
+    // machine's path hold on any other's.
+    const float plain =
+        (s.p[i] + c.step_size * (s.m[i] / (std::sqrt(s.v[i]) * c.inv_sqrt_bias2 + c.eps))) /
+        c.decay_factor;
+    ASSERT_TRUE(kernel_testing::SameBits(undone[i], plain)) << "element " << i;
   }
   RoundWeightsBeforeAdamStep(c, nullptr, nullptr, nullptr, {nullptr, DType::kFloat16}, 0);
 }

@@ -13,17 +13,7 @@ namespace zo::job_internal {
 
 // fp32 master -> the job's dtype: the low-precision copy pulls are served.
 inline void RoundMaster(const float* src, void* dst, size_t n, DType dtype) {
-  switch (dtype) {
-    case DType::kFloat16:
-      FloatToHalf(src, static_cast<uint16_t*>(dst), n);
-      break;
-    case DType::kBFloat16:
-      FloatToBf16(src, static_cast<uint16_t*>(dst), n);
-      break;
-    case DType::kFloat32:
-      std::memcpy(dst, src, n * sizeof(float));
-      break;
-  }
+  FloatToDType(src, dtype, dst, n);
 }
 
 // A random, nonzero id for a new instance of a job (JobStatus.incarnation).
