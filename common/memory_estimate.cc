@@ -199,7 +199,7 @@ std::string FormatEstimateTable(const MemoryEstimate& e) {
              bytes(s.grad_accum_bytes), "-");
   const int copies = LowPrecisionCopies(in);
   if (copies == 0 && in.dpu) {
-    out += Row(absl::StrCat(lp, " previous version (DPU): recomputed"), "~0", "-");
+    out += Row(absl::StrCat(lp, " prior version (DPU): recomputed"), "~0", "-");
   }
   if (copies > 0) {
     out += Row(

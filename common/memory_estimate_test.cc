@@ -48,7 +48,7 @@ TEST(MemoryEstimateTest, OneBillionParamsInRam) {
   ZO_ASSERT_OK_AND_ASSIGN(MemoryEstimate dpu, EstimateMemory(in));
   EXPECT_EQ(dpu.server.low_precision_bytes, 0);
   EXPECT_EQ(dpu.server.ram_bytes, 16000000000);
-  EXPECT_THAT(FormatEstimateTable(dpu), HasSubstr("fp16 previous version (DPU): recomputed"));
+  EXPECT_THAT(FormatEstimateTable(dpu), HasSubstr("fp16 prior version (DPU): recomputed"));
   EXPECT_THAT(FormatEstimateTable(dpu), Not(HasSubstr("copies for pulls")));
   in.dp_ranks = 1;
   ZO_ASSERT_OK_AND_ASSIGN(MemoryEstimate dpu_one, EstimateMemory(in));

@@ -65,7 +65,7 @@ TEST(ZoCtlEstimateTest, TableForAManifest) {
   EXPECT_THAT(r.output, Not(HasSubstr("copies for pulls")));
   const Result dpu = RunZoCtl("estimate --manifest " + manifest + " --precision bf16 --dpu");
   ASSERT_EQ(dpu.exit_code, 0) << dpu.output;
-  EXPECT_THAT(dpu.output, HasSubstr("bf16 previous version (DPU): recomputed"));
+  EXPECT_THAT(dpu.output, HasSubstr("bf16 prior version (DPU): recomputed"));
   EXPECT_THAT(dpu.output, Not(HasSubstr("copies for pulls")));
 }
 
