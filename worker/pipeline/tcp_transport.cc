@@ -49,6 +49,16 @@ using pipeline_internal::kMaxRank;
 using pipeline_internal::kOnLink;
 using pipeline_internal::kProtocolVersion;
 
+// The header announcing `tensor`: over the socket (slot -1, its payload
+// follows), in an inbox slot, or on the device link (kOnLink).
+FrameHeader TensorHeader(const MessageTag& tag, const backend::Tensor& tensor, int slot = -1) {
+  return FrameHeader{.tag = tag,
+                     .dtype = tensor.dtype(),
+                     .shape = tensor.shape(),
+                     .payload_bytes = static_cast<uint64_t>(tensor.nbytes()),
+                     .slot = slot};
+}
+
 // errno at the socket boundary: a failed connection means "retry the step".
 absl::Status SocketError(int err, absl::string_view context) {
   const std::string message = absl::StrCat(context, ": ", std::strerror(err));
@@ -723,9 +733,7 @@ absl::Status TcpTransport::Send(int to, const MessageTag& tag, const backend::Te
   if (peer->outbox != nullptr && peer->outbox->Fits(tensor)) return SendShared(peer, tag, tensor);
   messages_over_socket_.fetch_add(1, std::memory_order_relaxed);
   std::array<std::byte, kFrameHeaderBytes> header;
-  EncodeFrameHeader(
-      FrameHeader{tag, tensor.dtype(), tensor.shape(), static_cast<uint64_t>(tensor.nbytes())},
-      header.data());
+  EncodeFrameHeader(TensorHeader(tag, tensor), header.data());
   std::vector<std::byte> payload(static_cast<size_t>(tensor.nbytes()));
   if (absl::Status s = backend_.Download(tensor, absl::MakeSpan(payload)); !s.ok()) return s;
   std::lock_guard<std::mutex> lock(peer->write_mu);
@@ -773,12 +781,7 @@ absl::Status TcpTransport::SendShared(Peer* peer, const MessageTag& tag,
                                                  ": ", put.message()));
   }
   std::lock_guard<std::mutex> lock(peer->write_mu);
-  ZO_RETURN_IF_ERROR(
-      peer->WriteHeaderLocked(FrameHeader{.tag = tag,
-                                          .dtype = tensor.dtype(),
-                                          .shape = tensor.shape(),
-                                          .payload_bytes = static_cast<uint64_t>(tensor.nbytes()),
-                                          .slot = slot}));
+  ZO_RETURN_IF_ERROR(peer->WriteHeaderLocked(TensorHeader(tag, tensor, slot)));
   messages_shared_.fetch_add(1, std::memory_order_relaxed);
   return absl::OkStatus();
 }
@@ -794,12 +797,7 @@ absl::Status TcpTransport::SendLinked(Peer* peer, const MessageTag& tag,
         s.code(), absl::StrCat("sending ", ToString(tag), " to ", peer->Name(), ": ", s.message()));
     return peer->write_status;
   }
-  ZO_RETURN_IF_ERROR(
-      peer->WriteHeaderLocked(FrameHeader{.tag = tag,
-                                          .dtype = tensor.dtype(),
-                                          .shape = tensor.shape(),
-                                          .payload_bytes = static_cast<uint64_t>(tensor.nbytes()),
-                                          .slot = kOnLink}));
+  ZO_RETURN_IF_ERROR(peer->WriteHeaderLocked(TensorHeader(tag, tensor, kOnLink)));
   messages_linked_.fetch_add(1, std::memory_order_relaxed);
   return absl::OkStatus();
 }
