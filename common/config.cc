@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <type_traits>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -230,8 +231,25 @@ void VisitAuth(V& v, AuthConfig& a) {
   v.Field("tls_ca", a.tls_ca);
 }
 
+// Its lr is the worker's (zo.client_lr): refused here so a config that sets
+// it does not read as if the servers used it.
 template <typename V>
-void VisitZo(V& v, ZoConfig& z) {
+void VisitParamGroup(V& v, ParamGroupConfig& g) {
+  v.Field("betas", g.betas, InHalfOpenRange(0, 1));
+  v.Field("eps", g.eps, Above(0));
+  v.Field("weight_decay", g.weight_decay, AtLeast(0));
+  if constexpr (std::is_same_v<V, JsonReader>) {  // read only to reject it; never written
+    double lr = 0.0;
+    v.Field("lr", lr, [](double) {
+      return "a group's learning rate is not part of the config: with zo.client_lr the worker "
+             "sends every group's rate each step, otherwise every group follows the optimizer's "
+             "lr and scheduler";
+    });
+  }
+}
+
+template <typename V>
+void VisitZo(V& v, ZoConfig& z, const OptimizerParams& defaults) {
   v.Field("servers", z.servers, CheckHostPort);
   v.Field("chunk_elems", z.chunk_elems, Above(0));
   v.Field("nvme_checksums", z.nvme_checksums);
@@ -242,6 +260,12 @@ void VisitZo(V& v, ZoConfig& z) {
   v.Enum("gradient_accumulation", z.gradient_accumulation, kGradientAccumulations);
   v.Object("dpu", z.dpu, VisitDpu<V>);
   v.Object("auth", z.auth, VisitAuth<V>);
+  v.ObjectArray(
+      "param_groups", z.param_groups,
+      ParamGroupConfig{
+          .betas = defaults.betas, .eps = defaults.eps, .weight_decay = defaults.weight_decay},
+      VisitParamGroup<V>);
+  v.Field("client_lr", z.client_lr);
 }
 
 template <typename V>
@@ -269,7 +293,7 @@ void VisitConfig(V& v, Config& c) {
   v.Object("aio", c.aio, VisitAio<V>);
   v.Field("steps_per_print", c.steps_per_print, AtLeast(1));
   v.Field("wall_clock_breakdown", c.wall_clock_breakdown);
-  v.Object("zo", c.zo, VisitZo<V>);
+  v.Object("zo", c.zo, [&c](V& zo_v, ZoConfig& z) { VisitZo(zo_v, z, c.optimizer.params); });
   v.Ignore(kIgnoredTopLevelKeys);
 }
 
@@ -352,6 +376,12 @@ absl::StatusOr<LoadedConfig> LoadConfigFile(const std::string& path, const Confi
   }
   if (options.log_diagnostics) LogDiagnostics(*loaded, path);
   return loaded;
+}
+
+std::vector<ParamGroupConfig> ParamGroupsOf(const Config& config) {
+  if (!config.zo.param_groups.empty()) return config.zo.param_groups;
+  const OptimizerParams& p = config.optimizer.params;
+  return {ParamGroupConfig{.betas = p.betas, .eps = p.eps, .weight_decay = p.weight_decay}};
 }
 
 int64_t PushesPerRank(const Config& config) {

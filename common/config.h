@@ -160,6 +160,18 @@ struct AuthConfig {
   friend bool operator==(const AuthConfig&, const AuthConfig&) = default;
 };
 
+// One entry of `zo.param_groups`: the hyper-parameters of the tensors whose
+// manifest entry names this group (TensorSpec::group). Absent keys take
+// `optimizer.params`' values when the config is parsed. A group's learning
+// rate is not here: with zo.client_lr each step's rate of every group comes
+// from the worker (zo.torch's param_groups), otherwise from the schedule.
+struct ParamGroupConfig {
+  std::array<double, 2> betas = {0.9, 0.999};  // each in [0, 1)
+  double eps = 1e-8;                           // > 0
+  double weight_decay = 0.0;                   // >= 0
+  friend bool operator==(const ParamGroupConfig&, const ParamGroupConfig&) = default;
+};
+
 // `zo`: what DeepSpeed has no key for.
 struct ZoConfig {
   // "host:port" ("[::1]:port" for IPv6), distinct; empty: an embedded server.
@@ -175,6 +187,13 @@ struct ZoConfig {
   // before the job fails; 0: never. DeepSpeed fails at the first such step.
   int64_t max_consecutive_skips = 100;  // >= 0
   GradientAccumulation gradient_accumulation = GradientAccumulation::kAuto;
+  // Group 0 is the optimizer's own params when this is empty; otherwise
+  // group i is param_groups[i] and every tensor names one.
+  std::vector<ParamGroupConfig> param_groups;
+  // Each step's learning rates (one per group) come from the worker
+  // (OffloadClient::SetStepLr), as torch.optim's param_groups[i]["lr"] does;
+  // refused together with a `scheduler`.
+  bool client_lr = false;
   friend bool operator==(const ZoConfig&, const ZoConfig&) = default;
 };
 
@@ -196,6 +215,10 @@ struct Config {
   ZoConfig zo;
   friend bool operator==(const Config&, const Config&) = default;
 };
+
+// The groups a job's tensors may name: zo.param_groups, or one group of the
+// optimizer's params when it is empty.
+std::vector<ParamGroupConfig> ParamGroupsOf(const Config& config);
 
 struct ConfigOptions {
   int dp_world_size = 1;  // data-parallel replicas, for the batch-size rule; >= 1

@@ -377,10 +377,49 @@ TEST(ConfigTest, BadValuesAreErrorsNamingKeyAndValue) {
             "zo.auth.tls_key: required when zo.auth.tls_cert is given"},
            {R"("zo": {"auth": {"tls_key": "k.pem"}})",
             "zo.auth.tls_cert: required when zo.auth.tls_key is given"},
+           {R"("zo": {"param_groups": {}})", "zo.param_groups = {}: expected an array of objects"},
+           {R"("zo": {"param_groups": [{}, 3]})", "zo.param_groups[1] = 3: expected an object"},
+           {R"("zo": {"param_groups": [{"betas": [0.9, 1]}]})",
+            "zo.param_groups[0].betas[1] = 1: must be in [0, 1)"},
+           {R"("zo": {"param_groups": [{"lr": 0.1}]})",
+            "zo.param_groups[0].lr = 0.1: a group's learning rate is not part of the config"},
+           {R"("zo": {"client_lr": true}, "scheduler": {"type": "WarmupLR"})",
+            "zo.client_lr is true and a scheduler section is given"},
+           {R"("optimizer": {"type": "Lion"}, "zo": {"param_groups": [{}]})",
+            "zo.param_groups: per-group hyper-parameters are for Adam and AdamW, not Lion"},
        }) {
     cases.push_back({WithBatch(body), 1, message});
   }
   ExpectInvalid(cases);
+}
+
+// torch.optim's param_groups: absent keys take the optimizer's values.
+TEST(ConfigTest, ParamGroupsDefaultToTheOptimizersParams) {
+  absl::StatusOr<LoadedConfig> loaded = Parse(
+      R"("optimizer": {"type": "AdamW", "params": {"betas": [0.8, 0.9], "eps": 1e-6,
+                                                   "weight_decay": 0.1}},
+         "zo": {"client_lr": true,
+                "param_groups": [{}, {"weight_decay": 0}, {"betas": [0.5, 0.6], "eps": 1e-3}]})");
+  ASSERT_THAT(loaded.status(), IsOk());
+  const Config& c = loaded->config;
+  EXPECT_TRUE(c.zo.client_lr);
+  ASSERT_EQ(c.zo.param_groups.size(), 3u);
+  EXPECT_EQ(c.zo.param_groups[0],
+            (ParamGroupConfig{.betas = {0.8, 0.9}, .eps = 1e-6, .weight_decay = 0.1}));
+  EXPECT_EQ(c.zo.param_groups[1],
+            (ParamGroupConfig{.betas = {0.8, 0.9}, .eps = 1e-6, .weight_decay = 0.0}));
+  EXPECT_EQ(c.zo.param_groups[2],
+            (ParamGroupConfig{.betas = {0.5, 0.6}, .eps = 1e-3, .weight_decay = 0.1}));
+  EXPECT_EQ(ParamGroupsOf(c), c.zo.param_groups);
+  // Written out and read back, the same groups.
+  absl::StatusOr<LoadedConfig> again = ParseConfig(ConfigToJson(c));
+  ASSERT_THAT(again.status(), IsOk());
+  EXPECT_EQ(again->config, c);
+  // None given: one group of the optimizer's params.
+  absl::StatusOr<LoadedConfig> plain = Parse(R"("optimizer": {"type": "AdamW"})");
+  ASSERT_THAT(plain.status(), IsOk());
+  EXPECT_EQ(ParamGroupsOf(plain->config),
+            std::vector<ParamGroupConfig>{ParamGroupConfig{.weight_decay = 0.0}});
 }
 
 TEST(ConfigTest, MalformedJsonNamesThePosition) {
@@ -465,7 +504,15 @@ TEST(ConfigTest, RoundTripKeepsEveryNonDefaultValue) {
   c.aio = {1 << 16, 32, 3, true, false, true};
   c.steps_per_print = 100;
   c.wall_clock_breakdown = true;
-  c.zo = {{"a:1", "[::1]:2"}, 1000, false, {true, 0}, {"tok", "cert.pem", "key.pem", "ca.pem"}, 7};
+  c.zo = {{"a:1", "[::1]:2"},
+          1000,
+          false,
+          {true, 0},
+          {"tok", "cert.pem", "key.pem", "ca.pem"},
+          7,
+          GradientAccumulation::kAuto,
+          {},
+          false};
 
   const std::string json = ConfigToJson(c, 2);
   EXPECT_THAT(json, AllOf(HasSubstr("\"type\": \"Lion\""), HasSubstr("\"intra_op_parallelism\""),

@@ -1,6 +1,8 @@
 #include "common/manifest_file.h"
 
+#include <cstdint>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "absl/status/status.h"
@@ -62,6 +64,14 @@ absl::StatusOr<std::vector<TensorSpec>> ParseManifestJson(const std::string& tex
                                    " is not one of fp32, fp16, bf16"));
       }
       spec.dtype = *dtype;
+    }
+    if (t.contains("group")) {
+      if (!t["group"].is_number_integer() || t["group"].get<int64_t>() < 0 ||
+          t["group"].get<int64_t>() > std::numeric_limits<int>::max()) {
+        return Bad(i, absl::StrCat("'", spec.name, "': group ", t["group"].dump(),
+                                   " is not a parameter group index"));
+      }
+      spec.group = t["group"].get<int>();
     }
     specs.push_back(std::move(spec));
   }

@@ -24,6 +24,9 @@ struct TensorSpec {
   std::string name;
   std::vector<int64_t> shape;  // empty: a scalar (one element)
   DType dtype = DType::kFloat16;
+  // Which of the config's parameter groups (zo.param_groups) gives its
+  // optimizer hyper-parameters; 0 when the config has none.
+  int group = 0;
   friend bool operator==(const TensorSpec&, const TensorSpec&) = default;
 };
 

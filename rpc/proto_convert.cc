@@ -37,6 +37,7 @@ v1::Manifest ManifestToProto(const std::vector<TensorSpec>& tensors) {
     spec->set_name(t.name);
     for (int64_t d : t.shape) spec->add_shape(d);
     spec->set_dtype(DTypeToProto(t.dtype));
+    spec->set_group(t.group);
   }
   return manifest;
 }

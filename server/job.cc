@@ -141,6 +141,7 @@ absl::Status Job::Init() {
     local_elems_ += elems;
   }
 
+  groups_.emplace(spec_.config, map_, s);
   const Config& config = spec_.config;
   const OffloadOptimizerConfig& offload = config.zero_optimization.offload_optimizer;
   TieredStateOptions options;
@@ -213,6 +214,7 @@ absl::Status Job::Init() {
       .server_index = s,
       .dp_world_size = spec_.dp_world_size,
       .config = &spec_.config,
+      .num_groups = groups_->num_groups(),
       .report_stats =
           [this](const v1::StepStats& stats) {
             return resources_.peers->ReportStepStats(spec_.servers[0], stats,
@@ -648,7 +650,10 @@ void Job::StepLoop() {
     applied_steps_ = commit.applied_steps();
     last_grad_norm_ = commit.grad_norm();
     last_skipped_ = commit.skip();
-    if (!commit.skip()) last_lr_ = commit.lr();
+    if (!commit.skip()) {
+      last_lr_ = commit.lr();
+      last_group_lr_.assign(commit.group_lr().begin(), commit.group_lr().end());
+    }
     scale_after_version_[step] = commit.next_loss_scale();
     while (scale_after_version_.size() > kScaleHistory) {
       scale_after_version_.erase(scale_after_version_.begin());
@@ -668,30 +673,28 @@ void Job::StepLoop() {
   }
 }
 
-AdamHyperParams Job::HyperParams(double lr) const {
-  const OptimizerParams& p = spec_.config.optimizer.params;
-  AdamHyperParams hp;
-  hp.lr = lr;
-  hp.beta1 = p.betas[0];
-  hp.beta2 = p.betas[1];
-  hp.eps = p.eps;
-  hp.weight_decay = p.weight_decay;
-  hp.adam_w_mode = spec_.config.optimizer.type == OptimizerType::kAdamW || p.adam_w_mode;
-  hp.bias_correction = p.bias_correction;
-  return hp;
+std::vector<double> Job::GroupLrOf(const v1::StepCommit& commit) const {
+  if (commit.group_lr_size() > 0) return {commit.group_lr().begin(), commit.group_lr().end()};
+  return std::vector<double>(static_cast<size_t>(groups_->num_groups()), commit.lr());
 }
 
-AdamStepConstants Job::RestoredStepConstants(const CheckpointMeta& meta) const {
+RangedConstants<AdamStepConstants> Job::RestoredStepConstants(const CheckpointMeta& meta) const {
   // The gradient's scale does not enter the undo.
-  return MakeAdamStepConstants(HyperParams(LastStepOf(meta, spec_.config).lr), meta.applied_steps,
-                               1.0);
+  std::vector<double> lr = meta.last_group_lr;
+  if (static_cast<int>(lr.size()) != groups_->num_groups()) {
+    lr.assign(static_cast<size_t>(groups_->num_groups()), LastStepOf(meta, spec_.config).lr);
+  }
+  return groups_->StepConstants(lr, meta.applied_steps, 1.0);
 }
 
-ParamVersions::Undo Job::UndoOf(const AdamStepConstants& c) const {
+ParamVersions::Undo Job::UndoOf(const RangedConstants<AdamStepConstants>& c) const {
   return [this, c](int64_t offset, int64_t n, void* out) {
-    RoundWeightsBeforeAdamStep(c, state_->ram_master() + offset, state_->ram_m() + offset,
-                               state_->ram_v() + offset, {out, spec_.dtype},
-                               static_cast<size_t>(n));
+    c.ForEach(offset, offset + n, [&](int64_t b, int64_t e, const AdamStepConstants& k) {
+      RoundWeightsBeforeAdamStep(
+          k, state_->ram_master() + b, state_->ram_m() + b, state_->ram_v() + b,
+          OffsetBy(TypedPtr{out, spec_.dtype}, static_cast<size_t>(b - offset)),
+          static_cast<size_t>(e - b));
+    });
   };
 }
 
@@ -700,8 +703,8 @@ absl::Status Job::Apply(const v1::StepCommit& commit) {
   if (commit.skip()) {
     versions_->RecordSkip(commit.step());
   } else {
-    const AdamStepConstants c = MakeAdamStepConstants(
-        HyperParams(commit.lr()), commit.applied_steps(), commit.grad_multiplier());
+    const RangedConstants<AdamStepConstants> c =
+        groups_->StepConstants(GroupLrOf(commit), commit.applied_steps(), commit.grad_multiplier());
     // A checkpoint part that carries the version this update overwrites
     // writes it first (the background writer may have already).
     if (snapshot_ != nullptr) {
@@ -722,8 +725,13 @@ absl::Status Job::Apply(const v1::StepCommit& commit) {
         keeps ? [&](const TieredOptimizerState::UpdatedTile& t) {
           std::vector<uint32_t> index;
           std::vector<uint8_t> values;
-          FindUndoMismatches(c, static_cast<const float*>(t.old_weights), t.p, t.m, t.v,
-                             spec_.dtype, static_cast<size_t>(t.n), &index, &values);
+          c.ForEach(t.offset, t.offset + t.n, [&](int64_t b, int64_t e, const AdamStepConstants& k) {
+            const auto i = static_cast<size_t>(b - t.offset);  // into the tile
+            const size_t found = index.size();
+            FindUndoMismatches(k, static_cast<const float*>(t.old_weights) + i, t.p + i, t.m + i,
+                               t.v + i, spec_.dtype, static_cast<size_t>(e - b), &index, &values);
+            for (size_t j = found; j < index.size(); ++j) index[j] += static_cast<uint32_t>(i);
+          });
           versions_->MarkKept(t.offset, t.n, std::move(index), std::move(values));
         }
               : TieredOptimizerState::TileUpdated(),
@@ -830,8 +838,11 @@ void Job::LogStep(const v1::StepCommit& commit, absl::Duration wait, absl::Durat
       "job %s step %d: loss_scale %g grad_norm %.4g lr %.3g%s | wait %.1f ms update %.1f ms "
       "serve %.1f ms%s",
       spec_.name, commit.step(), commit.next_loss_scale(), commit.grad_norm(), commit.lr(),
-      commit.skip() ? " SKIPPED (overflow)" : "", absl::ToDoubleMilliseconds(wait),
-      absl::ToDoubleMilliseconds(update), absl::ToDoubleMilliseconds(serve), previous);
+      !commit.skip()             ? ""
+      : commit.failure().empty() ? " SKIPPED (overflow)"
+                                 : " SKIPPED",
+      absl::ToDoubleMilliseconds(wait), absl::ToDoubleMilliseconds(update),
+      absl::ToDoubleMilliseconds(serve), previous);
 }
 
 // ---------------------------------------------------------------- coordination
@@ -841,5 +852,9 @@ absl::Status Job::OnStepStats(const v1::StepStats& stats) {
 }
 
 absl::Status Job::OnCommit(const v1::StepCommit& commit) { return coordinator_->OnCommit(commit); }
+
+absl::Status Job::OnStepLr(const v1::StepLrRequest& request) {
+  return coordinator_->OnStepLr(request.step(), request.dp_rank(), request.group_lr());
+}
 
 }  // namespace zo

@@ -44,6 +44,7 @@
 #include "offload/aligned_buffer.h"
 #include "offload/checkpoint/checkpoint_dir.h"
 #include "offload/cpu_optimizer.h"
+#include "offload/ranged_constants.h"
 #include "offload/thread_pool.h"
 #include "offload/tier/tiered_state.h"
 #include "proto/zo/v1/checkpoint.pb.h"
@@ -55,6 +56,7 @@
 #include "server/gradient_piece_view.h"
 #include "server/job_counters.h"
 #include "server/job_spec.h"
+#include "server/param_group_layout.h"
 #include "server/param_versions.h"
 #include "server/peer_client.h"
 #include "server/pull_cursor.h"
@@ -162,6 +164,8 @@ class Job {
   // Server-to-server calls.
   absl::Status OnStepStats(const v1::StepStats& stats);
   absl::Status OnCommit(const v1::StepCommit& commit);
+  // A worker's learning rates for a step (zo.client_lr): StepCoordinator::OnStepLr.
+  absl::Status OnStepLr(const v1::StepLrRequest& request);
   absl::StatusOr<v1::WriteCheckpointPartResponse> WriteCheckpointPart(
       const v1::WriteCheckpointPartRequest& request, absl::Time deadline);
   // `healthy_after` false (the lead, whose followers restore next): the job
@@ -235,13 +239,13 @@ class Job {
   bool ReadyToReportLocked() const;
   v1::StepStats ComputeStepStats(int64_t step, int64_t generation);
   absl::Status Apply(const v1::StepCommit& commit);
-  // The optimizer's hyper-parameters at learning rate `lr`.
-  AdamHyperParams HyperParams(double lr) const;
+  // Every parameter group's learning rate in `commit`.
+  std::vector<double> GroupLrOf(const v1::StepCommit& commit) const;
   // The constants of the step that made the version `meta` restores.
-  AdamStepConstants RestoredStepConstants(const CheckpointMeta& meta) const;
+  RangedConstants<AdamStepConstants> RestoredStepConstants(const CheckpointMeta& meta) const;
   // Recomputes the weights before the step with constants `c` from the state
   // it left (served as the previous version: server/param_versions.h).
-  ParamVersions::Undo UndoOf(const AdamStepConstants& c) const;
+  ParamVersions::Undo UndoOf(const RangedConstants<AdamStepConstants>& c) const;
   const std::vector<LocalChunk>& chunks() const { return accum_->chunks(); }
   // Sets health_ and closes (or reopens) the accumulator to match: pushes
   // fail with the reason while the job needs a restore, and waiting pulls
@@ -299,6 +303,7 @@ class Job {
   // belong to steps the restore undid).
   std::atomic<uint64_t> incarnation_;
   int64_t local_elems_ = 0;
+  std::optional<ParamGroupLayout> groups_;  // set by Init
 
   std::unique_ptr<TieredOptimizerState> state_;
   std::unique_ptr<GradientAccumulator> accum_;
@@ -332,6 +337,7 @@ class Job {
   double last_grad_norm_ = 0.0;
   bool last_skipped_ = false;
   double last_lr_ = 0.0;
+  std::vector<double> last_group_lr_;  // with zo.client_lr; else empty
   int64_t last_checkpoint_step_ = -1;
   absl::Status health_;
   // A restore is replacing the state and versions: pulls wait for it.

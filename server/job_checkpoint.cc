@@ -166,6 +166,7 @@ absl::StatusOr<Job::StartedCheckpoint> Job::StartCheckpoint(int64_t version, int
     meta.has_last_step = true;
     meta.last_grad_norm = last_grad_norm_;
     meta.last_lr = last_lr_;
+    meta.last_group_lr = last_group_lr_;
     meta.last_skipped = last_skipped_;
     previous_bytes = PlanPreviousLocked(version, meta);
   }
@@ -547,6 +548,7 @@ absl::Status Job::RestorePart(const v1::RestorePartRequest& request, bool health
     const LastStep last = LastStepOf(meta, spec_.config);
     last_grad_norm_ = last.grad_norm;
     last_lr_ = last.lr;
+    last_group_lr_ = meta.last_group_lr;
     last_skipped_ = last.skipped;
     if (last.derived) {
       ZO_LOG(INFO) << "job " << spec_.name << ": checkpoint " << request.path()

@@ -118,6 +118,7 @@ absl::StatusOr<JobSpec> JobSpecFromRequest(const v1::OpenJobRequest& request) {
                                                    " tensors, more than the ", kMaxManifestTensors,
                                                    " a job may have"));
   }
+  const auto num_groups = static_cast<int>(ParamGroupsOf(spec.config).size());
   for (const v1::TensorSpec& t : request.manifest().tensors()) {
     if (t.name().size() > kMaxTensorNameBytes || t.shape_size() > kMaxTensorRank) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -134,6 +135,13 @@ absl::StatusOr<JobSpec> JobSpecFromRequest(const v1::OpenJobRequest& request) {
           std::string(DTypeName(spec.dtype)), " (from the config's fp16/bf16 sections)"));
     }
     spec_t.dtype = *dtype;
+    if (t.group() < 0 || t.group() >= num_groups) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("manifest tensor \"", t.name(), "\": group ", t.group(),
+                       " is not one of the config's ", num_groups, " parameter group",
+                       num_groups == 1 ? "" : "s", " (zo.param_groups; none given is one group)"));
+    }
+    spec_t.group = t.group();
     spec.manifest.push_back(std::move(spec_t));
   }
   absl::StatusOr<ShardMap> map = ShardMap::Create(spec.manifest, spec.config.zo.chunk_elems,
@@ -163,6 +171,10 @@ std::string JobSpecMismatch(const JobSpec& a, const JobSpec& b) {
                           absl::StrJoin(y.shape, ","), "] ", std::string(DTypeName(y.dtype)),
                           ", the job's is \"", x.name, "\" [", absl::StrJoin(x.shape, ","), "] ",
                           std::string(DTypeName(x.dtype)));
+    }
+    if (x.group != y.group) {
+      return absl::StrCat("manifest tensor \"", y.name, "\" is in parameter group ", y.group,
+                          ", the job's is in group ", x.group);
     }
   }
   // Before the config: train_batch_size follows from dp_world_size, and the

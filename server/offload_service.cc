@@ -147,6 +147,16 @@ grpc::Status OffloadService::ReportStepStats(grpc::ServerContext* context,
   return ToGrpcStatus(job->OnStepStats(*request));
 }
 
+grpc::Status OffloadService::SetStepLr(grpc::ServerContext* context,
+                                       const v1::StepLrRequest* request, v1::StepLrResponse*) {
+  ZO_RPC_AUTH(context);
+  ZO_RPC_ASSIGN_OR_RETURN(job, registry_->Find(request->job()));
+  if (absl::Status s = job->CheckIncarnation(request->incarnation()); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  return ToGrpcStatus(job->OnStepLr(*request));
+}
+
 grpc::Status OffloadService::CommitStep(grpc::ServerContext* context, const v1::StepCommit* request,
                                         v1::StepCommitResponse*) {
   ZO_RPC_AUTH(context);

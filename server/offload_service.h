@@ -49,6 +49,8 @@ class OffloadService final
                                                          const grpc::ByteBuffer* request) override;
   grpc::Status ReportStepStats(grpc::ServerContext* context, const v1::StepStats* request,
                                v1::StepStatsResponse* response) override;
+  grpc::Status SetStepLr(grpc::ServerContext* context, const v1::StepLrRequest* request,
+                         v1::StepLrResponse* response) override;
   grpc::Status CommitStep(grpc::ServerContext* context, const v1::StepCommit* request,
                           v1::StepCommitResponse* response) override;
   grpc::Status WriteCheckpointPart(grpc::ServerContext* context,

@@ -1,10 +1,13 @@
 #include "server/step_coordinator.h"
 
 #include <algorithm>
+#include <cmath>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/logging.h"
 
 namespace zo {
@@ -58,17 +61,40 @@ std::optional<v1::StepCommit> StepCoordinator::LeadRound(const v1::StepStats& ow
     std::vector<double> sums;
     sums.reserve(by_chunk.size());
     for (const auto& [chunk, sum] : by_chunk) sums.push_back(sum);
-    const StepDecision d = decider_->Decide(sums, non_finite, loss_scale_used);
+    std::optional<std::vector<double>> group_lr;
+    if (options_.config->zo.client_lr) {
+      if (auto it = client_lr_.find(step); it != client_lr_.end()) group_lr = it->second;
+      client_lr_.erase(client_lr_.begin(), client_lr_.upper_bound(step));
+    }
+    if (options_.config->zo.client_lr && !group_lr.has_value()) {
+      // A skip that fails the job: no step is applied with rates nobody gave.
+      commit.set_skip(true);
+      commit.set_applied_steps(decider_->applied_steps());
+      commit.set_next_loss_scale(decider_->scaler().scale());
+      commit.set_failure(absl::StrCat(
+          "job ", job_, ": zo.client_lr is set and no worker sent the learning rates of step ",
+          step,
+          " (SetStepLr before its gradients); restore the job and attach a client that "
+          "sends them"));
+    } else {
+      const StepDecision d = decider_->Decide(sums, non_finite, loss_scale_used);
+      commit.set_skip(d.skip);
+      commit.set_grad_multiplier(d.grad_multiplier);
+      commit.set_lr(d.lr);
+      commit.set_applied_steps(d.applied_steps);
+      commit.set_next_loss_scale(d.next_loss_scale);
+      commit.set_grad_norm(d.grad_norm);
+      if (!d.failure.ok()) {
+        commit.set_failure(absl::StrCat("job ", job_, ": ", d.failure.message()));
+      }
+      if (group_lr.has_value() && !d.skip) {
+        commit.set_lr(group_lr->front());
+        for (double lr : *group_lr) commit.add_group_lr(lr);
+      }
+    }
     commit.set_job(job_);
     commit.set_step(step);
-    commit.set_skip(d.skip);
-    commit.set_grad_multiplier(d.grad_multiplier);
-    commit.set_lr(d.lr);
-    commit.set_applied_steps(d.applied_steps);
-    commit.set_next_loss_scale(d.next_loss_scale);
-    commit.set_grad_norm(d.grad_norm);
     commit.set_generation(generation);
-    if (!d.failure.ok()) commit.set_failure(absl::StrCat("job ", job_, ": ", d.failure.message()));
   }
   for (int i = 1; i < map_.num_servers(); ++i) {
     const bool sent = RetryUntilAborted(generation, "sending the step's commit",
@@ -76,6 +102,49 @@ std::optional<v1::StepCommit> StepCoordinator::LeadRound(const v1::StepStats& ow
     if (!sent) return std::nullopt;
   }
   return commit;
+}
+
+absl::Status StepCoordinator::OnStepLr(int64_t step, int dp_rank,
+                                       absl::Span<const double> group_lr) {
+  if (!is_lead()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("learning rates sent to server ", server_index_, "; the lead is server 0"));
+  }
+  if (!options_.config->zo.client_lr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_,
+                     " takes its learning rate from its config's optimizer and "
+                     "scheduler (zo.client_lr is false): a worker's rates are not used"));
+  }
+  if (dp_rank < 0 || dp_rank >= options_.dp_world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dp_rank ", dp_rank, " is outside [0, ", options_.dp_world_size, ")"));
+  }
+  if (static_cast<int>(group_lr.size()) != options_.num_groups) {
+    return absl::InvalidArgumentError(absl::StrCat(group_lr.size(), " learning rates for job ",
+                                                   job_, ", which has ", options_.num_groups,
+                                                   " parameter groups"));
+  }
+  for (size_t g = 0; g < group_lr.size(); ++g) {
+    if (!std::isfinite(group_lr[g]) || group_lr[g] < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("learning rate of parameter group ", g, " is ",
+                                                     group_lr[g], ": must be finite and >= 0"));
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  if (step < open_step_) return absl::OkStatus();  // decided already: a re-sent step
+  if (step > open_step_ + 2) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("learning rates for step ", step, " while step ", open_step_, " is open"));
+  }
+  auto [it, first] = client_lr_.try_emplace(step, group_lr.begin(), group_lr.end());
+  if (!first && !std::equal(it->second.begin(), it->second.end(), group_lr.begin())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dp rank ", dp_rank, " sent learning rates [", absl::StrJoin(group_lr, ", "),
+                     "] for step ", step, ", another rank sent [", absl::StrJoin(it->second, ", "),
+                     "]: every rank must set the same rates"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status StepCoordinator::OnStepStats(const v1::StepStats& stats) {
@@ -187,6 +256,7 @@ void StepCoordinator::Restart(int64_t generation, int64_t open_step) {
   open_step_ = open_step;
   commit_.reset();
   partials_.clear();
+  client_lr_.clear();
 }
 
 void StepCoordinator::Stop() {

@@ -110,6 +110,18 @@ absl::Status CheckAcrossKeys(Config& c, Diagnostics& diag) {
   }
   ZO_RETURN_IF_ERROR(CheckOffloads(c.zero_optimization));
   ZO_RETURN_IF_ERROR(CheckZoSection(c.zo));
+  if (c.zo.client_lr && c.scheduler.has_value()) {
+    return absl::InvalidArgumentError(
+        "zo.client_lr is true and a scheduler section is given: the learning rate comes either "
+        "from the worker each step (zo.torch's param_groups, a torch lr_scheduler) or from the "
+        "config's scheduler; remove one");
+  }
+  if (!c.zo.param_groups.empty() && c.optimizer.type != OptimizerType::kAdam &&
+      c.optimizer.type != OptimizerType::kAdamW) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("zo.param_groups: per-group hyper-parameters are for Adam and AdamW, not ",
+                     std::string(EnumName(c.optimizer.type))));
+  }
   if (c.scheduler.has_value() && c.scheduler->type != SchedulerType::kWarmupLR) {
     const SchedulerParams& p = c.scheduler->params;
     if (p.total_num_steps <= p.warmup_num_steps) {

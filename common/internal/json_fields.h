@@ -183,6 +183,24 @@ class JsonReader {
     value.reset();
   }
 
+  // An array of objects at `key`, each read like Object() over a copy of
+  // `initial` (the defaults its absent keys keep); absent: left alone.
+  template <typename S, typename F>
+  void ObjectArray(std::string_view key, std::vector<S>& values, const S& initial, F&& visit) {
+    const auto [json, path] = Take(key);
+    if (!ok() || json == nullptr) return;
+    if (!json->is_array()) return Fail(path, *json, "expected an array of objects");
+    std::vector<S> parsed(json->size(), initial);
+    for (size_t i = 0; i < parsed.size() && ok(); ++i) {
+      const std::string item_path = absl::StrCat(path, "[", i, "]");
+      if (!(*json)[i].is_object()) return Fail(item_path, (*json)[i], "expected an object");
+      JsonReader child((*json)[i], item_path, diag_);
+      visit(child, parsed[i]);
+      child.Finish();
+    }
+    if (ok()) values = std::move(parsed);
+  }
+
   // Fails when `key` is absent, saying `why` it is needed.
   void Require(std::string_view key, std::string_view why);
   // Reads `old_key` as `new_key` (only one may be given); warns when asked to.
@@ -288,6 +306,17 @@ class JsonWriter {
   template <typename S, typename F>
   void OptionalObject(std::string_view key, std::optional<S>& value, F&& visit) {
     if (value.has_value()) Object(key, *value, visit);
+  }
+  template <typename S, typename F>
+  void ObjectArray(std::string_view key, std::vector<S>& values, const S&, F&& visit) {
+    if (values.empty()) return;
+    OrderedJson array = OrderedJson::array();
+    for (S& value : values) {
+      JsonWriter child;
+      visit(child, value);
+      array.push_back(std::move(child.out_));
+    }
+    out_[std::string(key)] = std::move(array);
   }
 
   // Reading-only concerns.

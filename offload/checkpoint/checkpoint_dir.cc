@@ -159,6 +159,7 @@ OrderedJson MetaToJson(const CheckpointMeta& meta) {
   OrderedJson tensors = OrderedJson::array();
   for (const TensorSpec& t : meta.manifest) {
     tensors.push_back({{"name", t.name}, {"shape", t.shape}, {"dtype", DTypeName(t.dtype)}});
+    if (t.group != 0) tensors.back()["group"] = t.group;
   }
   doc["manifest"] = {{"tensors", std::move(tensors)}};
   if (meta.has_last_step) {
@@ -167,6 +168,7 @@ OrderedJson MetaToJson(const CheckpointMeta& meta) {
                                                           : OrderedJson(nullptr);
     doc["last_step"] = {
         {"grad_norm", std::move(norm)}, {"lr", meta.last_lr}, {"skipped", meta.last_skipped}};
+    if (!meta.last_group_lr.empty()) doc["last_step"]["group_lr"] = meta.last_group_lr;
   }
   if (meta.has_previous) {
     doc["previous"] = {{"version", meta.previous_version},
@@ -459,6 +461,14 @@ absl::StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir) {
     lr.Field("lr", meta.last_lr);
     lr.Field("skipped", meta.last_skipped);
     ZO_RETURN_IF_ERROR(lr.status);
+    if (const auto group_lr = last->find("group_lr"); group_lr != last->end()) {
+      if (!group_lr->is_array() || !std::all_of(group_lr->begin(), group_lr->end(),
+                                                [](const auto& x) { return x.is_number(); })) {
+        return absl::DataLossError(
+            absl::StrCat(file, ": field \"last_step.group_lr\" is not an array of numbers"));
+      }
+      meta.last_group_lr = group_lr->get<std::vector<double>>();
+    }
     meta.has_last_step = true;
   }
   if (const auto previous = doc.find("previous"); previous != doc.end()) {

@@ -43,6 +43,9 @@ struct CheckpointMeta {
   bool has_last_step = false;
   double last_grad_norm = 0.0;  // NaN: the step's gradients were non-finite
   double last_lr = 0.0;         // of the newest applied step
+  // With zo.client_lr, every parameter group's rate of that step (group 0's
+  // is last_lr); empty otherwise ("last_step.group_lr", optional).
+  std::vector<double> last_group_lr;
   bool last_skipped = false;
   // With a delayed parameter update the step after `version` computes on
   // the version before it, which is kept too (optional in checkpoint.json,

@@ -333,6 +333,16 @@ absl::Status TieredOptimizerState::AdamStep(const AdamStepConstants& c, TypedCon
                                             const StateObserver& before_update,
                                             const TileUpdated& tile_updated,
                                             DType old_weights_dtype) {
+  return AdamStep(RangedConstants<AdamStepConstants>(c), grad, low_precision, updated,
+                  before_update, tile_updated, old_weights_dtype);
+}
+
+absl::Status TieredOptimizerState::AdamStep(const RangedConstants<AdamStepConstants>& c,
+                                            TypedConstPtr grad, TypedPtr low_precision,
+                                            const std::function<void(int64_t end)>& updated,
+                                            const StateObserver& before_update,
+                                            const TileUpdated& tile_updated,
+                                            DType old_weights_dtype) {
   Impl& s = *impl_;
   if (!s.error.ok()) return s.NeedsRestore();
   if (s.layout.total_elems() == 0) return absl::OkStatus();
@@ -350,17 +360,31 @@ absl::Status TieredOptimizerState::AdamStep(const AdamStepConstants& c, TypedCon
     if (before_update) {
       before_update(static_cast<int64_t>(at), end - begin, p + begin, m + begin, v + begin);
     }
+    // Run by run within the tile: [b, e) in the state's flat index space.
+    const auto each_run = [&](const auto& update) {
+      c.ForEach(static_cast<int64_t>(at), static_cast<int64_t>(at + n),
+                [&](int64_t b, int64_t e, const AdamStepConstants& k) {
+                  const auto i = static_cast<size_t>(b) - at;  // into the tile
+                  update(k, static_cast<size_t>(b), begin + static_cast<int64_t>(i), i,
+                         static_cast<size_t>(e - b));
+                });
+    };
     if (!tile_updated) {
-      AdamUpdate(c, OffsetBy(grad, at), p + begin, m + begin, v + begin,
-                 OffsetBy(low_precision, at), n);
+      each_run([&](const AdamStepConstants& k, size_t flat, int64_t local, size_t, size_t len) {
+        AdamUpdate(k, OffsetBy(grad, flat), p + local, m + local, v + local,
+                   OffsetBy(low_precision, flat), len);
+      });
       return;
     }
     // The old weights of one tile at a time, per worker: a tile's worth of
     // scratch instead of a copy of every weight.
     thread_local std::vector<float> old_weights;
     old_weights.resize((n * DTypeSize(old_weights_dtype) + sizeof(float) - 1) / sizeof(float));
-    AdamUpdate(c, OffsetBy(grad, at), p + begin, m + begin, v + begin,
-               {old_weights.data(), old_weights_dtype}, n, CopyOf::kOldWeight);
+    each_run([&](const AdamStepConstants& k, size_t flat, int64_t local, size_t i, size_t len) {
+      AdamUpdate(k, OffsetBy(grad, flat), p + local, m + local, v + local,
+                 OffsetBy(TypedPtr{old_weights.data(), old_weights_dtype}, i), len,
+                 CopyOf::kOldWeight);
+    });
     tile_updated({.offset = static_cast<int64_t>(at),
                   .n = end - begin,
                   .old_weights = old_weights.data(),

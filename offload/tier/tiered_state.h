@@ -33,6 +33,7 @@
 #include "absl/types/span.h"
 #include "offload/io/io_engine.h"
 #include "offload/optimizer_kernels.h"
+#include "offload/ranged_constants.h"
 #include "offload/thread_pool.h"
 #include "offload/tier/swap_io_stats.h"
 
@@ -150,6 +151,15 @@ class TieredOptimizerState {
   };
   using TileUpdated = std::function<void(const UpdatedTile&)>;
   absl::Status AdamStep(const AdamStepConstants& c, TypedConstPtr grad, TypedPtr low_precision,
+                        const std::function<void(int64_t end)>& updated = nullptr,
+                        const StateObserver& before_update = nullptr,
+                        const TileUpdated& tile_updated = nullptr,
+                        DType old_weights_dtype = DType::kFloat16);
+  // The same with constants by element range (parameter groups): a tile
+  // that spans runs is updated run by run; each element gets the bits a
+  // step with its run's constants alone would give it.
+  absl::Status AdamStep(const RangedConstants<AdamStepConstants>& c, TypedConstPtr grad,
+                        TypedPtr low_precision,
                         const std::function<void(int64_t end)>& updated = nullptr,
                         const StateObserver& before_update = nullptr,
                         const TileUpdated& tile_updated = nullptr,

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <atomic>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -395,6 +396,50 @@ TEST_F(TieredStateTest, ShowsEachTileOnceWithItsOldWeightsAndNewState) {
   std::vector<float> unchanged(kTotal);
   ASSERT_THAT(state->ReadState(0, absl::MakeSpan(unchanged), {}, {}), IsOk());
   EXPECT_EQ(unchanged, after);
+}
+
+// Constants by range (parameter groups): every element, in RAM or on NVMe,
+// in a tile alone or in one shared with other runs, gets the bits of a
+// plain update with its run's constants; with tile_updated too.
+TEST_F(TieredStateTest, RangedConstantsGiveEachRunTheBitsOfItsOwnStep) {
+  AdamHyperParams a, b;
+  a.lr = 1e-2;
+  a.weight_decay = 0.1;
+  b.lr = 3e-3;
+  b.beta1 = 0.8;
+  b.eps = 1e-6;
+  const AdamStepConstants ka = MakeAdamStepConstants(a, 1, 0.5);
+  const AdamStepConstants kb = MakeAdamStepConstants(b, 1, 0.5);
+  // Runs inside a tile, across tiles, and across the RAM/NVMe boundary at 20'000.
+  const RangedConstants<AdamStepConstants> c(
+      {{0, ka}, {100, kb}, {117, ka}, {kTileElems + 5, kb}, {19'990, ka}, {20'010, kb}});
+  const std::vector<float> before = Pattern(kTotal, 6);
+  const std::vector<float> grad = Pattern(kTotal, 7);
+  std::vector<float> want = before, want_m(kTotal, 0.0f), want_v(kTotal, 0.0f);
+  c.ForEach(0, kTotal, [&](int64_t lo, int64_t hi, const AdamStepConstants& k) {
+    AdamUpdate(k, {grad.data() + lo, DType::kFloat32}, want.data() + lo, want_m.data() + lo,
+               want_v.data() + lo, {nullptr, DType::kFloat16}, static_cast<size_t>(hi - lo));
+  });
+  for (const bool with_tiles : {false, true}) {
+    SCOPED_TRACE(with_tiles ? "tile_updated" : "plain");
+    ZO_ASSERT_OK_AND_ASSIGN(auto state, TieredOptimizerState::Create(Options(2), kTotal, &pool_));
+    ASSERT_THAT(state->LoadMaster(0, before), IsOk());
+    std::vector<uint16_t> old_copy(kTotal);
+    const auto tile_updated = [&](const TieredOptimizerState::UpdatedTile& t) {
+      std::memcpy(old_copy.data() + t.offset, t.old_weights, static_cast<size_t>(t.n) * 2);
+    };
+    ASSERT_THAT(state->AdamStep(c, {grad.data(), DType::kFloat32}, {nullptr, DType::kFloat16},
+                                nullptr, nullptr,
+                                with_tiles ? TieredOptimizerState::TileUpdated(tile_updated)
+                                           : TieredOptimizerState::TileUpdated()),
+                IsOk());
+    StateSnapshot got;
+    ASSERT_THAT(Snapshot(*state, &got), IsOk());
+    ExpectSameBits({want, want_m, want_v}, got);
+    for (int64_t i = 0; with_tiles && i < kTotal; ++i) {
+      ASSERT_EQ(old_copy[i], FloatToHalfBits(before[i])) << i;
+    }
+  }
 }
 
 // The swap's I/O totals count what a step moves: each NVMe sub-group read

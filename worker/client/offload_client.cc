@@ -679,6 +679,20 @@ int64_t OffloadClient::version() const {
   return impl_->version;
 }
 
+absl::Status OffloadClient::SetStepLr(int64_t step, absl::Span<const double> group_lr) {
+  v1::StepLrRequest request;
+  request.set_job(impl_->options.job);
+  request.set_step(step);
+  request.set_dp_rank(impl_->options.dp_rank);
+  for (double lr : group_lr) request.add_group_lr(lr);
+  request.set_incarnation(impl_->incarnation[0].load(std::memory_order_relaxed));
+  return impl_
+      ->Unary<v1::StepLrResponse>(
+          0, [&](v1::Offload::Stub& stub, grpc::ClientContext& context,
+                 v1::StepLrResponse& r) { return stub.SetStepLr(&context, request, &r); })
+      .status();
+}
+
 absl::StatusOr<v1::JobStatus> OffloadClient::JobStatus() {
   v1::GetJobStatusRequest request;
   request.set_job(impl_->options.job);

@@ -153,6 +153,13 @@ class OffloadClient {
   absl::Status PushRange(int64_t step, int tensor, int64_t offset,
                          absl::Span<const std::byte> data);
 
+  // With zo.client_lr: the learning rate of every parameter group for
+  // `step`, sent to the lead (synchronously) before the step's first Push,
+  // so that the step uses them. INVALID_ARGUMENT for the wrong count, a
+  // negative or non-finite rate, or rates another dp rank contradicts;
+  // FAILED_PRECONDITION for a job without zo.client_lr.
+  absl::Status SetStepLr(int64_t step, absl::Span<const double> group_lr);
+
   // Waits until every piece pushed for `step` is written and every server's
   // stream for it has answered; returns the first error (with the server
   // address and its message).
