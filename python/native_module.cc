@@ -131,7 +131,12 @@ class Client {
  public:
   Client(const std::string& config_json, const std::vector<ManifestEntry>& manifest,
          const std::vector<std::string>& servers, EmbeddedServer* embedded, const std::string& job,
-         int dp_rank, int dp_world_size, const std::string& auth_token) {
+         int dp_rank, int dp_world_size, const std::string& auth_token,
+         const std::vector<int>& groups) {
+    if (!groups.empty() && groups.size() != manifest.size()) {
+      throw py::value_error(absl::StrCat(groups.size(), " parameter groups for ", manifest.size(),
+                                         " tensors: give one per tensor, or none"));
+    }
     std::vector<TensorSpec> specs;
     for (const auto& [name, shape, dtype_name] : manifest) {
       const std::optional<DType> dtype = ParseDType(dtype_name);
@@ -139,7 +144,8 @@ class Client {
         throw py::value_error(absl::StrCat("tensor '", name, "': dtype '", dtype_name,
                                            "' is not fp32, fp16 or bf16"));
       }
-      specs.push_back({name, shape, *dtype});
+      const int group = groups.empty() ? 0 : groups[specs.size()];
+      specs.push_back({.name = name, .shape = shape, .dtype = *dtype, .group = group});
     }
     ClientOptions options;
     options.job = job;
@@ -233,6 +239,16 @@ class Client {
       pushed = active().PushShared(step, tensor, std::move(owner), bytes);
     }
     CheckNoting(pushed);
+  }
+
+  // The step's learning rate of every parameter group (zo.client_lr).
+  void SetStepLr(int64_t step, const std::vector<double>& group_lr) {
+    absl::Status sent;
+    {
+      py::gil_scoped_release release;
+      sent = active().SetStepLr(step, group_lr);
+    }
+    CheckNoting(sent);
   }
 
   void FinishStep(int64_t step) {
@@ -369,16 +385,17 @@ PYBIND11_MODULE(_native, m) {
   py::class_<Client>(m, "Client")
       .def(py::init<const std::string&, const std::vector<ManifestEntry>&,
                     const std::vector<std::string>&, EmbeddedServer*, const std::string&, int, int,
-                    const std::string&>(),
+                    const std::string&, const std::vector<int>&>(),
            py::arg("config_json"), py::arg("manifest"),
            py::arg("servers") = std::vector<std::string>(), py::arg("embedded") = nullptr,
            py::arg("job") = "zo-torch", py::arg("dp_rank") = 0, py::arg("dp_world_size") = 1,
-           py::arg("auth_token") = "",
+           py::arg("auth_token") = "", py::arg("groups") = std::vector<int>(),
            py::keep_alive<1, 5>())  // the embedded server outlives the client
       .def_property_readonly("version", &Client::version)
       .def_property_readonly("loss_scale", &Client::loss_scale)
       .def("init_params", &Client::InitParams)
       .def("push", &Client::Push)
+      .def("set_step_lr", &Client::SetStepLr, py::arg("step"), py::arg("group_lr"))
       .def("finish_step", &Client::FinishStep)
       .def("pull_for_step", &Client::PullForStep)
       .def("job_status", &Client::JobStatus)

@@ -13,10 +13,19 @@ def open_optimizer(named, cfg=None):
     return zo.torch.OffloadOptimizer(named, config=cfg or config())
 
 
-@pytest.mark.parametrize("dtype", [torch.int64, torch.float64, torch.complex64])
-def test_a_parameter_of_another_dtype_is_named(dtype):
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex64])
+def test_a_trainable_parameter_of_another_dtype_is_named(dtype):
     with pytest.raises(TypeError, match=f"parameter 'w' is {dtype}"):
-        open_optimizer([("w", torch.zeros(3, dtype=dtype))])
+        open_optimizer([("w", torch.nn.Parameter(torch.zeros(3, dtype=dtype)))])
+
+
+def test_a_frozen_parameter_of_any_dtype_is_left_out_of_the_job():
+    model, _ = reference_and_model()
+    named = list(model.named_parameters()) + [("count", torch.nn.Parameter(
+        torch.zeros(3, dtype=torch.int64), requires_grad=False))]
+    opt = open_optimizer(named)
+    assert "count" not in opt._names
+    opt.close()
 
 
 def test_a_non_contiguous_parameter_is_named():

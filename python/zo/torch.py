@@ -25,6 +25,7 @@ A DeepSpeed training loop keeps its shape with initialize():
 """
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -58,27 +59,108 @@ def _job_dtype(cfg):
     return "fp32"
 
 
-def _check_parameters(named):
-    """Refuses parameters zo cannot train, naming each: the job's manifest is
-    made of them, and pulled weights are written into their memory in place."""
-    seen = set()
-    for name, p in named:
-        if not isinstance(p, torch.Tensor):
-            raise TypeError(f"parameter '{name}' is a {type(p).__name__}, not a tensor")
-        if name in seen:
-            raise ValueError(f"parameter name '{name}' appears twice: the job's manifest "
-                             "needs one name per tensor")
-        seen.add(name)
-        if p.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-            raise TypeError(f"parameter '{name}' is {p.dtype}: zo trains float32, float16 "
-                            "and bfloat16 parameters")
-        if p.layout != torch.strided:
-            raise TypeError(f"parameter '{name}' is {p.layout}: zo trains dense parameters")
-        if not p.is_contiguous():
-            raise ValueError(f"parameter '{name}' is not contiguous (shape {list(p.shape)}, "
-                             f"strides {list(p.stride())}): zo writes weights into a "
-                             "parameter's memory in place; make it contiguous before "
-                             "building the optimizer")
+# Keys of a torch.optim parameter group that zo honours, and those torch's
+# Adam/AdamW carry whose only value zo can run is their default.
+_GROUP_KEYS = {"params", "lr", "betas", "eps", "weight_decay", "initial_lr", "name"}
+_GROUP_DEFAULT_ONLY = {"amsgrad": False, "maximize": False, "foreach": None, "capturable": False,
+                       "differentiable": False, "fused": None, "decoupled_weight_decay": None}
+
+
+def _check_parameter(name, p):
+    """Refuses a trainable parameter zo cannot train, naming it: the job's
+    manifest is made of them, and pulled weights are written into their
+    memory in place. Frozen parameters are not part of the job: any dtype."""
+    if not isinstance(p, torch.Tensor):
+        raise TypeError(f"parameter '{name}' is a {type(p).__name__}, not a tensor")
+    if not p.requires_grad:
+        return
+    if p.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"parameter '{name}' is {p.dtype}: zo trains float32, float16 "
+                        "and bfloat16 parameters (freeze it with requires_grad=False to "
+                        "keep it out of the job)")
+    if p.layout != torch.strided:
+        raise TypeError(f"parameter '{name}' is {p.layout}: zo trains dense parameters")
+    if not p.is_contiguous():
+        raise ValueError(f"parameter '{name}' is not contiguous (shape {list(p.shape)}, "
+                         f"strides {list(p.stride())}): zo writes weights into a "
+                         "parameter's memory in place; make it contiguous before "
+                         "building the optimizer")
+
+
+def _named_groups(params, model):
+    """torch.optim's params argument (tensors, (name, tensor) pairs, or
+    parameter groups: dicts with "params") as [(hyper-parameters,
+    [(name, tensor)])]. Names make the job's manifest: pairs carry them;
+    bare tensors take theirs from `model`'s named_parameters()."""
+    if isinstance(params, torch.Tensor):
+        raise TypeError("params must be an iterable of tensors, (name, tensor) pairs or "
+                        "parameter groups, not a single tensor")
+    items = list(params)
+    if not items:
+        raise ValueError("OffloadOptimizer got no parameters")
+    if all(isinstance(x, dict) for x in items):
+        groups = items
+    elif any(isinstance(x, dict) for x in items):
+        raise TypeError("params mixes parameter groups (dicts) with parameters: give one kind")
+    else:
+        groups = [{"params": items}]
+    names = {}
+    if model is not None:
+        for n, p in model.named_parameters():
+            names.setdefault(id(p), n)
+    out = []
+    seen = {}
+    for g, group in enumerate(groups):
+        if "params" not in group:
+            raise ValueError(f"parameter group {g} has no 'params'")
+        for key, value in group.items():
+            if key in _GROUP_KEYS:
+                continue
+            if key in _GROUP_DEFAULT_ONLY:
+                if value != _GROUP_DEFAULT_ONLY[key]:
+                    raise NotImplementedError(
+                        f"parameter group {g}: {key}={value!r} is not something zo's servers "
+                        f"run (only {_GROUP_DEFAULT_ONLY[key]!r})")
+                continue
+            raise ValueError(f"parameter group {g}: unknown key '{key}' (zo honours lr, betas, "
+                             "eps and weight_decay per group)")
+        members = group["params"]
+        members = [members] if isinstance(members, torch.Tensor) else list(members)
+        named = []
+        for x in members:
+            if isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str):
+                name, p = x
+            elif isinstance(x, torch.Tensor):
+                if id(x) not in names:
+                    raise TypeError(
+                        "OffloadOptimizer takes model.named_parameters() (name, tensor) pairs, "
+                        "or tensors together with model= to name them: the names make the "
+                        "job's manifest")
+                name, p = names[id(x)], x
+            else:
+                raise TypeError(f"parameter group {g} holds a {type(x).__name__}, not a "
+                                "tensor or a (name, tensor) pair")
+            _check_parameter(name, p)
+            if id(p) in seen:
+                raise ValueError(f"parameter '{name}' appears twice (groups {seen[id(p)]} and "
+                                 f"{g}): each parameter belongs to one group")
+            seen[id(p)] = g
+            named.append((name, p))
+        out.append(({k: v for k, v in group.items() if k != "params"}, named))
+    all_names = [n for _, named in out for n, _ in named]
+    if len(set(all_names)) != len(all_names):
+        twice = sorted({n for n in all_names if all_names.count(n) > 1})[0]
+        raise ValueError(f"parameter name '{twice}' appears twice: the job's manifest "
+                         "needs one name per tensor")
+    return out
+
+
+def _optimizer_defaults(cfg):
+    """torch.optim's defaults from the config's optimizer section (DeepSpeed's
+    defaults where it is silent)."""
+    p = cfg.get("optimizer", {}).get("params", {})
+    return {"lr": p.get("lr", 1e-3), "betas": tuple(p.get("betas", (0.9, 0.999))),
+            "eps": p.get("eps", 1e-8), "weight_decay": p.get("weight_decay", 0.0)}
 
 
 def _raw(t):
@@ -88,27 +170,43 @@ def _raw(t):
     return t.numpy()
 
 
+def _lr_value(group, g):
+    lr = group["lr"]
+    value = float(lr.item() if isinstance(lr, torch.Tensor) else lr)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"param_groups[{g}]['lr'] is {lr}: must be finite and >= 0")
+    return value
+
+
 class OffloadOptimizer(torch.optim.Optimizer):
     """A torch.optim.Optimizer whose step runs on zo's offload servers.
 
-    named_parameters: model.named_parameters() (names form the job's manifest,
-        so every worker of a job must name them alike).
-    config: the DeepSpeed-style config (dict, JSON text or path).
-    servers: "host:port" of every server, in the same order on every worker;
-        None runs an embedded server inside this process.
+    params: what torch.optim takes: model.named_parameters(), or parameter
+        groups ({"params": [...], "lr": ..., "weight_decay": ..., "betas":
+        ..., "eps": ...}) whose params are (name, tensor) pairs or tensors
+        named through model=. Names form the job's manifest, so every worker
+        of a job must name them alike. Parameters with requires_grad=False
+        are not part of the job (any dtype; never sent, never decayed).
+    config: the DeepSpeed-style config (dict, JSON text or path); its
+        optimizer params are the groups' defaults.
+    servers: "host:port" of every server (a list, or one string with
+        commas), in the same order on every worker; None runs an embedded
+        server inside this process.
     checkpoint_dir: where the embedded server writes checkpoints
         (state_dict() needs one); remote servers use their own.
+    model: names bare tensors in params (its named_parameters()).
+
+    The learning rate: without a "scheduler" section in the config, each
+    step uses param_groups[i]["lr"] as the loop (or a torch lr_scheduler)
+    last set it, as torch.optim does. With one, the servers' schedule sets
+    it, param_groups shows it after each step, and a loop that writes it
+    is refused.
     """
 
-    def __init__(self, named_parameters, config, servers=None, job="zo-torch", dp_rank=0,
-                 dp_world_size=1, checkpoint_dir="", auth_token=""):
-        named = list(named_parameters)
-        if not named:
-            raise ValueError("OffloadOptimizer got no parameters")
-        if not all(isinstance(item, tuple) and len(item) == 2 for item in named):
-            raise TypeError("OffloadOptimizer takes model.named_parameters() (name, tensor) "
-                            "pairs: the names make the job's manifest")
-        _check_parameters(named)
+    def __init__(self, params, config, servers=None, job="zo-torch", dp_rank=0,
+                 dp_world_size=1, checkpoint_dir="", auth_token="", model=None):
+        self._opened = False
+        groups = _named_groups(params, model)
         config_json, cfg = _load_config(config)
         for warning in _native.config_warnings(config_json, dp_world_size):
             warnings.warn(f"zo config: {warning}", stacklevel=2)
@@ -118,22 +216,57 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 'zo.torch sums micro-batch gradients in the model\'s .grad and pushes once per '
                 'step; zo.gradient_accumulation "servers" (a push per micro-batch) is zo-train\'s '
                 'GPU worker only: use "device" or "auto"')
-        lr = cfg.get("optimizer", {}).get("params", {}).get("lr", 1e-3)
-        super().__init__([p for _, p in named], {"lr": lr})
-        self._names = [n for n, _ in named]
-        self._params = [p for _, p in named]
+        for key in ("param_groups", "client_lr"):
+            if key in cfg.get("zo", {}):
+                raise ValueError(f"config key zo.{key} is set by zo.torch from the optimizer's "
+                                 "param_groups; leave it out")
+        defaults = _optimizer_defaults(cfg)
+        self._schedule_on_servers = "scheduler" in cfg
+        if self._schedule_on_servers:
+            for g, (hyper, _) in enumerate(groups):
+                if "lr" in hyper and hyper["lr"] != defaults["lr"]:
+                    raise ValueError(
+                        f"parameter group {g} sets lr {hyper['lr']} while the config's scheduler "
+                        "sets every group's rate: remove the group's lr, or the scheduler "
+                        "section (then each group's lr is used as torch.optim uses it)")
+        super().__init__([dict(hyper, params=[p for _, p in named]) for hyper, named in groups],
+                         defaults)
+        self._opened = True
+        # The job's tensors: trainable parameters, group by group.
+        trained = [(n, p, g) for g, (_, named) in enumerate(groups) for n, p in named
+                   if p.requires_grad]
+        if not trained:
+            raise ValueError("OffloadOptimizer got no trainable parameters (every one has "
+                             "requires_grad=False)")
+        self._frozen = [(n, p) for _, named in groups for n, p in named if not p.requires_grad]
+        self._names = [n for n, _, _ in trained]
+        self._params = [p for _, p, _ in trained]
         self._dp_rank = dp_rank
         self._dp_world_size = dp_world_size
         self._dtype_name = _job_dtype(cfg)
         self._dtype = _JOB_DTYPES[self._dtype_name]
-        manifest = [(n, list(p.shape), self._dtype_name) for n, p in named]
+        job_cfg = json.loads(config_json)
+        job_cfg.setdefault("zo", {})
+        if not self._schedule_on_servers:
+            job_cfg["zo"]["client_lr"] = True
+        group_hyper = [{"betas": list(g["betas"]), "eps": g["eps"],
+                        "weight_decay": g["weight_decay"]} for g in self.param_groups]
+        default_hyper = {"betas": list(defaults["betas"]), "eps": defaults["eps"],
+                         "weight_decay": defaults["weight_decay"]}
+        if any(h != default_hyper for h in group_hyper) or len(group_hyper) > 1:
+            job_cfg["zo"]["param_groups"] = group_hyper
+        config_json = json.dumps(job_cfg)
+        manifest = [(n, list(p.shape), self._dtype_name) for n, p, _ in trained]
         self._opened_as = [(tuple(p.shape), p.dtype, p.device) for p in self._params]
+        if isinstance(servers, str):
+            servers = [s.strip() for s in servers.split(",") if s.strip()]
         self._server = None
         if servers is None:
             self._server = _native.EmbeddedServer(checkpoint_dir or "")
         try:
             self._client = _native.Client(config_json, manifest, list(servers or []),
-                                          self._server, job, dp_rank, dp_world_size, auth_token)
+                                          self._server, job, dp_rank, dp_world_size, auth_token,
+                                          [g for _, _, g in trained])
         except RuntimeError:
             if self._server is not None:
                 self._server.shutdown()
@@ -144,15 +277,30 @@ class OffloadOptimizer(torch.optim.Optimizer):
                          torch.empty(p.shape, dtype=self._dtype,
                                      pin_memory=p.is_cuda and torch.cuda.is_available())
                          for p in self._params]
-        self._grad_staging = [None] * len(self._params)  # CUDA gradients, made when first needed
+        # Gradients in the job's dtype when the parameter's is another, made
+        # once when first needed (page-locked for CUDA gradients).
+        self._grad_staging = [None] * len(self._params)
+        self._zero_grads = [None] * len(self._params)
         self.loss_scale = 1.0
         self._pushed = set()  # parameters whose gradient for the next step is out
+        self._lr_sent = None  # (step, rates) sent to the servers for that step
+        self._warned_no_grad = set()
         if self._client.version == 0:
             for i, p in enumerate(self._params):
                 values = p.detach().to("cpu", torch.float32).contiguous()
                 self._client.init_params(i, values.numpy())
         self._step = self._client.version
         self._load(self._step + 1)
+        self._shown_lr = None
+        self._show_server_lr()
+
+    def add_param_group(self, param_group):
+        if getattr(self, "_opened", False):
+            raise NotImplementedError(
+                "add_param_group: a zo job's tensors are fixed when the optimizer opens it (the "
+                "servers shard them); give every parameter group to the constructor, or open a "
+                "new optimizer (another job= name) for the larger model")
+        super().add_param_group(param_group)
 
     def _direct(self, p):
         return p.device.type == "cpu" and p.dtype == self._dtype and p.is_contiguous()
@@ -192,19 +340,83 @@ class OffloadOptimizer(torch.optim.Optimizer):
         torch.cuda.current_stream(grad.device).synchronize()
         return staging
 
-    @torch.no_grad()
-    def push_gradient(self, index, grad):
-        """Pushes parameter `index`'s final gradient for the next step now (the
-        engine does this from autograd hooks during the last backward); step()
-        then pushes only the others."""
-        if grad is None:
-            grad = torch.zeros(self._params[index].shape, dtype=self._dtype)
-        elif grad.is_cuda:
-            grad = self._stage_from_device(index, grad)
+    def _in_job_dtype(self, index, grad, plus=None):
+        """A CPU gradient (plus `plus`, when given) as contiguous elements of
+        the job's dtype: the tensor itself when it already is, else written
+        into a buffer kept for the parameter (no allocation per step)."""
+        if plus is None and grad.dtype == self._dtype and grad.is_contiguous():
+            return grad.detach()
+        if self._grad_staging[index] is None:
+            self._grad_staging[index] = torch.empty(grad.shape, dtype=self._dtype)
+        staging = self._grad_staging[index]
+        if plus is None:
+            staging.copy_(grad.detach())
         else:
-            grad = grad.detach().to(self._dtype).contiguous()  # no copy when it already is
+            # One rounding of the fp32 (or parameter-dtype) sum, as .grad + grad then .to().
+            torch.add(grad.detach(), plus.detach(), out=staging)
+        return staging
+
+    def _zeros(self, index):
+        if self._zero_grads[index] is None:
+            self._zero_grads[index] = torch.zeros(self._params[index].shape, dtype=self._dtype)
+        return self._zero_grads[index]
+
+    def _send_lr(self, step):
+        """With the rate from param_groups (no scheduler in the config): the
+        rates of `step`, to the servers before its first gradient."""
+        if self._schedule_on_servers or (self._lr_sent is not None and self._lr_sent[0] == step):
+            return
+        rates = [_lr_value(g, i) for i, g in enumerate(self.param_groups)]
+        self._client.set_step_lr(step, rates)
+        self._lr_sent = (step, rates)
+
+    def _check_lr(self, step):
+        """The rates a step uses are those param_groups hold when it is taken."""
+        if self._schedule_on_servers:
+            for i, g in enumerate(self.param_groups):
+                if self._shown_lr is not None and g["lr"] != self._shown_lr[i]:
+                    raise RuntimeError(
+                        f"param_groups[{i}]['lr'] was set to {g['lr']}, but the config's "
+                        "scheduler sets the learning rate on the servers: remove the config's "
+                        "scheduler section to set it from the loop (or a torch lr_scheduler)")
+            return
+        rates = [_lr_value(g, i) for i, g in enumerate(self.param_groups)]
+        if self._lr_sent is not None and self._lr_sent[0] == step and self._lr_sent[1] != rates:
+            raise RuntimeError(
+                f"param_groups' lr changed to {rates} after backward sent step {step}'s "
+                f"gradients with {self._lr_sent[1]}: set the learning rate before backward")
+
+    def _check_frozen(self):
+        for name, p in self._frozen:
+            if p.requires_grad:
+                raise RuntimeError(
+                    f"parameter '{name}' was frozen (requires_grad=False) when the optimizer "
+                    "opened its job, so it is not part of it, and it is trainable now: build "
+                    "a new optimizer (another job= name) to train it")
+
+    @torch.no_grad()
+    def push_gradient(self, index, grad, plus=None):
+        """Pushes parameter `index`'s final gradient (grad + plus, when plus
+        is given) for the next step now (the engine does this from autograd
+        hooks during the last backward); step() then pushes only the others."""
+        step = self._step + 1
+        self._send_lr(step)
+        if grad is None:
+            name = self._names[index]
+            if name not in self._warned_no_grad:
+                self._warned_no_grad.add(name)
+                warnings.warn(f"zo: parameter '{name}' has no gradient at step {step}: the "
+                              "servers step it with a zero gradient (its moments decay and "
+                              "weight decay applies), where torch.optim would skip it; freeze "
+                              "it (requires_grad=False) before building the optimizer to keep "
+                              "it out of the job", stacklevel=3)
+            grad = self._zeros(index)
+        elif grad.is_cuda:
+            grad = self._stage_from_device(index, grad if plus is None else grad + plus)
+        else:
+            grad = self._in_job_dtype(index, grad, plus)
         try:
-            self._client.push(self._step + 1, index, _raw(grad))
+            self._client.push(step, index, _raw(grad))
         except RuntimeError:
             if not self._client.moved():
                 raise
@@ -226,16 +438,19 @@ class OffloadOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         self._check_unchanged()
+        self._check_frozen()
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         step = self._step + 1
+        self._check_lr(step)
         while not self._push_step(step):
             # The job moved (zo-ctl rescale): attach where it went and push
             # this step there again, unless the move already took it.
             version = self._client.follow()
             self._pushed.clear()
+            self._lr_sent = None  # the new lead has not heard them
             if version >= step:
                 break
             if version < step - 1:
@@ -268,18 +483,24 @@ class OffloadOptimizer(torch.optim.Optimizer):
             return False
 
     def _show_server_lr(self):
-        """param_groups' lr: the rate of the servers' last applied step."""
+        """With the config's scheduler: param_groups' lr is the rate of the
+        servers' last applied step. Otherwise param_groups' lr is the loop's."""
+        if not self._schedule_on_servers:
+            return
         status = self._client.job_status()
         if status["version"] >= self._step and status["applied_steps"] > 0:
             for group in self.param_groups:
                 group["lr"] = status["last_lr"]
+        self._shown_lr = [g["lr"] for g in self.param_groups]
 
     def state_dict(self):
         """A server checkpoint of the job at this step (every server writes its
-        part); the dict names it."""
+        part); the dict names it, with each group's lr (and a torch
+        lr_scheduler's initial_lr)."""
         path = self._client.checkpoint(self._step)
         return {"zo": {"checkpoint": path, "step": self._step},
-                "param_groups": [{"lr": g["lr"]} for g in self.param_groups]}
+                "param_groups": [{k: g[k] for k in ("lr", "initial_lr") if k in g}
+                                 for g in self.param_groups]}
 
     def load_state_dict(self, state_dict):
         """Rolls the job back to the checkpoint state_dict() named, weights included."""
@@ -287,10 +508,13 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if not zo_state or "checkpoint" not in zo_state:
             raise ValueError("not a zo OffloadOptimizer state_dict (no 'zo' checkpoint entry)")
         self._step = self._client.restore(zo_state["checkpoint"])
+        self._lr_sent = None
         self._load(self._step + 1)
         self._show_server_lr()
         for group, saved in zip(self.param_groups, state_dict.get("param_groups", [])):
-            group["lr"] = saved["lr"]
+            group.update(saved)
+        if self._schedule_on_servers:
+            self._shown_lr = [g["lr"] for g in self.param_groups]
 
     def close(self):
         """Ends the client (and the embedded server); the optimizer is unusable after."""
@@ -307,7 +531,7 @@ class OffloadEngine:
     the servers at each gradient accumulation boundary and is a no-op between.
     """
 
-    def __init__(self, model, optimizer, cfg):
+    def __init__(self, model, optimizer, cfg, lr_scheduler=None):
         self.module = model
         self.optimizer = optimizer
         micro = cfg.get("train_micro_batch_size_per_gpu")
@@ -322,23 +546,37 @@ class OffloadEngine:
         self._gas = int(gas)
         self._micro_steps = 0
         self._cfg = cfg
-        self.lr_scheduler = _ServerLr(optimizer)
+        # A torch lr_scheduler the loop gave (stepped after each optimizer
+        # step, as DeepSpeed's engine does), or the config's schedule, which
+        # runs on the servers and is only reported.
+        self.lr_scheduler = lr_scheduler if lr_scheduler is not None else _ServerLr(optimizer)
+        self._client_scheduler = lr_scheduler is not None
         # During the last micro-batch's backward each gradient is pushed the
-        # moment autograd has it (a hook on the parameter fires before the
-        # gradient is added to .grad, so .grad + grad is the final sum), and
-        # the push overlaps the rest of the backward.
+        # moment autograd has it, and the push overlaps the rest of the
+        # backward. Gradients accumulate in .grad in place (zero_grad keeps
+        # the buffers), so a step allocates nothing: with torch >= 2.1 a hook
+        # after accumulation pushes .grad itself; before, a hook sees the new
+        # part and pushes .grad + it, summed into a buffer kept per parameter.
         self._push_in_backward = False
         self._trained = {id(p) for p in optimizer._params}
-        # Parameters left out of the job on purpose (model_parameters=).
+        # Parameters left out of the job on purpose (model_parameters=) or frozen.
         self._frozen = {n for n, p in model.named_parameters() if id(p) not in self._trained}
         for i, p in enumerate(optimizer._params):
-            if p.requires_grad:
+            if hasattr(p, "register_post_accumulate_grad_hook"):
+                p.register_post_accumulate_grad_hook(self._accumulated_gradient_hook(i))
+            else:
                 p.register_hook(self._final_gradient_hook(i, p))
+
+    def _accumulated_gradient_hook(self, index):
+        def hook(param):
+            if self._push_in_backward:
+                self.optimizer.push_gradient(index, param.grad)
+        return hook
 
     def _final_gradient_hook(self, index, param):
         def hook(grad):
             if self._push_in_backward:
-                self.optimizer.push_gradient(index, grad if param.grad is None else param.grad + grad)
+                self.optimizer.push_gradient(index, grad, plus=param.grad)
         return hook
 
     def __call__(self, *args, **kwargs):
@@ -396,10 +634,12 @@ class OffloadEngine:
     def step(self):
         if self._micro_steps > 0 and self.is_gradient_accumulation_boundary():
             self.optimizer.step()
-            self.optimizer.zero_grad()
+            self.optimizer.zero_grad(set_to_none=False)
+            if self._client_scheduler:
+                self.lr_scheduler.step()
 
     def zero_grad(self):
-        self.optimizer.zero_grad()
+        self.optimizer.zero_grad(set_to_none=False)
 
     @property
     def global_steps(self):
@@ -455,10 +695,36 @@ class OffloadEngine:
     def gradient_accumulation_steps(self):
         return self._gas
 
+    def _module_state(self):
+        """What the servers do not hold: the module's buffers (BatchNorm
+        statistics) and its parameters outside the job (frozen ones)."""
+        return {"buffers": {n: b for n, b in self.module.named_buffers() if b is not None},
+                "untrained": {n: p for n, p in self.module.named_parameters()
+                              if id(p) not in self._trained}}
+
+    def _restore_module_state(self, saved, target):
+        with torch.no_grad():
+            for kind, now in (("buffers", self._module_state()["buffers"]),
+                              ("untrained", self._module_state()["untrained"])):
+                kept = saved[kind]
+                if set(kept) != set(now):
+                    raise ValueError(
+                        f"checkpoint {target} holds the {kind} {sorted(kept)}, the model has "
+                        f"{sorted(now)}: it was saved from another model")
+                for name, t in now.items():
+                    if t.shape != kept[name].shape or t.dtype != kept[name].dtype:
+                        raise ValueError(f"checkpoint {target}: '{name}' is {list(kept[name].shape)}"
+                                         f" {kept[name].dtype}, the model's is {list(t.shape)} "
+                                         f"{t.dtype}")
+                    t.copy_(kept[name])
+
     def save_checkpoint(self, save_dir, tag=None, client_state=None):
         """Checkpoints the job on its servers and records it under save_dir/tag
         (default tag global_stepN; save_dir/latest names the newest). An
-        embedded server's checkpoint moves into save_dir/tag itself."""
+        embedded server's checkpoint moves into save_dir/tag itself. Beside
+        it, zo_module_state.pt keeps what the servers do not: the module's
+        buffers, its parameters outside the job, param_groups' rates, a torch
+        lr_scheduler's state and client_state (any picklable object)."""
         tag = str(tag) if tag is not None else f"global_step{self.global_steps}"
         target = os.path.join(save_dir, tag)
         path = self.optimizer._client.checkpoint(self.global_steps)
@@ -470,9 +736,15 @@ class OffloadEngine:
             path = os.path.abspath(target)
         else:
             os.makedirs(target)
+        state = dict(self._module_state(), client_state=client_state or {},
+                     param_groups=[{k: g[k] for k in ("lr", "initial_lr") if k in g}
+                                   for g in self.optimizer.param_groups])
+        if self._client_scheduler:
+            state["lr_scheduler"] = self.lr_scheduler.state_dict()
+        torch.save(state, os.path.join(target, "zo_module_state.pt"))
         with open(os.path.join(target, "zo_engine.json"), "w", encoding="utf-8") as f:
             json.dump({"checkpoint": path, "global_steps": self.global_steps,
-                       "micro_steps": self._micro_steps, "client_state": client_state or {}}, f)
+                       "micro_steps": self._micro_steps}, f)
         with open(os.path.join(save_dir, "latest"), "w", encoding="utf-8") as f:
             f.write(tag)
         return True
@@ -489,9 +761,18 @@ class OffloadEngine:
         target = os.path.join(load_dir, str(tag))
         with open(os.path.join(target, "zo_engine.json"), encoding="utf-8") as f:
             saved = json.load(f)
-        self.optimizer.load_state_dict({"zo": {"checkpoint": saved["checkpoint"]}})
+        module_file = os.path.join(target, "zo_module_state.pt")
+        state = torch.load(module_file) if os.path.exists(module_file) else None
+        if state is not None:
+            self._restore_module_state(state, target)
+        self.optimizer.load_state_dict({"zo": {"checkpoint": saved["checkpoint"]},
+                                        "param_groups": (state or {}).get("param_groups", [])})
+        if state is not None and self._client_scheduler and "lr_scheduler" in state:
+            self.lr_scheduler.load_state_dict(state["lr_scheduler"])
         self._micro_steps = saved.get("micro_steps", 0)
-        return target, saved.get("client_state", {})
+        if state is None:  # written before zo_module_state.pt existed
+            return target, saved.get("client_state", {})
+        return target, state["client_state"]
 
     def __getattr__(self, name):
         # Only reached for what the engine lacks.
@@ -563,20 +844,23 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         engine, optimizer, _, scheduler = zo.torch.initialize(
             model=model, config="ds_config.json", servers=["host:7070", ...])
 
-    The optimizer and the lr schedule come from the config and run on the
-    servers, so optimizer=, lr_scheduler= and training_data= are refused.
+    The optimizer comes from the config and runs on the servers, so
+    optimizer= and training_data= are refused. model_parameters= may be
+    parameters or torch.optim parameter groups (their own lr, betas, eps,
+    weight_decay). lr_scheduler= (a torch lr_scheduler, or a callable that
+    makes one from the optimizer) is stepped after each optimizer step and
+    sets param_groups' lr, which the servers use; it is refused when the
+    config has a scheduler section (that one runs on the servers).
     servers=None starts an embedded server in this process, unless
     args.zo_servers (add_config_arguments) names servers. dp_rank and
     dp_world_size default to the launcher's RANK and WORLD_SIZE.
     """
-    refused = {"optimizer": optimizer, "lr_scheduler": lr_scheduler,
-               "training_data": training_data}
+    refused = {"optimizer": optimizer, "training_data": training_data}
     for name, value in refused.items():
         if value is not None:
             raise NotImplementedError(
-                f"zo.torch.initialize({name}=...): the optimizer and its schedule run on zo's "
-                "servers from the config's 'optimizer' and 'scheduler' sections, and data "
-                "stays in your own loop; leave it out")
+                f"zo.torch.initialize({name}=...): the optimizer runs on zo's servers from the "
+                "config's 'optimizer' section, and data stays in your own loop; leave it out")
     unsupported = sorted(set(kwargs) - _IGNORED_INITIALIZE_ARGS)
     if unsupported:
         raise NotImplementedError(
@@ -595,15 +879,17 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if config is None:
         raise ValueError("zo.torch.initialize needs config= (a DeepSpeed-style config)")
     _, cfg = _load_config(config)
-    named = list(model.named_parameters())
-    if model_parameters is not None:
-        wanted = {id(p) for p in model_parameters}
-        named = [(n, p) for n, p in named if id(p) in wanted]
+    if lr_scheduler is not None and "scheduler" in cfg:
+        raise ValueError("zo.torch.initialize(lr_scheduler=...) with a scheduler section in the "
+                         "config: the config's runs on the servers; give one of them")
+    params = model.named_parameters() if model_parameters is None else model_parameters
     if checkpoint_dir is None and servers is None:
         # save_checkpoint moves each checkpoint from here into its save_dir.
         checkpoint_dir = tempfile.mkdtemp(prefix="zo-checkpoints-")
-    opt = OffloadOptimizer(named, config, servers=servers, job=job, dp_rank=dp_rank,
+    opt = OffloadOptimizer(params, config, servers=servers, job=job, dp_rank=dp_rank,
                            dp_world_size=dp_world_size, checkpoint_dir=checkpoint_dir or "",
-                           auth_token=auth_token)
-    engine = OffloadEngine(model, opt, cfg)
+                           auth_token=auth_token, model=model)
+    if lr_scheduler is not None and not hasattr(lr_scheduler, "step"):
+        lr_scheduler = lr_scheduler(opt)  # DeepSpeed's callable form
+    engine = OffloadEngine(model, opt, cfg, lr_scheduler)
     return engine, opt, None, engine.lr_scheduler
