@@ -29,10 +29,11 @@ TEST(MessageJsonTest, RepeatedNestedAndEnums) {
   t->add_shape(50304);
   t->add_shape(768);
   t->set_dtype(v1::DTYPE_BF16);
+  t->set_group(1);
   manifest.add_tensors()->set_name("scale");
   const nlohmann::ordered_json expected = nlohmann::ordered_json::parse(R"({"tensors": [
-      {"name": "wte", "shape": [50304, 768], "dtype": "DTYPE_BF16"},
-      {"name": "scale", "shape": [], "dtype": "DTYPE_UNSPECIFIED"}]})");
+      {"name": "wte", "shape": [50304, 768], "dtype": "DTYPE_BF16", "group": 1},
+      {"name": "scale", "shape": [], "dtype": "DTYPE_UNSPECIFIED", "group": 0}]})");
   EXPECT_EQ(MessageToJson(manifest), expected);
 }
 
