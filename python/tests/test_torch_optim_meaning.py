@@ -309,3 +309,18 @@ def test_checkpoints_carry_buffers_frozen_parameters_and_client_state(tmp_path):
     assert torch.equal(client_state["loss"], state["loss"])
     assert engine2.global_steps == 3
     opt2.close()
+
+
+def test_deepspeed_names_zo_lacks_say_so():
+    import zo.torch as deepspeed
+    with pytest.raises(NotImplementedError, match="deepspeed.zero .* is not in zo"):
+        deepspeed.zero.Init()
+    with pytest.raises(NotImplementedError, match="deepspeed.comm is not in zo"):
+        deepspeed.comm.get_rank()
+    assert not hasattr(deepspeed, "zero")  # still an AttributeError for hasattr
+    model, _ = reference_and_model()
+    engine, opt, _, _ = deepspeed.initialize(model=model, config=plain_config())
+    with pytest.raises(NotImplementedError, match="engine.no_sync: zo's engine never all-reduces"):
+        with engine.no_sync():
+            pass
+    opt.close()

@@ -776,6 +776,8 @@ class OffloadEngine:
 
     def __getattr__(self, name):
         # Only reached for what the engine lacks.
+        if name in _ENGINE_NAMES_ZO_LACKS:
+            raise NotInZo(f"engine.{name}: {_ENGINE_NAMES_ZO_LACKS[name]}")
         raise AttributeError(
             f"zo.torch's engine has no '{name}': it offers DeepSpeed's training-loop calls "
             "(forward, backward, step, save_checkpoint, load_checkpoint, "
@@ -784,6 +786,45 @@ class OffloadEngine:
             "gradient_accumulation_steps, fp16_enabled, bfloat16_enabled, "
             "zero_optimization_stage, global_rank, local_rank, world_size, device, "
             "lr_scheduler); the model is .module")
+
+
+class NotInZo(NotImplementedError, AttributeError):
+    """A DeepSpeed name zo does not have, and why (an AttributeError too, so
+    hasattr() and getattr(..., default) still answer)."""
+
+
+# DeepSpeed's engine calls that have no meaning here, and what to do instead.
+_ENGINE_NAMES_ZO_LACKS = {
+    "no_sync": "zo's engine never all-reduces gradients between ranks (the servers sum every "
+               "rank's gradients at each accumulation boundary), so there is nothing to "
+               "suspend: drop the no_sync() context",
+    "set_gradient_accumulation_boundary": "zo's engine counts micro-batches itself "
+                                          "(gradient_accumulation_steps in the config)",
+    "module_state_dict": "use engine.module.state_dict(); the optimizer state is on the servers",
+}
+
+# DeepSpeed's submodules and calls that zo.torch, imported as deepspeed, does
+# not have.
+_DEEPSPEED_NAMES_ZO_LACKS = {
+    "zero": "deepspeed.zero (zero.Init, GatheredParameters, ZeRO-3 partitioning) is not in zo: "
+            "zo keeps the whole model's 16-bit weights on each worker and the optimizer state "
+            "on the servers; build the model normally",
+    "comm": "deepspeed.comm is not in zo: zo's workers need no collectives; use "
+            "torch.distributed for your own",
+    "pipe": "deepspeed.pipe is not in zo.torch: pipeline stages are zo-train's "
+            "(--pipeline-stages)",
+    "moe": "deepspeed.moe is not in zo",
+    "ops": "deepspeed.ops (its fused kernels and CPU Adam) is not in zo: the servers run the "
+           "optimizer from the config",
+    "checkpointing": "deepspeed.checkpointing is not in zo: use torch.utils.checkpoint",
+    "init_inference": "deepspeed.init_inference is not in zo: zo trains",
+}
+
+
+def __getattr__(name):
+    if name in _DEEPSPEED_NAMES_ZO_LACKS:
+        raise NotInZo(_DEEPSPEED_NAMES_ZO_LACKS[name])
+    raise AttributeError(f"module 'zo.torch' has no attribute '{name}'")
 
 
 class _ServerLr:
