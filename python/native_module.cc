@@ -7,6 +7,7 @@
 // loader) go on.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <xxhash.h>
 
 #include <cstddef>
 #include <memory>
@@ -132,7 +133,7 @@ class Client {
   Client(const std::string& config_json, const std::vector<ManifestEntry>& manifest,
          const std::vector<std::string>& servers, EmbeddedServer* embedded, const std::string& job,
          int dp_rank, int dp_world_size, const std::string& auth_token,
-         const std::vector<int>& groups) {
+         const std::vector<int>& groups, uint64_t init_fingerprint) {
     if (!groups.empty() && groups.size() != manifest.size()) {
       throw py::value_error(absl::StrCat(groups.size(), " parameter groups for ", manifest.size(),
                                          " tensors: give one per tensor, or none"));
@@ -159,6 +160,7 @@ class Client {
     options.dp_rank = dp_rank;
     options.dp_world_size = dp_world_size;
     options.auth_token = auth_token;
+    options.init_fingerprint = init_fingerprint;
     options_ = options;
     config_json_ = config_json;
     specs_ = specs;
@@ -291,6 +293,7 @@ class Client {
     d["last_skipped"] = s.last_skipped();
     d["last_grad_norm"] = s.last_grad_norm();
     d["last_lr"] = s.last_lr();
+    d["init_fingerprint"] = s.init_fingerprint();
     return d;
   }
 
@@ -359,6 +362,14 @@ class Client {
   std::shared_ptr<ReleaseQueue> released_ = std::make_shared<ReleaseQueue>();
 };
 
+// XXH3 (64 bits) of a buffer's bytes: zo.torch's fingerprint of a model's
+// initial weights, at memory speed.
+uint64_t Xxh3(const py::buffer& data) {
+  const absl::Span<std::byte> bytes = Bytes(data, false, "data");
+  py::gil_scoped_release release;
+  return XXH3_64bits(bytes.data(), bytes.size());
+}
+
 // The config's warnings (unknown or renamed keys, overridden settings), for
 // Python's warnings module; a config ParseConfig refuses gives none here
 // (the Client's open names its error).
@@ -378,6 +389,7 @@ PYBIND11_MODULE(_native, m) {
   m.doc() = "zo's offload client and embedded server (use zo.torch)";
   m.def("config_warnings", &zo::python::ConfigWarnings, py::arg("config_json"),
         py::arg("dp_world_size") = 1);
+  m.def("xxh3_64", &zo::python::Xxh3, py::arg("data"));
   py::class_<EmbeddedServer>(m, "EmbeddedServer")
       .def(py::init<const std::string&, int>(), py::arg("checkpoint_dir") = "",
            py::arg("threads") = 0)
@@ -385,11 +397,12 @@ PYBIND11_MODULE(_native, m) {
   py::class_<Client>(m, "Client")
       .def(py::init<const std::string&, const std::vector<ManifestEntry>&,
                     const std::vector<std::string>&, EmbeddedServer*, const std::string&, int, int,
-                    const std::string&, const std::vector<int>&>(),
+                    const std::string&, const std::vector<int>&, uint64_t>(),
            py::arg("config_json"), py::arg("manifest"),
            py::arg("servers") = std::vector<std::string>(), py::arg("embedded") = nullptr,
            py::arg("job") = "zo-torch", py::arg("dp_rank") = 0, py::arg("dp_world_size") = 1,
            py::arg("auth_token") = "", py::arg("groups") = std::vector<int>(),
+           py::arg("init_fingerprint") = 0,
            py::keep_alive<1, 5>())  // the embedded server outlives the client
       .def_property_readonly("version", &Client::version)
       .def_property_readonly("loss_scale", &Client::loss_scale)

@@ -288,6 +288,7 @@ v1::JobStatus Job::Status() const {
   for (const std::string& server : spec_.servers) st.add_servers(server);
   st.set_incarnation(incarnation_.load());
   st.set_frozen(frozen_);
+  st.set_init_fingerprint(spec_.init_fingerprint);
   st.set_dp_world_size(spec_.dp_world_size);
   st.set_total_elems(map_.total_elems());
   st.set_local_elems(local_elems_);

@@ -23,6 +23,16 @@ absl::StatusOr<JobRegistry::Opened> JobRegistry::Open(JobSpec spec, bool attach_
       return absl::FailedPreconditionError(
           absl::StrCat("job ", spec.name, " exists with another description: ", mismatch));
     }
+    const uint64_t kept = it->second->spec().init_fingerprint;
+    if (kept != 0 && spec.init_fingerprint != 0 && kept != spec.init_fingerprint &&
+        it->second->Status().version() == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", spec.name, " was opened from other initial weights (fingerprint ",
+          absl::Hex(kept, absl::kZeroPad16), ", yours ",
+          absl::Hex(spec.init_fingerprint, absl::kZeroPad16),
+          "): a different model or seed; give every worker of a job the same start, or "
+          "open another job name"));
+    }
     return Opened{it->second, true};
   }
   if (static_cast<int>(jobs_.size()) >= resources_.max_jobs) {

@@ -66,6 +66,7 @@ std::string ConfigDifferences(const Config& job, const Config& request) {
 absl::StatusOr<JobSpec> JobSpecFromRequest(const v1::OpenJobRequest& request) {
   JobSpec spec;
   spec.name = request.job();
+  spec.init_fingerprint = request.init_fingerprint();
   if (!ValidJobName(spec.name)) {
     return absl::InvalidArgumentError(
         absl::StrCat("job name \"", spec.name, "\" is not 1 to 128 characters of [A-Za-z0-9._-]"));

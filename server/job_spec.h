@@ -36,6 +36,9 @@ struct JobSpec {
   int dp_world_size = 1;
   std::vector<std::string> servers;
   int server_index = 0;
+  // OpenJobRequest.init_fingerprint; not part of JobSpecMismatch (a
+  // restarted worker's fresh weights differ from a trained job's start).
+  uint64_t init_fingerprint = 0;
   std::optional<ShardMap> shard_map;  // over servers.size() servers; always set
 };
 

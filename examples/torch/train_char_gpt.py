@@ -24,10 +24,11 @@ Threads: torch picks its intra-op thread count itself (usually one per core);
 set OMP_NUM_THREADS=N to bound it, e.g. on a machine shared with zo-server
 or other jobs. The embedded server's threads come on top of torch's.
 
-A zo-server keeps a job (named by --job) between runs: a second run
-against the same servers and job name goes on from the step and weights the
-servers hold, --load or not; give --job a new name to start afresh. The
-embedded server lives and dies with the process.
+A zo-server keeps a job (named by --job) between runs. A second run against
+the same servers and job name refuses to train until told what to do: --resume
+goes on from the step and weights the servers hold, --load rolls the job back
+to a checkpoint; give --job a new name to start afresh. The embedded server
+lives and dies with the process.
 
 Reproducibility: the model's initial weights come from --seed and batch k is
 a function of (--seed, k) only, so a run that stops with --save and goes on
@@ -215,9 +216,11 @@ def parse_args(argv):
                              "in this process)")
     parser.add_argument("--job", default="char-gpt",
                         help="the job's name on the servers (default: char-gpt); a zo-server "
-                             "keeps a job between runs, so a later run with the same name goes "
-                             "on from the servers' step and weights: name a new job to start "
-                             "afresh")
+                             "keeps a job between runs: a later run with the same name needs "
+                             "--resume (or --load); name a new job to start afresh")
+    parser.add_argument("--resume", action="store_true",
+                        help="go on with the job the servers hold under --job, from their step "
+                             "and weights")
     parser.add_argument("--config", metavar="PATH",
                         help="a DeepSpeed-style JSON config (default: built in: AdamW lr 1e-3, "
                              "betas 0.9/0.95, weight decay 0.1, clipping 1.0, linear warmup over "
@@ -287,7 +290,7 @@ def main(argv=None):
     config = make_config(args)
     servers = args.servers.split(",") if args.servers else None
     engine, optimizer, _, _ = zo.torch.initialize(model=model, config=config, servers=servers,
-                                                  job=args.job)
+                                                  job=args.job, resume=args.resume)
     micro_batch = engine.train_micro_batch_size_per_gpu()
     accumulation = engine.gradient_accumulation_steps()
     # What a checkpoint must match: zo restores weights by name and shape only.

@@ -28,7 +28,7 @@ def main():
     a = ap.parse_args()
     model, _ = reference_and_model()
     opt = zo.torch.OffloadOptimizer(model.named_parameters(), config=config(),
-                                    servers=a.server.split(","), job="restarted")
+                                    servers=a.server.split(","), job="restarted", resume=True)
     print(f"attached at {opt.global_steps}", flush=True)
     while opt.global_steps < a.steps:
         step = opt.global_steps + 1

@@ -105,7 +105,13 @@ def test_the_dp_rank_comes_from_the_launchers_environment(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "1")
     model, _ = reference_and_model()
+    with pytest.raises(ValueError, match="dp_world_size 2 without job="):
+        zo.torch.initialize(model=model, config=ds_config(3))
+    # Every rank of one launch names the same job.
+    monkeypatch.setenv("MASTER_ADDR", "10.1.2.3")
+    monkeypatch.setenv("MASTER_PORT", "29500")
     engine, opt, _, _ = zo.torch.initialize(model=model, config=ds_config(3))
+    assert opt.job == "zo-torch-10.1.2.3-29500"
     assert (engine.global_rank, engine.world_size, engine.local_rank) == (1, 2, 1)
     assert engine.train_batch_size() == 4 * 3 * 2
     assert not engine.fp16_enabled() and engine.zero_optimization_stage() == 0

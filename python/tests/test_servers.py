@@ -235,3 +235,57 @@ def test_a_worker_follows_its_job_to_the_servers_it_was_rescaled_onto(tmp_path):
     whole, moved_run = torch.load(tmp_path / "whole.pt"), torch.load(tmp_path / "moved.pt")
     for name in whole:
         assert torch.equal(whole[name], moved_run[name]), name
+
+
+def test_a_fresh_run_never_lands_on_another_runs_job():
+    """The default job name is new per run; a job trained under an explicit
+    name is continued only when asked, and a job at version 0 opened from
+    other initial weights is refused: the fresh model's weights are never
+    overwritten by someone else's."""
+    with zo_servers(1) as (address,):
+        model, _ = reference_and_model()
+        first = zo.torch.OffloadOptimizer(model.named_parameters(), config=config(),
+                                          servers=[address])
+        assert first.job.startswith("zo-torch-")
+        train(first, model, 2)
+        again, _ = reference_and_model()  # the same script run again: same seed
+        second = zo.torch.OffloadOptimizer(again.named_parameters(), config=config(),
+                                           servers=[address])
+        assert second.job != first.job and second.global_steps == 0
+        second.close()
+
+        model, _ = reference_and_model()
+        named = zo.torch.OffloadOptimizer(model.named_parameters(), config=config(),
+                                          servers=[address], job="kept")
+        train(named, model, 3)
+        trained = {n: p.detach().clone() for n, p in model.named_parameters()}
+        fresh, _ = reference_and_model()
+        start = {n: p.detach().clone() for n, p in fresh.named_parameters()}
+        rerun = zo.torch.OffloadOptimizer(fresh.named_parameters(), config=config(),
+                                          servers=[address], job="kept")
+        for n, p in fresh.named_parameters():  # untouched: nothing was pulled into it
+            assert torch.equal(p, start[n]), n
+        fresh(batch(4)).backward()
+        with pytest.raises(RuntimeError, match=r"job 'kept' on the servers has taken 3 steps, "
+                                               r"started from the same initial weights"):
+            rerun.step()
+        assert named._client.job_status()["version"] == 3
+        rerun.close()
+        resumed = zo.torch.OffloadOptimizer(fresh.named_parameters(), config=config(),
+                                            servers=[address], job="kept", resume=True)
+        for n, p in fresh.named_parameters():  # the servers' weights: the job goes on
+            assert torch.equal(p, trained[n]), n
+        resumed.close()
+
+        torch.manual_seed(5)
+        other = copy.deepcopy(model)
+        for p in other.parameters():
+            p.data.normal_()
+        zero = zo.torch.OffloadOptimizer(model.named_parameters(), config=config(),
+                                         servers=[address], job="at-zero")
+        with pytest.raises(RuntimeError, match="job at-zero was opened from other initial weights"):
+            zo.torch.OffloadOptimizer(other.named_parameters(), config=config(),
+                                      servers=[address], job="at-zero")
+        zero.close()
+        named.close()
+        first.close()

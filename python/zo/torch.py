@@ -24,9 +24,12 @@ A DeepSpeed training loop keeps its shape with initialize():
     loss = engine(batch); engine.backward(loss); engine.step()
 """
 
+import hashlib
 import json
 import math
 import os
+import re
+import secrets
 import shutil
 import tempfile
 import warnings
@@ -170,6 +173,36 @@ def _raw(t):
     return t.numpy()
 
 
+def _default_job_name(dp_world_size):
+    """A job name of this run's own: a fresh run never lands on another's job.
+    dp ranks in separate processes must agree, so theirs comes from the
+    launcher (torchrun's run id, or MASTER_ADDR and MASTER_PORT)."""
+    if dp_world_size == 1:
+        return f"zo-torch-{secrets.token_hex(6)}"
+    run = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    if run and run != "none":
+        tag = run
+    elif os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
+        tag = f"{os.environ['MASTER_ADDR']}-{os.environ['MASTER_PORT']}"
+    else:
+        raise ValueError(f"dp_world_size {dp_world_size} without job=: every rank must name the "
+                         "same job, and without a launcher's TORCHELASTIC_RUN_ID or "
+                         "MASTER_ADDR/MASTER_PORT zo cannot make a name they agree on")
+    return re.sub(r"[^A-Za-z0-9._-]", "_", f"zo-torch-{tag}")[:128]
+
+
+def _fingerprint(manifest, params):
+    """A hash of the manifest and the parameters' current values: what the job
+    starts from (a rerun of the same script with the same seed gives the
+    same; another model or seed, another). Never 0 (0 means none)."""
+    h = hashlib.blake2b(json.dumps(manifest).encode(), digest_size=8)
+    for p in params:
+        t = p.detach()
+        t = (t if t.device.type == "cpu" else t.cpu()).contiguous()
+        h.update(_native.xxh3_64(_raw(t)).to_bytes(8, "little"))
+    return int.from_bytes(h.digest(), "little") or 1
+
+
 def _lr_value(group, g):
     lr = group["lr"]
     value = float(lr.item() if isinstance(lr, torch.Tensor) else lr)
@@ -195,6 +228,14 @@ class OffloadOptimizer(torch.optim.Optimizer):
     checkpoint_dir: where the embedded server writes checkpoints
         (state_dict() needs one); remote servers use their own.
     model: names bare tensors in params (its named_parameters()).
+    job: the job's name on the servers; default: a new name per run (with
+        dp ranks in separate processes, one from the launcher they share).
+    resume: continue a job the servers already trained under that name,
+        on their weights. Without it such a job is left as it is and the
+        model keeps its own weights: step() refuses, naming the job, until
+        load_state_dict() (or the engine's load_checkpoint) rolls it back
+        to a checkpoint. A job at version 0 that another worker opened from
+        other initial weights (another model or seed) is refused.
 
     The learning rate: without a "scheduler" section in the config, each
     step uses param_groups[i]["lr"] as the loop (or a torch lr_scheduler)
@@ -203,8 +244,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
     is refused.
     """
 
-    def __init__(self, params, config, servers=None, job="zo-torch", dp_rank=0,
-                 dp_world_size=1, checkpoint_dir="", auth_token="", model=None):
+    def __init__(self, params, config, servers=None, job=None, dp_rank=0,
+                 dp_world_size=1, checkpoint_dir="", auth_token="", model=None, resume=False):
         self._opened = False
         groups = _named_groups(params, model)
         config_json, cfg = _load_config(config)
@@ -260,13 +301,15 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._opened_as = [(tuple(p.shape), p.dtype, p.device) for p in self._params]
         if isinstance(servers, str):
             servers = [s.strip() for s in servers.split(",") if s.strip()]
+        self.job = job if job is not None else _default_job_name(dp_world_size)
+        fingerprint = _fingerprint(manifest, self._params)
         self._server = None
         if servers is None:
             self._server = _native.EmbeddedServer(checkpoint_dir or "")
         try:
             self._client = _native.Client(config_json, manifest, list(servers or []),
-                                          self._server, job, dp_rank, dp_world_size, auth_token,
-                                          [g for _, _, g in trained])
+                                          self._server, self.job, dp_rank, dp_world_size,
+                                          auth_token, [g for _, _, g in trained], fingerprint)
         except RuntimeError:
             if self._server is not None:
                 self._server.shutdown()
@@ -285,12 +328,24 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._pushed = set()  # parameters whose gradient for the next step is out
         self._lr_sent = None  # (step, rates) sent to the servers for that step
         self._warned_no_grad = set()
-        if self._client.version == 0:
+        self._not_resumed = None  # why step() refuses: a trained job nobody asked to resume
+        version = self._client.version
+        if version == 0:
             for i, p in enumerate(self._params):
                 values = p.detach().to("cpu", torch.float32).contiguous()
                 self._client.init_params(i, values.numpy())
-        self._step = self._client.version
-        self._load(self._step + 1)
+        elif not resume:
+            same = self._client.job_status()["init_fingerprint"] == fingerprint
+            self._not_resumed = (
+                f"job '{self.job}' on the servers has taken {version} steps, started from "
+                f"{'the same initial weights as this model (a rerun?)' if same else 'other initial weights than this model'}"
+                ": continuing it would replace the model's weights with the servers'. Pass "
+                "resume=True to continue it, roll it back to a checkpoint (load_state_dict, "
+                "engine.load_checkpoint), or give another job= name (the default is a new one "
+                "per run)")
+        self._step = version
+        if self._not_resumed is None:
+            self._load(self._step + 1)
         self._shown_lr = None
         self._show_server_lr()
 
@@ -386,6 +441,10 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 f"param_groups' lr changed to {rates} after backward sent step {step}'s "
                 f"gradients with {self._lr_sent[1]}: set the learning rate before backward")
 
+    def _check_resumed(self):
+        if self._not_resumed is not None:
+            raise RuntimeError(self._not_resumed)
+
     def _check_frozen(self):
         for name, p in self._frozen:
             if p.requires_grad:
@@ -399,6 +458,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         """Pushes parameter `index`'s final gradient (grad + plus, when plus
         is given) for the next step now (the engine does this from autograd
         hooks during the last backward); step() then pushes only the others."""
+        self._check_resumed()
         step = self._step + 1
         self._send_lr(step)
         if grad is None:
@@ -437,6 +497,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
+        self._check_resumed()
         self._check_unchanged()
         self._check_frozen()
         loss = None
@@ -508,6 +569,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if not zo_state or "checkpoint" not in zo_state:
             raise ValueError("not a zo OffloadOptimizer state_dict (no 'zo' checkpoint entry)")
         self._step = self._client.restore(zo_state["checkpoint"])
+        self._not_resumed = None  # rolled back: the weights are the checkpoint's
         self._lr_sent = None
         self._load(self._step + 1)
         self._show_server_lr()
@@ -619,6 +681,7 @@ class OffloadEngine:
             "a job's parameters are fixed; open a new job (another job= name) for the new model")
 
     def backward(self, loss):
+        self.optimizer._check_resumed()
         self._check_same_parameters()
         self._push_in_backward = (self._micro_steps + 1) % self._gas == 0
         try:
@@ -878,8 +941,9 @@ _IGNORED_INITIALIZE_ARGS = {"dist_init_required", "distributed_port"}
 
 
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,
-               lr_scheduler=None, config=None, config_params=None, servers=None, job="zo-torch",
-               dp_rank=None, dp_world_size=None, checkpoint_dir=None, auth_token="", **kwargs):
+               lr_scheduler=None, config=None, config_params=None, servers=None, job=None,
+               dp_rank=None, dp_world_size=None, checkpoint_dir=None, auth_token="", resume=False,
+               **kwargs):
     """DeepSpeed's initialize with zo's servers under it:
 
         engine, optimizer, _, scheduler = zo.torch.initialize(
@@ -894,7 +958,9 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     config has a scheduler section (that one runs on the servers).
     servers=None starts an embedded server in this process, unless
     args.zo_servers (add_config_arguments) names servers. dp_rank and
-    dp_world_size default to the launcher's RANK and WORLD_SIZE.
+    dp_world_size default to the launcher's RANK and WORLD_SIZE. job and
+    resume are OffloadOptimizer's: a job the servers trained under `job` is
+    continued only with resume=True or rolled back by load_checkpoint.
     """
     refused = {"optimizer": optimizer, "training_data": training_data}
     for name, value in refused.items():
@@ -929,7 +995,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         checkpoint_dir = tempfile.mkdtemp(prefix="zo-checkpoints-")
     opt = OffloadOptimizer(params, config, servers=servers, job=job, dp_rank=dp_rank,
                            dp_world_size=dp_world_size, checkpoint_dir=checkpoint_dir or "",
-                           auth_token=auth_token, model=model)
+                           auth_token=auth_token, model=model, resume=resume)
     if lr_scheduler is not None and not hasattr(lr_scheduler, "step"):
         lr_scheduler = lr_scheduler(opt)  # DeepSpeed's callable form
     engine = OffloadEngine(model, opt, cfg, lr_scheduler)

@@ -532,6 +532,7 @@ absl::StatusOr<std::unique_ptr<OffloadClient>> OffloadClient::Open(
     for (const std::string& name : names) request.add_servers(name);
     request.set_server_index(static_cast<int>(i));
     request.set_attach_only(options.attach_only);
+    request.set_init_fingerprint(options.init_fingerprint);
     ZO_ASSIGN_OR_RETURN(replies[i], impl->Unary<v1::OpenJobResponse>(
                                         static_cast<int>(i),
                                         [&](v1::Offload::Stub& stub, grpc::ClientContext& context,

@@ -92,6 +92,9 @@ struct ClientOptions {
   // Only attach to a job the servers have (a worker following a job that
   // moved): NOT_FOUND, or where the job went, instead of creating it.
   bool attach_only = false;
+  // OpenJobRequest.init_fingerprint: a hash of the manifest and initial
+  // weights this worker would start the job from; 0: none.
+  uint64_t init_fingerprint = 0;
 };
 
 // One GradientPiece's worth of a Push: which server, chunk and bytes.
