@@ -11,6 +11,11 @@ include(CMakeParseArguments)
 
 function(zo_cc_library)
   cmake_parse_arguments(ZO "" "NAME" "HDRS;SRCS;DEPS;COPTS" ${ARGN})
+  # A library that links GoogleTest is test support: without BUILD_TESTING
+  # (pip install ., pyproject.toml) no GTest is looked for and no test uses it.
+  if(NOT BUILD_TESTING AND ZO_DEPS MATCHES "(^|;)GTest::")
+    return()
+  endif()
   if(ZO_SRCS)
     add_library(${ZO_NAME} STATIC ${ZO_SRCS} ${ZO_HDRS})
     target_include_directories(${ZO_NAME} PUBLIC ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR})
