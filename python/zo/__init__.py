@@ -5,5 +5,6 @@ training loop stays the user's. Start with ``zo.torch.OffloadOptimizer``.
 """
 
 from zo._native import Client, EmbeddedServer  # noqa: F401
+from zo._version import __version__  # noqa: F401
 
-__all__ = ["Client", "EmbeddedServer"]
+__all__ = ["Client", "EmbeddedServer", "__version__"]
