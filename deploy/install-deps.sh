@@ -22,8 +22,10 @@ packages=(
   clang-format
   # the libFuzzer targets (fuzz/, deploy/run-fuzzers.sh)
   clang libclang-rt-14-dev
-  # the Python package zo (python/) and its tests against PyTorch
+  # the Python package zo (python/) and its tests against PyTorch; venvs for
+  # pip install . (deploy/pip-check.sh)
   python3-dev python3-pybind11 pybind11-dev python3-torch python3-pytest python3-numpy
+  python3-venv
   # Prometheus metrics of zo-server and zo-train; a real Prometheus scrapes
   # them in tests/metrics
   prometheus-cpp-dev prometheus
