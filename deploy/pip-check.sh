@@ -49,18 +49,19 @@ t0=$SECONDS
 section "debian: /usr/bin/python3 with python3-torch"
 make_venv debian /usr/bin/python3 --system-site-packages
 build/venv/debian/bin/python -c 'import torch, pytest' ||
-  { echo "pip-check: Debian's python3 lacks python3-torch or python3-pytest (deploy/install-deps.sh)" >&2; exit 1; }
-ZO_PIP_VENV=$root/build/venv/debian build/venv/debian/bin/python -m pytest -q -p no:cacheprovider \
-  -p no:hypothesispytest --rootdir python/tests python/tests/test_packaging.py
+  { echo "pip-check: Debian's python3 lacks torch or pytest: deploy/install-deps.sh" >&2; exit 1; }
+ZO_PIP_VENV=$root/build/venv/debian build/venv/debian/bin/python -m pytest -q \
+  -p no:cacheprovider -p no:hypothesispytest --rootdir python/tests python/tests/test_packaging.py
 echo "pip-check: debian done in $((SECONDS - t0)) s"
 
 t1=$SECONDS
-section "pypi: $("$pypi_python" -c 'import sys; print(sys.executable, sys.version.split()[0])') with torch from PyPI"
+section "pypi: $("$pypi_python" -c 'import sys; print(sys.executable, sys.version.split()[0])')" \
+  "with torch from PyPI"
 make_venv pypi "$("$pypi_python" -c 'import sys; print(sys.executable)')"
 venv=$root/build/venv/pypi
 "$venv/bin/python" -c 'import torch, pytest, numpy' 2>/dev/null ||
   "$venv/bin/python" -m pip install -q torch pytest numpy
-"$venv/bin/python" -c 'import torch; print("pip-check: torch", torch.__version__, "from", torch.__file__)'
+"$venv/bin/python" -c 'import torch; print("pip-check: torch", torch.__version__, torch.__file__)'
 ZO_PIP_VENV=$venv "$venv/bin/python" -m pytest -q -p no:cacheprovider --rootdir python/tests \
   python/tests/test_packaging.py
 section "pypi: python/tests against the installed zo and its commands"

@@ -64,7 +64,7 @@ def assert_same_parameters(function, node, name):
         keyword = without_self([a.arg for a in args.args + args.kwonlyargs])
         assert len(stub) == len(native) and not keyword, \
             f"{name}: the extension takes {len(native)} positional-only parameters, " \
-            f"the stub says {stub} (positional only: {without_self([a.arg for a in args.posonlyargs])})"
+            f"the stub says {stub} (and {keyword} not positional only: write '/')"
     else:
         assert native == stub, f"{name}: the extension takes {native}, the stub says {stub}"
 
@@ -78,8 +78,8 @@ def assert_same_names(native, stubbed, what):
 def test_the_stub_names_every_function_and_class_of_the_module():
     stubbed = {n.name for n in stub_tree().body
                if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
-    assert_same_names(public(n for n in dir(_native)
-                             if not inspect.ismodule(getattr(_native, n))), public(stubbed), "zo._native")
+    native = public(n for n in dir(_native) if not inspect.ismodule(getattr(_native, n)))
+    assert_same_names(native, public(stubbed), "zo._native")
 
 
 def test_functions_take_the_parameters_the_stub_says():
