@@ -59,8 +59,9 @@ section "pypi: $("$pypi_python" -c 'import sys; print(sys.executable, sys.versio
   "with torch from PyPI"
 make_venv pypi "$("$pypi_python" -c 'import sys; print(sys.executable)')"
 venv=$root/build/venv/pypi
-"$venv/bin/python" -c 'import torch, pytest, numpy' 2>/dev/null ||
-  "$venv/bin/python" -m pip install -q torch pytest numpy
+# transformers and accelerate: zo.hf's Trainer route (python/tests/test_hf_trainer.py).
+"$venv/bin/python" -c 'import torch, pytest, numpy, transformers, accelerate' 2>/dev/null ||
+  "$venv/bin/python" -m pip install -q torch pytest numpy transformers accelerate
 "$venv/bin/python" -c 'import torch; print("pip-check: torch", torch.__version__, torch.__file__)'
 ZO_PIP_VENV=$venv "$venv/bin/python" -m pytest -q -p no:cacheprovider --rootdir python/tests \
   python/tests/test_packaging.py
