@@ -767,8 +767,7 @@ class OffloadEngine:
 
     def _restore_module_state(self, saved, target):
         with torch.no_grad():
-            for kind, now in (("buffers", self._module_state()["buffers"]),
-                              ("untrained", self._module_state()["untrained"])):
+            for kind, now in self._module_state().items():
                 kept = saved[kind]
                 if set(kept) != set(now):
                     raise ValueError(
