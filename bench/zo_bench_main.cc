@@ -7,6 +7,8 @@
 //          pipelined Adam step over NVMe-resident state vs. max(I/O, compute)
 //   wire   gradient push (OffloadClient -> OffloadServer in a child process)
 //          over loopback vs. a plain TCP stream between the same processes
+//   offload  push + update + pull of one step per data-plane route vs. the
+//          Adam alone
 //   scale  the server tier on 1, 2, 4 server hosts (network namespaces) with
 //          capped links: step time vs. the one-host step
 //   checkpoint  training steps with a checkpoint every N steps written in the
@@ -32,6 +34,7 @@
 #include "bench/gpu_bench.h"
 #endif
 #include "bench/nvme_bench.h"
+#include "bench/offload_bench.h"
 #include "bench/scale_bench.h"
 #include "bench/wire_bench.h"
 #include "common/command_line.h"
@@ -40,8 +43,8 @@
 #include "common/units.h"
 
 ABSL_FLAG(std::string, params, "",
-          "adam, nvme: parameter count; 256Mi = 268435456, also 64M (decimal), 1e8, 1000000 "
-          "(default: adam 256Mi, nvme 64Mi)");
+          "adam, nvme, offload: parameter count; 256Mi = 268435456, also 64M (decimal), 1e8, "
+          "1000000 (default: adam 256Mi, nvme 64Mi, offload 64Mi)");
 ABSL_FLAG(std::string, grad_dtype, "fp16",
           "adam: gradient dtype the step reads: fp16, bf16 or fp32 (the copy written is bf16 "
           "for bf16 gradients, fp16 otherwise)");
@@ -95,7 +98,11 @@ ABSL_FLAG(std::string, piece_bytes, "1Mi",
 ABSL_FLAG(std::string, in_flight_bytes, "64Mi",
           "wire: gradient bytes queued and not yet written (ClientOptions::max_bytes_in_flight)");
 ABSL_FLAG(int, gpu, 0, "gpu: which CUDA device");
-ABSL_FLAG(std::string, dtype, "bf16", "gpu: storage dtype of the GEMM and the step: bf16 or fp16");
+ABSL_FLAG(std::string, dtype, "bf16",
+          "gpu: storage dtype of the GEMM and the step: bf16 or fp16; offload: the job's dtype "
+          "(gradients pushed, weights pulled): bf16, fp16 or fp32");
+ABSL_FLAG(std::string, routes, "in_process,grpc_in_process,tcp",
+          "offload: the data plane's routes to measure, comma-separated");
 ABSL_FLAG(int, batch, 16, "gpu: sequences per micro-batch of the GPT step");
 ABSL_FLAG(int, block_size, 1024, "gpu: the GPT's context (tokens per sequence)");
 ABSL_FLAG(int, n_layer, 12, "gpu: the GPT's blocks");
@@ -164,6 +171,15 @@ constexpr char kUsage[] =
     "         bytes in --piece-bytes send() calls on one TCP connection to the sink, for\n"
     "         --rounds rounds after --warmup-rounds; ratio = median grpc GB/s / median tcp GB/s\n"
     "         (target >= 0.8). Run it on its own (it forks before starting threads).\n"
+    "  offload one optimizer step as a worker sees it, with no compute: push --params\n"
+    "         gradients of --dtype (bf16) in 16 tensors, the server's update, pull every\n"
+    "         weight, through each of --routes: in_process (the embedded server's in-process\n"
+    "         route), grpc_in_process (its in-process gRPC channel), tcp (gRPC over\n"
+    "         loopback to a server in this process); vs. the fused Adam alone over as many\n"
+    "         elements with the same --threads (one count; default all cores), alternating,\n"
+    "         --rounds each (default 5) after a warm-up; ratio = median step / median adam\n"
+    "         (targets: in_process <= 1.3). Rows {bench, route, dtype, params, step_s,\n"
+    "         push_s, update_pull_s, adam_s, ratio} with --json.\n"
     "  scale  network namespaces as hosts: a worker host and --server-hosts server hosts\n"
     "         whose links tc caps at --link-mbit each way; per count k, k zo-servers hold\n"
     "         a job of --scale-params fp16 elements (chunks of --chunk-elems) and the\n"
@@ -330,6 +346,33 @@ absl::StatusOr<bench::ScaleBenchOptions> ScaleOptionsFromFlags() {
   return o;
 }
 
+absl::StatusOr<bench::OffloadBenchOptions> OffloadOptionsFromFlags() {
+  bench::OffloadBenchOptions o;
+  const std::string params = absl::GetFlag(FLAGS_params);
+  ZO_ASSIGN_OR_RETURN(o.params, ParseCount(params.empty() ? "64Mi" : params));
+  ZO_ASSIGN_OR_RETURN(o.chunk_elems, ParseCount(absl::GetFlag(FLAGS_chunk_elems)));
+  const std::string dtype = absl::GetFlag(FLAGS_dtype);
+  const std::optional<DType> parsed = ParseDType(dtype);
+  if (!parsed) {
+    return absl::InvalidArgumentError("--dtype must be bf16, fp16 or fp32, got '" + dtype + "'");
+  }
+  o.dtype = *parsed;
+  o.routes = absl::StrSplit(absl::GetFlag(FLAGS_routes), ',', absl::SkipEmpty());
+  const std::string threads = absl::GetFlag(FLAGS_threads);
+  if (!threads.empty() && (!absl::SimpleAtoi(threads, &o.threads) || o.threads < 1)) {
+    return absl::InvalidArgumentError("offload: --threads wants one count >= 1, got '" + threads +
+                                      "'");
+  }
+  const int rounds = absl::GetFlag(FLAGS_rounds);
+  o.rounds = rounds == 0 ? 5 : rounds;
+  o.json = absl::GetFlag(FLAGS_json);
+  return o;
+}
+
+int RunOffload() {
+  return RunWorkload("offload", OffloadOptionsFromFlags(), &bench::RunOffloadBench);
+}
+
 int RunScale() { return RunWorkload("scale", ScaleOptionsFromFlags(), &bench::RunScaleBench); }
 
 absl::StatusOr<bench::CheckpointBenchOptions> CheckpointOptionsFromFlags() {
@@ -423,11 +466,8 @@ struct Workload {
   int (*run)();
 };
 constexpr Workload kWorkloads[] = {
-    {"adam", RunAdam},
-    {"nvme", RunNvme},
-    {"wire", RunWire},
-    {"scale", RunScale},
-    {"checkpoint", RunCheckpoint},
+    {"adam", RunAdam},       {"nvme", RunNvme},   {"wire", RunWire},
+    {"offload", RunOffload}, {"scale", RunScale}, {"checkpoint", RunCheckpoint},
     {"gpu", RunGpu},
 };
 

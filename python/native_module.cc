@@ -27,6 +27,7 @@
 #include "common/dtype.h"
 #include "common/sharding.h"
 #include "common/status_macros.h"
+#include "rpc/in_process_route.h"
 #include "rpc/job_move.h"
 #include "server/offload_server.h"
 #include "worker/client/offload_client.h"
@@ -120,6 +121,7 @@ class EmbeddedServer {
     if (server_ != nullptr) server_->Shutdown(absl::Seconds(1));
   }
   std::shared_ptr<grpc::Channel> Channel() { return server_->InProcessChannel(); }
+  std::shared_ptr<InProcessRoute> Route() { return server_->DataRoute(); }
 
  private:
   std::unique_ptr<OffloadServer> server_;
@@ -154,6 +156,7 @@ class Client {
     if (embedded != nullptr) {
       if (!servers.empty()) throw py::value_error("give servers or an embedded server, not both");
       options.channels = {embedded->Channel()};
+      options.routes = {embedded->Route()};
     } else if (servers.empty()) {
       throw py::value_error("no servers and no embedded server");
     }
@@ -183,6 +186,7 @@ class Client {
     client_.reset();
     options_.servers = move.servers;
     options_.channels.clear();
+    options_.routes.clear();
     options_.attach_only = true;
     const absl::Time give_up = absl::Now() + absl::Minutes(5);
     absl::Duration backoff = absl::Milliseconds(50);

@@ -12,6 +12,7 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "offload/thread_pool.h"
+#include "server/embedded_route.h"
 #include "server/job_registry.h"
 #include "server/offload_service.h"
 #include "server/peer_client.h"
@@ -27,6 +28,8 @@ struct OffloadServer::Impl {
   std::unique_ptr<WakeQueue> wakes;
   std::unique_ptr<PeerClient> peers;
   std::unique_ptr<JobRegistry> registry;
+  // Detached by Shutdown, before the registry goes; clients may hold it longer.
+  std::shared_ptr<EmbeddedRoute> route;
   // Outlives the server: its interceptors count into it.
   std::shared_ptr<ServerMetrics> metrics;
   std::unique_ptr<OffloadService> service;
@@ -85,6 +88,7 @@ absl::StatusOr<std::unique_ptr<OffloadServer>> OffloadServer::Start(const Server
       .available_ram = {},  // /proc/meminfo
       .nvme_latency = options.inject_nvme_latency,
   });
+  impl->route = std::make_shared<EmbeddedRoute>(impl->registry.get());
   impl->metrics = std::make_shared<ServerMetrics>(impl->registry.get());
   impl->service = std::make_unique<OffloadService>(impl->registry.get(), options.auth_token,
                                                    options.max_message_bytes);
@@ -149,6 +153,8 @@ std::shared_ptr<grpc::Channel> OffloadServer::InProcessChannel() {
   return impl_->server->InProcessChannel(args);
 }
 
+std::shared_ptr<InProcessRoute> OffloadServer::DataRoute() { return impl_->route; }
+
 void OffloadServer::Shutdown(absl::Duration grace) {
   std::call_once(impl_->shutdown_once, [&] {
     grpc::HealthCheckServiceInterface* health = impl_->server->GetHealthCheckService();
@@ -156,6 +162,7 @@ void OffloadServer::Shutdown(absl::Duration grace) {
     impl_->metrics_endpoint.reset();
     impl_->registry->StopAll();  // posts the wakes of every call waiting on a job
     impl_->wakes->Drain();       // those calls have finished, naming the shutdown
+    impl_->route->Detach();
     impl_->server->Shutdown(absl::ToChronoTime(absl::Now() + grace));
     ZO_LOG(INFO) << "zo-server stopped";
   });

@@ -23,6 +23,8 @@ class Server;
 
 namespace zo {
 
+class InProcessRoute;
+
 struct ServerOptions {
   // "host:port"; port 0 picks a free one; empty: in-process only.
   std::string listen = "127.0.0.1:7070";
@@ -58,6 +60,11 @@ class OffloadServer {
   int metrics_port() const;
   // A channel to this server that uses no socket.
   std::shared_ptr<grpc::Channel> InProcessChannel();
+  // The data plane's in-process route to this server's jobs
+  // (rpc/in_process_route.h): pushes and pulls without gRPC, for a client
+  // in this process beside InProcessChannel(), which still carries the control calls. UNAVAILABLE
+  // after Shutdown.
+  std::shared_ptr<InProcessRoute> DataRoute();
   // Stops the jobs, then lets calls in flight finish for up to `grace`.
   void Shutdown(absl::Duration grace);
   // Blocks until Shutdown.

@@ -1,6 +1,7 @@
 #include "server/pull_cursor.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "rpc/proto_convert.h"
 
@@ -55,6 +56,26 @@ bool PullCursor::Next(PullPiece* piece) {
   done_ += len;
   bytes_given_ += len * elem;
   return true;
+}
+
+absl::Status PullCursor::ReadInto(InProcessRoute::Place place) {
+  if (unchanged_) return absl::OkStatus();
+  const int64_t elem = static_cast<int64_t>(DTypeSize(dtype_));
+  const auto* data = static_cast<const std::byte*>(lease_->data());
+  for (; range_ < ranges_.size(); ++range_, done_ = 0) {
+    const Range& r = ranges_[range_];
+    const int64_t n = r.elems - done_;
+    if (n == 0) continue;
+    absl::StatusOr<std::byte*> dst = place({r.tensor, r.tensor_offset + done_, n});
+    if (!dst.ok()) return status_ = dst.status();
+    if (data != nullptr) {
+      std::memcpy(*dst, data + (r.local_offset + done_) * elem, static_cast<size_t>(n * elem));
+    } else if (status_ = lease_->Read(r.local_offset + done_, n, *dst); !status_.ok()) {
+      return status_;
+    }
+    bytes_given_ += n * elem;
+  }
+  return absl::OkStatus();
 }
 
 bool PullCursor::Next(v1::ParamPiece* piece) {

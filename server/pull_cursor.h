@@ -16,6 +16,7 @@
 #include "absl/types/span.h"
 #include "common/dtype.h"
 #include "proto/zo/v1/params.pb.h"
+#include "rpc/in_process_route.h"
 #include "server/param_versions.h"
 
 namespace zo {
@@ -65,6 +66,13 @@ class PullCursor {
   // The same as a message (a copy of the data).
   bool Next(v1::ParamPiece* piece);
   const absl::Status& status() const { return status_; }
+  // The rest of the pull read straight into the caller's memory (the
+  // in-process route): each range whole, once, where `place` says. The
+  // first error (place's, or a version replaced under the pull) ends it.
+  absl::Status ReadInto(InProcessRoute::Place place);
+  // The pull of an unchanged version: ReadInto writes nothing.
+  bool unchanged() const { return unchanged_; }
+  double loss_scale() const { return loss_scale_; }
   // Weight bytes given so far.
   int64_t bytes_given() const { return bytes_given_; }
 

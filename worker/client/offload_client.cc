@@ -13,10 +13,12 @@
 #include "proto/zo/v1/offload_service.grpc.pb.h"
 #include "rpc/call_context.h"
 #include "rpc/channel.h"
+#include "rpc/in_process_route.h"
 #include "rpc/proto_convert.h"
 #include "rpc/rpc_util.h"
 #include "worker/client/internal/byte_budget.h"
 #include "worker/client/internal/call.h"
+#include "worker/client/internal/local_push_call.h"
 #include "worker/client/internal/piece_encoding.h"
 #include "worker/client/internal/pull_receiver.h"
 #include "worker/client/internal/push_stream.h"
@@ -29,7 +31,9 @@ using client_internal::ByteBudget;
 using client_internal::CallGroup;
 using client_internal::CallSettings;
 using client_internal::JobDType;
+using client_internal::LocalPushCall;
 using client_internal::PullReceiver;
+using client_internal::PushCall;
 using client_internal::PushStream;
 using client_internal::RetryCall;
 using client_internal::RunInParallel;
@@ -38,6 +42,11 @@ using client_internal::ValidateOptions;
 
 // How long the destructor lets unfinished pushes end before cancelling them.
 constexpr absl::Duration kCloseGrace = absl::Seconds(5);
+
+// A piece over the in-process route is a chunk's part of a push, whole:
+// the server takes it from the caller's memory, so nothing bounds it but
+// the chunk.
+constexpr int64_t kMaxLocalPieceBytes = int64_t{1} << 62;
 
 }  // namespace
 
@@ -67,7 +76,8 @@ std::vector<PushPiece> PlanPush(const ShardMap& map, int tensor, int64_t offset,
 // PushStream's own.
 struct OffloadClient::Impl {
   Impl(const ClientOptions& options_in, Config config_in, DType dtype_in, ShardMap map_in,
-       std::vector<std::string> names_in, std::vector<std::shared_ptr<grpc::Channel>> channels_in)
+       std::vector<std::string> names_in, std::vector<std::shared_ptr<grpc::Channel>> channels_in,
+       std::vector<std::shared_ptr<InProcessRoute>> routes_in)
       : options(options_in),
         call{.attempt = {.timeout = options_in.call_timeout, .auth_token = options_in.auth_token},
              .retry_for = options_in.retry_for},
@@ -77,7 +87,9 @@ struct OffloadClient::Impl {
         map(std::move(map_in)),
         names(std::move(names_in)),
         channels(std::move(channels_in)),
+        routes(std::move(routes_in)),
         budget(options_in.max_bytes_in_flight) {
+    routes.resize(channels.size());
     for (const auto& channel : channels) stubs.push_back(v1::Offload::NewStub(channel));
   }
 
@@ -91,6 +103,7 @@ struct OffloadClient::Impl {
   // in Open and after this client's own Restore.
   std::unique_ptr<std::atomic<uint64_t>[]> incarnation;
 
+  absl::Duration call_timeout() const { return call.attempt.timeout; }
   // A unary call to server `server` with retries; `call` makes one attempt.
   // `group` (may be null) cancels it.
   template <typename Response, typename Call>
@@ -131,6 +144,13 @@ struct OffloadClient::Impl {
   // One server's part of a Pull, retried.
   absl::Status PullFrom(int server, int64_t version, int64_t have_version, PullReceiver& receiver,
                         CallGroup& group);
+  // The same over server `server`'s in-process route.
+  absl::Status PullLocal(int server, const v1::PullParamsRequest& request, PullReceiver& receiver,
+                         CallGroup& group);
+  // Waits on the in-process route until the request's version exists, at
+  // most until `deadline`; `group` cancels the wait.
+  absl::Status AwaitLocalVersion(int server, const v1::PullParamsRequest& request,
+                                 absl::Time deadline, CallGroup& group);
   void SetStatus(const v1::JobStatus& status);
   // A pull that ran out of time may wait on a version the servers cannot
   // make, because the lead cannot reach another server: `error` with what
@@ -145,6 +165,9 @@ struct OffloadClient::Impl {
   const ShardMap map;
   const std::vector<std::string> names;  // per server: its address, or "inproc:<i>"
   const std::vector<std::shared_ptr<grpc::Channel>> channels;
+  // Per server: its in-process route, or null (the channel carries the
+  // data). Fixed after construction.
+  std::vector<std::shared_ptr<InProcessRoute>> routes;
   std::vector<std::unique_ptr<v1::Offload::Stub>> stubs;  // fixed after construction
   ByteBudget budget;
 
@@ -152,7 +175,7 @@ struct OffloadClient::Impl {
   // Open push calls by step, then server. A stream is added by the first
   // piece of its (server, step) and removed by FinishStep.
   std::mutex mu;
-  std::map<int64_t, std::map<int, std::unique_ptr<PushStream>>> streams;  // guarded by mu
+  std::map<int64_t, std::map<int, std::shared_ptr<PushCall>>> streams;  // guarded by mu
 
   mutable std::mutex state_mu;
   int64_t version = 0;    // guarded by state_mu
@@ -171,7 +194,7 @@ struct OffloadClient::Impl {
 };
 
 OffloadClient::Impl::~Impl() {
-  std::map<int64_t, std::map<int, std::unique_ptr<PushStream>>> open;
+  std::map<int64_t, std::map<int, std::shared_ptr<PushCall>>> open;
   {
     std::lock_guard lock(mu);
     open.swap(streams);
@@ -252,10 +275,12 @@ absl::Status OffloadClient::Impl::PushRange(int64_t step, int tensor, int64_t of
     std::lock_guard lock(mu);
     ZO_RETURN_IF_ERROR(StepErrorLocked(step));
   }
-  for (const PushPiece& p :
-       PlanPush(map, tensor, offset, elems, elem_bytes, options.max_piece_bytes)) {
+  // The in-process route takes a chunk's part whole; gRPC's messages are
+  // cut at max_piece_bytes.
+  const int64_t max_piece_bytes =
+      routes[0] != nullptr ? kMaxLocalPieceBytes : options.max_piece_bytes;
+  for (const PushPiece& p : PlanPush(map, tensor, offset, elems, elem_bytes, max_piece_bytes)) {
     const int64_t piece_bytes = p.byte_end - p.byte_begin;
-    budget.Acquire(step, piece_bytes);
     v1::GradientPiece header;
     header.set_job(options.job);
     header.set_step(step);
@@ -266,18 +291,41 @@ absl::Status OffloadClient::Impl::PushRange(int64_t step, int tensor, int64_t of
     header.set_resend(options.resend);
     header.set_incarnation(incarnation[p.server].load(std::memory_order_relaxed));
     header.set_micro_batch(micro_batch);
+
+    if (routes[p.server] != nullptr) {
+      std::shared_ptr<PushCall> call;
+      {
+        // Found under mu; pushed through unlocked, so pushes of several
+        // threads convert in parallel. A FinishStep meanwhile closes the
+        // call, and this push then fails as a late one.
+        std::lock_guard lock(mu);
+        std::shared_ptr<PushCall>& slot = streams[step][p.server];
+        if (slot == nullptr) {
+          slot =
+              std::make_shared<LocalPushCall>(routes[p.server], names[p.server], step,
+                                              absl::Now() + call_timeout(), &budget, &stream_ends);
+        }
+        call = slot;
+      }
+      ZO_RETURN_IF_ERROR(static_cast<LocalPushCall&>(*call).Push(
+          header, data.subspan(static_cast<size_t>(p.byte_begin), static_cast<size_t>(piece_bytes)),
+          owner));
+      continue;
+    }
+
+    budget.Acquire(step, piece_bytes);
     client_internal::EncodedPiece piece = client_internal::EncodeGradientPiece(
         header, data.data() + p.byte_begin, static_cast<size_t>(piece_bytes), owner);
 
     // Enqueue under mu, so that FinishStep cannot take the stream away
     // between finding it and queuing on it.
     std::lock_guard lock(mu);
-    std::unique_ptr<PushStream>& stream = streams[step][p.server];
+    std::shared_ptr<PushCall>& stream = streams[step][p.server];
     if (stream == nullptr) {
-      stream = std::make_unique<PushStream>(channels[p.server], names[p.server], step,
+      stream = std::make_shared<PushStream>(channels[p.server], names[p.server], step,
                                             NewCallContext(call.attempt), &budget, &stream_ends);
     }
-    ZO_RETURN_IF_ERROR(stream->Enqueue(std::move(piece)));
+    ZO_RETURN_IF_ERROR(static_cast<PushStream&>(*stream).Enqueue(std::move(piece)));
   }
   pushed_bytes.fetch_add(bytes, std::memory_order_relaxed);
   return absl::OkStatus();
@@ -285,7 +333,7 @@ absl::Status OffloadClient::Impl::PushRange(int64_t step, int tensor, int64_t of
 
 absl::Status OffloadClient::Impl::FinishStep(int64_t step) {
   ZO_RETURN_IF_ERROR(CheckState());
-  std::map<int, std::unique_ptr<PushStream>> open;
+  std::map<int, std::shared_ptr<PushCall>> open;
   {
     std::lock_guard lock(mu);
     auto it = streams.find(step);
@@ -293,13 +341,18 @@ absl::Status OffloadClient::Impl::FinishStep(int64_t step) {
     open = std::move(it->second);
     streams.erase(it);
   }
-  for (auto& [server, stream] : open) stream->Close();
+  absl::Time look_again = absl::InfiniteFuture();
+  for (auto& [server, stream] : open) {
+    stream->Close();
+    look_again = std::min(look_again, stream->deadline());
+  }
   // Until every call has ended, or one has failed. Each call has a deadline
-  // (call_timeout from its first piece), so this wait ends.
+  // (call_timeout from its first piece), so this wait ends: a gRPC call at
+  // it by itself, an in-process one when WaitFor looks at it then.
   absl::Status failed;
   {
     std::unique_lock lock(stream_ends.mu);
-    stream_ends.cv.wait(lock, [&] {
+    auto ended = [&] {
       bool all_done = true;
       for (auto& [server, stream] : open) {
         if (!stream->WaitFor(absl::ZeroDuration())) {
@@ -310,7 +363,14 @@ absl::Status OffloadClient::Impl::FinishStep(int64_t step) {
         }
       }
       return all_done;
-    });
+    };
+    if (look_again == absl::InfiniteFuture()) {
+      stream_ends.cv.wait(lock, ended);
+    } else {
+      while (!stream_ends.cv.wait_until(lock, absl::ToChronoTime(look_again), ended)) {
+        look_again = absl::Now() + absl::Seconds(1);  // past the deadline: WaitFor ends them
+      }
+    }
   }
   if (failed.ok()) return absl::OkStatus();
   // The step cannot be finished now: the other calls are ended here rather
@@ -384,6 +444,7 @@ absl::Status OffloadClient::Impl::PullFrom(int server, int64_t version, int64_t 
   request.set_have_version(have_version);
   request.set_incarnation(incarnation[server].load(std::memory_order_relaxed));
   for (int t : receiver.tensors()) request.add_tensors(t);
+  if (routes[server] != nullptr) return PullLocal(server, request, receiver, group);
   return RetryCall(call, names[server], &group, [&](grpc::ClientContext& context) {
     receiver.Reset();
     std::unique_ptr<grpc::ClientReader<v1::ParamPiece>> reader =
@@ -397,6 +458,74 @@ absl::Status OffloadClient::Impl::PullFrom(int server, int64_t version, int64_t 
       }
     }
     ZO_RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
+    return receiver.Finish();
+  });
+}
+
+absl::Status OffloadClient::Impl::AwaitLocalVersion(int server,
+                                                    const v1::PullParamsRequest& request,
+                                                    absl::Time deadline, CallGroup& group) {
+  InProcessRoute& route = *routes[server];
+  // Woken by the server (the version came, or the job changed) or by the
+  // group's cancellation; shared, as a wake may run after this returns.
+  struct Waiter {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool woken = false;
+    void Wake() {
+      {
+        std::lock_guard lock(mu);
+        woken = true;
+      }
+      cv.notify_all();
+    }
+  };
+  auto waiter = std::make_shared<Waiter>();
+  for (;;) {
+    {
+      std::lock_guard lock(waiter->mu);
+      waiter->woken = false;
+    }
+    uint64_t ticket = 0;
+    ZO_ASSIGN_OR_RETURN(const bool has, route.AwaitVersion(
+                                            request.job(), request.version(), request.incarnation(),
+                                            [waiter] { waiter->Wake(); }, &ticket));
+    if (has) return absl::OkStatus();
+    const bool cancellable = group.AddHook(waiter.get(), [waiter] { waiter->Wake(); });
+    bool woken = false;
+    if (cancellable) {
+      std::unique_lock lock(waiter->mu);
+      woken =
+          waiter->cv.wait_until(lock, absl::ToChronoTime(deadline), [&] { return waiter->woken; });
+    }
+    group.RemoveHook(waiter.get());
+    if (group.cancelled()) {
+      route.CancelVersionWait(request.job(), ticket);
+      return absl::CancelledError(
+          absl::StrCat("the pull of version ", request.version(), " was cancelled"));
+    }
+    if (!woken && route.CancelVersionWait(request.job(), ticket)) {
+      return absl::DeadlineExceededError(absl::StrCat("version ", request.version(), " of job ",
+                                                      request.job(), " did not exist within ",
+                                                      absl::FormatDuration(call.attempt.timeout)));
+    }
+    // Woken: ask again.
+  }
+}
+
+absl::Status OffloadClient::Impl::PullLocal(int server, const v1::PullParamsRequest& request,
+                                            PullReceiver& receiver, CallGroup& group) {
+  return RetryCall(call, names[server], &group, [&](grpc::ClientContext&) -> absl::Status {
+    receiver.Reset();
+    ZO_RETURN_IF_ERROR(
+        AwaitLocalVersion(server, request, absl::Now() + call.attempt.timeout, group));
+    ZO_ASSIGN_OR_RETURN(
+        const InProcessRoute::PullResult result,
+        routes[server]->PullInto(request, [&](const InProcessRoute::PulledRange& r) {
+          return receiver.Place(r.tensor, r.offset, r.elems);
+        }));
+    ZO_RETURN_IF_ERROR(result.unchanged ? receiver.AcceptUnchanged(result.loss_scale)
+                                        : receiver.SetLossScale(result.loss_scale));
     return receiver.Finish();
   });
 }
@@ -517,7 +646,7 @@ absl::StatusOr<std::unique_ptr<OffloadClient>> OffloadClient::Open(
                       ShardMap::Create(std::move(manifest), loaded.config.zo.chunk_elems,
                                        static_cast<int>(channels.size())));
   auto impl = std::make_unique<Impl>(options, std::move(loaded.config), dtype, std::move(map),
-                                     names, std::move(channels));
+                                     names, std::move(channels), options.routes);
 
   // In parallel: a server's OpenJob may wait for the others of the job.
   const int num_servers = static_cast<int>(names.size());

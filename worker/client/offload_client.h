@@ -11,7 +11,8 @@
 //   }
 //
 // The same API runs against remote servers over gRPC and against an
-// in-process server (ClientOptions::channels, e.g. grpc::Server::InProcessChannel).
+// in-process server (ClientOptions::channels, e.g. grpc::Server::InProcessChannel),
+// whose data may take the in-process route (ClientOptions::routes).
 #ifndef ZO_WORKER_CLIENT_OFFLOAD_CLIENT_H_
 #define ZO_WORKER_CLIENT_OFFLOAD_CLIENT_H_
 
@@ -35,6 +36,8 @@ class Channel;
 }
 
 namespace zo {
+
+class InProcessRoute;
 
 namespace client_internal {
 class CallGroup;
@@ -68,6 +71,11 @@ struct ClientOptions {
   // Ready channels, one per server in striping order (the embedded default
   // passes one in-process channel). Non-empty: used instead of `servers`.
   std::vector<std::shared_ptr<grpc::Channel>> channels;
+  // With `channels`: per server, the in-process route of the data plane
+  // (OffloadServer::DataRoute()), which then carries the pushes and pulls
+  // without gRPC; the channels carry the rest. Empty: the channels carry
+  // everything.
+  std::vector<std::shared_ptr<InProcessRoute>> routes;
   // Sent as `authorization: Bearer <token>` on every call; empty: none.
   std::string auth_token;
   // PEM root certificates: non-empty means TLS to `servers`.

@@ -184,6 +184,7 @@ ClientOptions MakeClientOptions(const TrainOptions& o) {
   options.job = o.job;
   options.servers = o.servers;
   options.channels = o.channels;
+  options.routes = o.routes;
   options.auth_token = o.auth_token;
   options.tls_root_certs = o.tls_root_certs;
   options.dp_rank = o.dp_rank;

@@ -22,6 +22,10 @@ namespace grpc {
 class Channel;
 }
 
+namespace zo {
+class InProcessRoute;
+}  // namespace zo
+
 namespace zo::train {
 
 class TrainMetrics;
@@ -45,6 +49,8 @@ struct TrainOptions {
   // Offload servers, "host:port" in striping order; empty: `channels`.
   std::vector<std::string> servers;
   std::vector<std::shared_ptr<grpc::Channel>> channels;  // the embedded server
+  // With `channels`: the embedded server's data route (ClientOptions::routes).
+  std::vector<std::shared_ptr<InProcessRoute>> routes;
   std::string job = "zo-train";
   std::string auth_token;
   std::string tls_root_certs;

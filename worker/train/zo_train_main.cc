@@ -197,6 +197,7 @@ absl::Status Run() {
     if (!server.ok()) return server.status();
     embedded = std::move(*server);
     o.channels = {embedded->InProcessChannel()};
+    o.routes = {embedded->DataRoute()};
   } else if (!absl::GetFlag(FLAGS_checkpoint_dir).empty()) {
     return absl::InvalidArgumentError(
         "--checkpoint-dir is for the embedded server; remote servers take their own "

@@ -43,6 +43,18 @@ void CallGroup::RemoveChild(CallGroup* child) {
   children_.erase(child);
 }
 
+bool CallGroup::AddHook(const void* key, std::function<void()> on_cancel) {
+  std::lock_guard lock(mu_);
+  if (cancelled_) return false;
+  hooks_[key] = std::move(on_cancel);
+  return true;
+}
+
+void CallGroup::RemoveHook(const void* key) {
+  std::lock_guard lock(mu_);
+  hooks_.erase(key);
+}
+
 void CallGroup::CancelAll() {
   {
     std::lock_guard lock(mu_);
@@ -53,6 +65,8 @@ void CallGroup::CancelAll() {
     // either.
     for (grpc::ClientContext* context : contexts_) context->TryCancel();
     for (CallGroup* child : children_) child->CancelAll();
+    for (auto& [key, hook] : hooks_) hook();
+    hooks_.clear();
   }
   cancelled_cv_.notify_all();
 }

@@ -7,6 +7,8 @@
 
 #include <condition_variable>
 #include <cstddef>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -52,6 +54,12 @@ class CallGroup {
   // already cancelled. `child` must stay alive until RemoveChild.
   bool AddChild(CallGroup* child);
   void RemoveChild(CallGroup* child);
+  // Runs `on_cancel` when the group is cancelled (a wait of the in-process
+  // route, which has no context to cancel); false, keeping nothing, when it
+  // already is. It runs under the group's lock, so it must not call into
+  // the group. Kept under `key` until RemoveHook.
+  bool AddHook(const void* key, std::function<void()> on_cancel);
+  void RemoveHook(const void* key);
   // Cancels every registered call and child, and every later Register,
   // AddChild and Sleep.
   void CancelAll();
@@ -65,6 +73,7 @@ class CallGroup {
   bool cancelled_ = false;                   // guarded by mu_
   std::set<grpc::ClientContext*> contexts_;  // guarded by mu_
   std::set<CallGroup*> children_;            // guarded by mu_
+  std::map<const void*, std::function<void()>> hooks_;  // guarded by mu_
 };
 
 // Runs `attempt` with a fresh context (NewCallContext(settings.attempt)) until it returns OK, a

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "rpc/proto_convert.h"
 
 namespace zo::client_internal {
@@ -46,37 +47,47 @@ void PullReceiver::Reset() {
   loss_scale_ = 0;
 }
 
+absl::Status PullReceiver::SetLossScale(double loss_scale) {
+  if (!std::isfinite(loss_scale) || loss_scale <= 0) {
+    return absl::InternalError(
+        absl::StrCat("sent loss scale ", loss_scale, " with version ", version_));
+  }
+  loss_scale_ = loss_scale;
+  return absl::OkStatus();
+}
+
+absl::Status PullReceiver::AcceptUnchanged(double loss_scale) {
+  if (unchanged_) {
+    return absl::InternalError("sent more pieces after saying the weights are unchanged");
+  }
+  if (have_version_ < 0) {
+    return absl::InternalError(
+        absl::StrCat("said version ", version_, " is unchanged, but the client holds none"));
+  }
+  if (pieces_ > 0) {
+    return absl::InternalError("said the weights are unchanged after sending some of them");
+  }
+  ZO_RETURN_IF_ERROR(SetLossScale(loss_scale));
+  unchanged_ = true;
+  return absl::OkStatus();
+}
+
 absl::Status PullReceiver::Accept(const v1::ParamPiece& piece) {
   if (piece.version() != version_) {
     return absl::InternalError(absl::StrCat("sent a piece of version ", piece.version(),
                                             " for a pull of version ", version_));
   }
+  if (piece.unchanged()) {
+    if (!piece.data().empty()) {
+      return absl::InternalError("sent data on a piece that says the weights are unchanged");
+    }
+    return AcceptUnchanged(piece.loss_scale());
+  }
   if (!std::isfinite(piece.loss_scale()) || piece.loss_scale() <= 0) {
     return absl::InternalError(
         absl::StrCat("sent loss scale ", piece.loss_scale(), " with version ", version_));
   }
-  if (unchanged_) {
-    return absl::InternalError("sent more pieces after saying the weights are unchanged");
-  }
-  if (piece.unchanged()) {
-    if (have_version_ < 0) {
-      return absl::InternalError(
-          absl::StrCat("said version ", version_, " is unchanged, but the client holds none"));
-    }
-    if (pieces_ > 0) {
-      return absl::InternalError("said the weights are unchanged after sending some of them");
-    }
-    if (!piece.data().empty()) {
-      return absl::InternalError("sent data on a piece that says the weights are unchanged");
-    }
-    unchanged_ = true;
-    loss_scale_ = piece.loss_scale();
-    return absl::OkStatus();
-  }
-
-  auto slot = std::lower_bound(slots_.begin(), slots_.end(), piece.tensor(),
-                               [](const Slot& s, int t) { return s.tensor < t; });
-  if (slot == slots_.end() || slot->tensor != piece.tensor()) {
+  if (!unchanged_ && !TensorAsked(piece.tensor())) {
     return absl::InternalError(
         absl::StrCat("sent a piece of tensor #", piece.tensor(), ", which was not asked of it"));
   }
@@ -92,8 +103,31 @@ absl::Status PullReceiver::Accept(const v1::ParamPiece& piece) {
                                             " with ", bytes, " bytes, not a positive multiple of ",
                                             elem_bytes));
   }
-  const int64_t begin = piece.offset();
-  const int64_t elems = bytes / elem_bytes;
+  ZO_ASSIGN_OR_RETURN(std::byte * dst, Place(piece.tensor(), piece.offset(), bytes / elem_bytes));
+  std::memcpy(dst, piece.data().data(), static_cast<size_t>(bytes));
+  loss_scale_ = piece.loss_scale();
+  return absl::OkStatus();
+}
+
+bool PullReceiver::TensorAsked(int tensor) const {
+  auto slot = std::lower_bound(slots_.begin(), slots_.end(), tensor,
+                               [](const Slot& s, int t) { return s.tensor < t; });
+  return slot != slots_.end() && slot->tensor == tensor;
+}
+
+absl::StatusOr<std::byte*> PullReceiver::Place(int tensor, int64_t begin, int64_t elems) {
+  if (unchanged_) {
+    return absl::InternalError("sent more pieces after saying the weights are unchanged");
+  }
+  auto slot = std::lower_bound(slots_.begin(), slots_.end(), tensor,
+                               [](const Slot& s, int t) { return s.tensor < t; });
+  if (slot == slots_.end() || slot->tensor != tensor) {
+    return absl::InternalError(
+        absl::StrCat("sent a piece of tensor #", tensor, ", which was not asked of it"));
+  }
+  if (elems <= 0) {
+    return absl::InternalError(absl::StrCat("sent an empty piece of ", TensorLabel(tensor)));
+  }
   // The run must lie inside one run the server owns (which lies inside the
   // tensor). Owned runs are ascending: the candidate is the last that
   // begins at or before `begin`. Compared as a length, so a huge offset
@@ -103,16 +137,12 @@ absl::Status PullReceiver::Accept(const v1::ParamPiece& piece) {
                        [](int64_t b, const std::pair<int64_t, int64_t>& r) { return b < r.first; });
   if (begin < 0 || run == slot->owned.begin() || elems > std::prev(run)->second - begin) {
     return absl::InternalError(absl::StrCat("sent ", elems, " elements at offset ", begin, " of ",
-                                            TensorLabel(piece.tensor()),
+                                            TensorLabel(tensor),
                                             ", which are not all among the ones it owns"));
   }
-  const int64_t end = begin + elems;
-  std::memcpy(slot->dst.data() + begin * elem_bytes, piece.data().data(),
-              static_cast<size_t>(bytes));
-  slot->received.emplace_back(begin, end);
+  slot->received.emplace_back(begin, begin + elems);
   ++pieces_;
-  loss_scale_ = piece.loss_scale();
-  return absl::OkStatus();
+  return slot->dst.data() + begin * static_cast<int64_t>(DTypeSize(dtype_));
 }
 
 absl::Status PullReceiver::Finish() const {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/dtype.h"
 #include "common/sharding.h"
@@ -40,6 +41,14 @@ class PullReceiver {
   // INTERNAL, naming what is wrong, for a piece that was not asked of this
   // server; nothing is copied then.
   absl::Status Accept(const v1::ParamPiece& piece);
+  // The in-process route's two halves of the same checks: the server says
+  // the weights are unchanged, or where elements [offset, offset + elems)
+  // of `tensor` go (the server writes them there; the range counts as
+  // received). INTERNAL as Accept's.
+  absl::Status AcceptUnchanged(double loss_scale);
+  absl::StatusOr<std::byte*> Place(int tensor, int64_t offset, int64_t elems);
+  // The loss scale the in-process route answered with.
+  absl::Status SetLossScale(double loss_scale);
   // DATA_LOSS unless every element this server owns of the requested
   // tensors arrived exactly once, or the server said `unchanged`.
   absl::Status Finish() const;
@@ -60,6 +69,8 @@ class PullReceiver {
     std::vector<std::pair<int64_t, int64_t>> received;  // runs, in arrival order
   };
 
+  // Whether `tensor` is one this server was asked for.
+  bool TensorAsked(int tensor) const;
   // "tensor #3 'blocks.0.w'"; `t` must be a manifest index.
   std::string TensorLabel(int t) const;
 

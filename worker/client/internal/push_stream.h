@@ -22,19 +22,13 @@
 #include "proto/zo/v1/offload_service.grpc.pb.h"
 #include "worker/client/internal/byte_budget.h"
 #include "worker/client/internal/piece_encoding.h"
+#include "worker/client/internal/push_call.h"
 
 namespace zo::client_internal {
 
-// Told whenever one of the streams sharing it ends, so that one waiter can
-// watch several streams at once (a step's calls to every server).
-struct StreamEnds {
-  std::mutex mu;
-  std::condition_variable cv;
-};
-
 // Thread-safe. Bytes of a queued piece are released to `budget` once gRPC
 // has taken the piece (Write returned) or the piece is dropped.
-class PushStream {
+class PushStream final : public PushCall {
  public:
   // Starts the call. `budget` and `ends` (notified when the call ends; may be
   // null) must outlive the stream; `context` carries the call's deadline and
@@ -43,7 +37,7 @@ class PushStream {
              std::unique_ptr<grpc::ClientContext> context, ByteBudget* budget,
              StreamEnds* ends = nullptr);
   // Cancels the call if it is still open and joins its thread.
-  ~PushStream();
+  ~PushStream() override;
 
   PushStream(const PushStream&) = delete;
   PushStream& operator=(const PushStream&) = delete;
@@ -54,16 +48,16 @@ class PushStream {
   absl::Status Enqueue(EncodedPiece piece);
   // No more pieces: once the queue is written, half-close and wait for the
   // server's answer.
-  void Close();
+  void Close() override;
   // Cancels the call; queued pieces are dropped.
-  void Cancel();
+  void Cancel() override;
   // Waits until the call has ended, at most `timeout` (zero: just looks);
   // true when it has.
-  bool WaitFor(absl::Duration timeout);
+  bool WaitFor(absl::Duration timeout) override;
 
   // OK while the call is healthy; after a failure the call's status, with
   // the server's name. After WaitFor returned true: the call's final status.
-  absl::Status status() const;
+  absl::Status status() const override;
 
  private:
   void Run();

@@ -34,6 +34,11 @@ absl::Status ValidateOptions(const ClientOptions& options, int64_t elem_bytes) {
     return absl::InvalidArgumentError(
         "no servers: give ClientOptions::servers (zo.servers in the config) or channels");
   }
+  if (!options.routes.empty() && options.routes.size() != options.channels.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("routes needs one in-process route per channel: got ", options.routes.size(),
+                     " for ", options.channels.size(), " channels"));
+  }
   if (options.dp_world_size < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("dp_world_size must be >= 1, got ", options.dp_world_size));

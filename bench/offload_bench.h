@@ -1,0 +1,36 @@
+// `zo-bench offload`: one optimizer step as a worker sees it with no compute
+// in it (push every gradient, the servers' update, pull every weight), per
+// route of the data plane, against the same update alone measured in the
+// same run (docs/architecture.md, "Routes").
+#ifndef ZO_BENCH_OFFLOAD_BENCH_H_
+#define ZO_BENCH_OFFLOAD_BENCH_H_
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/dtype.h"
+
+namespace zo::bench {
+
+struct OffloadBenchOptions {
+  int64_t params = int64_t{64} << 20;
+  DType dtype = DType::kBFloat16;  // the job's: gradients pushed and weights pulled
+  // in_process: the embedded server's in-process route;
+  // grpc_in_process: the same server through its in-process gRPC channel;
+  // tcp: a server in this process listening on loopback, reached by gRPC
+  // over TCP.
+  std::vector<std::string> routes = {"in_process", "grpc_in_process", "tcp"};
+  int threads = 0;  // the server's optimizer threads and the Adam's; 0: one per core
+  int rounds = 5;   // timed steps per route, after one warm-up; the Adam alone beside each
+  int64_t chunk_elems = int64_t{4} << 20;
+  bool json = false;
+};
+
+absl::Status RunOffloadBench(const OffloadBenchOptions& options, std::ostream& out);
+
+}  // namespace zo::bench
+
+#endif  // ZO_BENCH_OFFLOAD_BENCH_H_

@@ -1,0 +1,96 @@
+#include "server/embedded_route.h"
+
+#include <mutex>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "server/gradient_piece_view.h"
+
+namespace zo {
+namespace {
+
+GradientPieceView ViewOfSpan(const v1::GradientPiece& header, absl::Span<const std::byte> data) {
+  GradientPieceView view;
+  view.job = header.job();
+  view.step = header.step();
+  view.dp_rank = header.dp_rank();
+  view.chunk = header.chunk();
+  view.offset = header.offset();
+  view.dtype = header.dtype();
+  view.resend = header.resend();
+  view.incarnation = header.incarnation();
+  view.micro_batch = header.micro_batch();
+  view.data.emplace_back(reinterpret_cast<const char*>(data.data()), data.size());
+  view.data_bytes = data.size();
+  return view;
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<Job>> EmbeddedRoute::FindLocked(const std::string& job) const {
+  if (registry_ == nullptr) return absl::UnavailableError("the embedded server has shut down");
+  return registry_->Find(job);
+}
+
+absl::StatusOr<InProcessRoute::PushOutcome> EmbeddedRoute::TryPush(const v1::GradientPiece& header,
+                                                                   absl::Span<const std::byte> data,
+                                                                   PushWait* wait,
+                                                                   std::function<void()> wake) {
+  std::shared_lock lock(mu_);
+  ZO_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindLocked(header.job()));
+  GradientAccumulator::PushWait w{.resets = wait->resets, .ticket = wait->ticket};
+  absl::StatusOr<GradientAccumulator::PushOutcome> outcome =
+      job->TryPushGradient(ViewOfSpan(header, data), &w, std::move(wake));
+  *wait = {.resets = w.resets, .ticket = w.ticket};
+  if (!outcome.ok()) return outcome.status();
+  return *outcome == GradientAccumulator::PushOutcome::kAdded ? PushOutcome::kAdded
+                                                              : PushOutcome::kWaiting;
+}
+
+bool EmbeddedRoute::CancelPushWait(const v1::GradientPiece& header, const PushWait& wait) {
+  std::shared_lock lock(mu_);
+  absl::StatusOr<std::shared_ptr<Job>> job = FindLocked(header.job());
+  // A job that is gone (or a server that stopped) has posted every wake.
+  if (!job.ok()) return false;
+  return (*job)->CancelPushWait(ViewOfSpan(header, {}),
+                                {.resets = wait.resets, .ticket = wait.ticket});
+}
+
+absl::StatusOr<bool> EmbeddedRoute::AwaitVersion(const std::string& job, int64_t version,
+                                                 uint64_t incarnation, std::function<void()> wake,
+                                                 uint64_t* ticket) {
+  std::shared_lock lock(mu_);
+  *ticket = WaitList::kNone;
+  ZO_ASSIGN_OR_RETURN(std::shared_ptr<Job> found, FindLocked(job));
+  ZO_RETURN_IF_ERROR(found->CheckIncarnation(incarnation));
+  if (version < 0) return absl::InvalidArgumentError(absl::StrCat("version ", version, " < 0"));
+  return found->AwaitVersion(version, std::move(wake), ticket);
+}
+
+bool EmbeddedRoute::CancelVersionWait(const std::string& job, uint64_t ticket) {
+  std::shared_lock lock(mu_);
+  absl::StatusOr<std::shared_ptr<Job>> found = FindLocked(job);
+  return found.ok() && (*found)->CancelVersionWait(ticket);
+}
+
+absl::StatusOr<InProcessRoute::PullResult> EmbeddedRoute::PullInto(
+    const v1::PullParamsRequest& request, Place place) {
+  const absl::Time start = absl::Now();
+  std::shared_lock lock(mu_);
+  ZO_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindLocked(request.job()));
+  ZO_ASSIGN_OR_RETURN(PullCursor cursor, job->OpenPull(request));
+  ZO_RETURN_IF_ERROR(cursor.ReadInto(place));
+  job->RecordPull(absl::Now() - start, cursor.bytes_given());
+  return PullResult{.unchanged = cursor.unchanged(),
+                    .loss_scale = cursor.loss_scale(),
+                    .bytes = cursor.bytes_given()};
+}
+
+void EmbeddedRoute::Detach() {
+  std::unique_lock lock(mu_);
+  registry_ = nullptr;
+}
+
+}  // namespace zo

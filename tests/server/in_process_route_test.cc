@@ -1,0 +1,239 @@
+// The data plane's in-process route (rpc/in_process_route.h): a client in
+// the server's own process pushes and pulls through OffloadServer::DataRoute
+// instead of the gRPC streams. Everything it computes must be bit for bit
+// what the gRPC route computes; its waits must end as the streams' do.
+#include "rpc/in_process_route.h"
+
+#include <cstdint>
+#include <cstring>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/offload_server.h"
+#include "tests/server/least_squares.h"
+#include "tests/server/training_harness.h"
+#include "worker/client/offload_client.h"
+
+namespace zo::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::unique_ptr<OffloadServer> StartEmbedded() {
+  ServerOptions options;
+  options.listen = "";
+  absl::StatusOr<std::unique_ptr<OffloadServer>> server = OffloadServer::Start(options);
+  EXPECT_THAT(server.status(), IsOk());
+  return server.ok() ? *std::move(server) : nullptr;
+}
+
+ClientOptions OptionsFor(OffloadServer& server, bool route) {
+  ClientOptions options;
+  options.channels = {server.InProcessChannel()};
+  if (route) options.routes = {server.DataRoute()};
+  return options;
+}
+
+struct RouteCase {
+  const char* name;
+  DType dtype;
+  int dp;
+  bool dpu;
+  std::set<int64_t> overflow_steps;
+  const char* extra;  // more of the config
+};
+
+void PrintTo(const RouteCase& c, std::ostream* os) { *os << c.name; }
+
+class InProcessRouteTest : public ::testing::TestWithParam<RouteCase> {};
+
+// Trains the same problem twice, once per route, and compares every
+// version's weights byte for byte.
+TEST_P(InProcessRouteTest, TrainsBitIdenticallyToTheGrpcRoute) {
+  const RouteCase& c = GetParam();
+  const LeastSquares p = LeastSquares::Make({300, 170, 45}, 30, c.dp, 11);
+  const std::string config =
+      absl::StrCat(R"({"train_batch_size": )", c.dp, R"(, "gradient_clipping": 0.3,
+          "optimizer": {"type": "AdamW", "params": {"lr": 0.02, "weight_decay": 0.01}},
+          "zo": {"chunk_elems": 64, "dpu": {"enabled": )",
+                   c.dpu ? "true" : "false", R"(, "warmup_steps": 1}})", c.extra, "}");
+  constexpr int kSteps = 12;
+  std::vector<std::vector<std::vector<float>>> weights(2);  // route, version
+  for (int route = 0; route < 2; ++route) {
+    std::unique_ptr<OffloadServer> server = StartEmbedded();
+    ASSERT_NE(server, nullptr);
+    ZO_ASSERT_OK_AND_ASSIGN(auto workers, OpenWorkers(p, c.dtype, "routes", config, {},
+                                                      OptionsFor(*server, route == 1)));
+    ASSERT_THAT(workers[0]->InitWeights(), IsOk());
+    for (int s = 1; s <= kSteps; ++s) {
+      ASSERT_THAT(RunSteps(workers, s, s, c.overflow_steps), IsOk());
+      // Without DPU version s is the only one held once made; with DPU the
+      // one before it is what the next step computes on.
+      ZO_ASSERT_OK_AND_ASSIGN(std::vector<float> x, workers[0]->PullAll(c.dpu ? s - 1 : s));
+      weights[route].push_back(std::move(x));
+    }
+    workers.clear();
+    server->Shutdown(absl::Seconds(1));
+  }
+  ASSERT_EQ(weights[0].size(), weights[1].size());
+  for (size_t v = 0; v < weights[0].size(); ++v) {
+    ASSERT_EQ(weights[0][v].size(), weights[1][v].size());
+    EXPECT_EQ(std::memcmp(weights[0][v].data(), weights[1][v].data(),
+                          weights[0][v].size() * sizeof(float)),
+              0)
+        << "version " << v;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, InProcessRouteTest,
+    ::testing::Values(
+        RouteCase{"fp32_dp2", DType::kFloat32, 2, false, {}, ""},
+        RouteCase{"fp16_overflow",
+                  DType::kFloat16,
+                  1,
+                  false,
+                  {3, 7},
+                  R"(, "fp16": {"enabled": true, "initial_scale_power": 12})"},
+        RouteCase{"bf16_dpu", DType::kBFloat16, 1, true, {}, R"(, "bf16": {"enabled": true})"},
+        RouteCase{"bf16_dp2_dpu", DType::kBFloat16, 2, true, {}, R"(, "bf16": {"enabled": true})"}),
+    [](const ::testing::TestParamInfo<RouteCase>& info) { return std::string(info.param.name); });
+
+// A piece for the step after its chunk's (the delayed update's overlap) is
+// kept by the client, not blocked on: Push returns, the caller may reuse its
+// buffer at once, and the piece goes in when the chunk is released. The
+// result equals the gRPC route's.
+TEST(InProcessRouteWaitTest, APushForTheNextStepReturnsAndGoesInWhenItsChunkIsFree) {
+  const std::string config = R"({"train_batch_size": 1,
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+      "bf16": {"enabled": true}, "zo": {"dpu": {"enabled": true, "warmup_steps": 0}}})";
+  std::vector<std::vector<std::byte>> results;
+  for (int route = 0; route < 2; ++route) {
+    std::unique_ptr<OffloadServer> server = StartEmbedded();
+    ASSERT_NE(server, nullptr);
+    ClientOptions options = OptionsFor(*server, route == 1);
+    options.job = "ahead";
+    ZO_ASSERT_OK_AND_ASSIGN(auto client,
+                            OffloadClient::Open(options, config, {{"w", {64}, DType::kBFloat16}}));
+    std::vector<uint16_t> g(64);
+    for (int i = 0; i < 64; ++i) g[i] = FloatToBf16Bits(0.01f * static_cast<float>(i + 1));
+    const absl::Span<const std::byte> bytes = {reinterpret_cast<const std::byte*>(g.data()), 128};
+    // Step 2 first: its chunk still takes step 1.
+    ASSERT_THAT(client->Push(2, 0, bytes), IsOk());
+    if (route == 1) {  // a stream's piece may not have reached the server yet
+      ZO_ASSERT_OK_AND_ASSIGN(v1::JobStatus status, client->JobStatus());
+      EXPECT_EQ(status.waiting_pushes(), 1);
+    }
+    const std::vector<uint16_t> step2 = g;
+    // The caller's buffer is its own again: step 1's gradient goes in it.
+    for (uint16_t& h : g) h = FloatToBf16Bits(-0.02f);
+    ASSERT_THAT(client->Push(1, 0, bytes), IsOk());
+    ASSERT_THAT(client->FinishStep(1), IsOk());
+    ASSERT_THAT(client->FinishStep(2), IsOk());
+    std::vector<std::byte> w(128);
+    const std::vector<absl::Span<std::byte>> dst = {absl::MakeSpan(w)};
+    ASSERT_THAT(client->Pull(2, -1, {0}, dst).status(), IsOk());
+    results.push_back(w);
+    // Step 2's update used its own gradient, not what the buffer held later.
+    EXPECT_NE(step2, g);
+    client.reset();
+    server->Shutdown(absl::Seconds(1));
+  }
+  EXPECT_EQ(results[0], results[1]);
+}
+
+// A pull waiting on the route for a version that will not come ends with
+// CANCELLED when another thread gives it up, and with DEADLINE_EXCEEDED at
+// the call's timeout.
+TEST(InProcessRouteWaitTest, AWaitingPullEndsWhenCancelledOrAtItsDeadline) {
+  std::unique_ptr<OffloadServer> server = StartEmbedded();
+  ASSERT_NE(server, nullptr);
+  ClientOptions options = OptionsFor(*server, true);
+  options.job = "waits";
+  options.call_timeout = absl::Hours(1);  // only the cancellation can end the wait
+  ZO_ASSERT_OK_AND_ASSIGN(
+      auto client, OffloadClient::Open(options, R"({"train_batch_size": 1,
+          "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}})",
+                                       {{.name = "w", .shape = {8}, .dtype = DType::kFloat32}}));
+  std::vector<std::byte> w(8 * sizeof(float));
+  const std::vector<absl::Span<std::byte>> dst = {absl::MakeSpan(w)};
+  PullCancellation cancel;
+  absl::StatusOr<bool> pulled;
+  std::thread puller([&] { pulled = client->Pull(1, -1, {0}, dst, &cancel); });
+  for (;;) {
+    ZO_ASSERT_OK_AND_ASSIGN(v1::JobStatus status, client->JobStatus());
+    if (status.waiting_pulls() == 1) break;
+    std::this_thread::yield();
+  }
+  cancel.Cancel();
+  puller.join();
+  EXPECT_THAT(pulled.status(), StatusIs(absl::StatusCode::kCancelled, HasSubstr("cancelled")));
+  ZO_ASSERT_OK_AND_ASSIGN(v1::JobStatus after, client->JobStatus());
+  EXPECT_EQ(after.waiting_pulls(), 0);  // the kept wake was taken back
+  client.reset();
+
+  options.call_timeout = absl::Milliseconds(100);
+  options.retry_for = absl::ZeroDuration();
+  ZO_ASSERT_OK_AND_ASSIGN(
+      client, OffloadClient::Open(options, R"({"train_batch_size": 1,
+          "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}})",
+                                  {{.name = "w", .shape = {8}, .dtype = DType::kFloat32}}));
+  EXPECT_THAT(client->Pull(1, -1, {0}, dst).status(),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("did not exist within")));
+  client.reset();
+  server->Shutdown(absl::Seconds(1));
+}
+
+// The route's own checks: a stale incarnation is refused saying where the
+// job is, and after the server stops every call is UNAVAILABLE.
+TEST(InProcessRouteWaitTest, StaleCallsAndAStoppedServerAreRefused) {
+  std::unique_ptr<OffloadServer> server = StartEmbedded();
+  ASSERT_NE(server, nullptr);
+  std::shared_ptr<InProcessRoute> route = server->DataRoute();
+  ClientOptions options = OptionsFor(*server, true);
+  options.job = "stale";
+  ZO_ASSERT_OK_AND_ASSIGN(
+      auto client, OffloadClient::Open(options, R"({"train_batch_size": 1,
+          "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}})",
+                                       {{.name = "w", .shape = {8}, .dtype = DType::kFloat32}}));
+  ZO_ASSERT_OK_AND_ASSIGN(v1::JobStatus status, client->JobStatus());
+  v1::GradientPiece header;
+  header.set_job("stale");
+  header.set_step(1);
+  header.set_dtype(v1::DTYPE_FP32);
+  header.set_incarnation(status.incarnation() + 1);
+  std::vector<float> g(8, 1.0f);
+  const absl::Span<const std::byte> bytes = {reinterpret_cast<const std::byte*>(g.data()), 32};
+  InProcessRoute::PushWait wait;
+  EXPECT_THAT(route->TryPush(header, bytes, &wait, [] {}).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("moved to servers")));
+  header.set_incarnation(status.incarnation());
+  header.set_chunk(5);  // the job has one chunk
+  EXPECT_THAT(route->TryPush(header, bytes, &wait, [] {}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  ZO_ASSERT_OK_AND_ASSIGN(v1::JobStatus unchanged, client->JobStatus());
+  EXPECT_EQ(unchanged.version(), 0);
+  EXPECT_EQ(unchanged.waiting_pushes(), 0);
+
+  client.reset();
+  server->Shutdown(absl::Seconds(1));
+  header.set_chunk(0);
+  EXPECT_THAT(route->TryPush(header, bytes, &wait, [] {}).status(),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("shut down")));
+  v1::PullParamsRequest request;
+  request.set_job("stale");
+  EXPECT_THAT(route
+                  ->PullInto(request,
+                             [](const InProcessRoute::PulledRange&) {
+                               return absl::StatusOr<std::byte*>(nullptr);
+                             })
+                  .status(),
+              StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
+}
+
+}  // namespace
+}  // namespace zo::testing
