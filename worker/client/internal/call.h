@@ -70,9 +70,9 @@ class CallGroup {
  private:
   mutable std::mutex mu_;
   std::condition_variable cancelled_cv_;
-  bool cancelled_ = false;                   // guarded by mu_
-  std::set<grpc::ClientContext*> contexts_;  // guarded by mu_
-  std::set<CallGroup*> children_;            // guarded by mu_
+  bool cancelled_ = false;                              // guarded by mu_
+  std::set<grpc::ClientContext*> contexts_;             // guarded by mu_
+  std::set<CallGroup*> children_;                       // guarded by mu_
   std::map<const void*, std::function<void()>> hooks_;  // guarded by mu_
 };
 
