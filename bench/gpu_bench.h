@@ -46,9 +46,10 @@ struct GpuBenchOptions {
   bool json = false;
 
   // Which rows: gpu_gemm and gpu_step always go together (the step's MFU
-  // needs the peak); gpu_dpu needs gpu_step's compute time.
+  // needs the peak); gpu_dpu and gpu_sync need gpu_step's compute time.
   bool step_rows = true;
   bool dpu = true;
+  bool sync = true;
   bool largest = false;
   // gpu_largest's GPT (the default: 4.1B parameters) and run.
   int largest_layers = 36;

@@ -37,25 +37,34 @@ bench::GpuBenchOptions Toy() {
   return o;
 }
 
-TEST(GpuDpuRowTest, ReportsTheStepAgainstTheSlowerOfComputeAndServer) {
+class GpuOffloadedRowTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(GpuOffloadedRowTest, ReportsTheStepAgainstComputeAloneAndTheSlowerOfComputeAndServer) {
   const bench::GpuBenchOptions o = Toy();
   auto be = backend::SelectBackend({.device = "cpu"});
   ASSERT_TRUE(be.ok()) << be.status();
   const double compute_alone_s = 1e-4;
-  absl::StatusOr<nlohmann::json> row = MeasureGpuDpu(o, **be, compute_alone_s);
+  const bool dpu = GetParam();
+  absl::StatusOr<nlohmann::json> row = MeasureGpuOffloaded(o, **be, compute_alone_s, dpu);
   ASSERT_TRUE(row.ok()) << row.status();
   const nlohmann::json& r = *row;
-  EXPECT_EQ(r["workload"], "gpu_dpu");
+  EXPECT_EQ(r["workload"], dpu ? "gpu_dpu" : "gpu_sync");
   EXPECT_EQ(r["params"].get<int64_t>(),
             model::MakeGpt({.n_layer = 1, .n_embd = 32, .n_head = 2, .block_size = 16, .vocab = 64})
                 ->param_count());
   EXPECT_GT(r["server_alone_s"].get<double>(), 0);
   EXPECT_GT(r["step_s"].get<double>(), 0);
   EXPECT_LE(r["step_s_min"].get<double>(), r["step_s"].get<double>());
+  EXPECT_DOUBLE_EQ(r["ratio"].get<double>(), r["step_s"].get<double>() / compute_alone_s);
   EXPECT_DOUBLE_EQ(
-      r["ratio"].get<double>(),
+      r["ratio_to_slower"].get<double>(),
       r["step_s"].get<double>() / std::max(compute_alone_s, r["server_alone_s"].get<double>()));
 }
+
+INSTANTIATE_TEST_SUITE_P(DpuAndSync, GpuOffloadedRowTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return std::string(info.param ? "dpu" : "sync");
+                         });
 
 TEST(GpuLargestRowTest, TrainsZoTrainsModelAndReportsItsLosses) {
   const bench::GpuBenchOptions o = Toy();
@@ -79,6 +88,9 @@ TEST(GpuBenchOptionsTest, NamesWhatTheRowsNeed) {
   EXPECT_THAT(bench::ValidateGpuBenchOptions(o),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("gpu_step")));
   o.dpu = false;
+  EXPECT_THAT(bench::ValidateGpuBenchOptions(o),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("gpu_step")));
+  o.sync = false;
   EXPECT_THAT(bench::ValidateGpuBenchOptions(o),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no rows")));
   o.largest = true;

@@ -110,9 +110,9 @@ ABSL_FLAG(int, n_embd, 768, "gpu: the GPT's width");
 ABSL_FLAG(int, n_head, 12, "gpu: the GPT's attention heads");
 ABSL_FLAG(int, steps, 5, "gpu: timed steps, after 2 untimed ones");
 ABSL_FLAG(std::string, gemm_size, "8192", "gpu: the peak GEMM is N x N x N");
-ABSL_FLAG(std::string, rows, "gemm,step,dpu",
-          "gpu: rows to run, comma-separated: gemm,step (always together), dpu (needs step), "
-          "largest");
+ABSL_FLAG(std::string, rows, "gemm,step,dpu,sync",
+          "gpu: rows to run, comma-separated: gemm,step (always together), dpu and sync (need "
+          "step), largest");
 ABSL_FLAG(std::string, largest, "36x3072x24",
           "gpu: gpu_largest's GPT as LAYERSxWIDTHxHEADS (default 4.1B parameters)");
 ABSL_FLAG(int, largest_steps, 20, "gpu: gpu_largest's steps (block 1024, 4 sequences each)");
@@ -202,10 +202,13 @@ constexpr char kUsage[] =
     "         cuBLASLt (the attainable peak), then forward + backward steps of a GPT\n"
     "         (--n-layer, --n-embd, --n-head, --block-size; vocabulary 50304; --batch\n"
     "         sequences) with weights on the device and no servers; ratio = model FLOP/s\n"
-    "         (6N + 12 L C T per token) / that peak, i.e. MFU (target >= 0.45), and the\n"
-    "         share of the step its GEMMs take. Rows gpu_gemm and gpu_step. Row gpu_dpu:\n"
-    "         the same GPT trained against an embedded server with DPU; ratio = step time /\n"
-    "         max(compute alone, the server's push-update-pull step alone) (target <= 1.1).\n"
+    "         (PaLM's: 6 x non-embedding parameters + 12 L C T per token) / that peak, i.e.\n"
+    "         MFU (target >= 0.45), and the\n"
+    "         share of the step its GEMMs take. Rows gpu_gemm and gpu_step. Rows gpu_dpu\n"
+    "         and gpu_sync: the same GPT trained against an embedded server (in-process\n"
+    "         route) with and without DPU; ratio = step time / compute alone (target <=\n"
+    "         1.3); ratio_to_slower = step / max(compute alone, the server's push-update-pull\n"
+    "         step alone).\n"
     "         Row gpu_largest (--rows ...,largest): zo-train's loop on a --largest GPT for\n"
     "         --largest-steps steps with an embedded server: parameters, losses, step time,\n"
     "         peak GPU and host memory. --rows picks the rows.\n\n"
@@ -417,17 +420,19 @@ absl::StatusOr<bench::GpuBenchOptions> GpuOptionsFromFlags() {
   o.steps = absl::GetFlag(FLAGS_steps);
   ZO_ASSIGN_OR_RETURN(o.gemm_size, ParseCount(absl::GetFlag(FLAGS_gemm_size)));
   o.json = absl::GetFlag(FLAGS_json);
-  o.step_rows = o.dpu = o.largest = false;
+  o.step_rows = o.dpu = o.sync = o.largest = false;
   for (absl::string_view row : absl::StrSplit(absl::GetFlag(FLAGS_rows), ',')) {
     if (row == "gemm" || row == "step") {
       o.step_rows = true;
     } else if (row == "dpu") {
       o.dpu = true;
+    } else if (row == "sync") {
+      o.sync = true;
     } else if (row == "largest") {
       o.largest = true;
     } else {
       return absl::InvalidArgumentError(
-          absl::StrCat("--rows: '", row, "' is not one of gemm, step, dpu, largest"));
+          absl::StrCat("--rows: '", row, "' is not one of gemm, step, dpu, sync, largest"));
     }
   }
   const std::string largest = absl::GetFlag(FLAGS_largest);
