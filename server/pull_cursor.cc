@@ -2,10 +2,20 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
+#include <vector>
 
+#include "common/status_macros.h"
 #include "rpc/proto_convert.h"
 
 namespace zo {
+namespace {
+
+// ReadInto: a thread per this many elements, at most kMaxReadThreads.
+constexpr int64_t kElemsPerReadThread = int64_t{4} << 20;
+constexpr int64_t kMaxReadThreads = 4;
+
+}  // namespace
 
 PullCursor PullCursor::Unchanged(int64_t version, double loss_scale) {
   PullCursor cursor(version, loss_scale);
@@ -61,20 +71,57 @@ bool PullCursor::Next(PullPiece* piece) {
 absl::Status PullCursor::ReadInto(InProcessRoute::Place place) {
   if (unchanged_) return absl::OkStatus();
   const int64_t elem = static_cast<int64_t>(DTypeSize(dtype_));
-  const auto* data = static_cast<const std::byte*>(lease_->data());
+  // Every range placed first (the caller checks each), then read.
+  struct Copy {
+    int64_t local_offset = 0;
+    int64_t n = 0;
+    std::byte* dst = nullptr;
+  };
+  std::vector<Copy> copies;
+  int64_t total = 0;
   for (; range_ < ranges_.size(); ++range_, done_ = 0) {
     const Range& r = ranges_[range_];
     const int64_t n = r.elems - done_;
     if (n == 0) continue;
     absl::StatusOr<std::byte*> dst = place({r.tensor, r.tensor_offset + done_, n});
     if (!dst.ok()) return status_ = dst.status();
-    if (data != nullptr) {
-      std::memcpy(*dst, data + (r.local_offset + done_) * elem, static_cast<size_t>(n * elem));
-    } else if (status_ = lease_->Read(r.local_offset + done_, n, *dst); !status_.ok()) {
-      return status_;
-    }
-    bytes_given_ += n * elem;
+    copies.push_back({r.local_offset + done_, n, *dst});
+    total += n;
   }
+  // A big pull is read by several threads: one cannot draw the memory
+  // bandwidth a rounding pass wants. Cut into equal runs of elements.
+  const int threads = static_cast<int>(std::clamp<int64_t>(
+      total / kElemsPerReadThread, 1,
+      std::min<int64_t>(kMaxReadThreads, std::max(1u, std::thread::hardware_concurrency()))));
+  const auto* data = static_cast<const std::byte*>(lease_->data());
+  auto read_part = [&](int part) -> absl::Status {
+    const int64_t begin = total * part / threads, end = total * (part + 1) / threads;
+    int64_t at = 0;
+    for (const Copy& c : copies) {
+      const int64_t from = std::max(begin, at), to = std::min(end, at + c.n);
+      at += c.n;
+      if (from >= to) continue;
+      const int64_t skip = from - (at - c.n), n = to - from;
+      std::byte* dst = c.dst + skip * elem;
+      if (data != nullptr) {
+        std::memcpy(dst, data + (c.local_offset + skip) * elem, static_cast<size_t>(n * elem));
+      } else {
+        ZO_RETURN_IF_ERROR(lease_->Read(c.local_offset + skip, n, dst));
+      }
+    }
+    return absl::OkStatus();
+  };
+  std::vector<absl::Status> results(threads);
+  std::vector<std::thread> helpers;
+  for (int part = 1; part < threads; ++part) {
+    helpers.emplace_back([&, part] { results[part] = read_part(part); });
+  }
+  results[0] = read_part(0);
+  for (std::thread& t : helpers) t.join();
+  for (absl::Status& s : results) {
+    if (!s.ok()) return status_ = std::move(s);
+  }
+  bytes_given_ += total * elem;
   return absl::OkStatus();
 }
 

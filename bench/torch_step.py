@@ -1,0 +1,137 @@
+"""zo.torch's OffloadOptimizer.step() against the server's Adam alone.
+
+A step with no forward or backward in it: every gradient pushed, the
+servers' update, every weight pulled back into the parameters. Timed per
+route: `embedded` (servers=None: the embedded server, its data on the
+in-process route) and `same_host` (a zo-server process on this host, reached
+over loopback TCP). The Adam alone is `zo-bench adam` over as many
+parameters with the same threads (it also writes a 16-bit copy, which a
+server serving from its master does not: a slightly slower baseline).
+
+    PYTHONPATH=build/release/python /usr/bin/python3 bench/torch_step.py --json
+
+Rows: {"bench": "torch_step", "route", "dtype", "params", "step_s",
+"adam_s", "ratio"} (ratio = step_s / adam_s), then per dtype
+{"bench": "torch_step_routes", "dtype", "same_host_over_embedded"}.
+Targets (issue 34): embedded <= 1.5 x the Adam, same_host <= 1.3 x embedded.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+import zo.torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BUILD_BIN = os.path.join(HERE, "..", "build", "release", "bin")
+
+
+def binary(name, flag):
+    if flag:
+        return flag
+    local = os.path.join(BUILD_BIN, name)
+    return local if os.path.exists(local) else shutil.which(name)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def adam_alone(zo_bench, params, dtype, threads):
+    grad = "bf16" if dtype == "bf16" else "fp32"
+    out = subprocess.run(
+        [zo_bench, "--params", str(params), "--threads", str(threads), "--rounds", "5",
+         "--grad-dtype", grad, "--json", "adam"],
+        check=True, capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        row = json.loads(line)
+        if row["dispatched"]:
+            return row["params"] / row["params_per_s"]
+    raise RuntimeError("zo-bench adam printed no dispatched row")
+
+
+def time_steps(params, dtype, servers, steps):
+    torch.manual_seed(0)
+    tdtype = torch.bfloat16 if dtype == "bf16" else torch.float32
+    per = params // 16
+    weights = [torch.nn.Parameter(torch.randn(per, dtype=tdtype) * 0.02) for _ in range(16)]
+    named = [(f"w{i}", w) for i, w in enumerate(weights)]
+    for w in weights:
+        w.grad = torch.randn_like(w) * 1e-3
+    config = {"train_batch_size": 1, "steps_per_print": 1 << 30,
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.01}}}
+    if dtype == "bf16":
+        config["bf16"] = {"enabled": True}
+    opt = zo.torch.OffloadOptimizer(named, config=config, servers=servers,
+                                    job=f"torch-step-{dtype}-{time.time_ns()}")
+    opt.step()  # warm-up: the servers' state first touched
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        opt.step()
+        times.append(time.perf_counter() - start)
+    del opt
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--params", type=int, default=32 << 20)
+    ap.add_argument("--dtypes", default="fp32,bf16")
+    ap.add_argument("--routes", default="embedded,same_host")
+    ap.add_argument("--steps", type=int, default=7, help="timed steps, after one warm-up")
+    ap.add_argument("--threads", type=int, default=os.cpu_count(),
+                    help="the servers' optimizer threads and the Adam's")
+    ap.add_argument("--zo-server", default=None)
+    ap.add_argument("--zo-bench", default=None)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    zo_bench = binary("zo-bench", a.zo_bench)
+    zo_server = binary("zo-server", a.zo_server)
+    if zo_bench is None or ("same_host" in a.routes and zo_server is None):
+        sys.exit("torch_step: build zo-bench and zo-server first (or give --zo-bench/--zo-server)")
+    torch.set_num_threads(1)
+
+    server = None
+    address = None
+    if "same_host" in a.routes:
+        address = f"127.0.0.1:{free_port()}"
+        server = subprocess.Popen([zo_server, "--listen", address, "--threads", str(a.threads)],
+                                  stderr=subprocess.DEVNULL)
+    try:
+        for dtype in a.dtypes.split(","):
+            adam_s = adam_alone(zo_bench, a.params, dtype, a.threads)
+            steps = {}
+            for route in a.routes.split(","):
+                servers = None if route == "embedded" else [address]
+                print(f"torch_step: {dtype} {route}: {a.steps} steps", file=sys.stderr)
+                steps[route] = time_steps(a.params, dtype, servers, a.steps)
+                row = {"bench": "torch_step", "route": route, "dtype": dtype,
+                       "params": a.params, "step_s": steps[route], "adam_s": adam_s,
+                       "ratio": steps[route] / adam_s}
+                print(json.dumps(row) if a.json else
+                      f"{dtype:5} {route:10} step {1e3 * row['step_s']:7.1f} ms   adam "
+                      f"{1e3 * adam_s:6.1f} ms   ratio {row['ratio']:.2f}", flush=True)
+            if "embedded" in steps and "same_host" in steps:
+                r = steps["same_host"] / steps["embedded"]
+                print(json.dumps({"bench": "torch_step_routes", "dtype": dtype,
+                                  "same_host_over_embedded": r}) if a.json else
+                      f"{dtype:5} same_host / embedded = {r:.2f}", flush=True)
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait()
+
+
+if __name__ == "__main__":
+    main()
