@@ -146,6 +146,53 @@ TEST(InProcessRouteWaitTest, APushForTheNextStepReturnsAndGoesInWhenItsChunkIsFr
   EXPECT_EQ(results[0], results[1]);
 }
 
+// Pushes big enough to be cut into parts copied by several threads, and a
+// pull read by several: two ranks summing on the server and one rank whose
+// gradients are kept as received, both against the gRPC route.
+TEST(InProcessRouteWaitTest, BigPushesAndPullsInPartsGiveTheGrpcRoutesBits) {
+  constexpr int64_t kElems = (int64_t{9} << 20) + 3;  // past several 4 MiB parts
+  for (const int dp : {1, 2}) {
+    const std::string config =
+        absl::StrCat(R"({"train_batch_size": )", dp, R"(, "bf16": {"enabled": true},
+            "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+            "zo": {"chunk_elems": 6000000}})");
+    std::vector<std::vector<std::byte>> results;
+    for (int route = 0; route < 2; ++route) {
+      std::unique_ptr<OffloadServer> server = StartEmbedded();
+      ASSERT_NE(server, nullptr);
+      std::vector<std::unique_ptr<OffloadClient>> ranks;
+      for (int r = 0; r < dp; ++r) {
+        ClientOptions options = OptionsFor(*server, route == 1);
+        options.job = "big";
+        options.dp_rank = r;
+        options.dp_world_size = dp;
+        ZO_ASSERT_OK_AND_ASSIGN(
+            auto c, OffloadClient::Open(options, config, {{"w", {kElems}, DType::kBFloat16}}));
+        ranks.push_back(std::move(c));
+      }
+      std::vector<uint16_t> g(kElems);
+      for (int step = 1; step <= 2; ++step) {
+        for (int r = 0; r < dp; ++r) {
+          for (int64_t i = 0; i < kElems; ++i) {
+            g[i] = FloatToBf16Bits(1e-3f * static_cast<float>((i * 31 + r * 7 + step) % 101 - 50));
+          }
+          ASSERT_THAT(
+              ranks[r]->Push(step, 0, {reinterpret_cast<const std::byte*>(g.data()), g.size() * 2}),
+              IsOk());
+        }
+        for (int r = 0; r < dp; ++r) ASSERT_THAT(ranks[r]->FinishStep(step), IsOk());
+      }
+      std::vector<std::byte> w(kElems * 2);
+      const std::vector<absl::Span<std::byte>> dst = {absl::MakeSpan(w)};
+      ASSERT_THAT(ranks[0]->Pull(2, -1, {0}, dst).status(), IsOk());
+      results.push_back(std::move(w));
+      ranks.clear();
+      server->Shutdown(absl::Seconds(1));
+    }
+    EXPECT_TRUE(results[0] == results[1]) << "dp " << dp;
+  }
+}
+
 // A pull waiting on the route for a version that will not come ends with
 // CANCELLED when another thread gives it up, and with DEADLINE_EXCEEDED at
 // the call's timeout.

@@ -5,6 +5,7 @@
 #include <bit>
 #include <map>
 #include <mutex>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -47,6 +48,15 @@ constexpr absl::Duration kCloseGrace = absl::Seconds(5);
 // the server takes it from the caller's memory, so nothing bounds it but
 // the chunk.
 constexpr int64_t kMaxLocalPieceBytes = int64_t{1} << 62;
+// Over the in-process route a push's pieces are copied by up to
+// kMaxCopyThreads threads (no more than the cores), a piece cut into parts
+// of at least kLocalPartBytes.
+constexpr int64_t kMaxCopyThreads = 4;
+constexpr int64_t kLocalPartBytes = int64_t{4} << 20;
+
+int64_t CopyThreads() {
+  return std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, kMaxCopyThreads);
+}
 
 }  // namespace
 
@@ -275,6 +285,13 @@ absl::Status OffloadClient::Impl::PushRange(int64_t step, int tensor, int64_t of
     std::lock_guard lock(mu);
     ZO_RETURN_IF_ERROR(StepErrorLocked(step));
   }
+  // Pieces for the in-process route, handed over once all are planned.
+  struct LocalPiece {
+    std::shared_ptr<PushCall> call;
+    v1::GradientPiece header;
+    absl::Span<const std::byte> data;
+  };
+  std::vector<LocalPiece> local;
   // The in-process route takes a chunk's part whole; gRPC's messages are
   // cut at max_piece_bytes.
   const int64_t max_piece_bytes =
@@ -307,9 +324,19 @@ absl::Status OffloadClient::Impl::PushRange(int64_t step, int tensor, int64_t of
         }
         call = slot;
       }
-      ZO_RETURN_IF_ERROR(static_cast<LocalPushCall&>(*call).Push(
-          header, data.subspan(static_cast<size_t>(p.byte_begin), static_cast<size_t>(piece_bytes)),
-          owner));
+      // A big piece is handed over in parts by several threads: one thread
+      // cannot draw the memory bandwidth a copy wants.
+      const int64_t parts = std::clamp<int64_t>(piece_bytes / kLocalPartBytes, 1, CopyThreads());
+      const int64_t part_elems = (piece_bytes / elem_bytes + parts - 1) / parts;
+      for (int64_t e = 0; e < piece_bytes / elem_bytes; e += part_elems) {
+        const int64_t n = std::min(part_elems, piece_bytes / elem_bytes - e);
+        v1::GradientPiece part = header;
+        part.set_offset(p.chunk_offset + e);
+        local.push_back({.call = call,
+                         .header = std::move(part),
+                         .data = data.subspan(static_cast<size_t>(p.byte_begin + e * elem_bytes),
+                                              static_cast<size_t>(n * elem_bytes))});
+      }
       continue;
     }
 
@@ -326,6 +353,21 @@ absl::Status OffloadClient::Impl::PushRange(int64_t step, int tensor, int64_t of
                                             NewCallContext(call.attempt), &budget, &stream_ends);
     }
     ZO_RETURN_IF_ERROR(static_cast<PushStream&>(*stream).Enqueue(std::move(piece)));
+  }
+  if (!local.empty()) {
+    const int threads = static_cast<int>(std::min<int64_t>(local.size(), CopyThreads()));
+    std::vector<absl::Status> results(threads);
+    auto push_every = [&](int first) {
+      for (size_t i = first; i < local.size() && results[first].ok(); i += threads) {
+        results[first] =
+            static_cast<LocalPushCall&>(*local[i].call).Push(local[i].header, local[i].data, owner);
+      }
+    };
+    std::vector<std::thread> helpers;
+    for (int t = 1; t < threads; ++t) helpers.emplace_back(push_every, t);
+    push_every(0);
+    for (std::thread& t : helpers) t.join();
+    for (absl::Status& r : results) ZO_RETURN_IF_ERROR(r);
   }
   pushed_bytes.fetch_add(bytes, std::memory_order_relaxed);
   return absl::OkStatus();
