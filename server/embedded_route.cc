@@ -12,17 +12,8 @@ namespace zo {
 namespace {
 
 GradientPieceView ViewOfSpan(const v1::GradientPiece& header, absl::Span<const std::byte> data) {
-  GradientPieceView view;
-  view.job = header.job();
-  view.step = header.step();
-  view.dp_rank = header.dp_rank();
-  view.chunk = header.chunk();
-  view.offset = header.offset();
-  view.dtype = header.dtype();
-  view.resend = header.resend();
-  view.incarnation = header.incarnation();
-  view.micro_batch = header.micro_batch();
-  view.data.emplace_back(reinterpret_cast<const char*>(data.data()), data.size());
+  GradientPieceView view = ViewOf(header);  // the header's fields; it has no data
+  view.data = {{reinterpret_cast<const char*>(data.data()), data.size()}};
   view.data_bytes = data.size();
   return view;
 }

@@ -10,6 +10,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/zo/v1/offload_service.grpc.pb.h"
+#include "rpc/in_process_route.h"
 #include "server/offload_server.h"
 #include "tests/server/least_squares.h"
 #include "tests/server/training_harness.h"
@@ -151,13 +152,18 @@ TEST(EmbeddedServerTest, ACallForAnEarlierInstanceOfTheJobIsRefusedSayingWhereIt
 // with CANCELLED when another thread gives it up; a cancellation already
 // given refuses the next pull before it is sent, and the client forgets the
 // weights PullForStep left half written.
-TEST(EmbeddedServerTest, APullWaitingForItsVersionEndsWhenCancelled) {
+// Over the in-process channel, and over the data plane's in-process route
+// (rpc/in_process_route.h), whose wait has no gRPC context to cancel.
+class EmbeddedPullCancelTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(EmbeddedPullCancelTest, APullWaitingForItsVersionEndsWhenCancelled) {
   ServerOptions server_options;
   server_options.listen = "";
   ZO_ASSERT_OK_AND_ASSIGN(auto server, OffloadServer::Start(server_options));
   ClientOptions options;
   options.job = "cancel";
   options.channels = {server->InProcessChannel()};
+  if (GetParam()) options.routes = {server->DataRoute()};
   options.call_timeout = absl::Hours(1);  // only the cancellation can end the wait
   ZO_ASSERT_OK_AND_ASSIGN(
       auto client, OffloadClient::Open(options, R"({"train_batch_size": 1,
@@ -179,6 +185,8 @@ TEST(EmbeddedServerTest, APullWaitingForItsVersionEndsWhenCancelled) {
   cancel.Cancel();
   puller.join();
   EXPECT_THAT(pulled.status(), StatusIs(absl::StatusCode::kCancelled, ::testing::_));
+  ZO_ASSERT_OK_AND_ASSIGN(v1::JobStatus after, client->JobStatus());
+  EXPECT_EQ(after.waiting_pulls(), 0);  // the server holds nothing of it
   EXPECT_THAT(client->Pull(0, -1, {0}, dst, &cancel).status(),
               StatusIs(absl::StatusCode::kCancelled, HasSubstr("was cancelled")));
   // dst may hold part of version 1 now: version 0 is pulled again, whole.
@@ -187,6 +195,11 @@ TEST(EmbeddedServerTest, APullWaitingForItsVersionEndsWhenCancelled) {
   client.reset();
   server->Shutdown(absl::Seconds(1));
 }
+
+INSTANTIATE_TEST_SUITE_P(ChannelAndRoute, EmbeddedPullCancelTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return std::string(info.param ? "route" : "channel");
+                         });
 
 }  // namespace
 }  // namespace zo::testing
