@@ -413,6 +413,17 @@ TEST_P(AdamKernelTest, OldWeightCopyIsTheMasterBeforeTheStep) {
 
 TEST_P(AdamKernelTest, EmptyRangeTouchesNothing) {
   const AdamStepConstants c = MakeAdamStepConstants(AdamHyperParams(), 1, 1.0);
+  // Real arrays with every byte set: a kernel that wrote (or read past) an
+  // empty range would change one.
+  std::vector<float> p(16, 1.5f), m(16, 2.5f), v(16, 3.5f);
+  std::vector<uint16_t> grad(16, 0x3C00), copy(16, 0xABCD);
+  RunAdam(GetParam(), c, {grad.data(), DType::kFloat16}, p.data(), m.data(), v.data(),
+          {copy.data(), DType::kBFloat16}, 0);
+  EXPECT_EQ(p, std::vector<float>(16, 1.5f));
+  EXPECT_EQ(m, std::vector<float>(16, 2.5f));
+  EXPECT_EQ(v, std::vector<float>(16, 3.5f));
+  EXPECT_EQ(copy, std::vector<uint16_t>(16, 0xABCD));
+  // Null arrays are fine when there is nothing to do.
   RunAdam(GetParam(), c, {nullptr, DType::kFloat16}, nullptr, nullptr, nullptr,
           {nullptr, DType::kBFloat16}, 0);
 }

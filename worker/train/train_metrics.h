@@ -1,6 +1,6 @@
 // What zo-train's metrics endpoint (--metrics-listen) shows: running totals
 // of the steps this process ran — step time split (compute, push, waiting
-// for weights, pipeline transfers), samples and tokens, gradient and weight
+// for weights, pipeline transfers, the rest), samples and tokens, gradient and weight
 // bytes exchanged with the servers — and the last step's loss and loss
 // scale. Names start with zo_train_; docs/metrics.md lists them.
 #ifndef ZO_WORKER_TRAIN_TRAIN_METRICS_H_
@@ -38,11 +38,11 @@ class TrainMetrics : public prometheus::Collectable {
   mutable std::mutex mu_;
   int64_t steps_ = 0;
   int64_t last_step_ = 0;
-  double step_s_ = 0;
   double compute_s_ = 0;
   double push_s_ = 0;
   double wait_s_ = 0;
   double transfer_s_ = 0;
+  double other_s_ = 0;
   int64_t samples_ = 0;
   int64_t tokens_ = 0;
   int64_t pushed_bytes_ = 0;
