@@ -97,13 +97,15 @@ struct RouteResult {
 absl::StatusOr<RouteResult> MeasureRoute(const OffloadBenchOptions& o, const std::string& route,
                                          AdamAlone& adam) {
   ServerOptions server_options;
-  server_options.listen = route == "tcp" ? "127.0.0.1:0" : "";
+  const bool over_tcp = route == "tcp" || route == "same_host";
+  server_options.listen = over_tcp ? "127.0.0.1:0" : "";
   server_options.threads = o.threads;
   ZO_ASSIGN_OR_RETURN(std::unique_ptr<OffloadServer> server, OffloadServer::Start(server_options));
   ClientOptions options;
   options.job = absl::StrCat("bench-offload-", route);
-  if (route == "tcp") {
+  if (over_tcp) {
     options.servers = {absl::StrCat("127.0.0.1:", server->port())};
+    options.shared_memory = route == "same_host";
   } else {
     options.channels = {server->InProcessChannel()};
     if (route == "in_process") options.routes = {server->DataRoute()};
@@ -117,6 +119,10 @@ absl::StatusOr<RouteResult> MeasureRoute(const OffloadBenchOptions& o, const std
   }
   ZO_ASSIGN_OR_RETURN(std::unique_ptr<OffloadClient> client,
                       OffloadClient::Open(options, JobConfig(o.dtype, o.chunk_elems), manifest));
+  if (route == "same_host" && client->routes()[0] != "shared_memory") {
+    return absl::FailedPreconditionError(
+        "offload: same_host: the server did not map the shared region (see the log)");
+  }
 
   // Gradients (small and finite, so no step is skipped) and the weights'
   // buffers, touched before timing; the pushes borrow the gradients.
@@ -193,9 +199,9 @@ absl::Status RunOffloadBench(const OffloadBenchOptions& options, std::ostream& o
   if (o.rounds < 1) return absl::InvalidArgumentError("--rounds must be >= 1");
   if (o.threads < 0) return absl::InvalidArgumentError("--threads must be >= 0");
   for (const std::string& r : o.routes) {
-    if (r != "in_process" && r != "grpc_in_process" && r != "tcp") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("offload: unknown route '", r, "' (in_process, grpc_in_process or tcp)"));
+    if (r != "in_process" && r != "grpc_in_process" && r != "same_host" && r != "tcp") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "offload: unknown route '", r, "' (in_process, grpc_in_process, same_host or tcp)"));
     }
   }
   if (o.threads == 0) o.threads = ThreadPool::DefaultSize();

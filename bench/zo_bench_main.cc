@@ -101,7 +101,7 @@ ABSL_FLAG(int, gpu, 0, "gpu: which CUDA device");
 ABSL_FLAG(std::string, dtype, "bf16",
           "gpu: storage dtype of the GEMM and the step: bf16 or fp16; offload: the job's dtype "
           "(gradients pushed, weights pulled): bf16, fp16 or fp32");
-ABSL_FLAG(std::string, routes, "in_process,grpc_in_process,tcp",
+ABSL_FLAG(std::string, routes, "in_process,grpc_in_process,same_host,tcp",
           "offload: the data plane's routes to measure, comma-separated");
 ABSL_FLAG(int, batch, 16, "gpu: sequences per micro-batch of the GPT step");
 ABSL_FLAG(int, block_size, 1024, "gpu: the GPT's context (tokens per sequence)");
@@ -174,12 +174,13 @@ constexpr char kUsage[] =
     "  offload one optimizer step as a worker sees it, with no compute: push --params\n"
     "         gradients of --dtype (bf16) in 16 tensors, the server's update, pull every\n"
     "         weight, through each of --routes: in_process (the embedded server's in-process\n"
-    "         route), grpc_in_process (its in-process gRPC channel), tcp (gRPC over\n"
-    "         loopback to a server in this process); vs. the fused Adam alone over as many\n"
-    "         elements with the same --threads (one count; default all cores), alternating,\n"
-    "         --rounds each (default 5) after a warm-up; ratio = median step / median adam\n"
-    "         (targets: in_process <= 1.3). Rows {bench, route, dtype, params, step_s,\n"
-    "         push_s, update_pull_s, adam_s, ratio} with --json.\n"
+    "         route), grpc_in_process (its in-process gRPC channel), same_host (the\n"
+    "         shared-memory region, headers over loopback TCP), tcp (everything over gRPC\n"
+    "         on loopback; both to a server in this process); vs. the fused Adam alone\n"
+    "         over as many elements with the same --threads (one count; default all cores),\n"
+    "         alternating, --rounds each (default 5) after a warm-up; ratio = median step /\n"
+    "         median adam (targets: in_process <= 1.3, same_host <= 1.5). Rows {bench,\n"
+    "         route, dtype, params, step_s, push_s, update_pull_s, adam_s, ratio} with --json.\n"
     "  scale  network namespaces as hosts: a worker host and --server-hosts server hosts\n"
     "         whose links tc caps at --link-mbit each way; per count k, k zo-servers hold\n"
     "         a job of --scale-params fp16 elements (chunks of --chunk-elems) and the\n"

@@ -9,7 +9,14 @@
 // resent push shifted by (byte 1 >> 1) % 8 - 4 elements; the rest is the
 // serialised GradientPiece.
 //
+// A piece that names a shared region (the same-host route) is resolved the
+// way the push reactor does it: its range checked against a 4 KiB region
+// (server/shared_regions.h), its data then read from there.
+//
 // Invariant: when protobuf also parses the bytes, both agree on every field.
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -25,6 +32,7 @@
 #include "rpc/proto_convert.h"
 #include "server/gradient_accumulator.h"
 #include "server/gradient_piece_view.h"
+#include "server/shared_regions.h"
 
 namespace {
 
@@ -33,6 +41,7 @@ constexpr int64_t kChunkElems[] = {100, 37};
 
 zo::ThreadPool* pool = nullptr;
 zo::WakeQueue* wakes = nullptr;
+zo::SharedRegion* region = nullptr;  // 4 KiB of anonymous memory
 
 std::string Concat(const zo::GradientPieceView& view) {
   std::string out;
@@ -52,6 +61,9 @@ void CompareWithProtobuf(const zo::GradientPieceView& view, const std::string& m
   ZO_FUZZ_CHECK(view.resend == piece.resend(), "resend");
   ZO_FUZZ_CHECK(view.incarnation == piece.incarnation(), "incarnation");
   ZO_FUZZ_CHECK(view.micro_batch == piece.micro_batch(), "micro_batch");
+  ZO_FUZZ_CHECK(view.region == piece.region(), "region");
+  ZO_FUZZ_CHECK(view.region_offset == piece.region_offset(), "region_offset");
+  ZO_FUZZ_CHECK(view.region_bytes == piece.region_bytes(), "region_bytes");
   ZO_FUZZ_CHECK(view.data_bytes == piece.data().size(), "data size");
   ZO_FUZZ_CHECK(Concat(view) == piece.data(), "data");
 }
@@ -92,6 +104,9 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   zo::fuzz::QuietLogs();
   pool = new zo::ThreadPool(1);  // runs inline
   wakes = new zo::WakeQueue();
+  void* base = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ZO_FUZZ_CHECK(base != MAP_FAILED, "mmap");
+  region = new zo::SharedRegion("fuzz", getpid(), static_cast<std::byte*>(base), 4096);
   return 0;
 }
 
@@ -116,6 +131,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   zo::GradientPieceView view;
   if (!zo::ParseGradientPiece(buffer, &slices, &view).ok()) return 0;
   CompareWithProtobuf(view, message);
+  if (view.region != 0) {
+    if (!view.data.empty()) return 0;  // PushReactor::ResolveRegion refuses it
+    absl::StatusOr<absl::Span<std::byte>> bytes =
+        region->Range(view.region_offset, view.region_bytes);
+    if (!bytes.ok()) return 0;
+    ZO_FUZZ_CHECK(bytes->data() >= region->Range(0, 0)->data() &&
+                      bytes->size() <= 4096 &&
+                      bytes->data() + bytes->size() <= region->Range(0, 0)->data() + 4096,
+                  "a region range outside the region");
+    view.data = {{reinterpret_cast<const char*>(bytes->data()), bytes->size()}};
+    view.data_bytes = bytes->size();
+  }
   Push(view, dp, pushes_per_rank, shift);
   return 0;
 }

@@ -55,6 +55,12 @@ void GradientPieces() {
   Seed("gradient_piece_fuzzer", "bf16_sliced_by_7_two_ranks", with(7, 1 | 2 << 1, resend));
   Seed("gradient_piece_fuzzer", "fp32_sliced_by_3",
        with(3, 6 << 1, Piece(0, 90, 10, zo::v1::DTYPE_FP32)));
+  zo::v1::GradientPiece in_region = Piece(0, 10, 20, zo::v1::DTYPE_FP16);
+  in_region.clear_data();
+  in_region.set_region(0x5eed5eed5eed5eedULL);
+  in_region.set_region_offset(64);
+  in_region.set_region_bytes(40);
+  Seed("gradient_piece_fuzzer", "fp16_in_a_shared_region", with(0, 0, in_region));
 }
 
 void OpenJob() {

@@ -109,6 +109,12 @@ absl::Status ParseGradientPiece(const grpc::ByteBuffer& buffer, std::vector<grpc
           case v1::GradientPiece::kMicroBatchFieldNumber:
             view->micro_batch = static_cast<int32_t>(v);
             break;
+          case v1::GradientPiece::kRegionOffsetFieldNumber:
+            view->region_offset = static_cast<int64_t>(v);
+            break;
+          case v1::GradientPiece::kRegionBytesFieldNumber:
+            view->region_bytes = static_cast<int64_t>(v);
+            break;
           default:
             break;  // unknown: ignored, as protobuf would
         }
@@ -134,7 +140,8 @@ absl::Status ParseGradientPiece(const grpc::ByteBuffer& buffer, std::vector<grpc
       case 1: {  // fixed64, little-endian
         std::vector<absl::Span<const char>> parts;
         if (!in.ReadSpans(8, &parts)) return Malformed("truncated fixed64");
-        if (field == v1::GradientPiece::kIncarnationFieldNumber) {
+        if (field == v1::GradientPiece::kIncarnationFieldNumber ||
+            field == v1::GradientPiece::kRegionFieldNumber) {
           char bytes[8];
           size_t at = 0;
           for (const auto& p : parts) {
@@ -143,7 +150,7 @@ absl::Status ParseGradientPiece(const grpc::ByteBuffer& buffer, std::vector<grpc
           }
           uint64_t v = 0;
           for (int b = 7; b >= 0; --b) v = (v << 8) | static_cast<unsigned char>(bytes[b]);
-          view->incarnation = v;
+          (field == v1::GradientPiece::kRegionFieldNumber ? view->region : view->incarnation) = v;
         }
         break;
       }
@@ -168,6 +175,9 @@ GradientPieceView ViewOf(const v1::GradientPiece& piece) {
   view.resend = piece.resend();
   view.incarnation = piece.incarnation();
   view.micro_batch = piece.micro_batch();
+  view.region = piece.region();
+  view.region_offset = piece.region_offset();
+  view.region_bytes = piece.region_bytes();
   if (!piece.data().empty()) view.data.emplace_back(piece.data().data(), piece.data().size());
   view.data_bytes = piece.data().size();
   return view;

@@ -27,8 +27,13 @@ struct GradientPieceView {
   int64_t offset = 0;
   v1::DType dtype = v1::DTYPE_UNSPECIFIED;
   bool resend = false;
-  uint64_t incarnation = 0;                  // 0: unchecked
-  int32_t micro_batch = 0;                   // with gradients summed on the servers
+  uint64_t incarnation = 0;  // 0: unchecked
+  int32_t micro_batch = 0;   // with gradients summed on the servers
+  // The same-host route: the payload lies in the caller's shared region
+  // (GradientPiece.region); `data` is set to it once the region is found.
+  uint64_t region = 0;
+  int64_t region_offset = 0;
+  int64_t region_bytes = 0;
   std::vector<absl::Span<const char>> data;  // the payload, in order
   size_t data_bytes = 0;
 };

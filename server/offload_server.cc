@@ -17,6 +17,7 @@
 #include "server/offload_service.h"
 #include "server/peer_client.h"
 #include "server/server_metrics.h"
+#include "server/shared_regions.h"
 #include "server/startup_checks.h"
 
 namespace zo {
@@ -28,6 +29,7 @@ struct OffloadServer::Impl {
   std::unique_ptr<WakeQueue> wakes;
   std::unique_ptr<PeerClient> peers;
   std::unique_ptr<JobRegistry> registry;
+  std::unique_ptr<SharedRegions> regions;
   // Detached by Shutdown, before the registry goes; clients may hold it longer.
   std::shared_ptr<EmbeddedRoute> route;
   // Outlives the server: its interceptors count into it.
@@ -90,8 +92,9 @@ absl::StatusOr<std::unique_ptr<OffloadServer>> OffloadServer::Start(const Server
   });
   impl->route = std::make_shared<EmbeddedRoute>(impl->registry.get());
   impl->metrics = std::make_shared<ServerMetrics>(impl->registry.get());
-  impl->service = std::make_unique<OffloadService>(impl->registry.get(), options.auth_token,
-                                                   options.max_message_bytes);
+  impl->regions = std::make_unique<SharedRegions>(options.shared_memory);
+  impl->service = std::make_unique<OffloadService>(impl->registry.get(), impl->regions.get(),
+                                                   options.auth_token, options.max_message_bytes);
 
   if (!options.metrics_listen.empty()) {
     ZO_ASSIGN_OR_RETURN(impl->metrics_endpoint,

@@ -45,6 +45,9 @@ struct ServerOptions {
   int log_every = 0;  // steps between step log lines; 0: the job's steps_per_print
   // "host:port" of the Prometheus endpoint (port 0 picks one); empty: none.
   std::string metrics_listen;
+  // Map the shared-memory regions of workers on this host (the same-host
+  // route); false: they push and pull over gRPC.
+  bool shared_memory = true;
   // Testing: every NVMe swap read and write takes at least this long.
   absl::Duration inject_nvme_latency;
 };

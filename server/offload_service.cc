@@ -36,9 +36,12 @@ absl::Time DeadlineOf(const grpc::ServerContext& context) {
 
 }  // namespace
 
-OffloadService::OffloadService(JobRegistry* registry, std::string auth_token,
-                               int64_t max_message_bytes)
-    : registry_(registry), auth_(std::move(auth_token)), max_message_bytes_(max_message_bytes) {}
+OffloadService::OffloadService(JobRegistry* registry, SharedRegions* regions,
+                               std::string auth_token, int64_t max_message_bytes)
+    : registry_(registry),
+      regions_(regions),
+      auth_(std::move(auth_token)),
+      max_message_bytes_(max_message_bytes) {}
 
 grpc::Status OffloadService::GetServerInfo(grpc::ServerContext* context,
                                            const v1::GetServerInfoRequest*,
@@ -132,12 +135,12 @@ grpc::Status OffloadService::InitParams(grpc::ServerContext* context,
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* OffloadService::PushGradients(
     grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
-  return new PushReactor(registry_, auth_, *context, response);
+  return new PushReactor(registry_, regions_, auth_, *context, response);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* OffloadService::PullParams(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
-  return new PullReactor(registry_, auth_, *context, *request);
+  return new PullReactor(registry_, regions_, auth_, *context, *request);
 }
 
 grpc::Status OffloadService::ReportStepStats(grpc::ServerContext* context,
@@ -155,6 +158,17 @@ grpc::Status OffloadService::SetStepLr(grpc::ServerContext* context,
     return ToGrpcStatus(s);
   }
   return ToGrpcStatus(job->OnStepLr(*request));
+}
+
+grpc::Status OffloadService::AttachRegion(grpc::ServerContext* context,
+                                          const v1::AttachRegionRequest* request,
+                                          v1::AttachRegionResponse* response) {
+  ZO_RPC_AUTH(context);
+  ZO_RPC_ASSIGN_OR_RETURN(job, registry_->Find(request->job()));
+  (void)job;  // a region belongs to a job this server holds
+  ZO_RPC_ASSIGN_OR_RETURN(region, regions_->Attach(*request));
+  response->set_region(region);
+  return grpc::Status::OK;
 }
 
 grpc::Status OffloadService::CommitStep(grpc::ServerContext* context, const v1::StepCommit* request,

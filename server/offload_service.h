@@ -18,6 +18,7 @@
 #include "proto/zo/v1/offload_service.grpc.pb.h"
 #include "server/call_auth.h"
 #include "server/job_registry.h"
+#include "server/shared_regions.h"
 
 namespace zo {
 
@@ -26,7 +27,9 @@ class OffloadService final
           v1::Offload::WithRawCallbackMethod_PullParams<v1::Offload::Service>> {
  public:
   // `auth_token` empty: calls are not checked. The registry is borrowed.
-  OffloadService(JobRegistry* registry, std::string auth_token, int64_t max_message_bytes);
+  // `regions`: the same-host route's (borrowed).
+  OffloadService(JobRegistry* registry, SharedRegions* regions, std::string auth_token,
+                 int64_t max_message_bytes);
 
   grpc::Status GetServerInfo(grpc::ServerContext* context, const v1::GetServerInfoRequest* request,
                              v1::GetServerInfoResponse* response) override;
@@ -51,6 +54,8 @@ class OffloadService final
                                v1::StepStatsResponse* response) override;
   grpc::Status SetStepLr(grpc::ServerContext* context, const v1::StepLrRequest* request,
                          v1::StepLrResponse* response) override;
+  grpc::Status AttachRegion(grpc::ServerContext* context, const v1::AttachRegionRequest* request,
+                            v1::AttachRegionResponse* response) override;
   grpc::Status CommitStep(grpc::ServerContext* context, const v1::StepCommit* request,
                           v1::StepCommitResponse* response) override;
   grpc::Status WriteCheckpointPart(grpc::ServerContext* context,
@@ -65,6 +70,7 @@ class OffloadService final
 
  private:
   JobRegistry* const registry_;
+  SharedRegions* const regions_;
   const CallAuth auth_;
   const int64_t max_message_bytes_;
 };

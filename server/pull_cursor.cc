@@ -5,6 +5,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "rpc/proto_convert.h"
 
@@ -123,6 +124,40 @@ absl::Status PullCursor::ReadInto(InProcessRoute::Place place) {
   }
   bytes_given_ += total * elem;
   return absl::OkStatus();
+}
+
+bool PullCursor::NextInto(absl::Span<std::byte> area, PullPiece* piece, int64_t* area_offset) {
+  *piece = PullPiece{.version = version_, .loss_scale = loss_scale_, .data = {}, .owner = {}};
+  *area_offset = 0;
+  if (unchanged_) return Next(piece);
+  while (range_ < ranges_.size() && done_ == ranges_[range_].elems) {
+    ++range_;
+    done_ = 0;
+  }
+  if (range_ == ranges_.size()) return false;
+  const Range& r = ranges_[range_];
+  const int64_t elem = static_cast<int64_t>(DTypeSize(dtype_));
+  const int64_t len = std::min(kMaxPullPieceBytes / elem, r.elems - done_);
+  const int64_t at = (r.local_offset + done_) * elem;
+  if (at + len * elem > static_cast<int64_t>(area.size())) {
+    status_ = absl::InvalidArgumentError(absl::StrCat(
+        "the shared region's weights area of ", area.size(),
+        " bytes cannot hold this server's elements (up to byte ", at + len * elem, ")"));
+    return false;
+  }
+  std::byte* dst = area.data() + at;
+  if (const void* data = lease_->data(); data != nullptr) {
+    std::memcpy(dst, static_cast<const std::byte*>(data) + at, static_cast<size_t>(len * elem));
+  } else if (status_ = lease_->Read(r.local_offset + done_, len, dst); !status_.ok()) {
+    return false;
+  }
+  piece->tensor = r.tensor;
+  piece->offset = r.tensor_offset + done_;
+  piece->dtype = dtype_;
+  *area_offset = at;
+  done_ += len;
+  bytes_given_ += len * elem;
+  return true;
 }
 
 bool PullCursor::Next(v1::ParamPiece* piece) {

@@ -65,6 +65,11 @@ class PullCursor {
   bool Next(PullPiece* piece);
   // The same as a message (a copy of the data).
   bool Next(v1::ParamPiece* piece);
+  // The same-host route: the next piece's elements written into `area` (the
+  // caller's shared region from where its local element 0 goes), at their
+  // local index; `piece` gets no data and *area_offset where they went.
+  // False, with status() set, when `area` is too small for them.
+  bool NextInto(absl::Span<std::byte> area, PullPiece* piece, int64_t* area_offset);
   const absl::Status& status() const { return status_; }
   // The rest of the pull read straight into the caller's memory (the
   // in-process route): each range whole, once, where `place` says. The

@@ -3,12 +3,13 @@
 #include <utility>
 
 #include "grpcpp/impl/codegen/proto_utils.h"
+#include "rpc/payload_message.h"
 #include "rpc/rpc_util.h"
 #include "server/param_piece_wire.h"
 
 namespace zo {
 
-PullReactor::PullReactor(JobRegistry* registry, const CallAuth& auth,
+PullReactor::PullReactor(JobRegistry* registry, const SharedRegions* regions, const CallAuth& auth,
                          const grpc::CallbackServerContext& context,
                          const grpc::ByteBuffer& raw_request) {
   if (absl::Status s = auth.Check(context); !s.ok()) {
@@ -29,6 +30,21 @@ PullReactor::PullReactor(JobRegistry* registry, const CallAuth& auth,
   if (absl::Status s = job_->CheckPullRequest(request_); !s.ok()) {
     FinishWith(s);
     return;
+  }
+  if (request_.region() != 0) {
+    absl::StatusOr<std::shared_ptr<SharedRegion>> region =
+        regions->Find(request_.region(), request_.job());
+    absl::StatusOr<absl::Span<std::byte>> area =
+        region.ok()
+            ? (*region)->Range(request_.region_offset(),
+                               (*region)->bytes() - std::max<int64_t>(0, request_.region_offset()))
+            : absl::StatusOr<absl::Span<std::byte>>(region.status());
+    if (!area.ok()) {
+      FinishWith(area.status());
+      return;
+    }
+    region_ = *std::move(region);
+    area_ = *area;
   }
   Await();
 }
@@ -68,7 +84,21 @@ void PullReactor::Await() {
 }
 
 void PullReactor::WriteNext() {
-  if (PullPiece piece; cursor_->Next(&piece)) {
+  if (region_ != nullptr) {
+    PullPiece piece;
+    int64_t at = 0;
+    if (cursor_->NextInto(area_, &piece, &at)) {
+      v1::ParamPiece header = ParamPieceHeader(piece);
+      if (!piece.unchanged) {
+        header.set_region_offset(request_.region_offset() + at);
+        header.set_region_bytes(cursor_->bytes_given() - given_before_);
+      }
+      given_before_ = cursor_->bytes_given();
+      piece_ = SerializeWithPayload(header, v1::ParamPiece::kDataFieldNumber, {});
+      StartWrite(&piece_);
+      return;
+    }
+  } else if (PullPiece piece; cursor_->Next(&piece)) {
     // The piece's data goes before the job.
     piece_ = EncodeParamPiece(
         piece, std::make_shared<std::pair<std::shared_ptr<Job>, std::shared_ptr<const void>>>(

@@ -26,6 +26,7 @@
 #include "server/job.h"
 #include "server/job_registry.h"
 #include "server/pull_cursor.h"
+#include "server/shared_regions.h"
 #include "server/wait_list.h"
 
 namespace zo {
@@ -33,7 +34,8 @@ namespace zo {
 class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   // `raw_request`: a serialized v1::PullParamsRequest.
-  PullReactor(JobRegistry* registry, const CallAuth& auth,
+  // `regions`: the same-host route's, for a pull into one.
+  PullReactor(JobRegistry* registry, const SharedRegions* regions, const CallAuth& auth,
               const grpc::CallbackServerContext& context, const grpc::ByteBuffer& raw_request);
 
   void OnWriteDone(bool ok) override;
@@ -50,6 +52,10 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
   v1::PullParamsRequest request_;
   std::shared_ptr<Job> job_;
+  // With PullParamsRequest.region: the caller's region and its weights area.
+  std::shared_ptr<SharedRegion> region_;
+  absl::Span<std::byte> area_;
+  int64_t given_before_ = 0;  // cursor_->bytes_given() before the piece in flight
   std::optional<PullCursor> cursor_;
   grpc::ByteBuffer piece_;  // the write in flight
   absl::Time serve_start_;

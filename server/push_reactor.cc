@@ -6,9 +6,9 @@
 
 namespace zo {
 
-PushReactor::PushReactor(JobRegistry* registry, const CallAuth& auth,
+PushReactor::PushReactor(JobRegistry* registry, const SharedRegions* regions, const CallAuth& auth,
                          const grpc::CallbackServerContext& context, grpc::ByteBuffer* response)
-    : registry_(registry), response_(response) {
+    : registry_(registry), regions_(regions), response_(response) {
   if (absl::Status s = auth.Check(context); !s.ok()) {
     FinishWith(s);
     return;
@@ -35,12 +35,35 @@ void PushReactor::OnReadDone(bool ok) {
         failed = found.status();
       }
     }
+    if (failed.ok()) failed = ResolveRegion();
   }
   if (!failed.ok()) {
     FinishWith(failed);
     return;
   }
   Attempt();
+}
+
+absl::Status PushReactor::ResolveRegion() {
+  if (piece_.region == 0) {
+    region_.reset();
+    return absl::OkStatus();
+  }
+  if (!piece_.data.empty()) {
+    return absl::InvalidArgumentError("a gradient piece names a shared region and carries data");
+  }
+  if (region_ == nullptr || piece_.region != region_id_) {
+    absl::StatusOr<std::shared_ptr<SharedRegion>> found = regions_->Find(piece_.region, piece_.job);
+    if (!found.ok()) return found.status();
+    region_ = *std::move(found);
+    region_id_ = piece_.region;
+  }
+  absl::StatusOr<absl::Span<std::byte>> bytes =
+      region_->Range(piece_.region_offset, piece_.region_bytes);
+  if (!bytes.ok()) return bytes.status();
+  piece_.data = {{reinterpret_cast<const char*>(bytes->data()), bytes->size()}};
+  piece_.data_bytes = bytes->size();
+  return absl::OkStatus();
 }
 
 void PushReactor::Attempt() {

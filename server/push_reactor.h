@@ -26,6 +26,7 @@
 #include "server/gradient_piece_view.h"
 #include "server/job.h"
 #include "server/job_registry.h"
+#include "server/shared_regions.h"
 
 namespace zo {
 
@@ -33,7 +34,8 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   // Starts the call (or finishes it UNAUTHENTICATED); the response is
   // serialized into `response` at the end.
-  PushReactor(JobRegistry* registry, const CallAuth& auth,
+  // `regions`: the same-host route's, for pieces whose bytes lie in one.
+  PushReactor(JobRegistry* registry, const SharedRegions* regions, const CallAuth& auth,
               const grpc::CallbackServerContext& context, grpc::ByteBuffer* response);
 
   void OnReadDone(bool ok) override;
@@ -48,7 +50,13 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   bool ClaimFinishLocked();
   void FinishWith(const absl::Status& status);
 
+  // Points the piece's data at its bytes in the caller's shared region.
+  absl::Status ResolveRegion();
+
   JobRegistry* const registry_;
+  const SharedRegions* const regions_;
+  std::shared_ptr<SharedRegion> region_;  // the piece's, while it is pushed
+  uint64_t region_id_ = 0;
   grpc::ByteBuffer* const response_;
   int64_t pieces_ = 0;
   int64_t bytes_ = 0;

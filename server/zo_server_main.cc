@@ -43,6 +43,9 @@ ABSL_FLAG(std::string, tls_ca, "", "PEM root certificates to verify peer servers
 ABSL_FLAG(std::string, max_message_bytes, "64Mi", "largest message accepted");
 ABSL_FLAG(int, log_every, 0, "steps between step log lines (0: the job's steps_per_print)");
 ABSL_FLAG(std::string, port_file, "", "write the bound port to this file once listening");
+ABSL_FLAG(bool, shared_memory, true,
+          "map the shared-memory regions of workers on this host, so their gradients and "
+          "weights skip the socket (the same-host route); false: they use gRPC");
 ABSL_FLAG(std::string, metrics_listen, "",
           "serve Prometheus metrics (GET /metrics) on this host:port, e.g. 0.0.0.0:9400; port 0 "
           "picks a free one (the log says which); empty: no metrics endpoint");
@@ -70,6 +73,7 @@ int Run() {
   options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   options.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
   options.max_jobs = absl::GetFlag(FLAGS_max_jobs);
+  options.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   options.log_every = absl::GetFlag(FLAGS_log_every);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.inject_nvme_latency = absl::GetFlag(FLAGS_inject_nvme_latency);

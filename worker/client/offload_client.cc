@@ -1,10 +1,14 @@
 #include "worker/client/offload_client.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <fstream>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <utility>
 
@@ -24,6 +28,7 @@
 #include "worker/client/internal/pull_receiver.h"
 #include "worker/client/internal/push_stream.h"
 #include "worker/client/internal/setup.h"
+#include "worker/client/internal/worker_region.h"
 
 namespace zo {
 namespace {
@@ -40,6 +45,7 @@ using client_internal::RetryCall;
 using client_internal::RunInParallel;
 using client_internal::StreamEnds;
 using client_internal::ValidateOptions;
+using client_internal::WorkerRegion;
 
 // How long the destructor lets unfinished pushes end before cancelling them.
 constexpr absl::Duration kCloseGrace = absl::Seconds(5);
@@ -181,11 +187,42 @@ struct OffloadClient::Impl {
   std::vector<std::unique_ptr<v1::Offload::Stub>> stubs;  // fixed after construction
   ByteBudget budget;
 
+  // The same-host route, per server: this worker's region and its id on
+  // that server (0: gRPC carries the data). Set at Open (and again after a
+  // rollback); an id drops to 0 when the server no longer knows it.
+  std::vector<std::unique_ptr<WorkerRegion>> regions;
+  std::unique_ptr<std::atomic<uint64_t>[]> region_ids;
+  // One pull at a time writes a server's weights area.
+  std::unique_ptr<std::mutex[]> region_pull_mu;
+  // Makes the regions (first call) and attaches them to their servers; a
+  // server that refuses gets gRPC, with a log line saying why.
+  void AttachRegions();
+  uint64_t RegionId(int server) const {
+    return region_ids == nullptr ? 0 : region_ids[server].load(std::memory_order_relaxed);
+  }
+  // The server no longer knows this worker's region: gRPC from now on.
+  void DropRegion(int server, const absl::Status& why);
+  // A piece for the same-host route: its bytes, where they go in the
+  // region, and the header that names them.
+  struct RegionPiece {
+    int server = 0;
+    v1::GradientPiece header;
+    absl::Span<const std::byte> data;
+    std::byte* dst = nullptr;
+  };
+  // Copies the pieces of `step` into their regions (once the step two
+  // before, whose area they reuse, is in), then sends their headers.
+  absl::Status PushThroughRegions(int64_t step, const std::vector<RegionPiece>& pieces);
+
   StreamEnds stream_ends;  // every push stream tells it when it ends; outlives them
   // Open push calls by step, then server. A stream is added by the first
   // piece of its (server, step) and removed by FinishStep.
   std::mutex mu;
   std::map<int64_t, std::map<int, std::shared_ptr<PushCall>>> streams;  // guarded by mu
+  // Push calls whose pieces lie in a region, by server and step: step s's
+  // bytes go into the area step s - 2's used once that step's call ended.
+  // Guarded by mu.
+  std::map<int, std::map<int64_t, std::shared_ptr<PushCall>>> region_calls;
 
   mutable std::mutex state_mu;
   int64_t version = 0;    // guarded by state_mu
@@ -236,6 +273,63 @@ absl::StatusOr<Response> OffloadClient::Impl::Unary(int server, Call call_once, 
   });
   if (!status.ok()) return status;
   return response;
+}
+
+void OffloadClient::Impl::AttachRegions() {
+  const int num_servers = map.num_servers();
+  if (regions.empty()) {
+    regions.resize(num_servers);
+    region_ids = std::make_unique<std::atomic<uint64_t>[]>(num_servers);
+    region_pull_mu = std::make_unique<std::mutex[]>(num_servers);
+    for (int s = 0; s < num_servers; ++s) {
+      const int64_t area = map.ElemsOnServer(s) * elem_bytes;
+      if (area == 0) continue;
+      absl::StatusOr<std::unique_ptr<WorkerRegion>> region = WorkerRegion::Create(area);
+      if (!region.ok()) {
+        ZO_LOG(WARNING) << "server " << names[s] << ": no shared-memory region ("
+                        << region.status().message() << "); gradients and weights go over gRPC";
+        continue;
+      }
+      regions[s] = *std::move(region);
+    }
+  }
+  static const std::string boot_id = [] {
+    std::ifstream in("/proc/sys/kernel/random/boot_id");
+    std::string id;
+    std::getline(in, id);
+    return id;
+  }();
+  for (int s = 0; s < num_servers; ++s) {
+    region_ids[s] = 0;
+    if (regions[s] == nullptr) continue;
+    v1::AttachRegionRequest request;
+    request.set_job(options.job);
+    request.set_pid(getpid());
+    request.set_fd(regions[s]->fd());
+    request.set_bytes(regions[s]->bytes());
+    request.set_boot_id(boot_id);
+    request.set_proof(regions[s]->proof());
+    absl::StatusOr<v1::AttachRegionResponse> attached = Unary<v1::AttachRegionResponse>(
+        s, [&](v1::Offload::Stub& stub, grpc::ClientContext& context,
+               v1::AttachRegionResponse& response) {
+          return stub.AttachRegion(&context, request, &response);
+        });
+    if (!attached.ok()) {
+      ZO_LOG(INFO) << "server " << names[s]
+                   << ": gradients and weights go over gRPC (no shared memory: "
+                   << attached.status().message() << ")";
+      continue;
+    }
+    region_ids[s] = attached->region();
+    ZO_LOG(INFO) << "server " << names[s]
+                 << ": gradients and weights go through shared memory (same host)";
+  }
+}
+
+void OffloadClient::Impl::DropRegion(int server, const absl::Status& why) {
+  if (region_ids == nullptr || region_ids[server].exchange(0) == 0) return;
+  ZO_LOG(WARNING) << "server " << names[server]
+                  << ": gradients and weights go over gRPC from now on (" << why.message() << ")";
 }
 
 void OffloadClient::Impl::SetStatus(const v1::JobStatus& status) {
@@ -292,10 +386,14 @@ absl::Status OffloadClient::Impl::PushRange(int64_t step, int tensor, int64_t of
     absl::Span<const std::byte> data;
   };
   std::vector<LocalPiece> local;
-  // The in-process route takes a chunk's part whole; gRPC's messages are
-  // cut at max_piece_bytes.
-  const int64_t max_piece_bytes =
-      routes[0] != nullptr ? kMaxLocalPieceBytes : options.max_piece_bytes;
+  std::vector<RegionPiece> in_region;
+  // The in-process and same-host routes take a chunk's part whole; gRPC's
+  // messages are cut at max_piece_bytes.
+  bool whole_chunks = true;
+  for (int s = 0; s < map.num_servers(); ++s) {
+    whole_chunks = whole_chunks && (routes[s] != nullptr || RegionId(s) != 0);
+  }
+  const int64_t max_piece_bytes = whole_chunks ? kMaxLocalPieceBytes : options.max_piece_bytes;
   for (const PushPiece& p : PlanPush(map, tensor, offset, elems, elem_bytes, max_piece_bytes)) {
     const int64_t piece_bytes = p.byte_end - p.byte_begin;
     v1::GradientPiece header;
@@ -339,6 +437,22 @@ absl::Status OffloadClient::Impl::PushRange(int64_t step, int tensor, int64_t of
       }
       continue;
     }
+    if (const uint64_t region = RegionId(p.server); region != 0) {
+      const WorkerRegion& r = *regions[p.server];
+      // The element's place in the server's local order: its chunks, all
+      // full but the job's last, one after another.
+      const int64_t local_elem = (p.chunk / map.num_servers()) * map.chunk_elems() + p.chunk_offset;
+      const int64_t at = r.GradientAreaOffset(step) + local_elem * elem_bytes;
+      header.set_region(region);
+      header.set_region_offset(at);
+      header.set_region_bytes(piece_bytes);
+      in_region.push_back({.server = p.server,
+                           .header = std::move(header),
+                           .data = data.subspan(static_cast<size_t>(p.byte_begin),
+                                                static_cast<size_t>(piece_bytes)),
+                           .dst = r.base() + at});
+      continue;
+    }
 
     budget.Acquire(step, piece_bytes);
     client_internal::EncodedPiece piece = client_internal::EncodeGradientPiece(
@@ -354,6 +468,7 @@ absl::Status OffloadClient::Impl::PushRange(int64_t step, int tensor, int64_t of
     }
     ZO_RETURN_IF_ERROR(static_cast<PushStream&>(*stream).Enqueue(std::move(piece)));
   }
+  if (!in_region.empty()) ZO_RETURN_IF_ERROR(PushThroughRegions(step, in_region));
   if (!local.empty()) {
     const int threads = static_cast<int>(std::min<int64_t>(local.size(), CopyThreads()));
     std::vector<absl::Status> results(threads);
@@ -370,6 +485,83 @@ absl::Status OffloadClient::Impl::PushRange(int64_t step, int tensor, int64_t of
     for (absl::Status& r : results) ZO_RETURN_IF_ERROR(r);
   }
   pushed_bytes.fetch_add(bytes, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+absl::Status OffloadClient::Impl::PushThroughRegions(int64_t step,
+                                                     const std::vector<RegionPiece>& pieces) {
+  std::set<int> servers;
+  for (const RegionPiece& p : pieces) servers.insert(p.server);
+  // The step two before used the same area: its calls must have ended
+  // (every piece of it in the server's accumulator) before it is written.
+  std::vector<std::pair<int, std::shared_ptr<PushCall>>> older;
+  {
+    std::lock_guard lock(mu);
+    for (int s : servers) {
+      auto& calls = region_calls[s];
+      for (auto it = calls.begin(); it != calls.end() && it->first <= step - 2; ++it) {
+        older.emplace_back(s, it->second);
+      }
+    }
+  }
+  const absl::Time deadline = absl::Now() + call_timeout();
+  for (auto& [s, c] : older) {
+    if (!c->WaitFor(std::max(deadline - absl::Now(), absl::ZeroDuration()))) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "server ", names[s], ": step ", step,
+          "'s gradients would overwrite, in the shared region, those of a step two before it that "
+          "are still being pushed: finish that step (FinishStep) first"));
+    }
+  }
+  {
+    std::lock_guard lock(mu);
+    for (int s : servers) {
+      auto& calls = region_calls[s];
+      for (auto it = calls.begin(); it != calls.end() && it->first <= step - 2;) {
+        it = it->second->WaitFor(absl::ZeroDuration()) ? calls.erase(it) : std::next(it);
+      }
+    }
+  }
+  // The copies, in parts of at least kLocalPartBytes, on several threads.
+  struct Part {
+    std::byte* dst;
+    const std::byte* src;
+    size_t n;
+  };
+  std::vector<Part> parts;
+  for (const RegionPiece& p : pieces) {
+    const auto bytes = static_cast<int64_t>(p.data.size());
+    const int64_t k = std::clamp<int64_t>(bytes / kLocalPartBytes, 1, CopyThreads());
+    const int64_t part = ((bytes / elem_bytes + k - 1) / k) * elem_bytes;
+    for (int64_t at = 0; at < bytes; at += part) {
+      parts.push_back(
+          {p.dst + at, p.data.data() + at, static_cast<size_t>(std::min(part, bytes - at))});
+    }
+  }
+  const int threads = static_cast<int>(std::min<int64_t>(parts.size(), CopyThreads()));
+  auto copy_every = [&](int first) {
+    for (size_t i = first; i < parts.size(); i += threads) {
+      std::memcpy(parts[i].dst, parts[i].src, parts[i].n);
+    }
+  };
+  std::vector<std::thread> helpers;
+  for (int t = 1; t < threads; ++t) helpers.emplace_back(copy_every, t);
+  copy_every(0);
+  for (std::thread& t : helpers) t.join();
+
+  // The headers, under mu so that FinishStep cannot take a stream away
+  // between finding it and queuing on it.
+  std::lock_guard lock(mu);
+  for (const RegionPiece& p : pieces) {
+    std::shared_ptr<PushCall>& stream = streams[step][p.server];
+    if (stream == nullptr) {
+      stream = std::make_shared<PushStream>(channels[p.server], names[p.server], step,
+                                            NewCallContext(call.attempt), &budget, &stream_ends);
+      region_calls[p.server][step] = stream;
+    }
+    ZO_RETURN_IF_ERROR(
+        static_cast<PushStream&>(*stream).Enqueue(client_internal::EncodeRegionPiece(p.header)));
+  }
   return absl::OkStatus();
 }
 
@@ -415,6 +607,15 @@ absl::Status OffloadClient::Impl::FinishStep(int64_t step) {
     }
   }
   if (failed.ok()) return absl::OkStatus();
+  // A server that lost this worker's region (it restarted): the step's
+  // pushes go again, over gRPC.
+  if (failed.code() == absl::StatusCode::kNotFound) {
+    for (auto& [server, stream] : open) {
+      if (stream->WaitFor(absl::ZeroDuration()) && stream->status().code() == failed.code()) {
+        DropRegion(server, failed);
+      }
+    }
+  }
   // The step cannot be finished now: the other calls are ended here rather
   // than at their deadline. (A server that lost its lead keeps a push for
   // the next step waiting until then, and the worker would wait with it
@@ -487,13 +688,25 @@ absl::Status OffloadClient::Impl::PullFrom(int server, int64_t version, int64_t 
   request.set_incarnation(incarnation[server].load(std::memory_order_relaxed));
   for (int t : receiver.tensors()) request.add_tensors(t);
   if (routes[server] != nullptr) return PullLocal(server, request, receiver, group);
-  return RetryCall(call, names[server], &group, [&](grpc::ClientContext& context) {
+  const uint64_t region = RegionId(server);
+  std::unique_lock<std::mutex> region_lock;
+  if (region != 0) {
+    // Into the weights area, which one pull at a time may use.
+    request.set_region(region);
+    request.set_region_offset(regions[server]->WeightsAreaOffset());
+    region_lock = std::unique_lock(region_pull_mu[server]);
+  }
+  absl::Status pulled = RetryCall(call, names[server], &group, [&](grpc::ClientContext& context) {
     receiver.Reset();
     std::unique_ptr<grpc::ClientReader<v1::ParamPiece>> reader =
         stubs[server]->PullParams(&context, request);
     v1::ParamPiece piece;
     while (reader->Read(&piece)) {
-      if (absl::Status s = receiver.Accept(piece); !s.ok()) {
+      absl::Status s = region == 0
+                           ? receiver.Accept(piece)
+                           : receiver.AcceptFromRegion(piece, regions[server]->weights(),
+                                                       regions[server]->WeightsAreaOffset());
+      if (!s.ok()) {
         context.TryCancel();
         reader->Finish();
         return s;
@@ -502,6 +715,13 @@ absl::Status OffloadClient::Impl::PullFrom(int server, int64_t version, int64_t 
     ZO_RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
     return receiver.Finish();
   });
+  if (region != 0 && pulled.code() == absl::StatusCode::kNotFound) {
+    // The server lost this worker's region (it restarted): over gRPC.
+    DropRegion(server, pulled);
+    region_lock.unlock();
+    return PullFrom(server, version, have_version, receiver, group);
+  }
+  return pulled;
 }
 
 absl::Status OffloadClient::Impl::AwaitLocalVersion(int server,
@@ -718,6 +938,8 @@ absl::StatusOr<std::unique_ptr<OffloadClient>> OffloadClient::Open(
   impl->SetStatus(lead);
   impl->incarnation = std::make_unique<std::atomic<uint64_t>[]>(num_servers);
   for (int i = 0; i < num_servers; ++i) impl->incarnation[i] = replies[i].status().incarnation();
+  // Servers given by address may be on this host: the same-host route.
+  if (options.shared_memory && options.channels.empty()) impl->AttachRegions();
   // A server that opened the job fresh while another holds it trained has
   // restarted and lost its part: training on would mix version 0 with the
   // others' state. Refuse every step until the job is restored.
@@ -841,6 +1063,16 @@ absl::StatusOr<bool> OffloadClient::PullForStep(int64_t step, absl::Span<const i
 
 absl::Status OffloadClient::CheckState() const { return impl_->CheckState(); }
 
+std::vector<std::string> OffloadClient::routes() const {
+  std::vector<std::string> out;
+  for (int s = 0; s < impl_->map.num_servers(); ++s) {
+    out.push_back(impl_->routes[s] != nullptr ? "in_process"
+                  : impl_->RegionId(s) != 0   ? "shared_memory"
+                                              : "grpc");
+  }
+  return out;
+}
+
 double OffloadClient::loss_scale() const {
   std::lock_guard lock(impl_->state_mu);
   return impl_->loss_scale;
@@ -915,6 +1147,8 @@ absl::StatusOr<int64_t> OffloadClient::Restore(const std::string& path, bool rol
             }));
     impl_->incarnation[i] = status.incarnation();
   }
+  // A server that restarted holds none of this worker's regions.
+  if (rollback && !impl_->regions.empty()) impl_->AttachRegions();
   // Whatever PullForStep put in the caller's buffers is not the restored
   // weights, even at an equal version number.
   std::lock_guard pull_lock(impl_->pull_for_step_mu);

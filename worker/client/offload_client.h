@@ -100,6 +100,11 @@ struct ClientOptions {
   // Only attach to a job the servers have (a worker following a job that
   // moved): NOT_FOUND, or where the job went, instead of creating it.
   bool attach_only = false;
+  // Servers given by address that run on this host (and can map this
+  // process's memory) get the same-host route: gradients and weights go
+  // through a shared-memory region, gRPC carries only the pieces' headers.
+  // false, or a server that cannot: gRPC carries everything.
+  bool shared_memory = true;
   // OpenJobRequest.init_fingerprint: a hash of the manifest and initial
   // weights this worker would start the job from; 0: none.
   uint64_t init_fingerprint = 0;
@@ -206,6 +211,10 @@ class OffloadClient {
     int64_t pulled_bytes = 0;
   };
   Traffic traffic() const;
+
+  // Per server, the route its gradients and weights take: "in_process",
+  // "shared_memory" or "grpc".
+  std::vector<std::string> routes() const;
 
   // FAILED_PRECONDITION while a server of the job lost its part (it
   // restarted empty; Open found it so) and the job was not restored since.

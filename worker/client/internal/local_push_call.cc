@@ -28,7 +28,9 @@ LocalPushCall::~LocalPushCall() {
     MaybeEndLocked();
   }
   // Wakes the server had already queued still run; they drop their pieces.
-  done_cv_.wait(lock, [&] { return kept_.empty(); });
+  // And a wake that is still running (after it let go of mu_) is waited
+  // for: it may not touch this object once it is gone.
+  done_cv_.wait(lock, [&] { return kept_.empty() && wakes_running_ == 0; });
 }
 
 std::function<void()> LocalPushCall::WakeFor(uint64_t id) {
@@ -97,19 +99,24 @@ absl::Status LocalPushCall::Push(const v1::GradientPiece& header, absl::Span<con
 }
 
 void LocalPushCall::Retry(uint64_t id) {
+  // The wake holds no reference to this object: it counts itself in
+  // wakes_running_ (the destructor waits for it) while it needs the object,
+  // which lives while the piece is kept.
   bool ended = false;
   {
     std::lock_guard lock(mu_);
+    ++wakes_running_;
     auto it = kept_.find(id);
-    if (it == kept_.end()) return;
-    if (it->second.handing_over) {
+    if (it != kept_.end() && it->second.handing_over) {
       it->second.woken_early = true;
-      return;
+    } else if (it != kept_.end()) {
+      RetryLocked(id);
+      ended = MaybeEndLocked();
     }
-    RetryLocked(id);
-    ended = MaybeEndLocked();
   }
   if (ended) Notify();
+  std::lock_guard lock(mu_);
+  if (--wakes_running_ == 0) done_cv_.notify_all();
 }
 
 void LocalPushCall::RetryLocked(uint64_t id) {

@@ -95,6 +95,7 @@ class LocalPushCall final : public PushCall {
   uint64_t next_id_ = 1;           // guarded by mu_
   bool closing_ = false;           // guarded by mu_
   bool done_ = false;              // guarded by mu_
+  int wakes_running_ = 0;          // guarded by mu_
   absl::Status status_;            // guarded by mu_
 };
 

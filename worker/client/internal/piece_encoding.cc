@@ -1,5 +1,6 @@
 #include "worker/client/internal/piece_encoding.h"
 
+#include <string>
 #include <utility>
 
 #include "rpc/payload_message.h"
@@ -12,6 +13,16 @@ EncodedPiece EncodeGradientPiece(const v1::GradientPiece& header, const std::byt
   piece.buffer = SerializeWithPayload(header, v1::GradientPiece::kDataFieldNumber, {data, size},
                                       std::move(owner));
   piece.payload_bytes = static_cast<int64_t>(size);
+  piece.resend = header.resend();
+  return piece;
+}
+
+EncodedPiece EncodeRegionPiece(const v1::GradientPiece& header) {
+  const std::string bytes = header.SerializeAsString();
+  grpc::Slice slice(bytes);
+  EncodedPiece piece;
+  piece.buffer = grpc::ByteBuffer(&slice, 1);
+  piece.payload_bytes = 0;
   piece.resend = header.resend();
   return piece;
 }

@@ -28,6 +28,10 @@ struct EncodedPiece {
 EncodedPiece EncodeGradientPiece(const v1::GradientPiece& header, const std::byte* data,
                                  size_t size, std::shared_ptr<const void> owner = nullptr);
 
+// A piece whose bytes lie in the caller's shared region (`header` names
+// where): the header alone, counting nothing against bytes in flight.
+EncodedPiece EncodeRegionPiece(const v1::GradientPiece& header);
+
 }  // namespace zo::client_internal
 
 #endif  // ZO_WORKER_CLIENT_INTERNAL_PIECE_ENCODING_H_

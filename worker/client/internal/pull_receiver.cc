@@ -73,12 +73,40 @@ absl::Status PullReceiver::AcceptUnchanged(double loss_scale) {
 }
 
 absl::Status PullReceiver::Accept(const v1::ParamPiece& piece) {
+  if (piece.region_bytes() != 0) {
+    return absl::InternalError("sent a piece in a shared region to a pull that gave none");
+  }
+  return AcceptBytes(
+      piece, {reinterpret_cast<const std::byte*>(piece.data().data()), piece.data().size()});
+}
+
+absl::Status PullReceiver::AcceptFromRegion(const v1::ParamPiece& piece,
+                                            absl::Span<const std::byte> area, int64_t area_offset) {
+  if (piece.region_bytes() == 0) return Accept(piece);  // an unchanged pull's one piece
+  if (!piece.data().empty()) {
+    return absl::InternalError("sent a piece with data and a range of the shared region");
+  }
+  // As lengths, so that no sum can overflow.
+  const int64_t at = piece.region_offset() - area_offset;
+  const auto size = static_cast<int64_t>(area.size());
+  if (piece.region_offset() < area_offset || piece.region_bytes() < 0 || at > size ||
+      piece.region_bytes() > size - at) {
+    return absl::InternalError(absl::StrCat("named bytes [", piece.region_offset(), ", +",
+                                            piece.region_bytes(),
+                                            ") outside the shared region's weights area"));
+  }
+  return AcceptBytes(
+      piece, area.subspan(static_cast<size_t>(at), static_cast<size_t>(piece.region_bytes())));
+}
+
+absl::Status PullReceiver::AcceptBytes(const v1::ParamPiece& piece,
+                                       absl::Span<const std::byte> data) {
   if (piece.version() != version_) {
     return absl::InternalError(absl::StrCat("sent a piece of version ", piece.version(),
                                             " for a pull of version ", version_));
   }
   if (piece.unchanged()) {
-    if (!piece.data().empty()) {
+    if (!data.empty()) {
       return absl::InternalError("sent data on a piece that says the weights are unchanged");
     }
     return AcceptUnchanged(piece.loss_scale());
@@ -97,14 +125,14 @@ absl::Status PullReceiver::Accept(const v1::ParamPiece& piece) {
                                             std::string(DTypeName(dtype_))));
   }
   const int64_t elem_bytes = static_cast<int64_t>(DTypeSize(dtype_));
-  const int64_t bytes = static_cast<int64_t>(piece.data().size());
+  const int64_t bytes = static_cast<int64_t>(data.size());
   if (bytes == 0 || bytes % elem_bytes != 0) {
     return absl::InternalError(absl::StrCat("sent a piece of ", TensorLabel(piece.tensor()),
                                             " with ", bytes, " bytes, not a positive multiple of ",
                                             elem_bytes));
   }
   ZO_ASSIGN_OR_RETURN(std::byte * dst, Place(piece.tensor(), piece.offset(), bytes / elem_bytes));
-  std::memcpy(dst, piece.data().data(), static_cast<size_t>(bytes));
+  std::memcpy(dst, data.data(), static_cast<size_t>(bytes));
   loss_scale_ = piece.loss_scale();
   return absl::OkStatus();
 }

@@ -41,6 +41,11 @@ class PullReceiver {
   // INTERNAL, naming what is wrong, for a piece that was not asked of this
   // server; nothing is copied then.
   absl::Status Accept(const v1::ParamPiece& piece);
+  // The same for a pull into the caller's shared region: the piece's bytes
+  // are region bytes [region_offset, +region_bytes), which must lie in
+  // `area` (the weights area, at `area_offset` in the region).
+  absl::Status AcceptFromRegion(const v1::ParamPiece& piece, absl::Span<const std::byte> area,
+                                int64_t area_offset);
   // The in-process route's two halves of the same checks: the server says
   // the weights are unchanged, or where elements [offset, offset + elems)
   // of `tensor` go (the server writes them there; the range counts as
@@ -69,6 +74,8 @@ class PullReceiver {
     std::vector<std::pair<int64_t, int64_t>> received;  // runs, in arrival order
   };
 
+  // Accept's checks and copy, the piece's bytes being `data`.
+  absl::Status AcceptBytes(const v1::ParamPiece& piece, absl::Span<const std::byte> data);
   // Whether `tensor` is one this server was asked for.
   bool TensorAsked(int tensor) const;
   // "tensor #3 'blocks.0.w'"; `t` must be a manifest index.

@@ -1,0 +1,242 @@
+// The data plane's same-host route (server/shared_regions.h): a worker
+// beside real zo-server processes moves its gradients and weights through a
+// shared-memory region, gRPC carrying only the pieces' headers. What it
+// computes must be bit for bit the gRPC route's; a server that cannot map
+// the region leaves the worker on gRPC; and no call naming a region can
+// read or write outside it, or change a job, when it is wrong.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <vector>
+
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "proto/zo/v1/offload_service.grpc.pb.h"
+#include "rpc/rpc_util.h"
+#include "tests/server/least_squares.h"
+#include "tests/server/server_process.h"
+#include "tests/server/training_harness.h"
+#include "worker/client/offload_client.h"
+
+namespace zo::testing {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+struct RouteCase {
+  const char* name;
+  DType dtype;
+  int dp;
+  bool dpu;
+  std::set<int64_t> overflow_steps;
+  const char* extra;
+};
+
+void PrintTo(const RouteCase& c, std::ostream* os) { *os << c.name; }
+
+class SharedMemoryRouteTest : public ::testing::TestWithParam<RouteCase> {};
+
+// The same job trained twice on the same two servers, once per route, every
+// version compared byte for byte.
+TEST_P(SharedMemoryRouteTest, TrainsBitIdenticallyToTheGrpcRoute) {
+  const RouteCase& c = GetParam();
+  std::vector<ServerProcess> servers = StartServers(2);
+  ASSERT_EQ(servers.size(), 2u);
+  const LeastSquares p = LeastSquares::Make({300, 170, 45}, 30, c.dp, 7);
+  const std::string config =
+      absl::StrCat(R"({"train_batch_size": )", c.dp, R"(, "gradient_clipping": 0.3,
+          "optimizer": {"type": "AdamW", "params": {"lr": 0.02, "weight_decay": 0.01}},
+          "zo": {"chunk_elems": 64, "dpu": {"enabled": )",
+                   c.dpu ? "true" : "false", R"(, "warmup_steps": 1}})", c.extra, "}");
+  constexpr int kSteps = 10;
+  std::vector<std::vector<std::vector<float>>> weights(2);
+  for (int shm = 0; shm < 2; ++shm) {
+    ClientOptions base;
+    base.shared_memory = shm == 1;
+    ZO_ASSERT_OK_AND_ASSIGN(auto workers, OpenWorkers(p, c.dtype, absl::StrCat("shm", shm), config,
+                                                      Addresses(servers), base));
+    for (const auto& w : workers) {
+      EXPECT_THAT(w->client().routes(), shm == 1 ? ElementsAre("shared_memory", "shared_memory")
+                                                 : ElementsAre("grpc", "grpc"));
+    }
+    ASSERT_THAT(workers[0]->InitWeights(), IsOk());
+    for (int s = 1; s <= kSteps; ++s) {
+      ASSERT_THAT(RunSteps(workers, s, s, c.overflow_steps), IsOk());
+      ZO_ASSERT_OK_AND_ASSIGN(std::vector<float> x, workers[0]->PullAll(c.dpu ? s - 1 : s));
+      weights[shm].push_back(std::move(x));
+    }
+  }
+  for (size_t v = 0; v < weights[0].size(); ++v) {
+    ASSERT_EQ(weights[0][v].size(), weights[1][v].size());
+    EXPECT_EQ(std::memcmp(weights[0][v].data(), weights[1][v].data(),
+                          weights[0][v].size() * sizeof(float)),
+              0)
+        << "step " << v + 1;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, SharedMemoryRouteTest,
+    ::testing::Values(
+        RouteCase{"bf16_dp2_dpu", DType::kBFloat16, 2, true, {}, R"(, "bf16": {"enabled": true})"},
+        RouteCase{"fp16_overflow",
+                  DType::kFloat16,
+                  1,
+                  false,
+                  {3, 6},
+                  R"(, "fp16": {"enabled": true, "initial_scale_power": 12})"},
+        RouteCase{"fp32_dp2", DType::kFloat32, 2, false, {}, ""}),
+    [](const ::testing::TestParamInfo<RouteCase>& info) { return std::string(info.param.name); });
+
+// A server that takes no shared memory leaves the worker on gRPC, and it
+// trains.
+TEST(SharedMemoryFallbackTest, AServerThatCannotMapTheRegionGetsGrpc) {
+  std::vector<ServerProcess> servers = StartServers(1, {"--shared-memory=false"});
+  ASSERT_EQ(servers.size(), 1u);
+  const LeastSquares p = LeastSquares::Make({200}, 20, 1, 3);
+  ZO_ASSERT_OK_AND_ASSIGN(auto workers,
+                          OpenWorkers(p, DType::kFloat32, "fallback", R"({"train_batch_size": 1,
+          "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}})",
+                                      Addresses(servers)));
+  EXPECT_THAT(workers[0]->client().routes(), ElementsAre("grpc"));
+  ASSERT_THAT(workers[0]->InitWeights(), IsOk());
+  ASSERT_THAT(RunSteps(workers, 1, 3), IsOk());
+}
+
+std::string BootId() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(in, id);
+  return id;
+}
+
+// A memfd of `bytes` beginning with the proof "0123456789abcdef", sealed
+// against resizing unless `seal` is false.
+int Memfd(int64_t bytes, bool seal) {
+  const int fd = memfd_create("test-region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  EXPECT_GE(fd, 0);
+  EXPECT_EQ(ftruncate(fd, bytes), 0);
+  EXPECT_EQ(pwrite(fd, "0123456789abcdef", 16, 0), 16);
+  if (seal) {
+    EXPECT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+  }
+  return fd;
+}
+
+// Calls made by hand, as a hostile or broken worker would: each is refused
+// with a code that says why, and the job is as it was.
+TEST(SharedMemoryRegionTest, BadRegionsAndRangesAreRefusedAndChangeNothing) {
+  std::vector<ServerProcess> servers = StartServers(1);
+  ASSERT_EQ(servers.size(), 1u);
+  ClientOptions options;
+  options.job = "hostile";
+  options.servers = Addresses(servers);
+  options.shared_memory = false;  // this client only opens the job and reads its status
+  ZO_ASSERT_OK_AND_ASSIGN(
+      auto client, OffloadClient::Open(options, R"({"train_batch_size": 1,
+          "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}})",
+                                       {{.name = "w", .shape = {64}, .dtype = DType::kFloat32}}));
+  auto stub = v1::Offload::NewStub(
+      grpc::CreateChannel(servers[0].address(), grpc::InsecureChannelCredentials()));
+  const std::string proof = "0123456789abcdef";
+  auto attach = [&](int fd, int64_t bytes, const std::string& boot_id,
+                    const std::string& job = "hostile", const std::string& with = "") {
+    v1::AttachRegionRequest request;
+    request.set_proof(with.empty() ? proof : with);
+    request.set_job(job);
+    request.set_pid(getpid());
+    request.set_fd(fd);
+    request.set_bytes(bytes);
+    request.set_boot_id(boot_id);
+    v1::AttachRegionResponse response;
+    grpc::ClientContext context;
+    absl::Status s = FromGrpcStatus(stub->AttachRegion(&context, request, &response));
+    return s.ok() ? absl::StatusOr<uint64_t>(response.region()) : absl::StatusOr<uint64_t>(s);
+  };
+  const int unsealed = Memfd(4096, false);
+  EXPECT_THAT(attach(unsealed, 4096, BootId()).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not sealed")));
+  const int fd = Memfd(4096, true);
+  EXPECT_THAT(attach(fd, 4096, "another-host").status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("another host")));
+  EXPECT_THAT(attach(fd, 8192, BootId()).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("is not 8192 bytes")));
+  EXPECT_THAT(attach(100000, 4096, BootId()).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("cannot open")));
+  EXPECT_THAT(attach(fd, 4096, BootId(), "no-such-job").status(),
+              StatusIs(absl::StatusCode::kNotFound, ::testing::_));
+  // Another process's region, which the server could open: the caller does
+  // not know what it begins with.
+  EXPECT_THAT(attach(fd, 4096, BootId(), "hostile", "fedcba9876543210").status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("proof")));
+  ZO_ASSERT_OK_AND_ASSIGN(const uint64_t region, attach(fd, 4096, BootId()));
+  ZO_ASSERT_OK_AND_ASSIGN(v1::JobStatus before, client->JobStatus());
+
+  // A push naming bytes outside the region, a region that is not there, or
+  // a region and data at once.
+  auto push = [&](uint64_t id, int64_t offset, int64_t bytes, bool with_data) {
+    v1::GradientPiece piece;
+    piece.set_job("hostile");
+    piece.set_step(1);
+    piece.set_dtype(v1::DTYPE_FP32);
+    piece.set_incarnation(before.incarnation());
+    piece.set_region(id);
+    piece.set_region_offset(offset);
+    piece.set_region_bytes(bytes);
+    if (with_data) piece.set_data(std::string(256, '\0'));
+    v1::PushGradientsResponse response;
+    grpc::ClientContext context;
+    auto writer = stub->PushGradients(&context, &response);
+    writer->Write(piece);
+    writer->WritesDone();
+    return FromGrpcStatus(writer->Finish());
+  };
+  EXPECT_THAT(push(region, 4096 - 128, 256, false),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not inside")));
+  EXPECT_THAT(push(region, -8, 256, false),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not inside")));
+  EXPECT_THAT(push(region, int64_t{1} << 62, int64_t{1} << 62, false),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not inside")));
+  EXPECT_THAT(push(region + 1, 0, 256, false),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("not attached")));
+  EXPECT_THAT(push(region, 0, 256, true),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("carries data")));
+
+  // A pull into a weights area past the region's end.
+  {
+    v1::PullParamsRequest request;
+    request.set_job("hostile");
+    request.set_version(0);
+    request.set_have_version(-1);
+    request.set_region(region);
+    request.set_region_offset(4096 - 64);  // 64 fp32 elements need 256 bytes
+    grpc::ClientContext context;
+    auto reader = stub->PullParams(&context, request);
+    v1::ParamPiece piece;
+    while (reader->Read(&piece)) {
+    }
+    EXPECT_THAT(FromGrpcStatus(reader->Finish()),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("cannot hold")));
+  }
+  ZO_ASSERT_OK_AND_ASSIGN(v1::JobStatus after, client->JobStatus());
+  EXPECT_EQ(after.version(), before.version());
+  EXPECT_EQ(after.waiting_pushes(), 0);
+  EXPECT_EQ(after.incarnation(), before.incarnation());
+  // The job still trains, bit for bit as it would have.
+  std::vector<float> g(64, 0.5f);
+  ASSERT_THAT(client->Push(1, 0, {reinterpret_cast<const std::byte*>(g.data()), 256}), IsOk());
+  ASSERT_THAT(client->FinishStep(1), IsOk());
+  close(fd);
+  close(unsealed);
+}
+
+}  // namespace
+}  // namespace zo::testing
