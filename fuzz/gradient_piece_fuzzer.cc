@@ -136,8 +136,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     absl::StatusOr<absl::Span<std::byte>> bytes =
         region->Range(view.region_offset, view.region_bytes);
     if (!bytes.ok()) return 0;
-    ZO_FUZZ_CHECK(bytes->data() >= region->Range(0, 0)->data() &&
-                      bytes->size() <= 4096 &&
+    ZO_FUZZ_CHECK(bytes->data() >= region->Range(0, 0)->data() && bytes->size() <= 4096 &&
                       bytes->data() + bytes->size() <= region->Range(0, 0)->data() + 4096,
                   "a region range outside the region");
     view.data = {{reinterpret_cast<const char*>(bytes->data()), bytes->size()}};
