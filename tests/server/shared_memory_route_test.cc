@@ -111,6 +111,26 @@ TEST(SharedMemoryFallbackTest, AServerThatCannotMapTheRegionGetsGrpc) {
   ASSERT_THAT(RunSteps(workers, 1, 3), IsOk());
 }
 
+// A job whose region would be larger than the client allows stays on gRPC.
+TEST(SharedMemoryFallbackTest, ARegionOverItsCapIsNotMade) {
+  std::vector<ServerProcess> servers = StartServers(1);
+  ASSERT_EQ(servers.size(), 1u);
+  const LeastSquares p = LeastSquares::Make({200}, 20, 1, 3);
+  ClientOptions base;
+  base.max_region_bytes = 3 * 200 * 4 - 1;  // one byte short
+  ZO_ASSERT_OK_AND_ASSIGN(auto workers,
+                          OpenWorkers(p, DType::kFloat32, "capped", R"({"train_batch_size": 1,
+          "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}})",
+                                      Addresses(servers), base));
+  EXPECT_THAT(workers[0]->client().routes(), ElementsAre("grpc"));
+  base.max_region_bytes = 3 * 200 * 4;
+  ZO_ASSERT_OK_AND_ASSIGN(auto fits,
+                          OpenWorkers(p, DType::kFloat32, "fits", R"({"train_batch_size": 1,
+          "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}})",
+                                      Addresses(servers), base));
+  EXPECT_THAT(fits[0]->client().routes(), ElementsAre("shared_memory"));
+}
+
 std::string BootId() {
   std::ifstream in("/proc/sys/kernel/random/boot_id");
   std::string id;

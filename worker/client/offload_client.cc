@@ -284,6 +284,12 @@ void OffloadClient::Impl::AttachRegions() {
     for (int s = 0; s < num_servers; ++s) {
       const int64_t area = map.ElemsOnServer(s) * elem_bytes;
       if (area == 0) continue;
+      if (3 * area > options.max_region_bytes) {
+        ZO_LOG(INFO) << "server " << names[s] << ": gradients and weights go over gRPC (a "
+                     << "shared-memory region would take " << 3 * area << " bytes, more than "
+                     << options.max_region_bytes << ": ClientOptions::max_region_bytes)";
+        continue;
+      }
       absl::StatusOr<std::unique_ptr<WorkerRegion>> region = WorkerRegion::Create(area);
       if (!region.ok()) {
         ZO_LOG(WARNING) << "server " << names[s] << ": no shared-memory region ("

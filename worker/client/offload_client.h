@@ -105,6 +105,11 @@ struct ClientOptions {
   // through a shared-memory region, gRPC carries only the pieces' headers.
   // false, or a server that cannot: gRPC carries everything.
   bool shared_memory = true;
+  // A server's region holds 3 x its share of the job in the job's dtype
+  // (two steps of gradients and the weights), all of it touched each step:
+  // a job whose region would be larger than this (RAM the servers on the
+  // host may need) stays on gRPC, whose bytes in flight are bounded.
+  int64_t max_region_bytes = int64_t{4} << 30;
   // OpenJobRequest.init_fingerprint: a hash of the manifest and initial
   // weights this worker would start the job from; 0: none.
   uint64_t init_fingerprint = 0;
