@@ -57,7 +57,7 @@ absl::StatusOr<bool> EmbeddedRoute::AwaitVersion(const std::string& job, int64_t
   ZO_ASSIGN_OR_RETURN(std::shared_ptr<Job> found, FindLocked(job));
   ZO_RETURN_IF_ERROR(found->CheckIncarnation(incarnation));
   if (version < 0) return absl::InvalidArgumentError(absl::StrCat("version ", version, " < 0"));
-  return found->AwaitVersion(version, std::move(wake), ticket);
+  return found->AwaitVersion(version, std::move(wake), ticket, /*while_written=*/true);
 }
 
 bool EmbeddedRoute::CancelVersionWait(const std::string& job, uint64_t ticket) {
@@ -71,7 +71,7 @@ absl::StatusOr<InProcessRoute::PullResult> EmbeddedRoute::PullInto(
   const absl::Time start = absl::Now();
   std::shared_lock lock(mu_);
   ZO_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindLocked(request.job()));
-  ZO_ASSIGN_OR_RETURN(PullCursor cursor, job->OpenPull(request));
+  ZO_ASSIGN_OR_RETURN(PullCursor cursor, job->OpenPull(request, /*while_written=*/true));
   ZO_RETURN_IF_ERROR(cursor.ReadInto(place));
   job->RecordPull(absl::Now() - start, cursor.bytes_given());
   return PullResult{.unchanged = cursor.unchanged(),

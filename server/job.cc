@@ -451,7 +451,7 @@ absl::Status Job::CheckPullRequest(const v1::PullParamsRequest& request) const {
 }
 
 absl::StatusOr<bool> Job::AwaitVersion(int64_t version, std::function<void()> wake,
-                                       WaitList::Ticket* ticket) {
+                                       WaitList::Ticket* ticket, bool while_written) {
   std::lock_guard lock(mu_);
   *ticket = WaitList::kNone;
   if (stop_) return stop_reason_;
@@ -461,7 +461,7 @@ absl::StatusOr<bool> Job::AwaitVersion(int64_t version, std::function<void()> wa
     *ticket = version_waiters_.Add(version, std::move(wake));
     return false;
   }
-  if (version_ >= version) return true;
+  if (version_ >= version || (while_written && writing_version_ == version)) return true;
   if (!health_.ok()) {
     const absl::Status why = NeedsRestoreLocked();
     return absl::Status(why.code(),
@@ -494,7 +494,7 @@ absl::Status Job::WaitForVersion(int64_t version, absl::Time deadline, uint64_t 
   }
 }
 
-absl::StatusOr<PullCursor> Job::OpenPull(const v1::PullParamsRequest& request) {
+absl::StatusOr<PullCursor> Job::OpenPull(const v1::PullParamsRequest& request, bool while_written) {
   ZO_RETURN_IF_ERROR(CheckPullRequest(request));
   double loss_scale = 1.0;
   int64_t restores_begun = 0;
@@ -502,7 +502,7 @@ absl::StatusOr<PullCursor> Job::OpenPull(const v1::PullParamsRequest& request) {
     std::lock_guard lock(mu_);
     if (restoring_) return RestoredWhileOpening();
     restores_begun = restores_begun_;
-    if (version_ < request.version()) {
+    if (version_ < request.version() && !(while_written && writing_version_ == request.version())) {
       return absl::FailedPreconditionError(absl::StrCat("version ", request.version(), " of job ",
                                                         spec_.name, " does not exist yet"));
     }
@@ -637,6 +637,7 @@ void Job::StepLoop() {
     }
     const absl::Time update_end = absl::Now();
     lock.lock();
+    writing_version_ = -1;
     if (generation != generation_) continue;
     if (!applied.ok()) {
       SetHealthLocked(applied);
@@ -712,31 +713,47 @@ absl::Status Job::Apply(const v1::StepCommit& commit) {
       snapshot_->CapturePrevious(/*from_a_step=*/true).IgnoreError();  // the part's failure
     }
     // Materialized versions: the kernel writes the new version's copy. From
-    // the master with DPU: the kernel writes each tile's old weights into a
-    // scratch, where the undo of this step is checked against them (only
-    // near rounding boundaries), and pulls of the version being replaced
-    // follow tile by tile.
+    // the master, pulls of the new version (in-process) follow the update
+    // tile by tile; with DPU the kernel also writes each tile's old weights
+    // into a scratch, where the undo of this step is checked against them
+    // (only near rounding boundaries), and pulls of the version being
+    // replaced follow tile by tile too.
     const bool keeps = versions_->from_master() && versions_->keep_previous();
     void* lp = versions_->BeginWrite(keeps ? UndoOf(c) : nullptr);
+    if (versions_->from_master()) {
+      // Pulls on the in-process route may read the new version as its
+      // ranges are done; they get its loss scale now. Waiters for it wake
+      // (a gRPC pull's wait finds it not there yet and waits again).
+      std::lock_guard lock(mu_);
+      scale_after_version_[commit.step()] = commit.next_loss_scale();
+      writing_version_ = commit.step();
+      resources_.wakes->Post(version_waiters_.TakeUpTo(writing_version_));
+    }
+    TieredOptimizerState::TileUpdated tile_done;
+    if (keeps) {
+      tile_done = [&](const TieredOptimizerState::UpdatedTile& t) {
+        std::vector<uint32_t> index;
+        std::vector<uint8_t> values;
+        c.ForEach(t.offset, t.offset + t.n, [&](int64_t b, int64_t e, const AdamStepConstants& k) {
+          const auto i = static_cast<size_t>(b - t.offset);  // into the tile
+          const size_t found = index.size();
+          FindUndoMismatches(k, static_cast<const float*>(t.old_weights) + i, t.p + i, t.m + i,
+                             t.v + i, spec_.dtype, static_cast<size_t>(e - b), &index, &values);
+          for (size_t j = found; j < index.size(); ++j) index[j] += static_cast<uint32_t>(i);
+        });
+        versions_->MarkKept(t.offset, t.n, std::move(index), std::move(values));
+      };
+    } else if (versions_->from_master()) {
+      tile_done = [&](const TieredOptimizerState::UpdatedTile& t) {
+        versions_->MarkDone(t.offset, t.n);
+      };
+    }
     // A checkpoint part in progress takes each tile as it was before this step.
     const absl::Status stepped = state_->AdamStep(
         c, accum_->gradients(), {lp, spec_.dtype},
         [&](int64_t end) { released = accum_->ReleaseBelow(released, end, commit.step()); },
-        snapshot_ != nullptr ? snapshot_->observer() : StateObserver(),
-        keeps ? [&](const TieredOptimizerState::UpdatedTile& t) {
-          std::vector<uint32_t> index;
-          std::vector<uint8_t> values;
-          c.ForEach(t.offset, t.offset + t.n, [&](int64_t b, int64_t e, const AdamStepConstants& k) {
-            const auto i = static_cast<size_t>(b - t.offset);  // into the tile
-            const size_t found = index.size();
-            FindUndoMismatches(k, static_cast<const float*>(t.old_weights) + i, t.p + i, t.m + i,
-                               t.v + i, spec_.dtype, static_cast<size_t>(e - b), &index, &values);
-            for (size_t j = found; j < index.size(); ++j) index[j] += static_cast<uint32_t>(i);
-          });
-          versions_->MarkKept(t.offset, t.n, std::move(index), std::move(values));
-        }
-              : TieredOptimizerState::TileUpdated(),
-        DType::kFloat32);
+        snapshot_ != nullptr ? snapshot_->observer() : StateObserver(), tile_done,
+        keeps ? std::optional<DType>(DType::kFloat32) : std::nullopt);
     if (!stepped.ok()) {
       versions_->AbortWrite();
       DropSnapshotLocked(stepped);

@@ -133,13 +133,15 @@ class Job {
   // The parts of PullParams, for a caller that writes asynchronously.
   // INVALID_ARGUMENT for tensors outside the manifest or a negative version.
   absl::Status CheckPullRequest(const v1::PullParamsRequest& request) const;
-  // Without blocking: true when the job has `version`. Otherwise `wake` is
-  // kept, *ticket set, and false returned; the wake is posted once when the
-  // version comes, the job needs a restore or stops: ask again then.
-  // FAILED_PRECONDITION while the job needs a restore, UNAVAILABLE once
-  // stopped.
+  // Without blocking: true when the job has `version`, or with
+  // `while_written` when its update is writing it (served from the master:
+  // OpenPull's reads then follow the update range by range). Otherwise
+  // `wake` is kept, *ticket set, and false returned; the wake is posted once
+  // when the version comes or begins to be written, the job needs a restore
+  // or stops: ask again then. FAILED_PRECONDITION while the job needs a
+  // restore, UNAVAILABLE once stopped.
   absl::StatusOr<bool> AwaitVersion(int64_t version, std::function<void()> wake,
-                                    WaitList::Ticket* ticket);
+                                    WaitList::Ticket* ticket, bool while_written = false);
   // Takes back a kept wake; false when it was already posted.
   bool CancelVersionWait(WaitList::Ticket ticket);
   // AwaitVersion, blocking the calling thread, at most until `deadline`
@@ -147,10 +149,15 @@ class Job {
   // `incarnation` (nonzero) is checked at each wake: a restore meanwhile
   // ends the wait with CheckIncarnation's answer.
   absl::Status WaitForVersion(int64_t version, absl::Time deadline, uint64_t incarnation = 0);
-  // The request's pieces of a version the job has (FAILED_PRECONDITION for
-  // one it does not have yet or no longer holds; UNAVAILABLE while a
-  // restore replaces them).
-  absl::StatusOr<PullCursor> OpenPull(const v1::PullParamsRequest& request);
+  // The request's pieces of a version the job has, or with `while_written`
+  // is writing (FAILED_PRECONDITION for one it does not have yet or no
+  // longer holds, or whose update failed while the cursor read it;
+  // UNAVAILABLE while a restore replaces them). A cursor on a version being
+  // written blocks in its reads until the update has done their ranges:
+  // for a caller's own thread (the in-process route), never a gRPC
+  // reactor's.
+  absl::StatusOr<PullCursor> OpenPull(const v1::PullParamsRequest& request,
+                                      bool while_written = false);
   // A pull served: its time goes into the next step's log line and, with
   // its bytes, into the totals.
   void RecordPull(absl::Duration serve, int64_t bytes) {
@@ -327,6 +334,9 @@ class Job {
   mutable std::condition_variable cv_;
   int64_t open_step_ = 1;
   int64_t version_ = 0;
+  // The version the update is writing, when pulls may read it meanwhile
+  // (served from the master); -1 otherwise.
+  int64_t writing_version_ = -1;
   int64_t base_version_ = 0;
   // The oldest version held: base_version_, or the one before it when the
   // restore brought the version a delayed parameter update computes on.

@@ -159,7 +159,7 @@ absl::Status ParamVersions::Reset(int64_t version, Previous previous) {
       data_version_ = {version, version};
       break;
   }
-  EndKeepingLocked();  // reads waiting for an update's ranges are told it is gone
+  EndWritingLocked();  // reads waiting for an update's ranges are told it is gone
   ClearCorrectionsLocked();
   undo_ = nullptr;
   buffers_[0].data_version = -1;
@@ -226,7 +226,6 @@ void* ParamVersions::BeginWrite(Undo undo) {
       readers_done_.wait(lock, [&] { return Unblocked(previous_pins_ == 0); });
       previous_data_ = -1;
       keeping_ = master_data_;
-      kept_ranges_.Clear();
     } else {
       // New pulls no longer pin the master (they could hold the update off
       // for ever); theirs are the workers that died, and they are told the
@@ -237,6 +236,8 @@ void* ParamVersions::BeginWrite(Undo undo) {
       update_waiting_ = false;
     }
     master_data_ = -1;  // reads of it now wait for its ranges (or fail)
+    writing_version_ = base_ + static_cast<int64_t>(data_version_.size());
+    done_ranges_.Clear();
     // A read of the master or of the state began before: the update must
     // not change the state under it, nor the undo it used.
     readers_done_.wait(lock, [&] { return Unblocked(master_reading_ == 0); });
@@ -250,6 +251,13 @@ void* ParamVersions::BeginWrite(Undo undo) {
   buffers_[target].data_version = -1;  // no new lease on it until CommitWrite
   writing_ = target;
   return buffers_[target].memory.data();
+}
+
+void ParamVersions::MarkDone(int64_t offset, int64_t n) {
+  std::lock_guard lock(mu_);
+  if (writing_version_ < 0) return;  // aborted meanwhile
+  done_ranges_.Add(offset, offset + n);
+  if (range_waiters_ > 0) range_done_.notify_all();
 }
 
 void ParamVersions::MarkKept(int64_t offset, int64_t n, const void* old_weights) {
@@ -293,28 +301,29 @@ void ParamVersions::MarkKept(int64_t offset, int64_t n, std::vector<uint32_t> in
 void ParamVersions::KeptLocked(int64_t offset, int64_t n, Corrections c) {
   if (keeping_ < 0) return;  // aborted meanwhile
   AddCorrectionsLocked(offset, std::move(c));
-  kept_ranges_.Add(offset, offset + n);
-  if (keep_waiters_ > 0) kept_more_.notify_all();
+  done_ranges_.Add(offset, offset + n);
+  if (range_waiters_ > 0) range_done_.notify_all();
 }
 
-bool ParamVersions::EndKeepingLocked() {
-  const bool whole = keeping_ >= 0 && kept_ranges_.size() == elems_;
+bool ParamVersions::EndWritingLocked() {
+  const bool whole = keeping_ >= 0 && done_ranges_.size() == elems_;
   if (whole) {
     previous_data_ = keeping_;
   } else if (keeping_ >= 0) {
     ClearCorrectionsLocked();
   }
   keeping_ = -1;
-  kept_ranges_.Clear();
-  if (keep_waiters_ > 0) kept_more_.notify_all();
+  writing_version_ = -1;
+  done_ranges_.Clear();
+  if (range_waiters_ > 0) range_done_.notify_all();
   return whole;
 }
 
 void ParamVersions::CommitWrite(int64_t version) {
   std::lock_guard lock(mu_);
   if (from_master()) {
-    const int64_t keeping = keeping_, kept = kept_ranges_.size();
-    if (!EndKeepingLocked() && keeping >= 0) {
+    const int64_t keeping = keeping_, kept = done_ranges_.size();
+    if (!EndWritingLocked() && keeping >= 0) {
       ZO_LOG(ERROR) << "ParamVersions: an update kept only " << kept << " of " << elems_
                     << " elements of version " << keeping << "; that version is no longer served";
     }
@@ -330,7 +339,7 @@ void ParamVersions::AbortWrite() {
   std::lock_guard lock(mu_);
   if (from_master()) {
     // Partly kept, with the master partly changed: that version is gone.
-    EndKeepingLocked();
+    EndWritingLocked();
   } else if (writing_ >= 0) {
     writing_ = -1;  // the buffer holds nothing
   }
@@ -366,6 +375,13 @@ absl::Status ParamVersions::NotHeldLocked(int64_t version) const {
 
 absl::StatusOr<ParamVersions::Lease> ParamVersions::Acquire(int64_t version) {
   std::lock_guard lock(mu_);
+  if (writing_version_ >= 0 && version == writing_version_) {
+    // Read range by range as the update finishes them. Without a previous
+    // version served, the lease keeps the master from the next update.
+    if (from_.keep_previous) return Lease(this, Lease::kUnpinned, version);
+    ++master_pins_;
+    return Lease(this, Lease::kMaster, version);
+  }
   const std::optional<int64_t> data = DataVersionLocked(version);
   if (data.has_value()) {
     if (from_master() && master_data_ == *data) {
@@ -394,6 +410,22 @@ absl::StatusOr<ParamVersions::Lease> ParamVersions::Acquire(int64_t version) {
 absl::Status ParamVersions::ReadFromMaster(int64_t version, int64_t offset, int64_t n, void* out) {
   std::unique_lock lock(mu_);
   for (;;) {
+    if (writing_version_ >= 0 && version == writing_version_) {
+      if (done_ranges_.Contains(offset, offset + n)) {
+        // The update wrote this range's master and will not touch it again.
+        ++master_reading_;
+        lock.unlock();
+        from_.round_master(offset, n, out);
+        lock.lock();
+        if (--master_reading_ == 0) readers_done_.notify_all();
+        return absl::OkStatus();
+      }
+      ++times_blocked_;
+      ++range_waiters_;
+      range_done_.wait(lock);
+      --range_waiters_;
+      continue;
+    }
     const std::optional<int64_t> data = DataVersionLocked(version);
     if (!data.has_value()) break;
     if (master_data_ == *data) {
@@ -406,7 +438,7 @@ absl::Status ParamVersions::ReadFromMaster(int64_t version, int64_t offset, int6
     }
     const bool being_kept = keeping_ >= 0 && keeping_ == *data;
     if ((previous_data_ >= 0 && previous_data_ == *data) ||
-        (being_kept && kept_ranges_.Contains(offset, offset + n))) {
+        (being_kept && done_ranges_.Contains(offset, offset + n))) {
       ++master_reading_;
       lock.unlock();
       if (undo_) undo_(offset, n, out);
@@ -418,9 +450,9 @@ absl::Status ParamVersions::ReadFromMaster(int64_t version, int64_t offset, int6
     if (!being_kept) break;
     // The update has not reached this range yet: a tile's time at most.
     ++times_blocked_;
-    ++keep_waiters_;
-    kept_more_.wait(lock);
-    --keep_waiters_;
+    ++range_waiters_;
+    range_done_.wait(lock);
+    --range_waiters_;
   }
   return NotHeldLocked(version);
 }

@@ -20,6 +20,11 @@
 //   read it): two buffers, the latest version's and the one before; each
 //   update writes the older one (4 bytes per element).
 //
+// From the master, a pull may also read the version an update is writing,
+// range by range as the update finishes them (MarkDone, MarkKept): the
+// in-process route's pull follows the update instead of waiting for its
+// end.
+//
 // A skipped step makes a new version with the same data (no copy), which
 // lets a pull say "unchanged".
 //
@@ -127,11 +132,14 @@ class ParamVersions {
   // recomputes the latest version from what this update leaves (null: every
   // range MarkKept is given is kept as a copy).
   void* BeginWrite(Undo undo = nullptr);
-  // From the master with keep_previous, between BeginWrite and CommitWrite:
-  // the update is done with elements [offset, offset + n), whose weights
-  // before it were `old_weights` (n elements of the dtype). Records where
-  // the undo differs; pulls of the latest version read the range from now
-  // on. Thread-safe; ranges are disjoint.
+  // From the master, between BeginWrite and CommitWrite: the update is done
+  // with elements [offset, offset + n); pulls of the version it writes read
+  // the range from now on. Thread-safe; ranges are disjoint.
+  void MarkDone(int64_t offset, int64_t n);
+  // The same with keep_previous, where the range's weights before the
+  // update were `old_weights` (n elements of the dtype). Records where the
+  // undo differs; pulls of the version the update replaces read the range
+  // from now on too.
   void MarkKept(int64_t offset, int64_t n, const void* old_weights);
   // The same where the caller found the differences itself (the job, with
   // FindUndoMismatches: cheaper than undoing every element): `index`
@@ -185,7 +193,10 @@ class ParamVersions {
     int buffer_;
     int64_t version_;
   };
-  // FAILED_PRECONDITION when the version's data is no longer (or not yet) held.
+  // FAILED_PRECONDITION when the version's data is no longer (or not yet)
+  // held. From the master, the version an update is writing (latest() + 1)
+  // is held: its lease's reads wait for their ranges to be done, and fail
+  // if the update aborts.
   absl::StatusOr<Lease> Acquire(int64_t version);
 
   // How often an update or Reset found readers in the way, or a read found
@@ -224,9 +235,10 @@ class ParamVersions {
   void ClearCorrectionsLocked();
   // Overwrites out's elements (for [offset, offset + n)) that have corrections.
   void ApplyCorrectionsLocked(int64_t offset, int64_t n, void* out) const;
-  // Ends keeping: the previous version is held if all of it was kept
-  // (returns whether it was); reads waiting for a range go on.
-  bool EndKeepingLocked();
+  // Ends an update's ranges: the previous version is held if all of it was
+  // kept (returns whether it was); reads waiting for a range go on (and
+  // find the version written, or gone).
+  bool EndWritingLocked();
   // From the master: Lease::Read.
   absl::Status ReadFromMaster(int64_t version, int64_t offset, int64_t n, void* out);
 
@@ -254,12 +266,14 @@ class ParamVersions {
   int64_t previous_data_ = -1;
   int previous_pins_ = 0;
   Undo undo_;
-  // During an update: the data version being replaced (-1: none), the
-  // ranges done (MarkKept), and the reads waiting for a range.
+  // From the master during an update: the version it writes (-1: none),
+  // the data version it replaces when that one is kept (-1: none), the
+  // ranges done (MarkDone, MarkKept), and the reads waiting for a range.
+  int64_t writing_version_ = -1;
   int64_t keeping_ = -1;
-  RangeSet kept_ranges_;
-  int keep_waiters_ = 0;
-  std::condition_variable kept_more_;
+  RangeSet done_ranges_;
+  int range_waiters_ = 0;
+  std::condition_variable range_done_;
   // The corrections of previous_data_ (or keeping_), by range offset.
   std::map<int64_t, Corrections> corrections_;
   CorrectionStats correction_stats_;

@@ -353,7 +353,11 @@ class FromMasterTest : public ::testing::Test {
     std::vector<uint16_t> old(n);
     FloatToHalf(master_.data() + offset, old.data(), static_cast<size_t>(n));
     for (int64_t i = offset; i < offset + n; ++i) master_[i] = Value(version, i);
-    if (v.keep_previous()) v.MarkKept(offset, n, old.data());
+    if (v.keep_previous()) {
+      v.MarkKept(offset, n, old.data());
+    } else {
+      v.MarkDone(offset, n);
+    }
   }
 
   // Begins the update from the master's version to `version`.
@@ -392,7 +396,7 @@ class FromMasterTest : public ::testing::Test {
   }
 
   // A read of [offset, offset + n) begun on another thread, once it is seen
-  // waiting for its range to be kept: `done` turns true when it returns;
+  // waiting for its range to be done: `done` turns true when it returns;
   // Join gives what it read as.
   class BlockedRead {
    public:
@@ -593,6 +597,85 @@ TEST_F(FromMasterTest, AFailedUpdateReleasesTheReadsWaitingForItsRanges) {
   EXPECT_THAT(ReadsAs(*v->Acquire(4)), IsOkAndHolds(4));
 }
 
+// The in-process route pulls the version an update is writing while it
+// writes it: each range reads as the new version once the update is done
+// with it, and waits for the update before that; the reads go on through
+// the commit. With or without a previous version served.
+TEST_F(FromMasterTest, APullOfTheVersionBeingWrittenFollowsTheUpdate) {
+  for (bool keep_previous : {false, true}) {
+    SCOPED_TRACE(keep_previous ? "previous served" : "latest only");
+    std::unique_ptr<ParamVersions> v = Make(keep_previous);
+    ASSERT_NE(v, nullptr);
+    SetMaster(0);
+    Update(*v, 1);
+    EXPECT_THAT(v->Acquire(2), StatusIs(kFailedPrecondition, HasSubstr("not held")))
+        << "not being written yet";
+    BeginUpdate(*v, 2);
+    ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease v2, v->Acquire(2));
+    EXPECT_EQ(v2.data(), nullptr);
+    UpdateRange(*v, 2, 0, kTile);
+    EXPECT_THAT(ReadsAs(v2, 0, kTile), IsOkAndHolds(2)) << "done: the new weights";
+    {
+      BlockedRead rest(*v, v2, kTile, 2 * kTile);
+      UpdateRange(*v, 2, kTile, kTile);  // half of what the reader needs
+      EXPECT_FALSE(rest.done);
+      UpdateRange(*v, 2, 2 * kTile, kTile);
+      EXPECT_THAT(rest.Join(), IsOkAndHolds(2));
+    }
+    BlockedRead tail(*v, v2, kElems - kTile, kTile);
+    UpdateRange(*v, 2, 3 * kTile, kElems - 3 * kTile);
+    EXPECT_THAT(tail.Join(), IsOkAndHolds(2));
+    CommitUpdate(*v, 2);
+    EXPECT_THAT(ReadsAs(v2), IsOkAndHolds(2)) << "the same lease after the commit";
+    if (keep_previous) {
+      ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease v1, v->Acquire(1));
+      EXPECT_THAT(ReadsAs(v1), IsOkAndHolds(1)) << "the replaced version is still served";
+    }
+  }
+}
+
+// A read waiting on the version being written is told it is gone when the
+// update fails, and no lease on it can be had afterwards.
+TEST_F(FromMasterTest, AFailedUpdateEndsThePullsOfTheVersionItWrote) {
+  for (bool keep_previous : {false, true}) {
+    SCOPED_TRACE(keep_previous ? "previous served" : "latest only");
+    std::unique_ptr<ParamVersions> v = Make(keep_previous);
+    ASSERT_NE(v, nullptr);
+    SetMaster(0);
+    Update(*v, 1);
+    BeginUpdate(*v, 2);
+    ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease v2, v->Acquire(2));
+    UpdateRange(*v, 2, 0, kTile);
+    BlockedRead rest(*v, v2, kTile, kTile);
+    v->AbortWrite();
+    EXPECT_THAT(rest.Join(), StatusIs(kFailedPrecondition, HasSubstr("version 2 is not held")));
+    EXPECT_THAT(ReadsAs(v2, 0, kTile), StatusIs(kFailedPrecondition, HasSubstr("not held")))
+        << "even a range the update had done";
+    EXPECT_THAT(v->Acquire(2), StatusIs(kFailedPrecondition, HasSubstr("not held")));
+  }
+}
+
+// Without a previous version served, a lease on the version being written
+// keeps the master as the latest's leases do: the next update waits for it.
+TEST_F(FromMasterTest, APullOfTheVersionBeingWrittenHoldsTheNextUpdateOff) {
+  std::unique_ptr<ParamVersions> v = Make(/*keep_previous=*/false);
+  ASSERT_NE(v, nullptr);
+  SetMaster(0);
+  BeginUpdate(*v, 1);
+  ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease first, v->Acquire(1));
+  std::optional<ParamVersions::Lease> pull(std::move(first));
+  for (int64_t offset = 0; offset < kElems; offset += kTile) UpdateRange(*v, 1, offset, kTile);
+  CommitUpdate(*v, 1);
+  BlockedUpdate step(*v);
+  EXPECT_FALSE(step.began);
+  EXPECT_THAT(ReadsAs(*pull), IsOkAndHolds(1)) << "the pull goes on meanwhile";
+  pull.reset();
+  step.Join();
+  EXPECT_TRUE(step.began);
+  for (int64_t offset = 0; offset < kElems; offset += kTile) UpdateRange(*v, 2, offset, kTile);
+  CommitUpdate(*v, 2);
+}
+
 TEST_F(FromMasterTest, SkipsShareDataAndARestoreStartsFromTheMaster) {
   std::unique_ptr<ParamVersions> v = Make(/*keep_previous=*/true);
   ASSERT_NE(v, nullptr);
@@ -663,8 +746,8 @@ TEST_F(FromMasterTest, ARestoreWithThePreviousVersionKeepsOnlyItsCorrections) {
 }
 
 // Pulls racing the updates: every piece a pull gets is wholly the version it
-// asked for, rounded or undone from the master, or the pull is told the
-// version is gone; never a mix of two versions.
+// asked for, rounded or undone from the master, or read as the update wrote
+// it, or the pull is told the version is gone; never a mix of two versions.
 TEST_F(FromMasterTest, PiecesReadDuringUpdatesAreNeverAMix) {
   for (bool keep_previous : {false, true}) {
     std::unique_ptr<ParamVersions> v = Make(keep_previous);
@@ -674,12 +757,13 @@ TEST_F(FromMasterTest, PiecesReadDuringUpdatesAreNeverAMix) {
     std::atomic<int64_t> pieces{0};
     std::atomic<int64_t> mixed{0};
     std::vector<std::thread> pullers;
-    for (int t = 0; t < 2; ++t) {
+    // The latest, the one before, and the one being written (if any).
+    for (int t = -1; t < 2; ++t) {
       pullers.emplace_back([&, t] {
         while (!done) {
           const int64_t version = std::max<int64_t>(0, v->latest() - t);
           absl::StatusOr<ParamVersions::Lease> lease = v->Acquire(version);
-          if (!lease.ok()) continue;  // replaced since latest() was read
+          if (!lease.ok()) continue;  // replaced (or not begun) since latest() was read
           for (int64_t offset = 0; offset < kElems; offset += 16) {
             absl::StatusOr<int> as = ReadsAs(*lease, offset, 16);
             if (!as.ok()) break;  // gone: the pull ends

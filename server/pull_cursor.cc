@@ -12,9 +12,11 @@
 namespace zo {
 namespace {
 
-// ReadInto: a thread per this many elements, at most kMaxReadThreads.
+// ReadInto: a thread per this many elements, at most kMaxReadThreads,
+// taking blocks of kReadBlockElems in turn.
 constexpr int64_t kElemsPerReadThread = int64_t{4} << 20;
 constexpr int64_t kMaxReadThreads = 4;
+constexpr int64_t kReadBlockElems = int64_t{256} << 10;
 
 }  // namespace
 
@@ -90,24 +92,31 @@ absl::Status PullCursor::ReadInto(InProcessRoute::Place place) {
     total += n;
   }
   // A big pull is read by several threads: one cannot draw the memory
-  // bandwidth a rounding pass wants. Cut into equal runs of elements.
+  // bandwidth a rounding pass wants. They take blocks in turn, so that
+  // together they follow an update writing the version (whose reads wait
+  // for their ranges) from its first elements to its last.
   const int threads = static_cast<int>(std::clamp<int64_t>(
       total / kElemsPerReadThread, 1,
       std::min<int64_t>(kMaxReadThreads, std::max(1u, std::thread::hardware_concurrency()))));
   const auto* data = static_cast<const std::byte*>(lease_->data());
   auto read_part = [&](int part) -> absl::Status {
-    const int64_t begin = total * part / threads, end = total * (part + 1) / threads;
-    int64_t at = 0;
-    for (const Copy& c : copies) {
-      const int64_t from = std::max(begin, at), to = std::min(end, at + c.n);
-      at += c.n;
-      if (from >= to) continue;
-      const int64_t skip = from - (at - c.n), n = to - from;
-      std::byte* dst = c.dst + skip * elem;
-      if (data != nullptr) {
-        std::memcpy(dst, data + (c.local_offset + skip) * elem, static_cast<size_t>(n * elem));
-      } else {
-        ZO_RETURN_IF_ERROR(lease_->Read(c.local_offset + skip, n, dst));
+    size_t copy = 0;
+    int64_t copy_begin = 0;  // the pull's element where copies[copy] starts
+    for (int64_t begin = part * kReadBlockElems; begin < total;
+         begin += threads * kReadBlockElems) {
+      const int64_t end = std::min(total, begin + kReadBlockElems);
+      while (copy_begin + copies[copy].n <= begin) copy_begin += copies[copy++].n;
+      int64_t at = copy_begin;
+      for (size_t k = copy; at < end; at += copies[k++].n) {
+        const Copy& c = copies[k];
+        const int64_t from = std::max(begin, at), to = std::min(end, at + c.n);
+        const int64_t skip = from - at, n = to - from;
+        std::byte* dst = c.dst + skip * elem;
+        if (data != nullptr) {
+          std::memcpy(dst, data + (c.local_offset + skip) * elem, static_cast<size_t>(n * elem));
+        } else {
+          ZO_RETURN_IF_ERROR(lease_->Read(c.local_offset + skip, n, dst));
+        }
       }
     }
     return absl::OkStatus();

@@ -332,7 +332,7 @@ absl::Status TieredOptimizerState::AdamStep(const AdamStepConstants& c, TypedCon
                                             const std::function<void(int64_t end)>& updated,
                                             const StateObserver& before_update,
                                             const TileUpdated& tile_updated,
-                                            DType old_weights_dtype) {
+                                            std::optional<DType> old_weights_dtype) {
   return AdamStep(RangedConstants<AdamStepConstants>(c), grad, low_precision, updated,
                   before_update, tile_updated, old_weights_dtype);
 }
@@ -342,12 +342,12 @@ absl::Status TieredOptimizerState::AdamStep(const RangedConstants<AdamStepConsta
                                             const std::function<void(int64_t end)>& updated,
                                             const StateObserver& before_update,
                                             const TileUpdated& tile_updated,
-                                            DType old_weights_dtype) {
+                                            std::optional<DType> old_weights_dtype) {
   Impl& s = *impl_;
   if (!s.error.ok()) return s.NeedsRestore();
   if (s.layout.total_elems() == 0) return absl::OkStatus();
   if (grad.data == nullptr) return absl::InvalidArgumentError("AdamStep: no gradient");
-  if (tile_updated && low_precision.data != nullptr) {
+  if (old_weights_dtype.has_value() && tile_updated && low_precision.data != nullptr) {
     return absl::InvalidArgumentError(
         "AdamStep: a low-precision copy and tile_updated's old weights cannot both be written");
   }
@@ -369,20 +369,28 @@ absl::Status TieredOptimizerState::AdamStep(const RangedConstants<AdamStepConsta
                          static_cast<size_t>(e - b));
                 });
     };
-    if (!tile_updated) {
+    if (!tile_updated || !old_weights_dtype.has_value()) {
       each_run([&](const AdamStepConstants& k, size_t flat, int64_t local, size_t, size_t len) {
         AdamUpdate(k, OffsetBy(grad, flat), p + local, m + local, v + local,
                    OffsetBy(low_precision, flat), len);
       });
+      if (tile_updated) {
+        tile_updated({.offset = static_cast<int64_t>(at),
+                      .n = end - begin,
+                      .old_weights = nullptr,
+                      .p = p + begin,
+                      .m = m + begin,
+                      .v = v + begin});
+      }
       return;
     }
     // The old weights of one tile at a time, per worker: a tile's worth of
     // scratch instead of a copy of every weight.
     thread_local std::vector<float> old_weights;
-    old_weights.resize((n * DTypeSize(old_weights_dtype) + sizeof(float) - 1) / sizeof(float));
+    old_weights.resize((n * DTypeSize(*old_weights_dtype) + sizeof(float) - 1) / sizeof(float));
     each_run([&](const AdamStepConstants& k, size_t flat, int64_t local, size_t i, size_t len) {
       AdamUpdate(k, OffsetBy(grad, flat), p + local, m + local, v + local,
-                 OffsetBy(TypedPtr{old_weights.data(), old_weights_dtype}, i), len,
+                 OffsetBy(TypedPtr{old_weights.data(), *old_weights_dtype}, i), len,
                  CopyOf::kOldWeight);
     });
     tile_updated({.offset = static_cast<int64_t>(at),

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -135,15 +136,17 @@ class TieredOptimizerState {
   // tiles after their checksums are verified): a snapshot copies what the
   // step is about to change.
   // `tile_updated`, if set, sees each tile once its update is written (on
-  // the pool's workers, concurrently for disjoint tiles), with the tile's
-  // weights from before the step rounded to `old_weights_dtype` and its
-  // state after the step: a delayed parameter update serves the version the
-  // step replaces from there on (server/param_versions.h). `low_precision`
-  // must then be empty (the kernel's one copy is the old weights').
+  // the pool's workers, concurrently for disjoint tiles), with its state
+  // after the step: pulls of the new version may read it from then on
+  // (server/param_versions.h). With `old_weights_dtype` it also gets the
+  // tile's weights from before the step rounded to that dtype (a delayed
+  // parameter update serves the version the step replaces from there on);
+  // `low_precision` must then be empty (the kernel's one copy is the old
+  // weights'). With nullopt, old_weights is null.
   struct UpdatedTile {
     int64_t offset = 0;
     int64_t n = 0;
-    const void* old_weights = nullptr;  // n elements of old_weights_dtype
+    const void* old_weights = nullptr;  // n elements of old_weights_dtype, or null
     const float* p = nullptr;           // n elements each, after the step (valid
                                         // during the call: NVMe tiles are buffers)
     const float* m = nullptr;
@@ -154,7 +157,7 @@ class TieredOptimizerState {
                         const std::function<void(int64_t end)>& updated = nullptr,
                         const StateObserver& before_update = nullptr,
                         const TileUpdated& tile_updated = nullptr,
-                        DType old_weights_dtype = DType::kFloat16);
+                        std::optional<DType> old_weights_dtype = DType::kFloat16);
   // The same with constants by element range (parameter groups): a tile
   // that spans runs is updated run by run; each element gets the bits a
   // step with its run's constants alone would give it.
@@ -163,7 +166,7 @@ class TieredOptimizerState {
                         const std::function<void(int64_t end)>& updated = nullptr,
                         const StateObserver& before_update = nullptr,
                         const TileUpdated& tile_updated = nullptr,
-                        DType old_weights_dtype = DType::kFloat16);
+                        std::optional<DType> old_weights_dtype = DType::kFloat16);
 
   // Streams every NVMe-resident sub-group through the step's pipeline with
   // `observer` in place of the update (verified on read, written back
