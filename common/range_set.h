@@ -46,6 +46,18 @@ class RangeSet {
     return after != ranges_.begin() && std::prev(after)->second >= end;
   }
 
+  // Calls f(b, e) for each part [b, e) of [begin, end) in the set, in order.
+  template <typename F>
+  void ForEachIn(int64_t begin, int64_t end, F f) const {
+    if (begin >= end) return;
+    auto it = ranges_.upper_bound(begin);
+    if (it != ranges_.begin()) --it;
+    for (; it != ranges_.end() && it->first < end; ++it) {
+      const int64_t b = std::max(begin, it->first), e = std::min(end, it->second);
+      if (b < e) f(b, e);
+    }
+  }
+
   // Elements in the set.
   int64_t size() const { return size_; }
   void Clear() {

@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "absl/functional/function_ref.h"
@@ -85,6 +86,26 @@ class InProcessRoute {
   // job's dtype, each range read or rounded once, into where `place` says.
   virtual absl::StatusOr<PullResult> PullInto(const v1::PullParamsRequest& request,
                                               Place place) = 0;
+
+  // A pull the update writes: called before waiting for the request's
+  // version, it asks `place` where every range goes, and when that version
+  // is the next one and its update has not begun, the update rounds each
+  // tile's new weights straight into those places while they are in cache
+  // (no second pass over the server's memory). Returns an id for
+  // TakeFilledPull, or 0 when the server does not (then nothing is kept).
+  // The caller keeps the places valid until TakeFilledPull or WithdrawPull
+  // returns.
+  virtual absl::StatusOr<uint64_t> RegisterPull(const v1::PullParamsRequest& request,
+                                                Place place) = 0;
+  // Once AwaitVersion said the version is there: the pull's answer when
+  // its update filled the registration `id` (waiting while it still writes),
+  // nullopt when it did not (a skipped step, a failed update, a restore):
+  // then PullInto. Ends the registration either way.
+  virtual absl::StatusOr<std::optional<PullResult>> TakeFilledPull(
+      const v1::PullParamsRequest& request, uint64_t id) = 0;
+  // Ends a registration that will not be taken (the wait failed or was
+  // cancelled): once this returns, nothing is written into its places.
+  virtual void WithdrawPull(uint64_t id) = 0;
 };
 
 }  // namespace zo

@@ -79,6 +79,42 @@ absl::StatusOr<InProcessRoute::PullResult> EmbeddedRoute::PullInto(
                     .bytes = cursor.bytes_given()};
 }
 
+absl::StatusOr<uint64_t> EmbeddedRoute::RegisterPull(const v1::PullParamsRequest& request,
+                                                     Place place) {
+  std::shared_lock lock(mu_);
+  ZO_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindLocked(request.job()));
+  ZO_RETURN_IF_ERROR(job->CheckIncarnation(request.incarnation()));
+  ZO_ASSIGN_OR_RETURN(const PullFills::Id fill, job->RegisterPull(request, place));
+  if (fill == 0) return 0;
+  std::lock_guard registered(registered_mu_);
+  const uint64_t id = next_registration_++;
+  registered_.emplace(id, std::make_pair(std::move(job), fill));
+  return id;
+}
+
+std::pair<std::shared_ptr<Job>, PullFills::Id> EmbeddedRoute::TakeRegistration(uint64_t id) {
+  std::lock_guard lock(registered_mu_);
+  auto it = registered_.find(id);
+  if (it == registered_.end()) return {nullptr, 0};
+  auto taken = std::move(it->second);
+  registered_.erase(it);
+  return taken;
+}
+
+absl::StatusOr<std::optional<InProcessRoute::PullResult>> EmbeddedRoute::TakeFilledPull(
+    const v1::PullParamsRequest& request, uint64_t id) {
+  auto [job, fill] = TakeRegistration(id);
+  if (job == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("no pull registered as ", id));
+  }
+  return job->TakeFilledPull(request.version(), fill);
+}
+
+void EmbeddedRoute::WithdrawPull(uint64_t id) {
+  auto [job, fill] = TakeRegistration(id);
+  if (job != nullptr) job->WithdrawPull(fill);
+}
+
 void EmbeddedRoute::Detach() {
   std::unique_lock lock(mu_);
   registry_ = nullptr;

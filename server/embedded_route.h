@@ -9,9 +9,13 @@
 #ifndef ZO_SERVER_EMBEDDED_ROUTE_H_
 #define ZO_SERVER_EMBEDDED_ROUTE_H_
 
+#include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <string>
+#include <utility>
 
 #include "rpc/in_process_route.h"
 #include "server/job_registry.h"
@@ -31,6 +35,10 @@ class EmbeddedRoute final : public InProcessRoute {
                                     std::function<void()> wake, uint64_t* ticket) override;
   bool CancelVersionWait(const std::string& job, uint64_t ticket) override;
   absl::StatusOr<PullResult> PullInto(const v1::PullParamsRequest& request, Place place) override;
+  absl::StatusOr<uint64_t> RegisterPull(const v1::PullParamsRequest& request, Place place) override;
+  absl::StatusOr<std::optional<PullResult>> TakeFilledPull(const v1::PullParamsRequest& request,
+                                                           uint64_t id) override;
+  void WithdrawPull(uint64_t id) override;
 
   void Detach();
 
@@ -39,8 +47,17 @@ class EmbeddedRoute final : public InProcessRoute {
   // Requires mu_ (shared).
   absl::StatusOr<std::shared_ptr<Job>> FindLocked(const std::string& job) const;
 
+  // The registration `id` taken out of registered_, or {null, 0}.
+  std::pair<std::shared_ptr<Job>, PullFills::Id> TakeRegistration(uint64_t id);
+
   mutable std::shared_mutex mu_;
   JobRegistry* registry_;  // guarded by mu_; null once detached
+  // Registered pulls by route id, each with its job, which an update could
+  // still write from even once the job is closed: it stays until the
+  // registration ends.
+  std::mutex registered_mu_;
+  std::map<uint64_t, std::pair<std::shared_ptr<Job>, PullFills::Id>> registered_;
+  uint64_t next_registration_ = 1;
 };
 
 }  // namespace zo

@@ -203,6 +203,7 @@ absl::Status Job::Init() {
                                                           static_cast<size_t>(n), spec_.dtype);
                                             },
                                         .keep_previous = spec_.config.zo.dpu.enabled}));
+    fills_ = std::make_unique<PullFills>(DTypeSize(spec_.dtype));
   } else {
     ZO_ASSIGN_OR_RETURN(versions_, ParamVersions::Create(local_elems_, spec_.dtype));
   }
@@ -522,6 +523,11 @@ absl::StatusOr<PullCursor> Job::OpenPull(const v1::PullParamsRequest& request, b
     if (restoring_ || restores_begun_ != restores_begun) return RestoredWhileOpening();
     return lease.status();
   }
+  return PullCursor::Serving(request.version(), loss_scale, spec_.dtype, *std::move(lease),
+                             PullRanges(request));
+}
+
+std::vector<PullCursor::Range> Job::PullRanges(const v1::PullParamsRequest& request) const {
   std::vector<int> tensors(request.tensors().begin(), request.tensors().end());
   if (tensors.empty()) {
     for (int t = 0; t < static_cast<int>(map_.tensors().size()); ++t) tensors.push_back(t);
@@ -534,8 +540,59 @@ absl::StatusOr<PullCursor> Job::OpenPull(const v1::PullParamsRequest& request, b
       ranges.push_back({t, p.tensor_offset, local, p.length});
     }
   }
-  return PullCursor::Serving(request.version(), loss_scale, spec_.dtype, *std::move(lease),
-                             std::move(ranges));
+  return ranges;
+}
+
+absl::StatusOr<PullFills::Id> Job::RegisterPull(const v1::PullParamsRequest& request,
+                                                InProcessRoute::Place place) {
+  ZO_RETURN_IF_ERROR(CheckPullRequest(request));
+  if (fills_ == nullptr) return 0;
+  {
+    std::lock_guard lock(mu_);
+    if (restoring_ || stop_ || request.version() <= version_ || request.version() > version_ + 1) {
+      return 0;
+    }
+  }
+  std::vector<PullFills::Copy> copies;
+  for (const PullCursor::Range& r : PullRanges(request)) {
+    ZO_ASSIGN_OR_RETURN(std::byte * dst, place({r.tensor, r.tensor_offset, r.elems}));
+    copies.push_back({r.local_offset, r.elems, dst});
+  }
+  std::lock_guard lock(mu_);  // the update begins under it too
+  if (restoring_ || stop_) return 0;
+  if (request.version() == version_ + 1 && writing_version_ < 0) {
+    return fills_->Register(request.version(), std::move(copies), nullptr);
+  }
+  if (request.version() == writing_version_) {
+    return fills_->Register(request.version(), std::move(copies),
+                            [&] { return versions_->DoneRanges(); });
+  }
+  return 0;
+}
+
+std::optional<InProcessRoute::PullResult> Job::TakeFilledPull(int64_t version, PullFills::Id id) {
+  if (fills_ == nullptr || id == 0) return std::nullopt;
+  // What the update had done when the pull registered is read here (it is
+  // final), while the update fills the rest.
+  std::optional<ParamVersions::Lease> lease;
+  const absl::Status read =
+      fills_->ReadDoneBefore(id, [&](int64_t from, int64_t n, std::byte* dst) -> absl::Status {
+        if (!lease.has_value()) {
+          ZO_ASSIGN_OR_RETURN(ParamVersions::Lease acquired, versions_->Acquire(version));
+          lease.emplace(std::move(acquired));
+        }
+        return lease->Read(from, n, dst);
+      });
+  const std::optional<int64_t> bytes = fills_->Take(id);
+  if (!bytes.has_value() || !read.ok()) return std::nullopt;
+  RecordPull(absl::ZeroDuration(), *bytes);  // its time is the update's
+  std::lock_guard lock(mu_);
+  return InProcessRoute::PullResult{
+      .unchanged = false, .loss_scale = ScaleForVersionLocked(version), .bytes = *bytes};
+}
+
+void Job::WithdrawPull(PullFills::Id id) {
+  if (fills_ != nullptr && id != 0) fills_->Withdraw(id);
 }
 
 absl::Status Job::RestoredWhileOpening() const {
@@ -689,6 +746,13 @@ RangedConstants<AdamStepConstants> Job::RestoredStepConstants(const CheckpointMe
   return groups_->StepConstants(lr, meta.applied_steps, 1.0);
 }
 
+void Job::FillPulls(const TieredOptimizerState::UpdatedTile& t) const {
+  // The tile's new master is in this worker's cache: round it from there.
+  fills_->Fill(t.offset, t.n, [&](int64_t from, int64_t n, std::byte* dst) {
+    RoundMaster(t.p + (from - t.offset), dst, static_cast<size_t>(n), spec_.dtype);
+  });
+}
+
 ParamVersions::Undo Job::UndoOf(const RangedConstants<AdamStepConstants>& c) const {
   return [this, c](int64_t offset, int64_t n, void* out) {
     c.ForEach(offset, offset + n, [&](int64_t b, int64_t e, const AdamStepConstants& k) {
@@ -727,6 +791,7 @@ absl::Status Job::Apply(const v1::StepCommit& commit) {
       std::lock_guard lock(mu_);
       scale_after_version_[commit.step()] = commit.next_loss_scale();
       writing_version_ = commit.step();
+      fills_->BeginUpdate(commit.step());
       resources_.wakes->Post(version_waiters_.TakeUpTo(writing_version_));
     }
     TieredOptimizerState::TileUpdated tile_done;
@@ -742,10 +807,12 @@ absl::Status Job::Apply(const v1::StepCommit& commit) {
           for (size_t j = found; j < index.size(); ++j) index[j] += static_cast<uint32_t>(i);
         });
         versions_->MarkKept(t.offset, t.n, std::move(index), std::move(values));
+        FillPulls(t);
       };
     } else if (versions_->from_master()) {
       tile_done = [&](const TieredOptimizerState::UpdatedTile& t) {
         versions_->MarkDone(t.offset, t.n);
+        FillPulls(t);
       };
     }
     // A checkpoint part in progress takes each tile as it was before this step.
@@ -754,6 +821,7 @@ absl::Status Job::Apply(const v1::StepCommit& commit) {
         [&](int64_t end) { released = accum_->ReleaseBelow(released, end, commit.step()); },
         snapshot_ != nullptr ? snapshot_->observer() : StateObserver(), tile_done,
         keeps ? std::optional<DType>(DType::kFloat32) : std::nullopt);
+    if (fills_ != nullptr) fills_->EndUpdate(commit.step(), stepped.ok());
     if (!stepped.ok()) {
       versions_->AbortWrite();
       DropSnapshotLocked(stepped);

@@ -52,6 +52,7 @@
 #include "proto/zo/v1/gradients.pb.h"
 #include "proto/zo/v1/job.pb.h"
 #include "proto/zo/v1/params.pb.h"
+#include "rpc/in_process_route.h"
 #include "server/gradient_accumulator.h"
 #include "server/gradient_piece_view.h"
 #include "server/job_counters.h"
@@ -60,6 +61,7 @@
 #include "server/param_versions.h"
 #include "server/peer_client.h"
 #include "server/pull_cursor.h"
+#include "server/pull_fills.h"
 #include "server/state_snapshot.h"
 #include "server/step_coordinator.h"
 #include "server/wait_list.h"
@@ -158,6 +160,21 @@ class Job {
   // reactor's.
   absl::StatusOr<PullCursor> OpenPull(const v1::PullParamsRequest& request,
                                       bool while_written = false);
+  // The in-process route, before it waits for the request's version: when
+  // that version is the next one and its update has not begun (and
+  // versions are served from the master), registers where each range goes
+  // (`place` says, as for PullCursor::ReadInto) so that the update writes
+  // them as it goes (server/pull_fills.h). 0 when it does not; the caller
+  // keeps the places valid until TakeFilledPull or WithdrawPull.
+  absl::StatusOr<PullFills::Id> RegisterPull(const v1::PullParamsRequest& request,
+                                             InProcessRoute::Place place);
+  // Once AwaitVersion said the version is there (or being written): the
+  // pull's answer when its update filled it (waiting while it still
+  // writes), nullopt when not (read it with OpenPull then). Removes the
+  // registration.
+  std::optional<InProcessRoute::PullResult> TakeFilledPull(int64_t version, PullFills::Id id);
+  // Removes a registration; no write into its places follows.
+  void WithdrawPull(PullFills::Id id);
   // A pull served: its time goes into the next step's log line and, with
   // its bytes, into the totals.
   void RecordPull(absl::Duration serve, int64_t bytes) {
@@ -253,6 +270,10 @@ class Job {
   // Recomputes the weights before the step with constants `c` from the state
   // it left (served as the previous version: server/param_versions.h).
   ParamVersions::Undo UndoOf(const RangedConstants<AdamStepConstants>& c) const;
+  // An update's tile hook: the registered pulls' share of tile `t`.
+  void FillPulls(const TieredOptimizerState::UpdatedTile& t) const;
+  // Where the request's elements lie in this server's local index space.
+  std::vector<PullCursor::Range> PullRanges(const v1::PullParamsRequest& request) const;
   const std::vector<LocalChunk>& chunks() const { return accum_->chunks(); }
   // Sets health_ and closes (or reopens) the accumulator to match: pushes
   // fail with the reason while the job needs a restore, and waiting pulls
@@ -315,6 +336,7 @@ class Job {
   std::unique_ptr<TieredOptimizerState> state_;
   std::unique_ptr<GradientAccumulator> accum_;
   std::unique_ptr<ParamVersions> versions_;
+  std::unique_ptr<PullFills> fills_;  // with versions served from the master
   std::unique_ptr<StepCoordinator> coordinator_;
 
   // Held while the optimizer state or the accumulator is read or written as

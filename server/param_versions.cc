@@ -257,7 +257,12 @@ void ParamVersions::MarkDone(int64_t offset, int64_t n) {
   std::lock_guard lock(mu_);
   if (writing_version_ < 0) return;  // aborted meanwhile
   done_ranges_.Add(offset, offset + n);
-  if (range_waiters_ > 0) range_done_.notify_all();
+  NotifyRangeReadersLocked();
+}
+
+RangeSet ParamVersions::DoneRanges() const {
+  std::lock_guard lock(mu_);
+  return writing_version_ >= 0 ? done_ranges_ : RangeSet();
 }
 
 void ParamVersions::MarkKept(int64_t offset, int64_t n, const void* old_weights) {
@@ -302,7 +307,25 @@ void ParamVersions::KeptLocked(int64_t offset, int64_t n, Corrections c) {
   if (keeping_ < 0) return;  // aborted meanwhile
   AddCorrectionsLocked(offset, std::move(c));
   done_ranges_.Add(offset, offset + n);
-  if (range_waiters_ > 0) range_done_.notify_all();
+  NotifyRangeReadersLocked();
+}
+
+void ParamVersions::NotifyRangeReadersLocked() {
+  for (const auto& [begin, end] : waited_ranges_) {
+    if (done_ranges_.Contains(begin, end)) {
+      range_done_.notify_all();
+      return;
+    }
+  }
+}
+
+void ParamVersions::AwaitRangeLocked(std::unique_lock<std::mutex>& lock, int64_t offset,
+                                     int64_t n) {
+  ++times_blocked_;
+  waited_ranges_.emplace_back(offset, offset + n);
+  range_done_.wait(lock);
+  waited_ranges_.erase(std::find(waited_ranges_.begin(), waited_ranges_.end(),
+                                 std::pair<int64_t, int64_t>(offset, offset + n)));
 }
 
 bool ParamVersions::EndWritingLocked() {
@@ -315,7 +338,7 @@ bool ParamVersions::EndWritingLocked() {
   keeping_ = -1;
   writing_version_ = -1;
   done_ranges_.Clear();
-  if (range_waiters_ > 0) range_done_.notify_all();
+  if (!waited_ranges_.empty()) range_done_.notify_all();
   return whole;
 }
 
@@ -420,10 +443,7 @@ absl::Status ParamVersions::ReadFromMaster(int64_t version, int64_t offset, int6
         if (--master_reading_ == 0) readers_done_.notify_all();
         return absl::OkStatus();
       }
-      ++times_blocked_;
-      ++range_waiters_;
-      range_done_.wait(lock);
-      --range_waiters_;
+      AwaitRangeLocked(lock, offset, n);
       continue;
     }
     const std::optional<int64_t> data = DataVersionLocked(version);
@@ -449,10 +469,7 @@ absl::Status ParamVersions::ReadFromMaster(int64_t version, int64_t offset, int6
     }
     if (!being_kept) break;
     // The update has not reached this range yet: a tile's time at most.
-    ++times_blocked_;
-    ++range_waiters_;
-    range_done_.wait(lock);
-    --range_waiters_;
+    AwaitRangeLocked(lock, offset, n);
   }
   return NotHeldLocked(version);
 }

@@ -39,6 +39,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -148,6 +149,9 @@ class ParamVersions {
   // Needs the update's undo (BeginWrite's).
   void MarkKept(int64_t offset, int64_t n, std::vector<uint32_t> index,
                 std::vector<uint8_t> values);
+  // From the master during an update: the ranges it is done with so far
+  // (empty otherwise).
+  RangeSet DoneRanges() const;
   // The update is done: the data now is `version` (= latest() + 1).
   void CommitWrite(int64_t version);
   // The update failed before CommitWrite: the latest version is held only if
@@ -239,6 +243,11 @@ class ParamVersions {
   // kept (returns whether it was); reads waiting for a range go on (and
   // find the version written, or gone).
   bool EndWritingLocked();
+  // Wakes the reads waiting for ranges when one of them is done now (a wake
+  // per tile would take the update's cores from it).
+  void NotifyRangeReadersLocked();
+  // Waits on range_done_ for [offset, offset + n).
+  void AwaitRangeLocked(std::unique_lock<std::mutex>& lock, int64_t offset, int64_t n);
   // From the master: Lease::Read.
   absl::Status ReadFromMaster(int64_t version, int64_t offset, int64_t n, void* out);
 
@@ -272,7 +281,7 @@ class ParamVersions {
   int64_t writing_version_ = -1;
   int64_t keeping_ = -1;
   RangeSet done_ranges_;
-  int range_waiters_ = 0;
+  std::vector<std::pair<int64_t, int64_t>> waited_ranges_;  // [begin, end), one per read
   std::condition_variable range_done_;
   // The corrections of previous_data_ (or keeping_), by range offset.
   std::map<int64_t, Corrections> corrections_;

@@ -12,6 +12,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -783,15 +784,31 @@ absl::Status OffloadClient::Impl::AwaitLocalVersion(int server,
 
 absl::Status OffloadClient::Impl::PullLocal(int server, const v1::PullParamsRequest& request,
                                             PullReceiver& receiver, CallGroup& group) {
+  InProcessRoute& route = *routes[server];
+  const auto place = [&](const InProcessRoute::PulledRange& r) {
+    return receiver.Place(r.tensor, r.offset, r.elems);
+  };
   return RetryCall(call, names[server], &group, [&](grpc::ClientContext&) -> absl::Status {
     receiver.Reset();
+    // The next version's update writes the weights here itself when it can.
+    ZO_ASSIGN_OR_RETURN(const uint64_t fill, route.RegisterPull(request, place));
+    if (fill == 0) receiver.Reset();  // it may have asked for places before saying no
+    absl::Cleanup withdraw = [&] {
+      if (fill != 0) route.WithdrawPull(fill);
+    };
     ZO_RETURN_IF_ERROR(
         AwaitLocalVersion(server, request, absl::Now() + call.attempt.timeout, group));
-    ZO_ASSIGN_OR_RETURN(
-        const InProcessRoute::PullResult result,
-        routes[server]->PullInto(request, [&](const InProcessRoute::PulledRange& r) {
-          return receiver.Place(r.tensor, r.offset, r.elems);
-        }));
+    if (fill != 0) {
+      std::move(withdraw).Cancel();
+      ZO_ASSIGN_OR_RETURN(const std::optional<InProcessRoute::PullResult> filled,
+                          route.TakeFilledPull(request, fill));
+      if (filled.has_value()) {
+        ZO_RETURN_IF_ERROR(receiver.SetLossScale(filled->loss_scale));
+        return receiver.Finish();
+      }
+      receiver.Reset();  // not filled (a skipped step, a restore): read it
+    }
+    ZO_ASSIGN_OR_RETURN(const InProcessRoute::PullResult result, route.PullInto(request, place));
     ZO_RETURN_IF_ERROR(result.unchanged ? receiver.AcceptUnchanged(result.loss_scale)
                                         : receiver.SetLossScale(result.loss_scale));
     return receiver.Finish();

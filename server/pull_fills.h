@@ -1,0 +1,107 @@
+// Pulls that the update itself writes (the in-process route): a puller of
+// the version an update is about to write, or is writing, registers where
+// each of its ranges goes, and the update, as it finishes each tile, rounds
+// the tile's new weights into those places while they are still in its
+// cache. The pull then costs the update a 16-bit write per element instead
+// of a second pass over the fp32 master after it.
+//
+// A registration made while the update runs records the ranges it had
+// already done (the caller reads those itself: they are final); every tile
+// done later is filled. Whether a tile was done before is decided under
+// this class's lock, which the tile's Fill also takes after the tile is
+// marked done (ParamVersions::MarkDone), so no tile falls between the two.
+//
+// A registration is filled only by an update of its version that runs to
+// its end; anything else (a skipped step, a failed update, a restore)
+// leaves it unfilled, and the puller reads as any pull does.
+//
+// Thread-safe: Fill runs on the update's workers, concurrently for disjoint
+// tiles; the puller's calls on its own thread.
+#ifndef ZO_SERVER_PULL_FILLS_H_
+#define ZO_SERVER_PULL_FILLS_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <shared_mutex>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/range_set.h"
+
+namespace zo {
+
+class PullFills {
+ public:
+  // Where one range of the server's local elements goes.
+  struct Copy {
+    int64_t local_offset = 0;
+    int64_t n = 0;
+    std::byte* dst = nullptr;
+  };
+  using Id = uint64_t;  // 0: none
+
+  // For elements of `elem_bytes` bytes (the job's dtype).
+  explicit PullFills(size_t elem_bytes) : elem_bytes_(static_cast<int64_t>(elem_bytes)) {}
+
+  // Registers the copies (disjoint; any order) for `version`. Before its
+  // update begins: `done_so_far` null. While it runs: `done_so_far` says
+  // which ranges the update has done (ParamVersions::DoneRanges); those are
+  // left to ReadDoneBefore; 0 (nothing registered) when the update has
+  // ended meanwhile. The caller keeps every dst valid until Take or
+  // Withdraw returns.
+  Id Register(int64_t version, std::vector<Copy> copies,
+              const std::function<RangeSet()>& done_so_far);
+
+  // The update of `version` begins: its registrations fill from now on.
+  void BeginUpdate(int64_t version);
+  // Writes the tile [offset, offset + n), already marked done, into each
+  // filling registration's copies that overlap it: round(from, n, dst)
+  // writes local elements [from, from + n) of the new version to dst.
+  void Fill(int64_t offset, int64_t n,
+            const std::function<void(int64_t from, int64_t n, std::byte* dst)>& round);
+  // The update ended: every tile written (`whole`), or not (it failed).
+  void EndUpdate(int64_t version, bool whole);
+
+  // The registration's part the update had done when it registered:
+  // read(from, n, dst) for each piece, stopping at the first error.
+  absl::Status ReadDoneBefore(
+      Id id,
+      const std::function<absl::Status(int64_t from, int64_t n, std::byte* dst)>& read) const;
+  // Removes the registration, first waiting while its update is still
+  // filling it; the bytes it covers when that update filled it, nullopt
+  // when it did not (then read the pull as any other).
+  std::optional<int64_t> Take(Id id);
+  // Removes the registration without waiting for its update: once this
+  // returns no Fill writes its copies.
+  void Withdraw(Id id);
+
+  int size() const;
+
+ private:
+  enum class State { kWaiting, kFilling, kFilled, kUnfilled };
+  struct Registration {
+    int64_t version = 0;
+    State state = State::kWaiting;
+    std::vector<Copy> copies;  // sorted by local_offset
+    RangeSet done_before;
+  };
+
+  const int64_t elem_bytes_;
+  // Fill holds mu_ shared, so that Register, Take and Withdraw (exclusive)
+  // are ordered with each tile's fill.
+  mutable std::shared_mutex mu_;
+  std::condition_variable_any update_ended_;
+  std::map<Id, Registration> registrations_;
+  Id next_ = 1;
+  int64_t updating_ = -1;        // the version an update is writing, between Begin and EndUpdate
+  std::atomic<int> filling_{0};  // registrations in kFilling: Fill's fast way out
+};
+
+}  // namespace zo
+
+#endif  // ZO_SERVER_PULL_FILLS_H_

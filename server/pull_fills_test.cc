@@ -1,0 +1,190 @@
+#include "server/pull_fills.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace zo {
+namespace {
+
+constexpr int64_t kTile = 8;
+constexpr int64_t kElems = 64;  // 8 tiles of a server's local elements
+
+// Element i of version v, as a 16-bit value that names both.
+uint16_t Value(int64_t version, int64_t i) { return static_cast<uint16_t>(version * 1000 + i); }
+
+// An update of `version` as the job runs one: tile by tile, each filled
+// after it is done (`done` says which are, as ParamVersions would).
+class Update {
+ public:
+  Update(PullFills& fills, int64_t version) : fills_(fills), version_(version) {}
+  void Begin() { fills_.BeginUpdate(version_); }
+  void Tile(int64_t tile) {
+    done_.Add(tile * kTile, (tile + 1) * kTile);
+    fills_.Fill(tile * kTile, kTile, [&](int64_t from, int64_t n, std::byte* dst) {
+      for (int64_t i = 0; i < n; ++i) {
+        const uint16_t v = Value(version_, from + i);
+        std::memcpy(dst + i * 2, &v, 2);
+      }
+    });
+  }
+  void End(bool whole) { fills_.EndUpdate(version_, whole); }
+  RangeSet done() const { return done_; }
+
+ private:
+  PullFills& fills_;
+  const int64_t version_;
+  RangeSet done_;
+};
+
+// A puller's destination for local elements [begin, end), in pieces that
+// cross tile boundaries, in a buffer of its own (0xffff: not written).
+struct Destination {
+  Destination(int64_t begin, int64_t end) : begin(begin), data(end - begin, 0xffff) {}
+  std::vector<PullFills::Copy> Copies(int64_t piece) {
+    std::vector<PullFills::Copy> copies;
+    for (int64_t at = 0; at < static_cast<int64_t>(data.size()); at += piece) {
+      const int64_t n = std::min<int64_t>(piece, static_cast<int64_t>(data.size()) - at);
+      copies.push_back({begin + at, n, reinterpret_cast<std::byte*>(data.data() + at)});
+    }
+    std::reverse(copies.begin(), copies.end());  // any order
+    return copies;
+  }
+  // Elements that hold `version`'s value, counted.
+  int64_t Holding(int64_t version) const {
+    int64_t n = 0;
+    for (size_t i = 0; i < data.size(); ++i) n += data[i] == Value(version, begin + i);
+    return n;
+  }
+  int64_t begin;
+  std::vector<uint16_t> data;
+};
+
+TEST(PullFillsTest, AnUpdateBegunAfterTheRegistrationWritesEveryRange) {
+  PullFills fills(2);
+  Destination dst(3, 61);  // not tile-aligned at either end
+  const PullFills::Id id = fills.Register(2, dst.Copies(5), nullptr);
+  ASSERT_NE(id, 0u);
+  Update update(fills, 2);
+  update.Begin();
+  for (int64_t t : {3, 0, 7, 1, 2, 6, 4, 5}) update.Tile(t);  // workers finish in any order
+  update.End(/*whole=*/true);
+  EXPECT_THAT(fills.Take(id), testing::Optional(int64_t{58 * 2}));
+  EXPECT_EQ(dst.Holding(2), 58);
+  EXPECT_EQ(fills.size(), 0);
+}
+
+TEST(PullFillsTest, AnotherVersionsUpdateWritesNothing) {
+  PullFills fills(2);
+  Destination dst(0, kElems);
+  const PullFills::Id id = fills.Register(3, dst.Copies(16), nullptr);
+  Update update(fills, 2);
+  update.Begin();
+  for (int64_t t = 0; t < 8; ++t) update.Tile(t);
+  update.End(true);
+  EXPECT_EQ(dst.Holding(2), 0);
+  EXPECT_EQ(fills.Take(id), std::nullopt) << "version 3 was skipped, say";
+}
+
+TEST(PullFillsTest, AFailedUpdateLeavesTheRegistrationUnfilled) {
+  PullFills fills(2);
+  Destination dst(0, kElems);
+  const PullFills::Id id = fills.Register(2, dst.Copies(16), nullptr);
+  Update update(fills, 2);
+  update.Begin();
+  update.Tile(0);
+  update.End(/*whole=*/false);
+  EXPECT_EQ(fills.Take(id), std::nullopt);
+}
+
+// Registered while the update runs: the tiles it had done are the puller's
+// to read (ReadDoneBefore), never written by a later Fill of theirs; every
+// tile done after is filled.
+TEST(PullFillsTest, ARegistrationMidUpdateLeavesTheTilesAlreadyDoneToThePuller) {
+  PullFills fills(2);
+  Update update(fills, 5);
+  update.Begin();
+  update.Tile(0);
+  update.Tile(2);
+  Destination dst(4, 60);
+  const PullFills::Id id = fills.Register(5, dst.Copies(7), [&] { return update.done(); });
+  ASSERT_NE(id, 0u);
+  // A worker that marked tile 2 done before the registration fills it after.
+  update.Tile(2);
+  EXPECT_EQ(dst.Holding(5), 0) << "tiles 0 and 2 were done before it registered";
+  int64_t read = 0;
+  ASSERT_TRUE(fills
+                  .ReadDoneBefore(id,
+                                  [&](int64_t from, int64_t n, std::byte* out) {
+                                    for (int64_t i = 0; i < n; ++i) {
+                                      const uint16_t v = Value(5, from + i);
+                                      std::memcpy(out + i * 2, &v, 2);
+                                    }
+                                    read += n;
+                                    return absl::OkStatus();
+                                  })
+                  .ok());
+  EXPECT_EQ(read, 4 + 8) << "[4, 8) of tile 0 and all of tile 2";
+  for (int64_t t : {1, 3, 4, 5, 6, 7}) update.Tile(t);
+  update.End(true);
+  EXPECT_THAT(fills.Take(id), testing::Optional(int64_t{56 * 2}));
+  EXPECT_EQ(dst.Holding(5), 56);
+}
+
+TEST(PullFillsTest, ARegistrationAfterTheUpdateEndedIsRefused) {
+  PullFills fills(2);
+  Update update(fills, 5);
+  update.Begin();
+  for (int64_t t = 0; t < 8; ++t) update.Tile(t);
+  update.End(true);
+  Destination dst(0, kElems);
+  EXPECT_EQ(fills.Register(5, dst.Copies(16), [&] { return update.done(); }), 0u);
+  EXPECT_EQ(fills.size(), 0);
+}
+
+TEST(PullFillsTest, TakeWaitsForTheUpdateToEnd) {
+  PullFills fills(2);
+  Destination dst(0, kElems);
+  const PullFills::Id id = fills.Register(1, dst.Copies(16), nullptr);
+  Update update(fills, 1);
+  update.Begin();
+  update.Tile(0);
+  std::atomic<bool> taken{false};
+  std::optional<int64_t> bytes;
+  std::thread puller([&] {
+    bytes = fills.Take(id);
+    taken = true;
+  });
+  for (int64_t t = 1; t < 8; ++t) update.Tile(t);
+  EXPECT_FALSE(taken) << "the update has not ended";
+  update.End(true);
+  puller.join();
+  EXPECT_THAT(bytes, testing::Optional(int64_t{kElems * 2}));
+  EXPECT_EQ(dst.Holding(1), kElems);
+}
+
+TEST(PullFillsTest, AWithdrawnRegistrationIsNotWrittenAgain) {
+  PullFills fills(2);
+  Destination dst(0, kElems);
+  const PullFills::Id id = fills.Register(1, dst.Copies(16), nullptr);
+  Update update(fills, 1);
+  update.Begin();
+  update.Tile(0);
+  fills.Withdraw(id);  // the puller's wait was cancelled
+  for (int64_t t = 1; t < 8; ++t) update.Tile(t);
+  update.End(true);
+  EXPECT_EQ(dst.Holding(1), kTile) << "only the tile filled before";
+  EXPECT_EQ(fills.Take(id), std::nullopt);
+  EXPECT_EQ(fills.size(), 0);
+}
+
+}  // namespace
+}  // namespace zo
