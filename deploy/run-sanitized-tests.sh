@@ -19,7 +19,7 @@ tests=(
   offload/swap_layout_test offload/tiered_state_test offload/thread_pool_test
   server/gradient_accumulator_test server/param_versions_test server/wait_list_test
   server/state_snapshot_test server/state_checkpoint_test server/job_test
-  server/param_piece_wire_test server/offload_service_test
+  server/param_piece_wire_test server/offload_service_test server/pull_fills_test
 )
 [ $# -gt 0 ] && tests=("$@")
 

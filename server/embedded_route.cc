@@ -73,6 +73,7 @@ absl::StatusOr<InProcessRoute::PullResult> EmbeddedRoute::PullInto(
   ZO_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindLocked(request.job()));
   ZO_ASSIGN_OR_RETURN(PullCursor cursor, job->OpenPull(request, /*while_written=*/true));
   ZO_RETURN_IF_ERROR(cursor.ReadInto(place));
+  ZO_RETURN_IF_ERROR(job->AwaitWritten(request.version()));
   job->RecordPull(absl::Now() - start, cursor.bytes_given());
   return PullResult{.unchanged = cursor.unchanged(),
                     .loss_scale = cursor.loss_scale(),

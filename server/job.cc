@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <random>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
@@ -495,6 +496,17 @@ absl::Status Job::WaitForVersion(int64_t version, absl::Time deadline, uint64_t 
   }
 }
 
+absl::Status Job::AwaitWritten(int64_t version) {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return writing_version_ != version || stop_; });
+  if (version_ >= version) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("version ", version, " of job ", spec_.name,
+                   " was read as its update wrote it, but the update did not end it (the job is "
+                   "at version ",
+                   version_, "): pull again"));
+}
+
 absl::StatusOr<PullCursor> Job::OpenPull(const v1::PullParamsRequest& request, bool while_written) {
   ZO_RETURN_IF_ERROR(CheckPullRequest(request));
   double loss_scale = 1.0;
@@ -565,7 +577,7 @@ absl::StatusOr<PullFills::Id> Job::RegisterPull(const v1::PullParamsRequest& req
   }
   if (request.version() == writing_version_) {
     return fills_->Register(request.version(), std::move(copies),
-                            [&] { return versions_->DoneRanges(); });
+                            [&] { return versions_->DoneRanges(request.version()); });
   }
   return 0;
 }
@@ -695,6 +707,11 @@ void Job::StepLoop() {
     const absl::Time update_end = absl::Now();
     lock.lock();
     writing_version_ = -1;
+    // The pulls the update wrote are answered once the version is the
+    // job's (a status asked after them shows it), or told it is not.
+    absl::Cleanup fills_answered = [&] {
+      if (fills_ != nullptr) fills_->EndUpdate(step, generation == generation_ && applied.ok());
+    };
     if (generation != generation_) continue;
     if (!applied.ok()) {
       SetHealthLocked(applied);
@@ -821,7 +838,6 @@ absl::Status Job::Apply(const v1::StepCommit& commit) {
         [&](int64_t end) { released = accum_->ReleaseBelow(released, end, commit.step()); },
         snapshot_ != nullptr ? snapshot_->observer() : StateObserver(), tile_done,
         keeps ? std::optional<DType>(DType::kFloat32) : std::nullopt);
-    if (fills_ != nullptr) fills_->EndUpdate(commit.step(), stepped.ok());
     if (!stepped.ok()) {
       versions_->AbortWrite();
       DropSnapshotLocked(stepped);

@@ -160,6 +160,11 @@ class Job {
   // reactor's.
   absl::StatusOr<PullCursor> OpenPull(const v1::PullParamsRequest& request,
                                       bool while_written = false);
+  // After a cursor opened with `while_written` has read everything: waits
+  // for the update writing `version` (if one still does) to end, so that the
+  // pull answers only once the version is the job's (a status asked after
+  // it shows it); FAILED_PRECONDITION when the update did not make it.
+  absl::Status AwaitWritten(int64_t version);
   // The in-process route, before it waits for the request's version: when
   // that version is the next one and its update has not begun (and
   // versions are served from the master), registers where each range goes

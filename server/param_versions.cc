@@ -260,9 +260,12 @@ void ParamVersions::MarkDone(int64_t offset, int64_t n) {
   NotifyRangeReadersLocked();
 }
 
-RangeSet ParamVersions::DoneRanges() const {
+RangeSet ParamVersions::DoneRanges(int64_t version) const {
   std::lock_guard lock(mu_);
-  return writing_version_ >= 0 ? done_ranges_ : RangeSet();
+  if (writing_version_ >= 0 && version == writing_version_) return done_ranges_;
+  RangeSet done;
+  if (DataVersionLocked(version).has_value()) done.Add(0, elems_);
+  return done;
 }
 
 void ParamVersions::MarkKept(int64_t offset, int64_t n, const void* old_weights) {

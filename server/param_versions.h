@@ -149,9 +149,10 @@ class ParamVersions {
   // Needs the update's undo (BeginWrite's).
   void MarkKept(int64_t offset, int64_t n, std::vector<uint32_t> index,
                 std::vector<uint8_t> values);
-  // From the master during an update: the ranges it is done with so far
-  // (empty otherwise).
-  RangeSet DoneRanges() const;
+  // From the master: the ranges of `version` written so far: those its
+  // update is done with while it runs, all once it is committed, none
+  // before.
+  RangeSet DoneRanges(int64_t version) const;
   // The update is done: the data now is `version` (= latest() + 1).
   void CommitWrite(int64_t version);
   // The update failed before CommitWrite: the latest version is held only if

@@ -634,6 +634,27 @@ TEST_F(FromMasterTest, APullOfTheVersionBeingWrittenFollowsTheUpdate) {
   }
 }
 
+// What a pull registered for the update to write leaves to itself: nothing
+// before the update, the tiles done while it runs, everything once the
+// version is committed (an update that ended before the registration looked).
+TEST_F(FromMasterTest, DoneRangesAreNoneThenTheTilesDoneThenAll) {
+  std::unique_ptr<ParamVersions> v = Make(/*keep_previous=*/false);
+  ASSERT_NE(v, nullptr);
+  SetMaster(0);
+  EXPECT_EQ(v->DoneRanges(1).size(), 0);
+  BeginUpdate(*v, 1);
+  UpdateRange(*v, 1, kTile, kTile);
+  const RangeSet during = v->DoneRanges(1);
+  EXPECT_EQ(during.size(), kTile);
+  EXPECT_TRUE(during.Contains(kTile, 2 * kTile));
+  EXPECT_EQ(v->DoneRanges(2).size(), 0) << "another version";
+  for (int64_t offset = 0; offset < kElems; offset += kTile) {
+    if (offset != kTile) UpdateRange(*v, 1, offset, kTile);
+  }
+  CommitUpdate(*v, 1);
+  EXPECT_EQ(v->DoneRanges(1).size(), kElems);
+}
+
 // A read waiting on the version being written is told it is gone when the
 // update fails, and no lease on it can be had afterwards.
 TEST_F(FromMasterTest, AFailedUpdateEndsThePullsOfTheVersionItWrote) {

@@ -4,6 +4,7 @@
 // what the gRPC route computes; its waits must end as the streams' do.
 #include "rpc/in_process_route.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <set>
@@ -193,6 +194,39 @@ TEST(InProcessRouteWaitTest, BigPushesAndPullsInPartsGiveTheGrpcRoutesBits) {
   }
 }
 
+// The update writes the pulled weights as it goes (or the pull reads them
+// as the update does its tiles), but a pull answers only once its version is
+// the job's: a status asked right after it shows that version.
+TEST(InProcessRouteWaitTest, APulledVersionIsTheJobsWhenThePullReturns) {
+  constexpr int64_t kElems = int64_t{1} << 20;  // many of the update's tiles
+  std::unique_ptr<OffloadServer> server = StartEmbedded();
+  ASSERT_NE(server, nullptr);
+  ClientOptions options = OptionsFor(*server, true);
+  options.job = "published";
+  ZO_ASSERT_OK_AND_ASSIGN(
+      auto client,
+      OffloadClient::Open(options, R"({"train_batch_size": 1, "bf16": {"enabled": true},
+          "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}})",
+                          {{"w", {kElems}, DType::kBFloat16}}));
+  std::vector<uint16_t> g(kElems);
+  std::vector<std::byte> w(kElems * 2);
+  const std::vector<absl::Span<std::byte>> dst = {absl::MakeSpan(w)};
+  for (int step = 1; step <= 12; ++step) {
+    for (int64_t i = 0; i < kElems; ++i) {
+      g[i] = FloatToBf16Bits(1e-3f * static_cast<float>((i * 13 + step) % 71 - 35));
+    }
+    ASSERT_THAT(client->Push(step, 0, {reinterpret_cast<const std::byte*>(g.data()), kElems * 2}),
+                IsOk());
+    ASSERT_THAT(client->FinishStep(step), IsOk());
+    ASSERT_THAT(client->Pull(step, -1, {0}, dst).status(), IsOk());
+    ZO_ASSERT_OK_AND_ASSIGN(v1::JobStatus status, client->JobStatus());
+    ASSERT_EQ(status.version(), step);
+    ASSERT_EQ(status.applied_steps(), step);
+  }
+  client.reset();
+  server->Shutdown(absl::Seconds(1));
+}
+
 // A pull waiting on the route for a version that will not come ends with
 // DEADLINE_EXCEEDED at the call's timeout (EmbeddedPullCancelTest covers
 // its cancellation).
@@ -213,6 +247,16 @@ TEST(InProcessRouteWaitTest, AWaitingPullEndsAtItsDeadline) {
               StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("did not exist within")));
   ZO_ASSERT_OK_AND_ASSIGN(v1::JobStatus after, client->JobStatus());
   EXPECT_EQ(after.waiting_pulls(), 0);
+  // The pull had registered its buffer for the update to write; given up,
+  // it is the caller's again: the update that comes now leaves it alone.
+  std::fill(w.begin(), w.end(), std::byte{0x5a});
+  std::vector<float> g(8, 0.5f);
+  ASSERT_THAT(client->Push(1, 0, {reinterpret_cast<const std::byte*>(g.data()), 32}), IsOk());
+  ASSERT_THAT(client->FinishStep(1), IsOk());
+  std::vector<std::byte> pulled(8 * sizeof(float));
+  const std::vector<absl::Span<std::byte>> into = {absl::MakeSpan(pulled)};
+  ASSERT_THAT(client->Pull(1, -1, {0}, into).status(), IsOk());
+  EXPECT_EQ(w, std::vector<std::byte>(w.size(), std::byte{0x5a}));
   client.reset();
   server->Shutdown(absl::Seconds(1));
 }
