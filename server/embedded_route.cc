@@ -108,7 +108,10 @@ absl::StatusOr<std::optional<InProcessRoute::PullResult>> EmbeddedRoute::TakeFil
   if (job == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("no pull registered as ", id));
   }
-  return job->TakeFilledPull(request.version(), fill);
+  std::optional<PullResult> filled = job->TakeFilledPull(request.version(), fill);
+  if (filled.has_value())
+    job->RecordPull(absl::ZeroDuration(), filled->bytes);  // the update's time
+  return filled;
 }
 
 void EmbeddedRoute::WithdrawPull(uint64_t id) {

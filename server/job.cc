@@ -558,26 +558,45 @@ std::vector<PullCursor::Range> Job::PullRanges(const v1::PullParamsRequest& requ
 absl::StatusOr<PullFills::Id> Job::RegisterPull(const v1::PullParamsRequest& request,
                                                 InProcessRoute::Place place) {
   ZO_RETURN_IF_ERROR(CheckPullRequest(request));
-  if (fills_ == nullptr) return 0;
-  {
-    std::lock_guard lock(mu_);
-    if (restoring_ || stop_ || request.version() <= version_ || request.version() > version_ + 1) {
-      return 0;
-    }
-  }
+  if (!CanFill(request.version())) return 0;
   std::vector<PullFills::Copy> copies;
   for (const PullCursor::Range& r : PullRanges(request)) {
     ZO_ASSIGN_OR_RETURN(std::byte * dst, place({r.tensor, r.tensor_offset, r.elems}));
     copies.push_back({r.local_offset, r.elems, dst});
   }
+  return RegisterCopies(request.version(), std::move(copies));
+}
+
+absl::StatusOr<PullFills::Id> Job::RegisterPullInto(const v1::PullParamsRequest& request,
+                                                    absl::Span<std::byte> area) {
+  ZO_RETURN_IF_ERROR(CheckPullRequest(request));
+  if (!CanFill(request.version())) return 0;
+  const int64_t elem = static_cast<int64_t>(DTypeSize(spec_.dtype));
+  std::vector<PullFills::Copy> copies;
+  for (const PullCursor::Range& r : PullRanges(request)) {
+    // A range the area cannot hold is left to the cursor, which says so.
+    if ((r.local_offset + r.elems) * elem > static_cast<int64_t>(area.size())) return 0;
+    copies.push_back({r.local_offset, r.elems, area.data() + r.local_offset * elem});
+  }
+  return RegisterCopies(request.version(), std::move(copies));
+}
+
+bool Job::CanFill(int64_t version) const {
+  if (fills_ == nullptr) return false;
+  std::lock_guard lock(mu_);
+  return !restoring_ && !stop_ && version == version_ + 1;
+}
+
+absl::StatusOr<PullFills::Id> Job::RegisterCopies(int64_t version,
+                                                  std::vector<PullFills::Copy> copies) {
   std::lock_guard lock(mu_);  // the update begins under it too
   if (restoring_ || stop_) return 0;
-  if (request.version() == version_ + 1 && writing_version_ < 0) {
-    return fills_->Register(request.version(), std::move(copies), nullptr);
+  if (version == version_ + 1 && writing_version_ < 0) {
+    return fills_->Register(version, std::move(copies), nullptr);
   }
-  if (request.version() == writing_version_) {
-    return fills_->Register(request.version(), std::move(copies),
-                            [&] { return versions_->DoneRanges(request.version()); });
+  if (version == writing_version_) {
+    return fills_->Register(version, std::move(copies),
+                            [&] { return versions_->DoneRanges(version); });
   }
   return 0;
 }
@@ -597,7 +616,6 @@ std::optional<InProcessRoute::PullResult> Job::TakeFilledPull(int64_t version, P
       });
   const std::optional<int64_t> bytes = fills_->Take(id);
   if (!bytes.has_value() || !read.ok()) return std::nullopt;
-  RecordPull(absl::ZeroDuration(), *bytes);  // its time is the update's
   std::lock_guard lock(mu_);
   return InProcessRoute::PullResult{
       .unchanged = false, .loss_scale = ScaleForVersionLocked(version), .bytes = *bytes};
@@ -743,6 +761,8 @@ void Job::StepLoop() {
     step_interval_ = update_end - step_open_time_;
     step_open_time_ = update_end;
     counters_.AddStep(commit.skip(), wait, update_end - update_start);
+    // Pulls the update wrote are answered before the version's waiters wake.
+    std::move(fills_answered).Invoke();
     resources_.wakes->Post(version_waiters_.TakeUpTo(version_));
     cv_.notify_all();
     LogStep(commit, wait, update_end - update_start);

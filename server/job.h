@@ -173,6 +173,11 @@ class Job {
   // keeps the places valid until TakeFilledPull or WithdrawPull.
   absl::StatusOr<PullFills::Id> RegisterPull(const v1::PullParamsRequest& request,
                                              InProcessRoute::Place place);
+  // The same-host route's: the same for a pull into the caller's shared
+  // region, whose weights `area` holds the server's elements at their local
+  // offsets.
+  absl::StatusOr<PullFills::Id> RegisterPullInto(const v1::PullParamsRequest& request,
+                                                 absl::Span<std::byte> area);
   // Once AwaitVersion said the version is there (or being written): the
   // pull's answer when its update filled it (waiting while it still
   // writes), nullopt when not (read it with OpenPull then). Removes the
@@ -277,6 +282,11 @@ class Job {
   ParamVersions::Undo UndoOf(const RangedConstants<AdamStepConstants>& c) const;
   // An update's tile hook: the registered pulls' share of tile `t`.
   void FillPulls(const TieredOptimizerState::UpdatedTile& t) const;
+  // Whether a pull of `version` may be registered for its update to write
+  // (the next version; checked again when registering).
+  bool CanFill(int64_t version) const;
+  absl::StatusOr<PullFills::Id> RegisterCopies(int64_t version,
+                                               std::vector<PullFills::Copy> copies);
   // Where the request's elements lie in this server's local index space.
   std::vector<PullCursor::Range> PullRanges(const v1::PullParamsRequest& request) const;
   const std::vector<LocalChunk>& chunks() const { return accum_->chunks(); }

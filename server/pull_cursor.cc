@@ -155,7 +155,9 @@ bool PullCursor::NextInto(absl::Span<std::byte> area, PullPiece* piece, int64_t*
     return false;
   }
   std::byte* dst = area.data() + at;
-  if (const void* data = lease_->data(); data != nullptr) {
+  if (already_in_area_) {
+    // Written by the update.
+  } else if (const void* data = lease_->data(); data != nullptr) {
     std::memcpy(dst, static_cast<const std::byte*>(data) + at, static_cast<size_t>(len * elem));
   } else if (status_ = lease_->Read(r.local_offset + done_, len, dst); !status_.ok()) {
     return false;

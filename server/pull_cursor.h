@@ -70,6 +70,10 @@ class PullCursor {
   // local index; `piece` gets no data and *area_offset where they went.
   // False, with status() set, when `area` is too small for them.
   bool NextInto(absl::Span<std::byte> area, PullPiece* piece, int64_t* area_offset);
+  // The elements are in the caller's area already (the update wrote them
+  // there: server/pull_fills.h): NextInto checks and describes each piece
+  // but copies nothing.
+  void SetAlreadyInArea() { already_in_area_ = true; }
   const absl::Status& status() const { return status_; }
   // The rest of the pull read straight into the caller's memory (the
   // in-process route): each range whole, once, where `place` says. The
@@ -91,6 +95,7 @@ class PullCursor {
   double loss_scale_;
   bool unchanged_ = false;
   bool unchanged_sent_ = false;
+  bool already_in_area_ = false;
   DType dtype_ = DType::kFloat16;
   std::shared_ptr<ParamVersions::Lease> lease_;
   std::vector<Range> ranges_;

@@ -45,8 +45,19 @@ PullReactor::PullReactor(JobRegistry* registry, const SharedRegions* regions, co
     }
     region_ = *std::move(region);
     area_ = *area;
+    // When the version is the next one, its update writes the weights into
+    // the region as it goes; the pull then only says where they are.
+    if (absl::StatusOr<PullFills::Id> fill = job_->RegisterPullInto(request_, area_); fill.ok()) {
+      fill_ = *fill;
+    }
   }
   Await();
+}
+
+void PullReactor::EndFill() {
+  if (fill_ == 0) return;
+  job_->WithdrawPull(fill_);
+  fill_ = 0;
 }
 
 void PullReactor::Await() {
@@ -69,17 +80,22 @@ void PullReactor::Await() {
     if (!failed.ok()) {
       if (!ClaimFinishLocked()) return;
       lock.unlock();
+      EndFill();
       Finish(ToGrpcStatus(failed));
       return;
     }
   }
   serve_start_ = absl::Now();
+  // The version is the job's: an update that wrote it has ended (no wait).
+  const bool filled = fill_ != 0 && job_->TakeFilledPull(request_.version(), fill_).has_value();
+  fill_ = 0;
   absl::StatusOr<PullCursor> cursor = job_->OpenPull(request_);
   if (!cursor.ok()) {
     FinishWith(cursor.status());
     return;
   }
   cursor_.emplace(*std::move(cursor));
+  if (filled) cursor_->SetAlreadyInArea();
   WriteNext();
 }
 
@@ -131,6 +147,7 @@ void PullReactor::OnCancel() {
   ticket_ = WaitList::kNone;
   if (!ClaimFinishLocked()) return;
   lock.unlock();
+  EndFill();
   Finish(grpc::Status(grpc::StatusCode::CANCELLED,
                       "the pull was cancelled while it waited for its version"));
 }
@@ -146,6 +163,7 @@ void PullReactor::FinishWith(const absl::Status& status) {
     std::lock_guard lock(mu_);
     if (!ClaimFinishLocked()) return;
   }
+  EndFill();
   Finish(ToGrpcStatus(status));
 }
 

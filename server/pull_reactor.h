@@ -4,8 +4,9 @@
 // The method is raw (bytes in, bytes out): pieces go out as
 // EncodeParamPiece makes them, their weights never copied.
 //
-//   ctor: check -> AwaitVersion -> has it: OpenPull, StartWrite(first)
-//                               -> waiting: (wake) AwaitVersion again
+//   ctor: check -> (into a region: RegisterPullInto) -> AwaitVersion
+//     -> has it: OpenPull (taking what the update wrote), StartWrite(first)
+//     -> waiting: (wake) AwaitVersion again
 //   OnWriteDone -> StartWrite(next) ... -> Finish(OK)
 //
 // The reactor deletes itself in OnDone. It finishes exactly once, on the
@@ -40,11 +41,17 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
   void OnWriteDone(bool ok) override;
   void OnCancel() override;
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    EndFill();
+    delete this;
+  }
 
  private:
   // Asks the job for the version; called again by the wake while it waits.
   void Await();
+  // Ends the registration of a pull the update was to write (before the
+  // call finishes: the caller may pull into its region again right after).
+  void EndFill();
   // Writes the cursor's next piece, or finishes after the last.
   void WriteNext();
   bool ClaimFinishLocked();
@@ -56,6 +63,9 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   std::shared_ptr<SharedRegion> region_;
   absl::Span<std::byte> area_;
   int64_t given_before_ = 0;  // cursor_->bytes_given() before the piece in flight
+  // The pull registered for the next version's update to write into the
+  // region (Job::RegisterPullInto); 0: none.
+  PullFills::Id fill_ = 0;
   std::optional<PullCursor> cursor_;
   grpc::ByteBuffer piece_;  // the write in flight
   absl::Time serve_start_;
