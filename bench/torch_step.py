@@ -3,10 +3,11 @@
 A step with no forward or backward in it: every gradient pushed, the
 servers' update, every weight pulled back into the parameters. Timed per
 route: `embedded` (servers=None: the embedded server, its data on the
-in-process route) and `same_host` (a zo-server process on this host, reached
-over loopback TCP). The Adam alone is `zo-bench adam` over as many
-parameters with the same threads (it also writes a 16-bit copy, which a
-server serving from its master does not: a slightly slower baseline).
+in-process route) and `same_host` (a zo-server process on this host: the
+data in a shared-memory region, the headers over loopback TCP). The Adam
+alone is `zo-bench adam` over as many parameters with the same threads (it
+also writes a 16-bit copy, which a server serving from its master does
+not: a slightly slower baseline).
 
     PYTHONPATH=build/release/python /usr/bin/python3 bench/torch_step.py --json
 
