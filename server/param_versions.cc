@@ -433,17 +433,22 @@ absl::StatusOr<ParamVersions::Lease> ParamVersions::Acquire(int64_t version) {
   return NotHeldLocked(version);
 }
 
+void ParamVersions::RoundMasterUnlocked(std::unique_lock<std::mutex>& lock, int64_t offset,
+                                        int64_t n, void* out) {
+  ++master_reading_;  // an update or restore waits for it
+  lock.unlock();
+  from_.round_master(offset, n, out);
+  lock.lock();
+  if (--master_reading_ == 0) readers_done_.notify_all();
+}
+
 absl::Status ParamVersions::ReadFromMaster(int64_t version, int64_t offset, int64_t n, void* out) {
   std::unique_lock lock(mu_);
   for (;;) {
     if (writing_version_ >= 0 && version == writing_version_) {
       if (done_ranges_.Contains(offset, offset + n)) {
         // The update wrote this range's master and will not touch it again.
-        ++master_reading_;
-        lock.unlock();
-        from_.round_master(offset, n, out);
-        lock.lock();
-        if (--master_reading_ == 0) readers_done_.notify_all();
+        RoundMasterUnlocked(lock, offset, n, out);
         return absl::OkStatus();
       }
       AwaitRangeLocked(lock, offset, n);
@@ -452,11 +457,7 @@ absl::Status ParamVersions::ReadFromMaster(int64_t version, int64_t offset, int6
     const std::optional<int64_t> data = DataVersionLocked(version);
     if (!data.has_value()) break;
     if (master_data_ == *data) {
-      ++master_reading_;
-      lock.unlock();
-      from_.round_master(offset, n, out);
-      lock.lock();
-      if (--master_reading_ == 0) readers_done_.notify_all();
+      RoundMasterUnlocked(lock, offset, n, out);
       return absl::OkStatus();
     }
     const bool being_kept = keeping_ >= 0 && keeping_ == *data;

@@ -249,6 +249,10 @@ class ParamVersions {
   void NotifyRangeReadersLocked();
   // Waits on range_done_ for [offset, offset + n).
   void AwaitRangeLocked(std::unique_lock<std::mutex>& lock, int64_t offset, int64_t n);
+  // round_master into `out` with mu_ released meanwhile (counted as a read
+  // of the master, which an update or a restore waits for).
+  void RoundMasterUnlocked(std::unique_lock<std::mutex>& lock, int64_t offset, int64_t n,
+                           void* out);
   // From the master: Lease::Read.
   absl::Status ReadFromMaster(int64_t version, int64_t offset, int64_t n, void* out);
 

@@ -43,12 +43,9 @@ bool PullCursor::Next(PullPiece* piece) {
     piece->unchanged = true;
     return true;
   }
-  while (range_ < ranges_.size() && done_ == ranges_[range_].elems) {
-    ++range_;
-    done_ = 0;
-  }
-  if (range_ == ranges_.size()) return false;
-  const Range& r = ranges_[range_];
+  const Range* next = NextRange();
+  if (next == nullptr) return false;
+  const Range& r = *next;
   const int64_t elem = static_cast<int64_t>(DTypeSize(dtype_));
   const int64_t len = std::min(kMaxPullPieceBytes / elem, r.elems - done_);
   const auto bytes = static_cast<size_t>(len * elem);
@@ -135,16 +132,21 @@ absl::Status PullCursor::ReadInto(InProcessRoute::Place place) {
   return absl::OkStatus();
 }
 
-bool PullCursor::NextInto(absl::Span<std::byte> area, PullPiece* piece, int64_t* area_offset) {
-  *piece = PullPiece{.version = version_, .loss_scale = loss_scale_, .data = {}, .owner = {}};
-  *area_offset = 0;
-  if (unchanged_) return Next(piece);
+const PullCursor::Range* PullCursor::NextRange() {
   while (range_ < ranges_.size() && done_ == ranges_[range_].elems) {
     ++range_;
     done_ = 0;
   }
-  if (range_ == ranges_.size()) return false;
-  const Range& r = ranges_[range_];
+  return range_ == ranges_.size() ? nullptr : &ranges_[range_];
+}
+
+bool PullCursor::NextInto(absl::Span<std::byte> area, PullPiece* piece, int64_t* area_offset) {
+  *piece = PullPiece{.version = version_, .loss_scale = loss_scale_, .data = {}, .owner = {}};
+  *area_offset = 0;
+  if (unchanged_) return Next(piece);
+  const Range* next = NextRange();
+  if (next == nullptr) return false;
+  const Range& r = *next;
   const int64_t elem = static_cast<int64_t>(DTypeSize(dtype_));
   const int64_t len = std::min(kMaxPullPieceBytes / elem, r.elems - done_);
   const int64_t at = (r.local_offset + done_) * elem;

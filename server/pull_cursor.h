@@ -90,6 +90,9 @@ class PullCursor {
 
  private:
   PullCursor(int64_t version, double loss_scale) : version_(version), loss_scale_(loss_scale) {}
+  // The range the next piece comes from (past those given whole); null at
+  // the end.
+  const Range* NextRange();
 
   int64_t version_;
   double loss_scale_;
