@@ -26,6 +26,7 @@
 #include "common/config.h"
 #include "common/dtype.h"
 #include "common/sharding.h"
+#include "common/status_context.h"
 #include "common/status_macros.h"
 #include "rpc/in_process_route.h"
 #include "rpc/job_move.h"
@@ -207,9 +208,8 @@ class Client {
                         absl::IsFailedPrecondition(why) ||
                         (again.has_value() && again->servers == move.servers);
       if (!wait || absl::Now() > give_up) {
-        Check(absl::Status(why.code(),
-                           absl::StrCat("following job ", move.job, " to ",
-                                        absl::StrJoin(move.servers, ","), ": ", why.message())));
+        Check(WithContext(why, absl::StrCat("following job ", move.job, " to ",
+                                            absl::StrJoin(move.servers, ","))));
       }
       absl::SleepFor(backoff);  // the new servers are restoring: poll, gently
       backoff = std::min(2 * backoff, absl::Seconds(1));

@@ -1,7 +1,7 @@
 // How a server says that a job moved to other servers (zo-ctl rescale), so
-// a client can follow it without a restart: a FAILED_PRECONDITION whose
-// message carries the new server list and the version the job was restored
-// to there, in a form both ends parse the same way.
+// a client can follow it without a restart: a FAILED_PRECONDITION carrying a
+// JOB_MOVED v1::ErrorDetail with the new server list and the version the job
+// was restored to there. The message says the same for people:
 //
 //   "job gpt2 moved to servers [10.0.0.3:7070,10.0.0.4:7070] at version 120"
 #ifndef ZO_RPC_JOB_MOVE_H_
@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/strings/string_view.h"
 
 namespace zo {
 
@@ -24,11 +23,11 @@ struct JobMove {
   friend bool operator==(const JobMove&, const JobMove&) = default;
 };
 
-// FAILED_PRECONDITION with the message above.
+// FAILED_PRECONDITION with the detail and message above.
 absl::Status JobMovedError(const JobMove& move);
 
-// The move a status (or any message that quotes one, e.g. with "server X: "
-// before it) announces; nullopt for every other status.
+// The move a status announces (read from its detail, so a prefixed or
+// reworded message does not matter); nullopt for every other status.
 std::optional<JobMove> ParseJobMove(const absl::Status& status);
 
 }  // namespace zo

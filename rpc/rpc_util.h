@@ -1,6 +1,7 @@
 // What both ends of the protocol agree on beyond the messages: status
-// conversion between Abseil and gRPC (the codes are the same numbers) and the
-// auth metadata.
+// conversion between Abseil and gRPC (the codes are the same numbers, and a
+// v1::ErrorDetail payload travels in the status details, rpc/error_detail.h)
+// and the auth metadata.
 #ifndef ZO_RPC_RPC_UTIL_H_
 #define ZO_RPC_RPC_UTIL_H_
 
@@ -11,15 +12,8 @@
 
 namespace zo {
 
-inline grpc::Status ToGrpcStatus(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
-
-inline absl::Status FromGrpcStatus(const grpc::Status& s) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-}
+grpc::Status ToGrpcStatus(const absl::Status& s);
+absl::Status FromGrpcStatus(const grpc::Status& s);
 
 // Every call carries `authorization: Bearer <token>` when the server has a token.
 inline constexpr char kAuthMetadataKey[] = "authorization";

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/status_macros.h"
+#include "rpc/error_detail.h"
 
 namespace zo {
 
@@ -122,9 +123,11 @@ absl::StatusOr<GradientAccumulator::PushOutcome> GradientAccumulator::TryPush(
       return PushOutcome::kWaiting;
     }
     if (piece.step != chunk_step_[index]) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "step ", piece.step, " is not open: job ", job_, " takes gradients for step ",
-          chunk_step_[index], " in chunk ", piece.chunk));
+      return WithDetail(
+          absl::FailedPreconditionError(absl::StrCat(
+              "step ", piece.step, " is not open: job ", job_, " takes gradients for step ",
+              chunk_step_[index], " in chunk ", piece.chunk)),
+          MakeDetail(v1::ErrorDetail::STEP_NOT_OPEN, job_, chunk_step_[index]));
     }
     ChunkCoverage& coverage = coverage_[index];
     const bool was_complete = coverage.complete();

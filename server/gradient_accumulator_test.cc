@@ -12,6 +12,7 @@
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "rpc/error_detail.h"
 
 namespace zo {
 namespace {
@@ -270,6 +271,11 @@ TEST(GradientAccumulatorTest, BadPiecesNameWhatIsWrong) {
   EXPECT_THAT(f.Push(0, 7, 0, 0, {1}),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("step 7 is not open: job acc takes gradients for step 1")));
+  // What a restarted worker acts on (it catches up) is the detail.
+  const std::optional<v1::ErrorDetail> not_open = DetailOf(f.Push(0, 7, 0, 0, {1}));
+  ASSERT_TRUE(not_open.has_value());
+  EXPECT_EQ(not_open->reason(), v1::ErrorDetail::STEP_NOT_OPEN);
+  EXPECT_EQ(not_open->version(), 1);
   ASSERT_THAT(f.Push(0, 1, 0, 0, {1, 1, 1, 1}), IsOk());
   EXPECT_THAT(f.Push(0, 1, 0, 2, {1, 1, 1}),
               StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("[2, 4)")));

@@ -22,6 +22,7 @@
 #include "offload/io/io_engine.h"
 #include "offload/optimizer_kernels.h"
 #include "offload/tier/swap_layout.h"
+#include "rpc/error_detail.h"
 #include "rpc/job_move.h"
 #include "rpc/proto_convert.h"
 #include "server/job_internal.h"
@@ -877,7 +878,7 @@ void Job::ProbeFollowers() {
 }
 
 void Job::MaybeRecover(int server, const absl::Status& answer) {
-  if (!absl::IsNotFound(answer) || !is_lead()) return;
+  if (ReasonOf(answer) != v1::ErrorDetail::NO_JOB || !is_lead()) return;
   std::lock_guard lock(recovery_mu_);
   if (recovering_ || absl::Now() - last_recovery_ < absl::Seconds(10)) return;
   {

@@ -7,6 +7,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "offload/checkpoint/checkpoint_dir.h"
+#include "rpc/error_detail.h"
 #include "rpc/proto_convert.h"
 
 namespace zo {
@@ -51,7 +52,8 @@ absl::StatusOr<JobRegistry::Opened> JobRegistry::Open(JobSpec spec, bool attach_
 
 absl::Status JobRegistry::NotHereLocked(const std::string& name) const {
   if (auto m = moved_.find(name); m != moved_.end()) return JobMovedError(m->second);
-  return absl::NotFoundError(absl::StrCat("no job \"", name, "\" on this server"));
+  return WithDetail(absl::NotFoundError(absl::StrCat("no job \"", name, "\" on this server")),
+                    MakeDetail(v1::ErrorDetail::NO_JOB, name));
 }
 
 absl::StatusOr<std::shared_ptr<Job>> JobRegistry::Find(const std::string& name) const {

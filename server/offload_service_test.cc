@@ -21,6 +21,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "offload/checkpoint/checkpoint_test_util.h"
+#include "rpc/error_detail.h"
 #include "rpc/rpc_util.h"
 #include "server/offload_server.h"
 
@@ -240,6 +241,11 @@ TEST_F(OffloadServiceTest, CallsWithoutTheTokenAreUnauthenticated) {
   EXPECT_THAT(FromGrpcStatus(s),
               StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("requires a token")));
   EXPECT_THAT(Status().status(), StatusIs(absl::StatusCode::kNotFound, HasSubstr("no job")));
+  // Across the wire, the typed detail the lead and the workers act on.
+  const std::optional<v1::ErrorDetail> no_job = DetailOf(Status().status());
+  ASSERT_TRUE(no_job.has_value());
+  EXPECT_EQ(no_job->reason(), v1::ErrorDetail::NO_JOB);
+  EXPECT_EQ(no_job->job(), "svc");
 }
 
 TEST_F(OffloadServiceTest, AttachingNamesWhatDiffers) {

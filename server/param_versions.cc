@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "rpc/error_detail.h"
 
 namespace zo {
 
@@ -394,9 +395,11 @@ std::optional<int64_t> ParamVersions::DataVersionLocked(int64_t version) const {
 
 absl::Status ParamVersions::NotHeldLocked(int64_t version) const {
   const int64_t latest = base_ + static_cast<int64_t>(data_version_.size()) - 1;
-  return absl::FailedPreconditionError(absl::StrCat(
-      "version ", version, " is not held (latest is ", latest, "; only the ",
-      keep_previous() ? "two newest distinct versions are" : "newest version is", " kept)"));
+  return WithDetail(
+      absl::FailedPreconditionError(absl::StrCat(
+          "version ", version, " is not held (latest is ", latest, "; only the ",
+          keep_previous() ? "two newest distinct versions are" : "newest version is", " kept)")),
+      MakeDetail(v1::ErrorDetail::VERSION_NOT_HELD, /*job=*/"", latest));
 }
 
 absl::StatusOr<ParamVersions::Lease> ParamVersions::Acquire(int64_t version) {

@@ -16,6 +16,7 @@
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "rpc/error_detail.h"
 
 namespace zo {
 namespace {
@@ -446,6 +447,9 @@ TEST_F(FromMasterTest, TheLatestVersionIsTheRoundedMasterAndIsNotStored) {
   EXPECT_THAT(v->Acquire(0), StatusIs(kFailedPrecondition,
                                       HasSubstr("version 0 is not held (latest is 1; only the "
                                                 "newest version is kept)")));
+  const absl::Status gone = v->Acquire(0).status();
+  EXPECT_EQ(ReasonOf(gone), v1::ErrorDetail::VERSION_NOT_HELD);
+  EXPECT_EQ(DetailOf(gone)->version(), 1);
 }
 
 // Without the previous version served an update waits for the pulls of the

@@ -5,14 +5,14 @@
 #include "grpcpp/grpcpp.h"
 #include "rpc/call_context.h"
 #include "rpc/channel.h"
+#include "rpc/error_detail.h"
+#include "rpc/rpc_util.h"
 
 namespace zo {
 namespace {
 
 absl::Status Named(const std::string& address, const char* call, const grpc::Status& s) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      absl::StrCat(call, " to server ", address, ": ", s.error_message()));
+  return WithContext(FromGrpcStatus(s), absl::StrCat(call, " to server ", address));
 }
 
 }  // namespace

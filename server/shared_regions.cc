@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/logging.h"
+#include "rpc/error_detail.h"
 
 namespace zo {
 
@@ -116,9 +117,10 @@ absl::StatusOr<std::shared_ptr<SharedRegion>> SharedRegions::Find(uint64_t id,
   std::lock_guard lock(mu_);
   auto it = regions_.find(id);
   if (it == regions_.end() || it->second->job() != job) {
-    return absl::NotFoundError(absl::StrCat("shared region ", absl::Hex(id),
-                                            " is not attached to job ", job,
-                                            " on this server (attach it again)"));
+    return WithDetail(absl::NotFoundError(absl::StrCat("shared region ", absl::Hex(id),
+                                                       " is not attached to job ", job,
+                                                       " on this server (attach it again)")),
+                      MakeDetail(v1::ErrorDetail::UNKNOWN_REGION, job));
   }
   return it->second;
 }

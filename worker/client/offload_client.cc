@@ -19,6 +19,7 @@
 #include "proto/zo/v1/offload_service.grpc.pb.h"
 #include "rpc/call_context.h"
 #include "rpc/channel.h"
+#include "rpc/error_detail.h"
 #include "rpc/in_process_route.h"
 #include "rpc/proto_convert.h"
 #include "rpc/rpc_util.h"
@@ -616,9 +617,10 @@ absl::Status OffloadClient::Impl::FinishStep(int64_t step) {
   if (failed.ok()) return absl::OkStatus();
   // A server that lost this worker's region (it restarted): the step's
   // pushes go again, over gRPC.
-  if (failed.code() == absl::StatusCode::kNotFound) {
+  if (ReasonOf(failed) == v1::ErrorDetail::UNKNOWN_REGION) {
     for (auto& [server, stream] : open) {
-      if (stream->WaitFor(absl::ZeroDuration()) && stream->status().code() == failed.code()) {
+      if (stream->WaitFor(absl::ZeroDuration()) &&
+          ReasonOf(stream->status()) == v1::ErrorDetail::UNKNOWN_REGION) {
         DropRegion(server, failed);
       }
     }
@@ -722,7 +724,7 @@ absl::Status OffloadClient::Impl::PullFrom(int server, int64_t version, int64_t 
     ZO_RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
     return receiver.Finish();
   });
-  if (region != 0 && pulled.code() == absl::StatusCode::kNotFound) {
+  if (region != 0 && ReasonOf(pulled) == v1::ErrorDetail::UNKNOWN_REGION) {
     // The server lost this worker's region (it restarted): over gRPC.
     DropRegion(server, pulled);
     region_lock.unlock();
@@ -827,8 +829,8 @@ absl::Status OffloadClient::Impl::WithStuckPeer(absl::Status error) {
         return stub.GetJobStatus(&context, request, &response);
       });
   if (!lead.ok() || lead->waiting_on_peer().empty()) return error;
-  return absl::Status(error.code(), absl::StrCat(error.message(), "; the lead (", names[0],
-                                                 ") is stuck: ", lead->waiting_on_peer()));
+  return WithMessage(error, absl::StrCat(error.message(), "; the lead (", names[0],
+                                         ") is stuck: ", lead->waiting_on_peer()));
 }
 
 absl::StatusOr<bool> OffloadClient::Impl::Pull(int64_t version, int64_t have_version,

@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_context.h"
 
 namespace zo::pipeline {
 namespace {
@@ -195,8 +196,8 @@ absl::StatusOr<StepTimes> Executor::RunStep(int64_t step) {
 
   for (size_t i = 0; i < program_.size(); ++i) {
     if (absl::Status s = run(i, program_[i]); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("step ", step, ", stage ", stage_, ", ",
-                                                 ToString(program_[i]), ": ", s.message()));
+      return WithContext(
+          s, absl::StrCat("step ", step, ", stage ", stage_, ", ", ToString(program_[i])));
     }
   }
   times.total_s = Seconds(step_start);

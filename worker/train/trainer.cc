@@ -7,13 +7,13 @@
 #include <set>
 #include <thread>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/config.h"
 #include "common/status_macros.h"
 #include "common/units.h"
+#include "rpc/error_detail.h"
 #include "rpc/job_move.h"
 #include "worker/backend/select_backend.h"
 #include "worker/client/offload_client.h"
@@ -342,9 +342,8 @@ absl::StatusOr<Attached> AttachAtStart(const TrainOptions& o, Plan& plan, backen
       return at;
     }
     if (absl::Now() - start > absl::Minutes(5)) {
-      return absl::Status(why.code(),
-                          absl::StrCat("the servers of job ", o.job,
-                                       " were still unreachable after 5 minutes: ", why.message()));
+      return WithContext(why, absl::StrCat("the servers of job ", o.job,
+                                           " were still unreachable after 5 minutes"));
     }
     if (absl::Now() >= next_note) {
       std::fprintf(o.out, "zo-train: waiting for the servers (%s), %lld s (%s)\n",
@@ -421,9 +420,15 @@ class CheckpointInFlight {
 // after its last push of that step. Its pull then finds the version the step
 // computes on replaced, or its push finds the chunk taking a later step.
 bool JobWentOnWithout(const absl::Status& failed) {
-  return absl::IsFailedPrecondition(failed) &&
-         (absl::StrContains(failed.message(), " is not held (latest is ") ||
-          absl::StrContains(failed.message(), " is not open: job "));
+  const v1::ErrorDetail::Reason why = ReasonOf(failed);
+  return why == v1::ErrorDetail::VERSION_NOT_HELD || why == v1::ErrorDetail::STEP_NOT_OPEN;
+}
+
+// A server said it does not hold job `job`; `server`: that server only.
+bool NoJobOn(const absl::Status& failed, const std::string& job, const std::string& server = "") {
+  const std::optional<v1::ErrorDetail> detail = DetailOf(failed);
+  return detail.has_value() && detail->reason() == v1::ErrorDetail::NO_JOB &&
+         detail->job() == job && (server.empty() || detail->server() == server);
 }
 
 // Attaches to a job that moved, once it is there at the version the move
@@ -460,8 +465,7 @@ absl::StatusOr<Attached> Reattach(const TrainOptions& o, Plan& plan, backend::Ba
     // The lead restarted without the job while the others kept it: nothing
     // on the servers can roll it back, so one worker (dp rank 0 with stage
     // 0) opens it there again and restores its latest checkpoint.
-    if (absl::IsNotFound(why) && o.dp_rank == 0 && o.stage <= 0 && !o.servers.empty() &&
-        absl::StrContains(why.message(), absl::StrCat("server ", o.servers[0], ": no job")) &&
+    if (o.dp_rank == 0 && o.stage <= 0 && !o.servers.empty() && NoJobOn(why, o.job, o.servers[0]) &&
         absl::Now() - start > absl::Seconds(2)) {
       absl::Status restored = RestoreAfterLeadLoss(o, plan);
       progress.Note(restored.ok() ? absl::StrCat("zo-train: the lead ", o.servers[0],
@@ -609,9 +613,7 @@ absl::Status Train(const TrainOptions& given) {
         ran.ok() ? ObserveJob(*at.local.front().client, outcomes).status() : absl::OkStatus();
     const absl::Status failed = !ran.ok() ? ran.status() : observed;
     std::optional<JobMove> move = ParseJobMove(failed);
-    const bool lost_job =
-        absl::IsNotFound(failed) &&
-        absl::StrContains(failed.message(), absl::StrCat("no job \"", o.job, "\""));
+    const bool lost_job = NoJobOn(failed, o.job);
     const bool unreachable = absl::IsUnavailable(failed) || absl::IsDeadlineExceeded(failed);
     // (Only where this process runs every stage: a pipeline stage in another
     // process may be what failed, and the error says which.)

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "rpc/error_detail.h"
 
 namespace zo::client_internal {
 
@@ -15,8 +16,7 @@ bool IsRetryable(absl::StatusCode code) {
 }
 
 absl::Status ServerError(absl::string_view server, const absl::Status& status) {
-  if (status.ok()) return status;
-  return absl::Status(status.code(), absl::StrCat("server ", server, ": ", status.message()));
+  return FromServer(server, status);
 }
 
 bool CallGroup::Register(grpc::ClientContext* context) {
@@ -103,12 +103,11 @@ absl::Status RetryCall(const CallSettings& settings, absl::string_view server, C
     if (cancelled || !IsRetryable(status.code()) || settings.now() + backoff > give_up) {
       absl::Status error = ServerError(server, status);
       if (attempts > 1) {
-        error = absl::Status(
-            error.code(),
-            absl::StrCat(
-                error.message(), " (gave up after ", attempts, " attempts in ",
-                absl::FormatDuration(absl::Trunc(settings.now() - start, absl::Milliseconds(1))),
-                ")"));
+        error = WithMessage(
+            error, absl::StrCat(error.message(), " (gave up after ", attempts, " attempts in ",
+                                absl::FormatDuration(
+                                    absl::Trunc(settings.now() - start, absl::Milliseconds(1))),
+                                ")"));
       }
       return error;
     }
