@@ -31,6 +31,7 @@
 #include "rpc/in_process_route.h"
 #include "rpc/job_move.h"
 #include "server/offload_server.h"
+#include "worker/client/follow_job.h"
 #include "worker/client/offload_client.h"
 
 namespace py = pybind11;
@@ -189,30 +190,18 @@ class Client {
     options_.channels.clear();
     options_.routes.clear();
     options_.attach_only = true;
-    const absl::Time give_up = absl::Now() + absl::Minutes(5);
-    absl::Duration backoff = absl::Milliseconds(50);
-    for (;;) {
-      absl::Status why = OpenClients();
-      if (why.ok()) {
-        absl::StatusOr<v1::JobStatus> lead = client_->JobStatus();
-        why = lead.status();
-        if (why.ok()) why = client_->CheckState();
-        if (why.ok() && (!lead->needs_restore().empty() || lead->version() < move.version)) {
-          why = absl::UnavailableError(absl::StrCat("job ", move.job, " is not at version ",
-                                                    move.version, " on its new servers yet"));
-        }
-        if (why.ok()) break;
-      }
-      const std::optional<JobMove> again = ParseJobMove(why);
-      const bool wait = absl::IsNotFound(why) || absl::IsUnavailable(why) ||
-                        absl::IsFailedPrecondition(why) ||
-                        (again.has_value() && again->servers == move.servers);
-      if (!wait || absl::Now() > give_up) {
-        Check(WithContext(why, absl::StrCat("following job ", move.job, " to ",
-                                            absl::StrJoin(move.servers, ","))));
-      }
-      absl::SleepFor(backoff);  // the new servers are restoring: poll, gently
-      backoff = std::min(2 * backoff, absl::Seconds(1));
+    const absl::Status followed = FollowJob(move, [&] {
+      ZO_RETURN_IF_ERROR(OpenClients());
+      return CheckArrived(*client_, move);
+    });
+    if (!followed.ok()) {
+      // Closed, as the comment on open() says; a move to yet other servers
+      // is followed by the next follow().
+      resend_client_.reset();
+      client_.reset();
+      move_ = ParseJobMove(followed);
+      Check(WithContext(followed, absl::StrCat("following job ", move.job, " to ",
+                                               absl::StrJoin(move.servers, ","))));
     }
     move_.reset();
     return client_->version();

@@ -16,6 +16,7 @@
 #include "rpc/error_detail.h"
 #include "rpc/job_move.h"
 #include "worker/backend/select_backend.h"
+#include "worker/client/follow_job.h"
 #include "worker/client/offload_client.h"
 #include "worker/data/char_dataset.h"
 #include "worker/data/synthetic_source.h"
@@ -432,67 +433,45 @@ bool NoJobOn(const absl::Status& failed, const std::string& job, const std::stri
 }
 
 // Attaches to a job that moved, once it is there at the version the move
-// named: the new servers may still be restoring it (NOT_FOUND, a stale
-// "moved" answer, or the version before the restore) for a while.
+// named (FollowJob).
 absl::StatusOr<Attached> Reattach(const TrainOptions& o, Plan& plan, backend::Backend& backend,
                                   model::BatchSource& source, const JobMove& move,
                                   Progress& progress) {
-  const absl::Time start = absl::Now();
-  const absl::Time give_up = start + absl::Minutes(5);
-  absl::Time next_note = start + absl::Seconds(5);
-  absl::Duration pause = absl::Milliseconds(50);
-  for (;;) {
-    absl::StatusOr<Attached> at = Attach(o, plan, backend, source, /*attach_only=*/true);
-    absl::Status why = at.status();
-    if (at.ok()) {
-      OffloadClient& client = *at->local.front().client;
-      absl::StatusOr<v1::JobStatus> lead = client.JobStatus();
-      why = lead.status();
-      if (why.ok()) why = client.CheckState();  // a server still without its part
-      if (why.ok() && !lead->needs_restore().empty()) {
-        why = absl::UnavailableError(lead->needs_restore());  // restoring
-      }
-      if (why.ok() && lead->version() < move.version) {
-        why = absl::UnavailableError(absl::StrCat("at version ", lead->version(), " so far"));
-      }
-      if (why.ok()) return at;
-    }
-    // Lost state (the lead is rolling back), or initial weights refused
-    // because a restore that Open saw in progress finished meanwhile.
-    if (absl::IsFailedPrecondition(why) && !ParseJobMove(why)) {
-      why = absl::UnavailableError(why.message());
-    }
-    // The lead restarted without the job while the others kept it: nothing
-    // on the servers can roll it back, so one worker (dp rank 0 with stage
-    // 0) opens it there again and restores its latest checkpoint.
-    if (o.dp_rank == 0 && o.stage <= 0 && !o.servers.empty() && NoJobOn(why, o.job, o.servers[0]) &&
-        absl::Now() - start > absl::Seconds(2)) {
-      absl::Status restored = RestoreAfterLeadLoss(o, plan);
-      progress.Note(restored.ok() ? absl::StrCat("zo-train: the lead ", o.servers[0],
-                                                 " restarted without job ", o.job,
-                                                 "; restored it from its latest checkpoint")
-                                  : absl::StrCat("zo-train: restoring job ", o.job, " on ",
-                                                 o.servers[0], " failed: ", restored.message()));
-    }
-    const std::optional<JobMove> again = ParseJobMove(why);
-    const bool wait = absl::IsNotFound(why) || absl::IsUnavailable(why) ||
-                      (again.has_value() && again->servers == move.servers);
-    if (!wait) return why;
-    if (absl::Now() > give_up) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("job ", o.job, " did not come up on ", absl::StrJoin(move.servers, ","),
-                       " within 5 minutes of its move: ", why.message()));
-    }
-    if (absl::Now() > next_note) {
-      progress.Note(absl::StrCat(
-          "zo-train: waiting for job ", o.job, " on ", absl::StrJoin(move.servers, ","), ", ",
-          absl::ToInt64Seconds(absl::Now() - start), " s (", why.message(), ")"));
-      next_note = absl::Now() + absl::Seconds(10);
-    }
-    // Each try opens a connection to every server: back off to a second.
-    absl::SleepFor(pause);
-    pause = std::min(2 * pause, absl::Seconds(1));
-  }
+  std::optional<Attached> attached;
+  const absl::Status followed = FollowJob(
+      move,
+      [&]() -> absl::Status {
+        ZO_ASSIGN_OR_RETURN(Attached at, Attach(o, plan, backend, source, /*attach_only=*/true));
+        ZO_RETURN_IF_ERROR(CheckArrived(*at.local.front().client, move));
+        attached = std::move(at);
+        return absl::OkStatus();
+      },
+      {.note =
+           [&](absl::Duration waited, const absl::Status& why) {
+             progress.Note(absl::StrCat("zo-train: waiting for job ", o.job, " on ",
+                                        absl::StrJoin(move.servers, ","), ", ",
+                                        absl::ToInt64Seconds(waited), " s (", why.message(), ")"));
+           },
+       .retrying =
+           [&](absl::Duration waited, const absl::Status& why) {
+             // The lead restarted without the job while the others kept it:
+             // nothing on the servers can roll it back, so one worker (dp
+             // rank 0 with stage 0) opens it there again and restores its
+             // latest checkpoint.
+             if (o.dp_rank != 0 || o.stage > 0 || o.servers.empty() ||
+                 !NoJobOn(why, o.job, o.servers[0]) || waited <= absl::Seconds(2)) {
+               return;
+             }
+             const absl::Status restored = RestoreAfterLeadLoss(o, plan);
+             progress.Note(restored.ok()
+                               ? absl::StrCat("zo-train: the lead ", o.servers[0],
+                                              " restarted without job ", o.job,
+                                              "; restored it from its latest checkpoint")
+                               : absl::StrCat("zo-train: restoring job ", o.job, " on ",
+                                              o.servers[0], " failed: ", restored.message()));
+           }});
+  if (!followed.ok()) return followed;
+  return std::move(*attached);
 }
 
 // Settles zo.gradient_accumulation for this process's stages ("auto":
