@@ -49,7 +49,7 @@ t0=$SECONDS
 section "debian: /usr/bin/python3 with python3-torch"
 make_venv debian /usr/bin/python3 --system-site-packages
 build/venv/debian/bin/python -c 'import torch, pytest' ||
-  { echo "pip-check: Debian's python3 lacks torch or pytest: deploy/install-deps.sh" >&2; exit 1; }
+  { echo "pip-check: Debian's python3 lacks torch or pytest: deploy/install-deps.sh python" >&2; exit 1; }
 ZO_PIP_VENV=$root/build/venv/debian build/venv/debian/bin/python -m pytest -q \
   -p no:cacheprovider -p no:hypothesispytest --rootdir python/tests python/tests/test_packaging.py
 echo "pip-check: debian done in $((SECONDS - t0)) s"

@@ -21,7 +21,7 @@ def import_yaml():
     try:
         import yaml
     except ImportError:
-        skip("python3-yaml is not installed (bash deploy/install-deps.sh brings it "
+        skip("python3-yaml is not installed (bash deploy/install-deps.sh test brings it "
              "with python3-torch)")
     return yaml
 
@@ -49,7 +49,7 @@ class Failures:
 def kubectl_or_skip():
     path = shutil.which("kubectl")
     if path is None:
-        skip("no kubectl on PATH (bash deploy/install-deps.sh installs Debian's "
+        skip("no kubectl on PATH (bash deploy/install-deps.sh test installs Debian's "
              "kubernetes-client)")
     return path
 

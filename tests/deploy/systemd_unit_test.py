@@ -143,7 +143,7 @@ def main():
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
         f.finish("systemd unit (static checks)")
-        dc.skip("systemd-analyze not found (Debian's systemd; bash deploy/install-deps.sh)")
+        dc.skip("systemd-analyze not found (Debian's systemd; bash deploy/install-deps.sh test)")
     with tempfile.TemporaryDirectory() as tmp:
         copy = os.path.join(tmp, "zo-server.service")
         text = unit_text.replace(f"ExecStart={INSTALLED_BINARY} ",

@@ -46,7 +46,7 @@ class TlsTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (std::system("command -v openssl >/dev/null 2>&1") != 0) {
-      GTEST_SKIP() << "the openssl CLI is not installed (deploy/install-deps.sh installs it); "
+      GTEST_SKIP() << "the openssl CLI is not installed (deploy/install-deps.sh test installs it); "
                       "it makes the test certificate";
     }
     dir_ = absl::StrCat(::testing::TempDir(), "/zo_tls_", getpid(), "_",
