@@ -19,6 +19,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/zo/v1/offload_service.grpc.pb.h"
+#include "rpc/byte_stream_call.h"
 #include "rpc/call_context.h"
 #include "rpc/channel.h"
 #include "rpc/rpc_util.h"
@@ -178,19 +179,14 @@ TEST_F(BadInputTest, EachBadCallIsRefusedAndTheJobStillMatchesTheReference) {
   {  // bytes that are not a GradientPiece at all
     auto context = Context();
     v1::PushGradientsResponse response;
-    grpc::internal::RpcMethod method("/zo.v1.Offload/PushGradients",
-                                     grpc::internal::RpcMethod::CLIENT_STREAMING, channel_);
-    std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
-        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel_.get(), method,
-                                                                      context.get(), &response));
+    ByteStreamCall call(channel_, context.get(), "/zo.v1.Offload/PushGradients");
     const std::string junk(
         "\x0a\x03"
         "ba",
         4);  // a job name cut short
     grpc::Slice slice(junk.data(), junk.size());
-    writer->Write(grpc::ByteBuffer(&slice, 1));
-    writer->WritesDone();
-    EXPECT_THAT(FromGrpcStatus(writer->Finish()),
+    call.Write(grpc::ByteBuffer(&slice, 1));
+    EXPECT_THAT(FromGrpcStatus(call.Finish(&response)),
                 StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("malformed GradientPiece")));
   }
   {  // a message over the server's limit

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
+#include "rpc/byte_stream_call.h"
 #include "rpc/rpc_util.h"
 #include "worker/client/internal/call.h"
 
@@ -83,13 +84,10 @@ void PushStream::DropQueueLocked() {
 
 void PushStream::Run() {
   v1::PushGradientsResponse response;
-  // The generated stub's writer takes messages; this one takes the pieces
+  // The generated stub's writer takes messages; this call takes the pieces
   // already serialised (piece_encoding.h) for the same method.
-  const grpc::internal::RpcMethod method("/zo.v1.Offload/PushGradients",
-                                         grpc::internal::RpcMethod::CLIENT_STREAMING, channel_);
-  std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
-      grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel_.get(), method,
-                                                                    context_.get(), &response));
+  auto call =
+      std::make_unique<ByteStreamCall>(channel_, context_.get(), "/zo.v1.Offload/PushGradients");
   int64_t pieces = 0;
   bool resend = false;
   bool write_failed = false;
@@ -105,7 +103,7 @@ void PushStream::Run() {
     // Write returns once gRPC has taken the message (flow control allowing);
     // only then do its bytes stop counting against max_bytes_in_flight.
     resend = resend || piece.resend;
-    const bool ok = writer->Write(piece.buffer);
+    const bool ok = call->Write(piece.buffer);
     budget_->Release(step_, piece.payload_bytes);
     if (!ok) {
       write_failed = true;
@@ -113,8 +111,7 @@ void PushStream::Run() {
     }
     ++pieces;
   }
-  if (!write_failed) writer->WritesDone();
-  absl::Status status = FromGrpcStatus(writer->Finish());
+  absl::Status status = FromGrpcStatus(call->Finish(&response));
   if (status.ok() && write_failed) {
     status = absl::AbortedError(absl::StrCat("the call for step ", step_,
                                              " ended before every gradient piece was written"));
@@ -126,7 +123,7 @@ void PushStream::Run() {
   }
   // The call lets go of the pieces' bytes (their owners) before anyone
   // waiting hears the step is done: a caller may then reuse them.
-  writer.reset();
+  call.reset();
   {
     std::lock_guard lock(mu_);
     status_ = ServerError(server_, status);
