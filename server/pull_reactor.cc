@@ -9,11 +9,10 @@
 
 namespace zo {
 
-PullReactor::PullReactor(JobRegistry* registry, const SharedRegions* regions, const CallAuth& auth,
-                         const grpc::CallbackServerContext& context,
-                         const grpc::ByteBuffer& raw_request) {
-  if (absl::Status s = auth.Check(context); !s.ok()) {
-    FinishWith(s);
+PullReactor::PullReactor(JobRegistry* registry, const SharedRegions* regions,
+                         const absl::Status& admitted, const grpc::ByteBuffer& raw_request) {
+  if (!admitted.ok()) {
+    FinishWith(admitted);
     return;
   }
   grpc::ByteBuffer request = raw_request;  // shares the slices; Deserialize consumes its argument

@@ -23,7 +23,6 @@
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/zo/v1/params.pb.h"
-#include "server/call_auth.h"
 #include "server/job.h"
 #include "server/job_registry.h"
 #include "server/pull_cursor.h"
@@ -36,8 +35,10 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   // `raw_request`: a serialized v1::PullParamsRequest.
   // `regions`: the same-host route's, for a pull into one.
-  PullReactor(JobRegistry* registry, const SharedRegions* regions, const CallAuth& auth,
-              const grpc::CallbackServerContext& context, const grpc::ByteBuffer& raw_request);
+  // `admitted`: the service's verdict on the call (its token); not OK
+  // finishes the call with it at once.
+  PullReactor(JobRegistry* registry, const SharedRegions* regions, const absl::Status& admitted,
+              const grpc::ByteBuffer& raw_request);
 
   void OnWriteDone(bool ok) override;
   void OnCancel() override;

@@ -6,11 +6,11 @@
 
 namespace zo {
 
-PushReactor::PushReactor(JobRegistry* registry, const SharedRegions* regions, const CallAuth& auth,
-                         const grpc::CallbackServerContext& context, grpc::ByteBuffer* response)
+PushReactor::PushReactor(JobRegistry* registry, const SharedRegions* regions,
+                         const absl::Status& admitted, grpc::ByteBuffer* response)
     : registry_(registry), regions_(regions), response_(response) {
-  if (absl::Status s = auth.Check(context); !s.ok()) {
-    FinishWith(s);
+  if (!admitted.ok()) {
+    FinishWith(admitted);
     return;
   }
   StartRead(&buffer_);

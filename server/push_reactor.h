@@ -21,7 +21,6 @@
 
 #include "absl/status/status.h"
 #include "grpcpp/grpcpp.h"
-#include "server/call_auth.h"
 #include "server/gradient_accumulator.h"
 #include "server/gradient_piece_view.h"
 #include "server/job.h"
@@ -32,11 +31,12 @@ namespace zo {
 
 class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
-  // Starts the call (or finishes it UNAUTHENTICATED); the response is
-  // serialized into `response` at the end.
+  // Starts the call; the response is serialized into `response` at the end.
   // `regions`: the same-host route's, for pieces whose bytes lie in one.
-  PushReactor(JobRegistry* registry, const SharedRegions* regions, const CallAuth& auth,
-              const grpc::CallbackServerContext& context, grpc::ByteBuffer* response);
+  // `admitted`: the service's verdict on the call (its token); not OK
+  // finishes the call with it at once.
+  PushReactor(JobRegistry* registry, const SharedRegions* regions, const absl::Status& admitted,
+              grpc::ByteBuffer* response);
 
   void OnReadDone(bool ok) override;
   void OnCancel() override;
