@@ -114,7 +114,34 @@ std::string DescribeRpcError(const RpcTarget& target, const grpc::Status& status
   return line;
 }
 
+// "b:3 UNREACHABLE since 2026-11-29 06:12:03 UTC (connection refused)".
+std::string FormatFollower(const v1::FollowerState& f) {
+  if (f.since_unix_ms() == 0) return absl::StrCat(f.server(), " not asked yet");
+  const std::string since = absl::FormatTime(
+      "%Y-%m-%d %H:%M:%S UTC", absl::FromUnixMillis(f.since_unix_ms()), absl::UTCTimeZone());
+  switch (f.state()) {
+    case v1::FollowerState::UNREACHABLE:
+      return absl::StrCat(f.server(), " UNREACHABLE since ", since, " (", f.error(), ")");
+    case v1::FollowerState::WITHOUT_JOB:
+      return absl::StrCat(f.server(), " LOST THE JOB (restarted) since ", since, " (", f.error(),
+                          ")");
+    default:
+      return absl::StrCat(f.server(), " up since ", since);
+  }
+}
+
+// The lead's first follower that is not up, or nullptr.
+const v1::FollowerState* MissingFollower(const v1::JobStatus& st) {
+  for (const v1::FollowerState& f : st.followers()) {
+    if (f.state() != v1::FollowerState::UP) return &f;
+  }
+  return nullptr;
+}
+
 std::string FormatJobStatus(const RpcTarget& target, const v1::JobStatus& st) {
+  const v1::FollowerState* missing = MissingFollower(st);
+  std::vector<std::string> followers;
+  for (const v1::FollowerState& f : st.followers()) followers.push_back(FormatFollower(f));
   std::vector<std::pair<std::string, std::string>> rows = {
       {"version",
        absl::StrCat(st.version(), " (gradients are pushed for step ", st.open_step(), ")")},
@@ -123,7 +150,8 @@ std::string FormatJobStatus(const RpcTarget& target, const v1::JobStatus& st) {
       {"health", !st.needs_restore().empty() ? absl::StrCat("NEEDS RESTORE: ", st.needs_restore())
                  : !st.waiting_on_peer().empty()
                      ? absl::StrCat("STUCK ON A PEER: ", st.waiting_on_peer())
-                     : std::string("ok")},
+                 : missing != nullptr ? absl::StrCat("FOLLOWER DOWN: ", FormatFollower(*missing))
+                                      : std::string("ok")},
       {"data parallel", absl::StrCat(st.dp_world_size(), " rank(s)")},
       {"elements",
        absl::StrCat(FormatCount(static_cast<double>(st.total_elems())), " in the job; ",
@@ -139,11 +167,14 @@ std::string FormatJobStatus(const RpcTarget& target, const v1::JobStatus& st) {
       {"RAM", absl::StrCat(FormatBytes(static_cast<double>(st.ram_bytes())),
                            " for this job on this server")},
   };
+  if (!followers.empty()) rows.emplace_back("followers", absl::StrJoin(followers, "; "));
   // Fields added to JobStatus after this table still show.
   constexpr int kLastFieldShown = 16;
   const auto shown_above = [](int number) {
-    return number <= kLastFieldShown || (number >= v1::JobStatus::kWaitingPullsFieldNumber &&
-                                         number <= v1::JobStatus::kRamBytesFieldNumber);
+    return number <= kLastFieldShown ||
+           (number >= v1::JobStatus::kWaitingPullsFieldNumber &&
+            number <= v1::JobStatus::kRamBytesFieldNumber) ||
+           number == v1::JobStatus::kFollowersFieldNumber;
   };
   const nlohmann::ordered_json all = MessageToJson(st);
   const google::protobuf::Descriptor* d = st.GetDescriptor();

@@ -292,6 +292,9 @@ v1::JobStatus Job::Status() const {
   st.set_incarnation(incarnation_.load());
   st.set_frozen(frozen_);
   st.set_init_fingerprint(spec_.init_fingerprint);
+  if (is_lead()) {
+    for (v1::FollowerState& f : followers_.States()) *st.add_followers() = std::move(f);
+  }
   st.set_dp_world_size(spec_.dp_world_size);
   st.set_total_elems(map_.total_elems());
   st.set_local_elems(local_elems_);
@@ -878,7 +881,9 @@ void Job::ProbeFollowers() {
 }
 
 void Job::MaybeRecover(int server, const absl::Status& answer) {
-  if (ReasonOf(answer) != v1::ErrorDetail::NO_JOB || !is_lead()) return;
+  if (!is_lead()) return;
+  followers_.Record(server, answer);
+  if (ReasonOf(answer) != v1::ErrorDetail::NO_JOB) return;
   std::lock_guard lock(recovery_mu_);
   if (recovering_ || absl::Now() - last_recovery_ < absl::Seconds(10)) return;
   {

@@ -53,6 +53,7 @@
 #include "proto/zo/v1/job.pb.h"
 #include "proto/zo/v1/params.pb.h"
 #include "rpc/in_process_route.h"
+#include "server/follower_health.h"
 #include "server/gradient_accumulator.h"
 #include "server/gradient_piece_view.h"
 #include "server/job_counters.h"
@@ -264,8 +265,8 @@ class Job {
   void StepLoop();
   // Lead: asks each follower whether it still has the job.
   void ProbeFollowers();
-  // Lead: `answer` is what follower `server` said about the job; NOT_FOUND
-  // means it restarted and lost its part, and starts (once at a time, at
+  // Lead: `answer` is what follower `server` said about the job (recorded
+  // in followers_); NO_JOB means it restarted and lost its part, and starts (once at a time, at
   // most every 10 s) a recovery: the job opened there again and every
   // server rolled back to the latest checkpoint.
   void MaybeRecover(int server, const absl::Status& answer);
@@ -342,6 +343,8 @@ class Job {
   const JobSpec spec_;
   const JobResources resources_;
   const ShardMap& map_;
+  // Lead: what each follower answered last (MaybeRecover records it).
+  FollowerHealth followers_{spec_.servers};
   // JobStatus.incarnation; a restore makes a new one (calls from before it
   // belong to steps the restore undid).
   std::atomic<uint64_t> incarnation_;

@@ -102,7 +102,13 @@ std::vector<MetricFamily> ServerMetrics::Collect() const {
             MetricType::Gauge);
   MetricFamily& healthy =
       f.Add("zo_server_job_healthy",
-            "1 while the job steps; 0 while it needs a restore or waits on a peer server",
+            "1 while the job steps; 0 while it needs a restore, waits on a peer server, or (on "
+            "the lead) a follower is down",
+            MetricType::Gauge);
+  MetricFamily& follower_up =
+      f.Add("zo_server_job_follower_up",
+            "on the lead: 1 while follower `server` answers with the job, 0 while it is "
+            "unreachable or restarted without it",
             MetricType::Gauge);
   MetricFamily& waiting =
       f.Add("zo_server_job_waiting_calls", "calls parked on the job: kind=pull or kind=push",
@@ -144,7 +150,14 @@ std::vector<MetricFamily> ServerMetrics::Collect() const {
     AddSample(resident, {j, {"tier", "ram"}}, static_cast<double>(s.ram_bytes()));
     // master, m and v: 12 bytes per NVMe-resident element.
     AddSample(resident, {j, {"tier", "nvme"}}, 12.0 * static_cast<double>(s.nvme_elems()));
-    AddSample(healthy, {j}, s.needs_restore().empty() && s.waiting_on_peer().empty() ? 1.0 : 0.0);
+    bool followers_up = true;
+    for (const v1::FollowerState& fs : s.followers()) {
+      const bool up = fs.state() == v1::FollowerState::UP;
+      followers_up = followers_up && up;
+      AddSample(follower_up, {j, {"server", fs.server()}}, up ? 1.0 : 0.0);
+    }
+    AddSample(healthy, {j},
+              s.needs_restore().empty() && s.waiting_on_peer().empty() && followers_up ? 1.0 : 0.0);
     AddSample(waiting, {j, {"kind", "pull"}}, s.waiting_pulls());
     AddSample(waiting, {j, {"kind", "push"}}, s.waiting_pushes());
     AddSample(nvme_bytes, {j, {"op", "read"}}, static_cast<double>(io.read_bytes));

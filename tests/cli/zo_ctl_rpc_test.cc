@@ -3,7 +3,9 @@
 // required, checkpoints on) that dp workers trained a few steps through the
 // client library.
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +14,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -19,6 +23,7 @@
 #include "proto/zo/v1/job.pb.h"
 #include "tests/cli/safetensors_file.h"
 #include "tests/cli/zo_ctl_runner.h"
+#include "tests/cluster/wait_until.h"
 #include "tests/server/least_squares.h"
 #include "tests/server/server_process.h"
 #include "tests/server/training_harness.h"
@@ -145,6 +150,45 @@ TEST_F(ZoCtlRpcTest, StatusAsJsonMatchesTheJob) {
     local_elems += j["local_elems"].get<int64_t>();
   }
   EXPECT_EQ(local_elems, problem_.n) << "the servers' stripes tile the job";
+}
+
+TEST_F(ZoCtlRpcTest, ADeadFollowerShowsOnTheLeadWithinSeconds) {
+  ZO_ASSERT_OK_AND_ASSIGN(const v1::JobStatus before, workers_[0]->client().JobStatus());
+  ASSERT_EQ(before.followers_size(), 1);
+  EXPECT_EQ(before.followers(0).server(), servers_[1].address());
+  EXPECT_EQ(before.followers(0).state(), v1::FollowerState::UP);
+
+  const absl::Time killed = absl::Now();
+  servers_[1].Kill();
+  v1::FollowerState seen;
+  const absl::Status noticed = cluster::WaitUntil(
+      "the lead reports its follower unreachable",
+      [&] {
+        absl::StatusOr<v1::JobStatus> st = workers_[0]->client().JobStatus();
+        if (!st.ok() || st->followers_size() != 1) return false;
+        seen = st->followers(0);
+        return seen.state() == v1::FollowerState::UNREACHABLE;
+      },
+      root_, {}, std::chrono::seconds(60));
+  ASSERT_THAT(noticed, IsOk());
+  // The lead asks every 2 s, each call bounded by 2 s.
+  std::printf("the lead reported the dead follower after %.1f s\n",
+              absl::ToDoubleSeconds(absl::Now() - killed));
+  EXPECT_GE(absl::FromUnixMillis(seen.since_unix_ms()), killed - absl::Seconds(1));
+  EXPECT_FALSE(seen.error().empty());
+
+  ZoCtlResult r = RunZoCtl("status " + Flags(0));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr(absl::StrCat("health           FOLLOWER DOWN: ",
+                                            servers_[1].address(), " UNREACHABLE since ")));
+  EXPECT_THAT(r.out, HasSubstr(absl::StrCat("followers        ", servers_[1].address(),
+                                            " UNREACHABLE since ")));
+  r = RunZoCtl("status --json " + Flags(0));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["followers"].size(), 1u);
+  EXPECT_EQ(j["followers"][0]["state"], "UNREACHABLE");
+  EXPECT_EQ(j["followers"][0]["server"], servers_[1].address());
 }
 
 TEST_F(ZoCtlRpcTest, AWrongOrMissingTokenIsUnauthenticated) {
