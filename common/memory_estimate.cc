@@ -134,9 +134,13 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const EstimateInput& input) {
   s.ram_bytes = s.grad_accum_bytes + s.low_precision_bytes;
   if (input.nvme) {
     // Each buffer holds one sub-group's master, m and v; a sub-group never
-    // exceeds what the server owns.
+    // exceeds what the server owns, and a server allocates no more buffers
+    // than it has sub-groups.
     s.sub_group_elems = std::min(input.sub_group_size, s.elems);
-    s.io_buffer_bytes = input.buffer_count * s.sub_group_elems * (kMasterBytes + kMomentBytes);
+    const int64_t sub_groups =
+        s.sub_group_elems == 0 ? 0 : (s.elems + s.sub_group_elems - 1) / s.sub_group_elems;
+    s.io_buffers = std::min<int64_t>(input.buffer_count, sub_groups);
+    s.io_buffer_bytes = s.io_buffers * s.sub_group_elems * (kMasterBytes + kMomentBytes);
     s.ram_bytes += s.io_buffer_bytes;
     s.nvme_bytes = s.master_bytes + s.moment_bytes;
   } else {
@@ -207,7 +211,7 @@ std::string FormatEstimateTable(const MemoryEstimate& e) {
         bytes(s.low_precision_bytes), "-");
   }
   if (nvme) {
-    out += Row(absl::StrFormat("swap buffers (%d x %s elements)", in.buffer_count,
+    out += Row(absl::StrFormat("swap buffers (%d x %s elements)", s.io_buffers,
                                FormatCount(static_cast<double>(s.sub_group_elems))),
                bytes(s.io_buffer_bytes), "-");
   }
@@ -259,6 +263,7 @@ std::string FormatEstimateJson(const MemoryEstimate& e) {
         {"moment_bytes", s.moment_bytes},
         {"grad_accum_bytes", s.grad_accum_bytes},
         {"low_precision_bytes", s.low_precision_bytes},
+        {"io_buffers", s.io_buffers},
         {"io_buffer_bytes", s.io_buffer_bytes},
         {"sub_group_elems", s.sub_group_elems},
         {"ram_bytes", s.ram_bytes},

@@ -58,6 +58,7 @@ struct ServerEstimate {
   // master (all in RAM; with DPU the previous version is recomputed), two
   // with NVMe (server/param_versions.h)
   int64_t low_precision_bytes = 0;
+  int64_t io_buffers = 0;       // swap buffers: buffer_count, at most one per sub-group
   int64_t io_buffer_bytes = 0;  // swap buffers, NVMe only
   int64_t sub_group_elems = 0;  // sub-group actually used (clamped to elems)
   int64_t ram_bytes = 0;

@@ -125,7 +125,24 @@ TEST(MemoryEstimateTest, SubGroupNeverExceedsTheServersShare) {
   in.nvme = true;  // sub_group_size keeps DeepSpeed's 1e9 default
   ZO_ASSERT_OK_AND_ASSIGN(MemoryEstimate e, EstimateMemory(in));
   EXPECT_EQ(e.server.sub_group_elems, 1000);
-  EXPECT_EQ(e.server.io_buffer_bytes, 4 * 1000 * 12);
+  // One sub-group: the server allocates one buffer, whatever buffer_count.
+  EXPECT_EQ(e.server.io_buffers, 1);
+  EXPECT_EQ(e.server.io_buffer_bytes, 1000 * 12);
+}
+
+TEST(MemoryEstimateTest, SwapBuffersAreAtMostOnePerSubGroup) {
+  EstimateInput in;
+  in.tensor_elems = {2000};
+  in.nvme = true;
+  in.sub_group_size = 1000;
+  in.buffer_count = 4;
+  ZO_ASSERT_OK_AND_ASSIGN(MemoryEstimate e, EstimateMemory(in));
+  EXPECT_EQ(e.server.io_buffers, 2);
+  EXPECT_EQ(e.server.io_buffer_bytes, 2 * 1000 * 12);
+  EXPECT_THAT(FormatEstimateTable(e), HasSubstr("swap buffers (2 x 1.00 k elements)"));
+  in.tensor_elems = {10000};
+  ZO_ASSERT_OK_AND_ASSIGN(e, EstimateMemory(in));
+  EXPECT_EQ(e.server.io_buffers, 4);
 }
 
 TEST(MemoryEstimateTest, StagesBalanceWholeTensorsContiguously) {
@@ -178,7 +195,10 @@ TEST(MemoryEstimateTest, RejectsSizesWhoseBytesOverflow) {
   in.buffer_count = 1024;
   in.sub_group_size = int64_t{1} << 48;
   ZO_ASSERT_OK_AND_ASSIGN(MemoryEstimate e, EstimateMemory(in));
-  EXPECT_EQ(e.server.io_buffer_bytes, int64_t{1024} * (int64_t{1} << 48) * 12);
+  EXPECT_EQ(e.server.io_buffer_bytes, (int64_t{1} << 48) * 12);  // one sub-group, one buffer
+  in.sub_group_size = int64_t{1} << 38;                          // 1024 sub-groups
+  ZO_ASSERT_OK_AND_ASSIGN(e, EstimateMemory(in));
+  EXPECT_EQ(e.server.io_buffer_bytes, int64_t{1024} * (int64_t{1} << 38) * 12);
 }
 
 TEST(MemoryEstimateTest, TableAndJsonCarryTheFigures) {

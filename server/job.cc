@@ -109,7 +109,8 @@ absl::Status Job::CheckHostMemory(const TieredStateOptions& options) const {
   const int64_t contributors = spec_.dp_world_size * PushesPerRank(spec_.config);
   const int64_t state = layout.ram_elems() * kStateBytesPerElem +
                         (layout.nvme_sub_groups() > 0
-                             ? options.buffer_count * static_cast<int64_t>(layout.slot_bytes())
+                             ? std::min<int64_t>(options.buffer_count, layout.nvme_sub_groups()) *
+                                   static_cast<int64_t>(layout.slot_bytes())
                              : 0);
   const int64_t gradients = local_elems_ * (contributors == 1 ? lp : 4);
   const int64_t versions = ParamVersions::BufferBytes(local_elems_, spec_.dtype,
