@@ -398,6 +398,55 @@ TEST(ZoTrainE2eTest, KilledWorkerRestartsFromTheServersVersion) {
   }
 }
 
+// --restore is safe to give every time (the Kubernetes and Slurm files pass
+// it to each process): a job at its latest checkpoint is left as it is, one
+// that went on past it is refused and left at its version, and
+// --restore-force rolls it back.
+TEST(ZoTrainE2eTest, RestoreIsIdempotentAndRollsBackALiveJobOnlyWhenForced) {
+  const std::string dir = FreshTempDir("zo_train_restore");
+  std::vector<ServerProcess> servers = StartServers(1, {"--checkpoint-dir", dir + "/ckpt"});
+  ASSERT_EQ(servers.size(), 1u);
+  const std::string config = WriteFile(dir, "ds.json", Config(false));
+  auto args = [&](int steps, const std::vector<std::string>& more) {
+    return Concat(Concat({"--config", config, "--steps", std::to_string(steps), "--servers",
+                          servers[0].address(), "--job", "r", "--checkpoint-every", "10"},
+                         kTinyGpt),
+                  more);
+  };
+  auto log_of = [](const std::string& path) {
+    std::ifstream in(path);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  RunTrain(args(10, {}), dir + "/first.log");  // a checkpoint of step 10
+
+  // At its latest checkpoint: nothing to restore, training goes on.
+  RunTrain(args(12, {"--restore", "latest"}), dir + "/again.log");
+  EXPECT_THAT(log_of(dir + "/again.log"),
+              ::testing::AllOf(
+                  ::testing::HasSubstr("job 'r' is at version 10, its latest checkpoint: "
+                                       "nothing to restore"),
+                  ::testing::HasSubstr("attached to job 'r' at version 10; resuming at step 11")));
+
+  // At version 12, past it: refused, and the job stays where it is.
+  auto refused = StartTrain(args(14, {"--restore", "latest"}), dir + "/refused.log");
+  ASSERT_TRUE(refused.ok());
+  ASSERT_EQ(refused->Wait(60s), std::optional<int>(1)) << refused->ReadLog();
+  if (!RewordErrorsForTesting()) {
+    EXPECT_THAT(refused->ReadLog(),
+                ::testing::HasSubstr("job r is live at version 12, past its latest checkpoint "
+                                     "(step 10); restoring would roll it back"));
+  }
+  RunTrain(args(13, {}), dir + "/plain.log");
+  EXPECT_THAT(log_of(dir + "/plain.log"),
+              ::testing::HasSubstr("attached to job 'r' at version 12; resuming at step 13"));
+
+  // Forced: back to step 10.
+  RunTrain(args(11, {"--restore", "latest", "--restore-force"}), dir + "/forced.log");
+  EXPECT_THAT(log_of(dir + "/forced.log"),
+              ::testing::AllOf(::testing::HasSubstr("restored job 'r' to version 10"),
+                               ::testing::HasSubstr("resuming at step 11")));
+}
+
 // A worker started before its server (a pod that is not ready, a host
 // restarting) waits for it, saying so, and trains once it is up.
 TEST(ZoTrainE2eTest, AWorkerStartedBeforeItsServerWaitsForIt) {

@@ -47,6 +47,9 @@ absl::Status CheckOptions(const TrainOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("--pipeline-stages must be >= 1, got ", o.pipeline_stages));
   }
+  if (o.restore_force && o.restore.empty()) {
+    return absl::InvalidArgumentError("--restore-force needs --restore");
+  }
   if (o.stage >= o.pipeline_stages) {
     return absl::InvalidArgumentError(absl::StrCat("--stage ", o.stage, " is outside the ",
                                                    o.pipeline_stages, " pipeline stages"));
@@ -194,11 +197,32 @@ ClientOptions MakeClientOptions(const TrainOptions& o) {
 }
 
 // --restore: the job goes back to a checkpoint before any stage attaches, so
-// every stage's client starts from the restored version.
+// every stage's client starts from the restored version. Safe to repeat: a
+// job already at its latest checkpoint is left as it is (another stage
+// process restored it, or this command ran before), and one that went on
+// past it is not rolled back without --restore-force.
 absl::Status RestoreJob(const TrainOptions& o, const Plan& plan) {
   ZO_ASSIGN_OR_RETURN(
       std::unique_ptr<OffloadClient> client,
       OffloadClient::Open(MakeClientOptions(o), o.config_json, plan.model.Manifest(plan.dtype)));
+  const int64_t live = client->version();
+  if (live > 0 && !o.restore_force) {
+    ZO_ASSIGN_OR_RETURN(const v1::JobStatus lead, client->JobStatus());
+    const int64_t checkpoint = lead.last_checkpoint_step();
+    if (o.restore == "latest" && checkpoint == live) {
+      std::fprintf(o.out,
+                   "zo-train: job '%s' is at version %lld, its latest checkpoint: nothing to "
+                   "restore\n",
+                   o.job.c_str(), static_cast<long long>(live));
+      return absl::OkStatus();
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--restore ", o.restore, ": job ", o.job, " is live at version ", live,
+        checkpoint >= 0 ? absl::StrCat(", past its latest checkpoint (step ", checkpoint, ")")
+                        : std::string(" and has no checkpoint on record"),
+        "; restoring would roll it back. Leave --restore out to go on from version ", live,
+        ", or add --restore-force to roll back"));
+  }
   ZO_ASSIGN_OR_RETURN(int64_t version, client->Restore(o.restore == "latest" ? "" : o.restore));
   std::fprintf(o.out, "zo-train: restored job '%s' to version %lld from %s\n", o.job.c_str(),
                static_cast<long long>(version),

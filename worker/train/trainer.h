@@ -62,6 +62,9 @@ struct TrainOptions {
   // Before training, restore the job from a checkpoint: "latest" (the
   // servers' newest of this job) or a checkpoint directory; empty: no.
   std::string restore;
+  // Let --restore roll back a job that went on past the checkpoint (without
+  // it, such a restore is refused).
+  bool restore_force = false;
   std::string metrics_out;
   // Each step is recorded here too when set (the --metrics-listen endpoint).
   TrainMetrics* metrics = nullptr;

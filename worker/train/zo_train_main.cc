@@ -70,6 +70,9 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
 ABSL_FLAG(std::string, restore, "",
           "before training, restore the job from a checkpoint: 'latest' (the servers' newest "
           "for this job) or a checkpoint directory; then train on to --steps");
+ABSL_FLAG(bool, restore_force, false,
+          "let --restore roll back a job that trained past the checkpoint; without it such a "
+          "restore is refused, and one of a job already at its latest checkpoint does nothing");
 ABSL_FLAG(std::string, metrics_listen, "",
           "serve Prometheus metrics (GET /metrics) on this host:port, e.g. 0.0.0.0:9401; port 0 "
           "picks a free one (printed at the start); empty: no metrics endpoint");
@@ -181,6 +184,7 @@ absl::Status Run() {
   o.steps = absl::GetFlag(FLAGS_steps);
   o.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   o.restore = absl::GetFlag(FLAGS_restore);
+  o.restore_force = absl::GetFlag(FLAGS_restore_force);
   o.metrics_out = absl::GetFlag(FLAGS_metrics_out);
   o.blas_threads = absl::GetFlag(FLAGS_blas_threads);
   o.device = absl::GetFlag(FLAGS_device);
