@@ -159,9 +159,14 @@ std::string FormatJobStatus(const RpcTarget& target, const v1::JobStatus& st) {
                     FormatCount(static_cast<double>(st.nvme_elems())), " on NVMe")},
       {"last step", absl::StrCat("grad norm ", st.last_grad_norm(), ", lr ", st.last_lr(),
                                  st.last_skipped() ? ", skipped (overflow)" : "")},
-      {"last checkpoint", st.last_checkpoint_step() < 0
-                              ? std::string("none")
-                              : absl::StrCat("step ", st.last_checkpoint_step())},
+      {"last checkpoint",
+       absl::StrCat(st.last_checkpoint_step() < 0
+                        ? std::string("none")
+                        : absl::StrCat("step ", st.last_checkpoint_step()),
+                    st.last_checkpoint_error().empty()
+                        ? std::string()
+                        : absl::StrCat("; the last attempt FAILED (", st.last_checkpoint_error(),
+                                       "), ", st.checkpoint_failures(), " failed so far"))},
       {"waiting calls", absl::StrCat(st.waiting_pulls(), " pull(s) for a version to come, ",
                                      st.waiting_pushes(), " push(es) for a chunk still updating")},
       {"RAM", absl::StrCat(FormatBytes(static_cast<double>(st.ram_bytes())),
@@ -174,7 +179,9 @@ std::string FormatJobStatus(const RpcTarget& target, const v1::JobStatus& st) {
     return number <= kLastFieldShown ||
            (number >= v1::JobStatus::kWaitingPullsFieldNumber &&
             number <= v1::JobStatus::kRamBytesFieldNumber) ||
-           number == v1::JobStatus::kFollowersFieldNumber;
+           number == v1::JobStatus::kFollowersFieldNumber ||
+           number == v1::JobStatus::kLastCheckpointErrorFieldNumber ||
+           number == v1::JobStatus::kCheckpointFailuresFieldNumber;
   };
   const nlohmann::ordered_json all = MessageToJson(st);
   const google::protobuf::Descriptor* d = st.GetDescriptor();

@@ -293,6 +293,8 @@ v1::JobStatus Job::Status() const {
   st.set_incarnation(incarnation_.load());
   st.set_frozen(frozen_);
   st.set_init_fingerprint(spec_.init_fingerprint);
+  st.set_last_checkpoint_error(last_checkpoint_error_);
+  st.set_checkpoint_failures(checkpoint_failures_);
   if (is_lead()) {
     for (v1::FollowerState& f : followers_.States()) *st.add_followers() = std::move(f);
   }

@@ -317,9 +317,14 @@ class Job {
   // Lead: the checkpoint directory, the commit record's fields as of
   // `version`, and every server's snapshot begun (BEGIN).
   absl::StatusOr<StartedCheckpoint> StartCheckpoint(int64_t version, int64_t generation);
-  // Lead: every part finished (FINISH), then the commit and pruning.
+  // Lead: every part finished (FINISH), then the commit and pruning
+  // (CommitParts); a failure removes the temporary directory.
   absl::StatusOr<v1::CheckpointResponse> FinishCheckpoint(const StartedCheckpoint& started);
-  void CheckpointDoneLocked(const absl::StatusOr<v1::CheckpointResponse>& result,
+  absl::StatusOr<v1::CheckpointResponse> CommitParts(const StartedCheckpoint& started);
+  // A checkpoint of `version` ended with `result`: recorded (a failure is
+  // logged, counted and kept for JobStatus until one succeeds) and told to
+  // the requests.
+  void CheckpointDoneLocked(int64_t version, const absl::StatusOr<v1::CheckpointResponse>& result,
                             std::deque<std::shared_ptr<PendingCheckpoint>>& requests);
   // Lead: fills the commit record's "previous" for a checkpoint of
   // `version` (the job is at it), and returns the bytes per element each
@@ -389,6 +394,10 @@ class Job {
   double last_lr_ = 0.0;
   std::vector<double> last_group_lr_;  // with zo.client_lr; else empty
   int64_t last_checkpoint_step_ = -1;
+  // The last checkpoint attempt's failure ("step N: why"), empty once one
+  // succeeds; and the failures so far.
+  std::string last_checkpoint_error_;
+  int64_t checkpoint_failures_ = 0;
   absl::Status health_;
   // A restore is replacing the state and versions: pulls wait for it.
   bool restoring_ = false;

@@ -97,7 +97,7 @@ void Job::RunCheckpointLocked(std::unique_lock<std::mutex>& lock) {
     const absl::StatusOr<v1::CheckpointResponse> result =
         started.ok() ? FinishCheckpoint(*started) : started.status();
     lock.lock();
-    CheckpointDoneLocked(result, requests);
+    CheckpointDoneLocked(version, result, requests);
     return;
   }
   lock.lock();
@@ -108,14 +108,23 @@ void Job::RunCheckpointLocked(std::unique_lock<std::mutex>& lock) {
         {
           std::lock_guard lock(mu_);
           checkpoint_running_ = false;
-          CheckpointDoneLocked(result, requests);
+          CheckpointDoneLocked(started.version, result, requests);
         }
         cv_.notify_all();
       });
 }
 
-void Job::CheckpointDoneLocked(const absl::StatusOr<v1::CheckpointResponse>& result,
+void Job::CheckpointDoneLocked(int64_t version,
+                               const absl::StatusOr<v1::CheckpointResponse>& result,
                                std::deque<std::shared_ptr<PendingCheckpoint>>& requests) {
+  if (!result.ok()) {
+    ++checkpoint_failures_;
+    last_checkpoint_error_ = absl::StrCat("step ", version, ": ", result.status().message());
+    ZO_LOG(ERROR) << "job " << spec_.name << ": checkpoint of version " << version
+                  << " failed, training goes on: " << result.status();
+  } else {
+    last_checkpoint_error_.clear();
+  }
   if (result.ok()) {
     last_checkpoint_step_ = std::max(last_checkpoint_step_, result->version());
     for (const auto& r : requests) {
@@ -170,7 +179,10 @@ absl::StatusOr<Job::StartedCheckpoint> Job::StartCheckpoint(int64_t version, int
     meta.last_skipped = last_skipped_;
     previous_bytes = PlanPreviousLocked(version, meta);
   }
-  ZO_RETURN_IF_ERROR(BeginOwnPart(version, started.dir, previous_bytes));
+  if (absl::Status own = BeginOwnPart(version, started.dir, previous_bytes); !own.ok()) {
+    (void)AbandonCheckpoint(started.dir);
+    return own;
+  }
   v1::WriteCheckpointPartRequest request;
   request.set_job(spec_.name);
   request.set_version(version);
@@ -184,8 +196,11 @@ absl::StatusOr<Job::StartedCheckpoint> Job::StartCheckpoint(int64_t version, int
     absl::StatusOr<v1::WriteCheckpointPartResponse> begun = resources_.peers->WriteCheckpointPart(
         spec_.servers[i], request, resources_.peer_timeout * 10);
     if (!begun.ok()) {
-      std::lock_guard state_lock(state_mu_);
-      DropSnapshotLocked(begun.status());
+      {
+        std::lock_guard state_lock(state_mu_);
+        DropSnapshotLocked(begun.status());
+      }
+      (void)AbandonCheckpoint(started.dir);
       return begun.status();
     }
   }
@@ -208,6 +223,13 @@ uint32_t Job::PlanPreviousLocked(int64_t version, CheckpointMeta& meta) const {
 }
 
 absl::StatusOr<v1::CheckpointResponse> Job::FinishCheckpoint(const StartedCheckpoint& started) {
+  absl::StatusOr<v1::CheckpointResponse> finished = CommitParts(started);
+  // A failed attempt leaves no temporary directory behind.
+  if (!finished.ok()) (void)AbandonCheckpoint(started.dir);
+  return finished;
+}
+
+absl::StatusOr<v1::CheckpointResponse> Job::CommitParts(const StartedCheckpoint& started) {
   const int64_t version = started.version;
   ZO_ASSIGN_OR_RETURN(v1::WriteCheckpointPartResponse own, FinishOwnPart(version, started.dir));
   const absl::Duration own_time = absl::Now() - started.start;

@@ -105,6 +105,10 @@ std::vector<MetricFamily> ServerMetrics::Collect() const {
             "1 while the job steps; 0 while it needs a restore, waits on a peer server, or (on "
             "the lead) a follower is down",
             MetricType::Gauge);
+  MetricFamily& checkpoint_failures =
+      f.Add("zo_server_job_checkpoint_failures_total",
+            "on the lead: checkpoint attempts that failed (the log and zo-ctl status say why)",
+            MetricType::Counter);
   MetricFamily& follower_up =
       f.Add("zo_server_job_follower_up",
             "on the lead: 1 while follower `server` answers with the job, 0 while it is "
@@ -150,6 +154,9 @@ std::vector<MetricFamily> ServerMetrics::Collect() const {
     AddSample(resident, {j, {"tier", "ram"}}, static_cast<double>(s.ram_bytes()));
     // master, m and v: 12 bytes per NVMe-resident element.
     AddSample(resident, {j, {"tier", "nvme"}}, 12.0 * static_cast<double>(s.nvme_elems()));
+    if (s.server_index() == 0) {
+      AddSample(checkpoint_failures, {j}, static_cast<double>(s.checkpoint_failures()));
+    }
     bool followers_up = true;
     for (const v1::FollowerState& fs : s.followers()) {
       const bool up = fs.state() == v1::FollowerState::UP;

@@ -14,6 +14,7 @@
 #include <optional>
 #include <sstream>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -318,10 +319,32 @@ absl::StatusOr<std::string> BeginCheckpoint(const std::string& root, const std::
                                                  " already exists: ", final_dir));
   }
   const std::string tmp = final_dir + kTmpSuffix;
-  std::filesystem::remove_all(tmp, ec);  // a stale attempt
-  if (ec) return ZO_ERRNO_STATUS(ec.value(), absl::StrCat("remove stale ", tmp));
+  // Stale attempts, this version's and others'.
+  std::vector<std::filesystem::path> stale;
+  for (const auto& entry : std::filesystem::directory_iterator(job_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (absl::StartsWith(name, "step-") && absl::EndsWith(name, kTmpSuffix)) {
+      stale.push_back(entry.path());
+    }
+  }
+  if (ec) return ZO_ERRNO_STATUS(ec.value(), absl::StrCat("list ", job_dir));
+  for (const std::filesystem::path& p : stale) {
+    std::filesystem::remove_all(p, ec);
+    if (ec) return ZO_ERRNO_STATUS(ec.value(), absl::StrCat("remove stale ", p.string()));
+  }
   if (mkdir(tmp.c_str(), 0755) != 0) return ZO_ERRNO_STATUS(errno, absl::StrCat("mkdir ", tmp));
   return tmp;
+}
+
+absl::Status AbandonCheckpoint(const std::string& tmp_dir) {
+  if (!absl::EndsWith(tmp_dir, kTmpSuffix)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("not a temporary checkpoint directory: ", tmp_dir));
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(tmp_dir, ec);
+  if (ec) return ZO_ERRNO_STATUS(ec.value(), absl::StrCat("remove ", tmp_dir));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> CommitCheckpoint(const std::string& tmp_dir,

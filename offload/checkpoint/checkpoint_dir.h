@@ -75,10 +75,16 @@ std::string CheckpointPartFileName(int server_index);
 // the parts carry none.
 uint32_t PreviousBytesOf(const CheckpointMeta& meta);
 
-// Creates <root>/<job>/step-<version>.tmp (parents as needed), removing a
-// stale one left by an earlier failed attempt; returns its path.
+// Creates <root>/<job>/step-<version>.tmp (parents as needed), removing
+// every temporary directory of the job left by earlier failed or
+// interrupted attempts (one checkpoint of a job is written at a time);
+// returns its path.
 absl::StatusOr<std::string> BeginCheckpoint(const std::string& root, const std::string& job,
                                             int64_t version);
+
+// Removes the temporary directory of a checkpoint that failed (a path
+// BeginCheckpoint returned; anything not named *.tmp is refused).
+absl::Status AbandonCheckpoint(const std::string& tmp_dir);
 
 // Writes checkpoint.json into `tmp_dir` (temp name, fsync, rename), checks
 // that every listed part exists with its size and index checksum, renames

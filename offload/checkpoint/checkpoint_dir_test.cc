@@ -144,6 +144,23 @@ TEST_F(CheckpointDirTest, CommitRenamesAndTheMetaRoundTrips) {
   EXPECT_EQ(reader->total_elems(), 87024);
 }
 
+// Failed and interrupted attempts leave *.tmp directories; the next
+// checkpoint of the job removes them all, and a failed one removes its own.
+TEST_F(CheckpointDirTest, TemporaryDirectoriesOfFailedAttemptsDoNotPileUp) {
+  ZO_ASSERT_OK_AND_ASSIGN(const std::string a, BeginCheckpoint(root_, "gpt", 5));
+  std::ofstream(a + "/part-00000.zop") << "half a part";
+  fs::create_directories(root_ + "/other/step-00000005.tmp");  // another job's: kept
+  ZO_ASSERT_OK_AND_ASSIGN(const std::string b, BeginCheckpoint(root_, "gpt", 10));
+  EXPECT_FALSE(fs::exists(a));
+  EXPECT_TRUE(fs::exists(b));
+  EXPECT_TRUE(fs::exists(root_ + "/other/step-00000005.tmp"));
+  EXPECT_THAT(AbandonCheckpoint(b), IsOk());
+  EXPECT_FALSE(fs::exists(b));
+  EXPECT_THAT(AbandonCheckpoint(root_ + "/gpt"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not a temporary")));
+  EXPECT_TRUE(fs::exists(root_ + "/gpt"));
+}
+
 TEST_F(CheckpointDirTest, TheLastStepRoundTripsNonFiniteNormIncluded) {
   const FlatState s = TwoServerState();
   for (double norm : {0.8125, std::numeric_limits<double>::infinity()}) {

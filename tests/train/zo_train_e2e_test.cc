@@ -3,12 +3,15 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -22,8 +25,10 @@
 #include "absl/strings/str_cat.h"
 #include "common/testing/free_port.h"
 #include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "proto/zo/v1/offload_service.grpc.pb.h"
 #include "rpc/error_detail.h"
 #include "tests/cluster/wait_until.h"
 #include "tests/server/server_process.h"
@@ -445,6 +450,56 @@ TEST(ZoTrainE2eTest, RestoreIsIdempotentAndRollsBackALiveJobOnlyWhenForced) {
   EXPECT_THAT(log_of(dir + "/forced.log"),
               ::testing::AllOf(::testing::HasSubstr("restored job 'r' to version 10"),
                                ::testing::HasSubstr("resuming at step 11")));
+}
+
+// Checkpoints into a directory on a disk that fills (a 64 KiB tmpfs): each
+// failure is an error line in the server's log, a count and a reason in the
+// lead's status; no temporary directory stays behind; training goes on, and
+// zo-train exits 1 because the run ended on a failed checkpoint.
+TEST(ZoTrainE2eTest, CheckpointsOnAFullDiskFailLoudlyAndLeaveNothingBehind) {
+  const std::string dir = FreshTempDir("zo_train_full_disk");
+  const std::string ckpt = dir + "/ckpt";
+  std::filesystem::create_directories(ckpt);
+  if (mount("tmpfs", ckpt.c_str(), "tmpfs", 0, "size=64k") != 0) {
+    GTEST_SKIP() << "cannot mount a small tmpfs at " << ckpt
+                 << " (needs root with CAP_SYS_ADMIN): " << std::strerror(errno);
+  }
+  struct Unmount {
+    std::string path;
+    ~Unmount() { umount2(path.c_str(), MNT_DETACH); }
+  } unmount{ckpt};
+  std::vector<ServerProcess> servers = StartServers(1, {"--checkpoint-dir", ckpt});
+  ASSERT_EQ(servers.size(), 1u);
+  const std::string config = WriteFile(dir, "ds.json", Config(false));
+  const std::string metrics = dir + "/full.jsonl";
+  auto train =
+      StartTrain(Concat({"--config", config, "--steps", "10", "--servers", servers[0].address(),
+                         "--job", "full", "--checkpoint-every", "5", "--metrics-out", metrics},
+                        kTinyGpt),
+                 dir + "/full.log");
+  ASSERT_TRUE(train.ok()) << train.status();
+  ASSERT_EQ(train->Wait(120s), std::optional<int>(1)) << train->ReadLog();
+  EXPECT_EQ(ReadMetrics(metrics).size(), 10u) << "training went on";
+  const std::string log = train->ReadLog();
+  EXPECT_THAT(log, ::testing::HasSubstr("zo-train: checkpoint of step 5 failed, training goes on"));
+  EXPECT_THAT(log, ::testing::HasSubstr("training finished, but the checkpoint of step 10 failed"));
+
+  EXPECT_THAT(servers[0].ReadLog(),
+              ::testing::AllOf(::testing::HasSubstr("job full: checkpoint of version 5 failed"),
+                               ::testing::HasSubstr("job full: checkpoint of version 10 failed")));
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(ckpt)) {
+    EXPECT_FALSE(absl::EndsWith(entry.path().string(), ".tmp")) << entry.path();
+  }
+  auto stub = v1::Offload::NewStub(
+      grpc::CreateChannel(servers[0].address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  v1::GetJobStatusRequest request;
+  request.set_job("full");
+  v1::JobStatus status;
+  ASSERT_TRUE(stub->GetJobStatus(&context, request, &status).ok());
+  EXPECT_EQ(status.checkpoint_failures(), 2);
+  EXPECT_EQ(status.last_checkpoint_step(), -1);
+  EXPECT_THAT(status.last_checkpoint_error(), ::testing::StartsWith("step 10: "));
 }
 
 // A worker started before its server (a pod that is not ready, a host

@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/config.h"
+#include "common/status_context.h"
 #include "common/status_macros.h"
 #include "common/units.h"
 #include "rpc/error_detail.h"
@@ -428,6 +429,9 @@ class CheckpointInFlight {
   void Wait(Progress& progress) {
     if (result_.valid()) Report(progress);
   }
+  // The last checkpoint's failure, OK once one succeeds: zo-train exits
+  // non-zero when training ends on a failed checkpoint.
+  const absl::Status& last_failure() const { return last_failure_; }
 
  private:
   void Report(Progress& progress) {
@@ -435,9 +439,14 @@ class CheckpointInFlight {
     progress.Note(path.ok() ? absl::StrCat("zo-train: checkpoint written: ", *path)
                             : absl::StrCat("zo-train: checkpoint of step ", step_,
                                            " failed, training goes on: ", path.status().message()));
+    last_failure_ =
+        path.ok()
+            ? absl::OkStatus()
+            : WithContext(path.status(), absl::StrCat("the checkpoint of step ", step_, " failed"));
   }
 
   int64_t step_ = 0;
+  absl::Status last_failure_;
   std::future<absl::StatusOr<std::string>> result_;
 };
 
@@ -697,7 +706,15 @@ absl::Status Train(const TrainOptions& given) {
     if (now >= o.steps || absl::Now() > deadline) break;
     absl::SleepFor(absl::Milliseconds(5));
   }
-  return progress.Finish(outcomes);
+  ZO_RETURN_IF_ERROR(progress.Finish(outcomes));
+  // Trained, but the job's newest checkpoint is older than asked: a run
+  // that ends on a failed checkpoint does not exit 0.
+  if (!checkpoint.last_failure().ok()) {
+    return WithMessage(checkpoint.last_failure(),
+                       absl::StrCat("training finished, but ", checkpoint.last_failure().message(),
+                                    " (the job keeps its last committed checkpoint)"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace zo::train
