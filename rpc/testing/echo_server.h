@@ -1,6 +1,8 @@
 // A real gRPC server on a loopback port for the rpc/ tests: GetServerInfo
 // echoes what the call carried, OpenJob answers with the request's
-// config_json (as status.job), so a large request makes a large answer.
+// config_json (as status.job), so a large request makes a large answer;
+// InitParams counts the pieces it reads, and refuses (INVALID_ARGUMENT, at
+// once) a piece of job "refuse".
 // The server's own limit is kMaxMessageBytes both ways.
 #ifndef ZO_RPC_TESTING_ECHO_SERVER_H_
 #define ZO_RPC_TESTING_ECHO_SERVER_H_
@@ -34,6 +36,18 @@ class EchoService final : public v1::Offload::Service {
   grpc::Status OpenJob(grpc::ServerContext*, const v1::OpenJobRequest* request,
                        v1::OpenJobResponse* response) override {
     response->mutable_status()->set_job(request->config_json());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status InitParams(grpc::ServerContext*, grpc::ServerReader<v1::ParamInitPiece>* reader,
+                          v1::InitParamsResponse* response) override {
+    v1::ParamInitPiece piece;
+    while (reader->Read(&piece)) {
+      if (piece.job() == "refuse") {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "refused piece");
+      }
+      response->set_pieces(response->pieces() + 1);
+    }
     return grpc::Status::OK;
   }
 };
