@@ -10,12 +10,30 @@
 
 namespace zo {
 
-// MemAvailable from /proc/meminfo, in bytes (free memory plus what the
-// kernel can reclaim without swapping); nullopt where it cannot be read.
+// What this process may still allocate, in bytes: MemAvailable from
+// /proc/meminfo (free memory plus what the kernel can reclaim without
+// swapping), or less where the process's memory cgroup has a limit closer
+// (a Kubernetes pod's, a systemd unit's MemoryMax): the OOM killer acts on
+// the cgroup's. nullopt where neither can be read.
 std::optional<int64_t> AvailableHostMemory();
+
+// The least limit - usage over the process's memory cgroup and its
+// ancestors (cgroup v2: memory.max / memory.current; v1:
+// memory.limit_in_bytes / memory.usage_in_bytes); nullopt where none has a
+// limit or the files cannot be read.
+std::optional<int64_t> CgroupMemoryHeadroom();
 
 // The MemAvailable line of /proc/meminfo-formatted `text`, in bytes.
 std::optional<int64_t> ParseMemAvailable(const std::string& text);
+
+// The process's memory cgroup from /proc/self/cgroup-formatted `text`: the
+// v2 path ("0::/a/b") and the v1 memory controller's ("4:memory:/a/b"),
+// empty where absent.
+struct CgroupPaths {
+  std::string v2;
+  std::string v1_memory;
+};
+CgroupPaths ParseCgroupPaths(const std::string& text);
 
 }  // namespace zo
 

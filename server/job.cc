@@ -131,7 +131,8 @@ absl::Status Job::CheckHostMemory(const TieredStateOptions& options) const {
       FormatBytes(state), " optimizer state, ", FormatBytes(gradients), " gradients, ",
       FormatBytes(versions), " weights served to pulls, ", FormatBytes(staging),
       " checkpoint staging) and ", FormatBytes(*available),
-      " is available; put the optimizer state on NVMe (zero_optimization.offload_optimizer) "
+      " is available (the host's MemAvailable, or what the server's memory cgroup has left where "
+      "that is less); put the optimizer state on NVMe (zero_optimization.offload_optimizer) "
       "or add servers"));
 }
 

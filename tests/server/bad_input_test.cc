@@ -4,15 +4,20 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fstream>
 #include <functional>
+#include <iterator>
+#include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/host_memory.h"
 #include "common/status_macros.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -61,6 +66,9 @@ class BadInputTest : public ::testing::Test {
   }
 
   // Pushes one piece on its own stream and returns the call's status.
+  absl::Status OpenOn(ServerProcess& server, const std::string& job, const std::string& name,
+                      const std::vector<int64_t>& shape, const std::string& config = kConfig);
+
   absl::Status PushRaw(const v1::GradientPiece& piece, absl::Duration timeout = absl::Seconds(10)) {
     auto context = Context(kToken, timeout);
     v1::PushGradientsResponse response;
@@ -236,27 +244,33 @@ TEST_F(BadInputTest, EachBadCallIsRefusedAndTheJobStillMatchesTheReference) {
 // cannot hold, names and shapes past the bounds, one job more than
 // --max-jobs. Each is refused before anything is allocated, saying why, and
 // the server goes on serving.
+// OpenJob of a one-tensor job (fp32, two dp ranks) on `server` alone.
+absl::Status BadInputTest::OpenOn(ServerProcess& server, const std::string& job,
+                                  const std::string& name, const std::vector<int64_t>& shape,
+                                  const std::string& config) {
+  v1::OpenJobRequest request;
+  request.set_job(job);
+  request.set_config_json(config);
+  request.set_dp_world_size(2);
+  request.add_servers(server.address());
+  v1::TensorSpec* t = request.mutable_manifest()->add_tensors();
+  t->set_name(name);
+  for (int64_t d : shape) t->add_shape(d);
+  t->set_dtype(v1::DTYPE_FP32);
+  v1::OpenJobResponse response;
+  ZO_ASSIGN_OR_RETURN(auto channel, NewChannel(server.address(), {}));
+  return FromGrpcStatus(
+      v1::Offload::NewStub(channel)->OpenJob(Context().get(), request, &response));
+}
+
 TEST_F(BadInputTest, OversizedJobsAreRefusedBeforeAnythingIsAllocated) {
   const auto open = [&](ServerProcess& server, const std::string& job,
-                        const std::function<void(v1::TensorSpec*)>& shape,
+                        const std::pair<std::string, std::vector<int64_t>>& tensor,
                         const std::string& config = kConfig) {
-    v1::OpenJobRequest request;
-    request.set_job(job);
-    request.set_config_json(config);
-    request.set_dp_world_size(2);
-    request.add_servers(server.address());
-    shape(request.mutable_manifest()->add_tensors());
-    v1::OpenJobResponse response;
-    ZO_ASSIGN_OR_RETURN(auto channel, NewChannel(server.address(), {}));
-    return FromGrpcStatus(
-        v1::Offload::NewStub(channel)->OpenJob(Context().get(), request, &response));
+    return OpenOn(server, job, tensor.first, tensor.second, config);
   };
   const auto tensor = [](std::string name, std::vector<int64_t> shape) {
-    return [name, shape](v1::TensorSpec* t) {
-      t->set_name(name);
-      for (int64_t d : shape) t->add_shape(d);
-      t->set_dtype(v1::DTYPE_FP32);
-    };
+    return std::make_pair(std::move(name), std::move(shape));
   };
   // 2^40 fp32 elements: in chunks of 256, too many chunks to keep track of;
   // in chunks of 2^30, 16 bytes each here (state, fp32 gradients; pulls round the
@@ -290,6 +304,64 @@ TEST_F(BadInputTest, OversizedJobsAreRefusedBeforeAnythingIsAllocated) {
   EXPECT_THAT(info.jobs(), ::testing::IsEmpty());
   two.Stop();
   server_->Stop();
+}
+
+// A memory cgroup of the test's own, removed at the end: v2 where the
+// process is in a v2 hierarchy with the memory controller, else v1's.
+class MemoryCgroup {
+ public:
+  static absl::StatusOr<std::unique_ptr<MemoryCgroup>> Make(int64_t limit_bytes) {
+    std::ifstream self("/proc/self/cgroup");
+    const CgroupPaths paths = ParseCgroupPaths(
+        std::string((std::istreambuf_iterator<char>(self)), std::istreambuf_iterator<char>()));
+    const std::string name = absl::StrCat("zo_bad_input_", getpid());
+    std::vector<std::pair<std::string, std::string>> tries;  // dir, limit file
+    if (!paths.v2.empty() && std::ifstream("/sys/fs/cgroup/cgroup.controllers")) {
+      tries.emplace_back(absl::StrCat("/sys/fs/cgroup", paths.v2, "/", name), "memory.max");
+    }
+    if (!paths.v1_memory.empty()) {
+      tries.emplace_back(absl::StrCat("/sys/fs/cgroup/memory", paths.v1_memory, "/", name),
+                         "memory.limit_in_bytes");
+    }
+    for (const auto& [dir, limit_file] : tries) {
+      if (mkdir(dir.c_str(), 0755) != 0) continue;
+      auto cgroup = std::unique_ptr<MemoryCgroup>(new MemoryCgroup(dir));
+      std::ofstream(dir + "/" + limit_file) << limit_bytes;
+      int64_t read = 0;
+      std::ifstream(dir + "/" + limit_file) >> read;
+      if (read > 0 && read <= limit_bytes) return cgroup;
+    }
+    return absl::UnavailableError("cannot make a memory cgroup with a limit here");
+  }
+  ~MemoryCgroup() { rmdir(dir_.c_str()); }
+
+  absl::Status Move(pid_t pid) const {
+    std::ofstream procs(dir_ + "/cgroup.procs");
+    procs << pid << std::flush;
+    return procs ? absl::OkStatus() : absl::UnavailableError("cannot move into the cgroup");
+  }
+
+ private:
+  explicit MemoryCgroup(std::string dir) : dir_(std::move(dir)) {}
+  std::string dir_;
+};
+
+// A server in a pod or a systemd unit with a memory limit admits what the
+// limit allows, not what the host has (the OOM killer acts on the cgroup).
+TEST_F(BadInputTest, AServerAdmitsWhatItsMemoryCgroupAllows) {
+  absl::StatusOr<std::unique_ptr<MemoryCgroup>> cgroup = MemoryCgroup::Make(int64_t{96} << 20);
+  if (!cgroup.ok()) GTEST_SKIP() << cgroup.status() << " (needs root and a writable cgroupfs)";
+  ZO_ASSERT_OK_AND_ASSIGN(ServerProcess server,
+                          ServerProcess::Start({"--auth-token-file", token_file_}));
+  ASSERT_THAT((*cgroup)->Move(server.pid()), IsOk());
+  // 16 Mi fp32 elements need 256 MiB here: far less than the host has, more
+  // than the cgroup's 96 MiB.
+  EXPECT_THAT(OpenOn(server, "big", "w", {int64_t{16} << 20}),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("job big needs 256.0 MiB of RAM on this server"),
+                             HasSubstr("memory cgroup"))));
+  EXPECT_THAT(OpenOn(server, "small", "w", {int64_t{1} << 20}), IsOk());  // 16 MiB
+  server.Kill();  // out of the cgroup before it is removed
 }
 
 }  // namespace
