@@ -64,15 +64,33 @@ std::optional<int64_t> ReadBytes(const std::string& path) {
   return v;
 }
 
+// Field `key` of a memory.stat file; 0 where absent.
+int64_t StatField(const std::string& path, absl::string_view key) {
+  const std::optional<std::string> text = ReadFile(path);
+  if (!text.has_value()) return 0;
+  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+    if (!absl::ConsumePrefix(&line, key) || !absl::ConsumePrefix(&line, " ")) continue;
+    int64_t v = 0;
+    return absl::SimpleAtoi(line, &v) && v > 0 ? v : 0;
+  }
+  return 0;
+}
+
 // The least limit - usage from `dir` up to `root` (the hierarchy's mount).
+// Usage counts the page cache, which the kernel reclaims before it kills:
+// the inactive file pages (`inactive_stat` of memory.stat) are left out, as
+// a kubelet's working set does.
 std::optional<int64_t> HeadroomUpTo(std::filesystem::path dir, const std::filesystem::path& root,
-                                    const char* limit_file, const char* usage_file) {
+                                    const char* limit_file, const char* usage_file,
+                                    absl::string_view inactive_stat) {
   std::optional<int64_t> least;
   for (;;) {
     const std::optional<int64_t> limit = ReadBytes((dir / limit_file).string());
     const std::optional<int64_t> usage = ReadBytes((dir / usage_file).string());
     if (limit.has_value() && usage.has_value()) {
-      const int64_t headroom = std::max<int64_t>(0, *limit - *usage);
+      const int64_t working =
+          std::max<int64_t>(0, *usage - StatField((dir / "memory.stat").string(), inactive_stat));
+      const int64_t headroom = std::max<int64_t>(0, *limit - working);
       least = least.has_value() ? std::min(*least, headroom) : headroom;
     }
     if (dir == root || !dir.has_parent_path() || dir.parent_path() == dir) break;
@@ -105,14 +123,15 @@ std::optional<int64_t> CgroupMemoryHeadroom() {
       if (!std::filesystem::exists(std::filesystem::path(mount) / "cgroup.controllers", ec)) {
         continue;
       }
-      take(HeadroomUpTo(CgroupDir(mount, paths.v2), mount, "memory.max", "memory.current"));
+      take(HeadroomUpTo(CgroupDir(mount, paths.v2), mount, "memory.max", "memory.current",
+                        "inactive_file"));
       break;
     }
   }
   if (!paths.v1_memory.empty()) {
     const std::filesystem::path mount = "/sys/fs/cgroup/memory";
     take(HeadroomUpTo(CgroupDir(mount, paths.v1_memory), mount, "memory.limit_in_bytes",
-                      "memory.usage_in_bytes"));
+                      "memory.usage_in_bytes", "total_inactive_file"));
   }
   return least;
 }

@@ -19,7 +19,8 @@ std::optional<int64_t> AvailableHostMemory();
 
 // The least limit - usage over the process's memory cgroup and its
 // ancestors (cgroup v2: memory.max / memory.current; v1:
-// memory.limit_in_bytes / memory.usage_in_bytes); nullopt where none has a
+// memory.limit_in_bytes / memory.usage_in_bytes), usage without the
+// inactive page cache the kernel reclaims first; nullopt where none has a
 // limit or the files cannot be read.
 std::optional<int64_t> CgroupMemoryHeadroom();
 
