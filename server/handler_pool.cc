@@ -24,11 +24,6 @@ void HandlerPool::Run(std::function<void()> task) {
   }
 }
 
-int HandlerPool::threads() const {
-  std::lock_guard lock(mu_);
-  return static_cast<int>(threads_.size());
-}
-
 void HandlerPool::Work() {
   std::unique_lock lock(mu_);
   for (;;) {

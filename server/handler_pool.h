@@ -25,13 +25,10 @@ class HandlerPool {
 
   void Run(std::function<void()> task);
 
-  // Threads started so far (the most tasks that ran at once).
-  int threads() const;
-
  private:
   void Work();
 
-  mutable std::mutex mu_;
+  std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> tasks_;
   std::vector<std::thread> threads_;
