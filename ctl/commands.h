@@ -12,7 +12,7 @@
 ABSL_DECLARE_FLAG(bool, json);
 // estimate: a count; rescale: a list. Defined in ctl/estimate_command.cc.
 ABSL_DECLARE_FLAG(std::string, servers);
-// export, rescale. Defined in ctl/export_command.cc.
+// export, rescale, restore. Defined in ctl/export_command.cc.
 ABSL_DECLARE_FLAG(std::string, checkpoint);
 
 namespace zo::ctl {
@@ -23,6 +23,7 @@ int RunStatus();      // ctl/rpc_commands.cc
 int RunCheckpoint();  // ctl/rpc_commands.cc
 int RunJobs();        // ctl/rpc_commands.cc
 int RunClose();       // ctl/rpc_commands.cc
+int RunRestore();     // ctl/rpc_commands.cc
 int RunRescale();     // ctl/rpc_commands.cc
 
 }  // namespace zo::ctl

@@ -15,7 +15,8 @@
 ABSL_FLAG(std::string, checkpoint, "",
           "export: a committed checkpoint directory (<root>/<job>/step-N), or a job's "
           "directory (<root>/<job>) for its latest checkpoint; rescale: adopt the job from this "
-          "committed checkpoint on --servers (finishing a rescale that stopped half way)");
+          "committed checkpoint on --servers (finishing a rescale that stopped half way); restore: "
+          "the committed checkpoint to restore (default: the job's latest)");
 ABSL_FLAG(std::string, out, "", "export: the safetensors file to write");
 
 namespace zo::ctl {

@@ -32,9 +32,10 @@
 #include "rpc/rpc_util.h"
 
 ABSL_FLAG(std::string, server, "",
-          "status, checkpoint, close: zo-server address HOST:PORT (the job's lead server for "
-          "checkpoint; any of its servers for close); jobs: one or more, comma-separated");
-ABSL_FLAG(std::string, job, "", "status, checkpoint, close: the job's name");
+          "status, checkpoint, close, restore: zo-server address HOST:PORT (the job's lead server "
+          "for checkpoint and restore; any of its servers for close); jobs: one or more, "
+          "comma-separated");
+ABSL_FLAG(std::string, job, "", "status, checkpoint, close, restore: the job's name");
 ABSL_FLAG(bool, delete_checkpoints, false,
           "close: also remove the job's checkpoints from the servers' checkpoint directory");
 ABSL_FLAG(std::string, auth_token_file, "",
@@ -43,7 +44,11 @@ ABSL_FLAG(std::string, auth_token_file, "",
 ABSL_FLAG(std::string, tls_ca, "",
           "status, checkpoint: PEM file of the CA that signed the server's certificate; "
           "connects with TLS when given");
-ABSL_FLAG(int, timeout, 30, "status, checkpoint, jobs, close: seconds to wait for each answer");
+ABSL_FLAG(int, timeout, 30,
+          "status, checkpoint, jobs, close: seconds to wait for each answer; restore: for its "
+          "status, and ten times this for the restore itself");
+ABSL_FLAG(bool, force, false,
+          "restore: roll back a live job that went on past the checkpoint (without it, refused)");
 
 namespace zo::ctl {
 namespace {
@@ -147,11 +152,12 @@ std::string FormatJobStatus(const RpcTarget& target, const v1::JobStatus& st) {
        absl::StrCat(st.version(), " (gradients are pushed for step ", st.open_step(), ")")},
       {"applied steps", absl::StrCat(st.applied_steps())},
       {"loss scale", absl::StrCat(st.loss_scale())},
-      {"health", !st.needs_restore().empty() ? absl::StrCat("NEEDS RESTORE: ", st.needs_restore())
-                 : !st.waiting_on_peer().empty()
-                     ? absl::StrCat("STUCK ON A PEER: ", st.waiting_on_peer())
-                 : missing != nullptr ? absl::StrCat("FOLLOWER DOWN: ", FormatFollower(*missing))
-                                      : std::string("ok")},
+      {"health",
+       !st.needs_restore().empty()
+           ? absl::StrCat(st.restoring() ? "RESTORING: " : "NEEDS RESTORE: ", st.needs_restore())
+       : !st.waiting_on_peer().empty() ? absl::StrCat("STUCK ON A PEER: ", st.waiting_on_peer())
+       : missing != nullptr            ? absl::StrCat("FOLLOWER DOWN: ", FormatFollower(*missing))
+                                       : std::string("ok")},
       {"data parallel", absl::StrCat(st.dp_world_size(), " rank(s)")},
       {"elements",
        absl::StrCat(FormatCount(static_cast<double>(st.total_elems())), " in the job; ",
@@ -181,7 +187,8 @@ std::string FormatJobStatus(const RpcTarget& target, const v1::JobStatus& st) {
             number <= v1::JobStatus::kRamBytesFieldNumber) ||
            number == v1::JobStatus::kFollowersFieldNumber ||
            number == v1::JobStatus::kLastCheckpointErrorFieldNumber ||
-           number == v1::JobStatus::kCheckpointFailuresFieldNumber;
+           number == v1::JobStatus::kCheckpointFailuresFieldNumber ||
+           number == v1::JobStatus::kRestoringFieldNumber;
   };
   const nlohmann::ordered_json all = MessageToJson(st);
   const google::protobuf::Descriptor* d = st.GetDescriptor();
@@ -314,6 +321,70 @@ int RunJobs() {
     std::cout << text;
   }
   return failed == 0 ? 0 : 1;
+}
+
+int RunRestore() {
+  absl::StatusOr<RpcTarget> lead = RpcTargetFromFlags();
+  if (!lead.ok()) {
+    std::cerr << "zo-ctl restore: " << lead.status().message() << "\n";
+    return 2;
+  }
+  const std::string job = absl::GetFlag(FLAGS_job);
+  const std::string checkpoint = absl::GetFlag(FLAGS_checkpoint);
+  v1::GetJobStatusRequest status_request;
+  status_request.set_job(job);
+  v1::JobStatus st;
+  {
+    grpc::ClientContext context;
+    PrepareCallContext(lead->call, context);
+    if (grpc::Status rpc = lead->stub->GetJobStatus(&context, status_request, &st); !rpc.ok()) {
+      std::cerr << "zo-ctl restore: " << DescribeRpcError(*lead, rpc) << "\n";
+      return 1;
+    }
+  }
+  if (st.server_index() != 0) {
+    std::cerr << "zo-ctl restore: " << lead->server << " is server " << st.server_index()
+              << " of job " << job << "; restores are run by its lead, "
+              << (st.servers().empty() ? std::string("server 0") : st.servers(0)) << "\n";
+    return 1;
+  }
+  // A healthy job is rolled back only when asked: its workers lose the
+  // steps since the checkpoint.
+  if (st.needs_restore().empty() && !absl::GetFlag(FLAGS_force)) {
+    if (checkpoint.empty() && st.version() == st.last_checkpoint_step()) {
+      std::cout << "job " << job << " is at version " << st.version()
+                << ", its latest checkpoint: nothing to restore\n";
+      return 0;
+    }
+    std::cerr << "zo-ctl restore: job " << job << " is live at version " << st.version()
+              << (st.last_checkpoint_step() >= 0
+                      ? absl::StrCat(" (latest checkpoint: step ", st.last_checkpoint_step(), ")")
+                      : std::string(" with no checkpoint on record"))
+              << "; restoring rolls it back and its workers redo the steps since. Add --force "
+                 "to do so\n";
+    return 1;
+  }
+  v1::RestoreRequest request;
+  request.set_job(job);
+  request.set_path(checkpoint);
+  request.set_rollback(true);  // the workers hear of it and follow
+  v1::RestoreResponse response;
+  grpc::ClientContext context;
+  CallOptions call = lead->call;
+  call.timeout *= 10;
+  PrepareCallContext(call, context);
+  if (grpc::Status rpc = lead->stub->Restore(&context, request, &response); !rpc.ok()) {
+    std::cerr << "zo-ctl restore: " << DescribeRpcError(*lead, rpc) << "\n";
+    return 1;
+  }
+  if (absl::GetFlag(FLAGS_json)) {
+    std::cout << MessageToJson(response).dump(2) << "\n";
+  } else {
+    std::cout << "job " << job << " restored to version " << response.version() << " from "
+              << response.path() << " on its " << st.num_servers()
+              << " server(s); its workers resume at step " << response.version() + 1 << "\n";
+  }
+  return 0;
 }
 
 int RunClose() {

@@ -5,6 +5,8 @@
 //   checkpoint   checkpoint a job now (Checkpoint, to the lead server)
 //   jobs         the jobs on one or more servers (GetServerInfo, GetJobStatus)
 //   close        close a job on all its servers (CloseJob)
+//   restore      roll a job back to a checkpoint on all its servers (Restore,
+//                to the lead)
 //   rescale      move a running job to other servers (Checkpoint with freeze,
 //                CloseJob with where it went, AdoptJob on the new lead)
 // Exit status: 0 done, 1 the operation failed (server unreachable, an RPC
@@ -41,12 +43,15 @@ constexpr char kUsage[] =
     "              zo-ctl jobs --server 10.0.0.1:7070,10.0.0.2:7070\n"
     "  close       close a job on every server it has, freeing its RAM and swap files, e.g.\n"
     "              zo-ctl close --server 127.0.0.1:7070 --job gpt2 [--delete-checkpoints]\n"
+    "  restore     roll a job back to a checkpoint on every server it has (a lost job, or with\n"
+    "              --force a live one); its workers follow, e.g.\n"
+    "              zo-ctl restore --server 127.0.0.1:7070 --job gpt2 [--checkpoint DIR] [--force]\n"
     "  rescale     move a running job to other servers: checkpoint, restore there; its\n"
     "              workers follow without a restart, e.g.\n"
     "              zo-ctl rescale --server 10.0.0.1:7070 --job gpt2 --servers 10.0.0.1:7070,"
     "10.0.0.2:7070\n\n"
-    "status, checkpoint, jobs, close and rescale take --auth-token-file and --tls-ca as the\n"
-    "servers need.\n"
+    "status, checkpoint, jobs, close, restore and rescale take --auth-token-file and --tls-ca\n"
+    "as the servers need.\n"
     "Exit status: 0 done, 1 the operation failed, 2 a wrong command line.\n"
     "Flags may be written with dashes or underscores.";
 
@@ -64,6 +69,7 @@ int Main(int argc, char** argv) {
   if (command == "checkpoint") return RunCheckpoint();
   if (command == "jobs") return RunJobs();
   if (command == "close") return RunClose();
+  if (command == "restore") return RunRestore();
   if (command == "rescale") return RunRescale();
   std::cerr << "zo-ctl: unknown command '" << command << "'; try zo-ctl --help\n";
   return 2;

@@ -286,7 +286,11 @@ v1::JobStatus Job::Status() const {
   st.set_open_step(open_step_);
   st.set_applied_steps(applied_steps_);
   st.set_loss_scale(ScaleForVersionLocked(version_));
-  if (!health_.ok()) st.set_needs_restore(std::string(health_.message()));
+  if (!health_.ok()) {
+    st.set_needs_restore(std::string(health_.message()));
+    st.set_restoring(health_.code() == absl::StatusCode::kUnavailable);
+  }
+  st.set_restores(restores_done_);
   if (coordinator_ != nullptr) st.set_waiting_on_peer(coordinator_->StallDescription());
   st.set_server_index(spec_.server_index);
   st.set_num_servers(static_cast<int>(spec_.servers.size()));
@@ -877,71 +881,14 @@ absl::Status Job::Apply(const v1::StepCommit& commit) {
   return absl::OkStatus();
 }
 
-void Job::ProbeFollowers() {
-  for (int i = 1; i < static_cast<int>(spec_.servers.size()); ++i) {
-    MaybeRecover(
-        i, resources_.peers->GetJobStatus(spec_.servers[i], spec_.name, absl::Seconds(2)).status());
-  }
-}
-
-void Job::MaybeRecover(int server, const absl::Status& answer) {
-  if (!is_lead()) return;
-  followers_.Record(server, answer);
-  if (ReasonOf(answer) != v1::ErrorDetail::NO_JOB) return;
-  std::lock_guard lock(recovery_mu_);
-  if (recovering_ || absl::Now() - last_recovery_ < absl::Seconds(10)) return;
-  {
-    std::lock_guard state(mu_);
-    if (stop_) return;
-  }
-  last_recovery_ = absl::Now();
-  recovering_ = true;
-  if (recovery_.joinable()) recovery_.join();
-  recovery_ = std::thread([this, server] {
-    RecoverPeer(server);
-    recovering_ = false;
-  });
-}
-
-void Job::RecoverPeer(int server) {
-  const std::string& address = spec_.servers[server];
-  ZO_LOG(WARNING) << "job " << spec_.name << ": server " << server << " (" << address
-                  << ") lost its part of the job (it restarted); rolling every server back to "
-                     "the latest checkpoint";
-  v1::OpenJobRequest request;
-  request.set_job(spec_.name);
-  *request.mutable_manifest() = ManifestToProto(spec_.manifest);
-  request.set_config_json(spec_.config_json);
-  request.set_dp_world_size(spec_.dp_world_size);
-  for (const std::string& s : spec_.servers) request.add_servers(s);
-  request.set_server_index(server);
-  if (absl::StatusOr<v1::OpenJobResponse> opened =
-          resources_.peers->OpenJob(address, request, absl::Seconds(5));
-      !opened.ok()) {
-    ZO_LOG(ERROR) << "job " << spec_.name << ": cannot open the job on " << address
-                  << " again: " << opened.status() << " (retried in 10 s)";
-    return;
-  }
-  absl::StatusOr<v1::RestoreResponse> restored =
-      Restore("", absl::Now() + absl::Minutes(10), /*rollback=*/true);
-  if (!restored.ok()) {
-    ZO_LOG(ERROR) << "job " << spec_.name << ": rolling back after losing server " << server
-                  << " failed: " << restored.status()
-                  << "; restore it by hand (zo-train --restore, zo-ctl) once a checkpoint exists";
-    return;
-  }
-  ZO_LOG(WARNING) << "job " << spec_.name << ": rolled back to version " << restored->version()
-                  << " (" << restored->path() << ") after server " << server
-                  << " lost its part; workers resume at step " << restored->version() + 1;
-}
-
 absl::Status Job::NeedsRestoreLocked() const {
   // A restore in progress (UNAVAILABLE) passes: callers wait and retry. A
   // job that needs one does not until someone restores it.
-  return absl::Status(health_.code() == absl::StatusCode::kUnavailable
-                          ? absl::StatusCode::kUnavailable
-                          : absl::StatusCode::kFailedPrecondition,
-                      absl::StrCat("job ", spec_.name, " needs restore: ", health_.message()));
+  const std::string message =
+      absl::StrCat("job ", spec_.name, " needs restore: ", health_.message());
+  if (health_.code() == absl::StatusCode::kUnavailable) return absl::UnavailableError(message);
+  return WithDetail(absl::FailedPreconditionError(message),
+                    MakeDetail(v1::ErrorDetail::NEEDS_RESTORE, spec_.name));
 }
 
 void Job::SetHealthLocked(absl::Status health) {

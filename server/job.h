@@ -225,9 +225,21 @@ class Job {
     std::lock_guard lock(mu_);
     return checkpoint_running_;
   }
-  // `rollback`: RestoreRequest.rollback (a new instance of the job).
+  // `rollback`: RestoreRequest.rollback (a new instance of the job). A
+  // follower that answers it holds no part of the job (it restarted) gets
+  // its part opened again (OpenJobRequest.by_lead) and restored with the
+  // rest.
+  // One at a time; `if_restores` (RestoreRequest.if_restores): only while
+  // that many restores have finished, else nothing (already_restored).
   absl::StatusOr<v1::RestoreResponse> Restore(const std::string& path, absl::Time deadline,
-                                              bool rollback = false);
+                                              bool rollback = false,
+                                              std::optional<int64_t> if_restores = std::nullopt);
+
+  // A follower's part that its lead opened to restore it
+  // (OpenJobRequest.by_lead): it refuses steps until RestorePart, and its
+  // server refuses workers' opens until then (JobRegistry::Open).
+  void AwaitLeadRestore();
+  bool AwaitingLeadRestore() const;
 
   // Ends the step thread and wakes every waiting call, which then fail with
   // `reason`; idempotent (the first reason stays).
@@ -270,7 +282,14 @@ class Job {
   // most every 10 s) a recovery: the job opened there again and every
   // server rolled back to the latest checkpoint.
   void MaybeRecover(int server, const absl::Status& answer);
+  // Rolls every server back to the latest checkpoint, or MarkLost when
+  // there is none.
   void RecoverPeer(int server);
+  // Fails the job for good (health DATA_LOSS, saying what the operator can
+  // do): follower `server` lost its part and `why` no checkpoint restores it.
+  void MarkLost(int server, const absl::Status& why);
+  // Opens the job's part on follower `server` for a restore (by_lead).
+  absl::Status OpenPartOn(int server);
   bool ReadyToReportLocked() const;
   v1::StepStats ComputeStepStats(int64_t step, int64_t generation);
   absl::Status Apply(const v1::StepCommit& commit);
@@ -402,9 +421,14 @@ class Job {
   // A restore is replacing the state and versions: pulls wait for it.
   bool restoring_ = false;
   int64_t restores_begun_ = 0;  // tells a pull whether one began while it opened
+  int64_t restores_done_ = 0;   // JobStatus.restores
   bool stop_ = false;
   absl::Status stop_reason_;
   bool frozen_ = false;  // lead: a move holds the job at its version
+  // Lead: a follower lost its part with no checkpoint (MarkLost); a restore
+  // from a checkpoint given by hand clears it.
+  bool lost_ = false;
+  bool awaiting_lead_restore_ = false;  // follower: AwaitLeadRestore until RestorePart
   // The step thread has decided a step and not yet applied it.
   bool applying_ = false;
   bool checkpoint_running_ = false;  // lead: checkpoint_thread_ finishes one
@@ -418,6 +442,10 @@ class Job {
   std::deque<std::shared_ptr<PendingCheckpoint>> pending_checkpoints_;
   std::atomic<int64_t> serve_ns_{0};
   JobCounters counters_;
+
+  // Lead: held for the whole of a Restore, so that two run one after the
+  // other (the second sees the first's count). Before mu_ and state_mu_.
+  std::mutex restore_mu_;
 
   // Lead: the recovery of a follower that lost the job (MaybeRecover).
   std::mutex recovery_mu_;

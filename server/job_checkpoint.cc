@@ -18,6 +18,7 @@
 #include "common/status_macros.h"
 #include "offload/checkpoint/checkpoint_dir.h"
 #include "offload/checkpoint/checkpoint_part.h"
+#include "rpc/error_detail.h"
 #include "server/job.h"
 #include "server/job_internal.h"
 #include "server/state_checkpoint.h"
@@ -420,12 +421,24 @@ void Job::DropSnapshotLocked(const absl::Status& why) {
 }
 
 absl::StatusOr<v1::RestoreResponse> Job::Restore(const std::string& path, absl::Time deadline,
-                                                 bool rollback) {
+                                                 bool rollback,
+                                                 std::optional<int64_t> if_restores) {
   (void)deadline;
   if (!is_lead()) {
     return absl::FailedPreconditionError(absl::StrCat("restores are run by the lead server (",
                                                       spec_.servers[0], "), this is server ",
                                                       spec_.server_index));
+  }
+  std::lock_guard restore_lock(restore_mu_);
+  if (if_restores.has_value()) {
+    std::lock_guard lock(mu_);
+    if (restores_done_ != *if_restores) {
+      v1::RestoreResponse response;
+      response.set_already_restored(true);
+      response.set_version(version_);
+      response.set_base_version(oldest_version_);
+      return response;
+    }
   }
   std::string dir = path;
   if (dir.empty()) {
@@ -462,6 +475,14 @@ absl::StatusOr<v1::RestoreResponse> Job::Restore(const std::string& path, absl::
   absl::Status status = RestorePart(request, /*healthy_after=*/false);
   for (size_t i = 1; i < spec_.servers.size() && status.ok(); ++i) {
     status = resources_.peers->RestorePart(spec_.servers[i], request, resources_.peer_timeout * 10);
+    if (ReasonOf(status) == v1::ErrorDetail::NO_JOB) {
+      // It restarted without its part: open it there again, then restore it.
+      status = OpenPartOn(static_cast<int>(i));
+      if (status.ok()) {
+        status =
+            resources_.peers->RestorePart(spec_.servers[i], request, resources_.peer_timeout * 10);
+      }
+    }
   }
   if (status.ok()) {
     status = coordinator_->RestoreDecider(
@@ -475,6 +496,10 @@ absl::StatusOr<v1::RestoreResponse> Job::Restore(const std::string& path, absl::
     SetHealthLocked(status.ok() ? absl::OkStatus()
                                 : absl::DataLossError(absl::StrCat("partial restore from ", dir,
                                                                    ": ", status.message())));
+    if (status.ok()) {
+      lost_ = false;
+      ++restores_done_;
+    }
     step_open_time_ = absl::Now();
   }
   cv_.notify_all();
@@ -579,6 +604,7 @@ absl::Status Job::RestorePart(const v1::RestorePartRequest& request, bool health
     }
     // Pulls that waited re-check their instance (and hear of the restore).
     restoring_ = false;
+    awaiting_lead_restore_ = false;
     resources_.wakes->Post(version_waiters_.TakeAll());
     if (!status.ok()) {
       SetHealthLocked(absl::DataLossError(

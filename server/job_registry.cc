@@ -12,13 +12,35 @@
 
 namespace zo {
 
-absl::StatusOr<JobRegistry::Opened> JobRegistry::Open(JobSpec spec, bool attach_only) {
+absl::StatusOr<JobRegistry::Opened> JobRegistry::Open(JobSpec spec, bool attach_only,
+                                                      bool by_lead) {
+  if (!by_lead && spec.server_index > 0) {
+    bool held;
+    {
+      std::lock_guard lock(mu_);
+      held = jobs_.count(spec.name) > 0;
+    }
+    // Not under mu_: it is a call to another server. An attach-only caller
+    // waits for the part to come back unless nobody will bring it back.
+    if (!held) {
+      const absl::Status lead = AskLeadBeforeCreating(spec);
+      if (!lead.ok() && (!attach_only || ReasonOf(lead) == v1::ErrorDetail::NEEDS_RESTORE)) {
+        return lead;
+      }
+    }
+  }
   // Creating a job allocates and may preallocate swap files: done under the
   // lock so that two racing opens of one job make one.
   std::lock_guard lock(mu_);
   auto it = jobs_.find(spec.name);
   if (it == jobs_.end() && attach_only) return NotHereLocked(spec.name);
   if (it != jobs_.end()) {
+    if (!by_lead && it->second->AwaitingLeadRestore()) {
+      return absl::UnavailableError(
+          absl::StrCat("job ", spec.name, ": this server (server ", spec.server_index,
+                       ") restarted and its part waits for the lead ", spec.servers[0],
+                       " to roll the job back onto it; try again"));
+    }
     const std::string mismatch = JobSpecMismatch(it->second->spec(), spec);
     if (!mismatch.empty()) {
       return absl::FailedPreconditionError(
@@ -44,6 +66,7 @@ absl::StatusOr<JobRegistry::Opened> JobRegistry::Open(JobSpec spec, bool attach_
                      spec.name, " on other servers"));
   }
   ZO_ASSIGN_OR_RETURN(std::unique_ptr<Job> job, Job::Create(std::move(spec), resources_));
+  if (by_lead && job->spec().server_index > 0) job->AwaitLeadRestore();
   std::shared_ptr<Job> shared = std::move(job);
   jobs_[shared->spec().name] = shared;
   moved_.erase(shared->spec().name);
@@ -54,6 +77,34 @@ absl::Status JobRegistry::NotHereLocked(const std::string& name) const {
   if (auto m = moved_.find(name); m != moved_.end()) return JobMovedError(m->second);
   return WithDetail(absl::NotFoundError(absl::StrCat("no job \"", name, "\" on this server")),
                     MakeDetail(v1::ErrorDetail::NO_JOB, name));
+}
+
+absl::Status JobRegistry::AskLeadBeforeCreating(const JobSpec& spec) const {
+  const std::string& lead_address = spec.servers[0];
+  const std::string here =
+      absl::StrCat("server ", spec.server_index, " (", spec.servers[spec.server_index], ")");
+  const absl::StatusOr<v1::JobStatus> lead = resources_.peers->GetJobStatus(
+      lead_address, spec.name, std::min(resources_.peer_timeout, absl::Seconds(5)));
+  if (!lead.ok()) {
+    const v1::ErrorDetail::Reason why = ReasonOf(lead.status());
+    if (why == v1::ErrorDetail::NO_JOB) return absl::OkStatus();  // a new job
+    if (why == v1::ErrorDetail::JOB_MOVED) return lead.status();
+    return absl::UnavailableError(
+        absl::StrCat(here, " does not hold job ", spec.name, " and cannot ask its lead ",
+                     lead_address, " whether that holds it trained (", lead.status().message(),
+                     "); a follower creates its part only after asking: try again"));
+  }
+  if (lead->needs_restore().empty() && lead->version() == 0) return absl::OkStatus();
+  if (!lead->needs_restore().empty() && !lead->restoring()) {
+    return WithDetail(
+        absl::FailedPreconditionError(absl::StrCat("job ", spec.name, " needs a restore: its lead ",
+                                                   lead_address, " says ", lead->needs_restore())),
+        MakeDetail(v1::ErrorDetail::NEEDS_RESTORE, spec.name));
+  }
+  return absl::UnavailableError(
+      absl::StrCat(here, " restarted without its part of job ", spec.name, ", which the lead ",
+                   lead_address, " holds at version ", lead->version(),
+                   ": the lead rolls the job back onto it from its latest checkpoint; try again"));
 }
 
 absl::StatusOr<std::shared_ptr<Job>> JobRegistry::Find(const std::string& name) const {
@@ -136,6 +187,7 @@ absl::StatusOr<v1::AdoptJobResponse> JobRegistry::Adopt(const std::string& check
                         absl::StrCat("adopting job ", meta.job, " from ", checkpoint, " on ",
                                      absl::StrJoin(servers, ","), ": ", why.message()));
   };
+  request.set_by_lead(true);  // each follower's part waits for the restore below
   for (size_t i = 1; i < servers.size(); ++i) {
     request.set_server_index(static_cast<int>(i));
     // Bounded: a new server that is down fails the move in seconds.

@@ -29,8 +29,17 @@ class JobRegistry {
   };
   // Creates the job, or attaches to it when the spec matches
   // (FAILED_PRECONDITION naming the difference otherwise). `attach_only`:
-  // never creates; NOT_FOUND (or where the job moved) instead.
-  absl::StatusOr<Opened> Open(JobSpec spec, bool attach_only = false);
+  // never creates; NOT_FOUND (or where the job moved) instead. `by_lead`:
+  // the job's lead opens this follower's part to restore it
+  // (OpenJobRequest.by_lead); the part then waits for that restore.
+  // Otherwise a follower creates its part only after asking the lead: while
+  // the lead holds the job trained, or needing a restore, this server
+  // restarted and lost its part, and the caller is refused (UNAVAILABLE
+  // while the lead rolls the job back onto it, FAILED_PRECONDITION when it
+  // cannot); so is a worker attaching to a part that waits for the lead.
+  // An `attach_only` caller gets NOT_FOUND there, unless the job needs a
+  // restore nobody is doing (NEEDS_RESTORE: it stops waiting).
+  absl::StatusOr<Opened> Open(JobSpec spec, bool attach_only = false, bool by_lead = false);
   // NOT_FOUND naming the job, or FAILED_PRECONDITION saying where it moved
   // (rpc/job_move.h) when it was closed for a move.
   absl::StatusOr<std::shared_ptr<Job>> Find(const std::string& name) const;
@@ -53,6 +62,10 @@ class JobRegistry {
  private:
   // NOT_FOUND, or where the job moved. Requires mu_.
   absl::Status NotHereLocked(const std::string& name) const;
+  // Before a follower creates its part of `spec` for a worker: OK when the
+  // lead holds no part of the job or an untrained healthy one; otherwise
+  // why not (see Open).
+  absl::Status AskLeadBeforeCreating(const JobSpec& spec) const;
 
   const JobResources resources_;
   mutable std::mutex mu_;

@@ -110,8 +110,9 @@ grpc::ServerUnaryReactor* OffloadService::OpenJob(grpc::CallbackServerContext* c
                                                   v1::OpenJobResponse* response) {
   return Unary(context, [this, context, request, response]() -> absl::Status {
     ZO_ASSIGN_OR_RETURN(JobSpec spec, JobSpecFromRequest(*request));
-    ZO_ASSIGN_OR_RETURN(JobRegistry::Opened opened,
-                        registry_->Open(std::move(spec), request->attach_only()));
+    ZO_ASSIGN_OR_RETURN(
+        JobRegistry::Opened opened,
+        registry_->Open(std::move(spec), request->attach_only(), request->by_lead()));
     response->set_attached(opened.attached);
     *response->mutable_status() =
         opened.attached ? opened.job->StatusForAttach() : opened.job->Status();
@@ -263,8 +264,11 @@ grpc::ServerUnaryReactor* OffloadService::Restore(grpc::CallbackServerContext* c
                                                   v1::RestoreResponse* response) {
   return Unary(context, [this, context, request, response]() -> absl::Status {
     ZO_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, registry_->Find(request->job()));
-    ZO_ASSIGN_OR_RETURN(*response,
-                        job->Restore(request->path(), DeadlineOf(*context), request->rollback()));
+    ZO_ASSIGN_OR_RETURN(
+        *response,
+        job->Restore(request->path(), DeadlineOf(*context), request->rollback(),
+                     request->has_if_restores() ? std::optional<int64_t>(request->if_restores())
+                                                : std::nullopt));
     return absl::OkStatus();
   });
 }

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <string>
 #include <vector>
@@ -18,9 +19,11 @@
 #include "absl/time/time.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "proto/zo/v1/job.pb.h"
+#include "rpc/error_detail.h"
 #include "tests/cli/safetensors_file.h"
 #include "tests/cli/zo_ctl_runner.h"
 #include "tests/cluster/wait_until.h"
@@ -66,6 +69,10 @@ TEST(ZoCtlNoServerTest, MissingFlagsExitTwo) {
   EXPECT_THAT(r.err, HasSubstr("/nonexistent/token"));
 }
 
+bool JsonToJobStatus(const std::string& json, v1::JobStatus& out) {
+  return google::protobuf::util::JsonStringToMessage(json, &out).ok();
+}
+
 // Two servers, job "ctl" (fp32, 2 dp ranks) trained steps 1..kSteps; every
 // server has version kSteps when SetUp returns.
 class ZoCtlRpcTest : public ::testing::Test {
@@ -96,6 +103,33 @@ class ZoCtlRpcTest : public ::testing::Test {
     workers_.clear();
     servers_.clear();
     fs::remove_all(root_);
+  }
+
+  // Server `i` started again at its port with the same flags (as systemd
+  // or Kubernetes restart one): empty, without the job.
+  void KillAndRestart(int i) {
+    const int port = servers_[i].port();
+    servers_[i].Kill();
+    ZO_ASSERT_OK_AND_ASSIGN(servers_[i], ServerProcess::Start({"--auth-token-file", token_file_,
+                                                               "--checkpoint-dir", root_ + "/ckpt"},
+                                                              port));
+  }
+
+  // The lead's status once `done` holds for it.
+  v1::JobStatus WaitForLead(const std::string& what,
+                            const std::function<bool(const v1::JobStatus&)>& done) {
+    v1::JobStatus seen;
+    const absl::Status reached = cluster::WaitUntil(
+        what,
+        [&] {
+          const ZoCtlResult r = RunZoCtl("status --json " + Flags(0));
+          if (r.exit_code != 0) return false;
+          seen.Clear();
+          return JsonToJobStatus(r.out, seen) && done(seen);
+        },
+        root_, {}, std::chrono::seconds(90));
+    EXPECT_THAT(reached, IsOk()) << servers_[0].ReadLog();
+    return seen;
   }
 
   std::string Flags(int server, const std::string& job = kJob) const {
@@ -314,6 +348,115 @@ TEST_F(ZoCtlRpcTest, CheckpointThenExportGivesThePulledWeightsBitForBit) {
   EXPECT_EQ(file.header["__metadata__"]["zo_version"], "5");
   // fp32 job: the weights workers pull are the master weights.
   ExpectFp32Export(file, ManifestOf(problem_, DType::kFloat32), weights_);
+}
+
+// zo-ctl restore is idempotent and safe: a job at its latest checkpoint is
+// left alone, a live one past it is rolled back only with --force, and only
+// the lead runs it.
+TEST_F(ZoCtlRpcTest, RestoreRollsALiveJobBackOnlyWhenForced) {
+  ZoCtlResult r = RunZoCtl("checkpoint " + Flags(0));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = RunZoCtl("restore " + Flags(0));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "job ctl is at version 5, its latest checkpoint: nothing to restore\n");
+
+  ASSERT_THAT(RunSteps(workers_, kSteps + 1, kSteps + 2), IsOk());
+  ASSERT_THAT(workers_[1]->PullAll(kSteps + 2).status(), IsOk());
+  r = RunZoCtl("restore " + Flags(0));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("job ctl is live at version 7 (latest checkpoint: step 5)"));
+  EXPECT_THAT(r.err, HasSubstr("--force"));
+  r = RunZoCtl("restore " + Flags(1));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr(servers_[0].address())) << "names the lead";
+
+  r = RunZoCtl("restore --force " + Flags(0));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("job ctl restored to version 5 from "));
+  EXPECT_THAT(r.out, HasSubstr("step-00000005 on its 2 server(s); its workers resume at step 6"));
+  for (int s = 0; s < 2; ++s) {
+    r = RunZoCtl("status --json " + Flags(s));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const nlohmann::json j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["version"], kSteps) << "server " << s;
+    EXPECT_EQ(j["needs_restore"], "") << "server " << s;
+  }
+}
+
+// Callers that read the job and decided together that it needs a restore
+// (every stage process given --restore) restore it once between them.
+TEST_F(ZoCtlRpcTest, RestoreOnceRestoresOnceForCallersThatReadTheSameCount) {
+  ZoCtlResult r = RunZoCtl("checkpoint " + Flags(0));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_THAT(RunSteps(workers_, kSteps + 1, kSteps + 2), IsOk());
+  ZO_ASSERT_OK_AND_ASSIGN(const v1::JobStatus seen, workers_[0]->client().JobStatus());
+  EXPECT_EQ(seen.restores(), 0);
+  ZO_ASSERT_OK_AND_ASSIGN(const v1::RestoreResponse first,
+                          workers_[0]->client().RestoreOnce("", seen.restores()));
+  EXPECT_FALSE(first.already_restored());
+  EXPECT_EQ(first.version(), kSteps);
+  ZO_ASSERT_OK_AND_ASSIGN(const v1::RestoreResponse second,
+                          workers_[1]->client().RestoreOnce("", seen.restores()));
+  EXPECT_TRUE(second.already_restored());
+  EXPECT_EQ(second.version(), kSteps);
+  EXPECT_EQ(second.path(), "");
+  ZO_ASSERT_OK_AND_ASSIGN(const v1::JobStatus after, workers_[0]->client().JobStatus());
+  EXPECT_EQ(after.restores(), 1);
+  EXPECT_EQ(after.version(), kSteps);
+  // The job trains on from the one restore, both ranks together.
+  EXPECT_THAT(RunSteps(workers_, kSteps + 1, kSteps + 1), IsOk());
+}
+
+// A follower that restarts under a job with no checkpoint: the lead says the
+// job is lost (never "ok"), no worker re-creates the follower's part at
+// version 0, and a checkpoint kept elsewhere brings the job back on both
+// servers bit for bit (the lead opens the follower's part for the restore).
+TEST_F(ZoCtlRpcTest, AFollowerLostWithoutACheckpointFailsTheJobUntilRestoredByHand) {
+  ZoCtlResult r = RunZoCtl("checkpoint " + Flags(0));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // Kept elsewhere: the servers' checkpoint directory holds none of the job.
+  const std::string kept = root_ + "/kept";
+  fs::rename(root_ + "/ckpt/ctl", kept);
+  workers_.clear();
+  KillAndRestart(1);
+
+  const v1::JobStatus lost = WaitForLead(
+      "the lead says the job is lost",
+      [](const v1::JobStatus& st) { return !st.needs_restore().empty() && !st.restoring(); });
+  EXPECT_THAT(lost.needs_restore(),
+              HasSubstr(absl::StrCat("server 1 (", servers_[1].address(),
+                                     ") restarted and lost its part of the job at version 5")));
+  EXPECT_THAT(lost.needs_restore(), HasSubstr("no committed checkpoint of job ctl"));
+  EXPECT_THAT(lost.needs_restore(), HasSubstr("zo-ctl restore --job ctl --checkpoint PATH"));
+  r = RunZoCtl("status " + Flags(0));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("health           NEEDS RESTORE: server 1 ("));
+  EXPECT_THAT(servers_[0].ReadLog(), HasSubstr("the job is lost"));
+
+  // A worker that comes back is refused by name, and creates nothing.
+  ClientOptions options;
+  options.auth_token = kToken;
+  absl::StatusOr<std::vector<std::unique_ptr<Worker>>> again =
+      OpenWorkers(problem_, DType::kFloat32, kJob, kConfig, Addresses(servers_), options);
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition) << again.status();
+  EXPECT_EQ(ReasonOf(again.status()), v1::ErrorDetail::NEEDS_RESTORE) << again.status();
+  EXPECT_THAT(again.status().message(), HasSubstr("lost its part"));
+  r = RunZoCtl("status " + Flags(1));
+  EXPECT_EQ(r.exit_code, 1) << "the restarted follower holds no part at version 0";
+  EXPECT_THAT(r.err, HasSubstr("NOT_FOUND"));
+
+  r = RunZoCtl("restore " + Flags(0) + " --checkpoint " + kept + "/step-00000005");
+  ASSERT_EQ(r.exit_code, 0) << r.err << servers_[0].ReadLog();
+  EXPECT_THAT(r.out, HasSubstr("job ctl restored to version 5"));
+  ZO_ASSERT_OK_AND_ASSIGN(workers_, OpenWorkers(problem_, DType::kFloat32, kJob, kConfig,
+                                                Addresses(servers_), options));
+  EXPECT_EQ(workers_[0]->client().version(), kSteps);
+  ZO_ASSERT_OK_AND_ASSIGN(const std::vector<float> restored, workers_[1]->PullAll(kSteps));
+  ASSERT_EQ(restored.size(), weights_.size());
+  EXPECT_EQ(std::memcmp(restored.data(), weights_.data(), weights_.size() * sizeof(float)), 0);
+  // And it trains on.
+  EXPECT_THAT(RunSteps(workers_, kSteps + 1, kSteps + 1), IsOk());
 }
 
 }  // namespace

@@ -3,13 +3,21 @@
 // checkpoint on every server by itself, the worker waits, saying so, then
 // resumes at checkpoint step + 1, and every step's loss equals that of a run
 // nothing happened to. Once for a follower (its lead rolls back), once for
-// the lead (the worker holding dp rank 0 restores it).
+// the lead (the worker holding dp rank 0 restores it); and a follower under
+// pipeline stages that are processes of their own.
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/testing/free_port.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "rpc/error_detail.h"
 #include "tests/server/server_process.h"
 #include "tests/support/child_process.h"
 #include "tests/train/train_run.h"
@@ -68,6 +76,98 @@ TEST_F(ServerLossTest, TheLeadLostAfterAFollowerRollbackIsRestoredToo) {
   }
   ExpectTheReferenceTrajectory(train);
   EXPECT_THAT(train.ReadLog(), HasSubstr("restored it from its latest checkpoint"));
+}
+
+// The shape the Slurm and Kubernetes files deploy: each pipeline stage its
+// own process, three servers. A follower killed and restarted mid-run: the
+// stage processes end (a stage in another process may be what failed), and
+// started again with their own command they wait while the lead rolls the
+// job back onto the restarted follower, then train on from the checkpoint:
+// every step both runs took has the same loss. The workers' opens used to
+// re-create the follower's part at version 0 first, and the job hung with
+// every server saying "ok".
+TEST(StageProcessServerLossTest, AFollowerRestartedUnderStageProcessesIsRolledBackForTheirCommand) {
+  const std::string dir = FreshTempDir("stage_process_server_loss");
+  std::filesystem::create_directories(dir + "/ckpt");
+  std::vector<ServerProcess> servers;
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<ServerProcess> s = ServerProcess::Start({"--checkpoint-dir", dir + "/ckpt"});
+    ASSERT_TRUE(s.ok()) << s.status();
+    servers.push_back(*std::move(s));
+  }
+  const std::string stages =
+      absl::StrCat("127.0.0.1:", FreeLoopbackPort(), ",127.0.0.1:", FreeLoopbackPort());
+  constexpr int kSteps = 24;
+  const auto start_stages = [&](const std::string& run) {
+    std::vector<ChildProcess> workers;
+    for (int s = 0; s < 2; ++s) {
+      std::vector<std::string> args = {ZO_TRAIN_PATH,
+                                       "--servers",
+                                       Join(servers, {0, 1, 2}),
+                                       "--job",
+                                       "stages",
+                                       "--steps",
+                                       std::to_string(kSteps),
+                                       "--checkpoint-every",
+                                       "5",
+                                       "--pipeline-stages",
+                                       "2",
+                                       "--stage",
+                                       std::to_string(s),
+                                       "--stage-addresses",
+                                       stages,
+                                       "--metrics-out",
+                                       absl::StrCat(dir, "/", run, s, ".jsonl")};
+      args.insert(args.end(), kModel.begin(), kModel.end());
+      absl::StatusOr<ChildProcess> w =
+          ChildProcess::Start(args, absl::StrCat(dir, "/", run, s, ".log"));
+      EXPECT_TRUE(w.ok()) << w.status();
+      workers.push_back(*std::move(w));
+    }
+    return workers;
+  };
+  // The last stage has the loss; its metrics lines are the steps done.
+  std::vector<ChildProcess> first = start_stages("first");
+  ASSERT_TRUE(WaitForSteps(dir + "/first1.jsonl", 13, first[1])) << first[1].ReadLog();
+  const int port = servers[1].port();
+  servers[1].Kill();
+  absl::StatusOr<ServerProcess> restarted =
+      ServerProcess::Start({"--checkpoint-dir", dir + "/ckpt"}, port);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  servers[1] = *std::move(restarted);
+  for (ChildProcess& w : first) {
+    const std::optional<int> code = w.Wait(std::chrono::minutes(3));
+    ASSERT_TRUE(code.has_value()) << "a stage process went on without its follower\n"
+                                  << w.ReadLog();
+    EXPECT_NE(*code, 0) << w.ReadLog();
+  }
+
+  std::vector<ChildProcess> second = start_stages("second");
+  for (ChildProcess& w : second) {
+    const std::optional<int> code = w.Wait(std::chrono::minutes(4));
+    ASSERT_TRUE(code.has_value()) << w.ReadLog() << servers[0].ReadLog();
+    ASSERT_EQ(*code, 0) << w.ReadLog() << servers[0].ReadLog();
+  }
+  const std::vector<double> before = Losses(dir + "/first1.jsonl");
+  std::ifstream in(dir + "/second1.jsonl");
+  int64_t resumed_at = 0;
+  int64_t last = 0;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    last = j["step"].get<int64_t>();
+    if (resumed_at == 0) resumed_at = last;
+    if (last <= static_cast<int64_t>(before.size())) {
+      EXPECT_EQ(j["loss"].get<double>(), before[last - 1]) << "step " << last;
+    }
+  }
+  // Back to the checkpoint the lead took before the kill (step 10 or 15),
+  // which the first run had passed: the steps since are taken again.
+  EXPECT_TRUE(resumed_at == 11 || resumed_at == 16) << resumed_at;
+  EXPECT_LE(resumed_at, static_cast<int64_t>(before.size()));
+  EXPECT_EQ(last, kSteps);
+  if (!RewordErrorsForTesting()) {
+    EXPECT_THAT(servers[0].ReadLog(), HasSubstr("after server 1 lost its part"));
+  }
 }
 
 }  // namespace

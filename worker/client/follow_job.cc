@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "rpc/error_detail.h"
 
 namespace zo {
 namespace {
@@ -14,6 +15,7 @@ namespace {
 bool WorthWaiting(const absl::Status& why, const JobMove& move) {
   if (absl::IsNotFound(why) || absl::IsUnavailable(why)) return true;
   if (!absl::IsFailedPrecondition(why)) return false;
+  if (ReasonOf(why) == v1::ErrorDetail::NEEDS_RESTORE) return false;  // nobody restores it
   // A stale "moved" answer from a new server still names this move; one
   // that names other servers is a move of its own.
   const std::optional<JobMove> again = ParseJobMove(why);
@@ -28,7 +30,13 @@ absl::Status CheckArrived(OffloadClient& client, const JobMove& move) {
   // A server still without its part of the job.
   if (absl::Status state = client.CheckState(); !state.ok()) return state;
   if (!lead->needs_restore().empty()) {
-    return absl::UnavailableError(absl::StrCat("restoring: ", lead->needs_restore()));
+    // A restore under way is waited for; a job nobody is restoring is not.
+    if (lead->restoring()) {
+      return absl::UnavailableError(absl::StrCat("restoring: ", lead->needs_restore()));
+    }
+    return WithDetail(absl::FailedPreconditionError(absl::StrCat(
+                          "job ", move.job, " needs a restore: ", lead->needs_restore())),
+                      MakeDetail(v1::ErrorDetail::NEEDS_RESTORE, move.job));
   }
   if (lead->version() < move.version) {
     return absl::UnavailableError(absl::StrCat("job ", move.job, " is at version ", lead->version(),

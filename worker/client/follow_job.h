@@ -4,8 +4,9 @@
 // there at the version the move named; meanwhile the servers may still be
 // restoring it (NOT_FOUND, UNAVAILABLE, FAILED_PRECONDITION, the same move
 // again, a version before the restore), and those answers are waited out
-// with backoff, up to a bound. zo-train and zo.torch both follow through
-// here.
+// with backoff, up to a bound. A job that needs a restore nobody is doing
+// (NEEDS_RESTORE) ends the wait at once. zo-train and zo.torch both follow
+// through here.
 #ifndef ZO_WORKER_CLIENT_FOLLOW_JOB_H_
 #define ZO_WORKER_CLIENT_FOLLOW_JOB_H_
 

@@ -61,6 +61,9 @@ constexpr int64_t kMaxLocalPieceBytes = int64_t{1} << 62;
 // of at least kLocalPartBytes.
 constexpr int64_t kMaxCopyThreads = 4;
 constexpr int64_t kLocalPartBytes = int64_t{4} << 20;
+// Opens of a job that is being restored meanwhile, before Open gives up
+// (UNAVAILABLE); about half a minute with the pauses between them.
+constexpr int kOpenAttempts = 40;
 
 int64_t CopyThreads() {
   return std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, kMaxCopyThreads);
@@ -126,6 +129,9 @@ struct OffloadClient::Impl {
   // `group` (may be null) cancels it.
   template <typename Response, typename Call>
   absl::StatusOr<Response> Unary(int server, Call call, CallGroup* group = nullptr);
+  // Whether every server is still on the instance of the job its OpenJob
+  // answered with, and the lead is not restoring it.
+  absl::StatusOr<bool> SameInstanceAsOpened(const std::vector<v1::OpenJobResponse>& replies);
 
   // FAILED_PRECONDITION naming the server that lost the job's state, while
   // one did.
@@ -901,6 +907,29 @@ absl::StatusOr<bool> OffloadClient::Impl::Pull(int64_t version, int64_t have_ver
   return !unchanged;
 }
 
+absl::StatusOr<bool> OffloadClient::Impl::SameInstanceAsOpened(
+    const std::vector<v1::OpenJobResponse>& replies) {
+  std::vector<v1::JobStatus> now(replies.size());
+  CallGroup group;
+  ZO_RETURN_IF_ERROR(RunInParallel(replies.size(), group, [&](size_t i) -> absl::Status {
+    v1::GetJobStatusRequest request;
+    request.set_job(options.job);
+    ZO_ASSIGN_OR_RETURN(now[i], Unary<v1::JobStatus>(
+                                    static_cast<int>(i),
+                                    [&](v1::Offload::Stub& stub, grpc::ClientContext& context,
+                                        v1::JobStatus& status) {
+                                      return stub.GetJobStatus(&context, request, &status);
+                                    },
+                                    &group));
+    return absl::OkStatus();
+  }));
+  if (now[0].restoring()) return false;  // a rollback under way
+  for (size_t i = 0; i < replies.size(); ++i) {
+    if (now[i].incarnation() != replies[i].status().incarnation()) return false;
+  }
+  return true;
+}
+
 absl::StatusOr<std::unique_ptr<OffloadClient>> OffloadClient::Open(
     const ClientOptions& options, const std::string& config_json,
     std::vector<TensorSpec> manifest) {
@@ -938,26 +967,42 @@ absl::StatusOr<std::unique_ptr<OffloadClient>> OffloadClient::Open(
   // In parallel: a server's OpenJob may wait for the others of the job.
   const int num_servers = static_cast<int>(names.size());
   std::vector<v1::OpenJobResponse> replies(num_servers);
-  CallGroup group;
-  ZO_RETURN_IF_ERROR(RunInParallel(num_servers, group, [&](size_t i) -> absl::Status {
-    v1::OpenJobRequest request;
-    request.set_job(options.job);
-    *request.mutable_manifest() = wire_manifest;
-    request.set_config_json(config_json);
-    request.set_dp_world_size(options.dp_world_size);
-    for (const std::string& name : names) request.add_servers(name);
-    request.set_server_index(static_cast<int>(i));
-    request.set_attach_only(options.attach_only);
-    request.set_init_fingerprint(options.init_fingerprint);
-    ZO_ASSIGN_OR_RETURN(replies[i], impl->Unary<v1::OpenJobResponse>(
-                                        static_cast<int>(i),
-                                        [&](v1::Offload::Stub& stub, grpc::ClientContext& context,
-                                            v1::OpenJobResponse& response) {
-                                          return stub.OpenJob(&context, request, &response);
-                                        },
-                                        &group));
-    return absl::OkStatus();
-  }));
+  for (int attempt = 1;; ++attempt) {
+    CallGroup group;
+    ZO_RETURN_IF_ERROR(RunInParallel(num_servers, group, [&](size_t i) -> absl::Status {
+      v1::OpenJobRequest request;
+      request.set_job(options.job);
+      *request.mutable_manifest() = wire_manifest;
+      request.set_config_json(config_json);
+      request.set_dp_world_size(options.dp_world_size);
+      for (const std::string& name : names) request.add_servers(name);
+      request.set_server_index(static_cast<int>(i));
+      request.set_attach_only(options.attach_only);
+      request.set_init_fingerprint(options.init_fingerprint);
+      ZO_ASSIGN_OR_RETURN(replies[i], impl->Unary<v1::OpenJobResponse>(
+                                          static_cast<int>(i),
+                                          [&](v1::Offload::Stub& stub, grpc::ClientContext& context,
+                                              v1::OpenJobResponse& response) {
+                                            return stub.OpenJob(&context, request, &response);
+                                          },
+                                          &group));
+      return absl::OkStatus();
+    }));
+    // One server's open may have been retried until the lead rolled the job
+    // back onto it (it restarted), while the others answered before: their
+    // answers are of the instance the rollback replaced, and this client
+    // would wait forever for a version that instance had reached.
+    ZO_ASSIGN_OR_RETURN(const bool settled, impl->SameInstanceAsOpened(replies));
+    if (settled) break;
+    if (attempt == kOpenAttempts) {
+      return absl::UnavailableError(absl::StrCat("job ", options.job, " was restored ",
+                                                 kOpenAttempts,
+                                                 " times while this worker opened it; try again"));
+    }
+    ZO_LOG(INFO) << "job " << options.job << " was restored while this worker opened it; "
+                 << "opening it again";
+    absl::SleepFor(std::min(absl::Milliseconds(50) * attempt, absl::Seconds(1)));
+  }
 
   const v1::JobStatus& lead = replies[0].status();
   impl->SetStatus(lead);
@@ -1153,6 +1198,21 @@ absl::StatusOr<int64_t> OffloadClient::Restore(const std::string& path, bool rol
   request.set_job(impl_->options.job);
   request.set_path(path);
   request.set_rollback(rollback);
+  ZO_ASSIGN_OR_RETURN(const v1::RestoreResponse response, RestoreCall(request));
+  return response.version();
+}
+
+absl::StatusOr<v1::RestoreResponse> OffloadClient::RestoreOnce(const std::string& path,
+                                                               int64_t seen_restores) {
+  v1::RestoreRequest request;
+  request.set_job(impl_->options.job);
+  request.set_path(path);
+  request.set_if_restores(seen_restores);
+  return RestoreCall(request);
+}
+
+absl::StatusOr<v1::RestoreResponse> OffloadClient::RestoreCall(const v1::RestoreRequest& request) {
+  const bool rollback = request.rollback();
   ZO_ASSIGN_OR_RETURN(
       v1::RestoreResponse response,
       impl_->Unary<v1::RestoreResponse>(
@@ -1184,7 +1244,7 @@ absl::StatusOr<int64_t> OffloadClient::Restore(const std::string& path, bool rol
   // version the next step computes on: then that is the oldest.
   impl_->base_version = response.base_version();
   impl_->lost_state.clear();  // every server holds the restored state now
-  return response.version();
+  return response;
 }
 
 }  // namespace zo

@@ -29,6 +29,7 @@
 #include "common/config.h"
 #include "common/dpu_policy.h"
 #include "common/sharding.h"
+#include "proto/zo/v1/checkpoint.pb.h"
 #include "proto/zo/v1/job.pb.h"
 
 namespace grpc {
@@ -241,6 +242,12 @@ class OffloadClient {
   // `rollback` (after a server lost its part): every other client of the
   // job must reopen it; this one follows by itself.
   absl::StatusOr<int64_t> Restore(const std::string& path, bool rollback = false);
+  // Restore (no rollback), but only while the lead has finished
+  // `seen_restores` restores of the job (JobStatus.restores as the caller
+  // read it before deciding): of callers that decided at the same time that
+  // the job needs one, the first restores it and the others get
+  // already_restored with the version the job is at.
+  absl::StatusOr<v1::RestoreResponse> RestoreOnce(const std::string& path, int64_t seen_restores);
 
   OffloadClient(const OffloadClient&) = delete;
   OffloadClient& operator=(const OffloadClient&) = delete;
@@ -248,6 +255,8 @@ class OffloadClient {
  private:
   struct Impl;
   explicit OffloadClient(std::unique_ptr<Impl> impl);
+  // Restore's and RestoreOnce's call; takes on the job's version after it.
+  absl::StatusOr<v1::RestoreResponse> RestoreCall(const v1::RestoreRequest& request);
   std::unique_ptr<Impl> impl_;
 };
 

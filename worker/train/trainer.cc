@@ -198,17 +198,24 @@ ClientOptions MakeClientOptions(const TrainOptions& o) {
 }
 
 // --restore: the job goes back to a checkpoint before any stage attaches, so
-// every stage's client starts from the restored version. Safe to repeat: a
-// job already at its latest checkpoint is left as it is (another stage
-// process restored it, or this command ran before), and one that went on
-// past it is not rolled back without --restore-force.
+// every stage's client starts from the restored version. Safe to repeat and
+// to give every stage process: a job already at its latest checkpoint is
+// left as it is (this command ran before), of processes that find it needing
+// one at the same time the lead lets one restore it (RestoreOnce), and a job
+// that went on past it is not rolled back without --restore-force.
 absl::Status RestoreJob(const TrainOptions& o, const Plan& plan) {
   ZO_ASSIGN_OR_RETURN(
       std::unique_ptr<OffloadClient> client,
       OffloadClient::Open(MakeClientOptions(o), o.config_json, plan.model.Manifest(plan.dtype)));
-  const int64_t live = client->version();
+  // One reading of the lead decides, and its restore count goes with it.
+  ZO_ASSIGN_OR_RETURN(const v1::JobStatus lead, client->JobStatus());
+  const int64_t live = lead.version();
+  if (lead.restoring()) {
+    std::fprintf(o.out, "zo-train: job '%s' is being restored already: %s\n", o.job.c_str(),
+                 lead.needs_restore().c_str());
+    return absl::OkStatus();
+  }
   if (live > 0 && !o.restore_force) {
-    ZO_ASSIGN_OR_RETURN(const v1::JobStatus lead, client->JobStatus());
     const int64_t checkpoint = lead.last_checkpoint_step();
     if (o.restore == "latest" && checkpoint == live) {
       std::fprintf(o.out,
@@ -224,9 +231,11 @@ absl::Status RestoreJob(const TrainOptions& o, const Plan& plan) {
         "; restoring would roll it back. Leave --restore out to go on from version ", live,
         ", or add --restore-force to roll back"));
   }
-  ZO_ASSIGN_OR_RETURN(int64_t version, client->Restore(o.restore == "latest" ? "" : o.restore));
-  std::fprintf(o.out, "zo-train: restored job '%s' to version %lld from %s\n", o.job.c_str(),
-               static_cast<long long>(version),
+  ZO_ASSIGN_OR_RETURN(const v1::RestoreResponse restored,
+                      client->RestoreOnce(o.restore == "latest" ? "" : o.restore, lead.restores()));
+  std::fprintf(o.out, "zo-train: %s job '%s' to version %lld from %s\n",
+               restored.already_restored() ? "another process restored" : "restored", o.job.c_str(),
+               static_cast<long long>(restored.version()),
                o.restore == "latest" ? "its latest checkpoint" : o.restore.c_str());
   return absl::OkStatus();
 }
