@@ -25,9 +25,15 @@ command -v mmdebstrap >/dev/null || {
 root=$(mktemp -d /tmp/zo-image.XXXXXX)
 server_pid=
 cleanup() {
-  [[ -n $server_pid ]] && kill "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null
-  mountpoint -q "$root/proc" && umount "$root/proc"
-  rm -rf "$root"
+  if [[ -n $server_pid ]]; then
+    kill "$server_pid" 2>/dev/null || true
+    wait "$server_pid" 2>/dev/null || true
+  fi
+  if mountpoint -q "$root/proc"; then
+    umount "$root/proc" || umount -l "$root/proc"
+  fi
+  # Never through a proc still mounted there.
+  mountpoint -q "$root/proc" || rm -rf --one-file-system "$root"
 }
 trap cleanup EXIT
 
@@ -54,7 +60,9 @@ done
 
 run() { chroot --userspec=10001:10001 "$root" "$@"; }
 run zo-ctl --help >/dev/null
-run zo-server --listen 127.0.0.1:0 --port-file /tmp/port >"$root/tmp/server.log" 2>&1 &
+# Not through run(): $! must be the server itself (chroot execs it).
+chroot --userspec=10001:10001 "$root" zo-server --listen 127.0.0.1:0 --port-file /tmp/port \
+  >"$root/tmp/server.log" 2>&1 &
 server_pid=$!
 for _ in $(seq 100); do
   [[ -s $root/tmp/port ]] && break
