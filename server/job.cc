@@ -222,8 +222,10 @@ absl::Status Job::Init() {
       .num_groups = groups_->num_groups(),
       .report_stats =
           [this](const v1::StepStats& stats) {
-            return resources_.peers->ReportStepStats(spec_.servers[0], stats,
-                                                     resources_.peer_timeout);
+            absl::Status reported =
+                resources_.peers->ReportStepStats(spec_.servers[0], stats, resources_.peer_timeout);
+            if (ReasonOf(reported) == v1::ErrorDetail::NO_JOB) LeadLostTheJob(reported);
+            return reported;
           },
       .send_commit =
           [this](int server, const v1::StepCommit& commit) {

@@ -240,6 +240,11 @@ class Job {
   // server refuses workers' opens until then (JobRegistry::Open).
   void AwaitLeadRestore();
   bool AwaitingLeadRestore() const;
+  // A lead created empty while its followers hold the job at
+  // `followers_version` > 0 (it restarted): refuses steps and rolls every
+  // server back to the latest checkpoint in the background (or, with none,
+  // fails the job for good, as for a lost follower).
+  void RecoverOwnPart(int64_t followers_version);
 
   // Ends the step thread and wakes every waiting call, which then fail with
   // `reason`; idempotent (the first reason stays).
@@ -286,10 +291,17 @@ class Job {
   // there is none.
   void RecoverPeer(int server);
   // Fails the job for good (health DATA_LOSS, saying what the operator can
-  // do): follower `server` lost its part and `why` no checkpoint restores it.
-  void MarkLost(int server, const absl::Status& why);
+  // do): `what_happened` (a server lost its part) and `why` no checkpoint
+  // restores it.
+  void MarkLost(const std::string& what_happened, const absl::Status& why);
+  absl::StatusOr<std::string> LatestCheckpointHere() const;
   // Opens the job's part on follower `server` for a restore (by_lead).
   absl::Status OpenPartOn(int server);
+  // Follower: the lead answered `answer` (NO_JOB): it restarted empty, and
+  // the version the workers wait for will not come. Refuses steps and
+  // fails the pulls that wait (UNAVAILABLE), so that workers that never
+  // call the lead hear of it too, until the lead's restore reaches here.
+  void LeadLostTheJob(const absl::Status& answer);
   bool ReadyToReportLocked() const;
   v1::StepStats ComputeStepStats(int64_t step, int64_t generation);
   absl::Status Apply(const v1::StepCommit& commit);

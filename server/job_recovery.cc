@@ -1,7 +1,7 @@
-// The lead's side of a follower that restarted without its part of the job:
-// noticing it, rolling every server back to the latest checkpoint onto it,
-// or, with no checkpoint, failing the job in a way nobody can mistake for
-// health. See docs/architecture.md, "Recovery".
+// The lead's side of a server that restarted without its part of the job
+// (a follower, or the lead itself): noticing it, rolling every server back
+// to the latest checkpoint, or, with no checkpoint, failing the job in a way
+// nobody can mistake for health. See docs/architecture.md, "Recovery".
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "offload/checkpoint/checkpoint_dir.h"
@@ -37,14 +37,25 @@ void Job::MaybeRecover(int server, const absl::Status& answer) {
   });
 }
 
+absl::StatusOr<std::string> Job::LatestCheckpointHere() const {
+  if (resources_.checkpoint_root.empty()) {
+    return absl::NotFoundError("this zo-server was started without --checkpoint-dir");
+  }
+  return LatestCheckpoint(resources_.checkpoint_root, spec_.name);
+}
+
 void Job::RecoverPeer(int server) {
   const std::string& address = spec_.servers[server];
-  absl::StatusOr<std::string> latest =
-      resources_.checkpoint_root.empty()
-          ? absl::NotFoundError("this zo-server was started without --checkpoint-dir")
-          : LatestCheckpoint(resources_.checkpoint_root, spec_.name);
+  absl::StatusOr<std::string> latest = LatestCheckpointHere();
   if (absl::IsNotFound(latest.status())) {
-    MarkLost(server, latest.status());
+    int64_t version;
+    {
+      std::lock_guard lock(mu_);
+      version = version_;
+    }
+    MarkLost(absl::StrCat("server ", server, " (", address,
+                          ") restarted and lost its part of the job at version ", version),
+             latest.status());
     return;
   }
   if (!latest.ok()) {
@@ -69,14 +80,57 @@ void Job::RecoverPeer(int server) {
                   << " lost its part; workers resume at step " << restored->version() + 1;
 }
 
-void Job::MarkLost(int server, const absl::Status& why) {
+void Job::RecoverOwnPart(int64_t followers_version) {
+  {
+    std::lock_guard lock(mu_);
+    SetHealthLocked(absl::UnavailableError(absl::StrCat(
+        "this lead restarted without its part of the job, which its followers hold at version ",
+        followers_version, ": restoring the latest checkpoint")));
+  }
+  std::lock_guard lock(recovery_mu_);
+  last_recovery_ = absl::Now();
+  recovering_ = true;
+  if (recovery_.joinable()) recovery_.join();
+  recovery_ = std::thread([this, followers_version] {
+    const std::string what =
+        absl::StrCat("the lead (", spec_.servers[0],
+                     ") restarted and lost its part of the job at version ", followers_version);
+    absl::StatusOr<std::string> latest = LatestCheckpointHere();
+    if (absl::IsNotFound(latest.status())) {
+      MarkLost(what, latest.status());
+    } else if (!latest.ok()) {
+      std::lock_guard state(mu_);
+      SetHealthLocked(absl::FailedPreconditionError(
+          absl::StrCat(what, "; its checkpoints cannot be listed: ", latest.status().message())));
+    } else {
+      ZO_LOG(WARNING) << "job " << spec_.name << ": " << what << "; rolling every server back to "
+                      << *latest;
+      absl::StatusOr<v1::RestoreResponse> restored =
+          Restore(*latest, absl::Now() + absl::Minutes(10), /*rollback=*/true);
+      if (restored.ok()) {
+        ZO_LOG(WARNING) << "job " << spec_.name << ": rolled back to version "
+                        << restored->version() << "; workers resume at step "
+                        << restored->version() + 1;
+      } else {
+        ZO_LOG(ERROR) << "job " << spec_.name << ": " << what
+                      << "; restoring it failed: " << restored.status();
+        std::lock_guard state(mu_);
+        if (health_.code() == absl::StatusCode::kUnavailable) {
+          SetHealthLocked(absl::FailedPreconditionError(
+              absl::StrCat(what, "; restoring it failed: ", restored.status().message())));
+        }
+      }
+    }
+    recovering_ = false;
+  });
+}
+
+void Job::MarkLost(const std::string& what_happened, const absl::Status& why) {
   std::lock_guard lock(mu_);
   if (lost_ || stop_) return;
   lost_ = true;
   const std::string what = absl::StrCat(
-      "server ", server, " (", spec_.servers[server],
-      ") restarted and lost its part of the job at version ", version_,
-      ", and no checkpoint can bring it back (", why.message(),
+      what_happened, ", and no checkpoint can bring it back (", why.message(),
       "): the job is lost. Close it (zo-ctl close --job ", spec_.name,
       ") and train it again, or restore a checkpoint of it kept elsewhere (zo-ctl restore --job ",
       spec_.name, " --checkpoint PATH)");
@@ -95,6 +149,18 @@ absl::Status Job::OpenPartOn(int server) {
   request.set_init_fingerprint(spec_.init_fingerprint);
   request.set_by_lead(true);
   return resources_.peers->OpenJob(spec_.servers[server], request, absl::Seconds(5)).status();
+}
+
+void Job::LeadLostTheJob(const absl::Status& answer) {
+  std::lock_guard lock(mu_);
+  if (!health_.ok() || stop_) return;
+  ZO_LOG(WARNING) << "job " << spec_.name << ": the lead (" << spec_.servers[0]
+                  << ") no longer holds the job (" << answer.message()
+                  << "); waiting for it to roll the job back";
+  SetHealthLocked(absl::UnavailableError(
+      absl::StrCat("the lead (", spec_.servers[0],
+                   ") restarted without the job; waiting for it to roll the job back (a worker "
+                   "that opens the job there starts that)")));
 }
 
 void Job::AwaitLeadRestore() {

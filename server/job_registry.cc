@@ -29,6 +29,16 @@ absl::StatusOr<JobRegistry::Opened> JobRegistry::Open(JobSpec spec, bool attach_
       }
     }
   }
+  // A lead that creates a job its followers hold trained restarted empty.
+  int64_t followers_version = 0;
+  if (!attach_only && spec.server_index == 0 && spec.servers.size() > 1) {
+    bool held;
+    {
+      std::lock_guard lock(mu_);
+      held = jobs_.count(spec.name) > 0;
+    }
+    if (!held) followers_version = FollowersVersion(spec);
+  }
   // Creating a job allocates and may preallocate swap files: done under the
   // lock so that two racing opens of one job make one.
   std::lock_guard lock(mu_);
@@ -67,6 +77,7 @@ absl::StatusOr<JobRegistry::Opened> JobRegistry::Open(JobSpec spec, bool attach_
   }
   ZO_ASSIGN_OR_RETURN(std::unique_ptr<Job> job, Job::Create(std::move(spec), resources_));
   if (by_lead && job->spec().server_index > 0) job->AwaitLeadRestore();
+  if (followers_version > 0) job->RecoverOwnPart(followers_version);
   std::shared_ptr<Job> shared = std::move(job);
   jobs_[shared->spec().name] = shared;
   moved_.erase(shared->spec().name);
@@ -77,6 +88,17 @@ absl::Status JobRegistry::NotHereLocked(const std::string& name) const {
   if (auto m = moved_.find(name); m != moved_.end()) return JobMovedError(m->second);
   return WithDetail(absl::NotFoundError(absl::StrCat("no job \"", name, "\" on this server")),
                     MakeDetail(v1::ErrorDetail::NO_JOB, name));
+}
+
+int64_t JobRegistry::FollowersVersion(const JobSpec& spec) const {
+  int64_t version = 0;
+  for (size_t i = 1; i < spec.servers.size(); ++i) {
+    // One that does not answer says nothing either way.
+    const absl::StatusOr<v1::JobStatus> follower = resources_.peers->GetJobStatus(
+        spec.servers[i], spec.name, std::min(resources_.peer_timeout, absl::Seconds(2)));
+    if (follower.ok()) version = std::max(version, follower->version());
+  }
+  return version;
 }
 
 absl::Status JobRegistry::AskLeadBeforeCreating(const JobSpec& spec) const {

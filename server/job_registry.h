@@ -38,7 +38,9 @@ class JobRegistry {
   // while the lead rolls the job back onto it, FAILED_PRECONDITION when it
   // cannot); so is a worker attaching to a part that waits for the lead.
   // An `attach_only` caller gets NOT_FOUND there, unless the job needs a
-  // restore nobody is doing (NEEDS_RESTORE: it stops waiting).
+  // restore nobody is doing (NEEDS_RESTORE: it stops waiting). A lead that
+  // creates a job its followers hold trained restarted empty: the job is
+  // created refusing steps, and rolled back onto it (Job::RecoverOwnPart).
   absl::StatusOr<Opened> Open(JobSpec spec, bool attach_only = false, bool by_lead = false);
   // NOT_FOUND naming the job, or FAILED_PRECONDITION saying where it moved
   // (rpc/job_move.h) when it was closed for a move.
@@ -66,6 +68,9 @@ class JobRegistry {
   // lead holds no part of the job or an untrained healthy one; otherwise
   // why not (see Open).
   absl::Status AskLeadBeforeCreating(const JobSpec& spec) const;
+  // Before a lead creates `spec`: the highest version its followers hold
+  // the job at (0: none holds it trained, or none answered).
+  int64_t FollowersVersion(const JobSpec& spec) const;
 
   const JobResources resources_;
   mutable std::mutex mu_;

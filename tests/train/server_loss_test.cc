@@ -3,8 +3,9 @@
 // checkpoint on every server by itself, the worker waits, saying so, then
 // resumes at checkpoint step + 1, and every step's loss equals that of a run
 // nothing happened to. Once for a follower (its lead rolls back), once for
-// the lead (the worker holding dp rank 0 restores it); and a follower under
-// pipeline stages that are processes of their own.
+// the lead (it finds its followers holding the job when the worker reopens
+// it, and restores itself); and both again under pipeline stages that are
+// processes of their own.
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -79,15 +80,16 @@ TEST_F(ServerLossTest, TheLeadLostAfterAFollowerRollbackIsRestoredToo) {
 }
 
 // The shape the Slurm and Kubernetes files deploy: each pipeline stage its
-// own process, three servers. A follower killed and restarted mid-run: the
+// own process, three servers. A server killed and restarted mid-run: the
 // stage processes end (a stage in another process may be what failed), and
 // started again with their own command they wait while the lead rolls the
-// job back onto the restarted follower, then train on from the checkpoint:
-// every step both runs took has the same loss. The workers' opens used to
-// re-create the follower's part at version 0 first, and the job hung with
-// every server saying "ok".
-TEST(StageProcessServerLossTest, AFollowerRestartedUnderStageProcessesIsRolledBackForTheirCommand) {
-  const std::string dir = FreshTempDir("stage_process_server_loss");
+// job back (onto the restarted follower, or onto itself), then train on
+// from the checkpoint: every step both runs took has the same loss. The
+// workers' opens used to re-create a follower's part at version 0 first,
+// and the job hung with every server saying "ok"; a restarted lead was
+// restored only by a worker that ran every stage.
+void KillAServerUnderStageProcesses(int victim) {
+  const std::string dir = FreshTempDir(absl::StrCat("stage_process_server_loss_", victim));
   std::filesystem::create_directories(dir + "/ckpt");
   std::vector<ServerProcess> servers;
   for (int i = 0; i < 3; ++i) {
@@ -129,12 +131,12 @@ TEST(StageProcessServerLossTest, AFollowerRestartedUnderStageProcessesIsRolledBa
   // The last stage has the loss; its metrics lines are the steps done.
   std::vector<ChildProcess> first = start_stages("first");
   ASSERT_TRUE(WaitForSteps(dir + "/first1.jsonl", 13, first[1])) << first[1].ReadLog();
-  const int port = servers[1].port();
-  servers[1].Kill();
+  const int port = servers[victim].port();
+  servers[victim].Kill();
   absl::StatusOr<ServerProcess> restarted =
       ServerProcess::Start({"--checkpoint-dir", dir + "/ckpt"}, port);
   ASSERT_TRUE(restarted.ok()) << restarted.status();
-  servers[1] = *std::move(restarted);
+  servers[victim] = *std::move(restarted);
   for (ChildProcess& w : first) {
     const std::optional<int> code = w.Wait(std::chrono::minutes(3));
     ASSERT_TRUE(code.has_value()) << "a stage process went on without its follower\n"
@@ -166,8 +168,18 @@ TEST(StageProcessServerLossTest, AFollowerRestartedUnderStageProcessesIsRolledBa
   EXPECT_LE(resumed_at, static_cast<int64_t>(before.size()));
   EXPECT_EQ(last, kSteps);
   if (!RewordErrorsForTesting()) {
-    EXPECT_THAT(servers[0].ReadLog(), HasSubstr("after server 1 lost its part"));
+    EXPECT_THAT(servers[0].ReadLog(),
+                HasSubstr(victim == 0 ? "restarted and lost its part of the job at version"
+                                      : "after server 1 lost its part"));
   }
+}
+
+TEST(StageProcessServerLossTest, AFollowerRestartedUnderStageProcessesIsRolledBackForTheirCommand) {
+  KillAServerUnderStageProcesses(1);
+}
+
+TEST(StageProcessServerLossTest, ALeadRestartedUnderStageProcessesRestoresItselfForTheirCommand) {
+  KillAServerUnderStageProcesses(0);
 }
 
 }  // namespace
