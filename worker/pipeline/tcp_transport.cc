@@ -408,6 +408,7 @@ TcpTransport::TcpTransport(const TcpTransportOptions& options, backend::Backend&
     : options_(options), backend_(backend), credit_writer_(std::make_unique<WakeQueue>()) {}
 
 TcpTransport::~TcpTransport() {
+  closing_ = true;  // the readers' failures below are ours, not the peers'
   for (auto& peer : peers_) {
     if (peer->fd >= 0) shutdown(peer->fd, SHUT_RDWR);
   }
@@ -616,6 +617,7 @@ void TcpTransport::ReadLoop(Peer* peer) {
     if (s.ok()) continue;
     // Garbage leaves the stream unframed: stop talking to this peer.
     if (s.code() == absl::StatusCode::kDataLoss) shutdown(peer->fd, SHUT_RDWR);
+    if (options_.on_peer_lost && !closing_.load()) options_.on_peer_lost(peer->stage, s);
     {
       std::lock_guard<std::mutex> lock(peer->mu);
       peer->read_status = std::move(s);

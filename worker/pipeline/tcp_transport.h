@@ -30,6 +30,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -67,6 +68,10 @@ struct TcpTransportOptions {
   // too (two GPUs of one machine over NCCL rather than CUDA IPC).
   bool device_links = true;
   bool prefer_device_link = false;
+  // Called once per neighbour whose connection fails or closes (it died),
+  // from a reader thread, not while the transport is being destroyed: what
+  // this process waits on elsewhere (the servers) may need that neighbour.
+  std::function<void(int stage, const absl::Status& why)> on_peer_lost;
 };
 
 struct TcpTransportStats {
@@ -123,6 +128,7 @@ class TcpTransport final : public Transport {
   const TcpTransportOptions options_;
   backend::Backend& backend_;
   std::vector<std::unique_ptr<Peer>> peers_;  // fixed once Connect returns
+  std::atomic<bool> closing_{false};          // set first by the destructor
   // Writes credit frames, so a reader never waits for a peer's write lock
   // (that writer may be blocked on a socket only this reader drains).
   std::unique_ptr<WakeQueue> credit_writer_;

@@ -119,6 +119,7 @@ void OffloadLink::MaybePrefetch(int64_t step) {
   if (VersionForStep(client_->config().zo.dpu, step) > pushed_) return;
   prefetch_step_ = step;
   prefetch_cancel_ = std::make_unique<PullCancellation>();
+  if (abort_ != nullptr) abort_->Register(prefetch_cancel_.get());
   prefetch_ = std::thread([this, client = client_, step, cancel = prefetch_cancel_.get()] {
     absl::StatusOr<bool> changed =
         client->PullForStep(step, pulled_tensors_, host_, &prefetch_loss_scale_, cancel);
@@ -135,6 +136,7 @@ void OffloadLink::MaybePrefetch(int64_t step) {
 
 void OffloadLink::JoinPrefetch() {
   if (prefetch_.joinable()) prefetch_.join();
+  if (abort_ != nullptr && prefetch_cancel_ != nullptr) abort_->Unregister(prefetch_cancel_.get());
 }
 
 void OffloadLink::CancelPrefetch() {
@@ -153,6 +155,7 @@ absl::Status OffloadLink::LoadWeights(int64_t step, absl::Span<model::Param* con
     JoinPrefetch();
     if (!prefetch_status_.ok()) {
       host_ahead_ = true;  // a retry uploads whatever the failed prefetch left
+      if (abort_ != nullptr && !abort_->reason().ok()) return abort_->reason();
       return prefetch_status_;
     }
     if (prefetch_changed_) {

@@ -34,6 +34,7 @@
 #include "worker/backend/backend.h"
 #include "worker/client/offload_client.h"
 #include "worker/model/model_stage.h"
+#include "worker/train/step_abort.h"
 
 namespace zo::train {
 
@@ -50,6 +51,9 @@ class OffloadLink final : public model::ParamLink {
   // A restarted worker swaps its resend client for a plain one after the
   // first step (waits for a prefetch that uses the old one).
   void set_client(OffloadClient* client);
+  // Prefetches register with `abort` (worker/train/step_abort.h): tripped,
+  // it cancels the one in flight, and the step fails with its reason.
+  void set_step_abort(std::shared_ptr<StepAbort> abort) { abort_ = std::move(abort); }
 
   // Sets the initial weights of `params` on the servers when the job is at
   // version 0 (a fresh job); a no-op for a job that has trained.
@@ -96,6 +100,7 @@ class OffloadLink final : public model::ParamLink {
   std::thread prefetch_;
   int64_t prefetch_step_ = -1;                         // the step prefetch_ fetches for; -1: none
   std::unique_ptr<PullCancellation> prefetch_cancel_;  // of the prefetch in flight
+  std::shared_ptr<StepAbort> abort_;                   // may be null
   // Written by prefetch_, read after joining it.
   absl::Status prefetch_status_;
   bool prefetch_changed_ = false;

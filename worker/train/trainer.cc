@@ -30,6 +30,7 @@
 #include "worker/train/batch_sources.h"
 #include "worker/train/offload_link.h"
 #include "worker/train/progress.h"
+#include "worker/train/step_abort.h"
 #include "worker/train/step_outcomes.h"
 #include "worker/train/train_metrics.h"
 
@@ -339,10 +340,20 @@ absl::StatusOr<Attached> Attach(const TrainOptions& o, Plan& plan, backend::Back
     std::fprintf(o.out, "zo-train: connecting to the other pipeline stages (%s)\n",
                  absl::StrJoin(o.stage_addresses, ", ").c_str());
     std::fflush(o.out);  // the other stages may take a while to come up
+    // A neighbour that dies leaves this stage's prefetch waiting for a
+    // version the servers cannot reach without it: cancel it, and fail the
+    // step saying why.
+    auto abort = std::make_shared<StepAbort>();
+    for (LocalStage& ls : at.local) ls.link->set_step_abort(abort);
+    const auto neighbour_lost = [abort](int stage, const absl::Status& why) {
+      abort->Trip(absl::UnavailableError(
+          absl::StrCat("pipeline stage ", stage, " is gone: ", why.message())));
+    };
     ZO_ASSIGN_OR_RETURN(at.tcp, pipeline::TcpTransport::Connect({.stage = o.stage,
                                                                  .stages = o.pipeline_stages,
                                                                  .addresses = o.stage_addresses,
-                                                                 .job = o.job},
+                                                                 .job = o.job,
+                                                                 .on_peer_lost = neighbour_lost},
                                                                 backend));
     const std::set<int> neighbours = {(o.stage + o.pipeline_stages - 1) % o.pipeline_stages,
                                       (o.stage + 1) % o.pipeline_stages};
