@@ -119,6 +119,20 @@ std::string DescribeRpcError(const RpcTarget& target, const grpc::Status& status
   return line;
 }
 
+// The job's status on `target`, or the call's failure described for people.
+absl::StatusOr<v1::JobStatus> JobStatusOn(const RpcTarget& target, const std::string& job) {
+  v1::GetJobStatusRequest request;
+  request.set_job(job);
+  v1::JobStatus status;
+  grpc::ClientContext context;
+  PrepareCallContext(target.call, context);
+  if (grpc::Status rpc = target.stub->GetJobStatus(&context, request, &status); !rpc.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(rpc.error_code()),
+                        DescribeRpcError(target, rpc));
+  }
+  return status;
+}
+
 // "b:3 UNREACHABLE since 2026-11-29 06:12:03 UTC (connection refused)".
 std::string FormatFollower(const v1::FollowerState& f) {
   if (f.since_unix_ms() == 0) return absl::StrCat(f.server(), " not asked yet");
@@ -213,18 +227,13 @@ int RunStatus() {
     std::cerr << "zo-ctl status: " << target.status().message() << "\n";
     return 2;
   }
-  v1::GetJobStatusRequest request;
-  request.set_job(absl::GetFlag(FLAGS_job));
-  v1::JobStatus status;
-  grpc::ClientContext context;
-  PrepareCallContext(target->call, context);
-  const grpc::Status rpc = target->stub->GetJobStatus(&context, request, &status);
-  if (!rpc.ok()) {
-    std::cerr << "zo-ctl status: " << DescribeRpcError(*target, rpc) << "\n";
+  const absl::StatusOr<v1::JobStatus> status = JobStatusOn(*target, absl::GetFlag(FLAGS_job));
+  if (!status.ok()) {
+    std::cerr << "zo-ctl status: " << status.status().message() << "\n";
     return 1;
   }
-  std::cout << (absl::GetFlag(FLAGS_json) ? MessageToJson(status).dump(2) + "\n"
-                                          : FormatJobStatus(*target, status));
+  std::cout << (absl::GetFlag(FLAGS_json) ? MessageToJson(*status).dump(2) + "\n"
+                                          : FormatJobStatus(*target, *status));
   return 0;
 }
 
@@ -331,17 +340,12 @@ int RunRestore() {
   }
   const std::string job = absl::GetFlag(FLAGS_job);
   const std::string checkpoint = absl::GetFlag(FLAGS_checkpoint);
-  v1::GetJobStatusRequest status_request;
-  status_request.set_job(job);
-  v1::JobStatus st;
-  {
-    grpc::ClientContext context;
-    PrepareCallContext(lead->call, context);
-    if (grpc::Status rpc = lead->stub->GetJobStatus(&context, status_request, &st); !rpc.ok()) {
-      std::cerr << "zo-ctl restore: " << DescribeRpcError(*lead, rpc) << "\n";
-      return 1;
-    }
+  const absl::StatusOr<v1::JobStatus> status = JobStatusOn(*lead, job);
+  if (!status.ok()) {
+    std::cerr << "zo-ctl restore: " << status.status().message() << "\n";
+    return 1;
   }
+  const v1::JobStatus& st = *status;
   if (st.server_index() != 0) {
     std::cerr << "zo-ctl restore: " << lead->server << " is server " << st.server_index()
               << " of job " << job << "; restores are run by its lead, "
@@ -395,18 +399,12 @@ int RunClose() {
   }
   const std::string job = absl::GetFlag(FLAGS_job);
   // The server named knows the job's whole server list.
-  v1::GetJobStatusRequest status_request;
-  status_request.set_job(job);
-  v1::JobStatus st;
-  {
-    grpc::ClientContext context;
-    PrepareCallContext(first->call, context);
-    if (grpc::Status rpc = first->stub->GetJobStatus(&context, status_request, &st); !rpc.ok()) {
-      std::cerr << "zo-ctl close: " << first->server << ": " << DescribeRpcError(*first, rpc)
-                << "\n";
-      return 1;
-    }
+  const absl::StatusOr<v1::JobStatus> status = JobStatusOn(*first, job);
+  if (!status.ok()) {
+    std::cerr << "zo-ctl close: " << first->server << ": " << status.status().message() << "\n";
+    return 1;
   }
+  const v1::JobStatus& st = *status;
   std::vector<std::string> servers(st.servers().begin(), st.servers().end());
   if (servers.empty()) servers = {first->server};  // a server too old to list them
   // The lead last: it removes the checkpoints once the others are closed.
@@ -515,16 +513,12 @@ int RunRescale() {
   if (path.empty()) {
     absl::StatusOr<RpcTarget> named = RpcTargetFromFlags();
     if (!named.ok()) return usage(std::string(named.status().message()));
-    v1::GetJobStatusRequest status_request;
-    status_request.set_job(job);
-    v1::JobStatus st;
-    grpc::ClientContext context;
-    PrepareCallContext(named->call, context);
-    if (grpc::Status rpc = named->stub->GetJobStatus(&context, status_request, &st); !rpc.ok()) {
-      std::cerr << "zo-ctl rescale: " << named->server << ": " << DescribeRpcError(*named, rpc)
-                << "\n";
+    const absl::StatusOr<v1::JobStatus> status = JobStatusOn(*named, job);
+    if (!status.ok()) {
+      std::cerr << "zo-ctl rescale: " << named->server << ": " << status.status().message() << "\n";
       return 1;
     }
+    const v1::JobStatus& st = *status;
     from.assign(st.servers().begin(), st.servers().end());
     if (from.empty()) from = {named->server};
     if (from == to) {

@@ -13,6 +13,10 @@
 //     bounded.
 // Prints the kills survived and the steps computed again. Label `chaos`:
 // not in the default ctest run (minutes); `ctest --test-dir build/release -L chaos`.
+// ZO_CHAOS_STAGES=processes runs each rank's two stages as processes of
+// their own over the TCP transport (the shape the Kubernetes and Slurm files
+// deploy): a stage process that ends (its server or its neighbour died) is
+// started again with its own command, as Kubernetes' restartPolicy does.
 // ZO_CHAOS_OPTIMIZER=cpu keeps the optimizer state in RAM instead (the
 // servers then serve pulls by rounding the master: server/param_versions.h),
 // and ZO_CHAOS_DPU=1 turns the delayed parameter update on (with
@@ -35,11 +39,13 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "common/testing/free_port.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/cluster/wait_until.h"
@@ -112,6 +118,11 @@ int FilesUnder(const std::string& dir) {
   return n;
 }
 
+bool StageProcesses() {
+  const char* stages = std::getenv("ZO_CHAOS_STAGES");
+  return stages != nullptr && std::string(stages) == "processes";
+}
+
 class ChaosSoakTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -147,28 +158,38 @@ class ChaosSoakTest : public ::testing::Test {
     return *std::move(s);
   }
 
+  // `stage` >= 0: that pipeline stage alone, a process of its own.
   ChildProcess StartWorker(const std::string& run, const std::string& servers, int rank,
-                           int64_t steps) {
-    std::vector<std::string> args = {ZO_TRAIN_PATH,
-                                     "--servers",
-                                     servers,
-                                     "--job",
-                                     "chaos",
-                                     "--config",
-                                     dir_ + "/config.json",
-                                     "--dp-rank",
-                                     std::to_string(rank),
-                                     "--dp-world-size",
-                                     std::to_string(kRanks),
-                                     "--steps",
-                                     std::to_string(steps),
-                                     "--checkpoint-every",
-                                     "5",
-                                     "--metrics-out",
-                                     Metrics(run, rank)};
+                           int64_t steps, int stage = -1) {
+    std::vector<std::string> args = {
+        ZO_TRAIN_PATH,
+        "--servers",
+        servers,
+        "--job",
+        "chaos",
+        "--config",
+        dir_ + "/config.json",
+        "--dp-rank",
+        std::to_string(rank),
+        "--dp-world-size",
+        std::to_string(kRanks),
+        "--steps",
+        std::to_string(steps),
+        "--checkpoint-every",
+        "5",
+        "--metrics-out",
+        stage == 0 ? absl::StrCat(Metrics(run, rank), ".stage0") : Metrics(run, rank)};
     args.insert(args.end(), kModel.begin(), kModel.end());
+    if (stage >= 0) {
+      std::string& addresses = stage_addresses_[{run, rank}];
+      if (addresses.empty()) {
+        addresses =
+            absl::StrCat("127.0.0.1:", FreeLoopbackPort(), ",127.0.0.1:", FreeLoopbackPort());
+      }
+      args.insert(args.end(), {"--stage", std::to_string(stage), "--stage-addresses", addresses});
+    }
     // Appended, not truncated: a restarted worker's log follows the last one's.
-    const std::string log = absl::StrCat(dir_, "/", run, "/worker", rank, ".log");
+    const std::string log = WorkerLog(run, rank, stage);
     std::string before;
     {
       std::ifstream in(log);
@@ -180,11 +201,18 @@ class ChaosSoakTest : public ::testing::Test {
     return *std::move(w);
   }
 
+  // The losses: the last stage's.
   std::string Metrics(const std::string& run, int rank) const {
     return absl::StrCat(dir_, "/", run, "/rank", rank, ".jsonl");
   }
+  std::string WorkerLog(const std::string& run, int rank, int stage) const {
+    return absl::StrCat(dir_, "/", run, "/worker", rank,
+                        stage >= 0 ? absl::StrCat("-stage", stage) : "", ".log");
+  }
 
   std::string dir_;
+  // Per run and rank, with stage processes: the two stages' addresses.
+  std::map<std::pair<std::string, int>, std::string> stage_addresses_;
 };
 
 std::string ServerList(const std::vector<ServerProcess>& servers) {
@@ -217,14 +245,34 @@ TEST_F(ChaosSoakTest, KillsAnywhereLeaveTheTrajectoryOfARunWithout) {
     servers.push_back(StartServer("chaos", i, 0, ms));
   }
   const std::string addresses = ServerList(servers);
+  // Worker processes: one per rank, or with stage processes one per rank and
+  // stage (index rank * 2 + stage).
+  const bool stage_processes = StageProcesses();
+  const int per_rank = stage_processes ? 2 : 1;
+  const auto start_worker = [&](const std::string& run, const std::string& on, int i,
+                                int64_t steps) {
+    return StartWorker(run, on, i / per_rank, steps, stage_processes ? i % per_rank : -1);
+  };
   std::vector<ChildProcess> workers;
-  for (int r = 0; r < kRanks; ++r) workers.push_back(StartWorker("chaos", addresses, r, 1000000));
+  for (int i = 0; i < kRanks * per_rank; ++i) {
+    workers.push_back(start_worker("chaos", addresses, i, 1000000));
+  }
+  int stage_restarts = 0;
   const auto wait_for_step = [&](int64_t step, const char* why) {
+    // Threads: a worker that ends has failed. Stage processes end when a
+    // server or their neighbour dies, and are started again.
     std::vector<const ChildProcess*> producers;
-    for (const ChildProcess& w : workers) producers.push_back(&w);
+    if (!stage_processes) {
+      for (const ChildProcess& w : workers) producers.push_back(&w);
+    }
     return cluster::WaitUntil(
         absl::StrCat("both ranks at step ", step, " (", why, ")"),
         [&] {
+          for (size_t i = 0; stage_processes && i < workers.size(); ++i) {
+            if (!workers[i].Wait(std::chrono::milliseconds(0)).has_value()) continue;
+            workers[i] = start_worker("chaos", addresses, static_cast<int>(i), 1000000);
+            ++stage_restarts;
+          }
           for (int r = 0; r < kRanks; ++r) {
             if (LastStep(Metrics("chaos", r)) < step) return false;
           }
@@ -239,28 +287,35 @@ TEST_F(ChaosSoakTest, KillsAnywhereLeaveTheTrajectoryOfARunWithout) {
   // The chaos: one victim at a time; the job must move 3 steps past where
   // it was before the next one.
   std::map<std::string, int> kills;
+  // Per kind of kill: seconds from the kill until the job was 3 steps on.
+  std::map<std::string, std::vector<double>> recoveries;
+  const int num_workers = static_cast<int>(workers.size());
   const absl::Time end = absl::Now() + absl::Seconds(seconds);
   while (absl::Now() < end) {
     absl::SleepFor(absl::Milliseconds(std::uniform_int_distribution<int>(500, 4000)(rng)));
-    const int victim =
-        std::uniform_int_distribution<int>(workers_only ? kServers : 0, kServers + kRanks - 1)(rng);
+    const int victim = std::uniform_int_distribution<int>(workers_only ? kServers : 0,
+                                                          kServers + num_workers - 1)(rng);
     int64_t at = 0;
     for (int r = 0; r < kRanks; ++r) at = std::max(at, LastStep(Metrics("chaos", r)));
+    const absl::Time killed = absl::Now();
+    std::string kind;
     if (victim < kServers) {
       const int port = servers[victim].port();
       servers[victim].Kill();
       servers[victim] = StartServer("chaos", victim, port, disk_latency_ms());
-      ++kills[victim == 0 ? "lead server" : "follower server"];
+      kind = victim == 0 ? "lead server" : "follower server";
     } else {
-      const int rank = victim - kServers;
-      workers[rank].Kill();
-      workers[rank] = StartWorker("chaos", addresses, rank, 1000000);
-      ++kills[absl::StrCat("worker")];
+      const int w = victim - kServers;
+      workers[w].Kill();
+      workers[w] = start_worker("chaos", addresses, w, 1000000);
+      kind = stage_processes ? "stage process" : "worker";
     }
+    ++kills[kind];
     const absl::Status moved = wait_for_step(at + 3, "after a kill");
-    ASSERT_TRUE(moved.ok()) << moved << "\nrank 0:\n"
-                            << workers[0].ReadLog() << "\nrank 1:\n"
-                            << workers[1].ReadLog();
+    std::string logs;
+    for (const ChildProcess& w : workers) absl::StrAppend(&logs, "\n", w.ReadLog());
+    ASSERT_TRUE(moved.ok()) << moved << "\nafter killing a " << kind << logs;
+    recoveries[kind].push_back(absl::ToDoubleSeconds(absl::Now() - killed));
   }
   int64_t last = 0;
   for (int r = 0; r < kRanks; ++r) last = std::max(last, LastStep(Metrics("chaos", r)));
@@ -285,11 +340,11 @@ TEST_F(ChaosSoakTest, KillsAnywhereLeaveTheTrajectoryOfARunWithout) {
   std::vector<ServerProcess> calm;
   for (int i = 0; i < kServers; ++i) calm.push_back(StartServer("calm", i));
   std::vector<ChildProcess> calm_workers;
-  for (int r = 0; r < kRanks; ++r) {
-    calm_workers.push_back(StartWorker("calm", ServerList(calm), r, steps));
+  for (int i = 0; i < num_workers; ++i) {
+    calm_workers.push_back(start_worker("calm", ServerList(calm), i, steps));
   }
-  for (int r = 0; r < kRanks; ++r) {
-    ASSERT_EQ(calm_workers[r].Wait(std::chrono::minutes(10)), 0) << calm_workers[r].ReadLog();
+  for (ChildProcess& w : calm_workers) {
+    ASSERT_EQ(w.Wait(std::chrono::minutes(10)), 0) << w.ReadLog();
   }
   int64_t compared = 0;
   for (int r = 0; r < kRanks; ++r) {
@@ -302,13 +357,14 @@ TEST_F(ChaosSoakTest, KillsAnywhereLeaveTheTrajectoryOfARunWithout) {
       ++compared;
     }
   }
-  // Steps lost: each resume ("is at version V; resuming") after the worker
+  // Steps lost: each resume ("at version V; resuming") after the worker
   // had reached step S costs S - V steps of work (rank 0's view).
   int64_t resumes = 0, lost = 0;
   {
-    std::ifstream in(absl::StrCat(dir_, "/chaos/worker0.log.before"));
+    const std::string log = WorkerLog("chaos", 0, stage_processes ? 1 : -1);
+    std::ifstream in(log + ".before");
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    std::ifstream now(absl::StrCat(dir_, "/chaos/worker0.log"));
+    std::ifstream now(log);
     text.append(std::istreambuf_iterator<char>(now), std::istreambuf_iterator<char>());
     int64_t reached = 0;
     for (absl::string_view line : absl::StrSplit(text, '\n')) {
@@ -316,9 +372,9 @@ TEST_F(ChaosSoakTest, KillsAnywhereLeaveTheTrajectoryOfARunWithout) {
       if (absl::ConsumePrefix(&line, "step ")) {
         line = absl::StripLeadingAsciiWhitespace(line);
         if (absl::SimpleAtoi(line.substr(0, line.find('/')), &n)) reached = n;
-      } else if (const size_t at = line.find(" is at version ");
+      } else if (const size_t at = line.find(" at version ");  // "is at" or "attached ... at"
                  at != line.npos && line.find("resuming") != line.npos) {
-        absl::string_view v = line.substr(at + 15);
+        absl::string_view v = line.substr(at + 12);
         if (absl::SimpleAtoi(v.substr(0, v.find(' ')), &n)) {
           ++resumes;
           lost += std::max<int64_t>(0, reached - n);
@@ -329,17 +385,23 @@ TEST_F(ChaosSoakTest, KillsAnywhereLeaveTheTrajectoryOfARunWithout) {
   }
   std::string summary;
   int total = 0;
-  for (const auto& [what, n] : kills) {
-    summary += absl::StrCat(summary.empty() ? "" : ", ", n, " ", what);
+  for (auto& [what, n] : kills) {
+    std::vector<double>& t = recoveries[what];
+    std::sort(t.begin(), t.end());
+    summary += absl::StrFormat("%s%d %s (back 3 steps on in %.1f s median, %.1f s worst)",
+                               summary.empty() ? "" : ", ", n, what,
+                               t.empty() ? 0 : t[t.size() / 2], t.empty() ? 0 : t.back());
     total += n;
   }
   std::printf(
-      "chaos: %d s, seed %u: %d kills survived (%s); %lld steps, %lld losses equal to the "
-      "calm run's; rank 0 resumed %lld times, losing %lld steps of work; %d server starts on "
-      "a slowed disk; worst server RSS growth %.1f MiB\n",
-      seconds, seed, total, summary.c_str(), static_cast<long long>(steps),
-      static_cast<long long>(compared), static_cast<long long>(resumes),
-      static_cast<long long>(lost), slowed_starts, worst_rss_growth / double(1 << 20));
+      "chaos: %d s, seed %u, stages as %s: %d kills survived (%s); %d stage processes started "
+      "again after they ended; %lld steps, %lld losses equal to the calm run's; rank 0 resumed "
+      "%lld times, losing %lld steps of work; %d server starts on a slowed disk; worst server "
+      "RSS growth %.1f MiB\n",
+      seconds, seed, stage_processes ? "processes" : "threads", total, summary.c_str(),
+      stage_restarts, static_cast<long long>(steps), static_cast<long long>(compared),
+      static_cast<long long>(resumes), static_cast<long long>(lost), slowed_starts,
+      worst_rss_growth / double(1 << 20));
 }
 
 }  // namespace
