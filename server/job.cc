@@ -225,6 +225,7 @@ absl::Status Job::Init() {
             absl::Status reported =
                 resources_.peers->ReportStepStats(spec_.servers[0], stats, resources_.peer_timeout);
             if (ReasonOf(reported) == v1::ErrorDetail::NO_JOB) LeadLostTheJob(reported);
+            if (reported.ok()) LeadAnswered();
             return reported;
           },
       .send_commit =

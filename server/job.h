@@ -302,6 +302,9 @@ class Job {
   // fails the pulls that wait (UNAVAILABLE), so that workers that never
   // call the lead hear of it too, until the lead's restore reaches here.
   void LeadLostTheJob(const absl::Status& answer);
+  // Follower: a report the lead took after LeadLostTheJob (it holds the job
+  // after all, and no restore came between): healthy again.
+  void LeadAnswered();
   bool ReadyToReportLocked() const;
   v1::StepStats ComputeStepStats(int64_t step, int64_t generation);
   absl::Status Apply(const v1::StepCommit& commit);
@@ -441,6 +444,7 @@ class Job {
   // from a checkpoint given by hand clears it.
   bool lost_ = false;
   bool awaiting_lead_restore_ = false;  // follower: AwaitLeadRestore until RestorePart
+  bool lead_lost_ = false;              // follower: LeadLostTheJob until a restore or LeadAnswered
   // The step thread has decided a step and not yet applied it.
   bool applying_ = false;
   bool checkpoint_running_ = false;  // lead: checkpoint_thread_ finishes one

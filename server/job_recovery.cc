@@ -153,7 +153,11 @@ absl::Status Job::OpenPartOn(int server) {
 
 void Job::LeadLostTheJob(const absl::Status& answer) {
   std::lock_guard lock(mu_);
-  if (!health_.ok() || stop_) return;
+  // Before the first commit the lead may not have created its part yet (the
+  // workers open every server at once, and a follower with nothing to wait
+  // for reports at once): that is not a loss.
+  if (!health_.ok() || stop_ || version_ == 0) return;
+  lead_lost_ = true;
   ZO_LOG(WARNING) << "job " << spec_.name << ": the lead (" << spec_.servers[0]
                   << ") no longer holds the job (" << answer.message()
                   << "); waiting for it to roll the job back";
@@ -161,6 +165,15 @@ void Job::LeadLostTheJob(const absl::Status& answer) {
       absl::StrCat("the lead (", spec_.servers[0],
                    ") restarted without the job; waiting for it to roll the job back (a worker "
                    "that opens the job there starts that)")));
+}
+
+void Job::LeadAnswered() {
+  std::lock_guard lock(mu_);
+  if (!lead_lost_) return;
+  lead_lost_ = false;
+  if (health_.code() == absl::StatusCode::kUnavailable && !restoring_) {
+    SetHealthLocked(absl::OkStatus());
+  }
 }
 
 void Job::AwaitLeadRestore() {
