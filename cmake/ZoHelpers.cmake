@@ -30,6 +30,34 @@ function(zo_cc_library)
   endif()
 endfunction()
 
+# A test's own code at -O1 and with line tables only (-g1) in optimised
+# builds: the code under test keeps -O2 -g in its libraries, and test files
+# (gtest and gmock templates) are most of a CI build.
+set(ZO_TEST_COPTS $<$<CONFIG:RelWithDebInfo,Release>:-O1> $<$<CONFIG:RelWithDebInfo>:-g1> -pthread)
+
+# zo_test_pch: cmake/test_pch.h precompiled once with the tests' flags and
+# reused by every test (-pthread is in ZO_TEST_COPTS: the header is refused
+# where _REENTRANT differs). GCC only: clang refuses a
+# precompiled header built with other macro definitions, and a test's own
+# definitions (ZO_SERVER_PATH...) differ; a test with its own COPTS compiles
+# without it.
+function(zo_add_test_pch)
+  if(NOT BUILD_TESTING OR NOT ZO_TEST_PCH OR NOT CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+    return()
+  endif()
+  add_library(zo_test_pch OBJECT ${PROJECT_SOURCE_DIR}/cmake/test_pch.cc)
+  target_link_libraries(zo_test_pch PRIVATE zo_proto GTest::gmock nlohmann_json::nlohmann_json
+                        absl::status absl::statusor absl::strings Threads::Threads)
+  target_compile_options(zo_test_pch PRIVATE ${ZO_TEST_COPTS} ${ZO_WARNINGS})
+  target_precompile_headers(zo_test_pch PRIVATE ${PROJECT_SOURCE_DIR}/cmake/test_pch.h)
+  # Compiled as the tests are: an executable's -fPIE, not a library's -fPIC
+  # (the header is refused for a different setting).
+  if(CMAKE_POSITION_INDEPENDENT_CODE)
+    set_target_properties(zo_test_pch PROPERTIES POSITION_INDEPENDENT_CODE OFF)
+    target_compile_options(zo_test_pch PRIVATE -fPIE)
+  endif()
+endfunction()
+
 function(zo_cc_test)
   cmake_parse_arguments(ZO "" "NAME;TIMEOUT" "SRCS;DEPS;LABELS;COPTS" ${ARGN})
   if(NOT BUILD_TESTING)
@@ -37,11 +65,10 @@ function(zo_cc_test)
   endif()
   add_executable(${ZO_NAME} ${ZO_SRCS})
   target_link_libraries(${ZO_NAME} PRIVATE ${ZO_DEPS} GTest::gmock GTest::gtest_main)
-  # A test's own code at -O1 in optimised builds: the code under test stays
-  # at -O2 in its libraries, and a test file (gtest and gmock templates)
-  # compiles in about two thirds of the time, which is most of a CI build.
-  target_compile_options(${ZO_NAME} PRIVATE
-    $<$<CONFIG:RelWithDebInfo,Release>:-O1> ${ZO_WARNINGS} ${ZO_COPTS})
+  target_compile_options(${ZO_NAME} PRIVATE ${ZO_TEST_COPTS} ${ZO_WARNINGS} ${ZO_COPTS})
+  if(TARGET zo_test_pch AND NOT ZO_COPTS)
+    target_precompile_headers(${ZO_NAME} REUSE_FROM zo_test_pch)
+  endif()
   if(NOT ZO_TIMEOUT)
     set(ZO_TIMEOUT 300)
   endif()

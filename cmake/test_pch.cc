@@ -1,0 +1,1 @@
+// zo_test_pch needs one source of its own (cmake/ZoHelpers.cmake).
