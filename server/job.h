@@ -443,8 +443,14 @@ class Job {
   // Lead: a follower lost its part with no checkpoint (MarkLost); a restore
   // from a checkpoint given by hand clears it.
   bool lost_ = false;
-  bool awaiting_lead_restore_ = false;  // follower: AwaitLeadRestore until RestorePart
-  bool lead_lost_ = false;              // follower: LeadLostTheJob until a restore or LeadAnswered
+  // Follower: why this part waits for the lead's restore (RestorePart ends
+  // either). Written under mu_; read without it where a step would pay.
+  enum class LeadRestoreWait {
+    kNone,
+    kOpenedByLead,    // AwaitLeadRestore: workers' opens are refused
+    kLeadLostTheJob,  // LeadLostTheJob: a report the lead takes ends it too
+  };
+  std::atomic<LeadRestoreWait> lead_restore_wait_ = LeadRestoreWait::kNone;
   // The step thread has decided a step and not yet applied it.
   bool applying_ = false;
   bool checkpoint_running_ = false;  // lead: checkpoint_thread_ finishes one

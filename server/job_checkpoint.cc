@@ -604,8 +604,7 @@ absl::Status Job::RestorePart(const v1::RestorePartRequest& request, bool health
     }
     // Pulls that waited re-check their instance (and hear of the restore).
     restoring_ = false;
-    awaiting_lead_restore_ = false;
-    lead_lost_ = false;
+    lead_restore_wait_ = LeadRestoreWait::kNone;
     resources_.wakes->Post(version_waiters_.TakeAll());
     if (!status.ok()) {
       SetHealthLocked(absl::DataLossError(

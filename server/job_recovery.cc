@@ -157,7 +157,7 @@ void Job::LeadLostTheJob(const absl::Status& answer) {
   // workers open every server at once, and a follower with nothing to wait
   // for reports at once): that is not a loss.
   if (!health_.ok() || stop_ || version_ == 0) return;
-  lead_lost_ = true;
+  lead_restore_wait_ = LeadRestoreWait::kLeadLostTheJob;
   ZO_LOG(WARNING) << "job " << spec_.name << ": the lead (" << spec_.servers[0]
                   << ") no longer holds the job (" << answer.message()
                   << "); waiting for it to roll the job back";
@@ -168,9 +168,11 @@ void Job::LeadLostTheJob(const absl::Status& answer) {
 }
 
 void Job::LeadAnswered() {
+  // Every report of every step comes here: no lock unless there is news.
+  if (lead_restore_wait_.load() != LeadRestoreWait::kLeadLostTheJob) return;
   std::lock_guard lock(mu_);
-  if (!lead_lost_) return;
-  lead_lost_ = false;
+  if (lead_restore_wait_ != LeadRestoreWait::kLeadLostTheJob) return;
+  lead_restore_wait_ = LeadRestoreWait::kNone;
   if (health_.code() == absl::StatusCode::kUnavailable && !restoring_) {
     SetHealthLocked(absl::OkStatus());
   }
@@ -178,14 +180,13 @@ void Job::LeadAnswered() {
 
 void Job::AwaitLeadRestore() {
   std::lock_guard lock(mu_);
-  awaiting_lead_restore_ = true;
+  lead_restore_wait_ = LeadRestoreWait::kOpenedByLead;
   SetHealthLocked(absl::UnavailableError(absl::StrCat("this server's part waits for the lead (",
                                                       spec_.servers[0], ") to restore it")));
 }
 
 bool Job::AwaitingLeadRestore() const {
-  std::lock_guard lock(mu_);
-  return awaiting_lead_restore_;
+  return lead_restore_wait_.load() == LeadRestoreWait::kOpenedByLead;
 }
 
 }  // namespace zo
