@@ -37,7 +37,9 @@ absl::StatusOr<JobRegistry::Opened> JobRegistry::Open(JobSpec spec, bool attach_
       std::lock_guard lock(mu_);
       held = jobs_.count(spec.name) > 0;
     }
-    if (!held) followers_version = FollowersVersion(spec);
+    if (!held) {
+      ZO_ASSIGN_OR_RETURN(followers_version, FollowersVersion(spec));
+    }
   }
   // Creating a job allocates and may preallocate swap files: done under the
   // lock so that two racing opens of one job make one.
@@ -90,13 +92,23 @@ absl::Status JobRegistry::NotHereLocked(const std::string& name) const {
                     MakeDetail(v1::ErrorDetail::NO_JOB, name));
 }
 
-int64_t JobRegistry::FollowersVersion(const JobSpec& spec) const {
+absl::StatusOr<int64_t> JobRegistry::FollowersVersion(const JobSpec& spec) const {
   int64_t version = 0;
   for (size_t i = 1; i < spec.servers.size(); ++i) {
-    // One that does not answer says nothing either way.
     const absl::StatusOr<v1::JobStatus> follower = resources_.peers->GetJobStatus(
         spec.servers[i], spec.name, std::min(resources_.peer_timeout, absl::Seconds(2)));
-    if (follower.ok()) version = std::max(version, follower->version());
+    if (follower.ok()) {
+      version = std::max(version, follower->version());
+      continue;
+    }
+    const v1::ErrorDetail::Reason why = ReasonOf(follower.status());
+    if (why == v1::ErrorDetail::NO_JOB) continue;
+    if (why == v1::ErrorDetail::JOB_MOVED) return follower.status();
+    return absl::UnavailableError(absl::StrCat(
+        "the lead (", spec.servers[0], ") does not hold job ", spec.name,
+        " and cannot ask server ", i, " (", spec.servers[i], ") whether that holds it trained (",
+        follower.status().message(),
+        "); a lead creates a job only once every follower has answered: try again"));
   }
   return version;
 }

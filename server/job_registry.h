@@ -69,8 +69,10 @@ class JobRegistry {
   // why not (see Open).
   absl::Status AskLeadBeforeCreating(const JobSpec& spec) const;
   // Before a lead creates `spec`: the highest version its followers hold
-  // the job at (0: none holds it trained, or none answered).
-  int64_t FollowersVersion(const JobSpec& spec) const;
+  // the job at (0: none holds it trained). UNAVAILABLE when one does not
+  // answer: it may hold the job trained, and a job created at version 0
+  // beside it would start over.
+  absl::StatusOr<int64_t> FollowersVersion(const JobSpec& spec) const;
 
   const JobResources resources_;
   mutable std::mutex mu_;

@@ -6,6 +6,8 @@
 // the lead (it finds its followers holding the job when the worker reopens
 // it, and restores itself); and both again under pipeline stages that are
 // processes of their own.
+#include <signal.h>
+
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -13,12 +15,16 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/testing/free_port.h"
 #include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "proto/zo/v1/offload_service.grpc.pb.h"
 #include "rpc/error_detail.h"
+#include "tests/cluster/wait_until.h"
 #include "tests/server/server_process.h"
 #include "tests/support/child_process.h"
 #include "tests/train/train_run.h"
@@ -88,7 +94,11 @@ TEST_F(ServerLossTest, TheLeadLostAfterAFollowerRollbackIsRestoredToo) {
 // workers' opens used to re-create a follower's part at version 0 first,
 // and the job hung with every server saying "ok"; a restarted lead was
 // restored only by a worker that ran every stage.
-void KillAServerUnderStageProcesses(int victim) {
+// `followers_silent`: the lead restarts while its followers do not answer
+// (stopped, a partition); it must not create the job at version 0 for the
+// stages' opens (it used to decide from whichever followers answered), and
+// rolls the job back once they answer.
+void KillAServerUnderStageProcesses(int victim, bool followers_silent = false) {
   const std::string dir = FreshTempDir(absl::StrCat("stage_process_server_loss_", victim));
   std::filesystem::create_directories(dir + "/ckpt");
   std::vector<ServerProcess> servers;
@@ -133,18 +143,44 @@ void KillAServerUnderStageProcesses(int victim) {
   ASSERT_TRUE(WaitForSteps(dir + "/first1.jsonl", 13, first[1])) << first[1].ReadLog();
   const int port = servers[victim].port();
   servers[victim].Kill();
-  absl::StatusOr<ServerProcess> restarted =
-      ServerProcess::Start({"--checkpoint-dir", dir + "/ckpt"}, port);
-  ASSERT_TRUE(restarted.ok()) << restarted.status();
-  servers[victim] = *std::move(restarted);
+  const auto restart = [&] {
+    absl::StatusOr<ServerProcess> restarted =
+        ServerProcess::Start({"--checkpoint-dir", dir + "/ckpt"}, port);
+    ASSERT_TRUE(restarted.ok()) << restarted.status();
+    servers[victim] = *std::move(restarted);
+  };
+  if (!followers_silent) restart();
   for (ChildProcess& w : first) {
     const std::optional<int> code = w.Wait(std::chrono::minutes(3));
-    ASSERT_TRUE(code.has_value()) << "a stage process went on without its follower\n"
+    ASSERT_TRUE(code.has_value()) << "a stage process went on without its server\n"
                                   << w.ReadLog();
     EXPECT_NE(*code, 0) << w.ReadLog();
   }
+  if (followers_silent) {
+    for (int f : {1, 2}) ASSERT_EQ(kill(servers[f].pid(), SIGSTOP), 0);
+    restart();
+  }
 
   std::vector<ChildProcess> second = start_stages("second");
+  if (followers_silent) {
+    // A first open of every server has been answered (or timed out).
+    ASSERT_TRUE(cluster::WaitUntil(
+                    "stage 0 waits for the servers",
+                    [&] { return absl::StrContains(second[0].ReadLog(), "waiting for the servers"); },
+                    dir, {&second[0]}, std::chrono::minutes(2))
+                    .ok())
+        << second[0].ReadLog();
+    auto stub = v1::Offload::NewStub(
+        grpc::CreateChannel(servers[0].address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    v1::GetJobStatusRequest request;
+    request.set_job("stages");
+    v1::JobStatus status;
+    const grpc::Status held = stub->GetJobStatus(&context, request, &status);
+    EXPECT_EQ(held.error_code(), grpc::StatusCode::NOT_FOUND)
+        << "the lead made the job while its followers were silent: version " << status.version();
+    for (int f : {1, 2}) ASSERT_EQ(kill(servers[f].pid(), SIGCONT), 0);
+  }
   for (ChildProcess& w : second) {
     const std::optional<int> code = w.Wait(std::chrono::minutes(4));
     ASSERT_TRUE(code.has_value()) << w.ReadLog() << servers[0].ReadLog();
@@ -180,6 +216,10 @@ TEST(StageProcessServerLossTest, AFollowerRestartedUnderStageProcessesIsRolledBa
 
 TEST(StageProcessServerLossTest, ALeadRestartedUnderStageProcessesRestoresItselfForTheirCommand) {
   KillAServerUnderStageProcesses(0);
+}
+
+TEST(StageProcessServerLossTest, ALeadRestartedWhileItsFollowersAreSilentWaitsForThem) {
+  KillAServerUnderStageProcesses(0, /*followers_silent=*/true);
 }
 
 }  // namespace
