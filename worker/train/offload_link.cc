@@ -101,8 +101,18 @@ absl::Status UploadAll(backend::Backend& backend, absl::Span<const absl::Span<st
 }  // namespace
 
 absl::Status OffloadLink::LoadNow(int64_t step) {
-  ZO_ASSIGN_OR_RETURN(bool changed,
-                      client_->PullForStep(step, pulled_tensors_, host_, &loss_scale_));
+  // Cancellable like a prefetch: a neighbour that dies leaves this pull
+  // waiting for a version the servers cannot reach without it. (Stage 0
+  // of 1F1B pushes last, so its next step's weights are mostly pulled here.)
+  PullCancellation cancel;
+  if (abort_ != nullptr) abort_->Register(&cancel);
+  absl::StatusOr<bool> pulled =
+      client_->PullForStep(step, pulled_tensors_, host_, &loss_scale_, &cancel);
+  if (abort_ != nullptr) {
+    abort_->Unregister(&cancel);
+    if (!pulled.ok() && !abort_->reason().ok()) return abort_->reason();
+  }
+  ZO_ASSIGN_OR_RETURN(const bool changed, std::move(pulled));
   // Where DPU starts (two steps on one version) and after a skipped step
   // the weights stay: no copy to the device.
   if (changed || host_ahead_) {

@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "server/offload_server.h"
 #include "worker/backend/cpu/cpu_backend.h"
+#include "worker/train/step_abort.h"
 
 namespace zo::train {
 namespace {
@@ -188,6 +189,36 @@ TEST(OffloadLinkTest, APrefetchThatCannotCompleteIsGivenUp) {
   EXPECT_EQ(a, want);
   // LoadWeights started the prefetch of step 2 again; torn down while it waits.
   link.reset();
+}
+
+// A stage process whose neighbour died: the pull of its next weights that
+// is not a prefetch (stage 0 of 1F1B pushes last, so its next step's
+// weights are mostly pulled when the step starts) waits for a version the
+// servers cannot reach without the dead stage. The StepAbort the transport
+// trips must end it, as it ends a prefetch, instead of the call's deadline
+// (an hour here; it used to stall the chaos soak's stage processes).
+TEST(OffloadLinkTest, AnAbortedStepEndsAPullThatIsNotAPrefetch) {
+  Fixture f;
+  ASSERT_NO_FATAL_FAILURE(StartServerAndParams(f));
+  ClientOptions options;
+  options.job = "aborted";
+  options.channels = {f.server->InProcessChannel()};
+  options.dp_world_size = 2;
+  options.call_timeout = absl::Hours(1);
+  const std::string config = R"({"train_batch_size": 2,
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.05}}, "bf16": {"enabled": true}})";
+  auto client = OffloadClient::Open(options, config, f.manifest);
+  ASSERT_TRUE(client.ok()) << client.status();
+  OffloadLink link(client->get(), *f.cpu, f.manifest, DType::kBFloat16);
+  auto abort = std::make_shared<StepAbort>();
+  link.set_step_abort(abort);
+  ASSERT_THAT(link.InitializeIfFresh(f.pointers, 7), IsOk());
+  ASSERT_THAT(link.LoadWeights(1, f.pointers), IsOk());
+  for (model::Param& p : f.params) ASSERT_THAT(link.PushGradient(1, p, -1), IsOk());
+  ASSERT_THAT(link.FinishStep(1), IsOk());  // prefetches step 2, which rank 1 never makes
+  abort->Trip(absl::UnavailableError("pipeline stage 1 is gone"));
+  // Step 3 is not the prefetched step: its weights are pulled at once.
+  EXPECT_EQ(link.LoadWeights(3, f.pointers), absl::UnavailableError("pipeline stage 1 is gone"));
 }
 
 }  // namespace
