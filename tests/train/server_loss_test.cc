@@ -152,8 +152,7 @@ void KillAServerUnderStageProcesses(int victim, bool followers_silent = false) {
   if (!followers_silent) restart();
   for (ChildProcess& w : first) {
     const std::optional<int> code = w.Wait(std::chrono::minutes(3));
-    ASSERT_TRUE(code.has_value()) << "a stage process went on without its server\n"
-                                  << w.ReadLog();
+    ASSERT_TRUE(code.has_value()) << "a stage process went on without its server\n" << w.ReadLog();
     EXPECT_NE(*code, 0) << w.ReadLog();
   }
   if (followers_silent) {
@@ -164,11 +163,12 @@ void KillAServerUnderStageProcesses(int victim, bool followers_silent = false) {
   std::vector<ChildProcess> second = start_stages("second");
   if (followers_silent) {
     // A first open of every server has been answered (or timed out).
-    ASSERT_TRUE(cluster::WaitUntil(
-                    "stage 0 waits for the servers",
-                    [&] { return absl::StrContains(second[0].ReadLog(), "waiting for the servers"); },
-                    dir, {&second[0]}, std::chrono::minutes(2))
-                    .ok())
+    ASSERT_TRUE(
+        cluster::WaitUntil(
+            "stage 0 waits for the servers",
+            [&] { return absl::StrContains(second[0].ReadLog(), "waiting for the servers"); }, dir,
+            {&second[0]}, std::chrono::minutes(2))
+            .ok())
         << second[0].ReadLog();
     auto stub = v1::Offload::NewStub(
         grpc::CreateChannel(servers[0].address(), grpc::InsecureChannelCredentials()));
