@@ -105,9 +105,8 @@ absl::StatusOr<int64_t> JobRegistry::FollowersVersion(const JobSpec& spec) const
     if (why == v1::ErrorDetail::NO_JOB) continue;
     if (why == v1::ErrorDetail::JOB_MOVED) return follower.status();
     return absl::UnavailableError(absl::StrCat(
-        "the lead (", spec.servers[0], ") does not hold job ", spec.name,
-        " and cannot ask server ", i, " (", spec.servers[i], ") whether that holds it trained (",
-        follower.status().message(),
+        "the lead (", spec.servers[0], ") does not hold job ", spec.name, " and cannot ask server ",
+        i, " (", spec.servers[i], ") whether that holds it trained (", follower.status().message(),
         "); a lead creates a job only once every follower has answered: try again"));
   }
   return version;
