@@ -9,6 +9,7 @@
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "offload/io/direct_file.h"
 
 namespace zo {
@@ -32,14 +33,24 @@ absl::Status MakeDir(const std::string& dir, const std::string& flag) {
 
 absl::Status CheckCheckpointDir(const std::string& dir, const std::string& flag) {
   if (absl::Status s = MakeDir(dir, flag); !s.ok()) return s;
+  const auto full = [&](int error) {
+    ZO_LOG(WARNING) << flag << " " << dir << " is full (" << strerror(error)
+                    << "): starting anyway; checkpoints fail until there is room, restores "
+                       "still read it";
+    return absl::OkStatus();
+  };
   const std::string probe = absl::StrCat(dir, "/.zo-write-check-", getpid());
   const int fd = open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Refused(flag, dir, absl::StrCat("cannot write in it: ", strerror(errno)));
+  if (fd < 0) {
+    if (errno == ENOSPC || errno == EDQUOT) return full(errno);
+    return Refused(flag, dir, absl::StrCat("cannot write in it: ", strerror(errno)));
+  }
   const char byte = 0;
   const bool written = write(fd, &byte, 1) == 1 && fsync(fd) == 0;
   const int error = errno;
   close(fd);
   unlink(probe.c_str());
+  if (!written && (error == ENOSPC || error == EDQUOT)) return full(error);
   if (!written) return Refused(flag, dir, absl::StrCat("a write failed: ", strerror(error)));
   return absl::OkStatus();
 }

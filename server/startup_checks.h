@@ -12,7 +12,10 @@ namespace zo {
 
 // --checkpoint-dir: created (with its parents) when missing; a probe file
 // is written, fsynced and removed. FAILED_PRECONDITION naming `flag`, the
-// path and why otherwise.
+// path and why otherwise. A full disk (ENOSPC, EDQUOT) is not refused but
+// logged: a server restarted under a job must come up for the lead to roll
+// it back (a restore only reads), and checkpoints fail loudly until there
+// is room again, as they do for a running server.
 absl::Status CheckCheckpointDir(const std::string& dir, const std::string& flag);
 
 // --nvme-path: created when missing, and able to do O_DIRECT reads and

@@ -2,8 +2,11 @@
 // not use later, and a port another server already holds.
 #include "server/startup_checks.h"
 
+#include <sys/mount.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -49,6 +52,32 @@ TEST(StartupChecksTest, APathThatCannotBeADirectoryIsNamedWithTheFlag) {
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        AllOf(HasSubstr("--nvme-path"), HasSubstr("/proc/zo-nvme"))));
   std::filesystem::remove(file);
+}
+
+// A full checkpoint disk is no reason to stay down: the chaos soak's
+// follower restarted on a full disk exited, and its job could not roll back
+// onto it until space came back.
+TEST(StartupChecksTest, AFullCheckpointDiskIsAcceptedAndLeftAsItWas) {
+  const std::string dir = FreshDir("full");
+  std::filesystem::create_directories(dir);
+  if (mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=64k") != 0) {
+    GTEST_SKIP() << "cannot mount a small tmpfs at " << dir
+                 << " (needs root with CAP_SYS_ADMIN): " << std::strerror(errno);
+  }
+  struct Unmount {
+    std::string path;
+    ~Unmount() { umount2(path.c_str(), MNT_DETACH); }
+  } unmount{dir};
+  {
+    std::ofstream filler(dir + "/filler");
+    const std::string block(4096, 'x');
+    while (filler.write(block.data(), block.size())) {
+    }
+  }
+  ASSERT_THAT(CheckCheckpointDir(dir, "--checkpoint-dir"), IsOk());
+  int entries = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) entries += e.exists();
+  EXPECT_EQ(entries, 1) << "only the filler: no probe file left behind";
 }
 
 TEST(StartupChecksTest, AnNvmeDirMustTakeDirectIo) {
