@@ -232,15 +232,17 @@ absl::Status Job::Init() {
           [this](int server, const v1::StepCommit& commit) {
             absl::Status sent = resources_.peers->CommitStep(spec_.servers[server], commit,
                                                              resources_.peer_timeout);
-            MaybeRecover(server, sent);
+            if (is_lead()) recovery_.Heard(server, sent);
             return sent;
           },
       .probe =
           [this](int server) {
-            MaybeRecover(
-                server,
-                resources_.peers->GetJobStatus(spec_.servers[server], spec_.name, absl::Seconds(2))
-                    .status());
+            if (is_lead()) {
+              recovery_.Heard(
+                  server, resources_.peers
+                              ->GetJobStatus(spec_.servers[server], spec_.name, absl::Seconds(2))
+                              .status());
+            }
           },
       .initial_backoff = absl::Milliseconds(50),
   });
@@ -277,8 +279,7 @@ void Job::Stop(absl::Status reason) {
     step_thread_.join();
     if (checkpoint_thread_.joinable()) checkpoint_thread_.join();
   }
-  std::lock_guard lock(recovery_mu_);
-  if (recovery_.joinable() && std::this_thread::get_id() != recovery_.get_id()) recovery_.join();
+  recovery_.Join();
 }
 
 v1::JobStatus Job::Status() const {
@@ -304,7 +305,7 @@ v1::JobStatus Job::Status() const {
   st.set_last_checkpoint_error(last_checkpoint_error_);
   st.set_checkpoint_failures(checkpoint_failures_);
   if (is_lead()) {
-    for (v1::FollowerState& f : followers_.States()) *st.add_followers() = std::move(f);
+    for (v1::FollowerState& f : recovery_.followers().States()) *st.add_followers() = std::move(f);
   }
   st.set_dp_world_size(spec_.dp_world_size);
   st.set_total_elems(map_.total_elems());
@@ -701,7 +702,7 @@ void Job::StepLoop() {
     while (!cv_.wait_for(lock, std::chrono::seconds(2), due)) {
       if (!is_lead() || spec_.servers.size() < 2 || frozen_) continue;
       lock.unlock();
-      ProbeFollowers();
+      recovery_.Probe();
       lock.lock();
     }
     if (stop_) return;

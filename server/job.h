@@ -7,6 +7,7 @@
 //   StateSnapshot        a checkpoint part taken while steps go on
 //   TieredOptimizerState the optimizer state (RAM or NVMe sub-groups)
 //   ParamVersions        the low-precision versions pulls are served
+//   LeadRecovery         the lead's watch over its followers, and rollbacks
 //
 // Job owns the step thread that joins them:
 //
@@ -19,7 +20,8 @@
 // handler validates its request fully before touching state.
 //
 // Thread-safe: handlers run on gRPC threads; one step thread per job. Lock
-// order: state_mu_, then mu_, then the pieces' own mutexes.
+// order: state_mu_, then mu_, then the pieces' own mutexes; recovery_ is
+// called holding none of them (its actions take mu_).
 #ifndef ZO_SERVER_JOB_H_
 #define ZO_SERVER_JOB_H_
 
@@ -53,11 +55,11 @@
 #include "proto/zo/v1/job.pb.h"
 #include "proto/zo/v1/params.pb.h"
 #include "rpc/in_process_route.h"
-#include "server/follower_health.h"
 #include "server/gradient_accumulator.h"
 #include "server/gradient_piece_view.h"
 #include "server/job_counters.h"
 #include "server/job_spec.h"
+#include "server/lead_recovery.h"
 #include "server/param_group_layout.h"
 #include "server/param_versions.h"
 #include "server/peer_client.h"
@@ -280,16 +282,8 @@ class Job {
   // copies are stored.
   static bool ServesFromMaster(int64_t nvme_sub_groups) { return nvme_sub_groups == 0; }
   void StepLoop();
-  // Lead: asks each follower whether it still has the job.
-  void ProbeFollowers();
-  // Lead: `answer` is what follower `server` said about the job (recorded
-  // in followers_); NO_JOB means it restarted and lost its part, and starts (once at a time, at
-  // most every 10 s) a recovery: the job opened there again and every
-  // server rolled back to the latest checkpoint.
-  void MaybeRecover(int server, const absl::Status& answer);
-  // Rolls every server back to the latest checkpoint, or MarkLost when
-  // there is none.
-  void RecoverPeer(int server);
+  // The lead's recovery (recovery_), acting on this job.
+  RecoveryActions RecoveryActionsForThis();
   // Fails the job for good (health DATA_LOSS, saying what the operator can
   // do): `what_happened` (a server lost its part) and `why` no checkpoint
   // restores it.
@@ -382,8 +376,6 @@ class Job {
   const JobSpec spec_;
   const JobResources resources_;
   const ShardMap& map_;
-  // Lead: what each follower answered last (MaybeRecover records it).
-  FollowerHealth followers_{spec_.servers};
   // JobStatus.incarnation; a restore makes a new one (calls from before it
   // belong to steps the restore undid).
   std::atomic<uint64_t> incarnation_;
@@ -469,11 +461,9 @@ class Job {
   // other (the second sees the first's count). Before mu_ and state_mu_.
   std::mutex restore_mu_;
 
-  // Lead: the recovery of a follower that lost the job (MaybeRecover).
-  std::mutex recovery_mu_;
-  std::thread recovery_;                             // guarded by recovery_mu_
-  absl::Time last_recovery_ = absl::InfinitePast();  // guarded by recovery_mu_
-  std::atomic<bool> recovering_{false};
+  // Lead: what each follower answered last, and the rollback when a
+  // server lost its part. Called without mu_ held.
+  LeadRecovery recovery_{spec_.name, spec_.servers, RecoveryActionsForThis()};
 
   std::thread step_thread_;
   // Lead: finishes a begun checkpoint; started and joined by the step

@@ -1,7 +1,8 @@
-// The lead's side of a server that restarted without its part of the job
-// (a follower, or the lead itself): noticing it, rolling every server back
-// to the latest checkpoint, or, with no checkpoint, failing the job in a way
-// nobody can mistake for health. See docs/architecture.md, "Recovery".
+// A job's side of a server that restarted without its part of the job: the
+// actions its lead's LeadRecovery takes on it (rolling every server back to
+// the latest checkpoint, or, with no checkpoint, failing the job in a way
+// nobody can mistake for health), and a follower's wait for its lead's
+// restore. See docs/architecture.md, "Recovery".
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "offload/checkpoint/checkpoint_dir.h"
@@ -11,30 +12,41 @@
 
 namespace zo {
 
-void Job::ProbeFollowers() {
-  for (int i = 1; i < static_cast<int>(spec_.servers.size()); ++i) {
-    MaybeRecover(
-        i, resources_.peers->GetJobStatus(spec_.servers[i], spec_.name, absl::Seconds(2)).status());
-  }
-}
-
-void Job::MaybeRecover(int server, const absl::Status& answer) {
-  if (!is_lead()) return;
-  followers_.Record(server, answer);
-  if (ReasonOf(answer) != v1::ErrorDetail::NO_JOB) return;
-  std::lock_guard lock(recovery_mu_);
-  if (recovering_ || absl::Now() - last_recovery_ < absl::Seconds(10)) return;
-  {
-    std::lock_guard state(mu_);
-    if (stop_ || lost_) return;
-  }
-  last_recovery_ = absl::Now();
-  recovering_ = true;
-  if (recovery_.joinable()) recovery_.join();
-  recovery_ = std::thread([this, server] {
-    RecoverPeer(server);
-    recovering_ = false;
-  });
+RecoveryActions Job::RecoveryActionsForThis() {
+  return {
+      .ask =
+          [this](int server) {
+            return resources_.peers
+                ->GetJobStatus(spec_.servers[server], spec_.name, absl::Seconds(2))
+                .status();
+          },
+      .roll_back =
+          [this](const std::string& path) {
+            // Restore opens the part on a follower without it (OpenPartOn).
+            return Restore(path, absl::Now() + absl::Minutes(10), /*rollback=*/true);
+          },
+      .latest_checkpoint = [this] { return LatestCheckpointHere(); },
+      .version =
+          [this] {
+            std::lock_guard lock(mu_);
+            return version_;
+          },
+      .mark_lost = [this](const std::string& what,
+                          const absl::Status& why) { MarkLost(what, why); },
+      .gave_up =
+          [this] {
+            std::lock_guard lock(mu_);
+            return stop_ || lost_;
+          },
+      .own_part_failed =
+          [this](const absl::Status& why) {
+            std::lock_guard lock(mu_);
+            // Still refusing steps as RecoverOwnPart left it, not stopped.
+            if (health_.code() == absl::StatusCode::kUnavailable) {
+              SetHealthLocked(absl::FailedPreconditionError(why.message()));
+            }
+          },
+  };
 }
 
 absl::StatusOr<std::string> Job::LatestCheckpointHere() const {
@@ -44,42 +56,6 @@ absl::StatusOr<std::string> Job::LatestCheckpointHere() const {
   return LatestCheckpoint(resources_.checkpoint_root, spec_.name);
 }
 
-void Job::RecoverPeer(int server) {
-  const std::string& address = spec_.servers[server];
-  absl::StatusOr<std::string> latest = LatestCheckpointHere();
-  if (absl::IsNotFound(latest.status())) {
-    int64_t version;
-    {
-      std::lock_guard lock(mu_);
-      version = version_;
-    }
-    MarkLost(absl::StrCat("server ", server, " (", address,
-                          ") restarted and lost its part of the job at version ", version),
-             latest.status());
-    return;
-  }
-  if (!latest.ok()) {
-    ZO_LOG(ERROR) << "job " << spec_.name << ": server " << server << " (" << address
-                  << ") lost its part of the job, and its checkpoints cannot be listed: "
-                  << latest.status() << " (retried in 10 s)";
-    return;
-  }
-  ZO_LOG(WARNING) << "job " << spec_.name << ": server " << server << " (" << address
-                  << ") lost its part of the job (it restarted); rolling every server back to "
-                  << *latest;
-  // Restore opens the part on the follower again (OpenPartOn).
-  absl::StatusOr<v1::RestoreResponse> restored =
-      Restore(*latest, absl::Now() + absl::Minutes(10), /*rollback=*/true);
-  if (!restored.ok()) {
-    ZO_LOG(ERROR) << "job " << spec_.name << ": rolling back after losing server " << server
-                  << " failed: " << restored.status() << " (retried in 10 s)";
-    return;
-  }
-  ZO_LOG(WARNING) << "job " << spec_.name << ": rolled back to version " << restored->version()
-                  << " (" << restored->path() << ") after server " << server
-                  << " lost its part; workers resume at step " << restored->version() + 1;
-}
-
 void Job::RecoverOwnPart(int64_t followers_version) {
   {
     std::lock_guard lock(mu_);
@@ -87,42 +63,7 @@ void Job::RecoverOwnPart(int64_t followers_version) {
         "this lead restarted without its part of the job, which its followers hold at version ",
         followers_version, ": restoring the latest checkpoint")));
   }
-  std::lock_guard lock(recovery_mu_);
-  last_recovery_ = absl::Now();
-  recovering_ = true;
-  if (recovery_.joinable()) recovery_.join();
-  recovery_ = std::thread([this, followers_version] {
-    const std::string what =
-        absl::StrCat("the lead (", spec_.servers[0],
-                     ") restarted and lost its part of the job at version ", followers_version);
-    absl::StatusOr<std::string> latest = LatestCheckpointHere();
-    if (absl::IsNotFound(latest.status())) {
-      MarkLost(what, latest.status());
-    } else if (!latest.ok()) {
-      std::lock_guard state(mu_);
-      SetHealthLocked(absl::FailedPreconditionError(
-          absl::StrCat(what, "; its checkpoints cannot be listed: ", latest.status().message())));
-    } else {
-      ZO_LOG(WARNING) << "job " << spec_.name << ": " << what << "; rolling every server back to "
-                      << *latest;
-      absl::StatusOr<v1::RestoreResponse> restored =
-          Restore(*latest, absl::Now() + absl::Minutes(10), /*rollback=*/true);
-      if (restored.ok()) {
-        ZO_LOG(WARNING) << "job " << spec_.name << ": rolled back to version "
-                        << restored->version() << "; workers resume at step "
-                        << restored->version() + 1;
-      } else {
-        ZO_LOG(ERROR) << "job " << spec_.name << ": " << what
-                      << "; restoring it failed: " << restored.status();
-        std::lock_guard state(mu_);
-        if (health_.code() == absl::StatusCode::kUnavailable) {
-          SetHealthLocked(absl::FailedPreconditionError(
-              absl::StrCat(what, "; restoring it failed: ", restored.status().message())));
-        }
-      }
-    }
-    recovering_ = false;
-  });
+  recovery_.RecoverOwnPart(followers_version);
 }
 
 void Job::MarkLost(const std::string& what_happened, const absl::Status& why) {

@@ -1,0 +1,177 @@
+// LeadRecovery against a job made of counters: which answers start a
+// recovery, what the recovery does with and without a checkpoint, that one
+// runs at a time and at most one every 10 s, and that a job that gave up
+// (stopped, lost) is left alone. The real job's side is covered end to end
+// by tests/train/server_loss_test.cc and the chaos soak.
+#include "server/lead_recovery.h"
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "rpc/error_detail.h"
+
+namespace zo {
+namespace {
+
+using ::testing::HasSubstr;
+
+absl::Status NoJob() {
+  return WithDetail(absl::NotFoundError("no job j here"), MakeDetail(v1::ErrorDetail::NO_JOB, "j"));
+}
+
+// What the recovery did to the job.
+struct FakeJob {
+  std::mutex mu;
+  absl::StatusOr<std::string> latest = absl::NotFoundError("no committed checkpoint of job j");
+  absl::StatusOr<v1::RestoreResponse> restore_result;
+  std::vector<std::string> rolled_back_to;
+  std::vector<std::string> lost;
+  std::vector<std::string> own_part_failures;
+  std::vector<int> asked;
+  bool gave_up = false;
+
+  FakeJob() {
+    v1::RestoreResponse r;
+    r.set_version(10);
+    r.set_path("/ckpt/j/step-00000010");
+    restore_result = r;
+  }
+
+  RecoveryActions Actions() {
+    return {
+        .ask =
+            [this](int server) {
+              std::lock_guard lock(mu);
+              asked.push_back(server);
+              return server == 2 ? NoJob() : absl::OkStatus();
+            },
+        .roll_back =
+            [this](const std::string& path) {
+              std::lock_guard lock(mu);
+              rolled_back_to.push_back(path);
+              return restore_result;
+            },
+        .latest_checkpoint =
+            [this] {
+              std::lock_guard lock(mu);
+              return latest;
+            },
+        .version = [] { return int64_t{17}; },
+        .mark_lost =
+            [this](const std::string& what, const absl::Status& why) {
+              std::lock_guard lock(mu);
+              lost.push_back(absl::StrCat(what, " | ", why.message()));
+            },
+        .gave_up =
+            [this] {
+              std::lock_guard lock(mu);
+              return gave_up;
+            },
+        .own_part_failed =
+            [this](const absl::Status& why) {
+              std::lock_guard lock(mu);
+              own_part_failures.push_back(std::string(why.message()));
+            },
+    };
+  }
+};
+
+const std::vector<std::string> kServers = {"lead:1", "a:2", "b:3"};
+
+TEST(LeadRecoveryTest, AFollowerWithoutTheJobIsRolledBackOntoFromTheLatestCheckpoint) {
+  FakeJob job;
+  job.latest = std::string("/ckpt/j/step-00000010");
+  LeadRecovery recovery("j", kServers, job.Actions());
+  recovery.Heard(1, absl::OkStatus());
+  recovery.Heard(2, absl::UnavailableError("connection refused"));
+  recovery.Join();
+  EXPECT_TRUE(job.rolled_back_to.empty()) << "an unreachable follower may still hold its part";
+  EXPECT_EQ(recovery.followers().States()[1].state(), v1::FollowerState::UNREACHABLE);
+
+  recovery.Heard(2, NoJob());
+  recovery.Join();
+  EXPECT_EQ(job.rolled_back_to, std::vector<std::string>{"/ckpt/j/step-00000010"});
+  EXPECT_EQ(recovery.followers().States()[1].state(), v1::FollowerState::WITHOUT_JOB);
+  EXPECT_TRUE(job.lost.empty());
+
+  // Within 10 s of the last: the same answer again starts nothing.
+  recovery.Heard(2, NoJob());
+  recovery.Join();
+  EXPECT_EQ(job.rolled_back_to.size(), 1u);
+}
+
+TEST(LeadRecoveryTest, WithoutACheckpointTheJobIsMarkedLostNamingTheServerAndVersion) {
+  FakeJob job;
+  LeadRecovery recovery("j", kServers, job.Actions());
+  recovery.Probe();
+  recovery.Join();
+  EXPECT_EQ(job.asked, (std::vector<int>{1, 2}));
+  EXPECT_TRUE(job.rolled_back_to.empty());
+  ASSERT_EQ(job.lost.size(), 1u);
+  EXPECT_EQ(job.lost[0],
+            "server 2 (b:3) restarted and lost its part of the job at version 17 | "
+            "no committed checkpoint of job j");
+  EXPECT_EQ(recovery.followers().States()[0].state(), v1::FollowerState::UP);
+}
+
+TEST(LeadRecoveryTest, AJobThatGaveUpIsLeftAlone) {
+  FakeJob job;
+  job.gave_up = true;
+  LeadRecovery recovery("j", kServers, job.Actions());
+  recovery.Heard(1, NoJob());
+  recovery.Join();
+  EXPECT_TRUE(job.lost.empty());
+  EXPECT_TRUE(job.rolled_back_to.empty());
+  // Still recorded: the lead's status shows it.
+  EXPECT_EQ(recovery.followers().States()[0].state(), v1::FollowerState::WITHOUT_JOB);
+}
+
+TEST(LeadRecoveryTest, TheLeadsOwnPartIsRestoredOrTheJobSaysWhyNot) {
+  {
+    FakeJob job;
+    job.latest = std::string("/ckpt/j/step-00000010");
+    LeadRecovery recovery("j", kServers, job.Actions());
+    recovery.RecoverOwnPart(12);
+    recovery.Join();
+    EXPECT_EQ(job.rolled_back_to.size(), 1u);
+    EXPECT_TRUE(job.own_part_failures.empty());
+  }
+  {
+    FakeJob job;
+    job.latest = std::string("/ckpt/j/step-00000010");
+    job.restore_result = absl::DataLossError("part 1 is truncated");
+    LeadRecovery recovery("j", kServers, job.Actions());
+    recovery.RecoverOwnPart(12);
+    recovery.Join();
+    ASSERT_EQ(job.own_part_failures.size(), 1u);
+    EXPECT_THAT(job.own_part_failures[0],
+                HasSubstr("the lead (lead:1) restarted and lost its part of the job at version 12; "
+                          "restoring it failed: part 1 is truncated"));
+  }
+  {
+    FakeJob job;
+    job.latest = absl::PermissionDeniedError("cannot open /ckpt/j");
+    LeadRecovery recovery("j", kServers, job.Actions());
+    recovery.RecoverOwnPart(12);
+    recovery.Join();
+    ASSERT_EQ(job.own_part_failures.size(), 1u);
+    EXPECT_THAT(job.own_part_failures[0],
+                HasSubstr("its checkpoints cannot be listed: cannot open /ckpt/j"));
+    EXPECT_TRUE(job.rolled_back_to.empty());
+  }
+  {
+    FakeJob job;  // no checkpoint
+    LeadRecovery recovery("j", kServers, job.Actions());
+    recovery.RecoverOwnPart(12);
+    recovery.Join();
+    ASSERT_EQ(job.lost.size(), 1u);
+    EXPECT_THAT(job.lost[0], HasSubstr("the lead (lead:1) restarted and lost its part"));
+  }
+}
+
+}  // namespace
+}  // namespace zo
