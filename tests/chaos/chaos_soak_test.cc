@@ -13,6 +13,17 @@
 //     bounded.
 // Prints the kills survived and the steps computed again. Label `chaos`:
 // not in the default ctest run (minutes); `ctest --test-dir build/release -L chaos`.
+// Two more kinds of trouble come at random among the kills:
+//   - the disk fills: the checkpoint directory (a small tmpfs, so root is
+//     needed; skipped and said otherwise) is filled until a checkpoint
+//     fails, sometimes a follower is killed meanwhile (the lead rolls back
+//     to the last checkpoint that was written), then space is freed and
+//     checkpoints must succeed again, leaving no temporary folders;
+//   - a follower is lost under a job that has no checkpoint: a second job
+//     trains beside the soak's, a follower is killed, and that job must be
+//     failed for good (its worker exits, the lead says NEEDS RESTORE)
+//     while the soak's job is rolled back; the operator closes it with
+//     zo-ctl and trains it again from the start, with the same losses.
 // ZO_CHAOS_STAGES=processes runs each rank's two stages as processes of
 // their own over the TCP transport (the shape the Kubernetes and Slurm files
 // deploy): a stage process that ends (its server or its neighbour died) is
@@ -23,10 +34,14 @@
 // ZO_CHAOS_VICTIMS=workers: a rollback makes a DPU run leave the calm
 // run's trajectory, see below).
 #include <dirent.h>
+#include <fcntl.h>
+#include <sys/mount.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -35,6 +50,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -48,6 +64,7 @@
 #include "common/testing/free_port.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/cli/zo_ctl_runner.h"
 #include "tests/cluster/wait_until.h"
 #include "tests/server/server_process.h"
 #include "tests/server/training_harness.h"
@@ -117,6 +134,56 @@ int FilesUnder(const std::string& dir) {
   for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) n += e.is_regular_file();
   return n;
 }
+
+int TemporaryFoldersUnder(const std::string& dir) {
+  int n = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    n += e.path().extension() == ".tmp";
+  }
+  return n;
+}
+
+// A small tmpfs at `dir` for the lifetime of this object (root only).
+class SmallDisk {
+ public:
+  SmallDisk(const std::string& dir, const char* size) : dir_(dir) {
+    std::filesystem::create_directories(dir);
+    if (mount("tmpfs", dir.c_str(), "tmpfs", 0, absl::StrCat("size=", size).c_str()) != 0) {
+      error_ =
+          absl::StrCat("cannot mount a tmpfs at ", dir, " (needs root): ", std::strerror(errno));
+    }
+  }
+  ~SmallDisk() {
+    if (error_.empty()) umount2(dir_.c_str(), MNT_DETACH);
+  }
+  bool mounted() const { return error_.empty(); }
+  const std::string& error() const { return error_; }
+
+  // Takes every free byte; Free() gives them back.
+  void Fill() {
+    struct statvfs fs {};
+    ASSERT_EQ(statvfs(dir_.c_str(), &fs), 0) << std::strerror(errno);
+    const int fd = open(Filler().c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0600);
+    ASSERT_GE(fd, 0) << std::strerror(errno);
+    const off_t bytes = static_cast<off_t>(fs.f_bavail) * static_cast<off_t>(fs.f_frsize);
+    if (posix_fallocate(fd, 0, bytes) != 0) {
+      // Whatever the last few pages are: write until the disk says no.
+      std::vector<char> zeros(1 << 16, 0);
+      while (write(fd, zeros.data(), zeros.size()) > 0) {
+      }
+    }
+    close(fd);
+  }
+  void Free() {
+    std::error_code ignored;
+    std::filesystem::remove(Filler(), ignored);
+  }
+
+ private:
+  std::string Filler() const { return dir_ + "/disk-filler"; }
+  std::string dir_;
+  std::string error_;
+};
 
 bool StageProcesses() {
   const char* stages = std::getenv("ZO_CHAOS_STAGES");
@@ -201,6 +268,31 @@ class ChaosSoakTest : public ::testing::Test {
     return *std::move(w);
   }
 
+  // A second job beside the soak's, in one process, with no checkpoint.
+  // `log_suffix` tells a second run's log from the first's.
+  ChildProcess StartSideJob(const std::string& job, const std::string& servers, int64_t steps,
+                            const std::string& log_suffix = "") {
+    std::vector<std::string> args = {ZO_TRAIN_PATH,
+                                     "--servers",
+                                     servers,
+                                     "--job",
+                                     job,
+                                     "--config",
+                                     dir_ + "/config.json",
+                                     "--steps",
+                                     std::to_string(steps),
+                                     "--metrics-out",
+                                     SideMetrics(job)};
+    args.insert(args.end(), kModel.begin(), kModel.end());
+    absl::StatusOr<ChildProcess> w =
+        ChildProcess::Start(args, absl::StrCat(dir_, "/chaos/", job, log_suffix, ".log"));
+    EXPECT_TRUE(w.ok()) << w.status();
+    return *std::move(w);
+  }
+  std::string SideMetrics(const std::string& job) const {
+    return absl::StrCat(dir_, "/chaos/", job, ".jsonl");
+  }
+
   // The losses: the last stage's.
   std::string Metrics(const std::string& run, int rank) const {
     return absl::StrCat(dir_, "/", run, "/rank", rank, ".jsonl");
@@ -238,6 +330,9 @@ TEST_F(ChaosSoakTest, KillsAnywhereLeaveTheTrajectoryOfARunWithout) {
     slowed_starts += ms > 0;
     return ms;
   };
+  // The checkpoint directory on a disk the soak can fill: room for the
+  // checkpoints kept and one being written, many times over.
+  SmallDisk disk(dir_ + "/chaos/ckpt", "256m");
   std::vector<ServerProcess> servers;
   for (int i = 0; i < kServers; ++i) {
     const int ms = i == 1 ? 25 : disk_latency_ms();
@@ -258,28 +353,56 @@ TEST_F(ChaosSoakTest, KillsAnywhereLeaveTheTrajectoryOfARunWithout) {
     workers.push_back(start_worker("chaos", addresses, i, 1000000));
   }
   int stage_restarts = 0;
-  const auto wait_for_step = [&](int64_t step, const char* why) {
-    // Threads: a worker that ends has failed. Stage processes end when a
-    // server or their neighbour dies, and are started again.
+  // Waits for `condition`, meanwhile starting again stage processes that
+  // ended (a server or their neighbour died). Threads: a worker that ends
+  // has failed.
+  const auto wait_for = [&](const std::string& what, const std::function<bool()>& condition) {
     std::vector<const ChildProcess*> producers;
     if (!stage_processes) {
       for (const ChildProcess& w : workers) producers.push_back(&w);
     }
     return cluster::WaitUntil(
-        absl::StrCat("both ranks at step ", step, " (", why, ")"),
+        what,
         [&] {
           for (size_t i = 0; stage_processes && i < workers.size(); ++i) {
             if (!workers[i].Wait(std::chrono::milliseconds(0)).has_value()) continue;
             workers[i] = start_worker("chaos", addresses, static_cast<int>(i), 1000000);
             ++stage_restarts;
           }
-          for (int r = 0; r < kRanks; ++r) {
-            if (LastStep(Metrics("chaos", r)) < step) return false;
-          }
-          return true;
+          return condition();
         },
         dir_ + "/chaos", producers, std::chrono::minutes(4));
   };
+  const auto wait_for_step = [&](int64_t step, const char* why) {
+    return wait_for(absl::StrCat("both ranks at step ", step, " (", why, ")"), [&] {
+      for (int r = 0; r < kRanks; ++r) {
+        if (LastStep(Metrics("chaos", r)) < step) return false;
+      }
+      return true;
+    });
+  };
+  // The lead's status of `job` (zo-ctl status --json); empty when it cannot
+  // be read (the lead is starting).
+  const auto lead_status = [&](const std::string& job) {
+    const ZoCtlResult r =
+        RunZoCtl(absl::StrCat("status --json --server ", servers[0].address(), " --job ", job));
+    nlohmann::json j =
+        r.exit_code == 0 ? nlohmann::json::parse(r.out, nullptr, false) : nlohmann::json();
+    return j.is_object() ? j : nlohmann::json::object();
+  };
+  const auto all_logs = [&] {
+    std::string logs;
+    for (const ChildProcess& w : workers) absl::StrAppend(&logs, "\n", w.ReadLog());
+    for (const ServerProcess& s : servers) absl::StrAppend(&logs, "\n", s.ReadLog());
+    return logs;
+  };
+  const auto kill_follower = [&] {
+    const int victim = std::uniform_int_distribution<int>(1, kServers - 1)(rng);
+    const int port = servers[victim].port();
+    servers[victim].Kill();
+    servers[victim] = StartServer("chaos", victim, port, disk_latency_ms());
+  };
+  int side_jobs = 0;
   ASSERT_TRUE(wait_for_step(12, "warm-up").ok()) << workers[0].ReadLog();
   std::vector<int64_t> rss_start;
   for (const ServerProcess& s : servers) rss_start.push_back(RssBytes(s.pid()));
@@ -291,12 +414,118 @@ TEST_F(ChaosSoakTest, KillsAnywhereLeaveTheTrajectoryOfARunWithout) {
   std::map<std::string, std::vector<double>> recoveries;
   const int num_workers = static_cast<int>(workers.size());
   const absl::Time end = absl::Now() + absl::Seconds(seconds);
-  while (absl::Now() < end) {
-    absl::SleepFor(absl::Milliseconds(std::uniform_int_distribution<int>(500, 4000)(rng)));
-    const int victim = std::uniform_int_distribution<int>(workers_only ? kServers : 0,
-                                                          kServers + num_workers - 1)(rng);
+  const auto newest_step = [&] {
     int64_t at = 0;
     for (int r = 0; r < kRanks; ++r) at = std::max(at, LastStep(Metrics("chaos", r)));
+    return at;
+  };
+  // Disk full: until a checkpoint fails; half the time a follower is killed
+  // meanwhile. Then space is freed and checkpoints must succeed again.
+  const auto fill_the_disk = [&] {
+    const int64_t failures = lead_status("chaos").value("checkpoint_failures", int64_t{0});
+    disk.Fill();
+    ASSERT_TRUE(wait_for("a checkpoint fails on the full disk",
+                         [&] {
+                           return lead_status("chaos").value("checkpoint_failures", int64_t{0}) >
+                                  failures;
+                         })
+                    .ok())
+        << all_logs();
+    if (std::uniform_int_distribution<int>(0, 1)(rng) == 1) {
+      const int64_t at = newest_step();
+      const absl::Time killed = absl::Now();
+      kill_follower();
+      ++kills["follower server, disk full"];
+      ASSERT_TRUE(wait_for_step(at + 3, "a follower killed on a full disk").ok()) << all_logs();
+      recoveries["follower server, disk full"].push_back(
+          absl::ToDoubleSeconds(absl::Now() - killed));
+    }
+    const int64_t freed_at = newest_step();
+    const absl::Time freed = absl::Now();
+    disk.Free();
+    ASSERT_TRUE(wait_for("checkpoints are written again",
+                         [&] {
+                           const nlohmann::json st = lead_status("chaos");
+                           return st.value("last_checkpoint_step", int64_t{-1}) > freed_at &&
+                                  st.value("last_checkpoint_error", std::string("?")).empty();
+                         })
+                    .ok())
+        << all_logs();
+    recoveries["disk full"].push_back(absl::ToDoubleSeconds(absl::Now() - freed));
+    EXPECT_EQ(TemporaryFoldersUnder(dir_ + "/chaos/ckpt"), 0) << "after a full disk";
+  };
+  // A follower lost under a job with no checkpoint: that job is failed for
+  // good (its worker exits, the lead says so) while the soak's job rolls
+  // back; closed with zo-ctl, it trains again from the start, as before.
+  // Seconds from the kill to the side job's worker ending.
+  std::vector<double> side_job_failed;
+  const auto lose_a_job_without_checkpoint = [&] {
+    const std::string job = absl::StrCat("side-", ++side_jobs);
+    ChildProcess side = StartSideJob(job, addresses, 1000000);
+    ASSERT_TRUE(wait_for(job + " at step 3", [&] { return LastStep(SideMetrics(job)) >= 3; }).ok())
+        << side.ReadLog();
+    const std::vector<std::pair<int64_t, double>> first = Reported(SideMetrics(job));
+    const int64_t at = newest_step();
+    const absl::Time killed = absl::Now();
+    kill_follower();
+    ++kills["follower server, beside a job without checkpoint"];
+    const std::optional<int> exit = side.Wait(std::chrono::minutes(4));
+    ASSERT_TRUE(exit.has_value()) << "the worker of a lost job still runs\n" << side.ReadLog();
+    EXPECT_NE(*exit, 0) << side.ReadLog();
+    side_job_failed.push_back(absl::ToDoubleSeconds(absl::Now() - killed));
+    nlohmann::json st;
+    ASSERT_TRUE(wait_for("the lead says " + job + " is lost",
+                         [&] {
+                           st = lead_status(job);
+                           return !st.value("needs_restore", std::string()).empty() &&
+                                  !st.value("restoring", false);
+                         })
+                    .ok())
+        << st.dump() << all_logs();
+    EXPECT_THAT(st.value("needs_restore", std::string()), ::testing::HasSubstr("is lost"));
+    ASSERT_TRUE(wait_for_step(at + 3, "a follower killed beside a job without checkpoint").ok())
+        << all_logs();
+    recoveries["follower server, beside a job without checkpoint"].push_back(
+        absl::ToDoubleSeconds(absl::Now() - killed));
+
+    // What the status tells the operator to do: close it, train it again.
+    ZoCtlResult closed =
+        RunZoCtl(absl::StrCat("close --server ", servers[0].address(), " --job ", job));
+    ASSERT_EQ(closed.exit_code, 0) << closed.out << closed.err;
+    std::filesystem::rename(SideMetrics(job), SideMetrics(job) + ".lost");
+    ChildProcess again = StartSideJob(job, addresses, 3, ".again");
+    ASSERT_EQ(again.Wait(std::chrono::minutes(4)), std::optional<int>(0)) << again.ReadLog();
+    const std::vector<std::pair<int64_t, double>> second = Reported(SideMetrics(job));
+    ASSERT_EQ(second.size(), 3u) << again.ReadLog();
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(second[i], first[i]) << job << " trained again, step " << i + 1;
+    }
+    closed = RunZoCtl(absl::StrCat("close --server ", servers[0].address(), " --job ", job));
+    ASSERT_EQ(closed.exit_code, 0) << closed.out << closed.err;
+  };
+  int events = 0;
+  while (absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(std::uniform_int_distribution<int>(500, 4000)(rng)));
+    // The disk fills first and a job without checkpoint is lost second, so
+    // that a short soak meets both; then, one event in 20 loses a job, two
+    // in 20 fill the disk, and the others kill one process.
+    int event = std::uniform_int_distribution<int>(0, 19)(rng);
+    if (events < 2) event = events == 0 ? 1 : 0;
+    ++events;
+    if (!workers_only && event == 0) {
+      lose_a_job_without_checkpoint();
+      if (HasFatalFailure()) return;
+      continue;
+    }
+    if (!workers_only && disk.mounted() && (event == 1 || event == 2)) {
+      ++kills["disk full"];
+      fill_the_disk();
+      if (HasFatalFailure()) return;
+      continue;
+    }
+    const int victim = std::uniform_int_distribution<int>(workers_only ? kServers : 0,
+                                                          kServers + num_workers - 1)(rng);
+    const int64_t at = newest_step();
     const absl::Time killed = absl::Now();
     std::string kind;
     if (victim < kServers) {
@@ -312,9 +541,7 @@ TEST_F(ChaosSoakTest, KillsAnywhereLeaveTheTrajectoryOfARunWithout) {
     }
     ++kills[kind];
     const absl::Status moved = wait_for_step(at + 3, "after a kill");
-    std::string logs;
-    for (const ChildProcess& w : workers) absl::StrAppend(&logs, "\n", w.ReadLog());
-    ASSERT_TRUE(moved.ok()) << moved << "\nafter killing a " << kind << logs;
+    ASSERT_TRUE(moved.ok()) << moved << "\nafter killing a " << kind << all_logs();
     recoveries[kind].push_back(absl::ToDoubleSeconds(absl::Now() - killed));
   }
   int64_t last = 0;
@@ -374,8 +601,9 @@ TEST_F(ChaosSoakTest, KillsAnywhereLeaveTheTrajectoryOfARunWithout) {
         if (absl::SimpleAtoi(line.substr(0, line.find('/')), &n)) reached = n;
       } else if (const size_t at = line.find(" at version ");  // "is at" or "attached ... at"
                  at != line.npos && line.find("resuming") != line.npos) {
+        // "at version 48 on ...; resuming" or "at version 48; resuming".
         absl::string_view v = line.substr(at + 12);
-        if (absl::SimpleAtoi(v.substr(0, v.find(' ')), &n)) {
+        if (absl::SimpleAtoi(v.substr(0, v.find_first_not_of("0123456789")), &n)) {
           ++resumes;
           lost += std::max<int64_t>(0, reached - n);
           reached = n;
@@ -388,18 +616,30 @@ TEST_F(ChaosSoakTest, KillsAnywhereLeaveTheTrajectoryOfARunWithout) {
   for (auto& [what, n] : kills) {
     std::vector<double>& t = recoveries[what];
     std::sort(t.begin(), t.end());
-    summary += absl::StrFormat("%s%d %s (back 3 steps on in %.1f s median, %.1f s worst)",
-                               summary.empty() ? "" : ", ", n, what,
-                               t.empty() ? 0 : t[t.size() / 2], t.empty() ? 0 : t.back());
+    summary += absl::StrFormat("%s%d %s (%.1f s median, %.1f s worst)", summary.empty() ? "" : ", ",
+                               n, what, t.empty() ? 0 : t[t.size() / 2], t.empty() ? 0 : t.back());
     total += n;
   }
+  std::sort(side_job_failed.begin(), side_job_failed.end());
+  const std::string side_summary =
+      side_job_failed.empty()
+          ? std::string("no job lost without checkpoint")
+          : absl::StrFormat(
+                "%d jobs without checkpoint lost, their workers ending %.1f s (median) "
+                "and %.1f s (worst) after the kill, each closed and trained again "
+                "with its first losses",
+                static_cast<int>(side_job_failed.size()),
+                side_job_failed[side_job_failed.size() / 2], side_job_failed.back());
   std::printf(
-      "chaos: %d s, seed %u, stages as %s: %d kills survived (%s); %d stage processes started "
-      "again after they ended; %lld steps, %lld losses equal to the calm run's; rank 0 resumed "
-      "%lld times, losing %lld steps of work; %d server starts on a slowed disk; worst server "
-      "RSS growth %.1f MiB\n",
+      "chaos: %d s, seed %u, stages as %s: %d troubles survived (%s; the time is until the job "
+      "was 3 steps on, for a full disk until a checkpoint was written again after space was "
+      "freed); %s; %s; %d stage processes started again after they ended; %lld steps, %lld "
+      "losses equal to the calm run's; rank 0 resumed %lld times, losing %lld steps of work; %d "
+      "server starts on a slowed disk; worst server RSS growth %.1f MiB\n",
       seconds, seed, stage_processes ? "processes" : "threads", total, summary.c_str(),
-      stage_restarts, static_cast<long long>(steps), static_cast<long long>(compared),
+      side_summary.c_str(),
+      disk.mounted() ? "checkpoints on a 256 MiB tmpfs" : disk.error().c_str(), stage_restarts,
+      static_cast<long long>(steps), static_cast<long long>(compared),
       static_cast<long long>(resumes), static_cast<long long>(lost), slowed_starts,
       worst_rss_growth / double(1 << 20));
 }
