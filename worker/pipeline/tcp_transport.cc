@@ -421,8 +421,9 @@ TcpTransport::~TcpTransport() {
   }
 }
 
-absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Connect(
-    const TcpTransportOptions& options, backend::Backend& backend) {
+namespace {
+
+absl::Status CheckConnectOptions(const TcpTransportOptions& options) {
   const int stages = options.stages;
   const int stage = options.stage;
   if (stages < 1 || stage < 0 || stage >= stages) {
@@ -449,37 +450,116 @@ absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Connect(
   for (const std::string& address : options.addresses) {
     ZO_RETURN_IF_ERROR(ParseHostPort(address, PortUse::kConnect).status());
   }
+  return absl::OkStatus();
+}
 
-  std::unique_ptr<TcpTransport> t(new TcpTransport(options, backend));
-  auto self = std::make_unique<Peer>();
-  self->stage = stage;
-  self->address = options.addresses[stage];
-  t->peers_.push_back(std::move(self));
+}  // namespace
 
-  std::set<int> lower, higher;
-  for (int n : {(stage + stages - 1) % stages, (stage + 1) % stages}) {
-    if (n < stage) lower.insert(n);
-    if (n > stage) higher.insert(n);
+// Connect's steps: the handshake with each ring neighbour (dialling the
+// lower ones, accepting the higher), then how tensors will travel to it.
+class TcpTransport::Connector {
+ public:
+  Connector(TcpTransport& t, backend::Backend& backend)
+      : t_(t),
+        o_(t.options_),
+        backend_(backend),
+        deadline_(absl::Now() + o_.connect_timeout),
+        host_(HostIdentity()),
+        sharing_(o_.share_memory ? backend.sharing() : nullptr),
+        links_(o_.device_links ? backend.links() : nullptr),
+        // The handshake's sharing and link fields say what this stage can
+        // do; inboxes and a link's offer are made only once both sides have
+        // chosen them (an inbox is device memory on a GPU, an NCCL offer a
+        // bootstrap listener).
+        sharing_kind_(sharing_ != nullptr ? backend.name() : std::string()),
+        link_kind_(links_ == nullptr
+                       ? std::string()
+                       : absl::StrCat(backend.name(), o_.prefer_device_link ? kPrefer : "")) {}
+
+  // Dials the lower neighbours first and accepts afterwards: stage 0 only
+  // accepts, so every dial chain ends there and nobody waits in a cycle.
+  absl::Status ConnectNeighbours() {
+    std::set<int> lower, higher;
+    for (int n : {(o_.stage + o_.stages - 1) % o_.stages, (o_.stage + 1) % o_.stages}) {
+      if (n < o_.stage) lower.insert(n);
+      if (n > o_.stage) higher.insert(n);
+    }
+    ScopedFd listener;
+    if (!higher.empty()) {
+      ZO_ASSIGN_OR_RETURN(listener, Listen(o_.addresses[o_.stage]));
+    }
+    for (int n : lower) {
+      ZO_ASSIGN_OR_RETURN(ScopedFd fd, Dial(o_.addresses[n], deadline_, o_.connect_timeout, n));
+      ZO_ASSIGN_OR_RETURN(Hello hello,
+                          Handshake(fd.get(), o_, deadline_, n, host_, sharing_kind_, link_kind_));
+      ZO_RETURN_IF_ERROR(AddPeer(hello, std::move(fd)));
+    }
+    while (!higher.empty()) ZO_RETURN_IF_ERROR(AcceptOne(listener.get(), higher));
+    return absl::OkStatus();
   }
-  const absl::Time deadline = absl::Now() + options.connect_timeout;
-  const std::string host = HostIdentity();
-  backend::DeviceSharing* sharing = options.share_memory ? backend.sharing() : nullptr;
-  backend::DeviceLinks* links = options.device_links ? backend.links() : nullptr;
-  // The handshake's sharing and link fields say what this stage can do;
-  // inboxes and a link's offer are made only once both sides have chosen
-  // them (an inbox is device memory on a GPU, an NCCL offer a bootstrap
-  // listener).
-  const std::string sharing_kind = sharing != nullptr ? backend.name() : std::string();
-  const std::string link_kind =
-      links == nullptr ? std::string()
-                       : absl::StrCat(backend.name(), options.prefer_device_link ? kPrefer : "");
+
+ private:
+  // Accepts one of `higher` (removed from it once it said hello).
+  absl::Status AcceptOne(int listener, std::set<int>& higher) {
+    const int stage = o_.stage;
+    if (const int err = WaitFor(listener, POLLIN, deadline_); err != 0) {
+      if (err != ETIMEDOUT) return SocketError(err, "waiting for a connection");
+      return absl::DeadlineExceededError(absl::StrCat(
+          "stage(s) ", absl::StrJoin(higher, ", "), " did not connect to this stage (", stage,
+          ") at ", o_.addresses[stage], " within ", absl::FormatDuration(o_.connect_timeout)));
+    }
+    ScopedFd fd(accept4(listener, nullptr, nullptr, SOCK_CLOEXEC));
+    if (fd.get() < 0) {
+      if (errno == EINTR || errno == ECONNABORTED || errno == EAGAIN) return absl::OkStatus();
+      return SocketError(errno, absl::StrCat("accepting on ", o_.addresses[stage]));
+    }
+    ZO_ASSIGN_OR_RETURN(Hello hello, Handshake(fd.get(), o_, deadline_, /*expected=*/-1, host_,
+                                               sharing_kind_, link_kind_));
+    const int peer_stage = static_cast<int>(hello.stage);
+    if (higher.erase(peer_stage) == 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("stage ", peer_stage, " connected to stage ", stage, " at ",
+                       o_.addresses[stage], ", which expects only its ring neighbours, each once"));
+    }
+    return AddPeer(hello, std::move(fd));
+  }
+
+  // Decides the route to the neighbour that said `hello` (both sides decide
+  // alike: each knows whether both can, and whether either prefers a link)
+  // and sets it up.
+  absl::Status AddPeer(const Hello& hello, ScopedFd fd) {
+    SetNoDelay(fd.get());
+    auto peer = std::make_unique<Peer>();
+    peer->stage = static_cast<int>(hello.stage);
+    peer->address = o_.addresses[peer->stage];
+    const bool same_host = hello.host == host_;
+    const bool prefer_link = o_.prefer_device_link || absl::EndsWith(hello.link, kPrefer);
+    if (links_ != nullptr && !hello.link.empty() && (!same_host || prefer_link)) {
+      ZO_ASSIGN_OR_RETURN(peer->link, JoinLink(fd.get(), peer->stage));
+      peer->route = absl::StrCat("a device link (", backend_.name(), " to ",
+                                 absl::StripSuffix(hello.link, kPrefer), ")");
+    } else if (!same_host) {
+      peer->route = "the socket (the peer runs on another host)";
+    } else if (sharing_ == nullptr) {
+      peer->route = o_.share_memory
+                        ? absl::StrCat("the socket (", backend_.name(), " shares no memory)")
+                        : std::string("the socket (share_memory is off)");
+    } else if (hello.sharing.empty()) {
+      peer->route = "the socket (the peer shares no memory)";
+    } else {
+      ZO_RETURN_IF_ERROR(ShareInboxes(fd.get(), *peer));
+    }
+    peer->fd = fd.Release();
+    t_.peers_.push_back(std::move(peer));
+    return absl::OkStatus();
+  }
+
   // The lower stage makes the link's offer and sends it; both join it.
-  auto join_link = [&](int fd,
-                       int peer_stage) -> absl::StatusOr<std::unique_ptr<backend::DeviceLink>> {
+  absl::StatusOr<std::unique_ptr<backend::DeviceLink>> JoinLink(int fd, int peer_stage) {
     const std::string context = absl::StrCat("device link with stage ", peer_stage, ": ");
     std::string link_offer;
-    if (stage < peer_stage) {
-      absl::StatusOr<std::string> made = links->Offer();
+    if (o_.stage < peer_stage) {
+      absl::StatusOr<std::string> made = links_->Offer();
       if (!made.ok()) return Prefix(made.status(), context);
       link_offer = *std::move(made);
       const std::string field = pipeline_internal::EncodeField(link_offer);
@@ -487,119 +567,77 @@ absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Connect(
         return Prefix(s, context);
       }
     } else if (absl::Status s =
-                   ReadField(fd, deadline, kMaxHelloFieldBytes, "link offer", &link_offer);
+                   ReadField(fd, deadline_, kMaxHelloFieldBytes, "link offer", &link_offer);
                !s.ok()) {
       return Prefix(s, context);
     }
     absl::StatusOr<std::unique_ptr<backend::DeviceLink>> link =
-        links->Join(link_offer, stage < peer_stage ? 0 : 1);
+        links_->Join(link_offer, o_.stage < peer_stage ? 0 : 1);
     if (!link.ok()) return Prefix(link.status(), context);
     return link;
-  };
+  }
+
   // Each side sends its inbox's handle and reads the peer's (a few hundred
   // bytes each way: writing first cannot block), maps the peer's, then says
   // whether it did; an inbox the peer could not map is freed at once.
-  auto share_inboxes = [&](int fd, Peer& peer) -> absl::Status {
+  absl::Status ShareInboxes(int fd, Peer& peer) {
     const std::string context = absl::StrCat("inboxes with stage ", peer.stage, ": ");
     std::unique_ptr<backend::Inbox> inbox;
     if (absl::StatusOr<std::unique_ptr<backend::Inbox>> made =
-            sharing->CreateInbox(options.inbox_slots, options.inbox_slot_bytes);
+            sharing_->CreateInbox(o_.inbox_slots, o_.inbox_slot_bytes);
         made.ok()) {
       inbox = *std::move(made);
     }
     const std::string mine = pipeline_internal::EncodeField(inbox ? inbox->handle() : "");
     std::string theirs;
     absl::Status s = WriteAll(fd, mine.data(), mine.size(), 0);
-    if (s.ok()) s = ReadField(fd, deadline, kMaxHelloFieldBytes, "inbox handle", &theirs);
+    if (s.ok()) s = ReadField(fd, deadline_, kMaxHelloFieldBytes, "inbox handle", &theirs);
     if (!s.ok()) return Prefix(s, context);
     if (theirs.empty()) {
       peer.route = "the socket (the peer could not allocate an inbox)";
     } else if (absl::StatusOr<std::unique_ptr<backend::PeerInbox>> outbox =
-                   sharing->OpenPeerInbox(theirs);
+                   sharing_->OpenPeerInbox(theirs);
                !outbox.ok()) {
       peer.route = absl::StrCat("the socket (", outbox.status().message(), ")");
     } else {
       peer.outbox = *std::move(outbox);
       peer.in_flight.resize(static_cast<size_t>(peer.outbox->slots()));
       for (int slot = peer.outbox->slots(); slot-- > 0;) peer.free_slots.push_back(slot);
-      peer.route = absl::StrCat("shared memory (", backend.name(), ")");
+      peer.route = absl::StrCat("shared memory (", backend_.name(), ")");
     }
     const char mapped = peer.outbox != nullptr ? 1 : 0;
     char peer_mapped = 0;
     s = WriteAll(fd, &mapped, 1, 0);
-    if (s.ok()) s = ReadAll(fd, &peer_mapped, 1, deadline, nullptr);
+    if (s.ok()) s = ReadAll(fd, &peer_mapped, 1, deadline_, nullptr);
     if (!s.ok()) return Prefix(s, context);
     if (peer_mapped == 1) peer.inbox = std::move(inbox);
     return absl::OkStatus();
-  };
-  auto add_peer = [&](const Hello& hello, ScopedFd fd) -> absl::Status {
-    SetNoDelay(fd.get());
-    auto peer = std::make_unique<Peer>();
-    peer->stage = static_cast<int>(hello.stage);
-    peer->address = options.addresses[peer->stage];
-    const bool same_host = hello.host == host;
-    // Both sides decide alike: each knows whether both can, and whether
-    // either prefers a link.
-    const bool prefer_link = options.prefer_device_link || absl::EndsWith(hello.link, kPrefer);
-    if (links != nullptr && !hello.link.empty() && (!same_host || prefer_link)) {
-      ZO_ASSIGN_OR_RETURN(peer->link, join_link(fd.get(), peer->stage));
-      peer->route = absl::StrCat("a device link (", backend.name(), " to ",
-                                 absl::StripSuffix(hello.link, kPrefer), ")");
-    } else if (!same_host) {
-      peer->route = "the socket (the peer runs on another host)";
-    } else if (sharing == nullptr) {
-      peer->route = options.share_memory
-                        ? absl::StrCat("the socket (", backend.name(), " shares no memory)")
-                        : std::string("the socket (share_memory is off)");
-    } else if (hello.sharing.empty()) {
-      peer->route = "the socket (the peer shares no memory)";
-    } else {
-      ZO_RETURN_IF_ERROR(share_inboxes(fd.get(), *peer));
-    }
-    peer->fd = fd.Release();
-    t->peers_.push_back(std::move(peer));
-    return absl::OkStatus();
-  };
+  }
 
-  ScopedFd listener;
-  if (!higher.empty()) {
-    ZO_ASSIGN_OR_RETURN(listener, Listen(options.addresses[stage]));
-  }
-  // Dial the lower neighbours first and accept afterwards: stage 0 only
-  // accepts, so every dial chain ends there and nobody waits in a cycle.
-  for (int n : lower) {
-    ZO_ASSIGN_OR_RETURN(ScopedFd fd,
-                        Dial(options.addresses[n], deadline, options.connect_timeout, n));
-    ZO_ASSIGN_OR_RETURN(Hello hello,
-                        Handshake(fd.get(), options, deadline, n, host, sharing_kind, link_kind));
-    ZO_RETURN_IF_ERROR(add_peer(hello, std::move(fd)));
-  }
-  while (!higher.empty()) {
-    if (const int err = WaitFor(listener.get(), POLLIN, deadline); err != 0) {
-      if (err != ETIMEDOUT) return SocketError(err, "waiting for a connection");
-      return absl::DeadlineExceededError(
-          absl::StrCat("stage(s) ", absl::StrJoin(higher, ", "), " did not connect to this stage (",
-                       stage, ") at ", options.addresses[stage], " within ",
-                       absl::FormatDuration(options.connect_timeout)));
-    }
-    ScopedFd fd(accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
-    if (fd.get() < 0) {
-      if (errno == EINTR || errno == ECONNABORTED || errno == EAGAIN) continue;
-      return SocketError(errno, absl::StrCat("accepting on ", options.addresses[stage]));
-    }
-    ZO_ASSIGN_OR_RETURN(Hello hello, Handshake(fd.get(), options, deadline, /*expected=*/-1, host,
-                                               sharing_kind, link_kind));
-    const int peer_stage = static_cast<int>(hello.stage);
-    if (higher.erase(peer_stage) == 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "stage ", peer_stage, " connected to stage ", stage, " at ", options.addresses[stage],
-          ", which expects only its ring neighbours, each once"));
-    }
-    ZO_RETURN_IF_ERROR(add_peer(hello, std::move(fd)));
-  }
+  TcpTransport& t_;
+  const TcpTransportOptions& o_;
+  backend::Backend& backend_;
+  const absl::Time deadline_;
+  const std::string host_;
+  backend::DeviceSharing* const sharing_;
+  backend::DeviceLinks* const links_;
+  const std::string sharing_kind_;
+  const std::string link_kind_;
+};
+
+absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Connect(
+    const TcpTransportOptions& options, backend::Backend& backend) {
+  ZO_RETURN_IF_ERROR(CheckConnectOptions(options));
+  std::unique_ptr<TcpTransport> t(new TcpTransport(options, backend));
+  auto self = std::make_unique<Peer>();
+  self->stage = options.stage;
+  self->address = options.addresses[options.stage];
+  t->peers_.push_back(std::move(self));
+  ZO_RETURN_IF_ERROR(Connector(*t, backend).ConnectNeighbours());
   for (auto& peer : t->peers_) {
-    if (peer->fd >= 0)
+    if (peer->fd >= 0) {
       peer->reader = std::thread([tp = t.get(), p = peer.get()] { tp->ReadLoop(p); });
+    }
   }
   return t;
 }

@@ -116,6 +116,7 @@ class TcpTransport final : public Transport {
 
  private:
   struct Peer;
+  class Connector;  // Connect's steps
 
   TcpTransport(const TcpTransportOptions& options, backend::Backend& backend);
   Peer* FindPeer(int stage) const;
