@@ -96,14 +96,16 @@ absl::StatusOr<int64_t> JobRegistry::FollowersVersion(const JobSpec& spec) const
   int64_t version = 0;
   for (size_t i = 1; i < spec.servers.size(); ++i) {
     const absl::StatusOr<v1::JobStatus> follower = resources_.peers->GetJobStatus(
-        spec.servers[i], spec.name, std::min(resources_.peer_timeout, absl::Seconds(2)));
+        spec.servers[i], spec.name, std::min(resources_.peer_timeout, absl::Seconds(2)),
+        /*wait_for_ready=*/true);
     if (follower.ok()) {
       version = std::max(version, follower->version());
       continue;
     }
+    // Without the job, or holding only where it moved (a rescale opens it
+    // on new servers, some of which held it before): not trained there.
     const v1::ErrorDetail::Reason why = ReasonOf(follower.status());
-    if (why == v1::ErrorDetail::NO_JOB) continue;
-    if (why == v1::ErrorDetail::JOB_MOVED) return follower.status();
+    if (why == v1::ErrorDetail::NO_JOB || why == v1::ErrorDetail::JOB_MOVED) continue;
     return absl::UnavailableError(absl::StrCat(
         "the lead (", spec.servers[0], ") does not hold job ", spec.name, " and cannot ask server ",
         i, " (", spec.servers[i], ") whether that holds it trained (", follower.status().message(),
@@ -117,7 +119,8 @@ absl::Status JobRegistry::AskLeadBeforeCreating(const JobSpec& spec) const {
   const std::string here =
       absl::StrCat("server ", spec.server_index, " (", spec.servers[spec.server_index], ")");
   const absl::StatusOr<v1::JobStatus> lead = resources_.peers->GetJobStatus(
-      lead_address, spec.name, std::min(resources_.peer_timeout, absl::Seconds(5)));
+      lead_address, spec.name, std::min(resources_.peer_timeout, absl::Seconds(5)),
+      /*wait_for_ready=*/true);
   if (!lead.ok()) {
     const v1::ErrorDetail::Reason why = ReasonOf(lead.status());
     if (why == v1::ErrorDetail::NO_JOB) return absl::OkStatus();  // a new job

@@ -101,12 +101,16 @@ absl::Status PeerClient::CloseJob(const std::string& address, const v1::CloseJob
 
 absl::StatusOr<v1::JobStatus> PeerClient::GetJobStatus(const std::string& address,
                                                        const std::string& job,
-                                                       absl::Duration timeout) {
+                                                       absl::Duration timeout,
+                                                       bool wait_for_ready) {
   v1::GetJobStatusRequest request;
   request.set_job(job);
-  return Unary<v1::JobStatus>(address, "GetJobStatus", timeout,
-                              [&](v1::Offload::Stub& stub, grpc::ClientContext& c,
-                                  v1::JobStatus& r) { return stub.GetJobStatus(&c, request, &r); });
+  return Unary<v1::JobStatus>(
+      address, "GetJobStatus", timeout,
+      [&](v1::Offload::Stub& stub, grpc::ClientContext& c, v1::JobStatus& r) {
+        return stub.GetJobStatus(&c, request, &r);
+      },
+      wait_for_ready);
 }
 
 absl::Status PeerClient::RestorePart(const std::string& address,

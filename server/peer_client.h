@@ -45,8 +45,11 @@ class PeerClient {
                         absl::Duration timeout);
   // The lead asks a follower that has not reported for a while whether it
   // still has the job (NOT_FOUND: it restarted and lost its part).
+  // `wait_for_ready`: a server that just came up is waited for (until
+  // `timeout`) instead of failing at once while the channel backs off, for
+  // a question whose "cannot tell" answer refuses an open.
   absl::StatusOr<v1::JobStatus> GetJobStatus(const std::string& address, const std::string& job,
-                                             absl::Duration timeout);
+                                             absl::Duration timeout, bool wait_for_ready = false);
 
  private:
   // INVALID_ARGUMENT when `address` is not host:port (rpc/channel.h).
