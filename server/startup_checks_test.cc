@@ -2,15 +2,13 @@
 // not use later, and a port another server already holds.
 #include "server/startup_checks.h"
 
-#include <sys/mount.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
+#include "common/testing/small_tmpfs.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -59,21 +57,9 @@ TEST(StartupChecksTest, APathThatCannotBeADirectoryIsNamedWithTheFlag) {
 // onto it until space came back.
 TEST(StartupChecksTest, AFullCheckpointDiskIsAcceptedAndLeftAsItWas) {
   const std::string dir = FreshDir("full");
-  std::filesystem::create_directories(dir);
-  if (mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=64k") != 0) {
-    GTEST_SKIP() << "cannot mount a small tmpfs at " << dir
-                 << " (needs root with CAP_SYS_ADMIN): " << std::strerror(errno);
-  }
-  struct Unmount {
-    std::string path;
-    ~Unmount() { umount2(path.c_str(), MNT_DETACH); }
-  } unmount{dir};
-  {
-    std::ofstream filler(dir + "/filler");
-    const std::string block(4096, 'x');
-    while (filler.write(block.data(), block.size())) {
-    }
-  }
+  ::zo::testing::SmallTmpfs disk(dir, "64k");
+  if (!disk.mounted()) GTEST_SKIP() << disk.error();
+  ASSERT_THAT(disk.Fill(), IsOk());
   ASSERT_THAT(CheckCheckpointDir(dir, "--checkpoint-dir"), IsOk());
   int entries = 0;
   for (const auto& e : std::filesystem::directory_iterator(dir)) entries += e.exists();

@@ -34,14 +34,10 @@
 // ZO_CHAOS_VICTIMS=workers: a rollback makes a DPU run leave the calm
 // run's trajectory, see below).
 #include <dirent.h>
-#include <fcntl.h>
-#include <sys/mount.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -50,7 +46,6 @@
 #include <map>
 #include <random>
 #include <string>
-#include <system_error>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -62,6 +57,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/testing/free_port.h"
+#include "common/testing/small_tmpfs.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/cli/zo_ctl_runner.h"
@@ -142,48 +138,6 @@ int TemporaryFoldersUnder(const std::string& dir) {
   }
   return n;
 }
-
-// A small tmpfs at `dir` for the lifetime of this object (root only).
-class SmallDisk {
- public:
-  SmallDisk(const std::string& dir, const char* size) : dir_(dir) {
-    std::filesystem::create_directories(dir);
-    if (mount("tmpfs", dir.c_str(), "tmpfs", 0, absl::StrCat("size=", size).c_str()) != 0) {
-      error_ =
-          absl::StrCat("cannot mount a tmpfs at ", dir, " (needs root): ", std::strerror(errno));
-    }
-  }
-  ~SmallDisk() {
-    if (error_.empty()) umount2(dir_.c_str(), MNT_DETACH);
-  }
-  bool mounted() const { return error_.empty(); }
-  const std::string& error() const { return error_; }
-
-  // Takes every free byte; Free() gives them back.
-  void Fill() {
-    struct statvfs fs {};
-    ASSERT_EQ(statvfs(dir_.c_str(), &fs), 0) << std::strerror(errno);
-    const int fd = open(Filler().c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0600);
-    ASSERT_GE(fd, 0) << std::strerror(errno);
-    const off_t bytes = static_cast<off_t>(fs.f_bavail) * static_cast<off_t>(fs.f_frsize);
-    if (posix_fallocate(fd, 0, bytes) != 0) {
-      // Whatever the last few pages are: write until the disk says no.
-      std::vector<char> zeros(1 << 16, 0);
-      while (write(fd, zeros.data(), zeros.size()) > 0) {
-      }
-    }
-    close(fd);
-  }
-  void Free() {
-    std::error_code ignored;
-    std::filesystem::remove(Filler(), ignored);
-  }
-
- private:
-  std::string Filler() const { return dir_ + "/disk-filler"; }
-  std::string dir_;
-  std::string error_;
-};
 
 bool StageProcesses() {
   const char* stages = std::getenv("ZO_CHAOS_STAGES");
@@ -332,7 +286,7 @@ TEST_F(ChaosSoakTest, KillsAnywhereLeaveTheTrajectoryOfARunWithout) {
   };
   // The checkpoint directory on a disk the soak can fill: room for the
   // checkpoints kept and one being written, many times over.
-  SmallDisk disk(dir_ + "/chaos/ckpt", "256m");
+  SmallTmpfs disk(dir_ + "/chaos/ckpt", "256m");
   std::vector<ServerProcess> servers;
   for (int i = 0; i < kServers; ++i) {
     const int ms = i == 1 ? 25 : disk_latency_ms();
@@ -423,7 +377,7 @@ TEST_F(ChaosSoakTest, KillsAnywhereLeaveTheTrajectoryOfARunWithout) {
   // meanwhile. Then space is freed and checkpoints must succeed again.
   const auto fill_the_disk = [&] {
     const int64_t failures = lead_status("chaos").value("checkpoint_failures", int64_t{0});
-    disk.Fill();
+    ASSERT_TRUE(disk.Fill().ok());
     ASSERT_TRUE(wait_for("a checkpoint fails on the full disk",
                          [&] {
                            return lead_status("chaos").value("checkpoint_failures", int64_t{0}) >
@@ -625,7 +579,7 @@ TEST_F(ChaosSoakTest, KillsAnywhereLeaveTheTrajectoryOfARunWithout) {
       side_job_failed.empty()
           ? std::string("no job lost without checkpoint")
           : absl::StrFormat(
-                "%d jobs without checkpoint lost, their workers ending %.1f s (median) "
+                "%d job(s) without checkpoint lost, their workers ending %.1f s (median) "
                 "and %.1f s (worst) after the kill, each closed and trained again "
                 "with its first losses",
                 static_cast<int>(side_job_failed.size()),

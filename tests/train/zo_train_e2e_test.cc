@@ -3,11 +3,9 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
-#include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -24,6 +22,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/testing/free_port.h"
+#include "common/testing/small_tmpfs.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -459,15 +458,8 @@ TEST(ZoTrainE2eTest, RestoreIsIdempotentAndRollsBackALiveJobOnlyWhenForced) {
 TEST(ZoTrainE2eTest, CheckpointsOnAFullDiskFailLoudlyAndLeaveNothingBehind) {
   const std::string dir = FreshTempDir("zo_train_full_disk");
   const std::string ckpt = dir + "/ckpt";
-  std::filesystem::create_directories(ckpt);
-  if (mount("tmpfs", ckpt.c_str(), "tmpfs", 0, "size=64k") != 0) {
-    GTEST_SKIP() << "cannot mount a small tmpfs at " << ckpt
-                 << " (needs root with CAP_SYS_ADMIN): " << std::strerror(errno);
-  }
-  struct Unmount {
-    std::string path;
-    ~Unmount() { umount2(path.c_str(), MNT_DETACH); }
-  } unmount{ckpt};
+  SmallTmpfs disk(ckpt, "64k");  // too small for one checkpoint
+  if (!disk.mounted()) GTEST_SKIP() << disk.error();
   std::vector<ServerProcess> servers = StartServers(1, {"--checkpoint-dir", ckpt});
   ASSERT_EQ(servers.size(), 1u);
   const std::string config = WriteFile(dir, "ds.json", Config(false));
