@@ -157,6 +157,20 @@ TEST(OffloadLinkTest, MicroBatchPushesThroughTwoSlotsSumOnTheServer) {
       << refused;
 }
 
+// Rank 0 of a two-rank job whose calls wait an hour: a pull that waits for
+// rank 1 hangs the test unless something ends it.
+absl::StatusOr<std::unique_ptr<OffloadClient>> OpenRankZeroOfTwo(Fixture& f,
+                                                                 const std::string& job) {
+  ClientOptions options;
+  options.job = job;
+  options.channels = {f.server->InProcessChannel()};
+  options.dp_world_size = 2;
+  options.call_timeout = absl::Hours(1);
+  const std::string config = R"({"train_batch_size": 2,
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.05}}, "bf16": {"enabled": true}})";
+  return OffloadClient::Open(options, config, f.manifest);
+}
+
 // Two dp ranks; rank 1 pushes nothing for step 1. Rank 0's link prefetches
 // step 2's weights (version 1), which only rank 1's gradients would make.
 // Retrying step 1 and tearing the link down must give that prefetch up
@@ -165,14 +179,7 @@ TEST(OffloadLinkTest, MicroBatchPushesThroughTwoSlotsSumOnTheServer) {
 TEST(OffloadLinkTest, APrefetchThatCannotCompleteIsGivenUp) {
   Fixture f;
   ASSERT_NO_FATAL_FAILURE(StartServerAndParams(f));
-  ClientOptions options;
-  options.job = "stuck";
-  options.channels = {f.server->InProcessChannel()};
-  options.dp_world_size = 2;
-  options.call_timeout = absl::Hours(1);
-  const std::string config = R"({"train_batch_size": 2,
-      "optimizer": {"type": "AdamW", "params": {"lr": 0.05}}, "bf16": {"enabled": true}})";
-  auto client = OffloadClient::Open(options, config, f.manifest);
+  auto client = OpenRankZeroOfTwo(f, "stuck");
   ASSERT_TRUE(client.ok()) << client.status();
   auto link = std::make_unique<OffloadLink>(client->get(), *f.cpu, f.manifest, DType::kBFloat16);
   ASSERT_THAT(link->InitializeIfFresh(f.pointers, 7), IsOk());
@@ -200,14 +207,7 @@ TEST(OffloadLinkTest, APrefetchThatCannotCompleteIsGivenUp) {
 TEST(OffloadLinkTest, AnAbortedStepEndsAPullThatIsNotAPrefetch) {
   Fixture f;
   ASSERT_NO_FATAL_FAILURE(StartServerAndParams(f));
-  ClientOptions options;
-  options.job = "aborted";
-  options.channels = {f.server->InProcessChannel()};
-  options.dp_world_size = 2;
-  options.call_timeout = absl::Hours(1);
-  const std::string config = R"({"train_batch_size": 2,
-      "optimizer": {"type": "AdamW", "params": {"lr": 0.05}}, "bf16": {"enabled": true}})";
-  auto client = OffloadClient::Open(options, config, f.manifest);
+  auto client = OpenRankZeroOfTwo(f, "aborted");
   ASSERT_TRUE(client.ok()) << client.status();
   OffloadLink link(client->get(), *f.cpu, f.manifest, DType::kBFloat16);
   auto abort = std::make_shared<StepAbort>();
