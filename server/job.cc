@@ -237,12 +237,7 @@ absl::Status Job::Init() {
           },
       .probe =
           [this](int server) {
-            if (is_lead()) {
-              recovery_.Heard(
-                  server, resources_.peers
-                              ->GetJobStatus(spec_.servers[server], spec_.name, absl::Seconds(2))
-                              .status());
-            }
+            if (is_lead()) recovery_.ProbeOne(server);
           },
       .initial_backoff = absl::Milliseconds(50),
   });

@@ -23,7 +23,7 @@ void LeadRecovery::Join() {
 }
 
 void LeadRecovery::Probe() {
-  for (int i = 1; i < static_cast<int>(servers_.size()); ++i) Heard(i, actions_.ask(i));
+  for (int i = 1; i < static_cast<int>(servers_.size()); ++i) ProbeOne(i);
 }
 
 void LeadRecovery::Heard(int server, const absl::Status& answer) {

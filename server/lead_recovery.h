@@ -58,7 +58,8 @@ class LeadRecovery {
   // Follower `server` answered `answer` (a commit, a probe): recorded, and a
   // NO_JOB answer (it restarted and lost its part) starts a recovery.
   void Heard(int server, const absl::Status& answer);
-  // Asks every follower (ask) and hears each answer.
+  // Asks follower `server` (ask) and hears its answer; Probe: every one.
+  void ProbeOne(int server) { Heard(server, actions_.ask(server)); }
   void Probe();
   // This lead restarted without its part, which its followers hold at
   // `followers_version`: a recovery starts at once.
