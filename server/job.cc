@@ -264,15 +264,12 @@ void Job::Stop(absl::Status reason) {
     resources_.wakes->Post(version_waiters_.TakeAll());  // Create checked it is set
     if (accum_ != nullptr) accum_->Close(stop_reason_);
     if (coordinator_ != nullptr) coordinator_->Stop();
-    for (auto& p : pending_checkpoints_) {
-      p->done.set_value(absl::UnavailableError("the job is shutting down"));
-    }
-    pending_checkpoints_.clear();
+    checkpoints_.Stop();
   }
   cv_.notify_all();
   if (step_thread_.joinable() && std::this_thread::get_id() != step_thread_.get_id()) {
     step_thread_.join();
-    if (checkpoint_thread_.joinable()) checkpoint_thread_.join();
+    checkpoints_.Join();
   }
   recovery_.Join();
 }
@@ -295,10 +292,8 @@ v1::JobStatus Job::Status() const {
   st.set_num_servers(static_cast<int>(spec_.servers.size()));
   for (const std::string& server : spec_.servers) st.add_servers(server);
   st.set_incarnation(incarnation_.load());
-  st.set_frozen(frozen_);
   st.set_init_fingerprint(spec_.init_fingerprint);
-  st.set_last_checkpoint_error(last_checkpoint_error_);
-  st.set_checkpoint_failures(checkpoint_failures_);
+  checkpoints_.AddTo(st);
   if (is_lead()) {
     for (v1::FollowerState& f : recovery_.followers().States()) *st.add_followers() = std::move(f);
   }
@@ -315,7 +310,6 @@ v1::JobStatus Job::Status() const {
   st.set_last_grad_norm(last_grad_norm_);
   st.set_last_skipped(last_skipped_);
   st.set_last_lr(last_lr_);
-  st.set_last_checkpoint_step(last_checkpoint_step_);
   st.set_base_version(oldest_version_);
   st.set_waiting_pulls(version_waiters_.size());
   st.set_waiting_pushes(accum_->waiting());
@@ -688,21 +682,29 @@ void Job::StepLoop() {
       applying_ = false;
       cv_.notify_all();
     }
+    const auto checkpoint_due = [&] {
+      return is_lead() && checkpoints_.Due(version_, health_.ok());
+    };
     const auto due = [&] {
-      return stop_ || (is_lead() && CheckpointDueLocked()) || (ReadyToReportLocked() && !frozen_);
+      return stop_ || checkpoint_due() || (ReadyToReportLocked() && !checkpoints_.frozen());
     };
     // While the lead waits for gradients, it checks every few seconds that
     // its followers still have the job: one that restarted empty leaves the
     // workers unable to push, and nothing else would tell.
     while (!cv_.wait_for(lock, std::chrono::seconds(2), due)) {
-      if (!is_lead() || spec_.servers.size() < 2 || frozen_) continue;
+      if (!is_lead() || spec_.servers.size() < 2 || checkpoints_.frozen()) continue;
       lock.unlock();
       recovery_.Probe();
       lock.lock();
     }
     if (stop_) return;
-    if (is_lead() && CheckpointDueLocked()) {
-      RunCheckpointLocked(lock);
+    if (checkpoint_due()) {
+      const int64_t version = version_;
+      const int64_t generation = generation_;
+      const absl::Status health = health_.ok() ? absl::OkStatus() : NeedsRestoreLocked();
+      lock.unlock();
+      checkpoints_.Run(version, generation, health);
+      lock.lock();
       continue;
     }
     const int64_t step = open_step_;

@@ -7,6 +7,7 @@
 //   StateSnapshot        a checkpoint part taken while steps go on
 //   TieredOptimizerState the optimizer state (RAM or NVMe sub-groups)
 //   ParamVersions        the low-precision versions pulls are served
+//   LeadCheckpoints      the lead's checkpoints across the servers, a move's freeze
 //   LeadRecovery         the lead's watch over its followers, and rollbacks
 //
 // Job owns the step thread that joins them:
@@ -21,16 +22,15 @@
 //
 // Thread-safe: handlers run on gRPC threads; one step thread per job. Lock
 // order: state_mu_, then mu_, then the pieces' own mutexes; recovery_ is
-// called holding none of them (its actions take mu_).
+// called holding none of them (its actions take mu_), and
+// checkpoints_.Run and Request too (their actions take state_mu_ and mu_).
 #ifndef ZO_SERVER_JOB_H_
 #define ZO_SERVER_JOB_H_
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
-#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -59,6 +59,7 @@
 #include "server/gradient_piece_view.h"
 #include "server/job_counters.h"
 #include "server/job_spec.h"
+#include "server/lead_checkpoints.h"
 #include "server/lead_recovery.h"
 #include "server/param_group_layout.h"
 #include "server/param_versions.h"
@@ -217,16 +218,10 @@ class Job {
   // Lifts a freeze; a no-op without one.
   void Thaw();
   // Checkpoint requests waiting for their version.
-  size_t pending_checkpoints() const {
-    std::lock_guard lock(mu_);
-    return pending_checkpoints_.size();
-  }
+  size_t pending_checkpoints() const { return checkpoints_.waiting(); }
   // A checkpoint begun and not yet committed or failed (its part still being
   // written while steps go on).
-  bool checkpoint_running() const {
-    std::lock_guard lock(mu_);
-    return checkpoint_running_;
-  }
+  bool checkpoint_running() const { return checkpoints_.running(); }
   // `rollback`: RestoreRequest.rollback (a new instance of the job). A
   // follower that answers it holds no part of the job (it restarted) gets
   // its part opened again (OpenJobRequest.by_lead) and restored with the
@@ -256,12 +251,6 @@ class Job {
   Job& operator=(const Job&) = delete;
 
  private:
-  struct PendingCheckpoint {
-    int64_t min_version = 0;
-    bool freeze = false;
-    std::promise<absl::StatusOr<v1::CheckpointResponse>> done;
-  };
-
   Job(JobSpec spec, const JobResources& resources);
   absl::Status Init();
   // RESOURCE_EXHAUSTED, before anything is allocated, when the job's RAM on
@@ -329,31 +318,12 @@ class Job {
   // OpenPull's answer when a restore replaced the versions under it.
   absl::Status RestoredWhileOpening() const;
   bool AbortedLocked(int64_t generation) const { return stop_ || generation != generation_; }
-  // A requested checkpoint whose version the job has reached, and none
-  // still being finished.
-  bool CheckpointDueLocked() const;
-  // Begins the due checkpoint on every server and finishes it on
-  // checkpoint_thread_ (with a freeze: here, before the next step).
-  void RunCheckpointLocked(std::unique_lock<std::mutex>& lock);
-  struct StartedCheckpoint {
-    int64_t version = 0;
-    int64_t generation = 0;
-    std::string dir;
-    CheckpointMeta meta;
-    absl::Time start;
-  };
-  // Lead: the checkpoint directory, the commit record's fields as of
-  // `version`, and every server's snapshot begun (BEGIN).
-  absl::StatusOr<StartedCheckpoint> StartCheckpoint(int64_t version, int64_t generation);
-  // Lead: every part finished (FINISH), then the commit and pruning
-  // (CommitParts); a failure removes the temporary directory.
-  absl::StatusOr<v1::CheckpointResponse> FinishCheckpoint(const StartedCheckpoint& started);
-  absl::StatusOr<v1::CheckpointResponse> CommitParts(const StartedCheckpoint& started);
-  // A checkpoint of `version` ended with `result`: recorded (a failure is
-  // logged, counted and kept for JobStatus until one succeeds) and told to
-  // the requests.
-  void CheckpointDoneLocked(int64_t version, const absl::StatusOr<v1::CheckpointResponse>& result,
-                            std::deque<std::shared_ptr<PendingCheckpoint>>& requests);
+  // The lead's checkpoints (checkpoints_), acting on this job.
+  LeadCheckpoints::Options CheckpointOptionsForThis() const;
+  CheckpointActions CheckpointActionsForThis();
+  // Lead: the commit record's fields as of `version` (CheckpointActions::
+  // describe). Takes mu_.
+  uint32_t DescribeCheckpoint(int64_t version, CheckpointMeta& meta) const;
   // Lead: fills the commit record's "previous" for a checkpoint of
   // `version` (the job is at it), and returns the bytes per element each
   // part carries of that version's weights (0: none). Requires mu_.
@@ -419,11 +389,6 @@ class Job {
   bool last_skipped_ = false;
   double last_lr_ = 0.0;
   std::vector<double> last_group_lr_;  // with zo.client_lr; else empty
-  int64_t last_checkpoint_step_ = -1;
-  // The last checkpoint attempt's failure ("step N: why"), empty once one
-  // succeeds; and the failures so far.
-  std::string last_checkpoint_error_;
-  int64_t checkpoint_failures_ = 0;
   absl::Status health_;
   // A restore is replacing the state and versions: pulls wait for it.
   bool restoring_ = false;
@@ -431,7 +396,6 @@ class Job {
   int64_t restores_done_ = 0;   // JobStatus.restores
   bool stop_ = false;
   absl::Status stop_reason_;
-  bool frozen_ = false;  // lead: a move holds the job at its version
   // Lead: a follower lost its part with no checkpoint (MarkLost); a restore
   // from a checkpoint given by hand clears it.
   bool lost_ = false;
@@ -445,15 +409,12 @@ class Job {
   std::atomic<LeadRestoreWait> lead_restore_wait_ = LeadRestoreWait::kNone;
   // The step thread has decided a step and not yet applied it.
   bool applying_ = false;
-  bool checkpoint_running_ = false;  // lead: checkpoint_thread_ finishes one
   // Open to update end of the last step: how long a snapshot waits for a
   // step to carry its NVMe part.
   absl::Duration step_interval_ = absl::ZeroDuration();
   absl::Time step_open_time_;
   // Pulls waiting for a version, keyed by it.
   WaitList version_waiters_;
-  // Lead only.
-  std::deque<std::shared_ptr<PendingCheckpoint>> pending_checkpoints_;
   std::atomic<int64_t> serve_ns_{0};
   JobCounters counters_;
 
@@ -465,10 +426,11 @@ class Job {
   // server lost its part. Called without mu_ held.
   LeadRecovery recovery_{spec_.name, spec_.servers, RecoveryActionsForThis()};
 
+  // Lead: checkpoint requests, the round across the servers, the freeze of
+  // a move. Called holding mu_ or none (it takes none of the job's locks).
+  LeadCheckpoints checkpoints_{CheckpointOptionsForThis(), CheckpointActionsForThis()};
+
   std::thread step_thread_;
-  // Lead: finishes a begun checkpoint; started and joined by the step
-  // thread, joined by Stop.
-  std::thread checkpoint_thread_;
 };
 
 }  // namespace zo

@@ -39,173 +39,67 @@ absl::StatusOr<v1::CheckpointResponse> Job::Checkpoint(int64_t min_version, absl
                                                       spec_.servers[0], "), this is server ",
                                                       spec_.server_index));
   }
-  if (resources_.checkpoint_root.empty()) {
-    return absl::FailedPreconditionError(
-        "zo-server was started without --checkpoint-dir; checkpoints are off");
-  }
-  if (min_version < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("min_version ", min_version, " is negative"));
-  }
-  auto pending = std::make_shared<PendingCheckpoint>();
-  pending->min_version = min_version;
-  pending->freeze = freeze;
-  std::future<absl::StatusOr<v1::CheckpointResponse>> done = pending->done.get_future();
-  {
-    std::lock_guard lock(mu_);
-    if (stop_) return absl::UnavailableError("the server is shutting down");
-    pending_checkpoints_.push_back(pending);
-  }
-  cv_.notify_all();
-  if (done.wait_until(absl::ToChronoTime(deadline)) != std::future_status::ready) {
-    return absl::DeadlineExceededError(
-        "the checkpoint did not finish before the deadline; it runs between steps and will "
-        "still be committed");
-  }
-  return done.get();
-}
-
-bool Job::CheckpointDueLocked() const {
-  if (checkpoint_running_) return false;
-  for (const auto& p : pending_checkpoints_) {
-    if (p->min_version <= version_ || !health_.ok()) return true;
-  }
-  return false;
-}
-
-void Job::RunCheckpointLocked(std::unique_lock<std::mutex>& lock) {
-  // The requests the job's version satisfies; the others wait for their step.
-  std::deque<std::shared_ptr<PendingCheckpoint>> requests;
-  std::deque<std::shared_ptr<PendingCheckpoint>> later;
-  for (auto& p : pending_checkpoints_) {
-    (p->min_version <= version_ || !health_.ok() ? requests : later).push_back(std::move(p));
-  }
-  pending_checkpoints_.swap(later);
-  const int64_t version = version_;
-  const int64_t generation = generation_;
-  if (!health_.ok()) {
-    const absl::Status result = NeedsRestoreLocked();
-    for (auto& r : requests) r->done.set_value(result);
-    return;
-  }
-  const bool freeze =
-      std::any_of(requests.begin(), requests.end(), [](const auto& r) { return r->freeze; });
-  lock.unlock();
-  // checkpoint_running_ is false: the last one's thread has ended its work.
-  if (checkpoint_thread_.joinable()) checkpoint_thread_.join();
-  absl::StatusOr<StartedCheckpoint> started = StartCheckpoint(version, generation);
-  if (!started.ok() || freeze) {
-    // A move holds the job at this version anyway: finish before stepping on.
-    const absl::StatusOr<v1::CheckpointResponse> result =
-        started.ok() ? FinishCheckpoint(*started) : started.status();
-    lock.lock();
-    CheckpointDoneLocked(version, result, requests);
-    return;
-  }
-  lock.lock();
-  checkpoint_running_ = true;
-  checkpoint_thread_ =
-      std::thread([this, started = *std::move(started), requests = std::move(requests)]() mutable {
-        const absl::StatusOr<v1::CheckpointResponse> result = FinishCheckpoint(started);
-        {
-          std::lock_guard lock(mu_);
-          checkpoint_running_ = false;
-          CheckpointDoneLocked(started.version, result, requests);
-        }
-        cv_.notify_all();
-      });
-}
-
-void Job::CheckpointDoneLocked(int64_t version,
-                               const absl::StatusOr<v1::CheckpointResponse>& result,
-                               std::deque<std::shared_ptr<PendingCheckpoint>>& requests) {
-  if (!result.ok()) {
-    ++checkpoint_failures_;
-    last_checkpoint_error_ = absl::StrCat("step ", version, ": ", result.status().message());
-    ZO_LOG(ERROR) << "job " << spec_.name << ": checkpoint of version " << version
-                  << " failed, training goes on: " << result.status();
-  } else {
-    last_checkpoint_error_.clear();
-  }
-  if (result.ok()) {
-    last_checkpoint_step_ = std::max(last_checkpoint_step_, result->version());
-    for (const auto& r : requests) {
-      if (r->freeze && !frozen_) {
-        frozen_ = true;
-        ZO_LOG(INFO) << "job " << spec_.name << ": frozen at version " << result->version()
-                     << " for a move (" << result->path() << ")";
-      }
-    }
-  }
-  for (auto& r : requests) r->done.set_value(result);
+  return checkpoints_.Request(min_version, deadline, freeze);
 }
 
 void Job::Thaw() {
-  {
-    std::lock_guard lock(mu_);
-    if (!frozen_) return;
-    frozen_ = false;
-    ZO_LOG(INFO) << "job " << spec_.name << ": thawed at version " << version_;
-  }
-  cv_.notify_all();
+  if (!checkpoints_.Thaw()) return;
+  std::lock_guard lock(mu_);
+  ZO_LOG(INFO) << "job " << spec_.name << ": thawed at version " << version_;
 }
 
-absl::StatusOr<Job::StartedCheckpoint> Job::StartCheckpoint(int64_t version, int64_t generation) {
-  StartedCheckpoint started;
-  started.version = version;
-  started.generation = generation;
-  started.start = absl::Now();
-  ZO_ASSIGN_OR_RETURN(started.dir,
-                      BeginCheckpoint(resources_.checkpoint_root, spec_.name, version));
-  CheckpointMeta& meta = started.meta;
+LeadCheckpoints::Options Job::CheckpointOptionsForThis() const {
+  return {.job = spec_.name,
+          .servers = spec_.servers,
+          .peers = resources_.peers,
+          .peer_timeout = resources_.peer_timeout,
+          .root = resources_.checkpoint_root,
+          .keep = resources_.keep_checkpoints};
+}
+
+CheckpointActions Job::CheckpointActionsForThis() {
+  return {
+      .describe = [this](int64_t version,
+                         CheckpointMeta& meta) { return DescribeCheckpoint(version, meta); },
+      .begin_own_part =
+          [this](int64_t version, const std::string& dir, uint32_t previous_bytes) {
+            return BeginOwnPart(version, dir, previous_bytes);
+          },
+      .finish_own_part = [this](int64_t version,
+                                const std::string& dir) { return FinishOwnPart(version, dir); },
+      .drop_own_part =
+          [this](const absl::Status& why) {
+            std::lock_guard state_lock(state_mu_);
+            DropSnapshotLocked(why);
+          },
+      .wake =
+          [this] {
+            std::lock_guard lock(mu_);
+            cv_.notify_all();
+          },
+  };
+}
+
+uint32_t Job::DescribeCheckpoint(int64_t version, CheckpointMeta& meta) const {
   meta.job = spec_.name;
-  meta.version = version;
   meta.manifest = spec_.manifest;
   meta.chunk_elems = map_.chunk_elems();
   meta.num_servers = static_cast<int>(spec_.servers.size());
   meta.dp_world_size = spec_.dp_world_size;
   meta.config_json = spec_.config_json;
   meta.applied_steps = coordinator_->applied_steps();
-  uint32_t previous_bytes = 0;
-  {
-    std::lock_guard lock(mu_);
-    const LossScalerState s = coordinator_->scaler_state();
-    meta.loss_scale = s.scale;
-    meta.scaler_iteration = s.iteration;
-    meta.scaler_last_overflow_iteration = s.last_overflow_iteration;
-    meta.scaler_hysteresis_left = s.hysteresis_left;
-    meta.has_last_step = true;
-    meta.last_grad_norm = last_grad_norm_;
-    meta.last_lr = last_lr_;
-    meta.last_group_lr = last_group_lr_;
-    meta.last_skipped = last_skipped_;
-    previous_bytes = PlanPreviousLocked(version, meta);
-  }
-  if (absl::Status own = BeginOwnPart(version, started.dir, previous_bytes); !own.ok()) {
-    (void)AbandonCheckpoint(started.dir);
-    return own;
-  }
-  v1::WriteCheckpointPartRequest request;
-  request.set_job(spec_.name);
-  request.set_version(version);
-  request.set_dir(started.dir);
-  request.set_generation(generation);
-  request.set_phase(v1::WriteCheckpointPartRequest::BEGIN);
-  request.set_previous_bytes(previous_bytes);
-  // The followers are at `version` or about to be; none can step past it
-  // before this loop returns, since the next step's commit comes from here.
-  for (size_t i = 1; i < spec_.servers.size(); ++i) {
-    absl::StatusOr<v1::WriteCheckpointPartResponse> begun = resources_.peers->WriteCheckpointPart(
-        spec_.servers[i], request, resources_.peer_timeout * 10);
-    if (!begun.ok()) {
-      {
-        std::lock_guard state_lock(state_mu_);
-        DropSnapshotLocked(begun.status());
-      }
-      (void)AbandonCheckpoint(started.dir);
-      return begun.status();
-    }
-  }
-  return started;
+  std::lock_guard lock(mu_);
+  const LossScalerState s = coordinator_->scaler_state();
+  meta.loss_scale = s.scale;
+  meta.scaler_iteration = s.iteration;
+  meta.scaler_last_overflow_iteration = s.last_overflow_iteration;
+  meta.scaler_hysteresis_left = s.hysteresis_left;
+  meta.has_last_step = true;
+  meta.last_grad_norm = last_grad_norm_;
+  meta.last_lr = last_lr_;
+  meta.last_group_lr = last_group_lr_;
+  meta.last_skipped = last_skipped_;
+  return PlanPreviousLocked(version, meta);
 }
 
 uint32_t Job::PlanPreviousLocked(int64_t version, CheckpointMeta& meta) const {
@@ -221,63 +115,6 @@ uint32_t Job::PlanPreviousLocked(int64_t version, CheckpointMeta& meta) const {
   meta.previous_dtype = std::string(DTypeName(spec_.dtype));
   meta.previous_same_data = versions_->DataVersion(version - 1) == versions_->DataVersion(version);
   return meta.previous_same_data ? 0 : static_cast<uint32_t>(DTypeSize(spec_.dtype));
-}
-
-absl::StatusOr<v1::CheckpointResponse> Job::FinishCheckpoint(const StartedCheckpoint& started) {
-  absl::StatusOr<v1::CheckpointResponse> finished = CommitParts(started);
-  // A failed attempt leaves no temporary directory behind.
-  if (!finished.ok()) (void)AbandonCheckpoint(started.dir);
-  return finished;
-}
-
-absl::StatusOr<v1::CheckpointResponse> Job::CommitParts(const StartedCheckpoint& started) {
-  const int64_t version = started.version;
-  ZO_ASSIGN_OR_RETURN(v1::WriteCheckpointPartResponse own, FinishOwnPart(version, started.dir));
-  const absl::Duration own_time = absl::Now() - started.start;
-  std::vector<v1::WriteCheckpointPartResponse> parts = {own};
-  v1::WriteCheckpointPartRequest request;
-  request.set_job(spec_.name);
-  request.set_version(version);
-  request.set_dir(started.dir);
-  request.set_generation(started.generation);
-  request.set_phase(v1::WriteCheckpointPartRequest::FINISH);
-  for (size_t i = 1; i < spec_.servers.size(); ++i) {
-    absl::StatusOr<v1::WriteCheckpointPartResponse> part = resources_.peers->WriteCheckpointPart(
-        spec_.servers[i], request, resources_.peer_timeout * 10);
-    if (!part.ok()) return part.status();
-    parts.push_back(*std::move(part));
-  }
-  CheckpointMeta meta = started.meta;
-  for (const auto& p : parts) {
-    uint64_t checksum = 0;
-    if (!absl::SimpleHexAtoi(p.index_checksum(), &checksum)) {
-      return absl::DataLossError(
-          absl::StrCat("part ", p.file(), ": bad checksum \"", p.index_checksum(), "\""));
-    }
-    meta.parts.push_back({.file = p.file(), .bytes = p.bytes(), .index_checksum = checksum});
-  }
-  ZO_ASSIGN_OR_RETURN(const std::string path, CommitCheckpoint(started.dir, meta));
-  ZO_LOG(INFO) << "job " << spec_.name << ": checkpoint of version " << version << " committed at "
-               << path << " (" << parts.size() << " parts, "
-               << absl::StrFormat("%.2f s; this server's part %.2f s",
-                                  absl::ToDoubleSeconds(absl::Now() - started.start),
-                                  absl::ToDoubleSeconds(own_time))
-               << ", steps went on meanwhile)";
-  if (resources_.keep_checkpoints > 0) {
-    // The new checkpoint is committed: a failure here loses nothing.
-    absl::StatusOr<std::vector<std::string>> removed =
-        PruneCheckpoints(resources_.checkpoint_root, spec_.name, resources_.keep_checkpoints);
-    if (!removed.ok()) {
-      ZO_LOG(WARNING) << "job " << spec_.name << ": pruning old checkpoints: " << removed.status();
-    } else if (!removed->empty()) {
-      ZO_LOG(INFO) << "job " << spec_.name << ": removed " << removed->size()
-                   << " old checkpoint(s), keeping " << resources_.keep_checkpoints;
-    }
-  }
-  v1::CheckpointResponse response;
-  response.set_path(path);
-  response.set_version(version);
-  return response;
 }
 
 absl::StatusOr<v1::WriteCheckpointPartResponse> Job::WriteCheckpointPart(
@@ -538,12 +375,11 @@ absl::Status Job::RestorePart(const v1::RestorePartRequest& request, bool health
     // A checkpoint waiting for a version the restore undoes would wait for
     // steps its own caller has to redo first (a worker blocked in it pushes
     // nothing): it fails now, and the caller asks again later.
-    for (auto& p : pending_checkpoints_) {
-      p->done.set_value(absl::AbortedError(absl::StrCat(
-          "job ", spec_.name, " was restored to version ", meta.version,
-          " while this checkpoint (of version ", p->min_version, " or later) waited; ask again")));
-    }
-    pending_checkpoints_.clear();
+    checkpoints_.FailWaiting([&](int64_t min_version) {
+      return absl::AbortedError(absl::StrCat("job ", spec_.name, " was restored to version ",
+                                             meta.version, " while this checkpoint (of version ",
+                                             min_version, " or later) waited; ask again"));
+    });
   }
   // A rollback makes a new instance: calls from clients that opened the job
   // before it belong to steps it undoes, and are told where the job is now.
@@ -591,7 +427,7 @@ absl::Status Job::RestorePart(const v1::RestorePartRequest& request, bool health
     if (oldest_version_ < meta.version) {
       scale_after_version_[meta.version - 1] = meta.previous_loss_scale;
     }
-    last_checkpoint_step_ = meta.version;
+    checkpoints_.Restored(meta.version);
     const LastStep last = LastStepOf(meta, spec_.config);
     last_grad_norm_ = last.grad_norm;
     last_lr_ = last.lr;
