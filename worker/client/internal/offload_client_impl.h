@@ -1,0 +1,228 @@
+// OffloadClient's state, shared by the files that define its methods
+// (offload_client.cc and offload_client_{open,push,region,pull,job}.cc,
+// one concern each). Internal to worker/client.
+#ifndef ZO_WORKER_CLIENT_INTERNAL_OFFLOAD_CLIENT_IMPL_H_
+#define ZO_WORKER_CLIENT_INTERNAL_OFFLOAD_CLIENT_IMPL_H_
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/config.h"
+#include "common/dtype.h"
+#include "common/sharding.h"
+#include "grpcpp/channel.h"
+#include "proto/zo/v1/offload_service.grpc.pb.h"
+#include "rpc/rpc_util.h"
+#include "worker/client/internal/byte_budget.h"
+#include "worker/client/internal/call.h"
+#include "worker/client/internal/pull_receiver.h"
+#include "worker/client/internal/push_call.h"
+#include "worker/client/internal/worker_region.h"
+#include "worker/client/offload_client.h"
+
+namespace zo {
+
+namespace client_internal {
+
+// Over the in-process and same-host routes a push's pieces are copied by up
+// to kMaxCopyThreads threads (no more than the cores), a piece cut into parts
+// of at least kLocalPartBytes.
+inline constexpr int64_t kMaxCopyThreads = 4;
+inline constexpr int64_t kLocalPartBytes = int64_t{4} << 20;
+
+inline int64_t CopyThreads() {
+  return std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, kMaxCopyThreads);
+}
+
+}  // namespace client_internal
+
+// Members fixed at Open are const; the open push calls, the job's state and
+// what PullForStep last pulled each have their own mutex, so a Push never
+// waits on a Pull. Lock order: pull_for_step_mu before state_mu; mu before a
+// PushStream's own.
+struct OffloadClient::Impl {
+  Impl(const ClientOptions& options_in, Config config_in, DType dtype_in, ShardMap map_in,
+       std::vector<std::string> names_in, std::vector<std::shared_ptr<grpc::Channel>> channels_in,
+       std::vector<std::shared_ptr<InProcessRoute>> routes_in)
+      : options(options_in),
+        call{.attempt = {.timeout = options_in.call_timeout, .auth_token = options_in.auth_token},
+             .retry_for = options_in.retry_for},
+        config(std::move(config_in)),
+        dtype(dtype_in),
+        elem_bytes(static_cast<int64_t>(DTypeSize(dtype_in))),
+        map(std::move(map_in)),
+        names(std::move(names_in)),
+        channels(std::move(channels_in)),
+        routes(std::move(routes_in)),
+        budget(options_in.max_bytes_in_flight) {
+    routes.resize(channels.size());
+    for (const auto& channel : channels) stubs.push_back(v1::Offload::NewStub(channel));
+  }
+
+  ~Impl();
+
+  std::atomic<int64_t> pushed_bytes{0};
+  std::atomic<int64_t> pulled_bytes{0};
+  // Per server, the instance of the job it opened (JobStatus.incarnation):
+  // sent with every push and pull, so a server that has since reopened or
+  // restored the job refuses them rather than mixing steps or layouts. Set
+  // in Open and after this client's own Restore.
+  std::unique_ptr<std::atomic<uint64_t>[]> incarnation;
+
+  absl::Duration call_timeout() const { return call.attempt.timeout; }
+  // A unary call to server `server` with retries; `call` makes one attempt.
+  // `group` (may be null) cancels it.
+  template <typename Response, typename Call>
+  absl::StatusOr<Response> Unary(int server, Call call,
+                                 client_internal::CallGroup* group = nullptr);
+  // Whether every server is still on the instance of the job its OpenJob
+  // answered with, and the lead is not restoring it.
+  absl::StatusOr<bool> SameInstanceAsOpened(const std::vector<v1::OpenJobResponse>& replies);
+
+  // FAILED_PRECONDITION naming the server that lost the job's state, while
+  // one did.
+  absl::Status CheckState() {
+    std::lock_guard lock(state_mu);
+    if (lost_state.empty()) return absl::OkStatus();
+    return absl::FailedPreconditionError(lost_state);
+  }
+
+  // INVALID_ARGUMENT unless `tensor` is a manifest index.
+  absl::Status CheckTensorIndex(int tensor) const {
+    if (tensor >= 0 && tensor < static_cast<int>(map.tensors().size())) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor index ", tensor, " is outside the manifest's ", map.tensors().size(), " tensors"));
+  }
+  std::string TensorLabel(int t) const {
+    return absl::StrCat("tensor #", t, " '", map.tensors()[t].name, "'");
+  }
+  // The error of an earlier push of `step`, if one failed. Requires mu.
+  absl::Status StepErrorLocked(int64_t step) const;
+  // `owner` null: the bytes are copied; otherwise they are sent in place.
+  absl::Status PushRange(int64_t step, int tensor, int64_t offset, absl::Span<const std::byte> data,
+                         std::shared_ptr<const void> owner, int micro_batch = 0);
+  // Push's check that `data` is the whole tensor.
+  absl::Status CheckWholeTensor(int tensor, size_t bytes) const;
+  absl::Status FinishStep(int64_t step);
+  absl::Status InitParams(int tensor, absl::Span<const float> values);
+  // One server's part of InitParams, retried (a range sent again overwrites).
+  absl::Status InitParamsOn(int server, const std::vector<PushPiece>& pieces,
+                            absl::Span<const float> values, client_internal::CallGroup& group);
+  absl::StatusOr<bool> Pull(int64_t version, int64_t have_version, absl::Span<const int> tensors,
+                            absl::Span<const absl::Span<std::byte>> dst, double* loss_scale,
+                            client_internal::CallGroup* cancel);
+  // One server's part of a Pull, retried.
+  absl::Status PullFrom(int server, int64_t version, int64_t have_version,
+                        client_internal::PullReceiver& receiver, client_internal::CallGroup& group);
+  // The same over server `server`'s in-process route.
+  absl::Status PullLocal(int server, const v1::PullParamsRequest& request,
+                         client_internal::PullReceiver& receiver,
+                         client_internal::CallGroup& group);
+  // Waits on the in-process route until the request's version exists, at
+  // most until `deadline`; `group` cancels the wait.
+  absl::Status AwaitLocalVersion(int server, const v1::PullParamsRequest& request,
+                                 absl::Time deadline, client_internal::CallGroup& group);
+  void SetStatus(const v1::JobStatus& status);
+  // A pull that ran out of time may wait on a version the servers cannot
+  // make, because the lead cannot reach another server: `error` with what
+  // the lead says it is stuck on, so the message names the server at fault.
+  absl::Status WithStuckPeer(absl::Status error);
+
+  const ClientOptions options;
+  const client_internal::CallSettings call;
+  const Config config;
+  const DType dtype;
+  const int64_t elem_bytes;
+  const ShardMap map;
+  const std::vector<std::string> names;  // per server: its address, or "inproc:<i>"
+  const std::vector<std::shared_ptr<grpc::Channel>> channels;
+  // Per server: its in-process route, or null (the channel carries the
+  // data). Fixed after construction.
+  std::vector<std::shared_ptr<InProcessRoute>> routes;
+  std::vector<std::unique_ptr<v1::Offload::Stub>> stubs;  // fixed after construction
+  client_internal::ByteBudget budget;
+
+  // The same-host route, per server: this worker's region and its id on
+  // that server (0: gRPC carries the data). Set at Open (and again after a
+  // rollback); an id drops to 0 when the server no longer knows it.
+  std::vector<std::unique_ptr<client_internal::WorkerRegion>> regions;
+  std::unique_ptr<std::atomic<uint64_t>[]> region_ids;
+  // One pull at a time writes a server's weights area.
+  std::unique_ptr<std::mutex[]> region_pull_mu;
+  // Makes the regions (first call) and attaches them to their servers; a
+  // server that refuses gets gRPC, with a log line saying why.
+  void AttachRegions();
+  uint64_t RegionId(int server) const {
+    return region_ids == nullptr ? 0 : region_ids[server].load(std::memory_order_relaxed);
+  }
+  // The server no longer knows this worker's region: gRPC from now on.
+  void DropRegion(int server, const absl::Status& why);
+  // A piece for the same-host route: its bytes, where they go in the
+  // region, and the header that names them.
+  struct RegionPiece {
+    int server = 0;
+    v1::GradientPiece header;
+    absl::Span<const std::byte> data;
+    std::byte* dst = nullptr;
+  };
+  // Copies the pieces of `step` into their regions (once the step two
+  // before, whose area they reuse, is in), then sends their headers.
+  absl::Status PushThroughRegions(int64_t step, const std::vector<RegionPiece>& pieces);
+
+  client_internal::StreamEnds
+      stream_ends;  // every push stream tells it when it ends; outlives them
+  // Open push calls by step, then server. A stream is added by the first
+  // piece of its (server, step) and removed by FinishStep.
+  std::mutex mu;
+  std::map<int64_t, std::map<int, std::shared_ptr<client_internal::PushCall>>>
+      streams;  // guarded by mu
+  // Push calls whose pieces lie in a region, by server and step: step s's
+  // bytes go into the area step s - 2's used once that step's call ended.
+  // Guarded by mu.
+  std::map<int, std::map<int64_t, std::shared_ptr<client_internal::PushCall>>> region_calls;
+
+  mutable std::mutex state_mu;
+  int64_t version = 0;    // guarded by state_mu
+  double loss_scale = 1;  // guarded by state_mu
+  // Set at Open when a server holds no state of a job the others have
+  // trained (it restarted); every step operation refuses with it until a
+  // Restore succeeds. Guarded by state_mu.
+  std::string lost_state;
+  // Oldest version the servers can serve: 0, or the version restored to.
+  int64_t base_version = 0;  // guarded by state_mu
+
+  // Serializes PullForStep (and Restore, which invalidates what it pulled).
+  std::mutex pull_for_step_mu;
+  int64_t pulled_version = -1;   // guarded by pull_for_step_mu; -1: nothing pulled
+  double pulled_loss_scale = 1;  // its steps' loss scale; guarded by pull_for_step_mu
+};
+
+template <typename Response, typename Call>
+absl::StatusOr<Response> OffloadClient::Impl::Unary(int server, Call call_once,
+                                                    client_internal::CallGroup* group) {
+  Response response;
+  absl::Status status =
+      client_internal::RetryCall(call, names[server], group, [&](grpc::ClientContext& context) {
+        response.Clear();
+        return FromGrpcStatus(call_once(*stubs[server], context, response));
+      });
+  if (!status.ok()) return status;
+  return response;
+}
+
+}  // namespace zo
+
+#endif  // ZO_WORKER_CLIENT_INTERNAL_OFFLOAD_CLIENT_IMPL_H_

@@ -1,0 +1,290 @@
+// OffloadClient's pulls of weights, over any route, and their cancellation.
+#include <algorithm>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "common/dpu_policy.h"
+#include "common/status_context.h"
+#include "common/status_macros.h"
+#include "rpc/error_detail.h"
+#include "rpc/in_process_route.h"
+#include "worker/client/internal/call.h"
+#include "worker/client/internal/offload_client_impl.h"
+#include "worker/client/internal/pull_receiver.h"
+#include "worker/client/offload_client.h"
+
+namespace zo {
+namespace {
+
+using client_internal::CallGroup;
+using client_internal::PullReceiver;
+using client_internal::RetryCall;
+using client_internal::RunInParallel;
+
+}  // namespace
+
+absl::Status OffloadClient::Impl::PullFrom(int server, int64_t version, int64_t have_version,
+                                           PullReceiver& receiver, CallGroup& group) {
+  v1::PullParamsRequest request;
+  request.set_job(options.job);
+  request.set_version(version);
+  request.set_have_version(have_version);
+  request.set_incarnation(incarnation[server].load(std::memory_order_relaxed));
+  for (int t : receiver.tensors()) request.add_tensors(t);
+  if (routes[server] != nullptr) return PullLocal(server, request, receiver, group);
+  const uint64_t region = RegionId(server);
+  std::unique_lock<std::mutex> region_lock;
+  if (region != 0) {
+    // Into the weights area, which one pull at a time may use.
+    request.set_region(region);
+    request.set_region_offset(regions[server]->WeightsAreaOffset());
+    region_lock = std::unique_lock(region_pull_mu[server]);
+  }
+  absl::Status pulled = RetryCall(call, names[server], &group, [&](grpc::ClientContext& context) {
+    receiver.Reset();
+    std::unique_ptr<grpc::ClientReader<v1::ParamPiece>> reader =
+        stubs[server]->PullParams(&context, request);
+    v1::ParamPiece piece;
+    while (reader->Read(&piece)) {
+      absl::Status s = region == 0
+                           ? receiver.Accept(piece)
+                           : receiver.AcceptFromRegion(piece, regions[server]->weights(),
+                                                       regions[server]->WeightsAreaOffset());
+      if (!s.ok()) {
+        context.TryCancel();
+        reader->Finish();
+        return s;
+      }
+    }
+    ZO_RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
+    return receiver.Finish();
+  });
+  if (region != 0 && ReasonOf(pulled) == v1::ErrorDetail::UNKNOWN_REGION) {
+    // The server lost this worker's region (it restarted): over gRPC.
+    DropRegion(server, pulled);
+    region_lock.unlock();
+    return PullFrom(server, version, have_version, receiver, group);
+  }
+  return pulled;
+}
+
+absl::Status OffloadClient::Impl::AwaitLocalVersion(int server,
+                                                    const v1::PullParamsRequest& request,
+                                                    absl::Time deadline, CallGroup& group) {
+  InProcessRoute& route = *routes[server];
+  // Woken by the server (the version came, or the job changed) or by the
+  // group's cancellation; shared, as a wake may run after this returns.
+  struct Waiter {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool woken = false;
+    void Wake() {
+      {
+        std::lock_guard lock(mu);
+        woken = true;
+      }
+      cv.notify_all();
+    }
+  };
+  auto waiter = std::make_shared<Waiter>();
+  for (;;) {
+    {
+      std::lock_guard lock(waiter->mu);
+      waiter->woken = false;
+    }
+    uint64_t ticket = 0;
+    ZO_ASSIGN_OR_RETURN(const bool has, route.AwaitVersion(
+                                            request.job(), request.version(), request.incarnation(),
+                                            [waiter] { waiter->Wake(); }, &ticket));
+    if (has) return absl::OkStatus();
+    const bool cancellable = group.AddHook(waiter.get(), [waiter] { waiter->Wake(); });
+    bool woken = false;
+    if (cancellable) {
+      std::unique_lock lock(waiter->mu);
+      woken =
+          waiter->cv.wait_until(lock, absl::ToChronoTime(deadline), [&] { return waiter->woken; });
+    }
+    group.RemoveHook(waiter.get());
+    if (group.cancelled()) {
+      route.CancelVersionWait(request.job(), ticket);
+      return absl::CancelledError(
+          absl::StrCat("the pull of version ", request.version(), " was cancelled"));
+    }
+    if (!woken && route.CancelVersionWait(request.job(), ticket)) {
+      return absl::DeadlineExceededError(absl::StrCat("version ", request.version(), " of job ",
+                                                      request.job(), " did not exist within ",
+                                                      absl::FormatDuration(call.attempt.timeout)));
+    }
+    // Woken: ask again.
+  }
+}
+
+absl::Status OffloadClient::Impl::PullLocal(int server, const v1::PullParamsRequest& request,
+                                            PullReceiver& receiver, CallGroup& group) {
+  InProcessRoute& route = *routes[server];
+  const auto place = [&](const InProcessRoute::PulledRange& r) {
+    return receiver.Place(r.tensor, r.offset, r.elems);
+  };
+  return RetryCall(call, names[server], &group, [&](grpc::ClientContext&) -> absl::Status {
+    receiver.Reset();
+    // The next version's update writes the weights here itself when it can.
+    ZO_ASSIGN_OR_RETURN(const uint64_t fill, route.RegisterPull(request, place));
+    if (fill == 0) receiver.Reset();  // it may have asked for places before saying no
+    absl::Cleanup withdraw = [&] {
+      if (fill != 0) route.WithdrawPull(fill);
+    };
+    ZO_RETURN_IF_ERROR(
+        AwaitLocalVersion(server, request, absl::Now() + call.attempt.timeout, group));
+    if (fill != 0) {
+      std::move(withdraw).Cancel();
+      ZO_ASSIGN_OR_RETURN(const std::optional<InProcessRoute::PullResult> filled,
+                          route.TakeFilledPull(request, fill));
+      if (filled.has_value()) {
+        ZO_RETURN_IF_ERROR(receiver.SetLossScale(filled->loss_scale));
+        return receiver.Finish();
+      }
+      receiver.Reset();  // not filled (a skipped step, a restore): read it
+    }
+    ZO_ASSIGN_OR_RETURN(const InProcessRoute::PullResult result, route.PullInto(request, place));
+    ZO_RETURN_IF_ERROR(result.unchanged ? receiver.AcceptUnchanged(result.loss_scale)
+                                        : receiver.SetLossScale(result.loss_scale));
+    return receiver.Finish();
+  });
+}
+
+absl::Status OffloadClient::Impl::WithStuckPeer(absl::Status error) {
+  if (error.code() != absl::StatusCode::kDeadlineExceeded &&
+      error.code() != absl::StatusCode::kUnavailable) {
+    return error;
+  }
+  v1::GetJobStatusRequest request;
+  request.set_job(options.job);
+  absl::StatusOr<v1::JobStatus> lead = Unary<v1::JobStatus>(
+      0, [&](v1::Offload::Stub& stub, grpc::ClientContext& context, v1::JobStatus& response) {
+        return stub.GetJobStatus(&context, request, &response);
+      });
+  if (!lead.ok() || lead->waiting_on_peer().empty()) return error;
+  return WithMessage(error, absl::StrCat(error.message(), "; the lead (", names[0],
+                                         ") is stuck: ", lead->waiting_on_peer()));
+}
+
+absl::StatusOr<bool> OffloadClient::Impl::Pull(int64_t version, int64_t have_version,
+                                               absl::Span<const int> tensors,
+                                               absl::Span<const absl::Span<std::byte>> dst,
+                                               double* loss_scale, CallGroup* cancel) {
+  ZO_RETURN_IF_ERROR(CheckState());
+  if (version < 0 || have_version < -1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot pull version ", version, " over version ", have_version));
+  }
+  if (tensors.empty() || tensors.size() != dst.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pull of ", tensors.size(), " tensors into ", dst.size(), " buffers"));
+  }
+  std::vector<bool> seen(map.tensors().size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const int t = tensors[i];
+    ZO_RETURN_IF_ERROR(CheckTensorIndex(t));
+    if (seen[t]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(TensorLabel(t), " is asked for twice in one pull"));
+    }
+    seen[t] = true;
+    const int64_t want = map.TensorRange(t).size() * elem_bytes;
+    if (static_cast<int64_t>(dst[i].size()) != want) {
+      return absl::InvalidArgumentError(absl::StrCat("the buffer for ", TensorLabel(t), " has ",
+                                                     dst[i].size(), " bytes; it needs ", want));
+    }
+  }
+
+  std::vector<int> servers;
+  std::vector<std::unique_ptr<PullReceiver>> receivers;
+  for (int s = 0; s < map.num_servers(); ++s) {
+    auto receiver =
+        std::make_unique<PullReceiver>(map, dtype, s, version, have_version, tensors, dst);
+    if (receiver->tensors().empty()) continue;  // owns nothing of these tensors
+    servers.push_back(s);
+    receivers.push_back(std::move(receiver));
+  }
+  if (receivers.empty()) return true;  // only empty tensors: dst holds any version
+
+  CallGroup group;
+  if (cancel != nullptr && !cancel->AddChild(&group)) {
+    return absl::CancelledError(absl::StrCat("the pull of version ", version, " was cancelled"));
+  }
+  absl::Status pulled = RunInParallel(receivers.size(), group, [&](size_t i) {
+    return PullFrom(servers[i], version, have_version, *receivers[i], group);
+  });
+  if (cancel != nullptr) cancel->RemoveChild(&group);
+  if (!pulled.ok()) return WithStuckPeer(std::move(pulled));
+
+  const bool unchanged =
+      std::all_of(receivers.begin(), receivers.end(), [](const auto& r) { return r->unchanged(); });
+  if (!unchanged) {
+    int64_t bytes = 0;
+    for (const absl::Span<std::byte>& d : dst) bytes += static_cast<int64_t>(d.size());
+    pulled_bytes.fetch_add(bytes, std::memory_order_relaxed);
+  }
+  if (loss_scale != nullptr) *loss_scale = receivers.front()->loss_scale();
+  {
+    std::lock_guard lock(state_mu);
+    if (version >= this->version) {
+      this->version = version;
+      this->loss_scale = receivers.front()->loss_scale();
+    }
+  }
+  return !unchanged;
+}
+
+PullCancellation::PullCancellation() : group_(std::make_unique<CallGroup>()) {}
+PullCancellation::~PullCancellation() = default;
+void PullCancellation::Cancel() { group_->CancelAll(); }
+bool PullCancellation::cancelled() const { return group_->cancelled(); }
+
+absl::StatusOr<bool> OffloadClient::Pull(int64_t version, int64_t have_version,
+                                         absl::Span<const int> tensors,
+                                         absl::Span<const absl::Span<std::byte>> dst,
+                                         PullCancellation* cancel) {
+  return impl_->Pull(version, have_version, tensors, dst, nullptr,
+                     cancel != nullptr ? cancel->group_.get() : nullptr);
+}
+
+absl::StatusOr<bool> OffloadClient::PullForStep(int64_t step, absl::Span<const int> tensors,
+                                                absl::Span<const absl::Span<std::byte>> dst,
+                                                double* loss_scale, PullCancellation* cancel) {
+  if (step < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot pull for step ", step, ": steps are numbered from 1"));
+  }
+  std::lock_guard lock(impl_->pull_for_step_mu);
+  int64_t version = VersionForStep(impl_->config.zo.dpu, step);
+  {
+    // After a restore to v_r the servers hold v_{r-1} only when the
+    // checkpoint kept it; otherwise the first step of a resumed DPU run
+    // computes on v_r rather than v_{r-1}.
+    std::lock_guard state_lock(impl_->state_mu);
+    version = std::max(version, impl_->base_version);
+  }
+  bool changed = false;
+  if (version != impl_->pulled_version) {
+    absl::StatusOr<bool> pulled =
+        impl_->Pull(version, impl_->pulled_version, tensors, dst, &impl_->pulled_loss_scale,
+                    cancel != nullptr ? cancel->group_.get() : nullptr);
+    if (!pulled.ok()) {
+      // A pull that failed half way may have written part of dst.
+      impl_->pulled_version = -1;
+      return pulled.status();
+    }
+    changed = *pulled;
+    impl_->pulled_version = version;
+  }
+  if (loss_scale != nullptr) *loss_scale = impl_->pulled_loss_scale;
+  return changed;
+}
+
+}  // namespace zo

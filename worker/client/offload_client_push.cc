@@ -1,0 +1,365 @@
+// OffloadClient's pushes: gradients (over gRPC or the in-process route;
+// the same-host route is offload_client_region.cc), FinishStep, and the
+// initial weights.
+#include <algorithm>
+#include <bit>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "rpc/call_context.h"
+#include "rpc/error_detail.h"
+#include "rpc/proto_convert.h"
+#include "worker/client/internal/call.h"
+#include "worker/client/internal/local_push_call.h"
+#include "worker/client/internal/offload_client_impl.h"
+#include "worker/client/internal/piece_encoding.h"
+#include "worker/client/internal/push_stream.h"
+#include "worker/client/offload_client.h"
+
+namespace zo {
+namespace {
+
+using client_internal::CallGroup;
+using client_internal::CopyThreads;
+using client_internal::kLocalPartBytes;
+using client_internal::LocalPushCall;
+using client_internal::PushCall;
+using client_internal::PushStream;
+using client_internal::RetryCall;
+using client_internal::RunInParallel;
+using client_internal::WorkerRegion;
+
+// A piece over the in-process route is a chunk's part of a push, whole:
+// the server takes it from the caller's memory, so nothing bounds it but
+// the chunk.
+constexpr int64_t kMaxLocalPieceBytes = int64_t{1} << 62;
+
+}  // namespace
+
+std::vector<PushPiece> PlanPush(const ShardMap& map, int tensor, int64_t offset, int64_t elems,
+                                int64_t elem_bytes, int64_t max_piece_bytes) {
+  std::vector<PushPiece> pieces;
+  const int64_t max_elems = std::max<int64_t>(1, max_piece_bytes / elem_bytes);
+  const int64_t first = map.TensorRange(tensor).begin + offset;
+  const int64_t last = first + elems;
+  for (int64_t pos = first; pos < last;) {
+    const int64_t chunk = pos / map.chunk_elems();
+    const int64_t chunk_begin = chunk * map.chunk_elems();
+    const int64_t end = std::min({last, chunk_begin + map.chunk_elems(), pos + max_elems});
+    pieces.push_back({.server = map.ServerOfChunk(chunk),
+                      .chunk = chunk,
+                      .chunk_offset = pos - chunk_begin,
+                      .byte_begin = (pos - first) * elem_bytes,
+                      .byte_end = (end - first) * elem_bytes});
+    pos = end;
+  }
+  return pieces;
+}
+
+absl::Status OffloadClient::Impl::StepErrorLocked(int64_t step) const {
+  auto it = streams.find(step);
+  if (it == streams.end()) return absl::OkStatus();
+  for (const auto& [server, stream] : it->second) {
+    if (absl::Status s = stream->status(); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status OffloadClient::Impl::PushRange(int64_t step, int tensor, int64_t offset,
+                                            absl::Span<const std::byte> data,
+                                            std::shared_ptr<const void> owner, int micro_batch) {
+  ZO_RETURN_IF_ERROR(CheckState());
+  if (step < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot push step ", step, ": steps are numbered from 1"));
+  }
+  if (micro_batch < 0 || micro_batch >= PushesPerRank(config)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "micro-batch ", micro_batch, " is outside [0, ", PushesPerRank(config),
+        ") (a job pushes per micro-batch only with zo.gradient_accumulation \"servers\")"));
+  }
+  ZO_RETURN_IF_ERROR(CheckTensorIndex(tensor));
+  const int64_t bytes = static_cast<int64_t>(data.size());
+  if (bytes % elem_bytes != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pushed ", bytes, " bytes for ", TensorLabel(tensor), ", not a multiple of ",
+                     std::string(DTypeName(dtype)), "'s ", elem_bytes));
+  }
+  const int64_t elems = bytes / elem_bytes;
+  const int64_t tensor_elems = map.TensorRange(tensor).size();
+  if (offset < 0 || offset > tensor_elems || elems > tensor_elems - offset) {
+    return absl::InvalidArgumentError(absl::StrCat("pushed elements [", offset, ", ",
+                                                   offset + elems, ") of ", TensorLabel(tensor),
+                                                   ", which has ", tensor_elems));
+  }
+  {
+    std::lock_guard lock(mu);
+    ZO_RETURN_IF_ERROR(StepErrorLocked(step));
+  }
+  // Pieces for the in-process route, handed over once all are planned.
+  struct LocalPiece {
+    std::shared_ptr<PushCall> call;
+    v1::GradientPiece header;
+    absl::Span<const std::byte> data;
+  };
+  std::vector<LocalPiece> local;
+  std::vector<RegionPiece> in_region;
+  // The in-process and same-host routes take a chunk's part whole; gRPC's
+  // messages are cut at max_piece_bytes.
+  bool whole_chunks = true;
+  for (int s = 0; s < map.num_servers(); ++s) {
+    whole_chunks = whole_chunks && (routes[s] != nullptr || RegionId(s) != 0);
+  }
+  const int64_t max_piece_bytes = whole_chunks ? kMaxLocalPieceBytes : options.max_piece_bytes;
+  for (const PushPiece& p : PlanPush(map, tensor, offset, elems, elem_bytes, max_piece_bytes)) {
+    const int64_t piece_bytes = p.byte_end - p.byte_begin;
+    v1::GradientPiece header;
+    header.set_job(options.job);
+    header.set_step(step);
+    header.set_dp_rank(options.dp_rank);
+    header.set_chunk(p.chunk);
+    header.set_offset(p.chunk_offset);
+    header.set_dtype(DTypeToProto(dtype));
+    header.set_resend(options.resend);
+    header.set_incarnation(incarnation[p.server].load(std::memory_order_relaxed));
+    header.set_micro_batch(micro_batch);
+
+    if (routes[p.server] != nullptr) {
+      std::shared_ptr<PushCall> call;
+      {
+        // Found under mu; pushed through unlocked, so pushes of several
+        // threads convert in parallel. A FinishStep meanwhile closes the
+        // call, and this push then fails as a late one.
+        std::lock_guard lock(mu);
+        std::shared_ptr<PushCall>& slot = streams[step][p.server];
+        if (slot == nullptr) {
+          slot =
+              std::make_shared<LocalPushCall>(routes[p.server], names[p.server], step,
+                                              absl::Now() + call_timeout(), &budget, &stream_ends);
+        }
+        call = slot;
+      }
+      // A big piece is handed over in parts by several threads: one thread
+      // cannot draw the memory bandwidth a copy wants.
+      const int64_t parts = std::clamp<int64_t>(piece_bytes / kLocalPartBytes, 1, CopyThreads());
+      const int64_t part_elems = (piece_bytes / elem_bytes + parts - 1) / parts;
+      for (int64_t e = 0; e < piece_bytes / elem_bytes; e += part_elems) {
+        const int64_t n = std::min(part_elems, piece_bytes / elem_bytes - e);
+        v1::GradientPiece part = header;
+        part.set_offset(p.chunk_offset + e);
+        local.push_back({.call = call,
+                         .header = std::move(part),
+                         .data = data.subspan(static_cast<size_t>(p.byte_begin + e * elem_bytes),
+                                              static_cast<size_t>(n * elem_bytes))});
+      }
+      continue;
+    }
+    if (const uint64_t region = RegionId(p.server); region != 0) {
+      const WorkerRegion& r = *regions[p.server];
+      // The element's place in the server's local order: its chunks, all
+      // full but the job's last, one after another.
+      const int64_t local_elem = (p.chunk / map.num_servers()) * map.chunk_elems() + p.chunk_offset;
+      const int64_t at = r.GradientAreaOffset(step) + local_elem * elem_bytes;
+      header.set_region(region);
+      header.set_region_offset(at);
+      header.set_region_bytes(piece_bytes);
+      in_region.push_back({.server = p.server,
+                           .header = std::move(header),
+                           .data = data.subspan(static_cast<size_t>(p.byte_begin),
+                                                static_cast<size_t>(piece_bytes)),
+                           .dst = r.base() + at});
+      continue;
+    }
+
+    budget.Acquire(step, piece_bytes);
+    client_internal::EncodedPiece piece = client_internal::EncodeGradientPiece(
+        header, data.data() + p.byte_begin, static_cast<size_t>(piece_bytes), owner);
+
+    // Enqueue under mu, so that FinishStep cannot take the stream away
+    // between finding it and queuing on it.
+    std::lock_guard lock(mu);
+    std::shared_ptr<PushCall>& stream = streams[step][p.server];
+    if (stream == nullptr) {
+      stream = std::make_shared<PushStream>(channels[p.server], names[p.server], step,
+                                            NewCallContext(call.attempt), &budget, &stream_ends);
+    }
+    ZO_RETURN_IF_ERROR(static_cast<PushStream&>(*stream).Enqueue(std::move(piece)));
+  }
+  if (!in_region.empty()) ZO_RETURN_IF_ERROR(PushThroughRegions(step, in_region));
+  if (!local.empty()) {
+    const int threads = static_cast<int>(std::min<int64_t>(local.size(), CopyThreads()));
+    std::vector<absl::Status> results(threads);
+    auto push_every = [&](int first) {
+      for (size_t i = first; i < local.size() && results[first].ok(); i += threads) {
+        results[first] =
+            static_cast<LocalPushCall&>(*local[i].call).Push(local[i].header, local[i].data, owner);
+      }
+    };
+    std::vector<std::thread> helpers;
+    for (int t = 1; t < threads; ++t) helpers.emplace_back(push_every, t);
+    push_every(0);
+    for (std::thread& t : helpers) t.join();
+    for (absl::Status& r : results) ZO_RETURN_IF_ERROR(r);
+  }
+  pushed_bytes.fetch_add(bytes, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+absl::Status OffloadClient::Impl::FinishStep(int64_t step) {
+  ZO_RETURN_IF_ERROR(CheckState());
+  std::map<int, std::shared_ptr<PushCall>> open;
+  {
+    std::lock_guard lock(mu);
+    auto it = streams.find(step);
+    if (it == streams.end()) return absl::OkStatus();
+    open = std::move(it->second);
+    streams.erase(it);
+  }
+  absl::Time look_again = absl::InfiniteFuture();
+  for (auto& [server, stream] : open) {
+    stream->Close();
+    look_again = std::min(look_again, stream->deadline());
+  }
+  // Until every call has ended, or one has failed. Each call has a deadline
+  // (call_timeout from its first piece), so this wait ends: a gRPC call at
+  // it by itself, an in-process one when WaitFor looks at it then.
+  absl::Status failed;
+  {
+    std::unique_lock lock(stream_ends.mu);
+    auto ended = [&] {
+      bool all_done = true;
+      for (auto& [server, stream] : open) {
+        if (!stream->WaitFor(absl::ZeroDuration())) {
+          all_done = false;
+        } else if (absl::Status s = stream->status(); !s.ok()) {
+          failed = std::move(s);
+          return true;
+        }
+      }
+      return all_done;
+    };
+    if (look_again == absl::InfiniteFuture()) {
+      stream_ends.cv.wait(lock, ended);
+    } else {
+      while (!stream_ends.cv.wait_until(lock, absl::ToChronoTime(look_again), ended)) {
+        look_again = absl::Now() + absl::Seconds(1);  // past the deadline: WaitFor ends them
+      }
+    }
+  }
+  if (failed.ok()) return absl::OkStatus();
+  // A server that lost this worker's region (it restarted): the step's
+  // pushes go again, over gRPC.
+  if (ReasonOf(failed) == v1::ErrorDetail::UNKNOWN_REGION) {
+    for (auto& [server, stream] : open) {
+      if (stream->WaitFor(absl::ZeroDuration()) &&
+          ReasonOf(stream->status()) == v1::ErrorDetail::UNKNOWN_REGION) {
+        DropRegion(server, failed);
+      }
+    }
+  }
+  // The step cannot be finished now: the other calls are ended here rather
+  // than at their deadline. (A server that lost its lead keeps a push for
+  // the next step waiting until then, and the worker would wait with it
+  // before it could go and look for the job again.)
+  for (auto& [server, stream] : open) {
+    if (!stream->WaitFor(absl::ZeroDuration())) stream->Cancel();
+  }
+  for (auto& [server, stream] : open) stream->WaitFor(absl::InfiniteDuration());
+  return failed;
+}
+
+absl::Status OffloadClient::Impl::InitParamsOn(int server, const std::vector<PushPiece>& pieces,
+                                               absl::Span<const float> values, CallGroup& group) {
+  static_assert(std::endian::native == std::endian::little,
+                "the wire carries little-endian fp32; add a byte swap for this host");
+  const auto* bytes = reinterpret_cast<const char*>(values.data());
+  return RetryCall(call, names[server], &group, [&](grpc::ClientContext& context) {
+    v1::InitParamsResponse response;
+    std::unique_ptr<grpc::ClientWriter<v1::ParamInitPiece>> writer =
+        stubs[server]->InitParams(&context, &response);
+    int64_t written = 0;
+    v1::ParamInitPiece piece;
+    piece.set_job(options.job);
+    for (const PushPiece& p : pieces) {
+      if (p.server != server) continue;
+      piece.set_chunk(p.chunk);
+      piece.set_offset(p.chunk_offset);
+      piece.set_data(bytes + p.byte_begin, static_cast<size_t>(p.byte_end - p.byte_begin));
+      if (!writer->Write(piece)) break;  // the call ended; Finish says why
+      ++written;
+    }
+    writer->WritesDone();
+    ZO_RETURN_IF_ERROR(FromGrpcStatus(writer->Finish()));
+    if (response.pieces() != written) {
+      return absl::DataLossError(absl::StrCat("acknowledged ", response.pieces(), " of the ",
+                                              written, " initial weight pieces sent"));
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::Status OffloadClient::Impl::InitParams(int tensor, absl::Span<const float> values) {
+  ZO_RETURN_IF_ERROR(CheckState());
+  ZO_RETURN_IF_ERROR(CheckTensorIndex(tensor));
+  const int64_t elems = map.TensorRange(tensor).size();
+  if (static_cast<int64_t>(values.size()) != elems) {
+    return absl::InvalidArgumentError(absl::StrCat("initial weights of ", TensorLabel(tensor),
+                                                   ": got ", values.size(), " values for ", elems,
+                                                   " elements"));
+  }
+  const std::vector<PushPiece> pieces =
+      PlanPush(map, tensor, 0, elems, sizeof(float), options.max_piece_bytes);
+  std::vector<int> servers;
+  for (const PushPiece& p : pieces) {
+    if (std::find(servers.begin(), servers.end(), p.server) == servers.end()) {
+      servers.push_back(p.server);
+    }
+  }
+  CallGroup group;
+  return RunInParallel(servers.size(), group,
+                       [&](size_t i) { return InitParamsOn(servers[i], pieces, values, group); });
+}
+
+absl::Status OffloadClient::InitParams(int tensor, absl::Span<const float> values) {
+  return impl_->InitParams(tensor, values);
+}
+
+absl::Status OffloadClient::Impl::CheckWholeTensor(int tensor, size_t bytes) const {
+  if (tensor < 0 || tensor >= static_cast<int>(map.tensors().size())) {
+    return absl::OkStatus();  // PushRange names the bad index
+  }
+  const int64_t want = map.TensorRange(tensor).size() * elem_bytes;
+  if (static_cast<int64_t>(bytes) == want) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("pushed ", bytes, " bytes for ", TensorLabel(tensor), ", which has ",
+                   map.TensorRange(tensor).size(), " elements of ", std::string(DTypeName(dtype)),
+                   " (", want, " bytes)"));
+}
+
+absl::Status OffloadClient::Push(int64_t step, int tensor, absl::Span<const std::byte> data) {
+  ZO_RETURN_IF_ERROR(impl_->CheckWholeTensor(tensor, data.size()));
+  return impl_->PushRange(step, tensor, 0, data, nullptr);
+}
+
+absl::Status OffloadClient::PushShared(int64_t step, int tensor, std::shared_ptr<const void> owner,
+                                       absl::Span<const std::byte> data, int micro_batch) {
+  if (owner == nullptr) {
+    return absl::InvalidArgumentError("PushShared needs an owner of the pushed bytes");
+  }
+  ZO_RETURN_IF_ERROR(impl_->CheckWholeTensor(tensor, data.size()));
+  return impl_->PushRange(step, tensor, 0, data, std::move(owner), micro_batch);
+}
+
+absl::Status OffloadClient::PushRange(int64_t step, int tensor, int64_t offset,
+                                      absl::Span<const std::byte> data) {
+  return impl_->PushRange(step, tensor, offset, data, nullptr);
+}
+
+absl::Status OffloadClient::FinishStep(int64_t step) { return impl_->FinishStep(step); }
+
+}  // namespace zo
