@@ -1,5 +1,6 @@
 // The CUDA backend's class, shared by the files that implement it: memory
-// and the element-wise ops in cuda_backend.cc, the GEMMs in linear.cc.
+// and transfers in cuda_backend.cc, the ops that are our kernels in
+// kernel_ops.cc, the GEMMs in linear.cc.
 #ifndef ZO_WORKER_BACKEND_CUDA_INTERNAL_CUDA_BACKEND_IMPL_H_
 #define ZO_WORKER_BACKEND_CUDA_INTERNAL_CUDA_BACKEND_IMPL_H_
 
