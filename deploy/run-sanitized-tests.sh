@@ -17,7 +17,8 @@ cd "$(dirname "$0")/.."
 tests=(
   server/gradient_piece_view_test offload/checkpoint_part_test offload/block_io_engine_test
   offload/swap_layout_test offload/tiered_state_test offload/thread_pool_test
-  server/gradient_accumulator_test server/param_versions_test server/wait_list_test
+  server/gradient_accumulator_test server/param_versions_test server/param_versions_master_test
+  server/param_versions_writing_test server/wait_list_test
   server/state_snapshot_test server/state_checkpoint_test server/job_test
   server/param_piece_wire_test server/offload_service_test server/pull_fills_test
   server/handler_pool_test rpc/byte_stream_call_test
