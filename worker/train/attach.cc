@@ -1,0 +1,200 @@
+#include "worker/train/attach.h"
+
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/status_context.h"
+#include "common/status_macros.h"
+#include "rpc/error_detail.h"
+#include "worker/client/follow_job.h"
+#include "worker/train/step_abort.h"
+
+namespace zo::train {
+namespace {
+
+// Opens stage `stage`'s client (and, for a job that has trained, a resend
+// client for the step this worker may have died in), link and module.
+absl::StatusOr<LocalStage> OpenStage(const TrainOptions& o, Plan& plan, backend::Backend& backend,
+                                     model::BatchSource& source, int stage, bool attach_only) {
+  const std::vector<TensorSpec> manifest = plan.model.Manifest(plan.dtype);
+  ClientOptions options = MakeClientOptions(o);
+  options.attach_only = attach_only;
+  LocalStage ls;
+  ls.stage = stage;
+  ZO_ASSIGN_OR_RETURN(ls.client, OffloadClient::Open(options, o.config_json, manifest));
+  if (ls.client->version() > 0) {
+    // The servers may hold part of step version + 1 from this rank.
+    options.resend = true;
+    ZO_ASSIGN_OR_RETURN(ls.resend_client, OffloadClient::Open(options, o.config_json, manifest));
+  }
+  ls.link = std::make_unique<OffloadLink>(
+      ls.resend_client ? ls.resend_client.get() : ls.client.get(), backend, manifest, plan.dtype);
+  const model::StageOptions stage_options{
+      .stage = stage,
+      .stages = o.pipeline_stages,
+      .chunks = o.virtual_chunks,
+      .micro_batches = plan.micro_batches,
+      .dtype = plan.dtype,
+      .checkpoint_every = o.activation_checkpoint_every,
+      .push_every_micro_batch =
+          plan.config.zo.gradient_accumulation == GradientAccumulation::kServers};
+  ZO_ASSIGN_OR_RETURN(ls.module, model::ModelStage::Create(backend, plan.model, plan.bounds,
+                                                           stage_options, source, *ls.link));
+  ZO_RETURN_IF_ERROR(ls.link->InitializeIfFresh(ls.module->params(), o.seed));
+  return ls;
+}
+
+// Opens this process's stages and the transport between them.
+absl::StatusOr<Attached> Attach(const TrainOptions& o, Plan& plan, backend::Backend& backend,
+                                model::BatchSource& source, bool attach_only) {
+  Attached at;
+  // One client per local stage: each pulls and pushes only its own tensors.
+  for (int s = 0; s < o.pipeline_stages; ++s) {
+    if (o.stage >= 0 && s != o.stage) continue;
+    ZO_ASSIGN_OR_RETURN(LocalStage ls, OpenStage(o, plan, backend, source, s, attach_only));
+    at.local.push_back(std::move(ls));
+  }
+  // Transport: threads of this process, or TCP to the other stages' processes.
+  if (o.stage < 0 || o.pipeline_stages == 1) {
+    at.fabric = std::make_unique<pipeline::InProcessFabric>(o.pipeline_stages);
+  } else {
+    std::fprintf(o.out, "zo-train: connecting to the other pipeline stages (%s)\n",
+                 absl::StrJoin(o.stage_addresses, ", ").c_str());
+    std::fflush(o.out);  // the other stages may take a while to come up
+    // A neighbour that dies leaves this stage's prefetch waiting for a
+    // version the servers cannot reach without it: cancel it, and fail the
+    // step saying why.
+    auto abort = std::make_shared<StepAbort>();
+    for (LocalStage& ls : at.local) ls.link->set_step_abort(abort);
+    const auto neighbour_lost = [abort](int stage, const absl::Status& why) {
+      abort->Trip(absl::UnavailableError(
+          absl::StrCat("pipeline stage ", stage, " is gone: ", why.message())));
+    };
+    ZO_ASSIGN_OR_RETURN(at.tcp, pipeline::TcpTransport::Connect({.stage = o.stage,
+                                                                 .stages = o.pipeline_stages,
+                                                                 .addresses = o.stage_addresses,
+                                                                 .job = o.job,
+                                                                 .on_peer_lost = neighbour_lost},
+                                                                backend));
+    const std::set<int> neighbours = {(o.stage + o.pipeline_stages - 1) % o.pipeline_stages,
+                                      (o.stage + 1) % o.pipeline_stages};
+    for (int n : neighbours) {
+      std::fprintf(o.out, "zo-train: stage %d <-> stage %d: tensors through %s\n", o.stage, n,
+                   at.tcp->Route(n).c_str());
+    }
+  }
+  for (LocalStage& ls : at.local) {
+    pipeline::Transport& transport =
+        at.fabric ? at.fabric->ForStage(ls.stage) : static_cast<pipeline::Transport&>(*at.tcp);
+    ls.executor =
+        std::make_unique<pipeline::Executor>(ls.stage, o.pipeline_stages, o.virtual_chunks,
+                                             plan.programs[ls.stage], *ls.module, transport);
+  }
+  return at;
+}
+
+// Opens the job on its servers (the restarted lead creates it empty) and
+// restores the latest checkpoint on all of them.
+absl::Status RestoreAfterLeadLoss(const TrainOptions& o, const Plan& plan) {
+  ZO_ASSIGN_OR_RETURN(
+      std::unique_ptr<OffloadClient> client,
+      OffloadClient::Open(MakeClientOptions(o), o.config_json, plan.model.Manifest(plan.dtype)));
+  if (client->CheckState().ok() && client->version() > 0) {
+    return absl::OkStatus();  // someone restored it already
+  }
+  // Also when every server came back empty: training goes on from the
+  // latest checkpoint, never silently from version 0.
+  return client->Restore("", /*rollback=*/true).status();
+}
+
+}  // namespace
+
+ClientOptions MakeClientOptions(const TrainOptions& o) {
+  ClientOptions options;
+  options.job = o.job;
+  options.servers = o.servers;
+  options.channels = o.channels;
+  options.routes = o.routes;
+  options.auth_token = o.auth_token;
+  options.tls_root_certs = o.tls_root_certs;
+  options.dp_rank = o.dp_rank;
+  options.dp_world_size = o.dp_world_size;
+  return options;
+}
+
+absl::StatusOr<Attached> AttachAtStart(const TrainOptions& o, Plan& plan, backend::Backend& backend,
+                                       model::BatchSource& source) {
+  const absl::Time start = absl::Now();
+  absl::Time next_note = start;
+  for (;;) {
+    absl::StatusOr<Attached> at = Attach(o, plan, backend, source, /*attach_only=*/false);
+    const absl::Status why = at.status();
+    if (at.ok() || o.servers.empty() ||
+        !(absl::IsUnavailable(why) || absl::IsDeadlineExceeded(why))) {
+      return at;
+    }
+    if (absl::Now() - start > absl::Minutes(5)) {
+      return WithContext(why, absl::StrCat("the servers of job ", o.job,
+                                           " were still unreachable after 5 minutes"));
+    }
+    if (absl::Now() >= next_note) {
+      std::fprintf(o.out, "zo-train: waiting for the servers (%s), %lld s (%s)\n",
+                   absl::StrJoin(o.servers, ",").c_str(),
+                   static_cast<long long>(absl::ToInt64Seconds(absl::Now() - start)),
+                   std::string(why.message()).c_str());
+      std::fflush(o.out);
+      next_note = absl::Now() + absl::Seconds(10);
+    }
+    absl::SleepFor(absl::Milliseconds(500));
+  }
+}
+
+bool NoJobOn(const absl::Status& failed, const std::string& job, const std::string& server) {
+  const std::optional<v1::ErrorDetail> detail = DetailOf(failed);
+  return detail.has_value() && detail->reason() == v1::ErrorDetail::NO_JOB &&
+         detail->job() == job && (server.empty() || detail->server() == server);
+}
+
+absl::StatusOr<Attached> Reattach(const TrainOptions& o, Plan& plan, backend::Backend& backend,
+                                  model::BatchSource& source, const JobMove& move,
+                                  Progress& progress) {
+  std::optional<Attached> attached;
+  const absl::Status followed = FollowJob(
+      move,
+      [&]() -> absl::Status {
+        ZO_ASSIGN_OR_RETURN(Attached at, Attach(o, plan, backend, source, /*attach_only=*/true));
+        ZO_RETURN_IF_ERROR(CheckArrived(*at.local.front().client, move));
+        attached = std::move(at);
+        return absl::OkStatus();
+      },
+      {.note =
+           [&](absl::Duration waited, const absl::Status& why) {
+             progress.Note(absl::StrCat("zo-train: waiting for job ", o.job, " on ",
+                                        absl::StrJoin(move.servers, ","), ", ",
+                                        absl::ToInt64Seconds(waited), " s (", why.message(), ")"));
+           },
+       .retrying =
+           [&](absl::Duration waited, const absl::Status& why) {
+             // The lead restarted without the job while the others kept it:
+             // nothing on the servers can roll it back, so one worker (dp
+             // rank 0 with stage 0) opens it there again and restores its
+             // latest checkpoint.
+             if (o.dp_rank != 0 || o.stage > 0 || o.servers.empty() ||
+                 !NoJobOn(why, o.job, o.servers[0]) || waited <= absl::Seconds(2)) {
+               return;
+             }
+             const absl::Status restored = RestoreAfterLeadLoss(o, plan);
+             progress.Note(restored.ok()
+                               ? absl::StrCat("zo-train: the lead ", o.servers[0],
+                                              " restarted without job ", o.job,
+                                              "; restored it from its latest checkpoint")
+                               : absl::StrCat("zo-train: restoring job ", o.job, " on ",
+                                              o.servers[0], " failed: ", restored.message()));
+           }});
+  if (!followed.ok()) return followed;
+  return std::move(*attached);
+}
+
+}  // namespace zo::train

@@ -1,0 +1,177 @@
+#include "worker/train/plan.h"
+
+#include <cstdio>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "common/units.h"
+#include "worker/data/synthetic_source.h"
+#include "worker/model/partition.h"
+
+namespace zo::train {
+namespace {
+
+// Bytes of synthetic text for a run without --data: plenty for a demo.
+constexpr size_t kSyntheticBytes = size_t{1} << 20;
+
+absl::StatusOr<std::vector<pipeline::StageProgram>> Programs(const TrainOptions& o,
+                                                             int micro_batches) {
+  if (o.schedule == "gpipe") return pipeline::GPipeSchedule(o.pipeline_stages, micro_batches);
+  if (o.schedule == "1f1b") return pipeline::OneFOneBSchedule(o.pipeline_stages, micro_batches);
+  return pipeline::InterleavedOneFOneBSchedule(o.pipeline_stages, micro_batches, o.virtual_chunks);
+}
+
+}  // namespace
+
+absl::Status CheckOptions(const TrainOptions& o) {
+  if (o.model != "gpt" && o.model != "mlp") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--model must be gpt or mlp, not '", o.model, "'"));
+  }
+  if (o.pipeline_stages < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--pipeline-stages must be >= 1, got ", o.pipeline_stages));
+  }
+  if (o.restore_force && o.restore.empty()) {
+    return absl::InvalidArgumentError("--restore-force needs --restore");
+  }
+  if (o.stage >= o.pipeline_stages) {
+    return absl::InvalidArgumentError(absl::StrCat("--stage ", o.stage, " is outside the ",
+                                                   o.pipeline_stages, " pipeline stages"));
+  }
+  if (o.stage >= 0 && o.pipeline_stages > 1) {
+    if (static_cast<int>(o.stage_addresses.size()) != o.pipeline_stages) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--stage needs --stage-addresses with one host:port per pipeline stage (",
+                       o.pipeline_stages, "), got ", o.stage_addresses.size()));
+    }
+    if (o.servers.empty()) {
+      return absl::InvalidArgumentError(
+          "--stage runs one stage of a multi-process pipeline, whose processes must share "
+          "offload servers: give --servers (the embedded server lives in one process)");
+    }
+  }
+  if (o.steps < 1)
+    return absl::InvalidArgumentError(absl::StrCat("--steps must be >= 1, got ", o.steps));
+  if (o.checkpoint_every < 0) {
+    return absl::InvalidArgumentError("--checkpoint-every must be >= 0");
+  }
+  if (o.activation_checkpoint_every < 0) {
+    return absl::InvalidArgumentError("--activation-checkpoint-every must be >= 0");
+  }
+  if (o.schedule != "gpipe" && o.schedule != "1f1b" && o.schedule != "interleaved") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--schedule must be gpipe, 1f1b or interleaved, not '", o.schedule, "'"));
+  }
+  if (o.schedule != "interleaved" && o.virtual_chunks != 1) {
+    return absl::InvalidArgumentError("--virtual-chunks needs --schedule interleaved");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Plan> MakePlan(const TrainOptions& o) {
+  Plan plan;
+  ZO_ASSIGN_OR_RETURN(LoadedConfig loaded,
+                      ParseConfig(o.config_json, {.dp_world_size = o.dp_world_size}));
+  plan.config = loaded.config;
+  plan.dtype = plan.config.fp16.enabled   ? DType::kFloat16
+               : plan.config.bf16.enabled ? DType::kBFloat16
+                                          : DType::kFloat32;
+  plan.micro_batches = static_cast<int>(plan.config.gradient_accumulation_steps);
+  plan.micro_batch_size = static_cast<int>(plan.config.train_micro_batch_size_per_gpu);
+  if (o.model == "gpt") {
+    if (o.data_path.empty()) {
+      ZO_ASSIGN_OR_RETURN(plan.text,
+                          CharDataset::FromText(SyntheticText(kSyntheticBytes, o.seed), o.seed));
+    } else {
+      ZO_ASSIGN_OR_RETURN(plan.text, CharDataset::FromFile(o.data_path, o.seed));
+    }
+    model::GptConfig gpt = o.gpt;
+    gpt.vocab = plan.text->vocab().size();
+    ZO_ASSIGN_OR_RETURN(plan.model, model::MakeGpt(gpt));
+  } else {
+    ZO_ASSIGN_OR_RETURN(plan.model, model::MakeMlp(o.mlp, plan.dtype));
+  }
+  std::vector<model::LayerWeightInfo> infos;
+  for (const auto& layer : plan.model.layers) {
+    infos.push_back({layer->type(), layer->param_count()});
+  }
+  ZO_ASSIGN_OR_RETURN(
+      plan.bounds,
+      model::PartitionLayers(infos, o.pipeline_stages * o.virtual_chunks, o.partition_method));
+  ZO_ASSIGN_OR_RETURN(plan.programs, Programs(o, plan.micro_batches));
+  return plan;
+}
+
+void PrintPlan(const TrainOptions& o, const Plan& plan) {
+  std::fprintf(o.out, "zo-train: %s\n", plan.model.Describe().c_str());
+  const std::string servers = o.servers.empty()
+                                  ? "embedded offload server"
+                                  : absl::StrCat(o.servers.size(), " offload server(s)");
+  std::fprintf(o.out,
+               "zo-train: %s, %d micro-batches of %d per step, %d pipeline stage%s (%s, %s), "
+               "%s\n",
+               std::string(DTypeName(plan.dtype)).c_str(), plan.micro_batches,
+               plan.micro_batch_size, o.pipeline_stages, o.pipeline_stages == 1 ? "" : "s",
+               o.schedule.c_str(), o.partition_method.c_str(), servers.c_str());
+  for (int v = 0; v + 1 < static_cast<int>(plan.bounds.size()); ++v) {
+    int64_t params = 0;
+    for (int j = plan.bounds[v]; j < plan.bounds[v + 1]; ++j) {
+      params += plan.model.layers[j]->param_count();
+    }
+    const std::string chunk =
+        o.virtual_chunks > 1 ? absl::StrCat(" chunk ", v / o.pipeline_stages) : "";
+    std::fprintf(
+        o.out, "zo-train:   stage %d%s: layers %s .. %s (%lld parameters)\n", v % o.pipeline_stages,
+        chunk.c_str(), plan.model.layers[plan.bounds[v]]->name().c_str(),
+        plan.model.layers[plan.bounds[v + 1] - 1]->name().c_str(), static_cast<long long>(params));
+  }
+  if (plan.config.zo.dpu.enabled) {
+    std::fprintf(o.out,
+                 "zo-train: DPU on after step %d: each step computes its gradients on weights one "
+                 "step stale, so the servers' optimizer step overlaps the next forward/backward. "
+                 "It pays when the compute step takes about as long as the server step; staleness "
+                 "can slow the loss's descent, most while it falls steeply.\n",
+                 plan.config.zo.dpu.warmup_steps);
+  }
+  std::fflush(o.out);  // before the servers are reached, which may take a while
+}
+
+absl::Status ChooseGradientAccumulation(const backend::Backend& backend, TrainOptions& o,
+                                        Plan& plan) {
+  GradientAccumulation& policy = plan.config.zo.gradient_accumulation;
+  const int64_t micro = plan.config.gradient_accumulation_steps;
+  std::string why = "zo.gradient_accumulation";
+  if (policy == GradientAccumulation::kAuto) {
+    int64_t params = 0;
+    for (int v = 0; v + 1 < static_cast<int>(plan.bounds.size()); ++v) {
+      if (o.stage >= 0 && v % o.pipeline_stages != o.stage) continue;
+      for (int j = plan.bounds[v]; j < plan.bounds[v + 1]; ++j) {
+        params += plan.model.layers[j]->param_count();
+      }
+    }
+    const int64_t device_bytes = params * (2 * static_cast<int64_t>(DTypeSize(plan.dtype)) + 4);
+    const std::optional<int64_t> free = backend.FreeDeviceMemory();
+    policy = !free.has_value() || device_bytes <= *free / 2 ? GradientAccumulation::kDevice
+                                                            : GradientAccumulation::kServers;
+    why = free.has_value()
+              ? absl::StrCat("auto: weights x2 and fp32 gradients need ", FormatBytes(device_bytes),
+                             policy == GradientAccumulation::kDevice ? ", at most" : ", more than",
+                             " half the ", FormatBytes(*free), " free on ", backend.name())
+              : "auto: host memory";
+  }
+  if (policy == GradientAccumulation::kServers) {
+    std::fprintf(o.out,
+                 "zo-train: gradients summed on the servers (%s): each of the %lld micro-batches "
+                 "pushes its own, no gradient tensors kept here\n",
+                 why.c_str(), static_cast<long long>(micro));
+  } else if (micro > 1) {
+    std::fprintf(o.out, "zo-train: gradients summed here over %lld micro-batches (%s)\n",
+                 static_cast<long long>(micro), why.c_str());
+  }
+  ZO_ASSIGN_OR_RETURN(o.config_json, WithGradientAccumulation(o.config_json, policy));
+  return absl::OkStatus();
+}
+
+}  // namespace zo::train
