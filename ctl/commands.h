@@ -24,7 +24,7 @@ int RunCheckpoint();  // ctl/rpc_commands.cc
 int RunJobs();        // ctl/rpc_commands.cc
 int RunClose();       // ctl/rpc_commands.cc
 int RunRestore();     // ctl/rpc_commands.cc
-int RunRescale();     // ctl/rpc_commands.cc
+int RunRescale();     // ctl/rescale_command.cc
 
 }  // namespace zo::ctl
 
