@@ -282,11 +282,7 @@ v1::JobStatus Job::Status() const {
   st.set_open_step(open_step_);
   st.set_applied_steps(applied_steps_);
   st.set_loss_scale(ScaleForVersionLocked(version_));
-  if (!health_.ok()) {
-    st.set_needs_restore(std::string(health_.message()));
-    st.set_restoring(health_.code() == absl::StatusCode::kUnavailable);
-  }
-  st.set_restores(restores_done_);
+  health_.AddTo(st);
   if (coordinator_ != nullptr) st.set_waiting_on_peer(coordinator_->StallDescription());
   st.set_server_index(spec_.server_index);
   st.set_num_servers(static_cast<int>(spec_.servers.size()));
@@ -366,7 +362,7 @@ absl::Status Job::InitParams(const v1::ParamInitPiece& piece) {
   std::lock_guard state_lock(state_mu_);
   {
     std::lock_guard lock(mu_);
-    ZO_RETURN_IF_ERROR(health_);
+    ZO_RETURN_IF_ERROR(health_.status());
     if (version_ != 0 || applied_steps_ != 0) {
       return absl::FailedPreconditionError(
           absl::StrCat("job ", spec_.name, " is at version ", version_,
@@ -464,13 +460,13 @@ absl::StatusOr<bool> Job::AwaitVersion(int64_t version, std::function<void()> wa
   if (stop_) return stop_reason_;
   // Until a restore ends, versions the job has are being replaced (and
   // may be ones it will not have).
-  if (restoring_) {
+  if (health_.restoring()) {
     *ticket = version_waiters_.Add(version, std::move(wake));
     return false;
   }
   if (version_ >= version || (while_written && writing_version_ == version)) return true;
   if (!health_.ok()) {
-    const absl::Status why = NeedsRestoreLocked();
+    const absl::Status why = health_.NeedsRestore();
     return absl::Status(why.code(),
                         absl::StrCat("version ", version, " will not come yet: ", why.message()));
   }
@@ -518,8 +514,8 @@ absl::StatusOr<PullCursor> Job::OpenPull(const v1::PullParamsRequest& request, b
   int64_t restores_begun = 0;
   {
     std::lock_guard lock(mu_);
-    if (restoring_) return RestoredWhileOpening();
-    restores_begun = restores_begun_;
+    if (health_.restoring()) return RestoredWhileOpening();
+    restores_begun = health_.restores_begun();
     if (version_ < request.version() && !(while_written && writing_version_ == request.version())) {
       return absl::FailedPreconditionError(absl::StrCat("version ", request.version(), " of job ",
                                                         spec_.name, " does not exist yet"));
@@ -537,7 +533,9 @@ absl::StatusOr<PullCursor> Job::OpenPull(const v1::PullParamsRequest& request, b
     // A restore that began since the checks above replaced the versions.
     ZO_RETURN_IF_ERROR(CheckIncarnation(request.incarnation()));
     std::lock_guard lock(mu_);
-    if (restoring_ || restores_begun_ != restores_begun) return RestoredWhileOpening();
+    if (health_.restoring() || health_.restores_begun() != restores_begun) {
+      return RestoredWhileOpening();
+    }
     return lease.status();
   }
   return PullCursor::Serving(request.version(), loss_scale, spec_.dtype, *std::move(lease),
@@ -589,13 +587,13 @@ absl::StatusOr<PullFills::Id> Job::RegisterPullInto(const v1::PullParamsRequest&
 bool Job::CanFill(int64_t version) const {
   if (fills_ == nullptr) return false;
   std::lock_guard lock(mu_);
-  return !restoring_ && !stop_ && version == version_ + 1;
+  return !health_.restoring() && !stop_ && version == version_ + 1;
 }
 
 absl::StatusOr<PullFills::Id> Job::RegisterCopies(int64_t version,
                                                   std::vector<PullFills::Copy> copies) {
   std::lock_guard lock(mu_);  // the update begins under it too
-  if (restoring_ || stop_) return 0;
+  if (health_.restoring() || stop_) return 0;
   if (version == version_ + 1 && writing_version_ < 0) {
     return fills_->Register(version, std::move(copies), nullptr);
   }
@@ -701,7 +699,7 @@ void Job::StepLoop() {
     if (checkpoint_due()) {
       const int64_t version = version_;
       const int64_t generation = generation_;
-      const absl::Status health = health_.ok() ? absl::OkStatus() : NeedsRestoreLocked();
+      const absl::Status health = health_.ok() ? absl::OkStatus() : health_.NeedsRestore();
       lock.unlock();
       checkpoints_.Run(version, generation, health);
       lock.lock();
@@ -745,7 +743,7 @@ void Job::StepLoop() {
     };
     if (generation != generation_) continue;
     if (!applied.ok()) {
-      SetHealthLocked(applied);
+      health_.Fail(applied);
       ZO_LOG(ERROR) << "job " << spec_.name << ": step " << step
                     << " failed; the job needs restore from a checkpoint: " << applied;
       cv_.notify_all();
@@ -767,7 +765,7 @@ void Job::StepLoop() {
     }
     if (!commit.failure().empty()) {
       // Skipping on cannot help; a restore (after a config change) clears it.
-      SetHealthLocked(absl::FailedPreconditionError(commit.failure()));
+      health_.Fail(absl::FailedPreconditionError(commit.failure()));
       ZO_LOG(ERROR) << commit.failure();
     }
     const absl::Duration wait = ready - step_open_time_;
@@ -882,24 +880,13 @@ absl::Status Job::Apply(const v1::StepCommit& commit) {
   return absl::OkStatus();
 }
 
-absl::Status Job::NeedsRestoreLocked() const {
-  // A restore in progress (UNAVAILABLE) passes: callers wait and retry. A
-  // job that needs one does not until someone restores it.
-  const std::string message =
-      absl::StrCat("job ", spec_.name, " needs restore: ", health_.message());
-  if (health_.code() == absl::StatusCode::kUnavailable) return absl::UnavailableError(message);
-  return WithDetail(absl::FailedPreconditionError(message),
-                    MakeDetail(v1::ErrorDetail::NEEDS_RESTORE, spec_.name));
-}
-
-void Job::SetHealthLocked(absl::Status health) {
-  health_ = std::move(health);
+void Job::HealthChangedLocked(const absl::Status& health) {
   if (stop_) return;  // closed for good
-  if (health_.ok()) {
+  if (health.ok()) {
     accum_->Reopen();
   } else {
     resources_.wakes->Post(version_waiters_.TakeAll());
-    accum_->Close(NeedsRestoreLocked());
+    accum_->Close(health_.NeedsRestore());
   }
 }
 

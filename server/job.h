@@ -7,6 +7,7 @@
 //   StateSnapshot        a checkpoint part taken while steps go on
 //   TieredOptimizerState the optimizer state (RAM or NVMe sub-groups)
 //   ParamVersions        the low-precision versions pulls are served
+//   JobHealth            healthy, restoring, or needing a restore, and why
 //   LeadCheckpoints      the lead's checkpoints across the servers, a move's freeze
 //   LeadRecovery         the lead's watch over its followers, and rollbacks
 //
@@ -58,6 +59,7 @@
 #include "server/gradient_accumulator.h"
 #include "server/gradient_piece_view.h"
 #include "server/job_counters.h"
+#include "server/job_health.h"
 #include "server/job_spec.h"
 #include "server/lead_checkpoints.h"
 #include "server/lead_recovery.h"
@@ -288,6 +290,10 @@ class Job {
   // Follower: a report the lead took after LeadLostTheJob (it holds the job
   // after all, and no restore came between): healthy again.
   void LeadAnswered();
+  // health_'s on_change: closes the accumulator while the job needs a
+  // restore (pushes fail with the reason) and wakes the pulls that wait to
+  // say so, or reopens it. Requires mu_.
+  void HealthChangedLocked(const absl::Status& health);
   bool ReadyToReportLocked() const;
   v1::StepStats ComputeStepStats(int64_t step, int64_t generation);
   absl::Status Apply(const v1::StepCommit& commit);
@@ -308,13 +314,6 @@ class Job {
   // Where the request's elements lie in this server's local index space.
   std::vector<PullCursor::Range> PullRanges(const v1::PullParamsRequest& request) const;
   const std::vector<LocalChunk>& chunks() const { return accum_->chunks(); }
-  // Sets health_ and closes (or reopens) the accumulator to match: pushes
-  // fail with the reason while the job needs a restore, and waiting pulls
-  // are woken to say so.
-  void SetHealthLocked(absl::Status health);
-  // The error calls get while health_ is not OK: UNAVAILABLE during a
-  // restore, FAILED_PRECONDITION while the job waits for one. Requires mu_.
-  absl::Status NeedsRestoreLocked() const;
   // OpenPull's answer when a restore replaced the versions under it.
   absl::Status RestoredWhileOpening() const;
   bool AbortedLocked(int64_t generation) const { return stop_ || generation != generation_; }
@@ -389,24 +388,10 @@ class Job {
   bool last_skipped_ = false;
   double last_lr_ = 0.0;
   std::vector<double> last_group_lr_;  // with zo.client_lr; else empty
-  absl::Status health_;
-  // A restore is replacing the state and versions: pulls wait for it.
-  bool restoring_ = false;
-  int64_t restores_begun_ = 0;  // tells a pull whether one began while it opened
-  int64_t restores_done_ = 0;   // JobStatus.restores
+  JobHealth health_{spec_.name, spec_.servers[0],
+                    [this](const absl::Status& h) { HealthChangedLocked(h); }};
   bool stop_ = false;
   absl::Status stop_reason_;
-  // Lead: a follower lost its part with no checkpoint (MarkLost); a restore
-  // from a checkpoint given by hand clears it.
-  bool lost_ = false;
-  // Follower: why this part waits for the lead's restore (RestorePart ends
-  // either). Written under mu_; read without it where a step would pay.
-  enum class LeadRestoreWait {
-    kNone,
-    kOpenedByLead,    // AwaitLeadRestore: workers' opens are refused
-    kLeadLostTheJob,  // LeadLostTheJob: a report the lead takes ends it too
-  };
-  std::atomic<LeadRestoreWait> lead_restore_wait_ = LeadRestoreWait::kNone;
   // The step thread has decided a step and not yet applied it.
   bool applying_ = false;
   // Open to update end of the last step: how long a snapshot waits for a

@@ -141,7 +141,7 @@ absl::StatusOr<v1::WriteCheckpointPartResponse> Job::WriteCheckpointPart(
             absl::StrCat("checkpoint of version ", request.version(),
                          " but this server is at version ", version_));
       }
-      ZO_RETURN_IF_ERROR(health_);
+      ZO_RETURN_IF_ERROR(health_.status());
     }
   }
   if (phase != v1::WriteCheckpointPartRequest::FINISH) {
@@ -161,7 +161,7 @@ absl::Status Job::BeginOwnPart(int64_t version, const std::string& dir, uint32_t
       return absl::FailedPreconditionError(absl::StrCat(
           "checkpoint of version ", version, " but this server is at version ", version_));
     }
-    ZO_RETURN_IF_ERROR(health_);
+    ZO_RETURN_IF_ERROR(health_.status());
   }
   // One left by a lead that never finished it (it failed, or died).
   DropSnapshotLocked(absl::AbortedError(
@@ -269,7 +269,7 @@ absl::StatusOr<v1::RestoreResponse> Job::Restore(const std::string& path, absl::
   std::lock_guard restore_lock(restore_mu_);
   if (if_restores.has_value()) {
     std::lock_guard lock(mu_);
-    if (restores_done_ != *if_restores) {
+    if (health_.restores_done() != *if_restores) {
       v1::RestoreResponse response;
       response.set_already_restored(true);
       response.set_version(version_);
@@ -330,13 +330,7 @@ absl::StatusOr<v1::RestoreResponse> Job::Restore(const std::string& path, absl::
   }
   {
     std::lock_guard lock(mu_);
-    SetHealthLocked(status.ok() ? absl::OkStatus()
-                                : absl::DataLossError(absl::StrCat("partial restore from ", dir,
-                                                                   ": ", status.message())));
-    if (status.ok()) {
-      lost_ = false;
-      ++restores_done_;
-    }
+    health_.LeadRestoreEnded(status, dir);
     step_open_time_ = absl::Now();
   }
   cv_.notify_all();
@@ -368,10 +362,7 @@ absl::Status Job::RestorePart(const v1::RestorePartRequest& request, bool health
   {
     std::lock_guard lock(mu_);
     generation_ = request.generation();
-    // Before the health change wakes the pulls that wait: they wait again.
-    restoring_ = true;
-    ++restores_begun_;
-    SetHealthLocked(absl::UnavailableError("a restore is in progress"));
+    health_.BeginRestore();
     // A checkpoint waiting for a version the restore undoes would wait for
     // steps its own caller has to redo first (a worker blocked in it pushes
     // nothing): it fails now, and the caller asks again later.
@@ -439,15 +430,8 @@ absl::Status Job::RestorePart(const v1::RestorePartRequest& request, bool health
                       "reads 0 until the next step";
     }
     // Pulls that waited re-check their instance (and hear of the restore).
-    restoring_ = false;
-    lead_restore_wait_ = LeadRestoreWait::kNone;
     resources_.wakes->Post(version_waiters_.TakeAll());
-    if (!status.ok()) {
-      SetHealthLocked(absl::DataLossError(
-          absl::StrCat("restore from ", request.path(), " failed: ", status.message())));
-    } else if (healthy_after) {
-      SetHealthLocked(absl::OkStatus());
-    }
+    health_.EndRestore(status, request.path(), healthy_after);
     step_open_time_ = absl::Now();
   }
   cv_.notify_all();

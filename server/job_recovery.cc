@@ -36,15 +36,12 @@ RecoveryActions Job::RecoveryActionsForThis() {
       .gave_up =
           [this] {
             std::lock_guard lock(mu_);
-            return stop_ || lost_;
+            return stop_ || health_.lost();
           },
       .own_part_failed =
           [this](const absl::Status& why) {
             std::lock_guard lock(mu_);
-            // Still refusing steps as RecoverOwnPart left it, not stopped.
-            if (health_.code() == absl::StatusCode::kUnavailable) {
-              SetHealthLocked(absl::FailedPreconditionError(why.message()));
-            }
+            health_.OwnPartFailed(why);
           },
   };
 }
@@ -59,24 +56,21 @@ absl::StatusOr<std::string> Job::LatestCheckpointHere() const {
 void Job::RecoverOwnPart(int64_t followers_version) {
   {
     std::lock_guard lock(mu_);
-    SetHealthLocked(absl::UnavailableError(absl::StrCat(
-        "this lead restarted without its part of the job, which its followers hold at version ",
-        followers_version, ": restoring the latest checkpoint")));
+    health_.RecoveringOwnPart(followers_version);
   }
   recovery_.RecoverOwnPart(followers_version);
 }
 
 void Job::MarkLost(const std::string& what_happened, const absl::Status& why) {
   std::lock_guard lock(mu_);
-  if (lost_ || stop_) return;
-  lost_ = true;
+  if (health_.lost() || stop_) return;
   const std::string what = absl::StrCat(
       what_happened, ", and no checkpoint can bring it back (", why.message(),
       "): the job is lost. Close it (zo-ctl close --job ", spec_.name,
       ") and train it again, or restore a checkpoint of it kept elsewhere (zo-ctl restore --job ",
       spec_.name, " --checkpoint PATH)");
   ZO_LOG(ERROR) << "job " << spec_.name << ": " << what;
-  SetHealthLocked(absl::DataLossError(what));
+  health_.MarkLost(what);
 }
 
 absl::Status Job::OpenPartOn(int server) {
@@ -97,37 +91,22 @@ void Job::LeadLostTheJob(const absl::Status& answer) {
   // Before the first commit the lead may not have created its part yet (the
   // workers open every server at once, and a follower with nothing to wait
   // for reports at once): that is not a loss.
-  if (!health_.ok() || stop_ || version_ == 0) return;
-  lead_restore_wait_ = LeadRestoreWait::kLeadLostTheJob;
-  ZO_LOG(WARNING) << "job " << spec_.name << ": the lead (" << spec_.servers[0]
-                  << ") no longer holds the job (" << answer.message()
-                  << "); waiting for it to roll the job back";
-  SetHealthLocked(absl::UnavailableError(
-      absl::StrCat("the lead (", spec_.servers[0],
-                   ") restarted without the job; waiting for it to roll the job back (a worker "
-                   "that opens the job there starts that)")));
+  if (stop_ || version_ == 0) return;
+  health_.LeadLost(answer);
 }
 
 void Job::LeadAnswered() {
   // Every report of every step comes here: no lock unless there is news.
-  if (lead_restore_wait_.load() != LeadRestoreWait::kLeadLostTheJob) return;
+  if (!health_.WaitsForLostLead()) return;
   std::lock_guard lock(mu_);
-  if (lead_restore_wait_ != LeadRestoreWait::kLeadLostTheJob) return;
-  lead_restore_wait_ = LeadRestoreWait::kNone;
-  if (health_.code() == absl::StatusCode::kUnavailable && !restoring_) {
-    SetHealthLocked(absl::OkStatus());
-  }
+  health_.LeadAnswered();
 }
 
 void Job::AwaitLeadRestore() {
   std::lock_guard lock(mu_);
-  lead_restore_wait_ = LeadRestoreWait::kOpenedByLead;
-  SetHealthLocked(absl::UnavailableError(absl::StrCat("this server's part waits for the lead (",
-                                                      spec_.servers[0], ") to restore it")));
+  health_.AwaitLeadRestore();
 }
 
-bool Job::AwaitingLeadRestore() const {
-  return lead_restore_wait_.load() == LeadRestoreWait::kOpenedByLead;
-}
+bool Job::AwaitingLeadRestore() const { return health_.AwaitingLeadRestore(); }
 
 }  // namespace zo
