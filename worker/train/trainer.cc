@@ -132,16 +132,9 @@ bool JobWentOnWithout(const absl::Status& failed) {
   return why == v1::ErrorDetail::VERSION_NOT_HELD || why == v1::ErrorDetail::STEP_NOT_OPEN;
 }
 
-}  // namespace
-
-absl::Status Train(const TrainOptions& given) {
-  TrainOptions o = given;
-  ZO_RETURN_IF_ERROR(CheckOptions(o));
-  ZO_ASSIGN_OR_RETURN(Plan plan, MakePlan(o));
-  PrintPlan(o, plan);
-
-  // Stages as threads share the cores: OpenBLAS threads per stage times
-  // stages should not exceed them.
+// Stages as threads share the cores: OpenBLAS threads per stage times
+// stages should not exceed them.
+absl::StatusOr<std::unique_ptr<backend::Backend>> OpenBackend(const TrainOptions& o) {
   const int stages_here = o.stage < 0 ? o.pipeline_stages : 1;
   int blas_threads = o.blas_threads;
   if (blas_threads == 0 && stages_here > 1) {
@@ -155,153 +148,258 @@ absl::Status Train(const TrainOptions& given) {
                                               .blas_threads = blas_threads},
                                              &backend_why));
   std::fprintf(o.out, "zo-train: computing with %s\n", backend_why.c_str());
-  ZO_RETURN_IF_ERROR(ChooseGradientAccumulation(*backend, o, plan));
-  std::unique_ptr<model::BatchSource> source;
-  if (plan.text) {
-    source = std::make_unique<TextBatchSource>(*plan.text, plan.micro_batch_size, o.gpt.block_size,
-                                               plan.micro_batches, o.dp_rank, o.dp_world_size);
-  } else {
-    source = std::make_unique<MlpBatchSource>(o.mlp, o.seed, plan.micro_batch_size, o.dp_rank);
-  }
+  return backend;
+}
 
-  if (!o.restore.empty()) ZO_RETURN_IF_ERROR(RestoreJob(o, plan));
-  ZO_ASSIGN_OR_RETURN(Attached at, AttachAtStart(o, plan, *backend, *source));
-  const int64_t version = at.local.front().client->version();
+// This data-parallel rank's batches: the plan's text for GPT-lite,
+// synthetic ones for the MLP. Borrows the plan's text.
+std::unique_ptr<model::BatchSource> MakeBatchSource(const TrainOptions& o, const Plan& plan) {
+  if (plan.text) {
+    return std::make_unique<TextBatchSource>(*plan.text, plan.micro_batch_size, o.gpt.block_size,
+                                             plan.micro_batches, o.dp_rank, o.dp_world_size);
+  }
+  return std::make_unique<MlpBatchSource>(o.mlp, o.seed, plan.micro_batch_size, o.dp_rank);
+}
+
+// Says where training starts; false when the job is at --steps already.
+bool SayWhereTrainingStarts(const TrainOptions& o, int64_t version) {
   if (version >= o.steps) {
     std::fprintf(o.out,
                  "zo-train: job '%s' is at step %lld already (--steps %lld): nothing to do\n",
                  o.job.c_str(), static_cast<long long>(version), static_cast<long long>(o.steps));
-    return absl::OkStatus();
+    return false;
   }
   if (version > 0) {
     std::fprintf(o.out, "zo-train: attached to job '%s' at version %lld; resuming at step %lld\n",
                  o.job.c_str(), static_cast<long long>(version),
                  static_cast<long long>(version + 1));
   }
+  return true;
+}
 
-  ZO_ASSIGN_OR_RETURN(
-      Progress progress,
-      Progress::Open(o.out, version + 1, o.steps, plan.config.steps_per_print, o.metrics_out));
-  StepOutcomes outcomes;
-  const bool checkpoints_here = at.local.front().stage == 0 && o.dp_rank == 0;
-  CheckpointInFlight checkpoint;
+// Adds `client`'s bytes to `total`; no client, nothing.
+void AddTraffic(const OffloadClient* client, OffloadClient::Traffic& total) {
+  if (client == nullptr) return;
+  total.pushed_bytes += client->traffic().pushed_bytes;
+  total.pulled_bytes += client->traffic().pulled_bytes;
+}
+
+// The steps of one run, from the job's version + 1 to --steps. A step that
+// fails because the job moved, or lost a server, or went on without this
+// worker, is followed to where the job is and run from there; any other
+// failure ends the run. Each step is reported once, and checkpointed as
+// asked. Borrows what it is given for its lifetime and replaces `at` when
+// the job moves. Used from the thread that calls Train.
+class StepLoop {
+ public:
+  // `version`: the job's version the stages attached at.
+  StepLoop(const TrainOptions& o, Plan& plan, backend::Backend& backend, model::BatchSource& source,
+           Attached& at, Progress& progress, int64_t version)
+      : o_(o),
+        plan_(plan),
+        backend_(backend),
+        source_(source),
+        at_(at),
+        progress_(progress),
+        checkpoints_here_(at.local.front().stage == 0 && o.dp_rank == 0),
+        reported_(version),
+        placement_(o) {}
+
+  absl::Status Run();
+  // Once every step ran: waits for the checkpoint in flight and for the
+  // servers' last step, and prints the summary. A run that ends on a failed
+  // checkpoint is an error.
+  absl::Status Finish();
+
+ private:
+  // The first local stage's client: the job's state as this worker sees it.
+  OffloadClient& first_client() { return *at_.local.front().client; }
+
+  std::optional<JobMove> MoveAfter(const absl::Status& failed, int64_t step);
+  absl::StatusOr<int64_t> Follow(const JobMove& move);
+  absl::Status Complete(int64_t step, StepReport report);
+  OffloadClient::Traffic TrafficSoFar() const;
+  void CloseResendClients();
+  absl::Status WaitForLastStep();
+
+  const TrainOptions& o_;
+  Plan& plan_;
+  backend::Backend& backend_;
+  model::BatchSource& source_;
+  Attached& at_;
+  Progress& progress_;
+  const bool checkpoints_here_;
+  StepOutcomes outcomes_;
+  CheckpointInFlight checkpoint_;
   // Byte totals of the clients already closed (resend ones, a moved job's),
   // for metrics.
-  OffloadClient::Traffic traffic_before;
-  auto close_clients = [&](bool resend_only) {
-    for (LocalStage& ls : at.local) {
-      for (OffloadClient* c : {resend_only ? nullptr : ls.client.get(), ls.resend_client.get()}) {
-        if (c == nullptr) continue;
-        traffic_before.pushed_bytes += c->traffic().pushed_bytes;
-        traffic_before.pulled_bytes += c->traffic().pulled_bytes;
-      }
-      if (resend_only) {
-        ls.link->set_client(ls.client.get());
-        ls.resend_client.reset();
-      }
-    }
-  };
+  OffloadClient::Traffic traffic_before_;
   // A step after a move may be one this worker already finished on the old
   // servers (its push was taken before the job was held): it runs again, the
   // same batch on the same weights, but is reported once.
-  int64_t reported = version;
-  TrainOptions moved_options = o;
-  for (int64_t step = version + 1; step <= o.steps; ++step) {
-    absl::StatusOr<StepReport> ran = RunStep(at.local, at.fabric.get(), step);
-    absl::Status observed =
-        ran.ok() ? ObserveJob(*at.local.front().client, outcomes).status() : absl::OkStatus();
-    const absl::Status failed = !ran.ok() ? ran.status() : observed;
-    std::optional<JobMove> move = ParseJobMove(failed);
-    const bool lost_job = NoJobOn(failed, o.job);
-    const bool unreachable = absl::IsUnavailable(failed) || absl::IsDeadlineExceeded(failed);
-    // (Only where this process runs every stage: a pipeline stage in another
-    // process may be what failed, and the error says which.)
-    const bool all_stages_here = o.stage < 0 || o.pipeline_stages == 1;
-    if (!move.has_value() && !moved_options.servers.empty() && all_stages_here &&
-        JobWentOnWithout(failed)) {
-      // Restarted after its last push of this step: the servers applied it
-      // meanwhile (a push finds the chunk at a later step, or the version
-      // this step computes on was replaced). Carry on from where they are.
-      move = JobMove{.job = o.job, .servers = moved_options.servers, .version = step};
-      progress.Note(absl::StrCat(
-          "zo-train: the job went on past step ", step,
-          " (this worker's gradients for it were all in): ", failed.message(), "; catching up"));
-    } else if (!move.has_value() && !moved_options.servers.empty() && all_stages_here &&
-               (lost_job || unreachable)) {
-      // A server is down, or restarted without the job (its lead then rolls
-      // every server back to the last checkpoint): wait for the job on the
-      // same servers, at whatever version they are, and carry on from there.
-      // At least version 1 once the job has trained: a job that came back
-      // fresh at version 0 is not where this one is.
-      move = JobMove{.job = o.job,
-                     .servers = moved_options.servers,
-                     .version = at.local.front().client->version() > 0 ? 1 : 0};
-      progress.Note(absl::StrCat(
-          "zo-train: ", failed.message(),
-          lost_job ? "; waiting for the job to be rolled back" : "; waiting for the servers"));
-    } else if (move.has_value()) {
-      progress.Note(absl::StrCat("zo-train: job ", o.job, " moved to ",
-                                 absl::StrJoin(move->servers, ","), " at version ", move->version,
-                                 move->servers == moved_options.servers ? " (restored)" : "",
-                                 "; following it"));
-    }
-    if (move.has_value()) {
-      ZO_RETURN_IF_ERROR(CanFollow(o, *move));
-      checkpoint.Wait(progress);  // it uses a client of the old placement
-      close_clients(/*resend_only=*/false);
-      at = Attached{};  // executors, modules, links and clients of the old placement
-      moved_options.servers = move->servers;
-      ZO_ASSIGN_OR_RETURN(at, Reattach(moved_options, plan, *backend, *source, *move, progress));
-      step = at.local.front().client->version();  // the loop's ++ makes it the next step
-      progress.Note(absl::StrCat("zo-train: job ", o.job, " is at version ", step, " on ",
-                                 absl::StrJoin(moved_options.servers, ","), "; resuming at step ",
-                                 step + 1));
+  int64_t reported_;
+  TrainOptions placement_;  // o_ with the servers the job is on now
+};
+
+absl::Status StepLoop::Run() {
+  for (int64_t step = reported_ + 1; step <= o_.steps; ++step) {
+    absl::StatusOr<StepReport> ran = RunStep(at_.local, at_.fabric.get(), step);
+    const absl::Status failed =
+        ran.ok() ? ObserveJob(first_client(), outcomes_).status() : ran.status();
+    if (const std::optional<JobMove> move = MoveAfter(failed, step); move.has_value()) {
+      ZO_ASSIGN_OR_RETURN(step, Follow(*move));  // the loop's ++ makes it the next step
       continue;
     }
     ZO_RETURN_IF_ERROR(failed);
-    StepReport report = *std::move(ran);
-    report.samples = int64_t{plan.micro_batches} * plan.micro_batch_size;
-    if (plan.text) report.tokens = report.samples * o.gpt.block_size;
-    if (o.metrics != nullptr && step > reported) {
-      OffloadClient::Traffic t = traffic_before;
-      for (const LocalStage& ls : at.local) {
-        for (const OffloadClient* c : {ls.client.get(), ls.resend_client.get()}) {
-          if (c == nullptr) continue;
-          t.pushed_bytes += c->traffic().pushed_bytes;
-          t.pulled_bytes += c->traffic().pulled_bytes;
-        }
-      }
-      o.metrics->Record(report, t.pushed_bytes, t.pulled_bytes);
-    }
-    // The step the worker may have died in is done: back to strict pushes.
-    if (at.local.front().resend_client) close_clients(/*resend_only=*/true);
-    if (step > reported) {
-      ZO_RETURN_IF_ERROR(progress.Step(report, outcomes));
-      reported = step;
-    }
-    checkpoint.Poll(progress);
-    if (checkpoints_here && o.checkpoint_every > 0 && step % o.checkpoint_every == 0) {
-      checkpoint.Start(at.local.front().client.get(), step, progress);
-    }
-  }
-  checkpoint.Wait(progress);
-  // With DPU the servers finish the last step after the worker; wait for it
-  // so every step's outcome is known.
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  for (;;) {
-    ZO_ASSIGN_OR_RETURN(int64_t now, ObserveJob(*at.local.front().client, outcomes));
-    if (now >= o.steps || absl::Now() > deadline) break;
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  ZO_RETURN_IF_ERROR(progress.Finish(outcomes));
-  // Trained, but the job's newest checkpoint is older than asked: a run
-  // that ends on a failed checkpoint does not exit 0.
-  if (!checkpoint.last_failure().ok()) {
-    return WithMessage(checkpoint.last_failure(),
-                       absl::StrCat("training finished, but ", checkpoint.last_failure().message(),
-                                    " (the job keeps its last committed checkpoint)"));
+    ZO_RETURN_IF_ERROR(Complete(step, *std::move(ran)));
   }
   return absl::OkStatus();
+}
+
+// Where a failed step says the job is now, saying so; nullopt: the failure
+// ends the run (or there was none).
+std::optional<JobMove> StepLoop::MoveAfter(const absl::Status& failed, int64_t step) {
+  if (std::optional<JobMove> move = ParseJobMove(failed); move.has_value()) {
+    progress_.Note(absl::StrCat(
+        "zo-train: job ", o_.job, " moved to ", absl::StrJoin(move->servers, ","), " at version ",
+        move->version, move->servers == placement_.servers ? " (restored)" : "", "; following it"));
+    return move;
+  }
+  // Only where this process runs every stage: a pipeline stage in another
+  // process may be what failed, and the error says which.
+  const bool all_stages_here = o_.stage < 0 || o_.pipeline_stages == 1;
+  if (placement_.servers.empty() || !all_stages_here) return std::nullopt;
+  if (JobWentOnWithout(failed)) {
+    // Restarted after its last push of this step: the servers applied it
+    // meanwhile (a push finds the chunk at a later step, or the version
+    // this step computes on was replaced). Carry on from where they are.
+    progress_.Note(absl::StrCat("zo-train: the job went on past step ", step,
+                                " (this worker's gradients for it were all in): ", failed.message(),
+                                "; catching up"));
+    return JobMove{.job = o_.job, .servers = placement_.servers, .version = step};
+  }
+  const bool lost_job = NoJobOn(failed, o_.job);
+  if (!lost_job && !absl::IsUnavailable(failed) && !absl::IsDeadlineExceeded(failed)) {
+    return std::nullopt;
+  }
+  // A server is down, or restarted without the job (its lead then rolls
+  // every server back to the last checkpoint): wait for the job on the
+  // same servers, at whatever version they are, and carry on from there.
+  // At least version 1 once the job has trained: a job that came back
+  // fresh at version 0 is not where this one is.
+  progress_.Note(absl::StrCat(
+      "zo-train: ", failed.message(),
+      lost_job ? "; waiting for the job to be rolled back" : "; waiting for the servers"));
+  return JobMove{.job = o_.job,
+                 .servers = placement_.servers,
+                 .version = first_client().version() > 0 ? 1 : 0};
+}
+
+// Attaches the stages where the job went; returns the version it is at.
+absl::StatusOr<int64_t> StepLoop::Follow(const JobMove& move) {
+  ZO_RETURN_IF_ERROR(CanFollow(o_, move));
+  checkpoint_.Wait(progress_);  // it uses a client of the old placement
+  for (const LocalStage& ls : at_.local) {
+    AddTraffic(ls.client.get(), traffic_before_);
+    AddTraffic(ls.resend_client.get(), traffic_before_);
+  }
+  at_ = Attached{};  // executors, modules, links and clients of the old placement
+  placement_.servers = move.servers;
+  ZO_ASSIGN_OR_RETURN(at_, Reattach(placement_, plan_, backend_, source_, move, progress_));
+  const int64_t version = first_client().version();
+  progress_.Note(absl::StrCat("zo-train: job ", o_.job, " is at version ", version, " on ",
+                              absl::StrJoin(placement_.servers, ","), "; resuming at step ",
+                              version + 1));
+  return version;
+}
+
+// A step that ran: its metrics and progress line (the first time it ran),
+// and the checkpoint due after it.
+absl::Status StepLoop::Complete(int64_t step, StepReport report) {
+  report.samples = int64_t{plan_.micro_batches} * plan_.micro_batch_size;
+  if (plan_.text) report.tokens = report.samples * o_.gpt.block_size;
+  const bool first_run = step > reported_;
+  if (o_.metrics != nullptr && first_run) {
+    const OffloadClient::Traffic traffic = TrafficSoFar();
+    o_.metrics->Record(report, traffic.pushed_bytes, traffic.pulled_bytes);
+  }
+  // The step the worker may have died in is done: back to strict pushes.
+  if (at_.local.front().resend_client) CloseResendClients();
+  if (first_run) {
+    ZO_RETURN_IF_ERROR(progress_.Step(report, outcomes_));
+    reported_ = step;
+  }
+  checkpoint_.Poll(progress_);
+  if (checkpoints_here_ && o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0) {
+    checkpoint_.Start(at_.local.front().client.get(), step, progress_);
+  }
+  return absl::OkStatus();
+}
+
+// Bytes pushed and pulled in this run, by every client it had.
+OffloadClient::Traffic StepLoop::TrafficSoFar() const {
+  OffloadClient::Traffic total = traffic_before_;
+  for (const LocalStage& ls : at_.local) {
+    AddTraffic(ls.client.get(), total);
+    AddTraffic(ls.resend_client.get(), total);
+  }
+  return total;
+}
+
+void StepLoop::CloseResendClients() {
+  for (LocalStage& ls : at_.local) {
+    AddTraffic(ls.resend_client.get(), traffic_before_);
+    ls.link->set_client(ls.client.get());
+    ls.resend_client.reset();
+  }
+}
+
+absl::Status StepLoop::Finish() {
+  checkpoint_.Wait(progress_);
+  ZO_RETURN_IF_ERROR(WaitForLastStep());
+  ZO_RETURN_IF_ERROR(progress_.Finish(outcomes_));
+  // Trained, but the job's newest checkpoint is older than asked: a run
+  // that ends on a failed checkpoint does not exit 0.
+  const absl::Status& failure = checkpoint_.last_failure();
+  if (!failure.ok()) {
+    return WithMessage(failure, absl::StrCat("training finished, but ", failure.message(),
+                                             " (the job keeps its last committed checkpoint)"));
+  }
+  return absl::OkStatus();
+}
+
+// With DPU the servers finish the last step after the worker; wait for it
+// (a minute at most) so every step's outcome is known.
+absl::Status StepLoop::WaitForLastStep() {
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  for (;;) {
+    ZO_ASSIGN_OR_RETURN(int64_t now, ObserveJob(first_client(), outcomes_));
+    if (now >= o_.steps || absl::Now() > deadline) return absl::OkStatus();
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+}
+
+}  // namespace
+
+absl::Status Train(const TrainOptions& given) {
+  TrainOptions o = given;
+  ZO_RETURN_IF_ERROR(CheckOptions(o));
+  ZO_ASSIGN_OR_RETURN(Plan plan, MakePlan(o));
+  PrintPlan(o, plan);
+  ZO_ASSIGN_OR_RETURN(std::unique_ptr<backend::Backend> backend, OpenBackend(o));
+  ZO_RETURN_IF_ERROR(ChooseGradientAccumulation(*backend, o, plan));
+  const std::unique_ptr<model::BatchSource> source = MakeBatchSource(o, plan);
+
+  if (!o.restore.empty()) ZO_RETURN_IF_ERROR(RestoreJob(o, plan));
+  ZO_ASSIGN_OR_RETURN(Attached at, AttachAtStart(o, plan, *backend, *source));
+  const int64_t version = at.local.front().client->version();
+  if (!SayWhereTrainingStarts(o, version)) return absl::OkStatus();
+  ZO_ASSIGN_OR_RETURN(
+      Progress progress,
+      Progress::Open(o.out, version + 1, o.steps, plan.config.steps_per_print, o.metrics_out));
+  StepLoop loop(o, plan, *backend, *source, at, progress, version);
+  ZO_RETURN_IF_ERROR(loop.Run());
+  return loop.Finish();
 }
 
 }  // namespace zo::train
