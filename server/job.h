@@ -254,7 +254,15 @@ class Job {
 
  private:
   Job(JobSpec spec, const JobResources& resources);
+  // The job's pieces, in order: Init's steps.
   absl::Status Init();
+  // Where the optimizer state lives (RAM, or NVMe sub-groups beyond the RAM
+  // budget); RESOURCE_EXHAUSTED when it is RAM only and over the budget.
+  absl::StatusOr<TieredStateOptions> OptimizerStateOptions() const;
+  absl::Status CreateOptimizerState(const TieredStateOptions& options);
+  absl::Status CreateAccumulator(std::vector<LocalChunk> owned);
+  absl::Status CreateVersions();
+  void CreateCoordinator();
   // RESOURCE_EXHAUSTED, before anything is allocated, when the job's RAM on
   // this server (optimizer state in RAM, swap buffers, gradient buffer, the
   // stored 16-bit versions) exceeds what the host has available.
@@ -272,7 +280,24 @@ class Job {
   // (ParamVersions::CreateFromMaster); with sub-groups on NVMe the served
   // copies are stored.
   static bool ServesFromMaster(int64_t nvme_sub_groups) { return nvme_sub_groups == 0; }
+  // The step thread: waits for work (AwaitWorkLocked), then runs a due
+  // checkpoint or the open step. The *Locked steps take and give back mu_.
   void StepLoop();
+  void AwaitWorkLocked(std::unique_lock<std::mutex>& lock);
+  // Lead: a requested checkpoint is due between steps.
+  bool CheckpointDueLocked() const;
+  void RunCheckpointLocked(std::unique_lock<std::mutex>& lock);
+  // Stats, the coordinator's round, the update, the new version published.
+  void RunStepLocked(std::unique_lock<std::mutex>& lock);
+  struct StepTimes {
+    absl::Time ready;  // every gradient in
+    absl::Time update_start;
+    absl::Time update_end;
+  };
+  // The decided and applied `commit` made the job's: its version, the last
+  // step's record, loss scale and timing. Returns how long the step waited
+  // for its gradients.
+  absl::Duration RecordStepLocked(const v1::StepCommit& commit, const StepTimes& times);
   // The lead's recovery (recovery_), acting on this job.
   RecoveryActions RecoveryActionsForThis();
   // Fails the job for good (health DATA_LOSS, saying what the operator can

@@ -1,0 +1,227 @@
+// Job's pulls (server/job.h): a request checked, the wait for its version,
+// the cursor that serves it, and the in-process and same-host routes'
+// registrations that the update writes as it goes (server/pull_fills.h).
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/status_macros.h"
+#include "server/job.h"
+
+namespace zo {
+
+absl::Status Job::CheckPullRequest(const v1::PullParamsRequest& request) const {
+  ZO_RETURN_IF_ERROR(CheckIncarnation(request.incarnation()));
+  for (int t : request.tensors()) {
+    if (t < 0 || t >= static_cast<int>(map_.tensors().size())) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor index ", t, " is outside the ",
+                                                     map_.tensors().size(), "-tensor manifest"));
+    }
+  }
+  if (request.version() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("version ", request.version(), " < 0"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Job::AwaitVersion(int64_t version, std::function<void()> wake,
+                                       WaitList::Ticket* ticket, bool while_written) {
+  std::lock_guard lock(mu_);
+  *ticket = WaitList::kNone;
+  if (stop_) return stop_reason_;
+  // Until a restore ends, versions the job has are being replaced (and
+  // may be ones it will not have).
+  if (health_.restoring()) {
+    *ticket = version_waiters_.Add(version, std::move(wake));
+    return false;
+  }
+  if (version_ >= version || (while_written && writing_version_ == version)) return true;
+  if (!health_.ok()) {
+    const absl::Status why = health_.NeedsRestore();
+    return absl::Status(why.code(),
+                        absl::StrCat("version ", version, " will not come yet: ", why.message()));
+  }
+  *ticket = version_waiters_.Add(version, std::move(wake));
+  return false;
+}
+
+bool Job::CancelVersionWait(WaitList::Ticket ticket) {
+  std::lock_guard lock(mu_);
+  return version_waiters_.Remove(ticket);
+}
+
+absl::Status Job::WaitForVersion(int64_t version, absl::Time deadline, uint64_t incarnation) {
+  for (;;) {
+    ZO_RETURN_IF_ERROR(CheckIncarnation(incarnation));
+    auto woken = std::make_shared<absl::Notification>();
+    WaitList::Ticket ticket;
+    ZO_ASSIGN_OR_RETURN(const bool has, AwaitVersion(
+                                            version, [woken] { woken->Notify(); }, &ticket));
+    if (has) return absl::OkStatus();
+    if (!woken->WaitForNotificationWithDeadline(deadline) && CancelVersionWait(ticket)) {
+      std::lock_guard lock(mu_);
+      return absl::DeadlineExceededError(
+          absl::StrCat("version ", version, " of job ", spec_.name,
+                       " did not exist before the deadline (the job is at version ", version_,
+                       ", waiting for gradients of step ", open_step_, ")"));
+    }
+  }
+}
+
+absl::Status Job::AwaitWritten(int64_t version) {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return writing_version_ != version || stop_; });
+  if (version_ >= version) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("version ", version, " of job ", spec_.name,
+                   " was read as its update wrote it, but the update did not end it (the job is "
+                   "at version ",
+                   version_, "): pull again"));
+}
+
+absl::StatusOr<PullCursor> Job::OpenPull(const v1::PullParamsRequest& request, bool while_written) {
+  ZO_RETURN_IF_ERROR(CheckPullRequest(request));
+  double loss_scale = 1.0;
+  int64_t restores_begun = 0;
+  {
+    std::lock_guard lock(mu_);
+    if (health_.restoring()) return RestoredWhileOpening();
+    restores_begun = health_.restores_begun();
+    if (version_ < request.version() && !(while_written && writing_version_ == request.version())) {
+      return absl::FailedPreconditionError(absl::StrCat("version ", request.version(), " of job ",
+                                                        spec_.name, " does not exist yet"));
+    }
+    loss_scale = ScaleForVersionLocked(request.version());
+  }
+  if (request.have_version() >= 0) {
+    const std::optional<int64_t> want = versions_->DataVersion(request.version());
+    const std::optional<int64_t> have = versions_->DataVersion(request.have_version());
+    if (want.has_value() && want == have)
+      return PullCursor::Unchanged(request.version(), loss_scale);
+  }
+  absl::StatusOr<ParamVersions::Lease> lease = versions_->Acquire(request.version());
+  if (!lease.ok()) {
+    // A restore that began since the checks above replaced the versions.
+    ZO_RETURN_IF_ERROR(CheckIncarnation(request.incarnation()));
+    std::lock_guard lock(mu_);
+    if (health_.restoring() || health_.restores_begun() != restores_begun) {
+      return RestoredWhileOpening();
+    }
+    return lease.status();
+  }
+  return PullCursor::Serving(request.version(), loss_scale, spec_.dtype, *std::move(lease),
+                             PullRanges(request));
+}
+
+std::vector<PullCursor::Range> Job::PullRanges(const v1::PullParamsRequest& request) const {
+  std::vector<int> tensors(request.tensors().begin(), request.tensors().end());
+  if (tensors.empty()) {
+    for (int t = 0; t < static_cast<int>(map_.tensors().size()); ++t) tensors.push_back(t);
+  }
+  std::vector<PullCursor::Range> ranges;
+  for (int t : tensors) {
+    for (const TensorPiece& p : map_.PiecesOfTensor(t)) {
+      if (p.server != spec_.server_index) continue;
+      const int64_t local = chunks()[p.chunk / map_.num_servers()].local_offset + p.chunk_offset;
+      ranges.push_back({t, p.tensor_offset, local, p.length});
+    }
+  }
+  return ranges;
+}
+
+absl::StatusOr<PullFills::Id> Job::RegisterPull(const v1::PullParamsRequest& request,
+                                                InProcessRoute::Place place) {
+  ZO_RETURN_IF_ERROR(CheckPullRequest(request));
+  if (!CanFill(request.version())) return 0;
+  std::vector<PullFills::Copy> copies;
+  for (const PullCursor::Range& r : PullRanges(request)) {
+    ZO_ASSIGN_OR_RETURN(std::byte * dst, place({r.tensor, r.tensor_offset, r.elems}));
+    copies.push_back({r.local_offset, r.elems, dst});
+  }
+  return RegisterCopies(request.version(), std::move(copies));
+}
+
+absl::StatusOr<PullFills::Id> Job::RegisterPullInto(const v1::PullParamsRequest& request,
+                                                    absl::Span<std::byte> area) {
+  ZO_RETURN_IF_ERROR(CheckPullRequest(request));
+  if (!CanFill(request.version())) return 0;
+  const int64_t elem = static_cast<int64_t>(DTypeSize(spec_.dtype));
+  std::vector<PullFills::Copy> copies;
+  for (const PullCursor::Range& r : PullRanges(request)) {
+    // A range the area cannot hold is left to the cursor, which says so.
+    if ((r.local_offset + r.elems) * elem > static_cast<int64_t>(area.size())) return 0;
+    copies.push_back({r.local_offset, r.elems, area.data() + r.local_offset * elem});
+  }
+  return RegisterCopies(request.version(), std::move(copies));
+}
+
+bool Job::CanFill(int64_t version) const {
+  if (fills_ == nullptr) return false;
+  std::lock_guard lock(mu_);
+  return !health_.restoring() && !stop_ && version == version_ + 1;
+}
+
+absl::StatusOr<PullFills::Id> Job::RegisterCopies(int64_t version,
+                                                  std::vector<PullFills::Copy> copies) {
+  std::lock_guard lock(mu_);  // the update begins under it too
+  if (health_.restoring() || stop_) return 0;
+  if (version == version_ + 1 && writing_version_ < 0) {
+    return fills_->Register(version, std::move(copies), nullptr);
+  }
+  if (version == writing_version_) {
+    return fills_->Register(version, std::move(copies),
+                            [&] { return versions_->DoneRanges(version); });
+  }
+  return 0;
+}
+
+std::optional<InProcessRoute::PullResult> Job::TakeFilledPull(int64_t version, PullFills::Id id) {
+  if (fills_ == nullptr || id == 0) return std::nullopt;
+  // What the update had done when the pull registered is read here (it is
+  // final), while the update fills the rest.
+  std::optional<ParamVersions::Lease> lease;
+  const absl::Status read =
+      fills_->ReadDoneBefore(id, [&](int64_t from, int64_t n, std::byte* dst) -> absl::Status {
+        if (!lease.has_value()) {
+          ZO_ASSIGN_OR_RETURN(ParamVersions::Lease acquired, versions_->Acquire(version));
+          lease.emplace(std::move(acquired));
+        }
+        return lease->Read(from, n, dst);
+      });
+  const std::optional<int64_t> bytes = fills_->Take(id);
+  if (!bytes.has_value() || !read.ok()) return std::nullopt;
+  std::lock_guard lock(mu_);
+  return InProcessRoute::PullResult{
+      .unchanged = false, .loss_scale = ScaleForVersionLocked(version), .bytes = *bytes};
+}
+
+void Job::WithdrawPull(PullFills::Id id) {
+  if (fills_ != nullptr && id != 0) fills_->Withdraw(id);
+}
+
+absl::Status Job::RestoredWhileOpening() const {
+  // UNAVAILABLE: the client asks again, and then waits for the restore.
+  return absl::UnavailableError(absl::StrCat("job ", spec_.name,
+                                             " was being restored while this pull opened; "
+                                             "pull again"));
+}
+
+absl::Status Job::PullParams(const v1::PullParamsRequest& request, absl::Time deadline,
+                             const std::function<bool(const v1::ParamPiece&)>& emit) {
+  const absl::Time start = absl::Now();
+  ZO_RETURN_IF_ERROR(CheckPullRequest(request));
+  ZO_RETURN_IF_ERROR(WaitForVersion(request.version(), deadline, request.incarnation()));
+  ZO_ASSIGN_OR_RETURN(PullCursor cursor, OpenPull(request));
+  v1::ParamPiece piece;
+  while (cursor.Next(&piece)) {
+    if (!emit(piece)) return absl::CancelledError("the caller went away");
+  }
+  ZO_RETURN_IF_ERROR(cursor.status());
+  RecordPull(absl::Now() - start, cursor.bytes_given());
+  return absl::OkStatus();
+}
+
+}  // namespace zo

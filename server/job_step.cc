@@ -1,0 +1,335 @@
+// Job's step (server/job.h): the step thread's loop, which between steps
+// runs a due checkpoint, and otherwise reports the step's gradient
+// statistics, takes the lead's decision and applies it (the fused Adam over
+// this server's chunks, writing the served version and the pulls that
+// registered), then makes the new version the job's.
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_format.h"
+#include "common/dpu_policy.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "common/units.h"
+#include "offload/adam_undo.h"
+#include "offload/optimizer_kernels.h"
+#include "server/job.h"
+#include "server/job_internal.h"
+#include "server/state_checkpoint.h"
+
+namespace zo {
+namespace {
+
+// Loss scales kept per version: pulls of the few newest ask for theirs.
+constexpr int kScaleHistory = 8;
+
+// state_mu_ for the step thread, with the flag that makes a snapshot's
+// background capture stand back between its slices (std::mutex is not fair:
+// a thread that relocks at once could otherwise keep the step waiting).
+class StepStateLock {
+ public:
+  StepStateLock(std::mutex& mu, std::atomic<bool>& wants) : wants_(wants) {
+    wants_.store(true);
+    lock_ = std::unique_lock(mu);
+  }
+  ~StepStateLock() {
+    lock_.unlock();
+    wants_.store(false);
+    wants_.notify_all();
+  }
+
+ private:
+  std::atomic<bool>& wants_;
+  std::unique_lock<std::mutex> lock_;
+};
+
+}  // namespace
+
+using job_internal::RoundMaster;
+
+bool Job::ReadyToReportLocked() const {
+  // Between steps every chunk takes gradients for open_step_.
+  return health_.ok() && accum_->Ready();
+}
+
+v1::StepStats Job::ComputeStepStats(int64_t step, int64_t generation) {
+  v1::StepStats stats;
+  stats.set_job(spec_.name);
+  stats.set_step(step);
+  stats.set_server_index(spec_.server_index);
+  stats.set_generation(generation);
+  if (chunks().empty()) return stats;
+  const StepGradStats s = accum_->Stats();
+  for (size_t i = 0; i < chunks().size(); ++i) {
+    stats.add_chunks(chunks()[i].id);
+    stats.add_chunk_sum_squares(s.per_chunk[i].sum_squares);
+  }
+  stats.set_non_finite(s.total.non_finite);
+  return stats;
+}
+
+void Job::StepLoop() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    if (applying_) {
+      applying_ = false;
+      cv_.notify_all();
+    }
+    AwaitWorkLocked(lock);
+    if (stop_) return;
+    if (CheckpointDueLocked()) {
+      RunCheckpointLocked(lock);
+    } else {
+      RunStepLocked(lock);
+    }
+  }
+}
+
+bool Job::CheckpointDueLocked() const {
+  return is_lead() && checkpoints_.Due(version_, health_.ok());
+}
+
+void Job::AwaitWorkLocked(std::unique_lock<std::mutex>& lock) {
+  const auto due = [&] {
+    return stop_ || CheckpointDueLocked() || (ReadyToReportLocked() && !checkpoints_.frozen());
+  };
+  // While the lead waits for gradients, it checks every few seconds that
+  // its followers still have the job: one that restarted empty leaves the
+  // workers unable to push, and nothing else would tell.
+  while (!cv_.wait_for(lock, std::chrono::seconds(2), due)) {
+    if (!is_lead() || spec_.servers.size() < 2 || checkpoints_.frozen()) continue;
+    lock.unlock();
+    recovery_.Probe();
+    lock.lock();
+  }
+}
+
+void Job::RunCheckpointLocked(std::unique_lock<std::mutex>& lock) {
+  const int64_t version = version_;
+  const int64_t generation = generation_;
+  const absl::Status health = health_.ok() ? absl::OkStatus() : health_.NeedsRestore();
+  lock.unlock();
+  checkpoints_.Run(version, generation, health);
+  lock.lock();
+}
+
+void Job::RunStepLocked(std::unique_lock<std::mutex>& lock) {
+  const int64_t step = open_step_;
+  const int64_t generation = generation_;
+  // The scale the step's gradients carry: with DPU, that of the older
+  // version the workers computed on.
+  const double scale_used =
+      ScaleForVersionLocked(VersionForStep(spec_.config.zo.dpu, step, oldest_version_));
+  lock.unlock();
+
+  StepTimes times;
+  times.ready = absl::Now();
+  v1::StepStats stats;
+  {
+    StepStateLock state_lock(state_mu_, step_wants_state_);
+    stats = ComputeStepStats(step, generation);
+  }
+  const std::optional<v1::StepCommit> decided =
+      is_lead() ? coordinator_->LeadRound(stats, scale_used) : coordinator_->FollowerRound(stats);
+  lock.lock();
+  if (!decided.has_value() || AbortedLocked(generation)) return;
+  const v1::StepCommit& commit = *decided;
+  applying_ = true;
+  lock.unlock();
+
+  times.update_start = absl::Now();
+  absl::Status applied;
+  {
+    StepStateLock state_lock(state_mu_, step_wants_state_);
+    applied = Apply(commit);
+  }
+  times.update_end = absl::Now();
+  lock.lock();
+  writing_version_ = -1;
+  // The pulls the update wrote are answered once the version is the
+  // job's (a status asked after them shows it), or told it is not.
+  absl::Cleanup fills_answered = [&] {
+    if (fills_ != nullptr) fills_->EndUpdate(step, generation == generation_ && applied.ok());
+  };
+  if (generation != generation_) return;
+  if (!applied.ok()) {
+    health_.Fail(applied);
+    ZO_LOG(ERROR) << "job " << spec_.name << ": step " << step
+                  << " failed; the job needs restore from a checkpoint: " << applied;
+    cv_.notify_all();
+    return;
+  }
+  const absl::Duration wait = RecordStepLocked(commit, times);
+  // Pulls the update wrote are answered before the version's waiters wake.
+  std::move(fills_answered).Invoke();
+  resources_.wakes->Post(version_waiters_.TakeUpTo(version_));
+  cv_.notify_all();
+  LogStep(commit, wait, times.update_end - times.update_start);
+}
+
+absl::Duration Job::RecordStepLocked(const v1::StepCommit& commit, const StepTimes& times) {
+  const int64_t step = commit.step();
+  version_ = step;
+  open_step_ = step + 1;
+  coordinator_->Advance(step);
+  applied_steps_ = commit.applied_steps();
+  last_grad_norm_ = commit.grad_norm();
+  last_skipped_ = commit.skip();
+  if (!commit.skip()) {
+    last_lr_ = commit.lr();
+    last_group_lr_.assign(commit.group_lr().begin(), commit.group_lr().end());
+  }
+  scale_after_version_[step] = commit.next_loss_scale();
+  while (scale_after_version_.size() > kScaleHistory) {
+    scale_after_version_.erase(scale_after_version_.begin());
+  }
+  if (!commit.failure().empty()) {
+    // Skipping on cannot help; a restore (after a config change) clears it.
+    health_.Fail(absl::FailedPreconditionError(commit.failure()));
+    ZO_LOG(ERROR) << commit.failure();
+  }
+  const absl::Duration wait = times.ready - step_open_time_;
+  step_interval_ = times.update_end - step_open_time_;
+  step_open_time_ = times.update_end;
+  counters_.AddStep(commit.skip(), wait, times.update_end - times.update_start);
+  return wait;
+}
+
+std::vector<double> Job::GroupLrOf(const v1::StepCommit& commit) const {
+  if (commit.group_lr_size() > 0) return {commit.group_lr().begin(), commit.group_lr().end()};
+  return std::vector<double>(static_cast<size_t>(groups_->num_groups()), commit.lr());
+}
+
+RangedConstants<AdamStepConstants> Job::RestoredStepConstants(const CheckpointMeta& meta) const {
+  // The gradient's scale does not enter the undo.
+  std::vector<double> lr = meta.last_group_lr;
+  if (static_cast<int>(lr.size()) != groups_->num_groups()) {
+    lr.assign(static_cast<size_t>(groups_->num_groups()), LastStepOf(meta, spec_.config).lr);
+  }
+  return groups_->StepConstants(lr, meta.applied_steps, 1.0);
+}
+
+void Job::FillPulls(const TieredOptimizerState::UpdatedTile& t) const {
+  // The tile's new master is in this worker's cache: round it from there.
+  fills_->Fill(t.offset, t.n, [&](int64_t from, int64_t n, std::byte* dst) {
+    RoundMaster(t.p + (from - t.offset), dst, static_cast<size_t>(n), spec_.dtype);
+  });
+}
+
+ParamVersions::Undo Job::UndoOf(const RangedConstants<AdamStepConstants>& c) const {
+  return [this, c](int64_t offset, int64_t n, void* out) {
+    c.ForEach(offset, offset + n, [&](int64_t b, int64_t e, const AdamStepConstants& k) {
+      RoundWeightsBeforeAdamStep(
+          k, state_->ram_master() + b, state_->ram_m() + b, state_->ram_v() + b,
+          OffsetBy(TypedPtr{out, spec_.dtype}, static_cast<size_t>(b - offset)),
+          static_cast<size_t>(e - b));
+    });
+  };
+}
+
+absl::Status Job::Apply(const v1::StepCommit& commit) {
+  size_t released = 0;
+  if (commit.skip()) {
+    versions_->RecordSkip(commit.step());
+  } else {
+    const RangedConstants<AdamStepConstants> c =
+        groups_->StepConstants(GroupLrOf(commit), commit.applied_steps(), commit.grad_multiplier());
+    // A checkpoint part that carries the version this update overwrites
+    // writes it first (the background writer may have already).
+    if (snapshot_ != nullptr) {
+      snapshot_->CapturePrevious(/*from_a_step=*/true).IgnoreError();  // the part's failure
+    }
+    // Materialized versions: the kernel writes the new version's copy. From
+    // the master, pulls of the new version (in-process) follow the update
+    // tile by tile; with DPU the kernel also writes each tile's old weights
+    // into a scratch, where the undo of this step is checked against them
+    // (only near rounding boundaries), and pulls of the version being
+    // replaced follow tile by tile too.
+    const bool keeps = versions_->from_master() && versions_->keep_previous();
+    void* lp = versions_->BeginWrite(keeps ? UndoOf(c) : nullptr);
+    if (versions_->from_master()) {
+      // Pulls on the in-process route may read the new version as its
+      // ranges are done; they get its loss scale now. Waiters for it wake
+      // (a gRPC pull's wait finds it not there yet and waits again).
+      std::lock_guard lock(mu_);
+      scale_after_version_[commit.step()] = commit.next_loss_scale();
+      writing_version_ = commit.step();
+      fills_->BeginUpdate(commit.step());
+      resources_.wakes->Post(version_waiters_.TakeUpTo(writing_version_));
+    }
+    TieredOptimizerState::TileUpdated tile_done;
+    if (keeps) {
+      tile_done = [&](const TieredOptimizerState::UpdatedTile& t) {
+        std::vector<uint32_t> index;
+        std::vector<uint8_t> values;
+        c.ForEach(t.offset, t.offset + t.n, [&](int64_t b, int64_t e, const AdamStepConstants& k) {
+          const auto i = static_cast<size_t>(b - t.offset);  // into the tile
+          const size_t found = index.size();
+          FindUndoMismatches(k, static_cast<const float*>(t.old_weights) + i, t.p + i, t.m + i,
+                             t.v + i, spec_.dtype, static_cast<size_t>(e - b), &index, &values);
+          for (size_t j = found; j < index.size(); ++j) index[j] += static_cast<uint32_t>(i);
+        });
+        versions_->MarkKept(t.offset, t.n, std::move(index), std::move(values));
+        FillPulls(t);
+      };
+    } else if (versions_->from_master()) {
+      tile_done = [&](const TieredOptimizerState::UpdatedTile& t) {
+        versions_->MarkDone(t.offset, t.n);
+        FillPulls(t);
+      };
+    }
+    // A checkpoint part in progress takes each tile as it was before this step.
+    const absl::Status stepped = state_->AdamStep(
+        c, accum_->gradients(), {lp, spec_.dtype},
+        [&](int64_t end) { released = accum_->ReleaseBelow(released, end, commit.step()); },
+        snapshot_ != nullptr ? snapshot_->observer() : StateObserver(), tile_done,
+        keeps ? std::optional<DType>(DType::kFloat32) : std::nullopt);
+    if (!stepped.ok()) {
+      versions_->AbortWrite();
+      DropSnapshotLocked(stepped);
+    }
+    ZO_RETURN_IF_ERROR(stepped);
+    versions_->CommitWrite(commit.step());
+  }
+  accum_->Release(released, chunks().size(), commit.step());
+  return absl::OkStatus();
+}
+
+void Job::LogStep(const v1::StepCommit& commit, absl::Duration wait, absl::Duration update) {
+  const int every = resources_.log_every > 0 ? resources_.log_every : spec_.config.steps_per_print;
+  const absl::Duration serve = absl::Nanoseconds(serve_ns_.exchange(0));
+  if (commit.step() % every != 0 && !commit.skip()) return;
+  // With DPU from the master: what serving the previous version costs.
+  std::string previous;
+  if (versions_->from_master() && versions_->keep_previous()) {
+    const ParamVersions::CorrectionStats c = versions_->corrections();
+    previous = absl::StrFormat(" | previous version: %d corrections (%s)", c.elems,
+                               FormatBytes(static_cast<double>(c.bytes)));
+  }
+  ZO_LOG(INFO) << absl::StrFormat(
+      "job %s step %d: loss_scale %g grad_norm %.4g lr %.3g%s | wait %.1f ms update %.1f ms "
+      "serve %.1f ms%s",
+      spec_.name, commit.step(), commit.next_loss_scale(), commit.grad_norm(), commit.lr(),
+      !commit.skip()             ? ""
+      : commit.failure().empty() ? " SKIPPED (overflow)"
+                                 : " SKIPPED",
+      absl::ToDoubleMilliseconds(wait), absl::ToDoubleMilliseconds(update),
+      absl::ToDoubleMilliseconds(serve), previous);
+}
+
+// ---------------------------------------------------------------- coordination
+
+absl::Status Job::OnStepStats(const v1::StepStats& stats) {
+  return coordinator_->OnStepStats(stats);
+}
+
+absl::Status Job::OnCommit(const v1::StepCommit& commit) { return coordinator_->OnCommit(commit); }
+
+absl::Status Job::OnStepLr(const v1::StepLrRequest& request) {
+  return coordinator_->OnStepLr(request.step(), request.dp_rank(), request.group_lr());
+}
+
+}  // namespace zo
