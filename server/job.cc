@@ -121,7 +121,6 @@ absl::Status Job::Init() {
   snapshot_staging_ = std::make_shared<SnapshotStaging>(kSnapshotStagingBytes, 3 * kTileElems);
   ZO_RETURN_IF_ERROR(CreateAccumulator(std::move(owned)));
   ZO_RETURN_IF_ERROR(CreateVersions());
-  scale_after_version_[0] = LossScaler::FromConfig(spec_.config).scale();
   CreateCoordinator();
   step_open_time_ = absl::Now();
   ZO_LOG(INFO) << "job " << spec_.name << ": server " << spec_.server_index << " of "
@@ -272,8 +271,7 @@ v1::JobStatus Job::Status() const {
   st.set_job(spec_.name);
   st.set_version(version_);
   st.set_open_step(open_step_);
-  st.set_applied_steps(applied_steps_);
-  st.set_loss_scale(ScaleForVersionLocked(version_));
+  steps_.AddTo(st, version_);
   health_.AddTo(st);
   if (coordinator_ != nullptr) st.set_waiting_on_peer(coordinator_->StallDescription());
   st.set_server_index(spec_.server_index);
@@ -295,9 +293,6 @@ v1::JobStatus Job::Status() const {
                 std::min(local_elems_,
                          state_->ram_sub_groups() * spec_.config.zero_optimization.sub_group_size);
   st.set_nvme_elems(nvme);
-  st.set_last_grad_norm(last_grad_norm_);
-  st.set_last_skipped(last_skipped_);
-  st.set_last_lr(last_lr_);
   st.set_base_version(oldest_version_);
   st.set_waiting_pulls(version_waiters_.size());
   st.set_waiting_pushes(accum_->waiting());
@@ -312,12 +307,6 @@ v1::JobStatus Job::StatusForAttach(absl::Duration max_wait) const {
     cv_.wait_for(lock, absl::ToChronoNanoseconds(max_wait), [&] { return !applying_ || stop_; });
   }
   return Status();
-}
-
-double Job::ScaleForVersionLocked(int64_t version) const {
-  auto it = scale_after_version_.upper_bound(version);
-  if (it == scale_after_version_.begin()) return scale_after_version_.begin()->second;
-  return std::prev(it)->second;
 }
 
 absl::StatusOr<int> Job::LocalChunkIndex(int64_t chunk) const {
@@ -355,7 +344,7 @@ absl::Status Job::InitParams(const v1::ParamInitPiece& piece) {
   {
     std::lock_guard lock(mu_);
     ZO_RETURN_IF_ERROR(health_.status());
-    if (version_ != 0 || applied_steps_ != 0) {
+    if (version_ != 0 || steps_.applied_steps() != 0) {
       return absl::FailedPreconditionError(
           absl::StrCat("job ", spec_.name, " is at version ", version_,
                        "; initial weights are accepted only at version 0"));

@@ -70,6 +70,7 @@
 #include "server/pull_fills.h"
 #include "server/state_snapshot.h"
 #include "server/step_coordinator.h"
+#include "server/step_record.h"
 #include "server/wait_list.h"
 
 namespace zo {
@@ -365,7 +366,6 @@ class Job {
   // Fails and forgets the snapshot in progress, if any. Requires state_mu_.
   void DropSnapshotLocked(const absl::Status& why);
   void LogStep(const v1::StepCommit& commit, absl::Duration wait, absl::Duration update);
-  double ScaleForVersionLocked(int64_t version) const;
 
   const JobSpec spec_;
   const JobResources resources_;
@@ -406,13 +406,8 @@ class Job {
   // The oldest version held: base_version_, or the one before it when the
   // restore brought the version a delayed parameter update computes on.
   int64_t oldest_version_ = 0;
-  int64_t applied_steps_ = 0;
   int64_t generation_ = 0;
-  std::map<int64_t, double> scale_after_version_;  // the newest few
-  double last_grad_norm_ = 0.0;
-  bool last_skipped_ = false;
-  double last_lr_ = 0.0;
-  std::vector<double> last_group_lr_;  // with zo.client_lr; else empty
+  StepRecord steps_{LossScaler::FromConfig(spec_.config).scale()};
   JobHealth health_{spec_.name, spec_.servers[0],
                     [this](const absl::Status& h) { HealthChangedLocked(h); }};
   bool stop_ = false;

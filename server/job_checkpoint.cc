@@ -94,11 +94,7 @@ uint32_t Job::DescribeCheckpoint(int64_t version, CheckpointMeta& meta) const {
   meta.scaler_iteration = s.iteration;
   meta.scaler_last_overflow_iteration = s.last_overflow_iteration;
   meta.scaler_hysteresis_left = s.hysteresis_left;
-  meta.has_last_step = true;
-  meta.last_grad_norm = last_grad_norm_;
-  meta.last_lr = last_lr_;
-  meta.last_group_lr = last_group_lr_;
-  meta.last_skipped = last_skipped_;
+  steps_.Describe(meta);
   return PlanPreviousLocked(version, meta);
 }
 
@@ -111,7 +107,7 @@ uint32_t Job::PlanPreviousLocked(int64_t version, CheckpointMeta& meta) const {
   }
   meta.has_previous = true;
   meta.previous_version = version - 1;
-  meta.previous_loss_scale = ScaleForVersionLocked(version - 1);
+  meta.previous_loss_scale = steps_.ScaleFor(version - 1);
   meta.previous_dtype = std::string(DTypeName(spec_.dtype));
   meta.previous_same_data = versions_->DataVersion(version - 1) == versions_->DataVersion(version);
   return meta.previous_same_data ? 0 : static_cast<uint32_t>(DTypeSize(spec_.dtype));
@@ -413,17 +409,9 @@ absl::Status Job::RestorePart(const v1::RestorePartRequest& request, bool health
     base_version_ = meta.version;
     oldest_version_ = previous == ParamVersions::Previous::kNone ? meta.version : meta.version - 1;
     open_step_ = meta.version + 1;
-    applied_steps_ = meta.applied_steps;
-    scale_after_version_ = {{meta.version, meta.loss_scale}};
-    if (oldest_version_ < meta.version) {
-      scale_after_version_[meta.version - 1] = meta.previous_loss_scale;
-    }
-    checkpoints_.Restored(meta.version);
     const LastStep last = LastStepOf(meta, spec_.config);
-    last_grad_norm_ = last.grad_norm;
-    last_lr_ = last.lr;
-    last_group_lr_ = meta.last_group_lr;
-    last_skipped_ = last.skipped;
+    steps_.Restore(meta, last, /*keeps_previous=*/oldest_version_ < meta.version);
+    checkpoints_.Restored(meta.version);
     if (last.derived) {
       ZO_LOG(INFO) << "job " << spec_.name << ": checkpoint " << request.path()
                    << " predates last_step; last_lr recomputed from the schedule, last_grad_norm "

@@ -94,7 +94,7 @@ absl::StatusOr<PullCursor> Job::OpenPull(const v1::PullParamsRequest& request, b
       return absl::FailedPreconditionError(absl::StrCat("version ", request.version(), " of job ",
                                                         spec_.name, " does not exist yet"));
     }
-    loss_scale = ScaleForVersionLocked(request.version());
+    loss_scale = steps_.ScaleFor(request.version());
   }
   if (request.have_version() >= 0) {
     const std::optional<int64_t> want = versions_->DataVersion(request.version());
@@ -195,7 +195,7 @@ std::optional<InProcessRoute::PullResult> Job::TakeFilledPull(int64_t version, P
   if (!bytes.has_value() || !read.ok()) return std::nullopt;
   std::lock_guard lock(mu_);
   return InProcessRoute::PullResult{
-      .unchanged = false, .loss_scale = ScaleForVersionLocked(version), .bytes = *bytes};
+      .unchanged = false, .loss_scale = steps_.ScaleFor(version), .bytes = *bytes};
 }
 
 void Job::WithdrawPull(PullFills::Id id) {

@@ -23,9 +23,6 @@
 namespace zo {
 namespace {
 
-// Loss scales kept per version: pulls of the few newest ask for theirs.
-constexpr int kScaleHistory = 8;
-
 // state_mu_ for the step thread, with the flag that makes a snapshot's
 // background capture stand back between its slices (std::mutex is not fair:
 // a thread that relocks at once could otherwise keep the step waiting).
@@ -122,7 +119,7 @@ void Job::RunStepLocked(std::unique_lock<std::mutex>& lock) {
   // The scale the step's gradients carry: with DPU, that of the older
   // version the workers computed on.
   const double scale_used =
-      ScaleForVersionLocked(VersionForStep(spec_.config.zo.dpu, step, oldest_version_));
+      steps_.ScaleFor(VersionForStep(spec_.config.zo.dpu, step, oldest_version_));
   lock.unlock();
 
   StepTimes times;
@@ -175,17 +172,7 @@ absl::Duration Job::RecordStepLocked(const v1::StepCommit& commit, const StepTim
   version_ = step;
   open_step_ = step + 1;
   coordinator_->Advance(step);
-  applied_steps_ = commit.applied_steps();
-  last_grad_norm_ = commit.grad_norm();
-  last_skipped_ = commit.skip();
-  if (!commit.skip()) {
-    last_lr_ = commit.lr();
-    last_group_lr_.assign(commit.group_lr().begin(), commit.group_lr().end());
-  }
-  scale_after_version_[step] = commit.next_loss_scale();
-  while (scale_after_version_.size() > kScaleHistory) {
-    scale_after_version_.erase(scale_after_version_.begin());
-  }
+  steps_.Record(commit);
   if (!commit.failure().empty()) {
     // Skipping on cannot help; a restore (after a config change) clears it.
     health_.Fail(absl::FailedPreconditionError(commit.failure()));
@@ -255,7 +242,7 @@ absl::Status Job::Apply(const v1::StepCommit& commit) {
       // ranges are done; they get its loss scale now. Waiters for it wake
       // (a gRPC pull's wait finds it not there yet and waits again).
       std::lock_guard lock(mu_);
-      scale_after_version_[commit.step()] = commit.next_loss_scale();
+      steps_.SetScale(commit.step(), commit.next_loss_scale());
       writing_version_ = commit.step();
       fills_->BeginUpdate(commit.step());
       resources_.wakes->Post(version_waiters_.TakeUpTo(writing_version_));
