@@ -1,4 +1,5 @@
-// Helpers shared by the files that implement Job (job.cc, job_checkpoint.cc).
+// Helpers shared by the files that implement Job (job.cc, job_step.cc,
+// job_pull.cc, job_checkpoint.cc).
 #ifndef ZO_SERVER_JOB_INTERNAL_H_
 #define ZO_SERVER_JOB_INTERNAL_H_
 
