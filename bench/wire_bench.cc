@@ -49,7 +49,7 @@ using bench_internal::TcpSender;
 using bench_internal::TcpSink;
 
 constexpr double kGB = 1e9;  // throughputs in decimal GB/s
-// The client library's bound on a piece (offload_client.cc: 64 MiB messages
+// The client library's bound on a piece (worker/client/internal/setup.h: 64 MiB messages
 // less room for the other fields).
 constexpr int64_t kMaxPieceBytes = (int64_t{64} << 20) - 1024;
 // How long the child may take to start its server and report its ports,
