@@ -24,12 +24,8 @@ A DeepSpeed training loop keeps its shape with initialize():
     loss = engine(batch); engine.backward(loss); engine.step()
 """
 
-import hashlib
 import json
-import math
 import os
-import re
-import secrets
 import shutil
 import tempfile
 import warnings
@@ -37,178 +33,12 @@ import warnings
 import torch
 
 from zo import _native
-
-_JOB_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-def _load_config(config):
-    """A DeepSpeed-style config as (JSON text, dict) from a dict, JSON text or a path."""
-    if isinstance(config, dict):
-        return json.dumps(config), config
-    if isinstance(config, (str, os.PathLike)):
-        text = str(config)
-        if not text.lstrip().startswith("{"):
-            with open(text, encoding="utf-8") as f:
-                text = f.read()
-        return text, json.loads(text)
-    raise TypeError(f"config must be a dict, JSON text or a path, not {type(config).__name__}")
-
-
-def _job_dtype(cfg):
-    if cfg.get("fp16", {}).get("enabled", False):
-        return "fp16"
-    if cfg.get("bf16", {}).get("enabled", False):
-        return "bf16"
-    return "fp32"
-
-
-# Keys of a torch.optim parameter group that zo honours, and those torch's
-# Adam/AdamW carry whose only value zo can run is their default.
-_GROUP_KEYS = {"params", "lr", "betas", "eps", "weight_decay", "initial_lr", "name"}
-_GROUP_DEFAULT_ONLY = {"amsgrad": False, "maximize": False, "foreach": None, "capturable": False,
-                       "differentiable": False, "fused": None, "decoupled_weight_decay": None}
-
-
-def _check_parameter(name, p):
-    """Refuses a trainable parameter zo cannot train, naming it: the job's
-    manifest is made of them, and pulled weights are written into their
-    memory in place. Frozen parameters are not part of the job: any dtype."""
-    if not isinstance(p, torch.Tensor):
-        raise TypeError(f"parameter '{name}' is a {type(p).__name__}, not a tensor")
-    if not p.requires_grad:
-        return
-    if p.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise TypeError(f"parameter '{name}' is {p.dtype}: zo trains float32, float16 "
-                        "and bfloat16 parameters (freeze it with requires_grad=False to "
-                        "keep it out of the job)")
-    if p.layout != torch.strided:
-        raise TypeError(f"parameter '{name}' is {p.layout}: zo trains dense parameters")
-    if not p.is_contiguous():
-        raise ValueError(f"parameter '{name}' is not contiguous (shape {list(p.shape)}, "
-                         f"strides {list(p.stride())}): zo writes weights into a "
-                         "parameter's memory in place; make it contiguous before "
-                         "building the optimizer")
-
-
-def _named_groups(params, model):
-    """torch.optim's params argument (tensors, (name, tensor) pairs, or
-    parameter groups: dicts with "params") as [(hyper-parameters,
-    [(name, tensor)])]. Names make the job's manifest: pairs carry them;
-    bare tensors take theirs from `model`'s named_parameters()."""
-    if isinstance(params, torch.Tensor):
-        raise TypeError("params must be an iterable of tensors, (name, tensor) pairs or "
-                        "parameter groups, not a single tensor")
-    items = list(params)
-    if not items:
-        raise ValueError("OffloadOptimizer got no parameters")
-    if all(isinstance(x, dict) for x in items):
-        groups = items
-    elif any(isinstance(x, dict) for x in items):
-        raise TypeError("params mixes parameter groups (dicts) with parameters: give one kind")
-    else:
-        groups = [{"params": items}]
-    names = {}
-    if model is not None:
-        for n, p in model.named_parameters():
-            names.setdefault(id(p), n)
-    out = []
-    seen = {}
-    for g, group in enumerate(groups):
-        if "params" not in group:
-            raise ValueError(f"parameter group {g} has no 'params'")
-        for key, value in group.items():
-            if key in _GROUP_KEYS:
-                continue
-            if key in _GROUP_DEFAULT_ONLY:
-                if value != _GROUP_DEFAULT_ONLY[key]:
-                    raise NotImplementedError(
-                        f"parameter group {g}: {key}={value!r} is not something zo's servers "
-                        f"run (only {_GROUP_DEFAULT_ONLY[key]!r})")
-                continue
-            raise ValueError(f"parameter group {g}: unknown key '{key}' (zo honours lr, betas, "
-                             "eps and weight_decay per group)")
-        members = group["params"]
-        members = [members] if isinstance(members, torch.Tensor) else list(members)
-        named = []
-        for x in members:
-            if isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str):
-                name, p = x
-            elif isinstance(x, torch.Tensor):
-                if id(x) not in names:
-                    raise TypeError(
-                        "OffloadOptimizer takes model.named_parameters() (name, tensor) pairs, "
-                        "or tensors together with model= to name them: the names make the "
-                        "job's manifest")
-                name, p = names[id(x)], x
-            else:
-                raise TypeError(f"parameter group {g} holds a {type(x).__name__}, not a "
-                                "tensor or a (name, tensor) pair")
-            _check_parameter(name, p)
-            if id(p) in seen:
-                raise ValueError(f"parameter '{name}' appears twice (groups {seen[id(p)]} and "
-                                 f"{g}): each parameter belongs to one group")
-            seen[id(p)] = g
-            named.append((name, p))
-        out.append(({k: v for k, v in group.items() if k != "params"}, named))
-    all_names = [n for _, named in out for n, _ in named]
-    if len(set(all_names)) != len(all_names):
-        twice = sorted({n for n in all_names if all_names.count(n) > 1})[0]
-        raise ValueError(f"parameter name '{twice}' appears twice: the job's manifest "
-                         "needs one name per tensor")
-    return out
-
-
-def _optimizer_defaults(cfg):
-    """torch.optim's defaults from the config's optimizer section (DeepSpeed's
-    defaults where it is silent)."""
-    p = cfg.get("optimizer", {}).get("params", {})
-    return {"lr": p.get("lr", 1e-3), "betas": tuple(p.get("betas", (0.9, 0.999))),
-            "eps": p.get("eps", 1e-8), "weight_decay": p.get("weight_decay", 0.0)}
-
-
-def _raw(t):
-    """A writable buffer over a contiguous CPU tensor's memory (bf16 as int16)."""
-    if t.dtype == torch.bfloat16:
-        t = t.view(torch.int16)
-    return t.numpy()
-
-
-def _default_job_name(dp_world_size):
-    """A job name of this run's own: a fresh run never lands on another's job.
-    dp ranks in separate processes must agree, so theirs comes from the
-    launcher (torchrun's run id, or MASTER_ADDR and MASTER_PORT)."""
-    if dp_world_size == 1:
-        return f"zo-torch-{secrets.token_hex(6)}"
-    run = os.environ.get("TORCHELASTIC_RUN_ID", "")
-    if run and run != "none":
-        tag = run
-    elif os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
-        tag = f"{os.environ['MASTER_ADDR']}-{os.environ['MASTER_PORT']}"
-    else:
-        raise ValueError(f"dp_world_size {dp_world_size} without job=: every rank must name the "
-                         "same job, and without a launcher's TORCHELASTIC_RUN_ID or "
-                         "MASTER_ADDR/MASTER_PORT zo cannot make a name they agree on")
-    return re.sub(r"[^A-Za-z0-9._-]", "_", f"zo-torch-{tag}")[:128]
-
-
-def _fingerprint(manifest, params):
-    """A hash of the manifest and the parameters' current values: what the job
-    starts from (a rerun of the same script with the same seed gives the
-    same; another model or seed, another). Never 0 (0 means none)."""
-    h = hashlib.blake2b(json.dumps(manifest).encode(), digest_size=8)
-    for p in params:
-        t = p.detach()
-        t = (t if t.device.type == "cpu" else t.cpu()).contiguous()
-        h.update(_native.xxh3_64(_raw(t)).to_bytes(8, "little"))
-    return int.from_bytes(h.digest(), "little") or 1
-
-
-def _lr_value(group, g):
-    lr = group["lr"]
-    value = float(lr.item() if isinstance(lr, torch.Tensor) else lr)
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"param_groups[{g}]['lr'] is {lr}: must be finite and >= 0")
-    return value
+# The pieces live in zo._torch_*; every name zo.torch had is still one of
+# its attributes (zo.hf reads zo.torch._load_config).
+from zo._torch_config import _JOB_DTYPES, _job_dtype, _load_config, _optimizer_defaults
+from zo._torch_groups import (_GROUP_DEFAULT_ONLY, _GROUP_KEYS, _check_parameter,  # noqa: F401
+                              _lr_value, _named_groups)
+from zo._torch_job import _default_job_name, _fingerprint, _raw
 
 
 class OffloadOptimizer(torch.optim.Optimizer):
