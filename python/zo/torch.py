@@ -39,6 +39,7 @@ from zo._torch_config import _JOB_DTYPES, _job_dtype, _load_config, _optimizer_d
 from zo._torch_groups import (_GROUP_DEFAULT_ONLY, _GROUP_KEYS, _check_parameter,  # noqa: F401
                               _lr_value, _named_groups)
 from zo._torch_job import _default_job_name, _fingerprint, _raw
+from zo._torch_not_in_zo import _DEEPSPEED_NAMES_ZO_LACKS, _ENGINE_NAMES_ZO_LACKS, NotInZo
 
 
 class OffloadOptimizer(torch.optim.Optimizer):
@@ -678,39 +679,6 @@ class OffloadEngine:
             "gradient_accumulation_steps, fp16_enabled, bfloat16_enabled, "
             "zero_optimization_stage, global_rank, local_rank, world_size, device, "
             "lr_scheduler); the model is .module")
-
-
-class NotInZo(NotImplementedError, AttributeError):
-    """A DeepSpeed name zo does not have, and why (an AttributeError too, so
-    hasattr() and getattr(..., default) still answer)."""
-
-
-# DeepSpeed's engine calls that have no meaning here, and what to do instead.
-_ENGINE_NAMES_ZO_LACKS = {
-    "no_sync": "zo's engine never all-reduces gradients between ranks (the servers sum every "
-               "rank's gradients at each accumulation boundary), so there is nothing to "
-               "suspend: drop the no_sync() context",
-    "set_gradient_accumulation_boundary": "zo's engine counts micro-batches itself "
-                                          "(gradient_accumulation_steps in the config)",
-    "module_state_dict": "use engine.module.state_dict(); the optimizer state is on the servers",
-}
-
-# DeepSpeed's submodules and calls that zo.torch, imported as deepspeed, does
-# not have.
-_DEEPSPEED_NAMES_ZO_LACKS = {
-    "zero": "deepspeed.zero (zero.Init, GatheredParameters, ZeRO-3 partitioning) is not in zo: "
-            "zo keeps the whole model's 16-bit weights on each worker and the optimizer state "
-            "on the servers; build the model normally",
-    "comm": "deepspeed.comm is not in zo: zo's workers need no collectives; use "
-            "torch.distributed for your own",
-    "pipe": "deepspeed.pipe is not in zo.torch: pipeline stages are zo-train's "
-            "(--pipeline-stages)",
-    "moe": "deepspeed.moe is not in zo",
-    "ops": "deepspeed.ops (its fused kernels and CPU Adam) is not in zo: the servers run the "
-           "optimizer from the config",
-    "checkpointing": "deepspeed.checkpointing is not in zo: use torch.utils.checkpoint",
-    "init_inference": "deepspeed.init_inference is not in zo: zo trains",
-}
 
 
 def __getattr__(name):
