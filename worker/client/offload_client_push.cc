@@ -70,10 +70,8 @@ absl::Status OffloadClient::Impl::StepErrorLocked(int64_t step) const {
   return absl::OkStatus();
 }
 
-absl::Status OffloadClient::Impl::PushRange(int64_t step, int tensor, int64_t offset,
-                                            absl::Span<const std::byte> data,
-                                            std::shared_ptr<const void> owner, int micro_batch) {
-  ZO_RETURN_IF_ERROR(CheckState());
+absl::Status OffloadClient::Impl::CheckPushRange(int64_t step, int tensor, int64_t offset,
+                                                 int64_t bytes, int micro_batch) const {
   if (step < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot push step ", step, ": steps are numbered from 1"));
@@ -84,7 +82,6 @@ absl::Status OffloadClient::Impl::PushRange(int64_t step, int tensor, int64_t of
         ") (a job pushes per micro-batch only with zo.gradient_accumulation \"servers\")"));
   }
   ZO_RETURN_IF_ERROR(CheckTensorIndex(tensor));
-  const int64_t bytes = static_cast<int64_t>(data.size());
   if (bytes % elem_bytes != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("pushed ", bytes, " bytes for ", TensorLabel(tensor), ", not a multiple of ",
@@ -97,115 +94,157 @@ absl::Status OffloadClient::Impl::PushRange(int64_t step, int tensor, int64_t of
                                                    offset + elems, ") of ", TensorLabel(tensor),
                                                    ", which has ", tensor_elems));
   }
-  {
-    std::lock_guard lock(mu);
-    ZO_RETURN_IF_ERROR(StepErrorLocked(step));
-  }
-  // Pieces for the in-process route, handed over once all are planned.
-  struct LocalPiece {
-    std::shared_ptr<PushCall> call;
-    v1::GradientPiece header;
-    absl::Span<const std::byte> data;
-  };
-  std::vector<LocalPiece> local;
-  std::vector<RegionPiece> in_region;
+  return absl::OkStatus();
+}
+
+int64_t OffloadClient::Impl::MaxPushPieceBytes() const {
   // The in-process and same-host routes take a chunk's part whole; gRPC's
   // messages are cut at max_piece_bytes.
   bool whole_chunks = true;
   for (int s = 0; s < map.num_servers(); ++s) {
     whole_chunks = whole_chunks && (routes[s] != nullptr || RegionId(s) != 0);
   }
-  const int64_t max_piece_bytes = whole_chunks ? kMaxLocalPieceBytes : options.max_piece_bytes;
-  for (const PushPiece& p : PlanPush(map, tensor, offset, elems, elem_bytes, max_piece_bytes)) {
-    const int64_t piece_bytes = p.byte_end - p.byte_begin;
-    v1::GradientPiece header;
-    header.set_job(options.job);
-    header.set_step(step);
-    header.set_dp_rank(options.dp_rank);
-    header.set_chunk(p.chunk);
-    header.set_offset(p.chunk_offset);
-    header.set_dtype(DTypeToProto(dtype));
-    header.set_resend(options.resend);
-    header.set_incarnation(incarnation[p.server].load(std::memory_order_relaxed));
-    header.set_micro_batch(micro_batch);
+  return whole_chunks ? kMaxLocalPieceBytes : options.max_piece_bytes;
+}
 
-    if (routes[p.server] != nullptr) {
-      std::shared_ptr<PushCall> call;
-      {
-        // Found under mu; pushed through unlocked, so pushes of several
-        // threads convert in parallel. A FinishStep meanwhile closes the
-        // call, and this push then fails as a late one.
-        std::lock_guard lock(mu);
-        std::shared_ptr<PushCall>& slot = streams[step][p.server];
-        if (slot == nullptr) {
-          slot =
-              std::make_shared<LocalPushCall>(routes[p.server], names[p.server], step,
-                                              absl::Now() + call_timeout(), &budget, &stream_ends);
-        }
-        call = slot;
-      }
-      // A big piece is handed over in parts by several threads: one thread
-      // cannot draw the memory bandwidth a copy wants.
-      const int64_t parts = std::clamp<int64_t>(piece_bytes / kLocalPartBytes, 1, CopyThreads());
-      const int64_t part_elems = (piece_bytes / elem_bytes + parts - 1) / parts;
-      for (int64_t e = 0; e < piece_bytes / elem_bytes; e += part_elems) {
-        const int64_t n = std::min(part_elems, piece_bytes / elem_bytes - e);
-        v1::GradientPiece part = header;
-        part.set_offset(p.chunk_offset + e);
-        local.push_back({.call = call,
-                         .header = std::move(part),
-                         .data = data.subspan(static_cast<size_t>(p.byte_begin + e * elem_bytes),
-                                              static_cast<size_t>(n * elem_bytes))});
-      }
-      continue;
+v1::GradientPiece OffloadClient::Impl::PushHeader(int64_t step, const PushPiece& p,
+                                                  int micro_batch) const {
+  v1::GradientPiece header;
+  header.set_job(options.job);
+  header.set_step(step);
+  header.set_dp_rank(options.dp_rank);
+  header.set_chunk(p.chunk);
+  header.set_offset(p.chunk_offset);
+  header.set_dtype(DTypeToProto(dtype));
+  header.set_resend(options.resend);
+  header.set_incarnation(incarnation[p.server].load(std::memory_order_relaxed));
+  header.set_micro_batch(micro_batch);
+  return header;
+}
+
+absl::Status OffloadClient::Impl::RoutePushPiece(int64_t step, const PushPiece& p,
+                                                 v1::GradientPiece header,
+                                                 absl::Span<const std::byte> data,
+                                                 const std::shared_ptr<const void>& owner,
+                                                 RoutedPush& routed) {
+  if (routes[p.server] != nullptr) {
+    AddLocalParts(LocalPushCallFor(step, p.server), p, header, data, routed.local);
+    return absl::OkStatus();
+  }
+  if (const uint64_t region = RegionId(p.server); region != 0) {
+    routed.in_region.push_back(InRegion(step, p, region, std::move(header), data));
+    return absl::OkStatus();
+  }
+  return EnqueueOnStream(step, p, header, data, owner);
+}
+
+std::shared_ptr<PushCall> OffloadClient::Impl::LocalPushCallFor(int64_t step, int server) {
+  // Found under mu; pushed through unlocked, so pushes of several
+  // threads convert in parallel. A FinishStep meanwhile closes the
+  // call, and this push then fails as a late one.
+  std::lock_guard lock(mu);
+  std::shared_ptr<PushCall>& slot = streams[step][server];
+  if (slot == nullptr) {
+    slot = std::make_shared<LocalPushCall>(routes[server], names[server], step,
+                                           absl::Now() + call_timeout(), &budget, &stream_ends);
+  }
+  return slot;
+}
+
+void OffloadClient::Impl::AddLocalParts(const std::shared_ptr<PushCall>& call, const PushPiece& p,
+                                        const v1::GradientPiece& header,
+                                        absl::Span<const std::byte> data,
+                                        std::vector<LocalPiece>& local) const {
+  const int64_t piece_bytes = p.byte_end - p.byte_begin;
+  // A big piece is handed over in parts by several threads: one thread
+  // cannot draw the memory bandwidth a copy wants.
+  const int64_t parts = std::clamp<int64_t>(piece_bytes / kLocalPartBytes, 1, CopyThreads());
+  const int64_t part_elems = (piece_bytes / elem_bytes + parts - 1) / parts;
+  for (int64_t e = 0; e < piece_bytes / elem_bytes; e += part_elems) {
+    const int64_t n = std::min(part_elems, piece_bytes / elem_bytes - e);
+    v1::GradientPiece part = header;
+    part.set_offset(p.chunk_offset + e);
+    local.push_back({.call = call,
+                     .header = std::move(part),
+                     .data = data.subspan(static_cast<size_t>(p.byte_begin + e * elem_bytes),
+                                          static_cast<size_t>(n * elem_bytes))});
+  }
+}
+
+OffloadClient::Impl::RegionPiece OffloadClient::Impl::InRegion(
+    int64_t step, const PushPiece& p, uint64_t region, v1::GradientPiece header,
+    absl::Span<const std::byte> data) const {
+  const int64_t piece_bytes = p.byte_end - p.byte_begin;
+  const WorkerRegion& r = *regions[p.server];
+  // The element's place in the server's local order: its chunks, all
+  // full but the job's last, one after another.
+  const int64_t local_elem = (p.chunk / map.num_servers()) * map.chunk_elems() + p.chunk_offset;
+  const int64_t at = r.GradientAreaOffset(step) + local_elem * elem_bytes;
+  header.set_region(region);
+  header.set_region_offset(at);
+  header.set_region_bytes(piece_bytes);
+  return {.server = p.server,
+          .header = std::move(header),
+          .data = data.subspan(static_cast<size_t>(p.byte_begin), static_cast<size_t>(piece_bytes)),
+          .dst = r.base() + at};
+}
+
+absl::Status OffloadClient::Impl::EnqueueOnStream(int64_t step, const PushPiece& p,
+                                                  const v1::GradientPiece& header,
+                                                  absl::Span<const std::byte> data,
+                                                  const std::shared_ptr<const void>& owner) {
+  const int64_t piece_bytes = p.byte_end - p.byte_begin;
+  budget.Acquire(step, piece_bytes);
+  client_internal::EncodedPiece piece = client_internal::EncodeGradientPiece(
+      header, data.data() + p.byte_begin, static_cast<size_t>(piece_bytes), owner);
+
+  // Enqueue under mu, so that FinishStep cannot take the stream away
+  // between finding it and queuing on it.
+  std::lock_guard lock(mu);
+  std::shared_ptr<PushCall>& stream = streams[step][p.server];
+  if (stream == nullptr) {
+    stream = std::make_shared<PushStream>(channels[p.server], names[p.server], step,
+                                          NewCallContext(call.attempt), &budget, &stream_ends);
+  }
+  return static_cast<PushStream&>(*stream).Enqueue(std::move(piece));
+}
+
+absl::Status OffloadClient::Impl::PushLocal(const std::vector<LocalPiece>& local,
+                                            const std::shared_ptr<const void>& owner) {
+  const int threads = static_cast<int>(std::min<int64_t>(local.size(), CopyThreads()));
+  std::vector<absl::Status> results(threads);
+  auto push_every = [&](int first) {
+    for (size_t i = first; i < local.size() && results[first].ok(); i += threads) {
+      results[first] =
+          static_cast<LocalPushCall&>(*local[i].call).Push(local[i].header, local[i].data, owner);
     }
-    if (const uint64_t region = RegionId(p.server); region != 0) {
-      const WorkerRegion& r = *regions[p.server];
-      // The element's place in the server's local order: its chunks, all
-      // full but the job's last, one after another.
-      const int64_t local_elem = (p.chunk / map.num_servers()) * map.chunk_elems() + p.chunk_offset;
-      const int64_t at = r.GradientAreaOffset(step) + local_elem * elem_bytes;
-      header.set_region(region);
-      header.set_region_offset(at);
-      header.set_region_bytes(piece_bytes);
-      in_region.push_back({.server = p.server,
-                           .header = std::move(header),
-                           .data = data.subspan(static_cast<size_t>(p.byte_begin),
-                                                static_cast<size_t>(piece_bytes)),
-                           .dst = r.base() + at});
-      continue;
-    }
+  };
+  std::vector<std::thread> helpers;
+  for (int t = 1; t < threads; ++t) helpers.emplace_back(push_every, t);
+  push_every(0);
+  for (std::thread& t : helpers) t.join();
+  for (absl::Status& r : results) ZO_RETURN_IF_ERROR(r);
+  return absl::OkStatus();
+}
 
-    budget.Acquire(step, piece_bytes);
-    client_internal::EncodedPiece piece = client_internal::EncodeGradientPiece(
-        header, data.data() + p.byte_begin, static_cast<size_t>(piece_bytes), owner);
-
-    // Enqueue under mu, so that FinishStep cannot take the stream away
-    // between finding it and queuing on it.
+absl::Status OffloadClient::Impl::PushRange(int64_t step, int tensor, int64_t offset,
+                                            absl::Span<const std::byte> data,
+                                            std::shared_ptr<const void> owner, int micro_batch) {
+  ZO_RETURN_IF_ERROR(CheckState());
+  const int64_t bytes = static_cast<int64_t>(data.size());
+  ZO_RETURN_IF_ERROR(CheckPushRange(step, tensor, offset, bytes, micro_batch));
+  const int64_t elems = bytes / elem_bytes;
+  {
     std::lock_guard lock(mu);
-    std::shared_ptr<PushCall>& stream = streams[step][p.server];
-    if (stream == nullptr) {
-      stream = std::make_shared<PushStream>(channels[p.server], names[p.server], step,
-                                            NewCallContext(call.attempt), &budget, &stream_ends);
-    }
-    ZO_RETURN_IF_ERROR(static_cast<PushStream&>(*stream).Enqueue(std::move(piece)));
+    ZO_RETURN_IF_ERROR(StepErrorLocked(step));
   }
-  if (!in_region.empty()) ZO_RETURN_IF_ERROR(PushThroughRegions(step, in_region));
-  if (!local.empty()) {
-    const int threads = static_cast<int>(std::min<int64_t>(local.size(), CopyThreads()));
-    std::vector<absl::Status> results(threads);
-    auto push_every = [&](int first) {
-      for (size_t i = first; i < local.size() && results[first].ok(); i += threads) {
-        results[first] =
-            static_cast<LocalPushCall&>(*local[i].call).Push(local[i].header, local[i].data, owner);
-      }
-    };
-    std::vector<std::thread> helpers;
-    for (int t = 1; t < threads; ++t) helpers.emplace_back(push_every, t);
-    push_every(0);
-    for (std::thread& t : helpers) t.join();
-    for (absl::Status& r : results) ZO_RETURN_IF_ERROR(r);
+  RoutedPush routed;
+  for (const PushPiece& p : PlanPush(map, tensor, offset, elems, elem_bytes, MaxPushPieceBytes())) {
+    ZO_RETURN_IF_ERROR(
+        RoutePushPiece(step, p, PushHeader(step, p, micro_batch), data, owner, routed));
   }
+  if (!routed.in_region.empty()) ZO_RETURN_IF_ERROR(PushThroughRegions(step, routed.in_region));
+  if (!routed.local.empty()) ZO_RETURN_IF_ERROR(PushLocal(routed.local, owner));
   pushed_bytes.fetch_add(bytes, std::memory_order_relaxed);
   return absl::OkStatus();
 }

@@ -114,6 +114,15 @@ struct OffloadClient::Impl {
   // `owner` null: the bytes are copied; otherwise they are sent in place.
   absl::Status PushRange(int64_t step, int tensor, int64_t offset, absl::Span<const std::byte> data,
                          std::shared_ptr<const void> owner, int micro_batch = 0);
+  // PushRange's checks of its arguments: INVALID_ARGUMENT naming the first
+  // that is wrong.
+  absl::Status CheckPushRange(int64_t step, int tensor, int64_t offset, int64_t bytes,
+                              int micro_batch) const;
+  // The most bytes PlanPush puts in one piece of a push.
+  int64_t MaxPushPieceBytes() const;
+  // The header of push piece `p`: every field but its bytes and where they
+  // lie.
+  v1::GradientPiece PushHeader(int64_t step, const PushPiece& p, int micro_batch) const;
   // Push's check that `data` is the whole tensor.
   absl::Status CheckWholeTensor(int tensor, size_t bytes) const;
   absl::Status FinishStep(int64_t step);
@@ -181,6 +190,42 @@ struct OffloadClient::Impl {
   // Copies the pieces of `step` into their regions (once the step two
   // before, whose area they reuse, is in), then sends their headers.
   absl::Status PushThroughRegions(int64_t step, const std::vector<RegionPiece>& pieces);
+
+  // A piece (or a part of one) for the in-process route.
+  struct LocalPiece {
+    std::shared_ptr<client_internal::PushCall> call;
+    v1::GradientPiece header;
+    absl::Span<const std::byte> data;
+  };
+  // A push's pieces for the in-process and same-host routes, handed over
+  // once all are planned.
+  struct RoutedPush {
+    std::vector<LocalPiece> local;
+    std::vector<RegionPiece> in_region;
+  };
+  // Sends piece `p` of `data` over gRPC, or adds it to `routed` for the
+  // route that takes its server's pieces.
+  absl::Status RoutePushPiece(int64_t step, const PushPiece& p, v1::GradientPiece header,
+                              absl::Span<const std::byte> data,
+                              const std::shared_ptr<const void>& owner, RoutedPush& routed);
+  // The in-process push call of `step` to `server`, made by its first piece.
+  std::shared_ptr<client_internal::PushCall> LocalPushCallFor(int64_t step, int server);
+  // Adds piece `p` to `local`, cut into parts for CopyThreads().
+  void AddLocalParts(const std::shared_ptr<client_internal::PushCall>& call, const PushPiece& p,
+                     const v1::GradientPiece& header, absl::Span<const std::byte> data,
+                     std::vector<LocalPiece>& local) const;
+  // Piece `p` placed in its server's region, whose id is `region`.
+  RegionPiece InRegion(int64_t step, const PushPiece& p, uint64_t region, v1::GradientPiece header,
+                       absl::Span<const std::byte> data) const;
+  // Queues piece `p` on the gRPC push stream of `step` to its server, once
+  // the budget has room for it.
+  absl::Status EnqueueOnStream(int64_t step, const PushPiece& p, const v1::GradientPiece& header,
+                               absl::Span<const std::byte> data,
+                               const std::shared_ptr<const void>& owner);
+  // Hands the pieces to their in-process calls, on up to CopyThreads()
+  // threads; the first error.
+  absl::Status PushLocal(const std::vector<LocalPiece>& local,
+                         const std::shared_ptr<const void>& owner);
 
   client_internal::StreamEnds
       stream_ends;  // every push stream tells it when it ends; outlives them
