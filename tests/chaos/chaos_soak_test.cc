@@ -51,37 +51,20 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
-#include "common/testing/free_port.h"
 #include "common/testing/small_tmpfs.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/chaos/chaos_soak_fixture.h"
 #include "tests/cli/zo_ctl_runner.h"
 #include "tests/cluster/wait_until.h"
 #include "tests/server/server_process.h"
-#include "tests/server/training_harness.h"
 #include "tests/support/child_process.h"
 
-namespace zo::testing {
+namespace zo::testing::chaos {
 namespace {
-
-constexpr int kServers = 3;
-constexpr int kRanks = 2;
-const std::vector<std::string> kModel = {"--n-layer", "2",  "--n-embd",          "64",
-                                         "--n-head",  "4",  "--block-size",      "32",
-                                         "--seed",    "11", "--pipeline-stages", "2"};
-constexpr char kConfig[] = R"({
-  "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
-  "optimizer": {"type": "AdamW", "params": {"lr": 2e-3, "weight_decay": 0.01}},
-  "fp16": {"enabled": true, "initial_scale_power": 12}, "steps_per_print": 1,
-  "zero_optimization": {"sub_group_size": 40000,
-                        "offload_optimizer": {"device": "nvme", "buffer_count": 3,
-                                              "nvme_path": "NVME"}},
-  "zo": {"chunk_elems": 16384}})";
 
 // Every (step, loss) a worker reported, in order (steps repeat after a rollback).
 std::vector<std::pair<int64_t, double>> Reported(const std::string& path) {
@@ -137,132 +120,6 @@ int TemporaryFoldersUnder(const std::string& dir) {
     n += e.path().extension() == ".tmp";
   }
   return n;
-}
-
-bool StageProcesses() {
-  const char* stages = std::getenv("ZO_CHAOS_STAGES");
-  return stages != nullptr && std::string(stages) == "processes";
-}
-
-class ChaosSoakTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = FreshTempDir("chaos_soak");
-    // Each server's --nvme-path overrides the config's.
-    std::string config = absl::StrReplaceAll(kConfig, {{"NVME", dir_ + "/nvme-unused"}});
-    if (const char* device = std::getenv("ZO_CHAOS_OPTIMIZER"); device != nullptr) {
-      config = absl::StrReplaceAll(
-          config, {{R"("device": "nvme")", absl::StrCat(R"("device": ")", device, "\"")}});
-    }
-    if (const char* dpu = std::getenv("ZO_CHAOS_DPU"); dpu != nullptr && std::string(dpu) == "1") {
-      config = absl::StrReplaceAll(
-          config, {{R"("chunk_elems": 16384)",
-                    R"("chunk_elems": 16384, "dpu": {"enabled": true, "warmup_steps": 2})"}});
-    }
-    std::ofstream(dir_ + "/config.json") << config;
-  }
-
-  // `nvme_latency_ms` > 0: the server's disk is that much slower per I/O.
-  ServerProcess StartServer(const std::string& run, int index, int port = 0,
-                            int nvme_latency_ms = 0) {
-    const std::string nvme = absl::StrCat(dir_, "/", run, "/nvme", index);
-    std::filesystem::create_directories(nvme);
-    std::vector<std::string> args = {"--checkpoint-dir",   absl::StrCat(dir_, "/", run, "/ckpt"),
-                                     "--nvme-path",        nvme,
-                                     "--threads",          "1",
-                                     "--keep-checkpoints", "2"};
-    if (nvme_latency_ms > 0) {
-      args.insert(args.end(), {"--inject-nvme-latency", absl::StrCat(nvme_latency_ms, "ms")});
-    }
-    absl::StatusOr<ServerProcess> s = ServerProcess::Start(args, port);
-    EXPECT_TRUE(s.ok()) << s.status();
-    return *std::move(s);
-  }
-
-  // `stage` >= 0: that pipeline stage alone, a process of its own.
-  ChildProcess StartWorker(const std::string& run, const std::string& servers, int rank,
-                           int64_t steps, int stage = -1) {
-    std::vector<std::string> args = {
-        ZO_TRAIN_PATH,
-        "--servers",
-        servers,
-        "--job",
-        "chaos",
-        "--config",
-        dir_ + "/config.json",
-        "--dp-rank",
-        std::to_string(rank),
-        "--dp-world-size",
-        std::to_string(kRanks),
-        "--steps",
-        std::to_string(steps),
-        "--checkpoint-every",
-        "5",
-        "--metrics-out",
-        stage == 0 ? absl::StrCat(Metrics(run, rank), ".stage0") : Metrics(run, rank)};
-    args.insert(args.end(), kModel.begin(), kModel.end());
-    if (stage >= 0) {
-      std::string& addresses = stage_addresses_[{run, rank}];
-      if (addresses.empty()) {
-        addresses =
-            absl::StrCat("127.0.0.1:", FreeLoopbackPort(), ",127.0.0.1:", FreeLoopbackPort());
-      }
-      args.insert(args.end(), {"--stage", std::to_string(stage), "--stage-addresses", addresses});
-    }
-    // Appended, not truncated: a restarted worker's log follows the last one's.
-    const std::string log = WorkerLog(run, rank, stage);
-    std::string before;
-    {
-      std::ifstream in(log);
-      before.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-    }
-    std::ofstream(absl::StrCat(log, ".before"), std::ios::app) << before;
-    absl::StatusOr<ChildProcess> w = ChildProcess::Start(args, log);
-    EXPECT_TRUE(w.ok()) << w.status();
-    return *std::move(w);
-  }
-
-  // A second job beside the soak's, in one process, with no checkpoint.
-  // `log_suffix` tells a second run's log from the first's.
-  ChildProcess StartSideJob(const std::string& job, const std::string& servers, int64_t steps,
-                            const std::string& log_suffix = "") {
-    std::vector<std::string> args = {ZO_TRAIN_PATH,
-                                     "--servers",
-                                     servers,
-                                     "--job",
-                                     job,
-                                     "--config",
-                                     dir_ + "/config.json",
-                                     "--steps",
-                                     std::to_string(steps),
-                                     "--metrics-out",
-                                     SideMetrics(job)};
-    args.insert(args.end(), kModel.begin(), kModel.end());
-    absl::StatusOr<ChildProcess> w =
-        ChildProcess::Start(args, absl::StrCat(dir_, "/chaos/", job, log_suffix, ".log"));
-    EXPECT_TRUE(w.ok()) << w.status();
-    return *std::move(w);
-  }
-  std::string SideMetrics(const std::string& job) const {
-    return absl::StrCat(dir_, "/chaos/", job, ".jsonl");
-  }
-
-  // The losses: the last stage's.
-  std::string Metrics(const std::string& run, int rank) const {
-    return absl::StrCat(dir_, "/", run, "/rank", rank, ".jsonl");
-  }
-  std::string WorkerLog(const std::string& run, int rank, int stage) const {
-    return absl::StrCat(dir_, "/", run, "/worker", rank,
-                        stage >= 0 ? absl::StrCat("-stage", stage) : "", ".log");
-  }
-
-  std::string dir_;
-  // Per run and rank, with stage processes: the two stages' addresses.
-  std::map<std::pair<std::string, int>, std::string> stage_addresses_;
-};
-
-std::string ServerList(const std::vector<ServerProcess>& servers) {
-  return absl::StrJoin(Addresses(servers), ",");
 }
 
 TEST_F(ChaosSoakTest, KillsAnywhereLeaveTheTrajectoryOfARunWithout) {
@@ -599,4 +456,4 @@ TEST_F(ChaosSoakTest, KillsAnywhereLeaveTheTrajectoryOfARunWithout) {
 }
 
 }  // namespace
-}  // namespace zo::testing
+}  // namespace zo::testing::chaos
