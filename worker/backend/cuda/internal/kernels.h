@@ -81,7 +81,7 @@ cudaError_t LaunchCrossEntropyBackward(ConstView logits, const int32_t* targets,
                                        int64_t vocab, float scale, View dlogits,
                                        cudaStream_t stream);
 
-// ---- attention (kernels/attention.cu) ----
+// ---- attention (kernels/attention_forward.cu, kernels/attention_backward.cu) ----
 // Causal multi-head self-attention over qkv [batch * t, 3c] (queries, keys,
 // values side by side, each c split into `heads` heads of d = c / heads
 // columns), flash-style: never materialises [t, t] scores in global memory.
