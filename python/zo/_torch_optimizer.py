@@ -1,0 +1,391 @@
+"""OffloadOptimizer: the torch.optim.Optimizer whose step runs on zo's
+servers (zo.torch's docstring shows its loop). It opens the job from the
+parameter groups and the config, pushes each step's gradients in the job's
+dtype, writes the next weights into the parameters in place, follows a job
+that moved, and checkpoints and restores through the servers."""
+
+import json
+import warnings
+
+import torch
+
+from zo import _native
+from zo._torch_config import _JOB_DTYPES, _job_dtype, _load_config, _optimizer_defaults
+from zo._torch_groups import _lr_value, _named_groups
+from zo._torch_job import _default_job_name, _fingerprint, _raw
+
+
+class OffloadOptimizer(torch.optim.Optimizer):
+    """A torch.optim.Optimizer whose step runs on zo's offload servers.
+
+    params: what torch.optim takes: model.named_parameters(), or parameter
+        groups ({"params": [...], "lr": ..., "weight_decay": ..., "betas":
+        ..., "eps": ...}) whose params are (name, tensor) pairs or tensors
+        named through model=. Names form the job's manifest, so every worker
+        of a job must name them alike. Parameters with requires_grad=False
+        are not part of the job (any dtype; never sent, never decayed).
+    config: the DeepSpeed-style config (dict, JSON text or path); its
+        optimizer params are the groups' defaults.
+    servers: "host:port" of every server (a list, or one string with
+        commas), in the same order on every worker; None runs an embedded
+        server inside this process.
+    checkpoint_dir: where the embedded server writes checkpoints
+        (state_dict() needs one); remote servers use their own.
+    model: names bare tensors in params (its named_parameters()).
+    job: the job's name on the servers; default: a new name per run (with
+        dp ranks in separate processes, one from the launcher they share).
+    resume: continue a job the servers already trained under that name,
+        on their weights. Without it such a job is left as it is and the
+        model keeps its own weights: step() refuses, naming the job, until
+        load_state_dict() (or the engine's load_checkpoint) rolls it back
+        to a checkpoint. A job at version 0 that another worker opened from
+        other initial weights (another model or seed) is refused.
+
+    The learning rate: without a "scheduler" section in the config, each
+    step uses param_groups[i]["lr"] as the loop (or a torch lr_scheduler)
+    last set it, as torch.optim does. With one, the servers' schedule sets
+    it, param_groups shows it after each step, and a loop that writes it
+    is refused.
+    """
+
+    __module__ = "zo.torch"  # its public name, as NotInZo's
+
+    def __init__(self, params, config, servers=None, job=None, dp_rank=0,
+                 dp_world_size=1, checkpoint_dir="", auth_token="", model=None, resume=False):
+        self._opened = False
+        groups = _named_groups(params, model)
+        config_json, cfg = _load_config(config)
+        for warning in _native.config_warnings(config_json, dp_world_size):
+            warnings.warn(f"zo config: {warning}", stacklevel=2)
+        if (cfg.get("zo", {}).get("gradient_accumulation") == "servers"
+                and cfg.get("gradient_accumulation_steps", 1) != 1):
+            raise NotImplementedError(
+                'zo.torch sums micro-batch gradients in the model\'s .grad and pushes once per '
+                'step; zo.gradient_accumulation "servers" (a push per micro-batch) is zo-train\'s '
+                'GPU worker only: use "device" or "auto"')
+        for key in ("param_groups", "client_lr"):
+            if key in cfg.get("zo", {}):
+                raise ValueError(f"config key zo.{key} is set by zo.torch from the optimizer's "
+                                 "param_groups; leave it out")
+        defaults = _optimizer_defaults(cfg)
+        self._schedule_on_servers = "scheduler" in cfg
+        if self._schedule_on_servers:
+            for g, (hyper, _) in enumerate(groups):
+                if "lr" in hyper and hyper["lr"] != defaults["lr"]:
+                    raise ValueError(
+                        f"parameter group {g} sets lr {hyper['lr']} while the config's scheduler "
+                        "sets every group's rate: remove the group's lr, or the scheduler "
+                        "section (then each group's lr is used as torch.optim uses it)")
+        super().__init__([dict(hyper, params=[p for _, p in named]) for hyper, named in groups],
+                         defaults)
+        self._opened = True
+        # The job's tensors: trainable parameters, group by group.
+        trained = [(n, p, g) for g, (_, named) in enumerate(groups) for n, p in named
+                   if p.requires_grad]
+        if not trained:
+            raise ValueError("OffloadOptimizer got no trainable parameters (every one has "
+                             "requires_grad=False)")
+        self._frozen = [(n, p) for _, named in groups for n, p in named if not p.requires_grad]
+        self._names = [n for n, _, _ in trained]
+        self._params = [p for _, p, _ in trained]
+        self._dp_rank = dp_rank
+        self._dp_world_size = dp_world_size
+        self._dtype_name = _job_dtype(cfg)
+        self._dtype = _JOB_DTYPES[self._dtype_name]
+        job_cfg = json.loads(config_json)
+        job_cfg.setdefault("zo", {})
+        if not self._schedule_on_servers:
+            job_cfg["zo"]["client_lr"] = True
+        group_hyper = [{"betas": list(g["betas"]), "eps": g["eps"],
+                        "weight_decay": g["weight_decay"]} for g in self.param_groups]
+        default_hyper = {"betas": list(defaults["betas"]), "eps": defaults["eps"],
+                         "weight_decay": defaults["weight_decay"]}
+        if any(h != default_hyper for h in group_hyper) or len(group_hyper) > 1:
+            job_cfg["zo"]["param_groups"] = group_hyper
+        config_json = json.dumps(job_cfg)
+        manifest = [(n, list(p.shape), self._dtype_name) for n, p, _ in trained]
+        self._opened_as = [(tuple(p.shape), p.dtype, p.device) for p in self._params]
+        if isinstance(servers, str):
+            servers = [s.strip() for s in servers.split(",") if s.strip()]
+        self.job = job if job is not None else _default_job_name(dp_world_size)
+        fingerprint = _fingerprint(manifest, self._params)
+        self._server = None
+        if servers is None:
+            self._server = _native.EmbeddedServer(checkpoint_dir or "")
+        try:
+            self._client = _native.Client(config_json, manifest, list(servers or []),
+                                          self._server, self.job, dp_rank, dp_world_size,
+                                          auth_token, [g for _, _, g in trained], fingerprint)
+        except RuntimeError:
+            if self._server is not None:
+                self._server.shutdown()
+            raise
+        # Parameters the client reads and writes directly (CPU, contiguous, the
+        # job's dtype); the others go through a staging copy.
+        self._staging = [None if self._direct(p) else
+                         torch.empty(p.shape, dtype=self._dtype,
+                                     pin_memory=p.is_cuda and torch.cuda.is_available())
+                         for p in self._params]
+        # Gradients in the job's dtype when the parameter's is another, made
+        # once when first needed (page-locked for CUDA gradients).
+        self._grad_staging = [None] * len(self._params)
+        self._zero_grads = [None] * len(self._params)
+        self.loss_scale = 1.0
+        self._pushed = set()  # parameters whose gradient for the next step is out
+        self._lr_sent = None  # (step, rates) sent to the servers for that step
+        self._warned_no_grad = set()
+        self._not_resumed = None  # why step() refuses: a trained job nobody asked to resume
+        version = self._client.version
+        if version == 0:
+            for i, p in enumerate(self._params):
+                values = p.detach().to("cpu", torch.float32).contiguous()
+                self._client.init_params(i, values.numpy())
+        elif not resume:
+            same = self._client.job_status()["init_fingerprint"] == fingerprint
+            self._not_resumed = (
+                f"job '{self.job}' on the servers has taken {version} steps, started from "
+                f"{'the same initial weights as this model (a rerun?)' if same else 'other initial weights than this model'}"
+                ": continuing it would replace the model's weights with the servers'. Pass "
+                "resume=True to continue it, roll it back to a checkpoint (load_state_dict, "
+                "engine.load_checkpoint), or give another job= name (the default is a new one "
+                "per run)")
+        self._step = version
+        if self._not_resumed is None:
+            self._load(self._step + 1)
+        self._shown_lr = None
+        self._show_server_lr()
+
+    def add_param_group(self, param_group):
+        if getattr(self, "_opened", False):
+            raise NotImplementedError(
+                "add_param_group: a zo job's tensors are fixed when the optimizer opens it (the "
+                "servers shard them); give every parameter group to the constructor, or open a "
+                "new optimizer (another job= name) for the larger model")
+        super().add_param_group(param_group)
+
+    def _direct(self, p):
+        return p.device.type == "cpu" and p.dtype == self._dtype and p.is_contiguous()
+
+    @property
+    def global_steps(self):
+        """Steps the servers have taken for this job (the job's version)."""
+        return self._step
+
+    def _load(self, step):
+        """Writes the weights `step` computes on into the parameters."""
+        buffers = [_raw(p.data if s is None else s) for p, s in zip(self._params, self._staging)]
+        try:
+            changed, self.loss_scale = self._client.pull_for_step(
+                step, list(range(len(self._params))), buffers)
+        except RuntimeError:
+            if not self._client.moved():
+                raise
+            self._client.follow()  # it moved at the version this step needs: pull it there
+            changed, self.loss_scale = self._client.pull_for_step(
+                step, list(range(len(self._params))), buffers)
+        if changed:
+            with torch.no_grad():
+                for p, s in zip(self._params, self._staging):
+                    if s is not None:
+                        p.copy_(s)
+
+    def _stage_from_device(self, index, grad):
+        """A CUDA gradient cast on the device and copied into a page-locked
+        buffer kept for this parameter: a DMA, no pageable bounce. The buffer
+        is free again by the next step (finish_step waits for its bytes)."""
+        if self._grad_staging[index] is None:
+            self._grad_staging[index] = torch.empty(grad.shape, dtype=self._dtype,
+                                                    pin_memory=True)
+        staging = self._grad_staging[index]
+        staging.copy_(grad.detach().to(self._dtype), non_blocking=True)
+        torch.cuda.current_stream(grad.device).synchronize()
+        return staging
+
+    def _in_job_dtype(self, index, grad, plus=None):
+        """A CPU gradient (plus `plus`, when given) as contiguous elements of
+        the job's dtype: the tensor itself when it already is, else written
+        into a buffer kept for the parameter (no allocation per step)."""
+        if plus is None and grad.dtype == self._dtype and grad.is_contiguous():
+            return grad.detach()
+        if self._grad_staging[index] is None:
+            self._grad_staging[index] = torch.empty(grad.shape, dtype=self._dtype)
+        staging = self._grad_staging[index]
+        if plus is None:
+            staging.copy_(grad.detach())
+        else:
+            # One rounding of the fp32 (or parameter-dtype) sum, as .grad + grad then .to().
+            torch.add(grad.detach(), plus.detach(), out=staging)
+        return staging
+
+    def _zeros(self, index):
+        if self._zero_grads[index] is None:
+            self._zero_grads[index] = torch.zeros(self._params[index].shape, dtype=self._dtype)
+        return self._zero_grads[index]
+
+    def _send_lr(self, step):
+        """With the rate from param_groups (no scheduler in the config): the
+        rates of `step`, to the servers before its first gradient."""
+        if self._schedule_on_servers or (self._lr_sent is not None and self._lr_sent[0] == step):
+            return
+        rates = [_lr_value(g, i) for i, g in enumerate(self.param_groups)]
+        self._client.set_step_lr(step, rates)
+        self._lr_sent = (step, rates)
+
+    def _check_lr(self, step):
+        """The rates a step uses are those param_groups hold when it is taken."""
+        if self._schedule_on_servers:
+            for i, g in enumerate(self.param_groups):
+                if self._shown_lr is not None and g["lr"] != self._shown_lr[i]:
+                    raise RuntimeError(
+                        f"param_groups[{i}]['lr'] was set to {g['lr']}, but the config's "
+                        "scheduler sets the learning rate on the servers: remove the config's "
+                        "scheduler section to set it from the loop (or a torch lr_scheduler)")
+            return
+        rates = [_lr_value(g, i) for i, g in enumerate(self.param_groups)]
+        if self._lr_sent is not None and self._lr_sent[0] == step and self._lr_sent[1] != rates:
+            raise RuntimeError(
+                f"param_groups' lr changed to {rates} after backward sent step {step}'s "
+                f"gradients with {self._lr_sent[1]}: set the learning rate before backward")
+
+    def _check_resumed(self):
+        if self._not_resumed is not None:
+            raise RuntimeError(self._not_resumed)
+
+    def _check_frozen(self):
+        for name, p in self._frozen:
+            if p.requires_grad:
+                raise RuntimeError(
+                    f"parameter '{name}' was frozen (requires_grad=False) when the optimizer "
+                    "opened its job, so it is not part of it, and it is trainable now: build "
+                    "a new optimizer (another job= name) to train it")
+
+    @torch.no_grad()
+    def push_gradient(self, index, grad, plus=None):
+        """Pushes parameter `index`'s final gradient (grad + plus, when plus
+        is given) for the next step now (the engine does this from autograd
+        hooks during the last backward); step() then pushes only the others."""
+        self._check_resumed()
+        step = self._step + 1
+        self._send_lr(step)
+        if grad is None:
+            name = self._names[index]
+            if name not in self._warned_no_grad:
+                self._warned_no_grad.add(name)
+                warnings.warn(f"zo: parameter '{name}' has no gradient at step {step}: the "
+                              "servers step it with a zero gradient (its moments decay and "
+                              "weight decay applies), where torch.optim would skip it; freeze "
+                              "it (requires_grad=False) before building the optimizer to keep "
+                              "it out of the job", stacklevel=3)
+            grad = self._zeros(index)
+        elif grad.is_cuda:
+            grad = self._stage_from_device(index, grad if plus is None else grad + plus)
+        else:
+            grad = self._in_job_dtype(index, grad, plus)
+        try:
+            self._client.push(step, index, _raw(grad))
+        except RuntimeError:
+            if not self._client.moved():
+                raise
+            return  # step() follows the job and pushes this gradient again
+        self._pushed.add(index)
+
+    def _check_unchanged(self):
+        """The job's manifest is fixed when it opens: a parameter resized,
+        retyped or moved since then cannot be trained by it."""
+        for name, p, (shape, dtype, device) in zip(self._names, self._params, self._opened_as):
+            now = (tuple(p.shape), p.dtype, p.device)
+            if now != (shape, dtype, device) or not p.is_contiguous():
+                raise RuntimeError(
+                    f"parameter '{name}' changed since the job was opened: it was "
+                    f"{list(shape)} {dtype} on {device}, it is {list(p.shape)} {p.dtype} on "
+                    f"{p.device}{'' if p.is_contiguous() else ', not contiguous'}; a job's "
+                    "parameters are fixed: open a new job (another job= name) for the new model")
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        self._check_resumed()
+        self._check_unchanged()
+        self._check_frozen()
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        step = self._step + 1
+        self._check_lr(step)
+        while not self._push_step(step):
+            # The job moved (zo-ctl rescale): attach where it went and push
+            # this step there again, unless the move already took it.
+            version = self._client.follow()
+            self._pushed.clear()
+            self._lr_sent = None  # the new lead has not heard them
+            if version >= step:
+                break
+            if version < step - 1:
+                # Restored to an older checkpoint: the weights go back there
+                # and the next backward computes the step after it.
+                warnings.warn(f"zo: the job moved back to version {version}: "
+                              f"steps {version + 1}..{step - 1} are taken again", stacklevel=2)
+                self._step = version
+                self._load(version + 1)
+                self._show_server_lr()
+                return loss
+        self._pushed.clear()
+        self._step = step
+        self._load(step + 1)
+        self._show_server_lr()
+        return loss
+
+    def _push_step(self, step):
+        """Pushes the gradients not out yet and finishes the step; False when
+        the job turned out to have moved."""
+        try:
+            for i, p in enumerate(self._params):
+                if i not in self._pushed:
+                    self.push_gradient(i, p.grad)
+            self._client.finish_step(step)
+            return True
+        except RuntimeError:
+            if not self._client.moved():
+                raise
+            return False
+
+    def _show_server_lr(self):
+        """With the config's scheduler: param_groups' lr is the rate of the
+        servers' last applied step. Otherwise param_groups' lr is the loop's."""
+        if not self._schedule_on_servers:
+            return
+        status = self._client.job_status()
+        if status["version"] >= self._step and status["applied_steps"] > 0:
+            for group in self.param_groups:
+                group["lr"] = status["last_lr"]
+        self._shown_lr = [g["lr"] for g in self.param_groups]
+
+    def state_dict(self):
+        """A server checkpoint of the job at this step (every server writes its
+        part); the dict names it, with each group's lr (and a torch
+        lr_scheduler's initial_lr)."""
+        path = self._client.checkpoint(self._step)
+        return {"zo": {"checkpoint": path, "step": self._step},
+                "param_groups": [{k: g[k] for k in ("lr", "initial_lr") if k in g}
+                                 for g in self.param_groups]}
+
+    def load_state_dict(self, state_dict):
+        """Rolls the job back to the checkpoint state_dict() named, weights included."""
+        zo_state = state_dict.get("zo")
+        if not zo_state or "checkpoint" not in zo_state:
+            raise ValueError("not a zo OffloadOptimizer state_dict (no 'zo' checkpoint entry)")
+        self._step = self._client.restore(zo_state["checkpoint"])
+        self._not_resumed = None  # rolled back: the weights are the checkpoint's
+        self._lr_sent = None
+        self._load(self._step + 1)
+        self._show_server_lr()
+        for group, saved in zip(self.param_groups, state_dict.get("param_groups", [])):
+            group.update(saved)
+        if self._schedule_on_servers:
+            self._shown_lr = [g["lr"] for g in self.param_groups]
+
+    def close(self):
+        """Ends the client (and the embedded server); the optimizer is unusable after."""
+        self._client.close()
+        if self._server is not None:
+            self._server.shutdown()
