@@ -29,6 +29,46 @@ using client_internal::ValidateOptions;
 // (UNAVAILABLE); about half a minute with the pauses between them.
 constexpr int kOpenAttempts = 40;
 
+// INVALID_ARGUMENT naming the first tensor of `manifest` that is not of the
+// job's dtype (`reason`: why the job has it).
+absl::Status CheckManifestDType(const std::vector<TensorSpec>& manifest, DType dtype,
+                                const char* reason) {
+  for (const TensorSpec& t : manifest) {
+    if (t.dtype != dtype) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", t.name, "' of the manifest is ", std::string(DTypeName(t.dtype)),
+          ", but the job's dtype is ", std::string(DTypeName(dtype)), " (", reason, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The job's servers: per server, its name and the channel to it.
+struct Servers {
+  std::vector<std::string> names;
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+};
+
+// The channels the options give, named "inproc:<i>", or one to each
+// address they list.
+absl::StatusOr<Servers> Connect(const ClientOptions& options) {
+  Servers servers;
+  servers.channels = options.channels;
+  if (!servers.channels.empty()) {
+    for (size_t i = 0; i < servers.channels.size(); ++i) {
+      servers.names.push_back(absl::StrCat("inproc:", i));
+    }
+    return servers;
+  }
+  servers.names = options.servers;
+  for (const std::string& address : servers.names) {
+    ZO_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                        NewChannel(address, {.tls_root_certs = options.tls_root_certs}));
+    servers.channels.push_back(std::move(channel));
+  }
+  return servers;
+}
+
 }  // namespace
 
 absl::StatusOr<bool> OffloadClient::Impl::SameInstanceAsOpened(
@@ -54,70 +94,43 @@ absl::StatusOr<bool> OffloadClient::Impl::SameInstanceAsOpened(
   return true;
 }
 
-absl::StatusOr<std::unique_ptr<OffloadClient>> OffloadClient::Open(
-    const ClientOptions& options, const std::string& config_json,
-    std::vector<TensorSpec> manifest) {
-  ZO_ASSIGN_OR_RETURN(LoadedConfig loaded,
-                      ParseConfig(config_json, {.dp_world_size = options.dp_world_size}));
-  const auto [dtype, dtype_reason] = JobDType(loaded.config);
-  ZO_RETURN_IF_ERROR(ValidateOptions(options, static_cast<int64_t>(DTypeSize(dtype))));
-  for (const TensorSpec& t : manifest) {
-    if (t.dtype != dtype) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor '", t.name, "' of the manifest is ", std::string(DTypeName(t.dtype)),
-          ", but the job's dtype is ", std::string(DTypeName(dtype)), " (", dtype_reason, ")"));
-    }
-  }
-  const v1::Manifest wire_manifest = ManifestToProto(manifest);
-
-  std::vector<std::string> names;
-  std::vector<std::shared_ptr<grpc::Channel>> channels = options.channels;
-  if (!channels.empty()) {
-    for (size_t i = 0; i < channels.size(); ++i) names.push_back(absl::StrCat("inproc:", i));
-  } else {
-    names = options.servers;
-    for (const std::string& address : names) {
-      ZO_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
-                          NewChannel(address, {.tls_root_certs = options.tls_root_certs}));
-      channels.push_back(std::move(channel));
-    }
-  }
-  ZO_ASSIGN_OR_RETURN(ShardMap map,
-                      ShardMap::Create(std::move(manifest), loaded.config.zo.chunk_elems,
-                                       static_cast<int>(channels.size())));
-  auto impl = std::make_unique<Impl>(options, std::move(loaded.config), dtype, std::move(map),
-                                     names, std::move(channels), options.routes);
-
+absl::Status OffloadClient::Impl::OpenJobOnEveryServer(const std::string& config_json,
+                                                       const v1::Manifest& manifest,
+                                                       std::vector<v1::OpenJobResponse>& replies) {
   // In parallel: a server's OpenJob may wait for the others of the job.
-  const int num_servers = static_cast<int>(names.size());
-  std::vector<v1::OpenJobResponse> replies(num_servers);
+  CallGroup group;
+  return RunInParallel(names.size(), group, [&](size_t i) -> absl::Status {
+    v1::OpenJobRequest request;
+    request.set_job(options.job);
+    *request.mutable_manifest() = manifest;
+    request.set_config_json(config_json);
+    request.set_dp_world_size(options.dp_world_size);
+    for (const std::string& name : names) request.add_servers(name);
+    request.set_server_index(static_cast<int>(i));
+    request.set_attach_only(options.attach_only);
+    request.set_init_fingerprint(options.init_fingerprint);
+    ZO_ASSIGN_OR_RETURN(replies[i], Unary<v1::OpenJobResponse>(
+                                        static_cast<int>(i),
+                                        [&](v1::Offload::Stub& stub, grpc::ClientContext& context,
+                                            v1::OpenJobResponse& response) {
+                                          return stub.OpenJob(&context, request, &response);
+                                        },
+                                        &group));
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<std::vector<v1::OpenJobResponse>> OffloadClient::Impl::OpenJob(
+    const std::string& config_json, const v1::Manifest& manifest) {
+  std::vector<v1::OpenJobResponse> replies(names.size());
   for (int attempt = 1;; ++attempt) {
-    CallGroup group;
-    ZO_RETURN_IF_ERROR(RunInParallel(num_servers, group, [&](size_t i) -> absl::Status {
-      v1::OpenJobRequest request;
-      request.set_job(options.job);
-      *request.mutable_manifest() = wire_manifest;
-      request.set_config_json(config_json);
-      request.set_dp_world_size(options.dp_world_size);
-      for (const std::string& name : names) request.add_servers(name);
-      request.set_server_index(static_cast<int>(i));
-      request.set_attach_only(options.attach_only);
-      request.set_init_fingerprint(options.init_fingerprint);
-      ZO_ASSIGN_OR_RETURN(replies[i], impl->Unary<v1::OpenJobResponse>(
-                                          static_cast<int>(i),
-                                          [&](v1::Offload::Stub& stub, grpc::ClientContext& context,
-                                              v1::OpenJobResponse& response) {
-                                            return stub.OpenJob(&context, request, &response);
-                                          },
-                                          &group));
-      return absl::OkStatus();
-    }));
+    ZO_RETURN_IF_ERROR(OpenJobOnEveryServer(config_json, manifest, replies));
     // One server's open may have been retried until the lead rolled the job
     // back onto it (it restarted), while the others answered before: their
     // answers are of the instance the rollback replaced, and this client
     // would wait forever for a version that instance had reached.
-    ZO_ASSIGN_OR_RETURN(const bool settled, impl->SameInstanceAsOpened(replies));
-    if (settled) break;
+    ZO_ASSIGN_OR_RETURN(const bool settled, SameInstanceAsOpened(replies));
+    if (settled) return replies;
     if (attempt == kOpenAttempts) {
       return absl::UnavailableError(absl::StrCat("job ", options.job, " was restored ",
                                                  kOpenAttempts,
@@ -127,37 +140,66 @@ absl::StatusOr<std::unique_ptr<OffloadClient>> OffloadClient::Open(
                  << "opening it again";
     absl::SleepFor(std::min(absl::Milliseconds(50) * attempt, absl::Seconds(1)));
   }
+}
 
+void OffloadClient::Impl::TakeOnOpened(const std::vector<v1::OpenJobResponse>& replies) {
+  const int num_servers = static_cast<int>(names.size());
   const v1::JobStatus& lead = replies[0].status();
-  impl->SetStatus(lead);
-  impl->incarnation = std::make_unique<std::atomic<uint64_t>[]>(num_servers);
-  for (int i = 0; i < num_servers; ++i) impl->incarnation[i] = replies[i].status().incarnation();
+  SetStatus(lead);
+  incarnation = std::make_unique<std::atomic<uint64_t>[]>(num_servers);
+  for (int i = 0; i < num_servers; ++i) incarnation[i] = replies[i].status().incarnation();
   // Servers given by address may be on this host: the same-host route.
-  if (options.shared_memory && options.channels.empty()) impl->AttachRegions();
-  // A server that opened the job fresh while another holds it trained has
-  // restarted and lost its part: training on would mix version 0 with the
-  // others' state. Refuse every step until the job is restored.
-  int trained = -1;
-  for (int i = 0; i < num_servers; ++i) {
-    if (replies[i].attached() && replies[i].status().version() > 0) trained = i;
-  }
-  for (int i = 0; trained >= 0 && i < num_servers; ++i) {
-    if (replies[i].attached()) continue;
-    impl->lost_state = absl::StrCat(
-        "job '", options.job, "' is at version ", replies[trained].status().version(), " on ",
-        names[trained], " but ", names[i], " (server ", i,
-        ") holds nothing of it: it restarted and lost its part. Restore the job from a "
-        "checkpoint before training on (zo-train --restore latest, zo.torch's "
-        "load_checkpoint, or OffloadClient::Restore)");
-    ZO_LOG(ERROR) << impl->lost_state;
-    break;
-  }
+  if (options.shared_memory && options.channels.empty()) AttachRegions();
+  RefuseStepsIfStateLost(replies);
   ZO_LOG(INFO) << (replies[0].attached() ? "attached to" : "opened") << " job " << options.job
                << " on " << num_servers << " server(s) at version " << lead.version()
                << " as dp rank " << options.dp_rank << " of " << options.dp_world_size;
   if (!lead.needs_restore().empty()) {
     ZO_LOG(WARNING) << "job " << options.job << " needs a restore: " << lead.needs_restore();
   }
+}
+
+void OffloadClient::Impl::RefuseStepsIfStateLost(const std::vector<v1::OpenJobResponse>& replies) {
+  // A server that opened the job fresh while another holds it trained has
+  // restarted and lost its part: training on would mix version 0 with the
+  // others' state. Refuse every step until the job is restored.
+  const int num_servers = static_cast<int>(names.size());
+  int trained = -1;
+  for (int i = 0; i < num_servers; ++i) {
+    if (replies[i].attached() && replies[i].status().version() > 0) trained = i;
+  }
+  for (int i = 0; trained >= 0 && i < num_servers; ++i) {
+    if (replies[i].attached()) continue;
+    lost_state = absl::StrCat(
+        "job '", options.job, "' is at version ", replies[trained].status().version(), " on ",
+        names[trained], " but ", names[i], " (server ", i,
+        ") holds nothing of it: it restarted and lost its part. Restore the job from a "
+        "checkpoint before training on (zo-train --restore latest, zo.torch's "
+        "load_checkpoint, or OffloadClient::Restore)");
+    ZO_LOG(ERROR) << lost_state;
+    break;
+  }
+}
+
+absl::StatusOr<std::unique_ptr<OffloadClient>> OffloadClient::Open(
+    const ClientOptions& options, const std::string& config_json,
+    std::vector<TensorSpec> manifest) {
+  ZO_ASSIGN_OR_RETURN(LoadedConfig loaded,
+                      ParseConfig(config_json, {.dp_world_size = options.dp_world_size}));
+  const auto [dtype, dtype_reason] = JobDType(loaded.config);
+  ZO_RETURN_IF_ERROR(ValidateOptions(options, static_cast<int64_t>(DTypeSize(dtype))));
+  ZO_RETURN_IF_ERROR(CheckManifestDType(manifest, dtype, dtype_reason));
+  const v1::Manifest wire_manifest = ManifestToProto(manifest);
+  ZO_ASSIGN_OR_RETURN(Servers servers, Connect(options));
+  ZO_ASSIGN_OR_RETURN(ShardMap map,
+                      ShardMap::Create(std::move(manifest), loaded.config.zo.chunk_elems,
+                                       static_cast<int>(servers.channels.size())));
+  auto impl =
+      std::make_unique<Impl>(options, std::move(loaded.config), dtype, std::move(map),
+                             std::move(servers.names), std::move(servers.channels), options.routes);
+  ZO_ASSIGN_OR_RETURN(const std::vector<v1::OpenJobResponse> replies,
+                      impl->OpenJob(config_json, wire_manifest));
+  impl->TakeOnOpened(replies);
   return std::unique_ptr<OffloadClient>(new OffloadClient(std::move(impl)));
 }
 

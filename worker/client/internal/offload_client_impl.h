@@ -91,6 +91,20 @@ struct OffloadClient::Impl {
   // Whether every server is still on the instance of the job its OpenJob
   // answered with, and the lead is not restoring it.
   absl::StatusOr<bool> SameInstanceAsOpened(const std::vector<v1::OpenJobResponse>& replies);
+  // Open's OpenJob on every server, again while the job is restored
+  // meanwhile (SameInstanceAsOpened); UNAVAILABLE once it has tried enough.
+  absl::StatusOr<std::vector<v1::OpenJobResponse>> OpenJob(const std::string& config_json,
+                                                           const v1::Manifest& manifest);
+  // One round of OpenJob, every server's answer in `replies` (one each).
+  absl::Status OpenJobOnEveryServer(const std::string& config_json, const v1::Manifest& manifest,
+                                    std::vector<v1::OpenJobResponse>& replies);
+  // Takes on the state the servers opened the job with, attaches the
+  // same-host route and logs what was opened. Open's, before any other
+  // thread can see this client.
+  void TakeOnOpened(const std::vector<v1::OpenJobResponse>& replies);
+  // Sets lost_state (and logs it) when a server opened the job fresh while
+  // another holds it trained.
+  void RefuseStepsIfStateLost(const std::vector<v1::OpenJobResponse>& replies);
 
   // FAILED_PRECONDITION naming the server that lost the job's state, while
   // one did.
