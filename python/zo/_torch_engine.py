@@ -20,8 +20,6 @@ class OffloadEngine:
     the servers at each gradient accumulation boundary and is a no-op between.
     """
 
-    __module__ = "zo.torch"  # its public name, as NotInZo's
-
     def __init__(self, model, optimizer, cfg, lr_scheduler=None):
         self.module = model
         self.optimizer = optimizer
@@ -282,8 +280,6 @@ class OffloadEngine:
 class _ServerLr:
     """The lr scheduler slot of initialize()'s result: the schedule runs on the
     servers (the config's "scheduler"); this only reports it."""
-
-    __module__ = "zo.torch"  # where initialize() hands it out
 
     def __init__(self, optimizer):
         self._optimizer = optimizer

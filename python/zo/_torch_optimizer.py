@@ -48,8 +48,6 @@ class OffloadOptimizer(torch.optim.Optimizer):
     is refused.
     """
 
-    __module__ = "zo.torch"  # its public name, as NotInZo's
-
     def __init__(self, params, config, servers=None, job=None, dp_rank=0,
                  dp_world_size=1, checkpoint_dir="", auth_token="", model=None, resume=False):
         self._opened = False
