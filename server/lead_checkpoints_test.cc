@@ -1,10 +1,10 @@
-// LeadCheckpoints on a one-server job whose own part is a real part file
+// LeadCheckpoints with a job whose own part is a real part file
 // (checkpoint_test_util.h) and whose step loop is the test: when a request
 // is due, what Run commits on disk, the freeze, a failure kept for
 // JobStatus and cleared by the next success, the finish on its own thread
-// while the steps go on, pruning, and the refusals. The round across
-// followers is covered with real servers by server/job_test.cc and
-// tests/server/offload_e2e_test.cc.
+// while the steps go on, pruning, and the refusals; then the round across
+// a follower that is a real zo-server reached by the peer calls, and one
+// that is down.
 #include "server/lead_checkpoints.h"
 
 #include <condition_variable>
@@ -19,8 +19,13 @@
 #include "absl/strings/str_format.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "offload/checkpoint/checkpoint_test_util.h"
+#include "proto/zo/v1/offload_service.grpc.pb.h"
+#include "rpc/proto_convert.h"
+#include "server/offload_server.h"
+#include "server/peer_client.h"
 
 namespace zo {
 namespace {
@@ -35,10 +40,11 @@ constexpr char kJob[] = "ck";
 // The job's side: its state, a part it writes for real, and what it was asked.
 class FakeJob {
  public:
-  explicit FakeJob(std::string root)
+  // The job's manifest: one fp16 tensor of 100 elements in chunks of 64.
+  FakeJob(std::string root, int num_servers)
       : root_(std::move(root)),
         state_(testing::MakeFlatState({{"w", {100}, DType::kFloat16}}, /*chunk_elems=*/64,
-                                      /*num_servers=*/1, /*seed=*/3)) {}
+                                      num_servers, /*seed=*/3)) {}
 
   CheckpointActions Actions() {
     return {
@@ -66,7 +72,11 @@ class FakeJob {
           response.set_index_checksum(absl::StrFormat("%016x", part.index_checksum));
           return response;
         },
-        .drop_own_part = [](const absl::Status&) {},
+        .drop_own_part =
+            [this](const absl::Status& why) {
+              std::lock_guard lock(mu_);
+              dropped_.push_back(why);
+            },
         .wake =
             [this] {
               std::lock_guard lock(mu_);
@@ -95,6 +105,11 @@ class FakeJob {
     std::lock_guard lock(mu_);
     return wakes_;
   }
+  const testing::FlatState& state() const { return state_; }
+  std::vector<absl::Status> dropped() {
+    std::lock_guard lock(mu_);
+    return dropped_;
+  }
   // The job's checkpoint directories left under the root, committed or not.
   std::vector<std::string> Dirs() const {
     std::vector<std::string> out;
@@ -115,6 +130,7 @@ class FakeJob {
   absl::Status begin_result_;
   bool hold_finish_ = false;
   std::vector<int64_t> begun_;
+  std::vector<absl::Status> dropped_;
   int wakes_ = 0;
 };
 
@@ -122,7 +138,7 @@ class LeadCheckpointsTest : public ::testing::Test {
  protected:
   LeadCheckpointsTest()
       : root_(testing::FreshTestDir("lead_checkpoints")),
-        job_(root_),
+        job_(root_, /*num_servers=*/1),
         checkpoints_(std::make_unique<LeadCheckpoints>(Options(), job_.Actions())) {}
   ~LeadCheckpointsTest() override { std::filesystem::remove_all(root_); }
 
@@ -291,6 +307,97 @@ TEST_F(LeadCheckpointsTest, BadRequestsAreRefused) {
   LeadCheckpoints off({.job = kJob, .servers = {"lead:1"}, .root = "", .keep = 0}, job_.Actions());
   EXPECT_THAT(off.Request(1, absl::InfiniteFuture()).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("--checkpoint-dir")));
+}
+
+// The lead's slot holds a second server without the job: the follower asks
+// it before creating its part, and it answers that it has none.
+class LeadCheckpointsWithAFollowerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ServerOptions options;
+    options.listen = "127.0.0.1:0";
+    options.threads = 1;
+    ZO_ASSERT_OK_AND_ASSIGN(lead_slot_, OffloadServer::Start(options));
+    ZO_ASSERT_OK_AND_ASSIGN(follower_, OffloadServer::Start(options));
+    servers_ = {absl::StrCat("127.0.0.1:", lead_slot_->port()),
+                absl::StrCat("127.0.0.1:", follower_->port())};
+    v1::OpenJobRequest open;
+    open.set_job(kJob);
+    v1::TensorSpec* t = open.mutable_manifest()->add_tensors();
+    t->set_name("w");
+    t->add_shape(100);
+    t->set_dtype(v1::DTYPE_FP16);
+    open.set_config_json(
+        R"({"train_batch_size": 1, "fp16": {"enabled": true}, "zo": {"chunk_elems": 64}})");
+    open.set_dp_world_size(1);
+    for (const std::string& s : servers_) open.add_servers(s);
+    open.set_server_index(1);
+    v1::OpenJobResponse opened;
+    grpc::ClientContext context;
+    const grpc::Status rpc =
+        v1::Offload::NewStub(follower_->InProcessChannel())->OpenJob(&context, open, &opened);
+    ASSERT_TRUE(rpc.ok()) << rpc.error_message();
+    checkpoints_ =
+        std::make_unique<LeadCheckpoints>(LeadCheckpoints::Options{.job = kJob,
+                                                                   .servers = servers_,
+                                                                   .peers = &peers_,
+                                                                   .peer_timeout = absl::Seconds(3),
+                                                                   .root = root_,
+                                                                   .keep = 0},
+                                          job_.Actions());
+  }
+  void TearDown() override {
+    checkpoints_.reset();
+    follower_->Shutdown(absl::ZeroDuration());
+    lead_slot_->Shutdown(absl::ZeroDuration());
+    std::filesystem::remove_all(root_);
+  }
+
+  absl::StatusOr<v1::CheckpointResponse> CheckpointVersion0() {
+    absl::StatusOr<v1::CheckpointResponse> answer;
+    const int wakes = job_.wakes();
+    std::thread asker([&] { answer = checkpoints_->Request(0, absl::Now() + absl::Seconds(60)); });
+    job_.AwaitWakesAbove(wakes);
+    checkpoints_->Run(0, /*generation=*/0, absl::OkStatus());
+    asker.join();
+    return answer;
+  }
+
+  const std::string root_ = testing::FreshTestDir("lead_checkpoints_follower");
+  std::unique_ptr<OffloadServer> lead_slot_, follower_;
+  std::vector<std::string> servers_;
+  PeerClient peers_{PeerCredentials{}};
+  FakeJob job_{root_, /*num_servers=*/2};
+  std::unique_ptr<LeadCheckpoints> checkpoints_;
+};
+
+TEST_F(LeadCheckpointsWithAFollowerTest, TheFollowersPartIsWrittenOverItsPeerCallsAndCommitted) {
+  ZO_ASSERT_OK_AND_ASSIGN(const v1::CheckpointResponse answer, CheckpointVersion0());
+  ZO_ASSERT_OK_AND_ASSIGN(const CheckpointMeta meta, ReadCheckpointMeta(answer.path()));
+  ASSERT_EQ(meta.parts.size(), 2u);
+  EXPECT_EQ(meta.parts[1].file, CheckpointPartFileName(1));
+  // Both parts are whole: every chunk reads back, each block's checksum
+  // checked.
+  ZO_ASSERT_OK_AND_ASSIGN(auto reader, CheckpointReader::Open(answer.path()));
+  std::vector<float> master(100), m(100), v(100);
+  ASSERT_THAT(reader->ReadFlat(0, absl::MakeSpan(master), absl::MakeSpan(m), absl::MakeSpan(v)),
+              IsOk());
+  // Chunk 0 is the lead's part, as its job wrote it.
+  for (size_t i = 0; i < 64; ++i) ASSERT_EQ(master[i], job_.state().master[i]) << i;
+  EXPECT_TRUE(job_.dropped().empty());
+}
+
+TEST_F(LeadCheckpointsWithAFollowerTest, AFollowerThatIsDownFailsTheCheckpointAndLeavesNothing) {
+  follower_->Shutdown(absl::ZeroDuration());
+  const absl::StatusOr<v1::CheckpointResponse> answer = CheckpointVersion0();
+  EXPECT_THAT(answer.status(), StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
+  // The lead's own part, begun first, is dropped; no directory is left.
+  ASSERT_EQ(job_.dropped().size(), 1u);
+  EXPECT_THAT(job_.dropped()[0], StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
+  v1::JobStatus status;
+  checkpoints_->AddTo(status);
+  EXPECT_EQ(status.checkpoint_failures(), 1);
+  EXPECT_THAT(job_.Dirs(), IsEmpty());
 }
 
 }  // namespace
