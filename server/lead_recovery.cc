@@ -30,8 +30,15 @@ void LeadRecovery::Heard(int server, const absl::Status& answer) {
   followers_.Record(server, answer);
   if (ReasonOf(answer) != v1::ErrorDetail::NO_JOB) return;
   std::lock_guard lock(mu_);
-  if (running_ || absl::Now() - last_start_ < absl::Seconds(10) || actions_.gave_up()) return;
+  if (running_ || absl::ToUnixNanos(absl::Now()) < retry_after_ns_.load() || actions_.gave_up()) {
+    return;
+  }
   StartLocked([this, server] {
+    // The answer may be to a call sent before the last rollback gave the
+    // server its part again: ask once more before rolling back.
+    const absl::Status now = actions_.ask(server);
+    followers_.Record(server, now);
+    if (ReasonOf(now) != v1::ErrorDetail::NO_JOB) return;
     const std::string what =
         absl::StrCat("server ", server, " (", servers_[server],
                      ") restarted and lost its part of the job at version ", actions_.version());
@@ -39,6 +46,7 @@ void LeadRecovery::Heard(int server, const absl::Status& answer) {
     if (!RollBack(what, absl::StrCat("server ", server, " lost its part"), &failure)) {
       ZO_LOG(ERROR) << "job " << job_ << ": " << what << "; " << failure.message()
                     << " (retried in 10 s)";
+      retry_after_ns_ = absl::ToUnixNanos(absl::Now() + absl::Seconds(10));
     }
   });
 }
@@ -59,7 +67,6 @@ void LeadRecovery::RecoverOwnPart(int64_t followers_version) {
 }
 
 void LeadRecovery::StartLocked(std::function<void()> work) {
-  last_start_ = absl::Now();
   running_ = true;
   if (thread_.joinable()) thread_.join();
   thread_ = std::thread([this, work = std::move(work)] {

@@ -3,7 +3,7 @@
 // when a server restarted without its part of the job (a follower, or the
 // lead itself), every server rolled back to the latest checkpoint on a
 // thread of its own; with no checkpoint, the job failed for good. One
-// recovery at a time, at most one every 10 s.
+// recovery at a time; after a failed one, the next waits 10 s.
 //
 // It acts on its job only through RecoveryActions, so it holds none of the
 // job's locks; the job calls it without holding its own (Heard and Probe
@@ -88,8 +88,11 @@ class LeadRecovery {
   FollowerHealth followers_;
 
   std::mutex mu_;
-  std::thread thread_;                            // guarded by mu_
-  absl::Time last_start_ = absl::InfinitePast();  // guarded by mu_
+  std::thread thread_;  // guarded by mu_
+  // After a failed recovery, none starts before this (Unix ns; set on the
+  // recovery thread, which must not take mu_: StartLocked joins it under
+  // mu_); a loss after a successful one is recovered at once.
+  std::atomic<int64_t> retry_after_ns_{0};
   std::atomic<bool> running_{false};
 };
 

@@ -1,10 +1,12 @@
 // LeadRecovery against a job made of counters: which answers start a
 // recovery, what the recovery does with and without a checkpoint, that one
-// runs at a time and at most one every 10 s, and that a job that gave up
+// runs at a time, that a stale answer starts none and a new loss after a
+// rollback starts one at once while a failed one waits 10 s, and that a job that gave up
 // (stopped, lost) is left alone. The real job's side is covered end to end
 // by tests/train/server_loss_test.cc and the chaos soak.
 #include "server/lead_recovery.h"
 
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -32,6 +34,9 @@ struct FakeJob {
   std::vector<std::string> lost;
   std::vector<std::string> own_part_failures;
   std::vector<int> asked;
+  // What a server answers when asked; OK when not listed. Server 2 has
+  // restarted without its part until a rollback gives it back.
+  std::map<int, absl::Status> answers = {{2, NoJob()}};
   bool gave_up = false;
 
   FakeJob() {
@@ -47,12 +52,14 @@ struct FakeJob {
             [this](int server) {
               std::lock_guard lock(mu);
               asked.push_back(server);
-              return server == 2 ? NoJob() : absl::OkStatus();
+              auto it = answers.find(server);
+              return it == answers.end() ? absl::OkStatus() : it->second;
             },
         .roll_back =
             [this](const std::string& path) {
               std::lock_guard lock(mu);
               rolled_back_to.push_back(path);
+              if (restore_result.ok()) answers.clear();  // every server holds its part
               return restore_result;
             },
         .latest_checkpoint =
@@ -98,10 +105,35 @@ TEST(LeadRecoveryTest, AFollowerWithoutTheJobIsRolledBackOntoFromTheLatestCheckp
   EXPECT_EQ(recovery.followers().States()[1].state(), v1::FollowerState::WITHOUT_JOB);
   EXPECT_TRUE(job.lost.empty());
 
-  // Within 10 s of the last: the same answer again starts nothing.
+  // An answer to a call from before the rollback, which gave the server its
+  // part again: asked once more, it starts nothing.
   recovery.Heard(2, NoJob());
   recovery.Join();
   EXPECT_EQ(job.rolled_back_to.size(), 1u);
+  EXPECT_EQ(recovery.followers().States()[1].state(), v1::FollowerState::UP);
+
+  // A new loss right after the rollback is rolled back at once.
+  {
+    std::lock_guard lock(job.mu);
+    job.answers[2] = NoJob();
+  }
+  recovery.Heard(2, NoJob());
+  recovery.Join();
+  EXPECT_EQ(job.rolled_back_to.size(), 2u);
+}
+
+TEST(LeadRecoveryTest, AFailedRollbackIsNotRetriedWithinTenSeconds) {
+  FakeJob job;
+  job.latest = std::string("/ckpt/j/step-00000010");
+  job.restore_result = absl::UnavailableError("server 1 is down");
+  LeadRecovery recovery("j", kServers, job.Actions());
+  recovery.Heard(2, NoJob());
+  recovery.Join();
+  EXPECT_EQ(job.rolled_back_to.size(), 1u);
+  recovery.Heard(2, NoJob());
+  recovery.Join();
+  EXPECT_EQ(job.rolled_back_to.size(), 1u) << "retried at once";
+  EXPECT_TRUE(job.lost.empty());
 }
 
 TEST(LeadRecoveryTest, WithoutACheckpointTheJobIsMarkedLostNamingTheServerAndVersion) {
@@ -109,7 +141,8 @@ TEST(LeadRecoveryTest, WithoutACheckpointTheJobIsMarkedLostNamingTheServerAndVer
   LeadRecovery recovery("j", kServers, job.Actions());
   recovery.Probe();
   recovery.Join();
-  EXPECT_EQ(job.asked, (std::vector<int>{1, 2}));
+  // Server 2 is asked again before anything is decided on its answer.
+  EXPECT_EQ(job.asked, (std::vector<int>{1, 2, 2}));
   EXPECT_TRUE(job.rolled_back_to.empty());
   ASSERT_EQ(job.lost.size(), 1u);
   EXPECT_EQ(job.lost[0],
