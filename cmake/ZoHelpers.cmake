@@ -1,6 +1,7 @@
 # Small helpers so every target in the tree reads the same way.
 #
 #   zo_cc_library(NAME zo_common HDRS a.h SRCS a.cc DEPS absl::status)
+#   zo_cc_library(NAME zo_server PROTO_PCH SRCS ...)   # with cmake/proto_pch.h precompiled
 #   zo_cc_test(NAME fp16_test SRCS fp16_test.cc DEPS zo_common [LABELS gpu])
 #   zo_cc_binary(NAME zo-ctl SRCS zo_ctl_main.cc DEPS zo_server)
 #
@@ -10,7 +11,7 @@
 include(CMakeParseArguments)
 
 function(zo_cc_library)
-  cmake_parse_arguments(ZO "" "NAME" "HDRS;SRCS;DEPS;COPTS" ${ARGN})
+  cmake_parse_arguments(ZO "PROTO_PCH" "NAME" "HDRS;SRCS;DEPS;COPTS" ${ARGN})
   # A library that links GoogleTest is test support: without BUILD_TESTING
   # (pip install ., pyproject.toml) no GTest is looked for and no test uses it.
   if(NOT BUILD_TESTING AND ZO_DEPS MATCHES "(^|;)GTest::")
@@ -23,6 +24,15 @@ function(zo_cc_library)
     # nvcc takes host-compiler warnings only through -Xcompiler: CXX only.
     target_compile_options(${ZO_NAME} PRIVATE "$<$<COMPILE_LANGUAGE:CXX>:${ZO_WARNINGS}>"
                            ${ZO_COPTS})
+    # The generated messages, protobuf and Abseil, parsed once per library
+    # instead of once per file (cmake/proto_pch.h). Opt-in: a library below
+    # the wire protocol has no generated headers to include, and a small
+    # file would pay more to load the header than it saves. Per library, not
+    # shared: clang refuses a header precompiled with other flags.
+    if(ZO_PROTO_PCH AND ZO_PCH)
+      target_precompile_headers(${ZO_NAME} PRIVATE
+                                "$<$<COMPILE_LANGUAGE:CXX>:${PROJECT_SOURCE_DIR}/cmake/proto_pch.h>")
+    endif()
   else()
     add_library(${ZO_NAME} INTERFACE)
     target_include_directories(${ZO_NAME} INTERFACE ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR})
@@ -42,7 +52,7 @@ set(ZO_TEST_COPTS $<$<CONFIG:RelWithDebInfo,Release>:-O1> $<$<CONFIG:RelWithDebI
 # definitions (ZO_SERVER_PATH...) differ; a test with its own COPTS compiles
 # without it.
 function(zo_add_test_pch)
-  if(NOT BUILD_TESTING OR NOT ZO_TEST_PCH OR NOT CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+  if(NOT BUILD_TESTING OR NOT ZO_PCH OR NOT CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
     return()
   endif()
   add_library(zo_test_pch OBJECT ${PROJECT_SOURCE_DIR}/cmake/test_pch.cc)
