@@ -87,6 +87,7 @@ uint32_t Job::DescribeCheckpoint(int64_t version, CheckpointMeta& meta) const {
   meta.num_servers = static_cast<int>(spec_.servers.size());
   meta.dp_world_size = spec_.dp_world_size;
   meta.config_json = spec_.config_json;
+  meta.init_fingerprint = spec_.init_fingerprint;
   meta.applied_steps = coordinator_->applied_steps();
   std::lock_guard lock(mu_);
   const LossScalerState s = coordinator_->scaler_state();

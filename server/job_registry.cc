@@ -194,6 +194,9 @@ absl::StatusOr<v1::AdoptJobResponse> JobRegistry::Adopt(const std::string& check
   *request.mutable_manifest() = ManifestToProto(meta.manifest);
   request.set_config_json(meta.config_json);
   request.set_dp_world_size(meta.dp_world_size);
+  // What the job started from goes with it: a worker with other initial
+  // weights is told so, as on the servers that wrote the checkpoint.
+  request.set_init_fingerprint(meta.init_fingerprint);
   for (const std::string& s : servers) request.add_servers(s);
   request.set_server_index(0);
   ZO_ASSIGN_OR_RETURN(JobSpec spec, JobSpecFromRequest(request));

@@ -25,10 +25,12 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "offload/checkpoint/checkpoint_meta.h"
 #include "offload/checkpoint/checkpoint_test_util.h"
 #include "offload/io/direct_file.h"
 #include "offload/thread_pool.h"
 #include "offload/tier/swap_layout.h"
+#include "server/job_registry.h"
 #include "server/job_test_fixture.h"
 #include "server/lr_schedule.h"
 
@@ -337,6 +339,33 @@ TEST_F(JobTest, KeepCheckpointsLeavesTheNewestOnDisk) {
   }
   std::sort(left.begin(), left.end());
   EXPECT_EQ(left, (std::vector<std::string>{"step-00000002", "step-00000003"}));
+}
+
+// What a job started from (zo.torch's fingerprint of its initial weights)
+// goes into its checkpoints and on to a job adopted from one (zo-ctl
+// rescale), whose JobStatus then tells a worker whether it resumes its own
+// run.
+TEST_F(JobTest, AnAdoptedJobKeepsTheFingerprintOfWhatItStartedFrom) {
+  init_fingerprint_ = 0x5eed0000cafe0001;
+  std::unique_ptr<Job> job = Open("");
+  ASSERT_NE(job, nullptr);
+  for (int step = 1; step <= 2; ++step) {
+    ASSERT_THAT(Push(*job, step, 0.5f), IsOk());
+    ASSERT_THAT(WaitForVersion(*job, step), IsOk());
+  }
+  ZO_ASSERT_OK_AND_ASSIGN(const v1::CheckpointResponse ckpt,
+                          job->Checkpoint(2, absl::InfiniteFuture()));
+  ZO_ASSERT_OK_AND_ASSIGN(const CheckpointMeta meta, ReadCheckpointMeta(ckpt.path()));
+  EXPECT_EQ(meta.init_fingerprint, init_fingerprint_);
+  job->Stop();
+  job.reset();
+
+  JobRegistry registry(Resources());
+  ZO_ASSERT_OK_AND_ASSIGN(const v1::AdoptJobResponse adopted,
+                          registry.Adopt(ckpt.path(), {"127.0.0.1:1"}, absl::InfiniteFuture()));
+  EXPECT_EQ(adopted.version(), 2);
+  ZO_ASSERT_OK_AND_ASSIGN(const std::shared_ptr<Job> moved, registry.Find("job"));
+  EXPECT_EQ(moved->Status().init_fingerprint(), init_fingerprint_);
 }
 
 TEST_F(JobTest, RestoreBringsBackTheLastStepsNormAndLr) {

@@ -64,17 +64,23 @@ class JobTest : public ::testing::Test {
                                    has_zo ? "" : R"(, "zo": {"chunk_elems": 64})",
                                    config_body.empty() ? "" : ", ", config_body, "}"));
     r.set_dp_world_size(dp);
+    r.set_init_fingerprint(init_fingerprint_);
     r.add_servers("127.0.0.1:1");
     ZO_ASSIGN_OR_RETURN(JobSpec spec, JobSpecFromRequest(r));
-    JobResources resources;
-    resources.pool = &pool_;
-    resources.wakes = &wakes_;
-    resources.checkpoint_root = root_;
+    JobResources resources = Resources();
     resources.keep_checkpoints = keep_checkpoints_;
     resources.available_ram = available_ram_;
     resources.ram_budget_bytes = ram_budget_bytes_;
     resources.nvme_latency = nvme_latency_;
     return Job::Create(std::move(spec), resources);
+  }
+  // What Open lends a job, for a JobRegistry of the test's own.
+  JobResources Resources() {
+    JobResources resources;
+    resources.pool = &pool_;
+    resources.wakes = &wakes_;
+    resources.checkpoint_root = root_;
+    return resources;
   }
 
   // Every element's gradient for `step` from dp rank `rank` is `value`.
@@ -139,6 +145,7 @@ class JobTest : public ::testing::Test {
   int64_t ram_budget_bytes_ = -1;  // JobResources::ram_budget_bytes of the next Open
   std::function<std::optional<int64_t>()> available_ram_;  // JobResources::available_ram
   absl::Duration nvme_latency_;                            // JobResources::nvme_latency
+  uint64_t init_fingerprint_ = 0;  // OpenJobRequest.init_fingerprint of the next Open
   // The manifest of the next Open: (elements, parameter group) per tensor,
   // adding up to kElems.
   std::vector<std::pair<int64_t, int>> tensors_ = {{kElems, 0}};

@@ -78,6 +78,7 @@ void ExpectSameMeta(const CheckpointMeta& a, const CheckpointMeta& b) {
   EXPECT_EQ(a.num_servers, b.num_servers);
   EXPECT_EQ(a.dp_world_size, b.dp_world_size);
   EXPECT_EQ(a.config_json, b.config_json);
+  EXPECT_EQ(a.init_fingerprint, b.init_fingerprint);
   EXPECT_EQ(a.parts, b.parts);
 }
 
@@ -142,6 +143,33 @@ TEST_F(CheckpointDirTest, CommitRenamesAndTheMetaRoundTrips) {
   ZO_ASSERT_OK_AND_ASSIGN(auto reader, CheckpointReader::Open(dir));
   ExpectSameMeta(reader->meta(), meta);
   EXPECT_EQ(reader->total_elems(), 87024);
+}
+
+// The fingerprint of what the job started from: all 64 bits through JSON
+// (as hex: a JSON number may keep only 53), and none when the job had none.
+TEST_F(CheckpointDirTest, TheInitFingerprintRoundTripsAndIsOptional) {
+  const FlatState s = TwoServerState();
+  for (uint64_t fingerprint : {uint64_t{0xf00dfacec0ffee01}, uint64_t{0}}) {
+    SCOPED_TRACE(fingerprint);
+    const int64_t version = fingerprint != 0 ? 20 : 21;
+    ZO_ASSERT_OK_AND_ASSIGN(const std::string tmp, BeginCheckpoint(root_, "gpt", version));
+    CheckpointMeta meta = TestMeta("gpt", version, s);
+    meta.init_fingerprint = fingerprint;
+    for (int server = 0; server < 2; ++server) {
+      ZO_ASSERT_OK_AND_ASSIGN(CheckpointPartSummary part, WriteTestPart(tmp, s, server));
+      meta.parts.push_back(part);
+    }
+    ZO_ASSERT_OK_AND_ASSIGN(const std::string dir, CommitCheckpoint(tmp, meta));
+    std::ifstream in(dir + "/checkpoint.json");
+    const nlohmann::json doc = nlohmann::json::parse(in);
+    if (fingerprint != 0) {
+      EXPECT_EQ(doc["init_fingerprint"], "f00dfacec0ffee01");
+    } else {
+      EXPECT_FALSE(doc.contains("init_fingerprint"));
+    }
+    ZO_ASSERT_OK_AND_ASSIGN(const CheckpointMeta read, ReadCheckpointMeta(dir));
+    ExpectSameMeta(read, meta);
+  }
 }
 
 // Failed and interrupted attempts leave *.tmp directories; the next
@@ -462,6 +490,14 @@ TEST_F(CheckpointDirTest, ReadMetaNamesTheFileAndTheField) {
   j = doc;
   j["last_step"] = {{"grad_norm", 1.0}, {"lr", "fast"}, {"skipped", false}};
   expect_error("last step", j, absl::StatusCode::kDataLoss, "\"last_step.lr\" = \"fast\"");
+  j = doc;
+  j["init_fingerprint"] = 12345;
+  expect_error("fingerprint type", j, absl::StatusCode::kDataLoss,
+               "\"init_fingerprint\" = 12345 is not a string");
+  j = doc;
+  j["init_fingerprint"] = "12345";
+  expect_error("fingerprint digits", j, absl::StatusCode::kDataLoss,
+               "\"init_fingerprint\" is not 16 hex digits");
   j = doc;
   j["format_version"] = 2;
   expect_error("format", j, absl::StatusCode::kInvalidArgument, "format_version 2");

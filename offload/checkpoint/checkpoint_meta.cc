@@ -120,6 +120,7 @@ OrderedJson MetaToJson(const CheckpointMeta& meta) {
     if (t.group != 0) tensors.back()["group"] = t.group;
   }
   doc["manifest"] = {{"tensors", std::move(tensors)}};
+  if (meta.init_fingerprint != 0) doc["init_fingerprint"] = ChecksumHex(meta.init_fingerprint);
   if (meta.has_last_step) {
     // JSON has no NaN/Inf: null stands for a non-finite norm.
     OrderedJson norm = std::isfinite(meta.last_grad_norm) ? OrderedJson(meta.last_grad_norm)
@@ -245,6 +246,15 @@ absl::StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir) {
                         absl::StrCat(file, ": field \"manifest\": ", specs.status().message()));
   }
   meta.manifest = *std::move(specs);
+  if (doc.contains("init_fingerprint")) {
+    std::string fingerprint;
+    reader.Field("init_fingerprint", fingerprint);
+    ZO_RETURN_IF_ERROR(reader.status);
+    if (fingerprint.size() != 16 || !absl::SimpleHexAtoi(fingerprint, &meta.init_fingerprint)) {
+      return absl::DataLossError(
+          absl::StrCat(file, ": field \"init_fingerprint\" is not 16 hex digits"));
+    }
+  }
   if (const auto last = doc.find("last_step"); last != doc.end()) {
     if (!last->is_object()) {
       return absl::DataLossError(absl::StrCat(file, ": field \"last_step\" is not an object"));

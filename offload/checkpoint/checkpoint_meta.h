@@ -51,6 +51,10 @@ struct CheckpointMeta {
   int num_servers = 0;  // part i holds the chunks c with c mod num_servers == i
   int dp_world_size = 0;
   std::string config_json;
+  // OpenJobRequest.init_fingerprint of the job that wrote it (what it
+  // started from), so that a job adopted from the checkpoint carries it on;
+  // 0: none. Optional in checkpoint.json ("init_fingerprint", 16 hex digits).
+  uint64_t init_fingerprint = 0;
   std::vector<CheckpointPartSummary> parts;  // index i: part of server i
   friend bool operator==(const CheckpointMeta&, const CheckpointMeta&) = default;
 };
