@@ -77,6 +77,7 @@ CheckpointActions Job::CheckpointActionsForThis() {
             std::lock_guard lock(mu_);
             cv_.notify_all();
           },
+      .heard = [this](int server, const absl::Status& answer) { recovery_.Heard(server, answer); },
   };
 }
 

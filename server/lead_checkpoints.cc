@@ -145,6 +145,7 @@ absl::StatusOr<LeadCheckpoints::Started> LeadCheckpoints::Start(int64_t version,
   for (size_t i = 1; i < options_.servers.size(); ++i) {
     absl::StatusOr<v1::WriteCheckpointPartResponse> begun = options_.peers->WriteCheckpointPart(
         options_.servers[i], request, options_.peer_timeout * 10);
+    actions_.heard(static_cast<int>(i), begun.status());
     if (!begun.ok()) {
       actions_.drop_own_part(begun.status());
       (void)AbandonCheckpoint(started.dir);
@@ -176,6 +177,7 @@ absl::StatusOr<v1::CheckpointResponse> LeadCheckpoints::CommitParts(const Starte
   for (size_t i = 1; i < options_.servers.size(); ++i) {
     absl::StatusOr<v1::WriteCheckpointPartResponse> part = options_.peers->WriteCheckpointPart(
         options_.servers[i], request, options_.peer_timeout * 10);
+    actions_.heard(static_cast<int>(i), part.status());
     if (!part.ok()) return part.status();
     parts.push_back(*std::move(part));
   }

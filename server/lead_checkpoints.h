@@ -51,6 +51,11 @@ struct CheckpointActions {
   // The step loop has something to look at: a request came, a checkpoint
   // ended, the freeze was lifted. Called holding none of this class's locks.
   std::function<void()> wake;
+  // What follower `server` answered to its part's call (begin or finish):
+  // the lead's recovery hears it, so a follower that restarted without the
+  // job (NO_JOB) is rolled back now, not at the next probe. Called holding
+  // none of this class's locks.
+  std::function<void(int server, const absl::Status& answer)> heard;
 };
 
 class LeadCheckpoints {

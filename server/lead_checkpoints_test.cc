@@ -12,6 +12,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -23,6 +24,7 @@
 #include "gtest/gtest.h"
 #include "offload/checkpoint/checkpoint_test_util.h"
 #include "proto/zo/v1/offload_service.grpc.pb.h"
+#include "rpc/error_detail.h"
 #include "rpc/proto_convert.h"
 #include "server/offload_server.h"
 #include "server/peer_client.h"
@@ -32,6 +34,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Not;
 using ::zo::testing::IsOk;
 using ::zo::testing::StatusIs;
 
@@ -83,6 +86,11 @@ class FakeJob {
               ++wakes_;
               cv_.notify_all();
             },
+        .heard =
+            [this](int server, const absl::Status& answer) {
+              std::lock_guard lock(mu_);
+              heard_.emplace_back(server, answer);
+            },
     };
   }
 
@@ -110,6 +118,11 @@ class FakeJob {
     std::lock_guard lock(mu_);
     return dropped_;
   }
+  // The followers' answers the job's recovery heard, in order.
+  std::vector<std::pair<int, absl::Status>> heard() {
+    std::lock_guard lock(mu_);
+    return heard_;
+  }
   // The job's checkpoint directories left under the root, committed or not.
   std::vector<std::string> Dirs() const {
     std::vector<std::string> out;
@@ -131,6 +144,7 @@ class FakeJob {
   bool hold_finish_ = false;
   std::vector<int64_t> begun_;
   std::vector<absl::Status> dropped_;
+  std::vector<std::pair<int, absl::Status>> heard_;
   int wakes_ = 0;
 };
 
@@ -385,6 +399,40 @@ TEST_F(LeadCheckpointsWithAFollowerTest, TheFollowersPartIsWrittenOverItsPeerCal
   // Chunk 0 is the lead's part, as its job wrote it.
   for (size_t i = 0; i < 64; ++i) ASSERT_EQ(master[i], job_.state().master[i]) << i;
   EXPECT_TRUE(job_.dropped().empty());
+  // The recovery heard the follower answer both calls.
+  const auto heard = job_.heard();
+  ASSERT_EQ(heard.size(), 2u);
+  for (const auto& [server, answer] : heard) {
+    EXPECT_EQ(server, 1);
+    EXPECT_THAT(answer, IsOk());
+  }
+}
+
+// A follower that restarted without the job answers NO_JOB: the checkpoint
+// fails, and the lead's recovery hears it then (it rolls the job back at
+// once instead of at its next probe).
+TEST_F(LeadCheckpointsWithAFollowerTest, AFollowerWithoutTheJobIsHeardByTheRecovery) {
+  ServerOptions options;
+  options.listen = "127.0.0.1:0";
+  options.threads = 1;
+  ZO_ASSERT_OK_AND_ASSIGN(std::unique_ptr<OffloadServer> restarted, OffloadServer::Start(options));
+  checkpoints_ = std::make_unique<LeadCheckpoints>(
+      LeadCheckpoints::Options{
+          .job = kJob,
+          .servers = {servers_[0], absl::StrCat("127.0.0.1:", restarted->port())},
+          .peers = &peers_,
+          .peer_timeout = absl::Seconds(3),
+          .root = root_,
+          .keep = 0},
+      job_.Actions());
+  EXPECT_THAT(CheckpointVersion0().status(), Not(IsOk()));
+  const auto heard = job_.heard();
+  ASSERT_EQ(heard.size(), 1u);
+  EXPECT_EQ(heard[0].first, 1);
+  EXPECT_EQ(ReasonOf(heard[0].second), v1::ErrorDetail::NO_JOB) << heard[0].second;
+  EXPECT_THAT(job_.Dirs(), IsEmpty());
+  checkpoints_.reset();
+  restarted->Shutdown(absl::ZeroDuration());
 }
 
 TEST_F(LeadCheckpointsWithAFollowerTest, AFollowerThatIsDownFailsTheCheckpointAndLeavesNothing) {
