@@ -21,7 +21,8 @@ tests=(
   server/param_versions_writing_test server/wait_list_test
   server/state_snapshot_test server/state_checkpoint_test server/job_test
   server/param_piece_wire_test server/offload_service_test server/pull_fills_test
-  server/handler_pool_test server/lead_checkpoints_test rpc/byte_stream_call_test
+  server/handler_pool_test server/lead_checkpoints_test server/own_checkpoint_part_test
+  rpc/byte_stream_call_test
 )
 [ $# -gt 0 ] && tests=("$@")
 

@@ -28,10 +28,6 @@ using job_internal::RoundMaster;
 
 namespace {
 
-// What a checkpoint snapshot's step hook may hold in copies for the
-// background writer (kept across checkpoints, at most what was used).
-constexpr int64_t kSnapshotStagingBytes = int64_t{1} << 30;
-
 constexpr int64_t kStateBytesPerElem = 12;  // master, m, v
 
 // "[begin, begin + n)" for a message; the sum cannot overflow, since
@@ -86,12 +82,12 @@ absl::Status Job::CheckHostMemory(const TieredStateOptions& options) const {
   const int64_t versions = ParamVersions::BufferBytes(local_elems_, spec_.dtype,
                                                       ServesFromMaster(layout.nvme_sub_groups()));
   // A checkpoint's staging copies (at most the whole state, in tile buffers,
-  // and at most kSnapshotStagingBytes), kept once a checkpoint has run.
+  // and at most OwnCheckpointPart's), kept once a checkpoint has run.
   const int64_t staging_buffer = 3 * kTileElems * static_cast<int64_t>(sizeof(float));
   const int64_t staging =
       resources_.checkpoint_root.empty()
           ? 0
-          : std::min(kSnapshotStagingBytes / staging_buffer,
+          : std::min(OwnCheckpointPart::kDefaultStagingBytes / staging_buffer,
                      (local_elems_ * kStateBytesPerElem + staging_buffer - 1) / staging_buffer) *
                 staging_buffer;
   const int64_t needed = state + gradients + versions + staging;
@@ -117,9 +113,11 @@ absl::Status Job::Init() {
   ZO_ASSIGN_OR_RETURN(const TieredStateOptions options, OptimizerStateOptions());
   ZO_RETURN_IF_ERROR(CheckHostMemory(options));
   ZO_RETURN_IF_ERROR(CreateOptimizerState(options));
-  // A step's snapshot hook copies one tile (master, m, v) per buffer.
-  snapshot_staging_ = std::make_shared<SnapshotStaging>(kSnapshotStagingBytes, 3 * kTileElems);
   ZO_RETURN_IF_ERROR(CreateAccumulator(std::move(owned)));
+  own_part_ = std::make_unique<OwnCheckpointPart>(
+      OwnCheckpointPart::Options{
+          .job = spec_.name, .server_index = spec_.server_index, .dtype = spec_.dtype},
+      map_, chunks(), *state_, state_lock_);
   ZO_RETURN_IF_ERROR(CreateVersions());
   CreateCoordinator();
   step_open_time_ = absl::Now();
@@ -245,8 +243,9 @@ Job::~Job() { Stop(); }
 
 void Job::Stop(absl::Status reason) {
   {
-    std::lock_guard state_lock(state_mu_);
-    DropSnapshotLocked(absl::UnavailableError("the job is shutting down"));
+    std::lock_guard state_lock(state_lock_.mutex());
+    if (own_part_ != nullptr)
+      own_part_->DropLocked(absl::UnavailableError("the job is shutting down"));
   }
   {
     std::lock_guard lock(mu_);
@@ -297,7 +296,7 @@ v1::JobStatus Job::Status() const {
   st.set_waiting_pulls(version_waiters_.size());
   st.set_waiting_pushes(accum_->waiting());
   st.set_ram_bytes(state_->ram_bytes() + accum_->buffer_bytes() + versions_->buffer_bytes() +
-                   snapshot_staging_->held_bytes());
+                   own_part_->staging_held_bytes());
   return st;
 }
 
@@ -340,7 +339,7 @@ absl::Status Job::InitParams(const v1::ParamInitPiece& piece) {
         absl::StrCat("initial weights: elements ", ElementRange(piece.offset(), n),
                      " are outside chunk ", piece.chunk(), " of ", c.elems, " elements"));
   }
-  std::lock_guard state_lock(state_mu_);
+  std::lock_guard state_lock(state_lock_.mutex());
   {
     std::lock_guard lock(mu_);
     ZO_RETURN_IF_ERROR(health_.status());
@@ -351,7 +350,7 @@ absl::Status Job::InitParams(const v1::ParamInitPiece& piece) {
     }
   }
   // A checkpoint of version 0 taken before these weights would hold neither.
-  DropSnapshotLocked(absl::AbortedError(absl::StrCat(
+  own_part_->DropLocked(absl::AbortedError(absl::StrCat(
       "job ", spec_.name, " got initial weights while its version 0 was checkpointed")));
   std::vector<float> values(static_cast<size_t>(n));
   std::memcpy(values.data(), piece.data().data(), piece.data().size());

@@ -8,6 +8,7 @@
 //   TieredOptimizerState the optimizer state (RAM or NVMe sub-groups)
 //   ParamVersions        the low-precision versions pulls are served
 //   JobHealth            healthy, restoring, or needing a restore, and why
+//   OwnCheckpointPart    this server's part of a checkpoint, written while steps go on
 //   LeadCheckpoints      the lead's checkpoints across the servers, a move's freeze
 //   LeadRecovery         the lead's watch over its followers, and rollbacks
 //
@@ -22,9 +23,9 @@
 // handler validates its request fully before touching state.
 //
 // Thread-safe: handlers run on gRPC threads; one step thread per job. Lock
-// order: state_mu_, then mu_, then the pieces' own mutexes; recovery_ is
+// order: state_lock_, then mu_, then the pieces' own mutexes; recovery_ is
 // called holding none of them (its actions take mu_), and
-// checkpoints_.Run and Request too (their actions take state_mu_ and mu_).
+// checkpoints_.Run and Request too (their actions take state_lock_ and mu_).
 #ifndef ZO_SERVER_JOB_H_
 #define ZO_SERVER_JOB_H_
 
@@ -61,14 +62,15 @@
 #include "server/job_counters.h"
 #include "server/job_health.h"
 #include "server/job_spec.h"
+#include "server/job_state_lock.h"
 #include "server/lead_checkpoints.h"
 #include "server/lead_recovery.h"
+#include "server/own_checkpoint_part.h"
 #include "server/param_group_layout.h"
 #include "server/param_versions.h"
 #include "server/peer_client.h"
 #include "server/pull_cursor.h"
 #include "server/pull_fills.h"
-#include "server/state_snapshot.h"
 #include "server/step_coordinator.h"
 #include "server/step_record.h"
 #include "server/wait_list.h"
@@ -353,18 +355,12 @@ class Job {
   // `version` (the job is at it), and returns the bytes per element each
   // part carries of that version's weights (0: none). Requires mu_.
   uint32_t PlanPreviousLocked(int64_t version, CheckpointMeta& meta) const;
-  // This server's part: the snapshot taken at `version` (which the job is
-  // at), then captured and written while steps go on; with previous_bytes,
-  // carrying the weights of version - 1 too.
+  // This server's part (own_part_), begun once the job is at `version` and
+  // healthy; finished letting steps carry its NVMe part for as long as the
+  // next step may take.
   absl::Status BeginOwnPart(int64_t version, const std::string& dir, uint32_t previous_bytes);
   absl::StatusOr<v1::WriteCheckpointPartResponse> FinishOwnPart(int64_t version,
                                                                 const std::string& dir);
-  // Captures what no step has: RAM a slice at a time (a step waits for one
-  // slice at most), NVMe by the next step or, if none comes soon, one
-  // observe pass.
-  absl::Status CaptureSnapshot(StateSnapshot& snapshot);
-  // Fails and forgets the snapshot in progress, if any. Requires state_mu_.
-  void DropSnapshotLocked(const absl::Status& why);
   void LogStep(const v1::StepCommit& commit, absl::Duration wait, absl::Duration update);
 
   const JobSpec spec_;
@@ -384,16 +380,10 @@ class Job {
 
   // Held while the optimizer state or the accumulator is read or written as
   // a whole (stats, update, checkpoint, restore). Taken before mu_.
-  std::mutex state_mu_;
-  // The checkpoint part being taken; its hook runs in every step until it is
-  // complete. Guarded by state_mu_.
-  std::shared_ptr<StateSnapshot> snapshot_;
-  // The copy buffers its hook hands the background writer, kept across
-  // checkpoints (at most kSnapshotStagingBytes).
-  std::shared_ptr<SnapshotStaging> snapshot_staging_;
-  // Set while the step thread waits for or holds state_mu_: a snapshot's
-  // background capture stands back between slices.
-  std::atomic<bool> step_wants_state_{false};
+  JobStateLock state_lock_;
+  // This server's checkpoint part; its hooks run in every step while one is
+  // under way. Shares state_lock_.
+  std::unique_ptr<OwnCheckpointPart> own_part_;
 
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
@@ -424,7 +414,7 @@ class Job {
   JobCounters counters_;
 
   // Lead: held for the whole of a Restore, so that two run one after the
-  // other (the second sees the first's count). Before mu_ and state_mu_.
+  // other (the second sees the first's count). Before mu_ and state_lock_.
   std::mutex restore_mu_;
 
   // Lead: what each follower answered last, and the rollback when a

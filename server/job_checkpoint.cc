@@ -24,14 +24,6 @@
 #include "server/state_checkpoint.h"
 
 namespace zo {
-namespace {
-
-// RAM elements a snapshot's background capture reads per hold of the state
-// (12 MiB of master, m and v): what a step may wait for it.
-constexpr int64_t kSnapshotSliceElems = int64_t{1} << 20;
-
-}  // namespace
-
 absl::StatusOr<v1::CheckpointResponse> Job::Checkpoint(int64_t min_version, absl::Time deadline,
                                                        bool freeze) {
   if (!is_lead()) {
@@ -69,8 +61,8 @@ CheckpointActions Job::CheckpointActionsForThis() {
                                 const std::string& dir) { return FinishOwnPart(version, dir); },
       .drop_own_part =
           [this](const absl::Status& why) {
-            std::lock_guard state_lock(state_mu_);
-            DropSnapshotLocked(why);
+            std::lock_guard state_lock(state_lock_.mutex());
+            own_part_->DropLocked(why);
           },
       .wake =
           [this] {
@@ -150,9 +142,7 @@ absl::StatusOr<v1::WriteCheckpointPartResponse> Job::WriteCheckpointPart(
 }
 
 absl::Status Job::BeginOwnPart(int64_t version, const std::string& dir, uint32_t previous_bytes) {
-  const std::string path =
-      (std::filesystem::path(dir) / CheckpointPartFileName(spec_.server_index)).string();
-  std::lock_guard state_lock(state_mu_);
+  std::lock_guard state_lock(state_lock_.mutex());
   {
     std::lock_guard lock(mu_);
     if (version_ != version) {
@@ -161,98 +151,18 @@ absl::Status Job::BeginOwnPart(int64_t version, const std::string& dir, uint32_t
     }
     ZO_RETURN_IF_ERROR(health_.status());
   }
-  // One left by a lead that never finished it (it failed, or died).
-  DropSnapshotLocked(absl::AbortedError(
-      absl::StrCat("a checkpoint of version ", version, " began on this server after it")));
-  std::optional<StateSnapshot::Previous> previous;
-  if (previous_bytes != 0) {
-    if (previous_bytes != DTypeSize(spec_.dtype)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "checkpoint of version ", version, " asks for the previous version in ", previous_bytes,
-          "-byte elements; job ", spec_.name, " serves ", std::string(DTypeName(spec_.dtype))));
-    }
-    // Pinned until written: the next update waits for that.
-    absl::StatusOr<ParamVersions::Lease> lease = versions_->Acquire(version - 1);
-    if (!lease.ok()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("checkpoint of version ", version, " needs the weights of version ",
-                       version - 1, " on server ", spec_.server_index,
-                       ", which does not hold them: ", lease.status().message()));
-    }
-    previous.emplace(StateSnapshot::Previous{*std::move(lease), previous_bytes});
-  }
-  ZO_ASSIGN_OR_RETURN(snapshot_, StateSnapshot::Begin(path, chunks(), map_, version,
-                                                      snapshot_staging_, std::move(previous)));
-  return absl::OkStatus();
+  return own_part_->BeginLocked(version, dir, previous_bytes, *versions_);
 }
 
 absl::StatusOr<v1::WriteCheckpointPartResponse> Job::FinishOwnPart(int64_t version,
                                                                    const std::string& dir) {
-  const std::string path =
-      (std::filesystem::path(dir) / CheckpointPartFileName(spec_.server_index)).string();
-  std::shared_ptr<StateSnapshot> snapshot;
+  // NVMe: as long as the next step may take to carry it.
+  absl::Duration nvme_wait;
   {
-    std::lock_guard state_lock(state_mu_);
-    if (snapshot_ == nullptr || snapshot_->path() != path || snapshot_->version() != version) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("server ", spec_.server_index, " has no checkpoint part of version ",
-                       version, " begun at ", path, " (a restore or a later checkpoint ended it)"));
-    }
-    snapshot = snapshot_;
+    std::lock_guard lock(mu_);
+    nvme_wait = std::clamp(2 * step_interval_, absl::Seconds(1), absl::Seconds(60));
   }
-  const absl::Status captured = CaptureSnapshot(*snapshot);
-  const absl::StatusOr<CheckpointPartSummary> summary =
-      captured.ok() ? snapshot->Finish() : absl::StatusOr<CheckpointPartSummary>(captured);
-  {
-    std::lock_guard state_lock(state_mu_);
-    if (snapshot_ == snapshot) snapshot_.reset();
-  }
-  if (!summary.ok()) return summary.status();
-  v1::WriteCheckpointPartResponse response;
-  response.set_file(summary->file);
-  response.set_bytes(summary->bytes);
-  response.set_index_checksum(absl::StrFormat("%016x", summary->index_checksum));
-  return response;
-}
-
-absl::Status Job::CaptureSnapshot(StateSnapshot& snapshot) {
-  // First what the next update waits for.
-  ZO_RETURN_IF_ERROR(snapshot.CapturePrevious());
-  // RAM a slice at a time while the step thread does not want the state;
-  // meanwhile (and while a step runs) the copies its hook staged are written.
-  for (;;) {
-    ZO_RETURN_IF_ERROR(snapshot.WriteStaged());
-    std::unique_lock state_lock(state_mu_, std::defer_lock);
-    if (step_wants_state_.load() || !state_lock.try_lock()) {
-      snapshot.WaitForWork(absl::Now() + absl::Milliseconds(5));
-      continue;
-    }
-    ZO_ASSIGN_OR_RETURN(const bool more, snapshot.CaptureSomeFromRam(*state_, kSnapshotSliceElems));
-    if (!more) break;
-  }
-  if (state_->nvme_sub_groups() > 0) {
-    // NVMe: the next step carries it, if one comes soon.
-    absl::Duration wait;
-    {
-      std::lock_guard lock(mu_);
-      wait = std::clamp(2 * step_interval_, absl::Seconds(1), absl::Seconds(60));
-    }
-    const absl::Time deadline = absl::Now() + wait;
-    while (!snapshot.complete() && absl::Now() < deadline) {
-      snapshot.WaitForWork(deadline);
-      ZO_RETURN_IF_ERROR(snapshot.WriteStaged());
-    }
-  }
-  ZO_RETURN_IF_ERROR(snapshot.WriteStaged());
-  // Whatever is left (nothing, when a step carried it).
-  std::lock_guard state_lock(state_mu_);
-  return snapshot.CaptureRest(*state_);
-}
-
-void Job::DropSnapshotLocked(const absl::Status& why) {
-  if (snapshot_ == nullptr) return;
-  snapshot_->Abort(why);
-  snapshot_.reset();
+  return own_part_->Finish(version, dir, nvme_wait);
 }
 
 absl::StatusOr<v1::RestoreResponse> Job::Restore(const std::string& path, absl::Time deadline,
@@ -353,8 +263,8 @@ absl::Status Job::RestorePart(const v1::RestorePartRequest& request, bool health
     return absl::FailedPreconditionError(absl::StrCat(
         "checkpoint ", request.path(), " holds a different manifest than job ", spec_.name));
   }
-  std::lock_guard state_lock(state_mu_);
-  DropSnapshotLocked(
+  std::lock_guard state_lock(state_lock_.mutex());
+  own_part_->DropLocked(
       absl::AbortedError(absl::StrCat("job ", spec_.name, " was restored to version ", meta.version,
                                       " while its part was written")));
   {

@@ -21,30 +21,6 @@
 #include "server/state_checkpoint.h"
 
 namespace zo {
-namespace {
-
-// state_mu_ for the step thread, with the flag that makes a snapshot's
-// background capture stand back between its slices (std::mutex is not fair:
-// a thread that relocks at once could otherwise keep the step waiting).
-class StepStateLock {
- public:
-  StepStateLock(std::mutex& mu, std::atomic<bool>& wants) : wants_(wants) {
-    wants_.store(true);
-    lock_ = std::unique_lock(mu);
-  }
-  ~StepStateLock() {
-    lock_.unlock();
-    wants_.store(false);
-    wants_.notify_all();
-  }
-
- private:
-  std::atomic<bool>& wants_;
-  std::unique_lock<std::mutex> lock_;
-};
-
-}  // namespace
-
 using job_internal::RoundMaster;
 
 bool Job::ReadyToReportLocked() const {
@@ -126,7 +102,7 @@ void Job::RunStepLocked(std::unique_lock<std::mutex>& lock) {
   times.ready = absl::Now();
   v1::StepStats stats;
   {
-    StepStateLock state_lock(state_mu_, step_wants_state_);
+    JobStateLock::ForStep hold(state_lock_);
     stats = ComputeStepStats(step, generation);
   }
   const std::optional<v1::StepCommit> decided =
@@ -140,7 +116,7 @@ void Job::RunStepLocked(std::unique_lock<std::mutex>& lock) {
   times.update_start = absl::Now();
   absl::Status applied;
   {
-    StepStateLock state_lock(state_mu_, step_wants_state_);
+    JobStateLock::ForStep hold(state_lock_);
     applied = Apply(commit);
   }
   times.update_end = absl::Now();
@@ -224,11 +200,7 @@ absl::Status Job::Apply(const v1::StepCommit& commit) {
   } else {
     const RangedConstants<AdamStepConstants> c =
         groups_->StepConstants(GroupLrOf(commit), commit.applied_steps(), commit.grad_multiplier());
-    // A checkpoint part that carries the version this update overwrites
-    // writes it first (the background writer may have already).
-    if (snapshot_ != nullptr) {
-      snapshot_->CapturePrevious(/*from_a_step=*/true).IgnoreError();  // the part's failure
-    }
+    own_part_->BeforeUpdateLocked();
     // Materialized versions: the kernel writes the new version's copy. From
     // the master, pulls of the new version (in-process) follow the update
     // tile by tile; with DPU the kernel also writes each tile's old weights
@@ -272,11 +244,11 @@ absl::Status Job::Apply(const v1::StepCommit& commit) {
     const absl::Status stepped = state_->AdamStep(
         c, accum_->gradients(), {lp, spec_.dtype},
         [&](int64_t end) { released = accum_->ReleaseBelow(released, end, commit.step()); },
-        snapshot_ != nullptr ? snapshot_->observer() : StateObserver(), tile_done,
+        own_part_->ObserverLocked(), tile_done,
         keeps ? std::optional<DType>(DType::kFloat32) : std::nullopt);
     if (!stepped.ok()) {
       versions_->AbortWrite();
-      DropSnapshotLocked(stepped);
+      own_part_->DropLocked(stepped);
     }
     ZO_RETURN_IF_ERROR(stepped);
     versions_->CommitWrite(commit.step());
