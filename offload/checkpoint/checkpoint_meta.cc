@@ -144,6 +144,65 @@ OrderedJson MetaToJson(const CheckpointMeta& meta) {
   return doc;
 }
 
+// The optional sections of checkpoint.json (design.md): absent ones leave
+// `meta` as it is.
+absl::Status ReadInitFingerprint(const Json& doc, const std::string& file, CheckpointMeta& meta) {
+  if (!doc.contains("init_fingerprint")) return absl::OkStatus();
+  std::string fingerprint;
+  MetaReader reader{doc, file, "", absl::OkStatus()};
+  reader.Field("init_fingerprint", fingerprint);
+  ZO_RETURN_IF_ERROR(reader.status);
+  if (fingerprint.size() != 16 || !absl::SimpleHexAtoi(fingerprint, &meta.init_fingerprint)) {
+    return absl::DataLossError(
+        absl::StrCat(file, ": field \"init_fingerprint\" is not 16 hex digits"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadLastStep(const Json& doc, const std::string& file, CheckpointMeta& meta) {
+  const auto last = doc.find("last_step");
+  if (last == doc.end()) return absl::OkStatus();
+  if (!last->is_object()) {
+    return absl::DataLossError(absl::StrCat(file, ": field \"last_step\" is not an object"));
+  }
+  MetaReader lr{*last, file, "last_step.", absl::OkStatus()};
+  const auto norm = last->find("grad_norm");
+  if (norm != last->end() && norm->is_null()) {
+    meta.last_grad_norm = std::numeric_limits<double>::quiet_NaN();
+  } else {
+    lr.Field("grad_norm", meta.last_grad_norm);
+  }
+  lr.Field("lr", meta.last_lr);
+  lr.Field("skipped", meta.last_skipped);
+  ZO_RETURN_IF_ERROR(lr.status);
+  if (const auto group_lr = last->find("group_lr"); group_lr != last->end()) {
+    if (!group_lr->is_array() || !std::all_of(group_lr->begin(), group_lr->end(),
+                                              [](const auto& x) { return x.is_number(); })) {
+      return absl::DataLossError(
+          absl::StrCat(file, ": field \"last_step.group_lr\" is not an array of numbers"));
+    }
+    meta.last_group_lr = group_lr->get<std::vector<double>>();
+  }
+  meta.has_last_step = true;
+  return absl::OkStatus();
+}
+
+absl::Status ReadPrevious(const Json& doc, const std::string& file, CheckpointMeta& meta) {
+  const auto previous = doc.find("previous");
+  if (previous == doc.end()) return absl::OkStatus();
+  if (!previous->is_object()) {
+    return absl::DataLossError(absl::StrCat(file, ": field \"previous\" is not an object"));
+  }
+  MetaReader pr{*previous, file, "previous.", absl::OkStatus()};
+  pr.Field("version", meta.previous_version);
+  pr.Field("loss_scale", meta.previous_loss_scale);
+  pr.Field("dtype", meta.previous_dtype);
+  pr.Field("same_data", meta.previous_same_data);
+  ZO_RETURN_IF_ERROR(pr.status);
+  meta.has_previous = true;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 namespace checkpoint_internal {
@@ -246,51 +305,9 @@ absl::StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir) {
                         absl::StrCat(file, ": field \"manifest\": ", specs.status().message()));
   }
   meta.manifest = *std::move(specs);
-  if (doc.contains("init_fingerprint")) {
-    std::string fingerprint;
-    reader.Field("init_fingerprint", fingerprint);
-    ZO_RETURN_IF_ERROR(reader.status);
-    if (fingerprint.size() != 16 || !absl::SimpleHexAtoi(fingerprint, &meta.init_fingerprint)) {
-      return absl::DataLossError(
-          absl::StrCat(file, ": field \"init_fingerprint\" is not 16 hex digits"));
-    }
-  }
-  if (const auto last = doc.find("last_step"); last != doc.end()) {
-    if (!last->is_object()) {
-      return absl::DataLossError(absl::StrCat(file, ": field \"last_step\" is not an object"));
-    }
-    MetaReader lr{*last, file, "last_step.", absl::OkStatus()};
-    const auto norm = last->find("grad_norm");
-    if (norm != last->end() && norm->is_null()) {
-      meta.last_grad_norm = std::numeric_limits<double>::quiet_NaN();
-    } else {
-      lr.Field("grad_norm", meta.last_grad_norm);
-    }
-    lr.Field("lr", meta.last_lr);
-    lr.Field("skipped", meta.last_skipped);
-    ZO_RETURN_IF_ERROR(lr.status);
-    if (const auto group_lr = last->find("group_lr"); group_lr != last->end()) {
-      if (!group_lr->is_array() || !std::all_of(group_lr->begin(), group_lr->end(),
-                                                [](const auto& x) { return x.is_number(); })) {
-        return absl::DataLossError(
-            absl::StrCat(file, ": field \"last_step.group_lr\" is not an array of numbers"));
-      }
-      meta.last_group_lr = group_lr->get<std::vector<double>>();
-    }
-    meta.has_last_step = true;
-  }
-  if (const auto previous = doc.find("previous"); previous != doc.end()) {
-    if (!previous->is_object()) {
-      return absl::DataLossError(absl::StrCat(file, ": field \"previous\" is not an object"));
-    }
-    MetaReader pr{*previous, file, "previous.", absl::OkStatus()};
-    pr.Field("version", meta.previous_version);
-    pr.Field("loss_scale", meta.previous_loss_scale);
-    pr.Field("dtype", meta.previous_dtype);
-    pr.Field("same_data", meta.previous_same_data);
-    ZO_RETURN_IF_ERROR(pr.status);
-    meta.has_previous = true;
-  }
+  ZO_RETURN_IF_ERROR(ReadInitFingerprint(doc, file, meta));
+  ZO_RETURN_IF_ERROR(ReadLastStep(doc, file, meta));
+  ZO_RETURN_IF_ERROR(ReadPrevious(doc, file, meta));
   const auto parts = doc.find("parts");
   if (parts == doc.end() || !parts->is_array()) {
     return absl::DataLossError(absl::StrCat(file, ": field \"parts\" is missing or not an array"));
