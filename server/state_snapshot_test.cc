@@ -2,8 +2,6 @@
 
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <memory>
 #include <string>
 #include <thread>
@@ -14,10 +12,8 @@
 #include "gtest/gtest.h"
 #include "offload/checkpoint/checkpoint_test_util.h"
 #include "offload/cpu_optimizer.h"
-#include "offload/io/direct_file.h"
-#include "offload/io/io_test_util.h"
-#include "offload/thread_pool.h"
 #include "server/state_checkpoint.h"
+#include "server/tiered_state_test_fixture.h"
 
 namespace zo {
 namespace {
@@ -25,47 +21,12 @@ namespace {
 using ::testing::HasSubstr;
 using ::zo::testing::CheckpointPattern;
 using ::zo::testing::IsOk;
-using ::zo::testing::ScopedTempDir;
 using ::zo::testing::StatusIs;
 
-std::string FileBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-// Server 0 of 2 with chunks of 7000 elements, over a state of sub-groups of
-// 10 000 of which 2 are in RAM: chunk, sub-group and tile (16 384) borders
-// all fall in different places.
-class StateSnapshotTest : public ::testing::Test {
+// The shared state (server/tiered_state_test_fixture.h), and a snapshot of it
+// that steps may run under.
+class StateSnapshotTest : public TieredStateTest {
  protected:
-  void SetUp() override {
-    if (absl::Status direct = CheckDirectIo(dir_.path()); !direct.ok()) {
-      GTEST_SKIP() << "O_DIRECT unsupported under " << dir_.path() << ": " << direct;
-    }
-    map_ = std::make_unique<ShardMap>(
-        *ShardMap::Create({{.name = "w", .shape = {100'003}, .dtype = DType::kFloat16}}, 7000, 2));
-    int64_t offset = 0;
-    for (int64_t c : map_->ChunksOfServer(0)) {
-      chunks_.push_back({.id = c, .local_offset = offset, .elems = map_->ChunkRange(c).size()});
-      offset += chunks_.back().elems;
-    }
-    elems_ = offset;
-    TieredStateOptions options;
-    options.swap_dir = dir_.File("swap");
-    options.sub_group_elems = 10'000;
-    options.ram_budget_bytes = 2 * 10'000 * 12;
-    ZO_ASSERT_OK_AND_ASSIGN(state_, TieredOptimizerState::Create(options, elems_, &pool_));
-    ASSERT_GT(state_->nvme_sub_groups(), 0);
-    master_ = CheckpointPattern(elems_, 1);
-    m_ = CheckpointPattern(elems_, 2);
-    v_ = CheckpointPattern(elems_, 3);
-    for (float& x : v_) x = x * x;  // Adam's v is never negative
-    ASSERT_THAT(state_->WriteState(0, master_, m_, v_), IsOk());
-    // The state as it is now, written the stopping way.
-    ASSERT_THAT(WriteStatePart(*state_, chunks_, *map_, dir_.File("reference.zop")).status(),
-                IsOk());
-  }
-
   absl::Status Step() {
     const std::vector<float> grad = CheckpointPattern(elems_, 4);
     AdamHyperParams hp;
@@ -75,13 +36,6 @@ class StateSnapshotTest : public ::testing::Test {
                             snapshot_ ? snapshot_->observer() : nullptr);
   }
 
-  ScopedTempDir dir_;
-  ThreadPool pool_{2};
-  std::unique_ptr<ShardMap> map_;
-  std::vector<LocalChunk> chunks_;
-  int64_t elems_ = 0;
-  std::unique_ptr<TieredOptimizerState> state_;
-  std::vector<float> master_, m_, v_;
   std::unique_ptr<StateSnapshot> snapshot_;
 };
 
