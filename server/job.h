@@ -11,6 +11,7 @@
 //   OwnCheckpointPart    this server's part of a checkpoint, written while steps go on
 //   LeadCheckpoints      the lead's checkpoints across the servers, a move's freeze
 //   LeadRecovery         the lead's watch over its followers, and rollbacks
+//   LeadRestore          the lead's restore of every server from a checkpoint
 //
 // Job owns the step thread that joins them:
 //
@@ -24,7 +25,7 @@
 //
 // Thread-safe: handlers run on gRPC threads; one step thread per job. Lock
 // order: state_lock_, then mu_, then the pieces' own mutexes; recovery_ is
-// called holding none of them (its actions take mu_), and
+// called holding none of them (its actions take mu_), and restore_,
 // checkpoints_.Run and Request too (their actions take state_lock_ and mu_).
 #ifndef ZO_SERVER_JOB_H_
 #define ZO_SERVER_JOB_H_
@@ -65,6 +66,7 @@
 #include "server/job_state_lock.h"
 #include "server/lead_checkpoints.h"
 #include "server/lead_recovery.h"
+#include "server/lead_restore.h"
 #include "server/own_checkpoint_part.h"
 #include "server/param_group_layout.h"
 #include "server/param_versions.h"
@@ -301,15 +303,14 @@ class Job {
   // step's record, loss scale and timing. Returns how long the step waited
   // for its gradients.
   absl::Duration RecordStepLocked(const v1::StepCommit& commit, const StepTimes& times);
-  // The lead's recovery (recovery_), acting on this job.
+  // The lead's recovery (recovery_) and restore (restore_), acting on this job.
   RecoveryActions RecoveryActionsForThis();
+  LeadRestore::Options RestoreOptionsForThis() const;
+  RestoreActions RestoreActionsForThis();
   // Fails the job for good (health DATA_LOSS, saying what the operator can
   // do): `what_happened` (a server lost its part) and `why` no checkpoint
   // restores it.
   void MarkLost(const std::string& what_happened, const absl::Status& why);
-  absl::StatusOr<std::string> LatestCheckpointHere() const;
-  // Opens the job's part on follower `server` for a restore (by_lead).
-  absl::Status OpenPartOn(int server);
   // Follower: the lead answered `answer` (NO_JOB): it restarted empty, and
   // the version the workers wait for will not come. Refuses steps and
   // fails the pulls that wait (UNAVAILABLE), so that workers that never
@@ -413,9 +414,9 @@ class Job {
   std::atomic<int64_t> serve_ns_{0};
   JobCounters counters_;
 
-  // Lead: held for the whole of a Restore, so that two run one after the
-  // other (the second sees the first's count). Before mu_ and state_lock_.
-  std::mutex restore_mu_;
+  // Lead: the restore across the servers, one at a time. Called holding
+  // none of the job's locks (its actions take them).
+  LeadRestore restore_{RestoreOptionsForThis(), RestoreActionsForThis()};
 
   // Lead: what each follower answered last, and the rollback when a
   // server lost its part. Called without mu_ held.

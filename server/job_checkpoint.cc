@@ -174,86 +174,48 @@ absl::StatusOr<v1::RestoreResponse> Job::Restore(const std::string& path, absl::
                                                       spec_.servers[0], "), this is server ",
                                                       spec_.server_index));
   }
-  std::lock_guard restore_lock(restore_mu_);
-  if (if_restores.has_value()) {
-    std::lock_guard lock(mu_);
-    if (health_.restores_done() != *if_restores) {
-      v1::RestoreResponse response;
-      response.set_already_restored(true);
-      response.set_version(version_);
-      response.set_base_version(oldest_version_);
-      return response;
-    }
-  }
-  std::string dir = path;
-  if (dir.empty()) {
-    if (resources_.checkpoint_root.empty()) {
-      return absl::FailedPreconditionError(
-          "no checkpoint path given and zo-server was started without --checkpoint-dir");
-    }
-    ZO_ASSIGN_OR_RETURN(dir, LatestCheckpoint(resources_.checkpoint_root, spec_.name));
-  }
-  ZO_ASSIGN_OR_RETURN(const CheckpointMeta meta, ReadCheckpointMeta(dir));
-  if (!SameManifest(meta.manifest, spec_.manifest)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("checkpoint ", dir, " holds a different manifest than job ", spec_.name));
-  }
-  // Random, not generation_ + 1: a lead that restarted counts from 0 again
-  // while a follower may be at 1 already, and a restore of the generation a
-  // server is in aborts nothing there (its step would wait for the dead
-  // lead forever). Generations are only ever compared for equality.
-  int64_t generation;
-  {
-    std::lock_guard lock(mu_);
-    do {
-      generation = static_cast<int64_t>(job_internal::NewIncarnation() >> 1);
-    } while (generation == generation_);
-  }
-  v1::RestorePartRequest request;
-  request.set_job(spec_.name);
-  request.set_path(dir);
-  request.set_generation(generation);
-  request.set_rollback(rollback);
-  // The lead stays "restoring" until every follower has its part: a worker
-  // that found it healthy would resume at the restored version and pull it
-  // from a follower that still holds the old ones.
-  absl::Status status = RestorePart(request, /*healthy_after=*/false);
-  for (size_t i = 1; i < spec_.servers.size() && status.ok(); ++i) {
-    status = resources_.peers->RestorePart(spec_.servers[i], request, resources_.peer_timeout * 10);
-    if (ReasonOf(status) == v1::ErrorDetail::NO_JOB) {
-      // It restarted without its part: open it there again, then restore it.
-      status = OpenPartOn(static_cast<int>(i));
-      if (status.ok()) {
-        status =
-            resources_.peers->RestorePart(spec_.servers[i], request, resources_.peer_timeout * 10);
-      }
-    }
-  }
-  if (status.ok()) {
-    status = coordinator_->RestoreDecider(
-        meta.applied_steps, {.scale = meta.loss_scale,
-                             .iteration = meta.scaler_iteration,
-                             .last_overflow_iteration = meta.scaler_last_overflow_iteration,
-                             .hysteresis_left = meta.scaler_hysteresis_left});
-  }
-  {
-    std::lock_guard lock(mu_);
-    health_.LeadRestoreEnded(status, dir);
-    step_open_time_ = absl::Now();
-  }
-  cv_.notify_all();
-  if (!status.ok()) return status;
-  ZO_LOG(INFO) << "job " << spec_.name << ": restored version " << meta.version << " from " << dir
-               << " (written by " << meta.num_servers << " servers, now " << spec_.servers.size()
-               << ")";
-  v1::RestoreResponse response;
-  response.set_path(dir);
-  response.set_version(meta.version);
-  {
-    std::lock_guard lock(mu_);
-    response.set_base_version(oldest_version_);
-  }
-  return response;
+  return restore_.Run(path, rollback, if_restores);
+}
+
+LeadRestore::Options Job::RestoreOptionsForThis() const {
+  return {.spec = &spec_,
+          .peers = resources_.peers,
+          .peer_timeout = resources_.peer_timeout,
+          .root = resources_.checkpoint_root};
+}
+
+RestoreActions Job::RestoreActionsForThis() {
+  return {
+      .position =
+          [this] {
+            std::lock_guard lock(mu_);
+            return RestorePosition{.restores_done = health_.restores_done(),
+                                   .version = version_,
+                                   .base_version = oldest_version_,
+                                   .generation = generation_};
+          },
+      .restore_own_part =
+          [this](const v1::RestorePartRequest& request) {
+            return RestorePart(request, /*healthy_after=*/false);
+          },
+      .restore_decider =
+          [this](const CheckpointMeta& meta) {
+            return coordinator_->RestoreDecider(
+                meta.applied_steps, {.scale = meta.loss_scale,
+                                     .iteration = meta.scaler_iteration,
+                                     .last_overflow_iteration = meta.scaler_last_overflow_iteration,
+                                     .hysteresis_left = meta.scaler_hysteresis_left});
+          },
+      .ended =
+          [this](const absl::Status& status, const std::string& dir) {
+            {
+              std::lock_guard lock(mu_);
+              health_.LeadRestoreEnded(status, dir);
+              step_open_time_ = absl::Now();
+            }
+            cv_.notify_all();
+          },
+  };
 }
 
 absl::Status Job::RestorePart(const v1::RestorePartRequest& request, bool healthy_after) {

@@ -22,10 +22,10 @@ RecoveryActions Job::RecoveryActionsForThis() {
           },
       .roll_back =
           [this](const std::string& path) {
-            // Restore opens the part on a follower without it (OpenPartOn).
+            // LeadRestore opens the part on a follower without it.
             return Restore(path, absl::Now() + absl::Minutes(10), /*rollback=*/true);
           },
-      .latest_checkpoint = [this] { return LatestCheckpointHere(); },
+      .latest_checkpoint = [this] { return restore_.Latest(); },
       .version =
           [this] {
             std::lock_guard lock(mu_);
@@ -46,13 +46,6 @@ RecoveryActions Job::RecoveryActionsForThis() {
   };
 }
 
-absl::StatusOr<std::string> Job::LatestCheckpointHere() const {
-  if (resources_.checkpoint_root.empty()) {
-    return absl::NotFoundError("this zo-server was started without --checkpoint-dir");
-  }
-  return LatestCheckpoint(resources_.checkpoint_root, spec_.name);
-}
-
 void Job::RecoverOwnPart(int64_t followers_version) {
   {
     std::lock_guard lock(mu_);
@@ -71,19 +64,6 @@ void Job::MarkLost(const std::string& what_happened, const absl::Status& why) {
       spec_.name, " --checkpoint PATH)");
   ZO_LOG(ERROR) << "job " << spec_.name << ": " << what;
   health_.MarkLost(what);
-}
-
-absl::Status Job::OpenPartOn(int server) {
-  v1::OpenJobRequest request;
-  request.set_job(spec_.name);
-  *request.mutable_manifest() = ManifestToProto(spec_.manifest);
-  request.set_config_json(spec_.config_json);
-  request.set_dp_world_size(spec_.dp_world_size);
-  for (const std::string& s : spec_.servers) request.add_servers(s);
-  request.set_server_index(server);
-  request.set_init_fingerprint(spec_.init_fingerprint);
-  request.set_by_lead(true);
-  return resources_.peers->OpenJob(spec_.servers[server], request, absl::Seconds(5)).status();
 }
 
 void Job::LeadLostTheJob(const absl::Status& answer) {
