@@ -1,5 +1,8 @@
 #include "rpc/channel.h"
 
+#include <cstdlib>
+#include <mutex>
+
 #include "absl/strings/str_cat.h"
 #include "common/host_port.h"
 #include "common/status_macros.h"
@@ -9,8 +12,18 @@
 
 namespace zo {
 
+void SeeConnectsPromptly() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // gRPC reads it once, at its first initialisation; an operator's own
+    // setting stays.
+    setenv("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "100", /*overwrite=*/0);
+  });
+}
+
 absl::StatusOr<std::shared_ptr<grpc::Channel>> NewChannel(const std::string& address,
                                                           const ChannelOptions& options) {
+  SeeConnectsPromptly();
   ZO_RETURN_IF_ERROR(ParseHostPort(address, PortUse::kConnect).status());
   if (options.max_message_bytes < 1) {
     return absl::InvalidArgumentError(

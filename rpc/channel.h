@@ -31,6 +31,15 @@ struct ChannelOptions {
   int max_message_bytes = kMaxMessageBytes;
 };
 
+// gRPC learns that a connect attempt ended only while some thread polls the
+// channel. A call on a channel whose last connect failed fails at once and
+// polls nothing, so a client retrying a server that is (re)starting learns
+// of each attempt from gRPC's backup poller, every 5 s by default: a server
+// up 2 s after the client's first call was still "refused" after 10 s of
+// retries. This sets that poller to 100 ms. It must run before gRPC's
+// first use in the process: NewChannel and OffloadServer::Start call it.
+void SeeConnectsPromptly();
+
 // A channel to `address` ("host:port", "[v6]:port", the port in
 // [1, 65535]; common/host_port.h), with a connection of its own rather than
 // one shared with every channel of the process to the same address, and

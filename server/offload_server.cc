@@ -12,6 +12,7 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "offload/thread_pool.h"
+#include "rpc/channel.h"
 #include "server/embedded_route.h"
 #include "server/job_registry.h"
 #include "server/offload_service.h"
@@ -45,6 +46,7 @@ struct OffloadServer::Impl {
 OffloadServer::OffloadServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 absl::StatusOr<std::unique_ptr<OffloadServer>> OffloadServer::Start(const ServerOptions& options) {
+  SeeConnectsPromptly();  // before gRPC starts: its peer calls reconnect too
   if (options.tls_cert.empty() != options.tls_key.empty()) {
     return absl::InvalidArgumentError("TLS needs both a certificate and a key");
   }

@@ -19,7 +19,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -96,12 +95,6 @@ struct ClientOptions {
   // (a pull that waited long for its version and then failed is retried
   // too); other errors surface at once with the server's message.
   absl::Duration retry_for = absl::Seconds(10);
-  // The same for Open's OpenJob calls; unset: retry_for. A caller that
-  // tries Open again itself sets it short (zo-train's attach loops), so
-  // that each of its tries gets new channels: a gRPC 1.51 channel whose
-  // first connect was refused kept failing calls with that answer for about
-  // 9 s after the server was back, through every retry.
-  std::optional<absl::Duration> open_retry_for;
   // Re-sending a step after a restart: elements the servers already have
   // from this dp rank are skipped instead of rejected.
   bool resend = false;
