@@ -269,7 +269,7 @@ v1::JobStatus Job::Status() const {
   v1::JobStatus st;
   st.set_job(spec_.name);
   st.set_version(version_);
-  st.set_open_step(open_step_);
+  st.set_open_step(version_ + 1);
   steps_.AddTo(st, version_);
   health_.AddTo(st);
   if (coordinator_ != nullptr) st.set_waiting_on_peer(coordinator_->StallDescription());

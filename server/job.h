@@ -388,7 +388,7 @@ class Job {
 
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
-  int64_t open_step_ = 1;
+  // The last step applied; gradients come for the next (the open step).
   int64_t version_ = 0;
   // The version the update is writing, when pulls may read it meanwhile
   // (served from the master); -1 otherwise.

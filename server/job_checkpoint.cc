@@ -282,7 +282,6 @@ absl::Status Job::RestorePart(const v1::RestorePartRequest& request, bool health
     version_ = meta.version;
     base_version_ = meta.version;
     oldest_version_ = previous == ParamVersions::Previous::kNone ? meta.version : meta.version - 1;
-    open_step_ = meta.version + 1;
     const LastStep last = LastStepOf(meta, spec_.config);
     steps_.Restore(meta, last, /*keeps_previous=*/oldest_version_ < meta.version);
     checkpoints_.Restored(meta.version);

@@ -66,7 +66,7 @@ absl::Status Job::WaitForVersion(int64_t version, absl::Time deadline, uint64_t 
       return absl::DeadlineExceededError(
           absl::StrCat("version ", version, " of job ", spec_.name,
                        " did not exist before the deadline (the job is at version ", version_,
-                       ", waiting for gradients of step ", open_step_, ")"));
+                       ", waiting for gradients of step ", version_ + 1, ")"));
     }
   }
 }

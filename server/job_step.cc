@@ -24,7 +24,7 @@ namespace zo {
 using job_internal::RoundMaster;
 
 bool Job::ReadyToReportLocked() const {
-  // Between steps every chunk takes gradients for open_step_.
+  // Between steps every chunk takes gradients for step version_ + 1.
   return health_.ok() && accum_->Ready();
 }
 
@@ -90,7 +90,7 @@ void Job::RunCheckpointLocked(std::unique_lock<std::mutex>& lock) {
 }
 
 void Job::RunStepLocked(std::unique_lock<std::mutex>& lock) {
-  const int64_t step = open_step_;
+  const int64_t step = version_ + 1;  // the open step
   const int64_t generation = generation_;
   // The scale the step's gradients carry: with DPU, that of the older
   // version the workers computed on.
@@ -146,7 +146,6 @@ void Job::RunStepLocked(std::unique_lock<std::mutex>& lock) {
 absl::Duration Job::RecordStepLocked(const v1::StepCommit& commit, const StepTimes& times) {
   const int64_t step = commit.step();
   version_ = step;
-  open_step_ = step + 1;
   coordinator_->Advance(step);
   steps_.Record(commit);
   if (!commit.failure().empty()) {
