@@ -190,6 +190,8 @@ class Client {
     options_.channels.clear();
     options_.routes.clear();
     options_.attach_only = true;
+    // FollowJob tries again itself, at its own pace.
+    options_.open_retry_for = absl::Seconds(1);
     const absl::Status followed = FollowJob(move, [&] {
       ZO_RETURN_IF_ERROR(OpenClients());
       return CheckArrived(*client_, move);

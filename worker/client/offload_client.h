@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -95,6 +96,12 @@ struct ClientOptions {
   // (a pull that waited long for its version and then failed is retried
   // too); other errors surface at once with the server's message.
   absl::Duration retry_for = absl::Seconds(10);
+  // The same for Open's OpenJob calls; unset: retry_for. A caller that
+  // tries Open again itself (zo-train's attach loops, zo.torch's follow())
+  // sets it short, so that its own loop keeps the pace: its progress
+  // notes, its decisions (a lead lost for 2 s is restored), its polls every
+  // 500 ms, rather than one try's backoff of up to 2 s for up to 10 s.
+  std::optional<absl::Duration> open_retry_for;
   // Re-sending a step after a restart: elements the servers already have
   // from this dp rank are skipped instead of rejected.
   bool resend = false;

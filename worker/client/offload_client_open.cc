@@ -99,6 +99,8 @@ absl::Status OffloadClient::Impl::OpenJobOnEveryServer(const std::string& config
                                                        std::vector<v1::OpenJobResponse>& replies) {
   // In parallel: a server's OpenJob may wait for the others of the job.
   CallGroup group;
+  client_internal::CallSettings settings = call;
+  settings.retry_for = options.open_retry_for.value_or(options.retry_for);
   return RunInParallel(names.size(), group, [&](size_t i) -> absl::Status {
     v1::OpenJobRequest request;
     request.set_job(options.job);
@@ -110,7 +112,7 @@ absl::Status OffloadClient::Impl::OpenJobOnEveryServer(const std::string& config
     request.set_attach_only(options.attach_only);
     request.set_init_fingerprint(options.init_fingerprint);
     ZO_ASSIGN_OR_RETURN(replies[i], Unary<v1::OpenJobResponse>(
-                                        static_cast<int>(i),
+                                        settings, static_cast<int>(i),
                                         [&](v1::Offload::Stub& stub, grpc::ClientContext& context,
                                             v1::OpenJobResponse& response) {
                                           return stub.OpenJob(&context, request, &response);

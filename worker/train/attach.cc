@@ -21,6 +21,9 @@ absl::StatusOr<LocalStage> OpenStage(const TrainOptions& o, Plan& plan, backend:
   const std::vector<TensorSpec> manifest = plan.model.Manifest(plan.dtype);
   ClientOptions options = MakeClientOptions(o);
   options.attach_only = attach_only;
+  // Both callers (AttachAtStart, Reattach's FollowJob) try again
+  // themselves, at their own pace (ClientOptions::open_retry_for).
+  options.open_retry_for = absl::Seconds(1);
   LocalStage ls;
   ls.stage = stage;
   ZO_ASSIGN_OR_RETURN(ls.client, OffloadClient::Open(options, o.config_json, manifest));

@@ -87,7 +87,13 @@ struct OffloadClient::Impl {
   // `group` (may be null) cancels it.
   template <typename Response, typename Call>
   absl::StatusOr<Response> Unary(int server, Call call,
-                                 client_internal::CallGroup* group = nullptr);
+                                 client_internal::CallGroup* group = nullptr) {
+    return Unary<Response>(this->call, server, std::move(call), group);
+  }
+  // The same, retrying as `settings` say.
+  template <typename Response, typename Call>
+  absl::StatusOr<Response> Unary(const client_internal::CallSettings& settings, int server,
+                                 Call call, client_internal::CallGroup* group);
   // Whether every server is still on the instance of the job its OpenJob
   // answered with, and the lead is not restoring it.
   absl::StatusOr<bool> SameInstanceAsOpened(const std::vector<v1::OpenJobResponse>& replies);
@@ -270,11 +276,12 @@ struct OffloadClient::Impl {
 };
 
 template <typename Response, typename Call>
-absl::StatusOr<Response> OffloadClient::Impl::Unary(int server, Call call_once,
+absl::StatusOr<Response> OffloadClient::Impl::Unary(const client_internal::CallSettings& settings,
+                                                    int server, Call call_once,
                                                     client_internal::CallGroup* group) {
   Response response;
   absl::Status status =
-      client_internal::RetryCall(call, names[server], group, [&](grpc::ClientContext& context) {
+      client_internal::RetryCall(settings, names[server], group, [&](grpc::ClientContext& context) {
         response.Clear();
         return FromGrpcStatus(call_once(*stubs[server], context, response));
       });
