@@ -120,7 +120,7 @@ absl::Status Job::Init() {
       map_, chunks(), *state_, state_lock_);
   ZO_RETURN_IF_ERROR(CreateVersions());
   CreateCoordinator();
-  step_open_time_ = absl::Now();
+  step_clock_.Reopen(absl::Now());  // allocations done: the first step opens
   ZO_LOG(INFO) << "job " << spec_.name << ": server " << spec_.server_index << " of "
                << spec_.servers.size() << ", " << chunks().size() << " chunks, "
                << FormatCount(local_elems_) << " elements here (" << state_->nvme_sub_groups()

@@ -73,6 +73,7 @@
 #include "server/peer_client.h"
 #include "server/pull_cursor.h"
 #include "server/pull_fills.h"
+#include "server/step_clock.h"
 #include "server/step_coordinator.h"
 #include "server/step_record.h"
 #include "server/wait_list.h"
@@ -198,10 +199,7 @@ class Job {
   void WithdrawPull(PullFills::Id id);
   // A pull served: its time goes into the next step's log line and, with
   // its bytes, into the totals.
-  void RecordPull(absl::Duration serve, int64_t bytes) {
-    serve_ns_ += absl::ToInt64Nanoseconds(serve);
-    counters_.AddPull(serve, bytes);
-  }
+  void RecordPull(absl::Duration serve, int64_t bytes) { counters_.AddPull(serve, bytes); }
   // Totals since the job opened, and its NVMe swap's I/O: for metrics.
   JobTotals Totals() const { return counters_.Totals(); }
   SwapIoStats SwapStats() const { return state_->swap_io_stats(); }
@@ -405,13 +403,10 @@ class Job {
   absl::Status stop_reason_;
   // The step thread has decided a step and not yet applied it.
   bool applying_ = false;
-  // Open to update end of the last step: how long a snapshot waits for a
-  // step to carry its NVMe part.
-  absl::Duration step_interval_ = absl::ZeroDuration();
-  absl::Time step_open_time_;
+  // The open step's start and the last step's length.
+  StepClock step_clock_{absl::Now()};
   // Pulls waiting for a version, keyed by it.
   WaitList version_waiters_;
-  std::atomic<int64_t> serve_ns_{0};
   JobCounters counters_;
 
   // Lead: the restore across the servers, one at a time. Called holding

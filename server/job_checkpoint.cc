@@ -160,7 +160,7 @@ absl::StatusOr<v1::WriteCheckpointPartResponse> Job::FinishOwnPart(int64_t versi
   absl::Duration nvme_wait;
   {
     std::lock_guard lock(mu_);
-    nvme_wait = std::clamp(2 * step_interval_, absl::Seconds(1), absl::Seconds(60));
+    nvme_wait = std::clamp(2 * step_clock_.interval(), absl::Seconds(1), absl::Seconds(60));
   }
   return own_part_->Finish(version, dir, nvme_wait);
 }
@@ -211,7 +211,7 @@ RestoreActions Job::RestoreActionsForThis() {
             {
               std::lock_guard lock(mu_);
               health_.LeadRestoreEnded(status, dir);
-              step_open_time_ = absl::Now();
+              step_clock_.Reopen(absl::Now());
             }
             cv_.notify_all();
           },
@@ -293,7 +293,7 @@ absl::Status Job::RestorePart(const v1::RestorePartRequest& request, bool health
     // Pulls that waited re-check their instance (and hear of the restore).
     resources_.wakes->Post(version_waiters_.TakeAll());
     health_.EndRestore(status, request.path(), healthy_after);
-    step_open_time_ = absl::Now();
+    step_clock_.Reopen(absl::Now());
   }
   cv_.notify_all();
   return status;

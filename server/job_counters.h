@@ -1,6 +1,7 @@
 // Running totals of one job on this server since it opened, the raw
 // material of the metrics endpoint: where step time goes (waiting for
-// gradients, the optimizer update, serving pulls) and the bytes moved.
+// gradients, the optimizer update, serving pulls) and the bytes moved; and
+// the time spent serving pulls since the step log last took it.
 // Lock-free, so a scrape never waits on a step.
 #ifndef ZO_SERVER_JOB_COUNTERS_H_
 #define ZO_SERVER_JOB_COUNTERS_H_
@@ -36,7 +37,12 @@ class JobCounters {
   void AddPull(absl::Duration serve, int64_t bytes) {
     pulls_.fetch_add(1, kOrder);
     serve_ns_.fetch_add(absl::ToInt64Nanoseconds(serve), kOrder);
+    serve_since_taken_ns_.fetch_add(absl::ToInt64Nanoseconds(serve), kOrder);
     param_bytes_.fetch_add(bytes, kOrder);
+  }
+  // Serving time of the pulls added since the last call (the step log's).
+  absl::Duration TakeRecentServe() {
+    return absl::Nanoseconds(serve_since_taken_ns_.exchange(0, kOrder));
   }
 
   JobTotals Totals() const {
@@ -63,6 +69,7 @@ class JobCounters {
   std::atomic<int64_t> wait_ns_{0};
   std::atomic<int64_t> update_ns_{0};
   std::atomic<int64_t> serve_ns_{0};
+  std::atomic<int64_t> serve_since_taken_ns_{0};
   std::atomic<int64_t> gradient_bytes_{0};
   std::atomic<int64_t> param_bytes_{0};
   std::atomic<int64_t> pulls_{0};

@@ -153,9 +153,7 @@ absl::Duration Job::RecordStepLocked(const v1::StepCommit& commit, const StepTim
     health_.Fail(absl::FailedPreconditionError(commit.failure()));
     ZO_LOG(ERROR) << commit.failure();
   }
-  const absl::Duration wait = times.ready - step_open_time_;
-  step_interval_ = times.update_end - step_open_time_;
-  step_open_time_ = times.update_end;
+  const absl::Duration wait = step_clock_.Ended(times.ready, times.update_end);
   counters_.AddStep(commit.skip(), wait, times.update_end - times.update_start);
   return wait;
 }
@@ -258,7 +256,7 @@ absl::Status Job::Apply(const v1::StepCommit& commit) {
 
 void Job::LogStep(const v1::StepCommit& commit, absl::Duration wait, absl::Duration update) {
   const int every = resources_.log_every > 0 ? resources_.log_every : spec_.config.steps_per_print;
-  const absl::Duration serve = absl::Nanoseconds(serve_ns_.exchange(0));
+  const absl::Duration serve = counters_.TakeRecentServe();
   if (commit.step() % every != 0 && !commit.skip()) return;
   // With DPU from the master: what serving the previous version costs.
   std::string previous;
