@@ -18,7 +18,6 @@
 #include "common/status_macros.h"
 #include "offload/checkpoint/checkpoint_dir.h"
 #include "offload/checkpoint/checkpoint_part.h"
-#include "rpc/error_detail.h"
 #include "server/job.h"
 #include "server/job_internal.h"
 #include "server/state_checkpoint.h"

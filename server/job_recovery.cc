@@ -5,9 +5,6 @@
 // restore. See docs/architecture.md, "Recovery".
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
-#include "offload/checkpoint/checkpoint_dir.h"
-#include "rpc/error_detail.h"
-#include "rpc/proto_convert.h"
 #include "server/job.h"
 
 namespace zo {
