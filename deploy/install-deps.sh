@@ -53,6 +53,9 @@ ci_tools=(
   clang-format
   # the libFuzzer targets (fuzz/, deploy/run-fuzzers.sh)
   clang libclang-rt-14-dev
+  # links every tree several times faster than GNU ld (CMake's
+  # ZO_FAST_LINKER; without it, gold from binutils is used)
+  lld
 )
 
 purpose="${1:-all}"
