@@ -20,12 +20,11 @@
 #include "absl/strings/str_format.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
-#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "offload/checkpoint/checkpoint_test_util.h"
-#include "proto/zo/v1/offload_service.grpc.pb.h"
 #include "rpc/error_detail.h"
 #include "rpc/proto_convert.h"
+#include "server/lead_test_servers.h"
 #include "server/offload_server.h"
 #include "server/peer_client.h"
 
@@ -328,32 +327,10 @@ TEST_F(LeadCheckpointsTest, BadRequestsAreRefused) {
 class LeadCheckpointsWithAFollowerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ServerOptions options;
-    options.listen = "127.0.0.1:0";
-    options.threads = 1;
-    ZO_ASSERT_OK_AND_ASSIGN(lead_slot_, OffloadServer::Start(options));
-    ZO_ASSERT_OK_AND_ASSIGN(follower_, OffloadServer::Start(options));
-    servers_ = {absl::StrCat("127.0.0.1:", lead_slot_->port()),
-                absl::StrCat("127.0.0.1:", follower_->port())};
-    v1::OpenJobRequest open;
-    open.set_job(kJob);
-    v1::TensorSpec* t = open.mutable_manifest()->add_tensors();
-    t->set_name("w");
-    t->add_shape(100);
-    t->set_dtype(v1::DTYPE_FP16);
-    open.set_config_json(
-        R"({"train_batch_size": 1, "fp16": {"enabled": true}, "zo": {"chunk_elems": 64}})");
-    open.set_dp_world_size(1);
-    for (const std::string& s : servers_) open.add_servers(s);
-    open.set_server_index(1);
-    v1::OpenJobResponse opened;
-    grpc::ClientContext context;
-    const grpc::Status rpc =
-        v1::Offload::NewStub(follower_->InProcessChannel())->OpenJob(&context, open, &opened);
-    ASSERT_TRUE(rpc.ok()) << rpc.error_message();
+    ASSERT_THAT(servers_.Start(kJob), IsOk());
     checkpoints_ =
         std::make_unique<LeadCheckpoints>(LeadCheckpoints::Options{.job = kJob,
-                                                                   .servers = servers_,
+                                                                   .servers = servers_.addresses,
                                                                    .peers = &peers_,
                                                                    .peer_timeout = absl::Seconds(3),
                                                                    .root = root_,
@@ -362,8 +339,7 @@ class LeadCheckpointsWithAFollowerTest : public ::testing::Test {
   }
   void TearDown() override {
     checkpoints_.reset();
-    follower_->Shutdown(absl::ZeroDuration());
-    lead_slot_->Shutdown(absl::ZeroDuration());
+    servers_.Stop();
     std::filesystem::remove_all(root_);
   }
 
@@ -378,8 +354,7 @@ class LeadCheckpointsWithAFollowerTest : public ::testing::Test {
   }
 
   const std::string root_ = testing::FreshTestDir("lead_checkpoints_follower");
-  std::unique_ptr<OffloadServer> lead_slot_, follower_;
-  std::vector<std::string> servers_;
+  testing::LeadTestServers servers_;
   PeerClient peers_{PeerCredentials{}};
   FakeJob job_{root_, /*num_servers=*/2};
   std::unique_ptr<LeadCheckpoints> checkpoints_;
@@ -412,14 +387,11 @@ TEST_F(LeadCheckpointsWithAFollowerTest, TheFollowersPartIsWrittenOverItsPeerCal
 // fails, and the lead's recovery hears it then (it rolls the job back at
 // once instead of at its next probe).
 TEST_F(LeadCheckpointsWithAFollowerTest, AFollowerWithoutTheJobIsHeardByTheRecovery) {
-  ServerOptions options;
-  options.listen = "127.0.0.1:0";
-  options.threads = 1;
-  ZO_ASSERT_OK_AND_ASSIGN(std::unique_ptr<OffloadServer> restarted, OffloadServer::Start(options));
+  ZO_ASSERT_OK_AND_ASSIGN(std::unique_ptr<OffloadServer> restarted, testing::StartLoopbackServer());
   checkpoints_ = std::make_unique<LeadCheckpoints>(
       LeadCheckpoints::Options{
           .job = kJob,
-          .servers = {servers_[0], absl::StrCat("127.0.0.1:", restarted->port())},
+          .servers = {servers_.addresses[0], testing::LoopbackAddress(*restarted)},
           .peers = &peers_,
           .peer_timeout = absl::Seconds(3),
           .root = root_,
@@ -436,7 +408,7 @@ TEST_F(LeadCheckpointsWithAFollowerTest, AFollowerWithoutTheJobIsHeardByTheRecov
 }
 
 TEST_F(LeadCheckpointsWithAFollowerTest, AFollowerThatIsDownFailsTheCheckpointAndLeavesNothing) {
-  follower_->Shutdown(absl::ZeroDuration());
+  servers_.follower->Shutdown(absl::ZeroDuration());
   const absl::StatusOr<v1::CheckpointResponse> answer = CheckpointVersion0();
   EXPECT_THAT(answer.status(), StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
   // The lead's own part, begun first, is dropped; no directory is left.

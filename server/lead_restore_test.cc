@@ -16,11 +16,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
-#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "offload/checkpoint/checkpoint_test_util.h"
-#include "proto/zo/v1/offload_service.grpc.pb.h"
-#include "server/offload_server.h"
+#include "server/lead_test_servers.h"
 
 namespace zo {
 namespace {
@@ -97,53 +95,27 @@ class FakeJob {
   std::vector<std::string> ended_dirs_;
 };
 
-v1::OpenJobRequest OpenRequest(const std::vector<std::string>& servers, int index) {
-  v1::OpenJobRequest open;
-  open.set_job(kJob);
-  v1::TensorSpec* t = open.mutable_manifest()->add_tensors();
-  t->set_name("w");
-  t->add_shape(100);
-  t->set_dtype(v1::DTYPE_FP16);
-  open.set_config_json(
-      R"({"train_batch_size": 1, "fp16": {"enabled": true}, "zo": {"chunk_elems": 64}})");
-  open.set_dp_world_size(1);
-  for (const std::string& s : servers) open.add_servers(s);
-  open.set_server_index(index);
-  return open;
-}
-
 // Two servers: the lead's slot (whose part is the fake's) and a real
 // follower holding the job at version 0; a committed checkpoint of both
 // parts at kVersion under the root.
 class LeadRestoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ServerOptions options;
-    options.listen = "127.0.0.1:0";
-    options.threads = 1;
-    ZO_ASSERT_OK_AND_ASSIGN(lead_slot_, OffloadServer::Start(options));
-    ZO_ASSERT_OK_AND_ASSIGN(follower_, OffloadServer::Start(options));
-    servers_ = {absl::StrCat("127.0.0.1:", lead_slot_->port()),
-                absl::StrCat("127.0.0.1:", follower_->port())};
-    v1::OpenJobResponse opened;
-    grpc::ClientContext context;
-    const grpc::Status rpc = v1::Offload::NewStub(follower_->InProcessChannel())
-                                 ->OpenJob(&context, OpenRequest(servers_, 1), &opened);
-    ASSERT_TRUE(rpc.ok()) << rpc.error_message();
+    ASSERT_THAT(servers_.Start(kJob), IsOk());
     ZO_ASSERT_OK_AND_ASSIGN(checkpoint_,
                             testing::WriteTestCheckpoint(root_, kJob, kVersion, state_));
-    UseServers(servers_);
+    UseServers(servers_.addresses);
   }
   void TearDown() override {
     restore_.reset();
-    follower_->Shutdown(absl::ZeroDuration());
-    lead_slot_->Shutdown(absl::ZeroDuration());
+    servers_.Stop();
     std::filesystem::remove_all(root_);
   }
 
   // A restore for a lead of these servers, with checkpoints under `root`.
   void UseServers(const std::vector<std::string>& servers, std::string root = "") {
-    ZO_ASSERT_OK_AND_ASSIGN(spec_, JobSpecFromRequest(OpenRequest(servers, 0)));
+    ZO_ASSERT_OK_AND_ASSIGN(spec_,
+                            JobSpecFromRequest(testing::LeadTestJobRequest(kJob, servers, 0)));
     restore_ =
         std::make_unique<LeadRestore>(LeadRestore::Options{.spec = &spec_,
                                                            .peers = &peers_,
@@ -160,8 +132,7 @@ class LeadRestoreTest : public ::testing::Test {
   const testing::FlatState state_ = testing::MakeFlatState(
       {{"w", {100}, DType::kFloat16}}, /*chunk_elems=*/64, /*num_servers=*/2, /*seed=*/11);
   std::string checkpoint_;
-  std::unique_ptr<OffloadServer> lead_slot_, follower_;
-  std::vector<std::string> servers_;
+  testing::LeadTestServers servers_;
   PeerClient peers_{PeerCredentials{}};
   JobSpec spec_;
   FakeJob job_;
@@ -185,19 +156,16 @@ TEST_F(LeadRestoreTest, TheLatestIsRestoredOnTheLeadThenTheFollowerThenTheDecide
   EXPECT_EQ(own[0].job(), kJob);
   EXPECT_NE(own[0].generation(), 5);  // a generation the servers are not in
   EXPECT_FALSE(own[0].rollback());
-  EXPECT_EQ(FollowerVersion(servers_[1]), kVersion);
+  EXPECT_EQ(FollowerVersion(servers_.addresses[1]), kVersion);
 }
 
 // A follower that restarted without the job answers NO_JOB: its part is
 // opened there again (by the lead) and restored with the rest.
 TEST_F(LeadRestoreTest, AFollowerWithoutTheJobHasItsPartOpenedAgainAndRestored) {
-  ServerOptions options;
-  options.listen = "127.0.0.1:0";
-  options.threads = 1;
-  ZO_ASSERT_OK_AND_ASSIGN(std::unique_ptr<OffloadServer> restarted, OffloadServer::Start(options));
-  const std::string address = absl::StrCat("127.0.0.1:", restarted->port());
+  ZO_ASSERT_OK_AND_ASSIGN(std::unique_ptr<OffloadServer> restarted, testing::StartLoopbackServer());
+  const std::string address = testing::LoopbackAddress(*restarted);
   ASSERT_EQ(FollowerVersion(address), -1);  // no job there
-  UseServers({servers_[0], address});
+  UseServers({servers_.addresses[0], address});
   ZO_ASSERT_OK_AND_ASSIGN(const v1::RestoreResponse answer,
                           restore_->Run(checkpoint_, /*rollback=*/true, std::nullopt));
   EXPECT_EQ(answer.version(), kVersion);
@@ -215,12 +183,12 @@ TEST_F(LeadRestoreTest, ARestoreThatAlreadyHappenedDoesNothing) {
   EXPECT_EQ(answer.version(), 9);
   EXPECT_EQ(answer.base_version(), 8);
   EXPECT_THAT(job_.calls(), ElementsAre("position"));
-  EXPECT_EQ(FollowerVersion(servers_[1]), 0);
+  EXPECT_EQ(FollowerVersion(servers_.addresses[1]), 0);
   // The count it was asked for: it runs.
   ZO_ASSERT_OK_AND_ASSIGN(const v1::RestoreResponse ran,
                           restore_->Run("", /*rollback=*/true, /*if_restores=*/2));
   EXPECT_FALSE(ran.already_restored());
-  EXPECT_EQ(FollowerVersion(servers_[1]), kVersion);
+  EXPECT_EQ(FollowerVersion(servers_.addresses[1]), kVersion);
 }
 
 TEST_F(LeadRestoreTest, AnotherJobsCheckpointIsRefusedBeforeAnyServerIsTouched) {
@@ -233,7 +201,7 @@ TEST_F(LeadRestoreTest, AnotherJobsCheckpointIsRefusedBeforeAnyServerIsTouched) 
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("holds a different manifest than job rs")));
   EXPECT_THAT(job_.calls(), ElementsAre("position"));
-  EXPECT_EQ(FollowerVersion(servers_[1]), 0);
+  EXPECT_EQ(FollowerVersion(servers_.addresses[1]), 0);
   std::filesystem::remove_all(other_root);
 }
 
@@ -242,11 +210,11 @@ TEST_F(LeadRestoreTest, ALeadPartThatFailsEndsTheRestoreBeforeTheFollowers) {
   EXPECT_THAT(restore_->Run("", false, std::nullopt).status(),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("part 0 is torn")));
   EXPECT_THAT(job_.calls(), ElementsAre("position", "own part", "ended DATA_LOSS"));
-  EXPECT_EQ(FollowerVersion(servers_[1]), 0);
+  EXPECT_EQ(FollowerVersion(servers_.addresses[1]), 0);
 }
 
 TEST_F(LeadRestoreTest, AFollowerThatIsDownFailsTheRestoreAndTheDeciderIsLeft) {
-  follower_->Shutdown(absl::ZeroDuration());
+  servers_.follower->Shutdown(absl::ZeroDuration());
   EXPECT_THAT(restore_->Run("", false, std::nullopt).status(),
               StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
   EXPECT_THAT(job_.calls(), ElementsAre("position", "own part", "ended UNAVAILABLE"));
@@ -267,7 +235,7 @@ TEST_F(LeadRestoreTest, WithoutACheckpointRootOnlyAPathRestores) {
 
 TEST_F(LeadRestoreTest, AnEmptyRootHasNoLatest) {
   const std::string empty = testing::FreshTestDir("lead_restore_empty");
-  UseServers(servers_, empty);
+  UseServers(servers_.addresses, empty);
   EXPECT_THAT(restore_->Run("", false, std::nullopt).status(), ::testing::Not(IsOk()));
   EXPECT_THAT(job_.calls(), ElementsAre("position"));
   EXPECT_THAT(job_.ended_dirs(), IsEmpty());
