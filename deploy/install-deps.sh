@@ -53,8 +53,8 @@ ci_tools=(
   clang-format
   # the libFuzzer targets (fuzz/, deploy/run-fuzzers.sh)
   clang libclang-rt-14-dev
-  # links every tree several times faster than GNU ld (CMake's
-  # ZO_FAST_LINKER; without it, gold from binutils is used)
+  # links the fuzz tree (clang) several times faster than GNU ld (CMake's
+  # ZO_FAST_LINKER; GCC trees link with gold, from binutils)
   lld
 )
 

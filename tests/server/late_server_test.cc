@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/testing/status_matchers.h"
@@ -55,7 +56,9 @@ TEST(LateServerTest, ARetriedCallReachesAServerThatStartedAfterSixRefusals) {
   absl::Duration backoff = absl::Milliseconds(50);
   const absl::Time give_up = absl::Now() + absl::Seconds(10);
   for (int attempt = 1; !answered.ok() && absl::Now() + backoff < give_up; ++attempt) {
-    ASSERT_THAT(answered, StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
+    // What OffloadClient retries (a connect still under way may run out the
+    // attempt's deadline).
+    ASSERT_TRUE(absl::IsUnavailable(answered) || absl::IsDeadlineExceeded(answered)) << answered;
     if (attempt == 6) {
       close(fd);
       ZO_ASSERT_OK_AND_ASSIGN(server, ServerProcess::Start({}, port));
