@@ -5,7 +5,9 @@
 # protobuf, Abseil, OpenBLAS, ...; not glibc/libstdc++, not cuBLASLt, which
 # the GPU machine's CUDA or PyTorch install provides). deploy/gpu-check.sh
 # runs them there. This is how the checks reach a GPU host that is not
-# Debian: build here, carry the bundle, run.
+# Debian: build here, carry the bundle, run. Everything travels xz-packed
+# (bin.tar.xz, lib.tar.xz: about 20 MB against 62 unpacked, for a device
+# tool that carries 64 MiB at most); gpu-check.sh unpacks it.
 #
 #   deploy/gpu-bundle.sh [build dir, default build/release]
 set -euo pipefail
@@ -28,5 +30,9 @@ ldd "${bins[@]}" | awk '/=>/ && $3 ~ /^\// {print $1, $3}' | sort -u |
   grep -Ev '^(libcublas|(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux)[.-])' |
   while read -r name path; do cp -L "$path" ".devbin/lib/$name"; done
 tar -C .devbin -cJf .devbin/lib.tar.xz lib && rm -rf .devbin/lib
+names=()
+for b in "${bins[@]}"; do names+=("$(basename "$b")"); done
+XZ_OPT=-T0 tar -C .devbin -cJf .devbin/bin.tar.xz "${names[@]}"
+(cd .devbin && rm -f "${names[@]}")
 cp deploy/gpu-check.sh .devbin/
 du -sh .devbin

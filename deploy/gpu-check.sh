@@ -5,7 +5,12 @@
 # peer step (bench/torch_twin/gpt2_gpu_step.py, when python3 has torch) and
 # a short zo-train run on the GPU. Logs and JSON rows go to $OUT (default
 # ./gpu-check-out). PARTS picks what runs, in this order (default: all but
-# largest): ops stage ipc bench twin train e2e gpt2 accum memcheck largest.
+# largest and anchors): ops stage ipc bench twin train e2e gpt2 accum hfgpt2
+# memcheck anchors largest. hfgpt2 (zo.torch on a Hugging Face GPT-2 small
+# beside torch.optim.AdamW) needs .devbin/python.tar.xz from
+# deploy/gpu-python-bundle.sh; anchors (DeepSpeed's ZeRO-2 CPU offload beside
+# zo.torch, bench/anchors/) also wheels of deepspeed and what it needs
+# that the machine lacks in .whl/ (bench/anchors/README.md).
 # `largest` is zo-bench gpu's gpu_largest row: a 4.1B GPT with its server
 # in this process, minutes and ~100 GB of host RAM. BENCH_DTYPES (default
 # "bf16 fp16") and OPS_FILTER (a gtest filter) narrow bench and ops;
@@ -15,7 +20,7 @@ cd "$(dirname "$0")/.."
 out=${OUT:-$PWD/gpu-check-out}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-tar -C .devbin -xJf .devbin/lib.tar.xz
+for packed in .devbin/*.tar.xz; do tar -C .devbin -xJf "$packed"; done
 # cuBLASLt 13: the CUDA toolkit's, else the one PyTorch's wheels carry.
 ltdir=$(dirname "$(find /usr/local/cuda/lib64 /usr/local/cuda*/ /opt /usr/lib \
   -name 'libcublasLt.so.13*' 2>/dev/null | head -1)")
@@ -24,7 +29,7 @@ nccldir=$(dirname "$(find /usr/local/cuda*/ /opt /usr/lib -name 'libnccl.so.2*' 
 export LD_LIBRARY_PATH=$PWD/.devbin/lib:$ltdir:$nccldir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 echo "gpu-check: cuBLASLt from $ltdir, NCCL from $nccldir"
 status=0
-parts=" ${PARTS:-ops stage ipc bench twin train e2e gpt2 accum memcheck} "
+parts=" ${PARTS:-ops stage ipc bench twin train e2e gpt2 accum hfgpt2 memcheck} "
 want() { [[ $parts == *" $1 "* ]]; }
 step() {  # name, timeout, command...
   local name=$1 limit=$2; shift 2
@@ -116,9 +121,38 @@ for policy in device servers; do
   cat /tmp/zo-accum.jsonl >>"$out/zo_train_accum_$policy.log"
 done
 fi
+# The Python package, built for this machine's python by gpu-python-bundle.sh.
+export PYTHONPATH=$PWD/.devbin/python${PYTHONPATH:+:$PYTHONPATH}
+gpt2_small=(--n-layer 12 --n-embd 768 --n-head 12 --vocab 50257 --block 1024 --batch 8)
+if want hfgpt2; then
+  # zo.torch's OffloadOptimizer (embedded server) beside torch.optim.AdamW,
+  # GPT-2 small, bf16 weights with fp32 masters against torch's fp32.
+  step hf_gpt2_offload_bf16 240 python3 bench/torch_twin/hf_gpt2_offload.py --json \
+    --dtype bf16 --steps 12 "${gpt2_small[@]}"
+fi
 if want memcheck && command -v compute-sanitizer >/dev/null; then
   step memcheck 150 compute-sanitizer --tool memcheck --error-exitcode 3 \
     .devbin/cuda_backend_test --gtest_filter='*/fp16'
+fi
+if want anchors; then
+  if [[ -d .whl ]]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/anchors-site .whl/*.whl
+    export PYTHONPATH=$PYTHONPATH:/tmp/anchors-site
+  fi
+  # DeepSpeed's JIT build of its CPU Adam needs Python.h; carried headers
+  # (pyinc/, same minor version) stand in where the python has none.
+  if [[ ! -f $(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h \
+        && -d .whl/pyinc ]]; then
+    export CPATH=$PWD/.whl/pyinc/python3.12${CPATH:+:$CPATH}
+  fi
+  # DeepSpeed as its ZeRO-Offload tutorial configures it (pinned host
+  # buffers, overlapped reduction, contiguous gradients); zo gets the same dict.
+  step deepspeed_beside_zo_bf16 ${ANCHORS_LIMIT:-420} python3 bench/anchors/deepspeed_beside_zo.py \
+    --device cuda --dtype bf16 --threads "$(nproc)" --steps 12 --warmup 4 "${gpt2_small[@]}" \
+    --zo-server .devbin/zo-server --keep "$out/anchors" \
+    --zero-extra '{"offload_optimizer": {"device": "cpu", "pin_memory": true},
+                   "overlap_comm": true, "contiguous_gradients": true}'
 fi
 if want largest; then
   free -g | head -2

@@ -81,6 +81,10 @@ def parse_args(argv=None):
     ap.add_argument("--batch", type=int, default=4, help="sequences per step (one micro-batch)")
     ap.add_argument("--data", default="",
                     help="a text file whose bytes are the tokens; empty: random tokens")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="where the model computes: cpu (DeepSpeed's CPU accelerator) or cuda "
+                         "(its CUDA accelerator with NCCL; zo's parameters on the GPU); the "
+                         "optimizers run on the CPU either way")
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
                     help="fp32: fp32 weights and gradients; bf16: bf16 weights and gradients "
                          "with fp32 masters in the optimizer (the config's bf16 section)")
@@ -103,8 +107,9 @@ def parse_args(argv=None):
                     help="zo: the two zo trainers; deepspeed: DeepSpeed alone; both: all three "
                          "(each with the torch reference unless --no-torch)")
     ap.add_argument("--no-torch", action="store_true",
-                    help="leave out the torch.optim.AdamW reference (compute alone; fp32 "
-                         "only, left out with --dtype bf16)")
+                    help="leave out the torch.optim.AdamW reference (compute alone; on the "
+                         "CPU fp32 only, left out with --dtype bf16; on CUDA also bf16, its "
+                         "AdamW then on the bf16 weights)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="run the trainers this many times, alternating; medians over all")
     ap.add_argument("--zo-server", default=os.path.join(ROOT, "build/release/bin/zo-server"),
@@ -177,10 +182,23 @@ def run_child(args):
     saved = torch.load(os.path.join(args.child_dir, "init.pt"))
     model = transformers.GPT2LMHeadModel(gpt2_config(args))
     model.load_state_dict(saved["state"])
+    device = torch.device(args.device)
+    model = model.to(device)
     batches = saved["batches"]
     config = train_config(args)
     versions = {"torch": torch.__version__, "transformers": transformers.__version__}
+    if args.device == "cuda":
+        versions["gpu"] = torch.cuda.get_device_name()
+
+    def now():
+        # A step's parts end when the GPU's work for them ends.
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
     if args.child == "torch":
+        if args.dtype == "bf16":
+            model = model.to(torch.bfloat16)
         hp = config["optimizer"]["params"]
         optimizer = torch.optim.AdamW(model.parameters(), lr=hp["lr"], betas=hp["betas"],
                                       eps=hp["eps"], weight_decay=hp["weight_decay"])
@@ -239,14 +257,14 @@ def run_child(args):
     for step in range(args.steps):
         for key in inner:
             inner[key] = 0.0
-        x = batches[step]
-        t0 = time.perf_counter()
+        x = batches[step].to(device)
+        t0 = now()
         loss = engine(x, labels=x).loss
-        t1 = time.perf_counter()
+        t1 = now()
         engine.backward(loss)
-        t2 = time.perf_counter()
+        t2 = now()
         engine.step()
-        t3 = time.perf_counter()
+        t3 = now()
         losses.append(loss.item())
         fwd.append(t1 - t0)
         bwd.append(t2 - t1)
@@ -313,7 +331,7 @@ def zo_server(binary, threads, log_path):
 
 def child_argv(args, trainer, workdir, servers=""):
     argv = [sys.executable, os.path.abspath(__file__), "--child", trainer, "--child-dir", workdir]
-    for key in ("steps", "n_layer", "n_embd", "n_head", "vocab", "block", "batch", "dtype",
+    for key in ("device", "steps", "n_layer", "n_embd", "n_head", "vocab", "block", "batch", "dtype",
                 "lr", "eps", "weight_decay", "clip", "seed", "threads", "zero_extra"):
         argv += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
     argv += ["--betas", *map(str, args.betas)]
@@ -327,7 +345,7 @@ def child_argv(args, trainer, workdir, servers=""):
 def child_env(args, trainer):
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     if trainer == "deepspeed":
-        env.update(DS_ACCELERATOR="cpu", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
+        env.update(DS_ACCELERATOR=args.device, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
                    LOCAL_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     else:
         # zo's job name must not come from a launcher's MASTER_ADDR/PORT.
@@ -370,7 +388,7 @@ def main():
     if args.steps < 1 or args.rounds < 1:
         sys.exit("--steps and --rounds must be at least 1")
     trainers = {"both": TRAINERS[:3], "zo": TRAINERS[1:3], "deepspeed": TRAINERS[:1]}[args.only]
-    if not args.no_torch and args.dtype == "fp32":
+    if not args.no_torch and (args.dtype == "fp32" or args.device == "cuda"):
         trainers += ("torch",)
     load_start = os.getloadavg()
     runs = {t: [] for t in trainers}
@@ -409,7 +427,7 @@ def main():
             print(f"{step + 1:4d}  " + "  ".join(f"{losses[t]:12.6f}" for t in trainers)
                   + "".join(f"  {g:14.2e}" for g in gaps))
 
-    summary = {"bench": "deepspeed_beside_zo", "dtype": args.dtype, "steps": args.steps,
+    summary = {"bench": "deepspeed_beside_zo", "device": args.device, "dtype": args.dtype, "steps": args.steps,
                "warmup": args.warmup, "rounds": args.rounds, "params": params,
                "n_layer": args.n_layer, "n_embd": args.n_embd,
                "vocab": 256 if args.data else args.vocab, "block": args.block,
