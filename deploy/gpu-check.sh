@@ -153,6 +153,7 @@ if want anchors; then
     --zo-server .devbin/zo-server --keep "$out/anchors" \
     --zero-extra '{"offload_optimizer": {"device": "cpu", "pin_memory": true},
                    "overlap_comm": true, "contiguous_gradients": true}'
+  rm -f "$out/anchors/init.pt"  # the saved init and batches: 0.5 GB for GPT-2 small
 fi
 if want largest; then
   free -g | head -2
