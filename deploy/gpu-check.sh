@@ -5,9 +5,10 @@
 # peer step (bench/torch_twin/gpt2_gpu_step.py, when python3 has torch) and
 # a short zo-train run on the GPU. Logs and JSON rows go to $OUT (default
 # ./gpu-check-out). PARTS picks what runs, in this order (default: all but
-# largest and anchors): ops stage ipc bench twin train e2e gpt2 accum hfgpt2
-# memcheck anchors largest. hfgpt2 (zo.torch on a Hugging Face GPT-2 small
-# beside torch.optim.AdamW) needs .devbin/python.tar.xz from
+# largest and anchors): ops stage ipc bench twin train e2e gpt2 accum pytest
+# hfgpt2 memcheck anchors largest. pytest (zo.torch's tests with parameters on
+# the GPU) and hfgpt2 (zo.torch on a Hugging Face GPT-2 small beside
+# torch.optim.AdamW) need .devbin/python.tar.xz from
 # deploy/gpu-python-bundle.sh; anchors (DeepSpeed's ZeRO-2 CPU offload beside
 # zo.torch, bench/anchors/) also wheels of deepspeed and what it needs
 # that the machine lacks in .whl/ (bench/anchors/README.md).
@@ -29,7 +30,7 @@ nccldir=$(dirname "$(find /usr/local/cuda*/ /opt /usr/lib -name 'libnccl.so.2*' 
 export LD_LIBRARY_PATH=$PWD/.devbin/lib:$ltdir:$nccldir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 echo "gpu-check: cuBLASLt from $ltdir, NCCL from $nccldir"
 status=0
-parts=" ${PARTS:-ops stage ipc bench twin train e2e gpt2 accum hfgpt2 memcheck} "
+parts=" ${PARTS:-ops stage ipc bench twin train e2e gpt2 accum pytest hfgpt2 memcheck} "
 want() { [[ $parts == *" $1 "* ]]; }
 step() {  # name, timeout, command...
   local name=$1 limit=$2; shift 2
@@ -123,6 +124,9 @@ done
 fi
 # The Python package, built for this machine's python by gpu-python-bundle.sh.
 export PYTHONPATH=$PWD/.devbin/python${PYTHONPATH:+:$PYTHONPATH}
+# zo.torch with CUDA parameters against torch.optim.AdamW fed the same gradients.
+want pytest && step pytest_cuda 180 python3 -m pytest -q -p no:cacheprovider \
+  python/tests/test_cuda_parameters.py
 gpt2_small=(--n-layer 12 --n-embd 768 --n-head 12 --vocab 50257 --block 1024 --batch 8)
 if want hfgpt2; then
   # zo.torch's OffloadOptimizer (embedded server) beside torch.optim.AdamW,

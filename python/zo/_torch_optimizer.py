@@ -11,6 +11,7 @@ import torch
 
 from zo import _native
 from zo._torch_config import _JOB_DTYPES, _job_dtype, _load_config, _optimizer_defaults
+from zo._torch_device_copies import GradientDownloads, WeightUploads
 from zo._torch_groups import _lr_value, _named_groups
 from zo._torch_job import _default_job_name, _fingerprint, _raw
 
@@ -127,6 +128,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
         # Gradients in the job's dtype when the parameter's is another, made
         # once when first needed (page-locked for CUDA gradients).
         self._grad_staging = [None] * len(self._params)
+        self._downloads = GradientDownloads()  # CUDA gradients not yet in host memory
+        self._uploads = WeightUploads()  # CUDA weights still reading self._staging
         self._zero_grads = [None] * len(self._params)
         self.loss_scale = 1.0
         self._pushed = set()  # parameters whose gradient for the next step is out
@@ -172,6 +175,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
     def _load(self, step):
         """Writes the weights `step` computes on into the parameters."""
         buffers = [_raw(p.data if s is None else s) for p, s in zip(self._params, self._staging)]
+        self._uploads.wait()  # the last step's weights are out of the buffers
         try:
             changed, self.loss_scale = self._client.pull_for_step(
                 step, list(range(len(self._params))), buffers)
@@ -182,22 +186,34 @@ class OffloadOptimizer(torch.optim.Optimizer):
             changed, self.loss_scale = self._client.pull_for_step(
                 step, list(range(len(self._params))), buffers)
         if changed:
+            devices = set()
             with torch.no_grad():
                 for p, s in zip(self._params, self._staging):
                     if s is not None:
-                        p.copy_(s)
+                        # From page-locked memory on the compute stream: the
+                        # forward after it reads the new weights, and the CPU
+                        # goes on without waiting for the copy.
+                        p.copy_(s, non_blocking=True)
+                        if p.is_cuda:
+                            devices.add(p.device)
+            self._uploads.uploaded(devices)
 
     def _stage_from_device(self, index, grad):
-        """A CUDA gradient cast on the device and copied into a page-locked
-        buffer kept for this parameter: a DMA, no pageable bounce. The buffer
-        is free again by the next step (finish_step waits for its bytes)."""
+        """Queues a CUDA gradient, cast on the device, for a copy into a
+        page-locked buffer kept for this parameter: a DMA, no pageable
+        bounce. The buffer is free again by the next step (finish_step waits
+        for its bytes)."""
         if self._grad_staging[index] is None:
             self._grad_staging[index] = torch.empty(grad.shape, dtype=self._dtype,
                                                     pin_memory=True)
-        staging = self._grad_staging[index]
-        staging.copy_(grad.detach().to(self._dtype), non_blocking=True)
-        torch.cuda.current_stream(grad.device).synchronize()
-        return staging
+        self._downloads.stage(index, grad.detach().to(self._dtype), self._grad_staging[index])
+
+    def _push_arrived(self, step, wait=False):
+        """Hands the client the staged CUDA gradients whose bytes are in host
+        memory (with `wait`, all of them once they are)."""
+        for index, buffer in self._downloads.arrived(wait):
+            self._client.push(step, index, _raw(buffer))
+            self._pushed.add(index)
 
     def _in_job_dtype(self, index, grad, plus=None):
         """A CPU gradient (plus `plus`, when given) as contiguous elements of
@@ -260,8 +276,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def push_gradient(self, index, grad, plus=None):
         """Pushes parameter `index`'s final gradient (grad + plus, when plus
-        is given) for the next step now (the engine does this from autograd
-        hooks during the last backward); step() then pushes only the others."""
+        is given) for the next step now, or for a CUDA gradient once its copy
+        to host memory is done (the engine does this from autograd hooks
+        during the last backward); step() then pushes only the others."""
         self._check_resumed()
         step = self._step + 1
         self._send_lr(step)
@@ -276,16 +293,19 @@ class OffloadOptimizer(torch.optim.Optimizer):
                               "it out of the job", stacklevel=3)
             grad = self._zeros(index)
         elif grad.is_cuda:
-            grad = self._stage_from_device(index, grad if plus is None else grad + plus)
+            self._stage_from_device(index, grad if plus is None else grad + plus)
         else:
             grad = self._in_job_dtype(index, grad, plus)
         try:
-            self._client.push(step, index, _raw(grad))
+            if not grad.is_cuda:  # a CUDA one goes once its copy has arrived
+                self._client.push(step, index, _raw(grad))
+                self._pushed.add(index)
+            self._push_arrived(step)
         except RuntimeError:
+            self._downloads.discard()
             if not self._client.moved():
                 raise
-            return  # step() follows the job and pushes this gradient again
-        self._pushed.add(index)
+            # step() follows the job and pushes the gradients not out again
 
     def _check_unchanged(self):
         """The job's manifest is fixed when it opens: a parameter resized,
@@ -337,12 +357,15 @@ class OffloadOptimizer(torch.optim.Optimizer):
         """Pushes the gradients not out yet and finishes the step; False when
         the job turned out to have moved."""
         try:
+            self._push_arrived(step, wait=True)  # those the backward staged
             for i, p in enumerate(self._params):
                 if i not in self._pushed:
                     self.push_gradient(i, p.grad)
+            self._push_arrived(step, wait=True)
             self._client.finish_step(step)
             return True
         except RuntimeError:
+            self._downloads.discard()
             if not self._client.moved():
                 raise
             return False
@@ -382,8 +405,15 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if self._schedule_on_servers:
             self._shown_lr = [g["lr"] for g in self.param_groups]
 
+    def zero_grad(self, *args, **kwargs):
+        # A gradient still being copied out is read by that copy.
+        self._downloads.settle()
+        super().zero_grad(*args, **kwargs)
+
     def close(self):
         """Ends the client (and the embedded server); the optimizer is unusable after."""
+        self._downloads.discard()
+        self._uploads.wait()
         self._client.close()
         if self._server is not None:
             self._server.shutdown()
