@@ -3,7 +3,9 @@
 torch.optim as a compute-alone reference), one run.
 
 A Hugging Face GPT2LMHeadModel (built from a GPT2Config: random init,
-nothing downloaded) is trained on the CPU by
+nothing downloaded) is trained on the CPU (or with --device cuda on the GPU,
+DeepSpeed then with its CUDA accelerator and NCCL; the optimizers stay on
+the CPU) by
 
   deepspeed  DeepSpeed itself: ZeRO stage 2, offload_optimizer.device "cpu"
              (DeepSpeedCPUAdam from its JIT op builder), its CPU accelerator
