@@ -10,6 +10,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_format.h"
+#include "common/convert.h"
 #include "common/dpu_policy.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -17,11 +18,9 @@
 #include "offload/adam_undo.h"
 #include "offload/optimizer_kernels.h"
 #include "server/job.h"
-#include "server/job_internal.h"
 #include "server/state_checkpoint.h"
 
 namespace zo {
-using job_internal::RoundMaster;
 
 bool Job::ReadyToReportLocked() const {
   // Between steps every chunk takes gradients for step version_ + 1.
@@ -174,8 +173,18 @@ RangedConstants<AdamStepConstants> Job::RestoredStepConstants(const CheckpointMe
 
 void Job::FillPulls(const TieredOptimizerState::UpdatedTile& t) const {
   // The tile's new master is in this worker's cache: round it from there.
+  // An fp32 copy bypasses the cache: the puller's buffer is not read here
+  // again, and a plain store would first read each of its lines from memory
+  // (64 Mi elements, 2 cores: the step was 1.73-1.88 x the Adam alone with
+  // plain stores, 1.39-1.42 x with these; zo-bench offload --routes
+  // in_process --dtype fp32).
   fills_->Fill(t.offset, t.n, [&](int64_t from, int64_t n, std::byte* dst) {
-    RoundMaster(t.p + (from - t.offset), dst, static_cast<size_t>(n), spec_.dtype);
+    const float* master = t.p + (from - t.offset);
+    if (spec_.dtype == DType::kFloat32) {
+      CopyFloatsStreaming(master, reinterpret_cast<float*>(dst), static_cast<size_t>(n));
+    } else {
+      FloatToDType(master, spec_.dtype, dst, static_cast<size_t>(n));
+    }
   });
 }
 
