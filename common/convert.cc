@@ -1,12 +1,6 @@
 #include "common/convert.h"
 
-#if defined(__x86_64__)
-#include <emmintrin.h>
-#endif
-
-#include <algorithm>
 #include <cassert>
-#include <cstdint>
 #include <cstring>
 
 #include "common/bf16.h"
@@ -133,35 +127,6 @@ void FloatToDType(const float* src, DType dtype, void* dst, size_t n) {
       std::memcpy(dst, src, n * sizeof(float));
       break;
   }
-}
-
-namespace {
-
-// Copies n bytes with 16-byte non-temporal stores where dst is aligned for
-// them (plain copies for the unaligned head and the tail; elsewhere than
-// x86-64, a plain copy).
-void StreamBytes(const std::byte* src, std::byte* dst, size_t n) {
-  size_t i = 0;
-#if defined(__x86_64__)
-  i = std::min(n, (16 - reinterpret_cast<uintptr_t>(dst) % 16) % 16);
-  std::memcpy(dst, src, i);
-  for (; i + 16 <= n; i += 16) {
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i),
-                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
-  }
-#endif
-  std::memcpy(dst + i, src + i, n - i);
-}
-
-}  // namespace
-
-void CopyFloatsStreaming(const float* src, float* dst, size_t n) {
-  if (n == 0) return;
-  StreamBytes(reinterpret_cast<const std::byte*>(src), reinterpret_cast<std::byte*>(dst),
-              n * sizeof(float));
-#if defined(__x86_64__)
-  _mm_sfence();  // the pull that reads them is told after this returns
-#endif
 }
 
 }  // namespace zo

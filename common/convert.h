@@ -32,15 +32,6 @@ void Bf16ToFloat(const uint16_t* src, float* dst, size_t n);
 // above; `dst` holds n elements of dtype.
 void FloatToDType(const float* src, DType dtype, void* dst, size_t n);
 
-// fp32 -> fp32 with non-temporal stores, for a destination this core will
-// not read again soon (a pull's buffer, filled tile by tile while the update
-// runs): the bytes go to memory without first reading each line into the
-// cache and without evicting the update's working set. The same bytes as
-// FloatToDType(..., kFloat32, ...); the stores are fenced before it returns.
-// (For 16-bit dtypes a streaming variant measured no faster: half the bytes
-// to write, and an extra pass through a cache-resident block.)
-void CopyFloatsStreaming(const float* src, float* dst, size_t n);
-
 // The same at an explicit level, for tests and benchmarks. Precondition:
 // SimdLevelSupported(level); otherwise the process may die of SIGILL
 // (debug builds assert).

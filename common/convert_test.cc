@@ -4,7 +4,6 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
-#include <limits>
 #include <ostream>
 #include <random>
 #include <string>
@@ -270,29 +269,6 @@ INSTANTIATE_TEST_SUITE_P(AllPaths, ConvertTest, ::testing::ValuesIn(AllPaths()),
 
 TEST(ConvertDispatchTest, ActiveLevelIsSupported) {
   EXPECT_TRUE(SimdLevelSupported(ActiveSimdLevel()));
-}
-
-// The streaming copy writes the source's bytes wherever the destination
-// starts (its 16-byte stores begin at the first aligned byte) and whatever
-// the length, and nothing past the n elements.
-TEST(ConvertStreamingTest, CopiesEveryByteAtEveryOffsetAndLength) {
-  std::mt19937 rng(7);
-  std::uniform_real_distribution<float> dist(-70000.0f, 70000.0f);
-  std::vector<float> src(5000);
-  for (float& x : src) x = dist(rng);
-  src[5] = std::numeric_limits<float>::quiet_NaN();
-  for (size_t n : {size_t{0}, size_t{1}, size_t{3}, size_t{4}, size_t{5}, size_t{8}, size_t{17},
-                   size_t{2048}, size_t{4999}}) {
-    for (size_t byte_offset = 0; byte_offset < 17; ++byte_offset) {
-      std::vector<std::byte> want(n * 4 + 64, std::byte{0xAB});
-      std::vector<std::byte> got = want;
-      std::memcpy(want.data() + byte_offset, src.data(), n * 4);
-      // Unaligned even to a float: the API allows it.
-      float* dst = reinterpret_cast<float*>(got.data() + byte_offset);
-      CopyFloatsStreaming(src.data(), dst, n);
-      ASSERT_EQ(got, want) << "n " << n << ", byte offset " << byte_offset;
-    }
-  }
 }
 
 }  // namespace

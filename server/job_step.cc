@@ -14,6 +14,7 @@
 #include "common/dpu_policy.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "common/stream_copy.h"
 #include "common/units.h"
 #include "offload/adam_undo.h"
 #include "offload/optimizer_kernels.h"
@@ -181,7 +182,7 @@ void Job::FillPulls(const TieredOptimizerState::UpdatedTile& t) const {
   fills_->Fill(t.offset, t.n, [&](int64_t from, int64_t n, std::byte* dst) {
     const float* master = t.p + (from - t.offset);
     if (spec_.dtype == DType::kFloat32) {
-      CopyFloatsStreaming(master, reinterpret_cast<float*>(dst), static_cast<size_t>(n));
+      StreamCopy(master, dst, static_cast<size_t>(n) * sizeof(float));
     } else {
       FloatToDType(master, spec_.dtype, dst, static_cast<size_t>(n));
     }
