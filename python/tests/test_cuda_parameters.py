@@ -9,34 +9,19 @@ import pytest
 import torch
 
 import zo.torch
-from test_offload_optimizer import LR, batch, config
+from test_offload_optimizer import LR, TiedLm, batch, config
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="torch sees no CUDA device")
 STEPS = 4
 
 
-class WideLm(torch.nn.Module):
-    """A tied embedding and a 2048-wide layer: 16 MB copies take long enough
-    that one racing the backward, the pull or zero_grad would show."""
-
-    def __init__(self, vocab=16, dim=2048):
-        super().__init__()
-        self.embed = torch.nn.Embedding(vocab, dim)
-        self.mix = torch.nn.Linear(dim, dim)
-        self.norm = torch.nn.LayerNorm(dim)
-
-    def forward(self, tokens):
-        h = self.norm(torch.tanh(self.mix(self.embed(tokens[:, :-1]))))
-        logits = h @ self.embed.weight.t()
-        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                 tokens[:, 1:].reshape(-1))
-
-
 def cuda_model_and_cpu_reference(dtype=torch.float32):
     torch.manual_seed(0)
-    ref = WideLm()
-    model = WideLm().to("cuda", dtype)
+    # 2048 wide: 16 MB copies take long enough that one racing the
+    # backward, the pull or zero_grad would show.
+    ref = TiedLm(dim=2048)
+    model = TiedLm(dim=2048).to("cuda", dtype)
     model.load_state_dict(ref.state_dict())
     # Both start from the model's own (for bf16: rounded) weights.
     ref.load_state_dict({k: v.float().cpu() for k, v in model.state_dict().items()})
