@@ -124,6 +124,10 @@ done
 fi
 # The Python package, built for this machine's python by gpu-python-bundle.sh.
 export PYTHONPATH=$PWD/.devbin/python${PYTHONPATH:+:$PYTHONPATH}
+if [[ ! -d .devbin/python/zo ]] && { want pytest || want hfgpt2 || want anchors; }; then
+  echo "gpu-check: no .devbin/python (deploy/gpu-python-bundle.sh): parts pytest, hfgpt2 and anchors left out"
+  parts=${parts// pytest / } parts=${parts// hfgpt2 / } parts=${parts// anchors / }
+fi
 # zo.torch with CUDA parameters against torch.optim.AdamW fed the same gradients.
 want pytest && step pytest_cuda 180 python3 -m pytest -q -p no:cacheprovider \
   python/tests/test_cuda_parameters.py
