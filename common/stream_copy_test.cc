@@ -17,8 +17,8 @@ TEST(StreamCopyTest, CopiesEveryByteAtEveryOffsetAndLength) {
   std::mt19937 rng(7);
   std::vector<std::byte> src(20000);
   for (std::byte& b : src) b = static_cast<std::byte>(rng());
-  for (size_t n : {size_t{0}, size_t{1}, size_t{15}, size_t{16}, size_t{17}, size_t{31},
-                   size_t{33}, size_t{4096}, size_t{19999}}) {
+  for (size_t n : {size_t{0}, size_t{1}, size_t{15}, size_t{16}, size_t{17}, size_t{31}, size_t{33},
+                   size_t{4096}, size_t{19999}}) {
     for (size_t src_offset : {size_t{0}, size_t{1}, size_t{7}}) {
       for (size_t dst_offset = 0; dst_offset < 17; ++dst_offset) {
         std::vector<std::byte> want(n + 64, std::byte{0xAB});
