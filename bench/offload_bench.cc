@@ -3,14 +3,19 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <iostream>
 #include <memory>
+#include <thread>
+#include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/internal/bench_stats.h"
 #include "common/bf16.h"
+#include "common/dpu_policy.h"
 #include "common/fp16.h"
 #include "common/status_macros.h"
 #include "common/units.h"
@@ -32,14 +37,15 @@ constexpr int kTensors = 16;
 using bench_internal::Median;
 using bench_internal::SecondsSince;
 
-std::string JobConfig(DType dtype, int64_t chunk_elems) {
+std::string JobConfig(DType dtype, int64_t chunk_elems, bool dpu) {
   const char* precision = dtype == DType::kFloat16    ? R"("fp16": {"enabled": true},)"
                           : dtype == DType::kBFloat16 ? R"("bf16": {"enabled": true},)"
                                                       : "";
   return absl::StrCat(R"({"train_batch_size": 1, )", precision, R"(
       "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.01}},
       "zo": {"chunk_elems": )",
-                      chunk_elems, "}}");
+                      chunk_elems, R"(, "dpu": {"enabled": )", dpu ? "true" : "false",
+                      R"(, "warmup_steps": 0}}})");
 }
 
 // The server's update alone: the fused Adam over the same number of
@@ -94,71 +100,105 @@ struct RouteResult {
   double ratio = 0;
 };
 
-absl::StatusOr<RouteResult> MeasureRoute(const OffloadBenchOptions& o, const std::string& route,
-                                         AdamAlone& adam) {
-  ServerOptions server_options;
-  const bool over_tcp = route == "tcp" || route == "same_host";
-  server_options.listen = over_tcp ? "127.0.0.1:0" : "";
-  server_options.threads = o.threads;
-  ZO_ASSIGN_OR_RETURN(std::unique_ptr<OffloadServer> server, OffloadServer::Start(server_options));
-  ClientOptions options;
-  options.job = absl::StrCat("bench-offload-", route);
-  if (over_tcp) {
-    options.servers = {absl::StrCat("127.0.0.1:", server->port())};
-    options.shared_memory = route == "same_host";
-  } else {
-    options.channels = {server->InProcessChannel()};
-    if (route == "in_process") options.routes = {server->DataRoute()};
+// A job on a server of its own reached through one route, with a model's
+// worth of gradients to push and buffers for its weights.
+class BenchJob {
+ public:
+  static absl::StatusOr<std::unique_ptr<BenchJob>> Open(const OffloadBenchOptions& o,
+                                                        const std::string& route, bool dpu) {
+    auto job = std::unique_ptr<BenchJob>(new BenchJob());
+    ServerOptions server_options;
+    const bool over_tcp = route == "tcp" || route == "same_host";
+    server_options.listen = over_tcp ? "127.0.0.1:0" : "";
+    server_options.threads = o.threads;
+    ZO_ASSIGN_OR_RETURN(job->server_, OffloadServer::Start(server_options));
+    ClientOptions options;
+    options.job = absl::StrCat("bench-offload-", route, dpu ? "-dpu" : "");
+    if (over_tcp) {
+      options.servers = {absl::StrCat("127.0.0.1:", job->server_->port())};
+      options.shared_memory = route == "same_host";
+    } else {
+      options.channels = {job->server_->InProcessChannel()};
+      if (route == "in_process") options.routes = {job->server_->DataRoute()};
+    }
+    const int64_t per_tensor = (o.params + kTensors - 1) / kTensors;
+    for (int64_t begin = 0, t = 0; begin < o.params; begin += per_tensor, ++t) {
+      job->manifest_.push_back({.name = absl::StrCat("w", t),
+                                .shape = {std::min(per_tensor, o.params - begin)},
+                                .dtype = o.dtype});
+    }
+    ZO_ASSIGN_OR_RETURN(
+        job->client_,
+        OffloadClient::Open(options, JobConfig(o.dtype, o.chunk_elems, dpu), job->manifest_));
+    if (route == "same_host" && job->client_->routes()[0] != "shared_memory") {
+      return absl::FailedPreconditionError(
+          "offload: same_host: the server did not map the shared region (see the log)");
+    }
+    job->FillBuffers(o.dtype);
+    return job;
   }
-  std::vector<TensorSpec> manifest;
-  const int64_t per_tensor = (o.params + kTensors - 1) / kTensors;
-  for (int64_t begin = 0, t = 0; begin < o.params; begin += per_tensor, ++t) {
-    manifest.push_back({.name = absl::StrCat("w", t),
-                        .shape = {std::min(per_tensor, o.params - begin)},
-                        .dtype = o.dtype});
+
+  ~BenchJob() {
+    client_.reset();
+    if (server_ != nullptr) server_->Shutdown(absl::Seconds(5));
   }
-  ZO_ASSIGN_OR_RETURN(std::unique_ptr<OffloadClient> client,
-                      OffloadClient::Open(options, JobConfig(o.dtype, o.chunk_elems), manifest));
-  if (route == "same_host" && client->routes()[0] != "shared_memory") {
-    return absl::FailedPreconditionError(
-        "offload: same_host: the server did not map the shared region (see the log)");
+
+  int tensors() const { return static_cast<int>(manifest_.size()); }
+  absl::Status Push(int64_t step, int tensor) {
+    return client_->PushShared(step, tensor, grads_, absl::MakeConstSpan((*grads_)[tensor]));
   }
+  absl::Status FinishStep(int64_t step) { return client_->FinishStep(step); }
+  absl::Status Pull(int64_t version) {
+    return client_->Pull(version, -1, all_tensors_, dst_).status();
+  }
+
+ private:
+  BenchJob() = default;
 
   // Gradients (small and finite, so no step is skipped) and the weights'
   // buffers, touched before timing; the pushes borrow the gradients.
-  const size_t elem = DTypeSize(o.dtype);
-  auto grads = std::make_shared<std::vector<std::vector<std::byte>>>();
-  std::vector<std::vector<std::byte>> weights;
-  std::vector<absl::Span<std::byte>> dst;
-  std::vector<int> tensors;
-  for (size_t t = 0; t < manifest.size(); ++t) {
-    const int64_t n = manifest[t].shape[0];
-    std::vector<std::byte>& g = grads->emplace_back(static_cast<size_t>(n) * elem);
-    for (int64_t i = 0; i < n; ++i) {
-      const float x = 1e-3f * static_cast<float>((i * 7919 + static_cast<int64_t>(t)) % 997 - 498);
-      if (o.dtype == DType::kFloat32) {
-        std::memcpy(&g[i * 4], &x, 4);
-      } else {
-        const uint16_t h = o.dtype == DType::kFloat16 ? FloatToHalfBits(x) : FloatToBf16Bits(x);
-        std::memcpy(&g[i * 2], &h, 2);
+  void FillBuffers(DType dtype) {
+    const size_t elem = DTypeSize(dtype);
+    grads_ = std::make_shared<std::vector<std::vector<std::byte>>>();
+    for (size_t t = 0; t < manifest_.size(); ++t) {
+      const int64_t n = manifest_[t].shape[0];
+      std::vector<std::byte>& g = grads_->emplace_back(static_cast<size_t>(n) * elem);
+      for (int64_t i = 0; i < n; ++i) {
+        const float x =
+            1e-3f * static_cast<float>((i * 7919 + static_cast<int64_t>(t)) % 997 - 498);
+        if (dtype == DType::kFloat32) {
+          std::memcpy(&g[i * 4], &x, 4);
+        } else {
+          const uint16_t h = dtype == DType::kFloat16 ? FloatToHalfBits(x) : FloatToBf16Bits(x);
+          std::memcpy(&g[i * 2], &h, 2);
+        }
       }
+      weights_.emplace_back(static_cast<size_t>(n) * elem, std::byte{1});
+      dst_.push_back(absl::MakeSpan(weights_.back()));
+      all_tensors_.push_back(static_cast<int>(t));
     }
-    weights.emplace_back(static_cast<size_t>(n) * elem, std::byte{1});
-    dst.push_back(absl::MakeSpan(weights.back()));
-    tensors.push_back(static_cast<int>(t));
   }
 
+  std::unique_ptr<OffloadServer> server_;
+  std::unique_ptr<OffloadClient> client_;
+  std::vector<TensorSpec> manifest_;
+  std::shared_ptr<std::vector<std::vector<std::byte>>> grads_;
+  std::vector<std::vector<std::byte>> weights_;
+  std::vector<absl::Span<std::byte>> dst_;
+  std::vector<int> all_tensors_;
+};
+
+absl::StatusOr<RouteResult> MeasureRoute(const OffloadBenchOptions& o, const std::string& route,
+                                         AdamAlone& adam) {
+  ZO_ASSIGN_OR_RETURN(std::unique_ptr<BenchJob> job, BenchJob::Open(o, route, /*dpu=*/false));
   int64_t step = 0;
   auto one_step = [&](RouteResult* r) -> absl::Status {
     ++step;
     const auto start = std::chrono::steady_clock::now();
-    for (size_t t = 0; t < manifest.size(); ++t) {
-      ZO_RETURN_IF_ERROR(
-          client->PushShared(step, static_cast<int>(t), grads, absl::MakeConstSpan((*grads)[t])));
-    }
-    ZO_RETURN_IF_ERROR(client->FinishStep(step));
+    for (int t = 0; t < job->tensors(); ++t) ZO_RETURN_IF_ERROR(job->Push(step, t));
+    ZO_RETURN_IF_ERROR(job->FinishStep(step));
     const double pushed = SecondsSince(start);
-    ZO_RETURN_IF_ERROR(client->Pull(step, -1, tensors, dst).status());
+    ZO_RETURN_IF_ERROR(job->Pull(step));
     if (r != nullptr) {
       r->step_s = SecondsSince(start);
       r->push_s = pushed;
@@ -180,8 +220,6 @@ absl::StatusOr<RouteResult> MeasureRoute(const OffloadBenchOptions& o, const std
     push_s.push_back(r.push_s);
     pull_s.push_back(r.pull_s);
   }
-  client.reset();
-  server->Shutdown(absl::Seconds(5));
   RouteResult result{.route = route,
                      .step_s = Median(step_s),
                      .push_s = Median(push_s),
@@ -191,6 +229,92 @@ absl::StatusOr<RouteResult> MeasureRoute(const OffloadBenchOptions& o, const std
   return result;
 }
 
+struct OverlapResult {
+  bool dpu = false;
+  double step_s = 0;
+};
+
+// Steps around a simulated compute of `compute_s`, as zo-train's worker
+// takes them: it has the version its step computes on (the step before's;
+// with DPU the one before that), starts pulling the next step's version in
+// the background when that version's gradients are all pushed (with DPU at
+// once: the servers are applying it), idles through a third of the compute
+// (the forward), then through the rest in one slice per tensor, pushing each
+// tensor's gradients after its slice, last tensor first (the backward, which
+// makes them in that order), and ends the step. Its length is from the
+// wait for its weights to the acknowledgement, the next step's following
+// at once.
+absl::StatusOr<OverlapResult> MeasureOverlap(const OffloadBenchOptions& o, const std::string& route,
+                                             bool dpu, double compute_s) {
+  ZO_ASSIGN_OR_RETURN(std::unique_ptr<BenchJob> job, BenchJob::Open(o, route, dpu));
+  const DpuConfig policy{.enabled = dpu, .warmup_steps = 0};
+  const auto idle = [](double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); };
+  const double slice_s = compute_s * 2 / 3 / job->tensors();
+  // Two untimed steps: the first touch of the server's state, and with DPU
+  // the first step that computes on an older version.
+  constexpr int kWarmup = 2;
+  std::future<absl::Status> prefetch;
+  int64_t prefetched = -1;
+  absl::Cleanup join = [&] {
+    if (prefetch.valid()) prefetch.wait();
+  };
+  std::vector<double> step_s;
+  for (int64_t step = 1; step <= kWarmup + o.rounds; ++step) {
+    if (step > kWarmup) {
+      std::cerr << "offload: " << route << ": overlap, dpu " << (dpu ? "on" : "off") << ": round "
+                << step - kWarmup << " of " << o.rounds << "\n";
+    }
+    const auto start = std::chrono::steady_clock::now();
+    const int64_t version = VersionForStep(policy, step);
+    if (std::exchange(prefetched, -1) == version) {
+      ZO_RETURN_IF_ERROR(prefetch.get());
+    } else {
+      ZO_RETURN_IF_ERROR(job->Pull(version));
+    }
+    if (const int64_t next = VersionForStep(policy, step + 1); next < step) {
+      prefetch = std::async(std::launch::async, [&job, next] { return job->Pull(next); });
+      prefetched = next;
+    }
+    idle(compute_s / 3);
+    for (int t = job->tensors() - 1; t >= 0; --t) {
+      idle(slice_s);
+      ZO_RETURN_IF_ERROR(job->Push(step, t));
+    }
+    ZO_RETURN_IF_ERROR(job->FinishStep(step));
+    if (step > kWarmup) step_s.push_back(SecondsSince(start));
+  }
+  return OverlapResult{.dpu = dpu, .step_s = Median(step_s)};
+}
+
+// The route's overlap rows, without and with DPU. Rows carry
+// "speculative": false; an update that starts before the step is decided
+// would add its own.
+absl::Status ReportOverlap(const OffloadBenchOptions& o, const std::string& route,
+                           double servers_step_s, std::ostream& out) {
+  const double compute_s = o.compute_ms > 0 ? o.compute_ms / 1e3 : servers_step_s;
+  for (const bool dpu : {false, true}) {
+    ZO_ASSIGN_OR_RETURN(const OverlapResult r, MeasureOverlap(o, route, dpu, compute_s));
+    const double ratio = r.step_s / std::max(compute_s, servers_step_s);
+    if (o.json) {
+      out << nlohmann::json{{"bench", "offload"},     {"row", "overlap"},
+                            {"route", route},         {"dtype", std::string(DTypeName(o.dtype))},
+                            {"params", o.params},     {"threads", o.threads},
+                            {"speculative", false},   {"dpu", r.dpu},
+                            {"compute_s", compute_s}, {"servers_step_s", servers_step_s},
+                            {"step_s", r.step_s},     {"ratio", ratio}}
+                 .dump()
+          << "\n";
+    } else {
+      out << absl::StrFormat(
+          "%-16s %10.1f  overlap: compute %.1f ms, dpu %s, %.2f x max(compute, "
+          "step alone)\n",
+          route, 1e3 * r.step_s, 1e3 * compute_s, r.dpu ? "on" : "off", ratio);
+    }
+    out.flush();
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status RunOffloadBench(const OffloadBenchOptions& options, std::ostream& out) {
@@ -198,6 +322,7 @@ absl::Status RunOffloadBench(const OffloadBenchOptions& options, std::ostream& o
   if (o.params < 1) return absl::InvalidArgumentError("--params must be >= 1");
   if (o.rounds < 1) return absl::InvalidArgumentError("--rounds must be >= 1");
   if (o.threads < 0) return absl::InvalidArgumentError("--threads must be >= 0");
+  if (o.compute_ms < 0) return absl::InvalidArgumentError("--compute-ms must be >= 0");
   for (const std::string& r : o.routes) {
     if (r != "in_process" && r != "grpc_in_process" && r != "same_host" && r != "tcp") {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -221,15 +346,11 @@ absl::Status RunOffloadBench(const OffloadBenchOptions& options, std::ostream& o
   for (const std::string& route : o.routes) {
     ZO_ASSIGN_OR_RETURN(const RouteResult r, MeasureRoute(o, route, *adam));
     if (o.json) {
-      out << nlohmann::json{{"bench", "offload"},
-                            {"route", r.route},
-                            {"dtype", std::string(DTypeName(o.dtype))},
-                            {"params", o.params},
-                            {"threads", o.threads},
-                            {"step_s", r.step_s},
-                            {"push_s", r.push_s},
-                            {"update_pull_s", r.pull_s},
-                            {"adam_s", r.adam_s},
+      out << nlohmann::json{{"bench", "offload"},        {"row", "step"},
+                            {"route", r.route},          {"dtype", std::string(DTypeName(o.dtype))},
+                            {"params", o.params},        {"threads", o.threads},
+                            {"step_s", r.step_s},        {"push_s", r.push_s},
+                            {"update_pull_s", r.pull_s}, {"adam_s", r.adam_s},
                             {"ratio", r.ratio}}
                  .dump()
           << "\n";
@@ -238,6 +359,7 @@ absl::Status RunOffloadBench(const OffloadBenchOptions& options, std::ostream& o
                              1e3 * r.push_s, 1e3 * r.pull_s, 1e3 * r.adam_s, r.ratio);
     }
     out.flush();
+    if (o.overlap) ZO_RETURN_IF_ERROR(ReportOverlap(o, route, r.step_s, out));
   }
   return absl::OkStatus();
 }

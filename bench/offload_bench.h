@@ -1,7 +1,9 @@
 // `zo-bench offload`: one optimizer step as a worker sees it with no compute
 // in it (push every gradient, the servers' update, pull every weight), per
 // route of the data plane, against the same update alone measured in the
-// same run (docs/architecture.md, "Routes").
+// same run (docs/architecture.md, "Routes"); and with `overlap`, the same
+// step around a simulated compute, to show how much of the servers' step
+// the worker still waits for.
 #ifndef ZO_BENCH_OFFLOAD_BENCH_H_
 #define ZO_BENCH_OFFLOAD_BENCH_H_
 
@@ -28,6 +30,13 @@ struct OffloadBenchOptions {
   int threads = 0;  // the server's optimizer threads and the Adam's; 0: one per core
   int rounds = 5;   // timed steps per route, after one warm-up; the Adam alone beside each
   int64_t chunk_elems = int64_t{4} << 20;
+  // Rows `overlap` after each route's step row: the step with a worker's
+  // compute in it (a GPU's forward and backward, the CPU idle meanwhile),
+  // without and with DPU, against max(compute, the route's step alone).
+  bool overlap = false;
+  // The worker's compute per step; 0: as long as the route's step without
+  // compute (the servers' step alone), where overlap matters most.
+  double compute_ms = 0;
   bool json = false;
 };
 

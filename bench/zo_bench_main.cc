@@ -137,10 +137,12 @@ ABSL_FLAG(bool, checkpoint_dpu, false,
           "checkpoint: run the job with the delayed parameter update (the worker pulls the "
           "version before the one it pushed; each checkpoint also holds that version)");
 ABSL_FLAG(int, checkpoint_steps, 30, "checkpoint: steps per timed segment of each mode");
-ABSL_FLAG(int, compute_ms, 0,
-          "checkpoint: the worker's compute per step before it pushes, standing in for a GPU's "
-          "forward and backward (the worker's CPU idles); 0: the servers' step is the whole "
-          "step");
+ABSL_FLAG(std::string, compute_ms, "",
+          "the worker's compute per step in ms, standing in for a GPU's forward and backward "
+          "(the worker's CPU idles). checkpoint: before it pushes (default 0: the servers' "
+          "step is the whole step). offload: adds rows `overlap` per route, without and with "
+          "DPU, the pushes following the backward's slices; auto: as long as the route's step "
+          "without compute");
 ABSL_FLAG(bool, checksums, true,
           "nvme: the step's block checksums, on as a server runs them (--nochecksums: off)");
 
@@ -180,7 +182,12 @@ constexpr char kUsage[] =
     "         over as many elements with the same --threads (one count; default all cores),\n"
     "         alternating, --rounds each (default 5) after a warm-up; ratio = median step /\n"
     "         median adam (targets: in_process <= 1.3, same_host <= 1.5). Rows {bench,\n"
-    "         route, dtype, params, step_s, push_s, update_pull_s, adam_s, ratio} with --json.\n"
+    "         row: step, route, dtype, params, step_s, push_s, update_pull_s, adam_s, ratio}\n"
+    "         with --json. --compute-ms X (ms, or auto: the route's step) adds rows overlap\n"
+    "         per route, without and with DPU: each step pulls the version it computes on,\n"
+    "         idles X/3 (a forward), then 2X/3 in 16 slices, pushing a tensor after each\n"
+    "         (a backward), and ends the step; ratio = median step / max(X, the route's\n"
+    "         step alone); without DPU it is about 2 at auto, by construction.\n"
     "  scale  network namespaces as hosts: a worker host and --server-hosts server hosts\n"
     "         whose links tc caps at --link-mbit each way; per count k, k zo-servers hold\n"
     "         a job of --scale-params fp16 elements (chunks of --chunk-elems) and the\n"
@@ -367,6 +374,13 @@ absl::StatusOr<bench::OffloadBenchOptions> OffloadOptionsFromFlags() {
     return absl::InvalidArgumentError("offload: --threads wants one count >= 1, got '" + threads +
                                       "'");
   }
+  const std::string compute = absl::GetFlag(FLAGS_compute_ms);
+  o.overlap = !compute.empty();
+  if (o.overlap && compute != "auto" &&
+      (!absl::SimpleAtod(compute, &o.compute_ms) || !(o.compute_ms > 0))) {
+    return absl::InvalidArgumentError("offload: --compute-ms wants ms > 0 or auto, got '" +
+                                      compute + "'");
+  }
   const int rounds = absl::GetFlag(FLAGS_rounds);
   o.rounds = rounds == 0 ? 5 : rounds;
   o.json = absl::GetFlag(FLAGS_json);
@@ -387,7 +401,11 @@ absl::StatusOr<bench::CheckpointBenchOptions> CheckpointOptionsFromFlags() {
   o.every = absl::GetFlag(FLAGS_checkpoint_every);
   o.steps = absl::GetFlag(FLAGS_checkpoint_steps);
   o.dpu = absl::GetFlag(FLAGS_checkpoint_dpu);
-  o.compute_ms = absl::GetFlag(FLAGS_compute_ms);
+  const std::string compute = absl::GetFlag(FLAGS_compute_ms);
+  if (!compute.empty() && (!absl::SimpleAtoi(compute, &o.compute_ms) || o.compute_ms < 0)) {
+    return absl::InvalidArgumentError("checkpoint: --compute-ms wants whole ms >= 0, got '" +
+                                      compute + "'");
+  }
   const int rounds = absl::GetFlag(FLAGS_rounds);
   o.rounds = rounds == 0 ? 3 : rounds;
   o.dir = absl::GetFlag(FLAGS_dir);

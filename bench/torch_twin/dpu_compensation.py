@@ -1,0 +1,186 @@
+#!/usr/bin/python3
+"""What a delayed parameter update costs GPT-lite, and what compensates it.
+
+The twin of gpt_lite_twin.py (zo-train's demo model, initial weights,
+batches and recipe) trained with the staleness of zo's DPU: from step
+--dpu-from on, step s computes its gradient on the weights after step s-2
+(the servers are still applying step s-1 while the worker computes),
+and the servers apply it to the weights after step s-1. Modes, each what
+the servers could do because they hold the master weights, both versions
+and Adam's moments:
+
+  sync      no DPU: step s computes on the weights after step s-1
+  stale     DPU as zo runs it today
+  dc        delay compensation (DC-ASGD's, with Adam's second moment as its
+            adaptive scale): g + lam * g * g / (sqrt(v) + eps) * (w_{s-1} - w_{s-2}),
+            the gradient moved to the weights it is applied to by a diagonal
+            estimate of the Hessian
+  predict   the servers serve, instead of w_{s-2}, their prediction of w_{s-1}:
+            w_{s-2} moved one Adam step along its own moments (the update of
+            step s-1 with its unknown gradient replaced by the momentum),
+            computed when step s-2's update ends
+  extrap    w_{s-2} + (w_{s-2} - w_{s-3}): the last step repeated
+
+Clipping uses the raw gradient's norm (the servers decide it from the
+statistics of the pushed gradients) and compensation follows it. Prints, per
+mode and seed, the mean training loss of the last --window steps (each
+step's loss on the weights it computed on, as zo-train logs it), then a JSON
+line per mode with the means over seeds and the gap to sync.
+
+  OMP_WAIT_POLICY=PASSIVE OPENBLAS_CORETYPE=Haswell /usr/bin/python3 \\
+      bench/torch_twin/dpu_compensation.py --data ../shared/data/tinyshakespeare.txt \\
+      --steps 600 --seeds 1337,1338,1339 --modes sync,stale,dc,predict
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpt_lite_twin import CharData, GptLite  # noqa: E402
+
+LR, BETAS, EPS, DECAY, WARMUP, CLIP = 2e-3, (0.9, 0.99), 1e-8, 0.01, 20, 1.0
+MODES = ("sync", "stale", "dc", "predict", "extrap")
+
+
+class Adam:
+    """AdamW over fp32 master tensors, written out so that its moments are at
+    hand for the compensations (the same update as torch.optim.AdamW)."""
+
+    def __init__(self, params):
+        self.p = params
+        self.m = [torch.zeros_like(p) for p in params]
+        self.v = [torch.zeros_like(p) for p in params]
+        self.t = 0
+
+    def step(self, grads, lr):
+        self.t += 1
+        b1, b2 = BETAS
+        c1, c2 = 1 - b1**self.t, 1 - b2**self.t
+        for p, m, v, g in zip(self.p, self.m, self.v, grads):
+            p.mul_(1 - lr * DECAY)
+            m.mul_(b1).add_(g, alpha=1 - b1)
+            v.mul_(b2).addcmul_(g, g, value=1 - b2)
+            p.addcdiv_(m / c1, (v / c2).sqrt_().add_(EPS), value=-lr)
+
+    def predict(self, lr):
+        """The weights after one more step whose gradient equals the momentum."""
+        b1, b2 = BETAS
+        t = self.t + 1
+        c1, c2 = 1 - b1**t, 1 - b2**t
+        return [p * (1 - lr * DECAY) - lr * (m / c1) / ((v / c2).sqrt() + EPS)
+                for p, m, v in zip(self.p, self.m, self.v)]
+
+
+def lr_at(step):
+    return LR * min(1.0, (step - 1) / WARMUP)
+
+
+def train(a, data, mode, seed):
+    torch.manual_seed(seed)
+    model = GptLite(data.vocab, a.block_size, a.n_layer, a.n_embd, a.n_head)
+    model.init_like_zo(seed, a.n_layer)
+    params = list(model.parameters())
+    master = [p.detach().clone() for p in params]
+    opt = Adam(master)
+    # versions[k]: the weights after step k (0: the initial ones), the last
+    # three kept; predicted[k]: the prediction of version k made after k-1.
+    versions = {0: [w.clone() for w in master]}
+    predicted = {}
+    losses = []
+    for step in range(1, a.steps + 1):
+        delayed = mode != "sync" and step >= a.dpu_from
+        on = step - 2 if delayed else step - 1
+        if delayed and mode == "predict" and step - 1 in predicted:
+            weights = predicted[step - 1]
+        elif delayed and mode == "extrap" and on - 1 in versions:
+            weights = [2 * w - u for w, u in zip(versions[on], versions[on - 1])]
+        else:
+            weights = versions[on]
+        with torch.no_grad():
+            for p, w in zip(params, weights):
+                p.copy_(w)
+        for p in params:
+            p.grad = None
+        loss_sum = 0.0
+        for micro in range(a.accumulation):
+            x, y = data.sample(a.micro_batch, a.block_size, step * a.accumulation + micro)
+            loss = model(x, y) / a.accumulation
+            loss.backward()
+            loss_sum += loss.item()
+        losses.append(loss_sum)
+        grads = [p.grad.detach().clone() for p in params]
+        norm = torch.sqrt(sum((g.double() ** 2).sum() for g in grads)).item()
+        if norm > CLIP:
+            for g in grads:
+                g.mul_(CLIP / (norm + 1e-6))
+        if delayed and mode == "dc":
+            for g, w, u, v in zip(grads, master, versions[on], opt.v):
+                denom = (v / (1 - BETAS[1]**max(opt.t, 1))).sqrt_().add_(EPS)
+                g.add_(a.dc_lambda * g * g / denom * (w - u))
+        opt.step(grads, lr_at(step))
+        versions[step] = [w.clone() for w in master]
+        versions.pop(step - 3, None)
+        if mode == "predict":
+            predicted[step + 1] = opt.predict(lr_at(step + 1))
+            predicted.pop(step - 1, None)
+        if step % a.print_every == 0:
+            print(f"  {mode} seed {seed} step {step:4d} loss {loss_sum:.4f}", flush=True)
+    return losses
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", required=True, help="text file (zo-train --data)")
+    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--dpu-from", type=int, default=41,
+                    help="first step computed on the version before the last (zo-train's demo: "
+                         "dpu.warmup_steps 40)")
+    ap.add_argument("--window", type=int, default=20, help="steps at the end averaged")
+    ap.add_argument("--seeds", default="1337,1338,1339")
+    ap.add_argument("--modes", default="sync,stale,dc,predict")
+    ap.add_argument("--dc-lambda", type=float, default=1.0)
+    ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
+    ap.add_argument("--n-layer", type=int, default=4)
+    ap.add_argument("--n-embd", type=int, default=128)
+    ap.add_argument("--n-head", type=int, default=4)
+    ap.add_argument("--block-size", type=int, default=64)
+    ap.add_argument("--micro-batch", type=int, default=16)
+    ap.add_argument("--accumulation", type=int, default=2)
+    ap.add_argument("--print-every", type=int, default=100)
+    a = ap.parse_args()
+    modes = a.modes.split(",")
+    for m in modes:
+        if m not in MODES:
+            ap.error(f"--modes: unknown mode '{m}' (one of {', '.join(MODES)})")
+    seeds = [int(s) for s in a.seeds.split(",")]
+    if a.window < 1 or a.window > a.steps:
+        ap.error("--window must be in 1..--steps")
+    torch.set_num_threads(a.threads)
+    means = {}
+    for seed in seeds:
+        data = CharData(a.data, seed)
+        for mode in modes:
+            start = time.perf_counter()
+            losses = train(a, data, mode, seed)
+            mean = sum(losses[-a.window:]) / a.window
+            means.setdefault(mode, []).append(mean)
+            print(f"{mode} seed {seed}: mean loss of steps {a.steps - a.window + 1}..{a.steps} "
+                  f"{mean:.4f} ({time.perf_counter() - start:.0f} s)", flush=True)
+    sync = means.get("sync")
+    for mode, values in means.items():
+        row = {"mode": mode, "seeds": seeds, "steps": a.steps, "dpu_from": a.dpu_from,
+               "window": a.window, "mean_loss": values, "mean": sum(values) / len(values)}
+        if mode == "dc":
+            row["dc_lambda"] = a.dc_lambda
+        if sync is not None:
+            row["gap_to_sync"] = [v - s for v, s in zip(values, sync)]
+        print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
