@@ -20,6 +20,8 @@ and Adam's moments:
             step s-1 with its unknown gradient replaced by the momentum),
             computed when step s-2's update ends
   extrap    w_{s-2} + (w_{s-2} - w_{s-3}): the last step repeated
+  momentum  stale, with Adam's beta1 lowered to --dpu-beta1 while delayed (a
+            delay acts as extra momentum: asynchrony begets momentum)
 
 Clipping uses the raw gradient's norm (the servers decide it from the
 statistics of the pushed gradients) and compensation follows it. Prints, per
@@ -44,7 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpt_lite_twin import CharData, GptLite  # noqa: E402
 
 LR, BETAS, EPS, DECAY, WARMUP, CLIP = 2e-3, (0.9, 0.99), 1e-8, 0.01, 20, 1.0
-MODES = ("sync", "stale", "dc", "predict", "extrap")
+MODES = ("sync", "stale", "dc", "predict", "extrap", "momentum")
 
 
 class Adam:
@@ -57,10 +59,11 @@ class Adam:
         self.v = [torch.zeros_like(p) for p in params]
         self.t = 0
 
-    def step(self, grads, lr):
+    def step(self, grads, lr, beta1=None):
         self.t += 1
         b1, b2 = BETAS
-        c1, c2 = 1 - b1**self.t, 1 - b2**self.t
+        b1 = b1 if beta1 is None else beta1
+        c1, c2 = 1 - BETAS[0]**self.t, 1 - b2**self.t
         for p, m, v, g in zip(self.p, self.m, self.v, grads):
             p.mul_(1 - lr * DECAY)
             m.mul_(b1).add_(g, alpha=1 - b1)
@@ -122,7 +125,7 @@ def train(a, data, mode, seed):
             for g, w, u, v in zip(grads, master, versions[on], opt.v):
                 denom = (v / (1 - BETAS[1]**max(opt.t, 1))).sqrt_().add_(EPS)
                 g.add_(a.dc_lambda * g * g / denom * (w - u))
-        opt.step(grads, lr_at(step))
+        opt.step(grads, lr_at(step), a.dpu_beta1 if delayed and mode == "momentum" else None)
         versions[step] = [w.clone() for w in master]
         versions.pop(step - 3, None)
         if mode == "predict":
@@ -137,13 +140,14 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", required=True, help="text file (zo-train --data)")
     ap.add_argument("--steps", type=int, default=600)
-    ap.add_argument("--dpu-from", type=int, default=41,
-                    help="first step computed on the version before the last (zo-train's demo: "
-                         "dpu.warmup_steps 40)")
+    ap.add_argument("--dpu-from", type=int, default=42,
+                    help="first step computed on the version before the last (zo-train's demo, "
+                         "dpu.warmup_steps 40: step 42, common/dpu_policy.h)")
     ap.add_argument("--window", type=int, default=20, help="steps at the end averaged")
     ap.add_argument("--seeds", default="1337,1338,1339")
     ap.add_argument("--modes", default="sync,stale,dc,predict")
-    ap.add_argument("--dc-lambda", type=float, default=1.0)
+    ap.add_argument("--dc-lambda", type=float, default=100.0)
+    ap.add_argument("--dpu-beta1", type=float, default=0.8, help="momentum: beta1 while delayed")
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     ap.add_argument("--n-layer", type=int, default=4)
     ap.add_argument("--n-embd", type=int, default=128)
@@ -177,6 +181,8 @@ def main():
                "window": a.window, "mean_loss": values, "mean": sum(values) / len(values)}
         if mode == "dc":
             row["dc_lambda"] = a.dc_lambda
+        if mode == "momentum":
+            row["dpu_beta1"] = a.dpu_beta1
         if sync is not None:
             row["gap_to_sync"] = [v - s for v, s in zip(values, sync)]
         print(json.dumps(row), flush=True)
