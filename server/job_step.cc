@@ -247,12 +247,22 @@ absl::Status Job::Apply(const v1::StepCommit& commit) {
         FillPulls(t);
       };
     }
-    // A checkpoint part in progress takes each tile as it was before this step.
+    // A checkpoint part in progress takes each tile as it was before this
+    // step. Pulls of the version this step replaces read the tiles it has
+    // not reached from the master (a DPU worker's pull does not wait for
+    // the update); the update claims each tile before writing it.
+    StateObserver before_tile = own_part_->ObserverLocked();
+    if (keeps) {
+      before_tile = [this, observer = std::move(before_tile)](
+                        int64_t offset, int64_t n, const float* p, const float* m, const float* v) {
+        versions_->ClaimRange(offset, n);
+        if (observer) observer(offset, n, p, m, v);
+      };
+    }
     const absl::Status stepped = state_->AdamStep(
         c, accum_->gradients(), {lp, spec_.dtype},
         [&](int64_t end) { released = accum_->ReleaseBelow(released, end, commit.step()); },
-        own_part_->ObserverLocked(), tile_done,
-        keeps ? std::optional<DType>(DType::kFloat32) : std::nullopt);
+        before_tile, tile_done, keeps ? std::optional<DType>(DType::kFloat32) : std::nullopt);
     if (!stepped.ok()) {
       versions_->AbortWrite();
       own_part_->DropLocked(stepped);

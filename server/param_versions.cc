@@ -254,6 +254,24 @@ void* ParamVersions::BeginWrite(Undo undo) {
   return buffers_[target].memory.data();
 }
 
+void ParamVersions::ClaimRange(int64_t offset, int64_t n) {
+  std::unique_lock lock(mu_);
+  if (keeping_ < 0) return;
+  claimed_ranges_.Add(offset, offset + n);  // no read ahead of the update starts in it now
+  readers_done_.wait(lock, [&] { return Unblocked(!ReadAheadLocked(offset, n)); });
+}
+
+bool ParamVersions::ClaimedAnyLocked(int64_t offset, int64_t n) const {
+  bool any = false;
+  claimed_ranges_.ForEachIn(offset, offset + n, [&](int64_t, int64_t) { any = true; });
+  return any;
+}
+
+bool ParamVersions::ReadAheadLocked(int64_t offset, int64_t n) const {
+  return std::any_of(reads_ahead_.begin(), reads_ahead_.end(),
+                     [&](const auto& r) { return r.first < offset + n && offset < r.second; });
+}
+
 void ParamVersions::MarkDone(int64_t offset, int64_t n) {
   std::lock_guard lock(mu_);
   if (writing_version_ < 0) return;  // aborted meanwhile
@@ -342,6 +360,7 @@ bool ParamVersions::EndWritingLocked() {
   keeping_ = -1;
   writing_version_ = -1;
   done_ranges_.Clear();
+  claimed_ranges_.Clear();  // every tile's claim waited for the reads ahead in it
   if (!waited_ranges_.empty()) range_done_.notify_all();
   return whole;
 }
@@ -475,7 +494,20 @@ absl::Status ParamVersions::ReadFromMaster(int64_t version, int64_t offset, int6
       return absl::OkStatus();
     }
     if (!being_kept) break;
-    // The update has not reached this range yet: a tile's time at most.
+    if (!ClaimedAnyLocked(offset, n)) {
+      // The update has not reached the range: the master still holds the
+      // version it replaces there, and the update's claim of the range
+      // waits for this read.
+      const std::pair<int64_t, int64_t> read(offset, offset + n);
+      reads_ahead_.push_back(read);
+      lock.unlock();
+      from_.round_master(offset, n, out);
+      lock.lock();
+      reads_ahead_.erase(std::find(reads_ahead_.begin(), reads_ahead_.end(), read));
+      readers_done_.notify_all();
+      return absl::OkStatus();
+    }
+    // The update is writing the range: a tile's time at most.
     AwaitRangeLocked(lock, offset, n);
   }
   return NotHeldLocked(version);

@@ -10,8 +10,12 @@
 //   it (the Undo each update brings, offload/adam_undo.h) and applies the
 //   corrections that update recorded for the rare elements where the undo
 //   rounds to a neighbour of the true old weight. The update finds them per
-//   tile, where it still holds the old weights (MarkKept); a piece whose
-//   tiles are not done yet waits for them. About 0 bytes per element (the
+//   tile, where it still holds the old weights (MarkKept). A piece the
+//   update has not reached yet is read from the master as it still is: the
+//   update claims each tile before it writes it (ClaimRange) and waits for
+//   such reads of it to end, so a pull of the version before the latest
+//   never waits for the update; a piece in a claimed tile waits for that
+//   tile. About 0 bytes per element (the
 //   corrections: tens of bytes per million elements with usual recipes;
 //   never more than a copy), where keeping a copy cost 2. Without
 //   keep_previous, an update waits for the pulls of the latest version to
@@ -58,9 +62,10 @@ class ParamVersions {
 
   struct FromMaster {
     // Writes master elements [offset, offset + n) rounded to the dtype into
-    // `out`. Called from pull threads and the update's thread, concurrently,
-    // never between BeginWrite and CommitWrite (nor between Reset and
-    // CommitBase), when the master may change.
+    // `out`. Called from pull threads and the update's thread, concurrently;
+    // between BeginWrite and CommitWrite only for ranges the update is done
+    // with or has not claimed (ClaimRange), never between Reset and
+    // CommitBase.
     std::function<void(int64_t offset, int64_t n, void* out)> round_master;
     // Serve the version before the latest too (the delayed parameter
     // update computes on it while the next update runs).
@@ -149,6 +154,12 @@ class ParamVersions {
   // Needs the update's undo (BeginWrite's).
   void MarkKept(int64_t offset, int64_t n, std::vector<uint32_t> index,
                 std::vector<uint8_t> values);
+  // From the master with keep_previous, between BeginWrite and CommitWrite:
+  // the update is about to write elements [offset, offset + n) (a tile).
+  // Waits for the reads of the version it replaces that take the range
+  // from the master as it still is; later reads of it wait for MarkKept.
+  // Thread-safe; ranges are disjoint.
+  void ClaimRange(int64_t offset, int64_t n);
   // From the master: the ranges of `version` written so far: those its
   // update is done with while it runs, all once it is committed, none
   // before.
@@ -249,6 +260,11 @@ class ParamVersions {
   void NotifyRangeReadersLocked();
   // Waits on range_done_ for [offset, offset + n).
   void AwaitRangeLocked(std::unique_lock<std::mutex>& lock, int64_t offset, int64_t n);
+  // Whether the update writing now has claimed any of [offset, offset + n).
+  bool ClaimedAnyLocked(int64_t offset, int64_t n) const;
+  // Whether a read of the replaced version takes part of [offset, offset +
+  // n) from the master.
+  bool ReadAheadLocked(int64_t offset, int64_t n) const;
   // round_master into `out` with mu_ released meanwhile (counted as a read
   // of the master, which an update or a restore waits for).
   void RoundMasterUnlocked(std::unique_lock<std::mutex>& lock, int64_t offset, int64_t n,
@@ -286,6 +302,11 @@ class ParamVersions {
   int64_t writing_version_ = -1;
   int64_t keeping_ = -1;
   RangeSet done_ranges_;
+  // With keeping_: the tiles the update has claimed (ClaimRange), and the
+  // reads of the kept version taking ranges it has not claimed from the
+  // master, [begin, end) each.
+  RangeSet claimed_ranges_;
+  std::vector<std::pair<int64_t, int64_t>> reads_ahead_;
   std::vector<std::pair<int64_t, int64_t>> waited_ranges_;  // [begin, end), one per read
   std::condition_variable range_done_;
   // The corrections of previous_data_ (or keeping_), by range offset.

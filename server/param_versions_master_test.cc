@@ -22,6 +22,7 @@
 namespace zo {
 namespace {
 
+using testing::AwaitBlocked;
 using testing::BlockedUpdate;
 using testing::FromMasterTest;
 using ::testing::HasSubstr;
@@ -155,9 +156,10 @@ TEST_F(FromMasterTest, ARangeTheUndoGetsMostlyWrongIsKeptWhole) {
 }
 
 // The update makes the latest version undoable range by range as it goes.
-// A piece of it read meanwhile is undone where its range is done, and waits
-// for the update where it is not.
-TEST_F(FromMasterTest, APieceNotYetKeptWaitsForTheUpdateToKeepIt) {
+// A piece of it read meanwhile is undone where its range is done, read from
+// the master where the update has not claimed it yet, and waits for the
+// update where it is writing it.
+TEST_F(FromMasterTest, APieceTheUpdateHasNotReachedIsReadFromTheMasterWithoutWaiting) {
   std::unique_ptr<ParamVersions> v = Make(/*keep_previous=*/true);
   ASSERT_NE(v, nullptr);
   SetMaster(0);
@@ -168,6 +170,12 @@ TEST_F(FromMasterTest, APieceNotYetKeptWaitsForTheUpdateToKeepIt) {
   EXPECT_THAT(ReadsAs(v1, 0, kTile), IsOkAndHolds(1)) << "kept";
   ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease late, v->Acquire(1));
   EXPECT_EQ(late.data(), nullptr) << "a lease taken mid-update reads range by range";
+  const int64_t blocks = v->times_blocked();
+  EXPECT_THAT(ReadsAs(late, kTile, kElems - kTile), IsOkAndHolds(1)) << "ahead of the update";
+  EXPECT_EQ(v->times_blocked(), blocks) << "without waiting for it";
+  // A range the update has claimed is being written: its read waits until
+  // the update has kept all of it.
+  v->ClaimRange(kTile, kTile);
   BlockedRead rest(*v, late, kTile, 2 * kTile);
   UpdateRange(*v, 2, kTile, kTile);  // half of what the reader needs
   EXPECT_FALSE(rest.done);
@@ -177,6 +185,46 @@ TEST_F(FromMasterTest, APieceNotYetKeptWaitsForTheUpdateToKeepIt) {
   CommitUpdate(*v, 2);
   EXPECT_THAT(ReadsAs(v1), IsOkAndHolds(1));
   EXPECT_THAT(ReadsAs(late), IsOkAndHolds(1));
+}
+
+// The update claims a tile before writing it: a read that took the tile
+// from the master ahead of the update holds the claim off until it ends,
+// and reads the old weights whole.
+TEST_F(FromMasterTest, AnUpdateWaitsToClaimATileAReadAheadIsReading) {
+  std::unique_ptr<ParamVersions> v = Make(/*keep_previous=*/true);
+  ASSERT_NE(v, nullptr);
+  SetMaster(0);
+  Update(*v, 1);
+  ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease v1, v->Acquire(1));
+  BeginUpdate(*v, 2);
+  std::atomic<bool> hold{true}, reading{false}, release{false};
+  while_reading_master_ = [&] {
+    if (!hold.exchange(false)) return;  // the first read only
+    reading = true;
+    while (!release) std::this_thread::yield();
+  };
+  absl::StatusOr<int> ahead = -2;
+  std::thread reader([&] { ahead = ReadsAs(v1, kTile, 2 * kTile); });
+  while (!reading) std::this_thread::yield();
+  const int64_t blocks = v->times_blocked();
+  std::atomic<bool> claimed{false};
+  std::thread update([&] {
+    UpdateRange(*v, 2, 0, kTile);  // outside the read: not held off
+    UpdateRange(*v, 2, 2 * kTile, kTile);
+    claimed = true;
+  });
+  AwaitBlocked(*v, blocks + 1);
+  EXPECT_FALSE(claimed) << "the claim of a tile being read waits";
+  release = true;
+  reader.join();
+  update.join();
+  EXPECT_THAT(ahead, IsOkAndHolds(1));
+  UpdateRange(*v, 2, kTile, kTile);
+  UpdateRange(*v, 2, 3 * kTile, kElems - 3 * kTile);
+  CommitUpdate(*v, 2);
+  EXPECT_THAT(ReadsAs(v1), IsOkAndHolds(1));
+  ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease v2, v->Acquire(2));
+  EXPECT_THAT(ReadsAs(v2), IsOkAndHolds(2));
 }
 
 // An update that fails part way (the step's state went bad) ends the
@@ -190,6 +238,7 @@ TEST_F(FromMasterTest, AFailedUpdateReleasesTheReadsWaitingForItsRanges) {
   ZO_ASSERT_OK_AND_ASSIGN(ParamVersions::Lease v1, v->Acquire(1));
   BeginUpdate(*v, 2);
   UpdateRange(*v, 2, 0, kTile);
+  v->ClaimRange(kTile, kTile);  // being written
   BlockedRead rest(*v, v1, kTile, kTile);
   v->AbortWrite();
   EXPECT_THAT(rest.Join(), StatusIs(kFailedPrecondition, HasSubstr("version 1 is not held")));

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <utility>
@@ -68,6 +69,7 @@ class FromMasterTest : public ::testing::Test {
         kElems, DType::kFloat16,
         {.round_master =
              [this](int64_t offset, int64_t n, void* out) {
+               if (while_reading_master_) while_reading_master_();
                FloatToHalf(master_.data() + offset, static_cast<uint16_t*>(out),
                            static_cast<size_t>(n));
              },
@@ -104,6 +106,7 @@ class FromMasterTest : public ::testing::Test {
   // one tile of an update begun with BeginWrite, and with a previous
   // version kept tells it the tile's old weights.
   void UpdateRange(ParamVersions& v, int version, int64_t offset, int64_t n) {
+    if (v.keep_previous()) v.ClaimRange(offset, n);
     std::vector<uint16_t> old(n);
     FloatToHalf(master_.data() + offset, old.data(), static_cast<size_t>(n));
     for (int64_t i = offset; i < offset + n; ++i) master_[i] = Value(version, i);
@@ -179,6 +182,9 @@ class FromMasterTest : public ::testing::Test {
   std::vector<float> master_ = std::vector<float>(kElems, 0.0f);
   int master_version_ = 0;
   int64_t wrong_every_ = 5;
+  // Runs as each read of the master begins (on the reading thread): lets a
+  // test hold a read there.
+  std::function<void()> while_reading_master_;
 };
 
 }  // namespace zo::testing
