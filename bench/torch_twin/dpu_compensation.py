@@ -43,7 +43,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpt_lite_twin import CharData, GptLite  # noqa: E402
+from gpt_lite_twin import CharData, GptLite, add_recipe_args  # noqa: E402
 
 LR, BETAS, EPS, DECAY, WARMUP, CLIP = 2e-3, (0.9, 0.99), 1e-8, 0.01, 20, 1.0
 MODES = ("sync", "stale", "dc", "predict", "extrap", "momentum")
@@ -149,12 +149,7 @@ def main():
     ap.add_argument("--dc-lambda", type=float, default=100.0)
     ap.add_argument("--dpu-beta1", type=float, default=0.8, help="momentum: beta1 while delayed")
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
-    ap.add_argument("--n-layer", type=int, default=4)
-    ap.add_argument("--n-embd", type=int, default=128)
-    ap.add_argument("--n-head", type=int, default=4)
-    ap.add_argument("--block-size", type=int, default=64)
-    ap.add_argument("--micro-batch", type=int, default=16)
-    ap.add_argument("--accumulation", type=int, default=2)
+    add_recipe_args(ap)
     ap.add_argument("--print-every", type=int, default=100)
     a = ap.parse_args()
     modes = a.modes.split(",")

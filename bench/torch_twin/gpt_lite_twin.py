@@ -173,6 +173,16 @@ class GptLite(torch.nn.Module):
                 p.copy_(initial_values(name, tuple(p.shape), kind, scale, seed))
 
 
+def add_recipe_args(ap):
+    """The model's shape and the batches of the demo recipe (zo-train --help)."""
+    ap.add_argument("--n-layer", type=int, default=4)
+    ap.add_argument("--n-embd", type=int, default=128)
+    ap.add_argument("--n-head", type=int, default=4)
+    ap.add_argument("--block-size", type=int, default=64)
+    ap.add_argument("--micro-batch", type=int, default=16)
+    ap.add_argument("--accumulation", type=int, default=2)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", required=True, help="text file (zo-train --data)")
@@ -180,12 +190,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=10, help="steps left out of tokens/s")
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     ap.add_argument("--seed", type=int, default=1337)
-    ap.add_argument("--n-layer", type=int, default=4)
-    ap.add_argument("--n-embd", type=int, default=128)
-    ap.add_argument("--n-head", type=int, default=4)
-    ap.add_argument("--block-size", type=int, default=64)
-    ap.add_argument("--micro-batch", type=int, default=16)
-    ap.add_argument("--accumulation", type=int, default=2)
+    add_recipe_args(ap)
     ap.add_argument("--print-every", type=int, default=10)
     ap.add_argument("--json", action="store_true", help="last line: a JSON summary")
     a = ap.parse_args()
