@@ -497,12 +497,11 @@ absl::Status ParamVersions::ReadFromMaster(int64_t version, int64_t offset, int6
     if (!ClaimedAnyLocked(offset, n)) {
       // The update has not reached the range: the master still holds the
       // version it replaces there, and the update's claim of the range
-      // waits for this read.
+      // waits for this read (a restore after a failed update waits for it
+      // as for any read of the master).
       const std::pair<int64_t, int64_t> read(offset, offset + n);
       reads_ahead_.push_back(read);
-      lock.unlock();
-      from_.round_master(offset, n, out);
-      lock.lock();
+      RoundMasterUnlocked(lock, offset, n, out);
       reads_ahead_.erase(std::find(reads_ahead_.begin(), reads_ahead_.end(), read));
       readers_done_.notify_all();
       return absl::OkStatus();
