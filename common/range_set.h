@@ -46,6 +46,13 @@ class RangeSet {
     return after != ranges_.begin() && std::prev(after)->second >= end;
   }
 
+  // Whether any element of [begin, end) is in the set (false when empty).
+  bool Overlaps(int64_t begin, int64_t end) const {
+    if (begin >= end) return false;
+    auto after = ranges_.lower_bound(end);  // the first range starting at or past end
+    return after != ranges_.begin() && std::prev(after)->second > begin;
+  }
+
   // Calls f(b, e) for each part [b, e) of [begin, end) in the set, in order.
   template <typename F>
   void ForEachIn(int64_t begin, int64_t end, F f) const {

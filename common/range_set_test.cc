@@ -48,9 +48,13 @@ TEST(RangeSetTest, AgreesWithABitmap) {
       ASSERT_EQ(set.size(), count);
       for (int64_t b = 0; b < kElems; b += 7) {
         for (int64_t e = b; e <= std::min(b + 30, kElems); e += 3) {
-          bool all = true;
-          for (int64_t x = b; x < e; ++x) all = all && bits[x];
+          bool all = true, any = false;
+          for (int64_t x = b; x < e; ++x) {
+            all = all && bits[x];
+            any = any || bits[x];
+          }
           ASSERT_EQ(set.Contains(b, e), all) << "[" << b << ", " << e << ")";
+          ASSERT_EQ(set.Overlaps(b, e), any) << "[" << b << ", " << e << ")";
         }
       }
     }

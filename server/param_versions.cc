@@ -261,12 +261,6 @@ void ParamVersions::ClaimRange(int64_t offset, int64_t n) {
   readers_done_.wait(lock, [&] { return Unblocked(!ReadAheadLocked(offset, n)); });
 }
 
-bool ParamVersions::ClaimedAnyLocked(int64_t offset, int64_t n) const {
-  bool any = false;
-  claimed_ranges_.ForEachIn(offset, offset + n, [&](int64_t, int64_t) { any = true; });
-  return any;
-}
-
 bool ParamVersions::ReadAheadLocked(int64_t offset, int64_t n) const {
   return std::any_of(reads_ahead_.begin(), reads_ahead_.end(),
                      [&](const auto& r) { return r.first < offset + n && offset < r.second; });
@@ -494,7 +488,7 @@ absl::Status ParamVersions::ReadFromMaster(int64_t version, int64_t offset, int6
       return absl::OkStatus();
     }
     if (!being_kept) break;
-    if (!ClaimedAnyLocked(offset, n)) {
+    if (!claimed_ranges_.Overlaps(offset, offset + n)) {
       // The update has not reached the range: the master still holds the
       // version it replaces there, and the update's claim of the range
       // waits for this read (a restore after a failed update waits for it

@@ -260,8 +260,6 @@ class ParamVersions {
   void NotifyRangeReadersLocked();
   // Waits on range_done_ for [offset, offset + n).
   void AwaitRangeLocked(std::unique_lock<std::mutex>& lock, int64_t offset, int64_t n);
-  // Whether the update writing now has claimed any of [offset, offset + n).
-  bool ClaimedAnyLocked(int64_t offset, int64_t n) const;
   // Whether a read of the replaced version takes part of [offset, offset +
   // n) from the master.
   bool ReadAheadLocked(int64_t offset, int64_t n) const;
