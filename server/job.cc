@@ -120,7 +120,7 @@ absl::Status Job::Init() {
       map_, chunks(), *state_, state_lock_);
   ZO_RETURN_IF_ERROR(CreateVersions());
   CreateCoordinator();
-  step_clock_.Reopen(absl::Now());  // allocations done: the first step opens
+  position_.OpenStepNow();  // allocations done: the first step opens
   ZO_LOG(INFO) << "job " << spec_.name << ": server " << spec_.server_index << " of "
                << spec_.servers.size() << ", " << chunks().size() << " chunks, "
                << FormatCount(local_elems_) << " elements here (" << state_->nvme_sub_groups()
@@ -181,12 +181,8 @@ absl::Status Job::CreateAccumulator(std::vector<LocalChunk> owned) {
                                   .dtype = spec_.dtype,
                                   .pool = resources_.pool,
                                   .wakes = resources_.wakes,
-                                  // The step thread waits on cv_ for Ready().
-                                  .on_ready =
-                                      [this] {
-                                        std::lock_guard lock(mu_);
-                                        cv_.notify_all();
-                                      },
+                                  // The step thread waits for Ready().
+                                  .on_ready = [this] { position_.Notify(); },
                               }));
   return absl::OkStatus();
 }
@@ -247,16 +243,11 @@ void Job::Stop(absl::Status reason) {
     if (own_part_ != nullptr)
       own_part_->DropLocked(absl::UnavailableError("the job is shutting down"));
   }
-  {
-    std::lock_guard lock(mu_);
-    if (!stop_) stop_reason_ = std::move(reason);
-    stop_ = true;
-    resources_.wakes->Post(version_waiters_.TakeAll());  // Create checked it is set
-    if (accum_ != nullptr) accum_->Close(stop_reason_);
-    if (coordinator_ != nullptr) coordinator_->Stop();
-    checkpoints_.Stop();
-  }
-  cv_.notify_all();
+  // From here the position's health hook no longer reopens the accumulator.
+  const absl::Status stopped = position_.Stop(std::move(reason));
+  if (accum_ != nullptr) accum_->Close(stopped);
+  if (coordinator_ != nullptr) coordinator_->Stop();
+  checkpoints_.Stop();
   if (step_thread_.joinable() && std::this_thread::get_id() != step_thread_.get_id()) {
     step_thread_.join();
     checkpoints_.Join();
@@ -265,13 +256,9 @@ void Job::Stop(absl::Status reason) {
 }
 
 v1::JobStatus Job::Status() const {
-  std::lock_guard lock(mu_);
   v1::JobStatus st;
   st.set_job(spec_.name);
-  st.set_version(version_);
-  st.set_open_step(version_ + 1);
-  steps_.AddTo(st, version_);
-  health_.AddTo(st);
+  position_.AddTo(st);
   if (coordinator_ != nullptr) st.set_waiting_on_peer(coordinator_->StallDescription());
   st.set_server_index(spec_.server_index);
   st.set_num_servers(static_cast<int>(spec_.servers.size()));
@@ -292,8 +279,6 @@ v1::JobStatus Job::Status() const {
                 std::min(local_elems_,
                          state_->ram_sub_groups() * spec_.config.zero_optimization.sub_group_size);
   st.set_nvme_elems(nvme);
-  st.set_base_version(oldest_version_);
-  st.set_waiting_pulls(version_waiters_.size());
   st.set_waiting_pushes(accum_->waiting());
   st.set_ram_bytes(state_->ram_bytes() + accum_->buffer_bytes() + versions_->buffer_bytes() +
                    own_part_->staging_held_bytes());
@@ -301,10 +286,7 @@ v1::JobStatus Job::Status() const {
 }
 
 v1::JobStatus Job::StatusForAttach(absl::Duration max_wait) const {
-  {
-    std::unique_lock lock(mu_);
-    cv_.wait_for(lock, absl::ToChronoNanoseconds(max_wait), [&] { return !applying_ || stop_; });
-  }
+  position_.AwaitNotApplying(max_wait);
   return Status();
 }
 
@@ -340,15 +322,7 @@ absl::Status Job::InitParams(const v1::ParamInitPiece& piece) {
                      " are outside chunk ", piece.chunk(), " of ", c.elems, " elements"));
   }
   std::lock_guard state_lock(state_lock_.mutex());
-  {
-    std::lock_guard lock(mu_);
-    ZO_RETURN_IF_ERROR(health_.status());
-    if (version_ != 0 || steps_.applied_steps() != 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("job ", spec_.name, " is at version ", version_,
-                       "; initial weights are accepted only at version 0"));
-    }
-  }
+  ZO_RETURN_IF_ERROR(position_.CheckUnstepped());
   // A checkpoint of version 0 taken before these weights would hold neither.
   own_part_->DropLocked(absl::AbortedError(absl::StrCat(
       "job ", spec_.name, " got initial weights while its version 0 was checkpointed")));
@@ -366,10 +340,10 @@ absl::Status Job::CheckIncarnation(uint64_t incarnation) const {
   if (incarnation == 0 || incarnation == incarnation_.load(std::memory_order_relaxed)) {
     return absl::OkStatus();
   }
-  std::lock_guard lock(mu_);
   // The caller opened an earlier instance of the job: this one is where the
   // job is now, at the version it was opened or restored at.
-  return JobMovedError({.job = spec_.name, .servers = spec_.servers, .version = base_version_});
+  return JobMovedError(
+      {.job = spec_.name, .servers = spec_.servers, .version = position_.base_version()});
 }
 
 absl::StatusOr<int> Job::PushedChunkIndex(const GradientPieceView& piece) const {
@@ -419,13 +393,12 @@ absl::Status Job::PushGradient(const GradientPieceView& piece, absl::Time deadli
   return absl::OkStatus();
 }
 
-void Job::HealthChangedLocked(const absl::Status& health) {
-  if (stop_) return;  // closed for good
+void Job::HealthChanged(const absl::Status& health) {
+  if (accum_ == nullptr) return;  // Init has not made it yet
   if (health.ok()) {
     accum_->Reopen();
   } else {
-    resources_.wakes->Post(version_waiters_.TakeAll());
-    accum_->Close(health_.NeedsRestore());
+    accum_->Close(health);
   }
 }
 

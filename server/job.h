@@ -7,7 +7,7 @@
 //   StateSnapshot        a checkpoint part taken while steps go on
 //   TieredOptimizerState the optimizer state (RAM or NVMe sub-groups)
 //   ParamVersions        the low-precision versions pulls are served
-//   JobHealth            healthy, restoring, or needing a restore, and why
+//   JobPosition          the version, the health, and the calls that wait on them
 //   OwnCheckpointPart    this server's part of a checkpoint, written while steps go on
 //   LeadCheckpoints      the lead's checkpoints across the servers, a move's freeze
 //   LeadRecovery         the lead's watch over its followers, and rollbacks
@@ -24,19 +24,18 @@
 // handler validates its request fully before touching state.
 //
 // Thread-safe: handlers run on gRPC threads; one step thread per job. Lock
-// order: state_lock_, then mu_, then the pieces' own mutexes; recovery_ is
-// called holding none of them (its actions take mu_), and restore_,
-// checkpoints_.Run and Request too (their actions take state_lock_ and mu_).
+// order: state_lock_, then position_'s, then the other pieces' own mutexes;
+// recovery_ is called holding none of them (its actions take position_'s),
+// and restore_, checkpoints_.Run and Request too (their actions take
+// state_lock_ and position_'s).
 #ifndef ZO_SERVER_JOB_H_
 #define ZO_SERVER_JOB_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -61,7 +60,7 @@
 #include "server/gradient_accumulator.h"
 #include "server/gradient_piece_view.h"
 #include "server/job_counters.h"
-#include "server/job_health.h"
+#include "server/job_position.h"
 #include "server/job_spec.h"
 #include "server/job_state_lock.h"
 #include "server/lead_checkpoints.h"
@@ -73,9 +72,7 @@
 #include "server/peer_client.h"
 #include "server/pull_cursor.h"
 #include "server/pull_fills.h"
-#include "server/step_clock.h"
 #include "server/step_coordinator.h"
-#include "server/step_record.h"
 #include "server/wait_list.h"
 
 namespace zo {
@@ -283,24 +280,14 @@ class Job {
   // (ParamVersions::CreateFromMaster); with sub-groups on NVMe the served
   // copies are stored.
   static bool ServesFromMaster(int64_t nvme_sub_groups) { return nvme_sub_groups == 0; }
-  // The step thread: waits for work (AwaitWorkLocked), then runs a due
-  // checkpoint or the open step. The *Locked steps take and give back mu_.
+  // The step thread: waits for work (JobPosition::AwaitWork), then runs a
+  // due checkpoint or the open step.
   void StepLoop();
-  void AwaitWorkLocked(std::unique_lock<std::mutex>& lock);
-  // Lead: a requested checkpoint is due between steps.
-  bool CheckpointDueLocked() const;
-  void RunCheckpointLocked(std::unique_lock<std::mutex>& lock);
+  // What the step thread waits for: a checkpoint due (lead), every
+  // gradient in, and the lead's probe of its followers meanwhile.
+  JobPosition::WorkTests StepWorkTests();
   // Stats, the coordinator's round, the update, the new version published.
-  void RunStepLocked(std::unique_lock<std::mutex>& lock);
-  struct StepTimes {
-    absl::Time ready;  // every gradient in
-    absl::Time update_start;
-    absl::Time update_end;
-  };
-  // The decided and applied `commit` made the job's: its version, the last
-  // step's record, loss scale and timing. Returns how long the step waited
-  // for its gradients.
-  absl::Duration RecordStepLocked(const v1::StepCommit& commit, const StepTimes& times);
+  void RunStep(const JobPosition::Work& work);
   // The lead's recovery (recovery_) and restore (restore_), acting on this job.
   RecoveryActions RecoveryActionsForThis();
   LeadRestore::Options RestoreOptionsForThis() const;
@@ -317,11 +304,9 @@ class Job {
   // Follower: a report the lead took after LeadLostTheJob (it holds the job
   // after all, and no restore came between): healthy again.
   void LeadAnswered();
-  // health_'s on_change: closes the accumulator while the job needs a
-  // restore (pushes fail with the reason) and wakes the pulls that wait to
-  // say so, or reopens it. Requires mu_.
-  void HealthChangedLocked(const absl::Status& health);
-  bool ReadyToReportLocked() const;
+  // The position's health hook: closes the accumulator while the job needs
+  // a restore (pushes fail with the reason), or reopens it.
+  void HealthChanged(const absl::Status& health);
   v1::StepStats ComputeStepStats(int64_t step, int64_t generation);
   absl::Status Apply(const v1::StepCommit& commit);
   // Every parameter group's learning rate in `commit`.
@@ -341,19 +326,17 @@ class Job {
   // Where the request's elements lie in this server's local index space.
   std::vector<PullCursor::Range> PullRanges(const v1::PullParamsRequest& request) const;
   const std::vector<LocalChunk>& chunks() const { return accum_->chunks(); }
-  // OpenPull's answer when a restore replaced the versions under it.
-  absl::Status RestoredWhileOpening() const;
-  bool AbortedLocked(int64_t generation) const { return stop_ || generation != generation_; }
   // The lead's checkpoints (checkpoints_), acting on this job.
   LeadCheckpoints::Options CheckpointOptionsForThis() const;
   CheckpointActions CheckpointActionsForThis();
   // Lead: the commit record's fields as of `version` (CheckpointActions::
-  // describe). Takes mu_.
+  // describe).
   uint32_t DescribeCheckpoint(int64_t version, CheckpointMeta& meta) const;
   // Lead: fills the commit record's "previous" for a checkpoint of
-  // `version` (the job is at it), and returns the bytes per element each
-  // part carries of that version's weights (0: none). Requires mu_.
-  uint32_t PlanPreviousLocked(int64_t version, CheckpointMeta& meta) const;
+  // `version` (the job is at it, holding versions from `oldest_version`),
+  // and returns the bytes per element each part carries of that version's
+  // weights (0: none).
+  uint32_t PlanPrevious(int64_t version, int64_t oldest_version, CheckpointMeta& meta) const;
   // This server's part (own_part_), begun once the job is at `version` and
   // healthy; finished letting steps carry its NVMe part for as long as the
   // next step may take.
@@ -378,35 +361,18 @@ class Job {
   std::unique_ptr<StepCoordinator> coordinator_;
 
   // Held while the optimizer state or the accumulator is read or written as
-  // a whole (stats, update, checkpoint, restore). Taken before mu_.
+  // a whole (stats, update, checkpoint, restore). Taken before position_'s mutex.
   JobStateLock state_lock_;
   // This server's checkpoint part; its hooks run in every step while one is
   // under way. Shares state_lock_.
   std::unique_ptr<OwnCheckpointPart> own_part_;
 
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
-  // The last step applied; gradients come for the next (the open step).
-  int64_t version_ = 0;
-  // The version the update is writing, when pulls may read it meanwhile
-  // (served from the master); -1 otherwise.
-  int64_t writing_version_ = -1;
-  int64_t base_version_ = 0;
-  // The oldest version held: base_version_, or the one before it when the
-  // restore brought the version a delayed parameter update computes on.
-  int64_t oldest_version_ = 0;
-  int64_t generation_ = 0;
-  StepRecord steps_{LossScaler::FromConfig(spec_.config).scale()};
-  JobHealth health_{spec_.name, spec_.servers[0],
-                    [this](const absl::Status& h) { HealthChangedLocked(h); }};
-  bool stop_ = false;
-  absl::Status stop_reason_;
-  // The step thread has decided a step and not yet applied it.
-  bool applying_ = false;
-  // The open step's start and the last step's length.
-  StepClock step_clock_{absl::Now()};
-  // Pulls waiting for a version, keyed by it.
-  WaitList version_waiters_;
+  // The version, health and stop, and the calls that wait on them.
+  JobPosition position_{{.job = spec_.name,
+                         .lead = spec_.servers[0],
+                         .initial_loss_scale = LossScaler::FromConfig(spec_.config).scale(),
+                         .wakes = resources_.wakes,
+                         .on_health = [this](const absl::Status& h) { HealthChanged(h); }}};
   JobCounters counters_;
 
   // Lead: the restore across the servers, one at a time. Called holding
@@ -414,11 +380,11 @@ class Job {
   LeadRestore restore_{RestoreOptionsForThis(), RestoreActionsForThis()};
 
   // Lead: what each follower answered last, and the rollback when a
-  // server lost its part. Called without mu_ held.
+  // server lost its part. Called holding none of the job's locks.
   LeadRecovery recovery_{spec_.name, spec_.servers, RecoveryActionsForThis()};
 
   // Lead: checkpoint requests, the round across the servers, the freeze of
-  // a move. Called holding mu_ or none (it takes none of the job's locks).
+  // a move. It takes none of the job's locks.
   LeadCheckpoints checkpoints_{CheckpointOptionsForThis(), CheckpointActionsForThis()};
 
   std::thread step_thread_;

@@ -35,8 +35,7 @@ absl::StatusOr<v1::CheckpointResponse> Job::Checkpoint(int64_t min_version, absl
 
 void Job::Thaw() {
   if (!checkpoints_.Thaw()) return;
-  std::lock_guard lock(mu_);
-  ZO_LOG(INFO) << "job " << spec_.name << ": thawed at version " << version_;
+  ZO_LOG(INFO) << "job " << spec_.name << ": thawed at version " << position_.version();
 }
 
 LeadCheckpoints::Options Job::CheckpointOptionsForThis() const {
@@ -63,11 +62,7 @@ CheckpointActions Job::CheckpointActionsForThis() {
             std::lock_guard state_lock(state_lock_.mutex());
             own_part_->DropLocked(why);
           },
-      .wake =
-          [this] {
-            std::lock_guard lock(mu_);
-            cv_.notify_all();
-          },
+      .wake = [this] { position_.Notify(); },
       .heard = [this](int server, const absl::Status& answer) { recovery_.Heard(server, answer); },
   };
 }
@@ -81,26 +76,25 @@ uint32_t Job::DescribeCheckpoint(int64_t version, CheckpointMeta& meta) const {
   meta.config_json = spec_.config_json;
   meta.init_fingerprint = spec_.init_fingerprint;
   meta.applied_steps = coordinator_->applied_steps();
-  std::lock_guard lock(mu_);
   const LossScalerState s = coordinator_->scaler_state();
   meta.loss_scale = s.scale;
   meta.scaler_iteration = s.iteration;
   meta.scaler_last_overflow_iteration = s.last_overflow_iteration;
   meta.scaler_hysteresis_left = s.hysteresis_left;
-  steps_.Describe(meta);
-  return PlanPreviousLocked(version, meta);
+  const int64_t oldest_version = position_.DescribeSteps(meta);
+  return PlanPrevious(version, oldest_version, meta);
 }
 
-uint32_t Job::PlanPreviousLocked(int64_t version, CheckpointMeta& meta) const {
+uint32_t Job::PlanPrevious(int64_t version, int64_t oldest_version, CheckpointMeta& meta) const {
   // Only when the step after `version` computes on the version before it.
   const DpuConfig& dpu = spec_.config.zo.dpu;
   if (!versions_->keep_previous() ||
-      VersionForStep(dpu, version + 1, oldest_version_) != version - 1) {
+      VersionForStep(dpu, version + 1, oldest_version) != version - 1) {
     return 0;
   }
   meta.has_previous = true;
   meta.previous_version = version - 1;
-  meta.previous_loss_scale = steps_.ScaleFor(version - 1);
+  meta.previous_loss_scale = position_.ScaleFor(version - 1);
   meta.previous_dtype = std::string(DTypeName(spec_.dtype));
   meta.previous_same_data = versions_->DataVersion(version - 1) == versions_->DataVersion(version);
   return meta.previous_same_data ? 0 : static_cast<uint32_t>(DTypeSize(spec_.dtype));
@@ -109,30 +103,13 @@ uint32_t Job::PlanPreviousLocked(int64_t version, CheckpointMeta& meta) const {
 absl::StatusOr<v1::WriteCheckpointPartResponse> Job::WriteCheckpointPart(
     const v1::WriteCheckpointPartRequest& request, absl::Time deadline) {
   const auto phase = request.phase();
-  {
-    std::unique_lock lock(mu_);
-    if (request.generation() != generation_) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("checkpoint of generation ", request.generation(),
-                       " but this server is at generation ", generation_));
-    }
-    // FINISH comes after steps went on; only BEGIN (and WHOLE) meet the
-    // version itself.
-    if (phase != v1::WriteCheckpointPartRequest::FINISH) {
-      while (!stop_ && version_ < request.version()) {
-        if (cv_.wait_until(lock, absl::ToChronoTime(deadline)) == std::cv_status::timeout) {
-          return absl::DeadlineExceededError(
-              absl::StrCat("version ", request.version(), " not reached before the deadline"));
-        }
-      }
-      if (version_ != request.version()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("checkpoint of version ", request.version(),
-                         " but this server is at version ", version_));
-      }
-      ZO_RETURN_IF_ERROR(health_.status());
-    }
-  }
+  // FINISH comes after steps went on; only BEGIN (and WHOLE) meet the
+  // version itself.
+  ZO_RETURN_IF_ERROR(position_.AwaitCheckpointVersion(
+      request.generation(),
+      phase == v1::WriteCheckpointPartRequest::FINISH ? std::nullopt
+                                                      : std::optional<int64_t>(request.version()),
+      deadline));
   if (phase != v1::WriteCheckpointPartRequest::FINISH) {
     ZO_RETURN_IF_ERROR(BeginOwnPart(request.version(), request.dir(), request.previous_bytes()));
   }
@@ -142,25 +119,15 @@ absl::StatusOr<v1::WriteCheckpointPartResponse> Job::WriteCheckpointPart(
 
 absl::Status Job::BeginOwnPart(int64_t version, const std::string& dir, uint32_t previous_bytes) {
   std::lock_guard state_lock(state_lock_.mutex());
-  {
-    std::lock_guard lock(mu_);
-    if (version_ != version) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "checkpoint of version ", version, " but this server is at version ", version_));
-    }
-    ZO_RETURN_IF_ERROR(health_.status());
-  }
+  ZO_RETURN_IF_ERROR(position_.CheckAt(version));
   return own_part_->BeginLocked(version, dir, previous_bytes, *versions_);
 }
 
 absl::StatusOr<v1::WriteCheckpointPartResponse> Job::FinishOwnPart(int64_t version,
                                                                    const std::string& dir) {
   // NVMe: as long as the next step may take to carry it.
-  absl::Duration nvme_wait;
-  {
-    std::lock_guard lock(mu_);
-    nvme_wait = std::clamp(2 * step_clock_.interval(), absl::Seconds(1), absl::Seconds(60));
-  }
+  const absl::Duration nvme_wait =
+      std::clamp(2 * position_.step_interval(), absl::Seconds(1), absl::Seconds(60));
   return own_part_->Finish(version, dir, nvme_wait);
 }
 
@@ -187,11 +154,11 @@ RestoreActions Job::RestoreActionsForThis() {
   return {
       .position =
           [this] {
-            std::lock_guard lock(mu_);
-            return RestorePosition{.restores_done = health_.restores_done(),
-                                   .version = version_,
-                                   .base_version = oldest_version_,
-                                   .generation = generation_};
+            const JobPosition::Restorable r = position_.restorable();
+            return RestorePosition{.restores_done = r.restores_done,
+                                   .version = r.version,
+                                   .base_version = r.oldest_version,
+                                   .generation = r.generation};
           },
       .restore_own_part =
           [this](const v1::RestorePartRequest& request) {
@@ -205,15 +172,8 @@ RestoreActions Job::RestoreActionsForThis() {
                                      .last_overflow_iteration = meta.scaler_last_overflow_iteration,
                                      .hysteresis_left = meta.scaler_hysteresis_left});
           },
-      .ended =
-          [this](const absl::Status& status, const std::string& dir) {
-            {
-              std::lock_guard lock(mu_);
-              health_.LeadRestoreEnded(status, dir);
-              step_clock_.Reopen(absl::Now());
-            }
-            cv_.notify_all();
-          },
+      .ended = [this](const absl::Status& status,
+                      const std::string& dir) { position_.LeadRestoreEnded(status, dir); },
   };
 }
 
@@ -228,25 +188,21 @@ absl::Status Job::RestorePart(const v1::RestorePartRequest& request, bool health
   own_part_->DropLocked(
       absl::AbortedError(absl::StrCat("job ", spec_.name, " was restored to version ", meta.version,
                                       " while its part was written")));
-  {
-    std::lock_guard lock(mu_);
-    generation_ = request.generation();
-    health_.BeginRestore();
-    // A checkpoint waiting for a version the restore undoes would wait for
-    // steps its own caller has to redo first (a worker blocked in it pushes
-    // nothing): it fails now, and the caller asks again later.
-    checkpoints_.FailWaiting([&](int64_t min_version) {
-      return absl::AbortedError(absl::StrCat("job ", spec_.name, " was restored to version ",
-                                             meta.version, " while this checkpoint (of version ",
-                                             min_version, " or later) waited; ask again"));
-    });
-  }
+  // A checkpoint waiting for a version the restore undoes would wait for
+  // steps its own caller has to redo first (a worker blocked in it pushes
+  // nothing): it fails now, and the caller asks again later. (One asked
+  // from here on finds the job restoring, and fails with that.)
+  checkpoints_.FailWaiting([&](int64_t min_version) {
+    return absl::AbortedError(absl::StrCat("job ", spec_.name, " was restored to version ",
+                                           meta.version, " while this checkpoint (of version ",
+                                           min_version, " or later) waited; ask again"));
+  });
+  position_.BeginRestore(request.generation());
   // A rollback makes a new instance: calls from clients that opened the job
   // before it belong to steps it undoes, and are told where the job is now.
   if (request.rollback()) incarnation_ = job_internal::NewIncarnation();
   // Aborts the step in progress and drops what the old generation sent.
   coordinator_->Restart(request.generation(), meta.version + 1);
-  cv_.notify_all();
   // Aborts the pushes that wait and forgets what was delivered.
   accum_->Reset(meta.version + 1);
   // The version the next step computes on, if the checkpoint kept it and
@@ -276,25 +232,16 @@ absl::Status Job::RestorePart(const v1::RestorePartRequest& request, bool health
   versions_->CommitBase(previous == ParamVersions::Previous::kStored && versions_->from_master()
                             ? UndoOf(RestoredStepConstants(meta))
                             : ParamVersions::Undo());
-  {
-    std::lock_guard lock(mu_);
-    version_ = meta.version;
-    base_version_ = meta.version;
-    oldest_version_ = previous == ParamVersions::Previous::kNone ? meta.version : meta.version - 1;
-    const LastStep last = LastStepOf(meta, spec_.config);
-    steps_.Restore(meta, last, /*keeps_previous=*/oldest_version_ < meta.version);
-    checkpoints_.Restored(meta.version);
-    if (last.derived) {
-      ZO_LOG(INFO) << "job " << spec_.name << ": checkpoint " << request.path()
-                   << " predates last_step; last_lr recomputed from the schedule, last_grad_norm "
-                      "reads 0 until the next step";
-    }
-    // Pulls that waited re-check their instance (and hear of the restore).
-    resources_.wakes->Post(version_waiters_.TakeAll());
-    health_.EndRestore(status, request.path(), healthy_after);
-    step_clock_.Reopen(absl::Now());
+  const LastStep last = LastStepOf(meta, spec_.config);
+  if (last.derived) {
+    ZO_LOG(INFO) << "job " << spec_.name << ": checkpoint " << request.path()
+                 << " predates last_step; last_lr recomputed from the schedule, last_grad_norm "
+                    "reads 0 until the next step";
   }
-  cv_.notify_all();
+  checkpoints_.Restored(meta.version);
+  position_.EndRestore(meta, last,
+                       previous == ParamVersions::Previous::kNone ? meta.version : meta.version - 1,
+                       status, request.path(), healthy_after);
   return status;
 }
 

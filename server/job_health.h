@@ -14,8 +14,8 @@
 // JobStatus.restores), the job marked lost for good, and a follower's wait
 // for its lead's restore (opened by the lead, or its lead lost the job).
 //
-// Not thread-safe on its own: it is guarded by its job's mu_, since health
-// is read with the job's version on every call's path. Only
+// Not thread-safe on its own: JobPosition guards it with its mutex, since
+// health is read with the job's version on every call's path. Only
 // AwaitingLeadRestore and WaitsForLostLead read without it.
 #ifndef ZO_SERVER_JOB_HEALTH_H_
 #define ZO_SERVER_JOB_HEALTH_H_
@@ -32,7 +32,7 @@ namespace zo {
 
 class JobHealth {
  public:
-  // `on_change(health)` runs on every change, under the job's lock: the job
+  // `on_change(health)` runs on every change, under JobPosition's mutex: the job
   // closes its accumulator and wakes the pulls that wait, or reopens it.
   // `lead`: the lead server's address, for messages.
   JobHealth(std::string job, std::string lead, std::function<void(const absl::Status&)> on_change);
@@ -110,7 +110,7 @@ class JobHealth {
   int64_t restores_done_ = 0;
   bool lost_ = false;
   // Follower: why this part waits for the lead's restore (EndRestore ends
-  // either). Written under the job's lock; read without it where a step
+  // either). Written under JobPosition's mutex; read without it where a step
   // would pay for the lock.
   enum class LeadRestoreWait {
     kNone,

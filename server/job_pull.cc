@@ -29,29 +29,10 @@ absl::Status Job::CheckPullRequest(const v1::PullParamsRequest& request) const {
 
 absl::StatusOr<bool> Job::AwaitVersion(int64_t version, std::function<void()> wake,
                                        WaitList::Ticket* ticket, bool while_written) {
-  std::lock_guard lock(mu_);
-  *ticket = WaitList::kNone;
-  if (stop_) return stop_reason_;
-  // Until a restore ends, versions the job has are being replaced (and
-  // may be ones it will not have).
-  if (health_.restoring()) {
-    *ticket = version_waiters_.Add(version, std::move(wake));
-    return false;
-  }
-  if (version_ >= version || (while_written && writing_version_ == version)) return true;
-  if (!health_.ok()) {
-    const absl::Status why = health_.NeedsRestore();
-    return absl::Status(why.code(),
-                        absl::StrCat("version ", version, " will not come yet: ", why.message()));
-  }
-  *ticket = version_waiters_.Add(version, std::move(wake));
-  return false;
+  return position_.AwaitVersion(version, std::move(wake), ticket, while_written);
 }
 
-bool Job::CancelVersionWait(WaitList::Ticket ticket) {
-  std::lock_guard lock(mu_);
-  return version_waiters_.Remove(ticket);
-}
+bool Job::CancelVersionWait(WaitList::Ticket ticket) { return position_.CancelVersionWait(ticket); }
 
 absl::Status Job::WaitForVersion(int64_t version, absl::Time deadline, uint64_t incarnation) {
   for (;;) {
@@ -62,40 +43,22 @@ absl::Status Job::WaitForVersion(int64_t version, absl::Time deadline, uint64_t 
                                             version, [woken] { woken->Notify(); }, &ticket));
     if (has) return absl::OkStatus();
     if (!woken->WaitForNotificationWithDeadline(deadline) && CancelVersionWait(ticket)) {
-      std::lock_guard lock(mu_);
+      const int64_t now_at = position_.version();
       return absl::DeadlineExceededError(
           absl::StrCat("version ", version, " of job ", spec_.name,
-                       " did not exist before the deadline (the job is at version ", version_,
-                       ", waiting for gradients of step ", version_ + 1, ")"));
+                       " did not exist before the deadline (the job is at version ", now_at,
+                       ", waiting for gradients of step ", now_at + 1, ")"));
     }
   }
 }
 
-absl::Status Job::AwaitWritten(int64_t version) {
-  std::unique_lock lock(mu_);
-  cv_.wait(lock, [&] { return writing_version_ != version || stop_; });
-  if (version_ >= version) return absl::OkStatus();
-  return absl::FailedPreconditionError(
-      absl::StrCat("version ", version, " of job ", spec_.name,
-                   " was read as its update wrote it, but the update did not end it (the job is "
-                   "at version ",
-                   version_, "): pull again"));
-}
+absl::Status Job::AwaitWritten(int64_t version) { return position_.AwaitWritten(version); }
 
 absl::StatusOr<PullCursor> Job::OpenPull(const v1::PullParamsRequest& request, bool while_written) {
   ZO_RETURN_IF_ERROR(CheckPullRequest(request));
-  double loss_scale = 1.0;
-  int64_t restores_begun = 0;
-  {
-    std::lock_guard lock(mu_);
-    if (health_.restoring()) return RestoredWhileOpening();
-    restores_begun = health_.restores_begun();
-    if (version_ < request.version() && !(while_written && writing_version_ == request.version())) {
-      return absl::FailedPreconditionError(absl::StrCat("version ", request.version(), " of job ",
-                                                        spec_.name, " does not exist yet"));
-    }
-    loss_scale = steps_.ScaleFor(request.version());
-  }
+  ZO_ASSIGN_OR_RETURN(const JobPosition::Opening opening,
+                      position_.OpenPull(request.version(), while_written));
+  const double loss_scale = opening.loss_scale;
   if (request.have_version() >= 0) {
     const std::optional<int64_t> want = versions_->DataVersion(request.version());
     const std::optional<int64_t> have = versions_->DataVersion(request.have_version());
@@ -106,10 +69,7 @@ absl::StatusOr<PullCursor> Job::OpenPull(const v1::PullParamsRequest& request, b
   if (!lease.ok()) {
     // A restore that began since the checks above replaced the versions.
     ZO_RETURN_IF_ERROR(CheckIncarnation(request.incarnation()));
-    std::lock_guard lock(mu_);
-    if (health_.restoring() || health_.restores_begun() != restores_begun) {
-      return RestoredWhileOpening();
-    }
+    if (position_.RestoredSince(opening.restores_begun)) return position_.RestoredWhileOpening();
     return lease.status();
   }
   return PullCursor::Serving(request.version(), loss_scale, spec_.dtype, *std::move(lease),
@@ -158,24 +118,17 @@ absl::StatusOr<PullFills::Id> Job::RegisterPullInto(const v1::PullParamsRequest&
   return RegisterCopies(request.version(), std::move(copies));
 }
 
-bool Job::CanFill(int64_t version) const {
-  if (fills_ == nullptr) return false;
-  std::lock_guard lock(mu_);
-  return !health_.restoring() && !stop_ && version == version_ + 1;
-}
+bool Job::CanFill(int64_t version) const { return fills_ != nullptr && position_.MayFill(version); }
 
 absl::StatusOr<PullFills::Id> Job::RegisterCopies(int64_t version,
                                                   std::vector<PullFills::Copy> copies) {
-  std::lock_guard lock(mu_);  // the update begins under it too
-  if (health_.restoring() || stop_) return 0;
-  if (version == version_ + 1 && writing_version_ < 0) {
-    return fills_->Register(version, std::move(copies), nullptr);
-  }
-  if (version == writing_version_) {
-    return fills_->Register(version, std::move(copies),
-                            [&] { return versions_->DoneRanges(version); });
-  }
-  return 0;
+  // Under the position's mutex, which the update begins under too.
+  return position_.RegisterFill(
+      version, [&] { return fills_->Register(version, std::move(copies), nullptr); },
+      [&] {
+        return fills_->Register(version, std::move(copies),
+                                [&] { return versions_->DoneRanges(version); });
+      });
 }
 
 std::optional<InProcessRoute::PullResult> Job::TakeFilledPull(int64_t version, PullFills::Id id) {
@@ -193,20 +146,12 @@ std::optional<InProcessRoute::PullResult> Job::TakeFilledPull(int64_t version, P
       });
   const std::optional<int64_t> bytes = fills_->Take(id);
   if (!bytes.has_value() || !read.ok()) return std::nullopt;
-  std::lock_guard lock(mu_);
   return InProcessRoute::PullResult{
-      .unchanged = false, .loss_scale = steps_.ScaleFor(version), .bytes = *bytes};
+      .unchanged = false, .loss_scale = position_.ScaleFor(version), .bytes = *bytes};
 }
 
 void Job::WithdrawPull(PullFills::Id id) {
   if (fills_ != nullptr && id != 0) fills_->Withdraw(id);
-}
-
-absl::Status Job::RestoredWhileOpening() const {
-  // UNAVAILABLE: the client asks again, and then waits for the restore.
-  return absl::UnavailableError(absl::StrCat("job ", spec_.name,
-                                             " was being restored while this pull opened; "
-                                             "pull again"));
 }
 
 absl::Status Job::PullParams(const v1::PullParamsRequest& request, absl::Time deadline,

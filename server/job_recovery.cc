@@ -23,67 +23,39 @@ RecoveryActions Job::RecoveryActionsForThis() {
             return Restore(path, absl::Now() + absl::Minutes(10), /*rollback=*/true);
           },
       .latest_checkpoint = [this] { return restore_.Latest(); },
-      .version =
-          [this] {
-            std::lock_guard lock(mu_);
-            return version_;
-          },
+      .version = [this] { return position_.version(); },
       .mark_lost = [this](const std::string& what,
                           const absl::Status& why) { MarkLost(what, why); },
-      .gave_up =
-          [this] {
-            std::lock_guard lock(mu_);
-            return stop_ || health_.lost();
-          },
-      .own_part_failed =
-          [this](const absl::Status& why) {
-            std::lock_guard lock(mu_);
-            health_.OwnPartFailed(why);
-          },
+      .gave_up = [this] { return position_.gave_up(); },
+      .own_part_failed = [this](const absl::Status& why) { position_.OwnPartFailed(why); },
   };
 }
 
 void Job::RecoverOwnPart(int64_t followers_version) {
-  {
-    std::lock_guard lock(mu_);
-    health_.RecoveringOwnPart(followers_version);
-  }
+  position_.RecoveringOwnPart(followers_version);
   recovery_.RecoverOwnPart(followers_version);
 }
 
 void Job::MarkLost(const std::string& what_happened, const absl::Status& why) {
-  std::lock_guard lock(mu_);
-  if (health_.lost() || stop_) return;
   const std::string what = absl::StrCat(
       what_happened, ", and no checkpoint can bring it back (", why.message(),
       "): the job is lost. Close it (zo-ctl close --job ", spec_.name,
       ") and train it again, or restore a checkpoint of it kept elsewhere (zo-ctl restore --job ",
       spec_.name, " --checkpoint PATH)");
-  ZO_LOG(ERROR) << "job " << spec_.name << ": " << what;
-  health_.MarkLost(what);
+  if (position_.MarkLost(what)) ZO_LOG(ERROR) << "job " << spec_.name << ": " << what;
 }
 
 void Job::LeadLostTheJob(const absl::Status& answer) {
-  std::lock_guard lock(mu_);
   // Before the first commit the lead may not have created its part yet (the
   // workers open every server at once, and a follower with nothing to wait
-  // for reports at once): that is not a loss.
-  if (stop_ || version_ == 0) return;
-  health_.LeadLost(answer);
+  // for reports at once): that is not a loss. JobPosition::LeadLost ignores it.
+  position_.LeadLost(answer);
 }
 
-void Job::LeadAnswered() {
-  // Every report of every step comes here: no lock unless there is news.
-  if (!health_.WaitsForLostLead()) return;
-  std::lock_guard lock(mu_);
-  health_.LeadAnswered();
-}
+void Job::LeadAnswered() { position_.LeadAnswered(); }
 
-void Job::AwaitLeadRestore() {
-  std::lock_guard lock(mu_);
-  health_.AwaitLeadRestore();
-}
+void Job::AwaitLeadRestore() { position_.AwaitLeadRestore(); }
 
-bool Job::AwaitingLeadRestore() const { return health_.AwaitingLeadRestore(); }
+bool Job::AwaitingLeadRestore() const { return position_.AwaitingLeadRestore(); }
 
 }  // namespace zo

@@ -9,7 +9,7 @@
 //   if (std::unique_lock slice = lock.TryForSlice()) { ... }       // a capture
 //   { std::lock_guard whole(lock.mutex()); ... }                   // the rest
 //
-// Thread-safe. Taken before the job's mu_.
+// Thread-safe. Taken before the job's position (server/job_position.h).
 #ifndef ZO_SERVER_JOB_STATE_LOCK_H_
 #define ZO_SERVER_JOB_STATE_LOCK_H_
 

@@ -23,11 +23,6 @@
 
 namespace zo {
 
-bool Job::ReadyToReportLocked() const {
-  // Between steps every chunk takes gradients for step version_ + 1.
-  return health_.ok() && accum_->Ready();
-}
-
 v1::StepStats Job::ComputeStepStats(int64_t step, int64_t generation) {
   v1::StepStats stats;
   stats.set_job(spec_.name);
@@ -45,61 +40,51 @@ v1::StepStats Job::ComputeStepStats(int64_t step, int64_t generation) {
 }
 
 void Job::StepLoop() {
-  std::unique_lock lock(mu_);
+  const JobPosition::WorkTests tests = StepWorkTests();
   for (;;) {
-    if (applying_) {
-      applying_ = false;
-      cv_.notify_all();
-    }
-    AwaitWorkLocked(lock);
-    if (stop_) return;
-    if (CheckpointDueLocked()) {
-      RunCheckpointLocked(lock);
-    } else {
-      RunStepLocked(lock);
+    const JobPosition::Work work = position_.AwaitWork(tests);
+    switch (work.kind) {
+      case JobPosition::Work::Kind::kStop:
+        return;
+      case JobPosition::Work::Kind::kCheckpoint:
+        checkpoints_.Run(work.version, work.generation, work.health);
+        break;
+      case JobPosition::Work::Kind::kStep:
+        RunStep(work);
+        break;
     }
   }
 }
 
-bool Job::CheckpointDueLocked() const {
-  return is_lead() && checkpoints_.Due(version_, health_.ok());
-}
-
-void Job::AwaitWorkLocked(std::unique_lock<std::mutex>& lock) {
-  const auto due = [&] {
-    return stop_ || CheckpointDueLocked() || (ReadyToReportLocked() && !checkpoints_.frozen());
+JobPosition::WorkTests Job::StepWorkTests() {
+  return {
+      .checkpoint_due =
+          [this](int64_t version, bool healthy) {
+            return is_lead() && checkpoints_.Due(version, healthy);
+          },
+      .step_ready = [this] { return accum_->Ready() && !checkpoints_.frozen(); },
+      // While the lead waits for gradients, it checks every few seconds
+      // that its followers still have the job: one that restarted empty
+      // leaves the workers unable to push, and nothing else would tell.
+      .idle =
+          [this] {
+            if (is_lead() && spec_.servers.size() >= 2 && !checkpoints_.frozen()) {
+              recovery_.Probe();
+            }
+          },
   };
-  // While the lead waits for gradients, it checks every few seconds that
-  // its followers still have the job: one that restarted empty leaves the
-  // workers unable to push, and nothing else would tell.
-  while (!cv_.wait_for(lock, std::chrono::seconds(2), due)) {
-    if (!is_lead() || spec_.servers.size() < 2 || checkpoints_.frozen()) continue;
-    lock.unlock();
-    recovery_.Probe();
-    lock.lock();
-  }
 }
 
-void Job::RunCheckpointLocked(std::unique_lock<std::mutex>& lock) {
-  const int64_t version = version_;
-  const int64_t generation = generation_;
-  const absl::Status health = health_.ok() ? absl::OkStatus() : health_.NeedsRestore();
-  lock.unlock();
-  checkpoints_.Run(version, generation, health);
-  lock.lock();
-}
-
-void Job::RunStepLocked(std::unique_lock<std::mutex>& lock) {
-  const int64_t step = version_ + 1;  // the open step
-  const int64_t generation = generation_;
+void Job::RunStep(const JobPosition::Work& work) {
+  // Between steps every chunk takes gradients for the open step.
+  const int64_t step = work.version + 1;
+  const int64_t generation = work.generation;
   // The scale the step's gradients carry: with DPU, that of the older
   // version the workers computed on.
   const double scale_used =
-      steps_.ScaleFor(VersionForStep(spec_.config.zo.dpu, step, oldest_version_));
-  lock.unlock();
+      position_.ScaleFor(VersionForStep(spec_.config.zo.dpu, step, work.oldest_version));
 
-  StepTimes times;
-  times.ready = absl::Now();
+  const absl::Time ready = absl::Now();
   v1::StepStats stats;
   {
     JobStateLock::ForStep hold(state_lock_);
@@ -107,55 +92,34 @@ void Job::RunStepLocked(std::unique_lock<std::mutex>& lock) {
   }
   const std::optional<v1::StepCommit> decided =
       is_lead() ? coordinator_->LeadRound(stats, scale_used) : coordinator_->FollowerRound(stats);
-  lock.lock();
-  if (!decided.has_value() || AbortedLocked(generation)) return;
+  if (!decided.has_value() || !position_.BeginApplying(generation)) return;
   const v1::StepCommit& commit = *decided;
-  applying_ = true;
-  lock.unlock();
 
-  times.update_start = absl::Now();
+  const absl::Time update_start = absl::Now();
   absl::Status applied;
   {
     JobStateLock::ForStep hold(state_lock_);
     applied = Apply(commit);
   }
-  times.update_end = absl::Now();
-  lock.lock();
-  writing_version_ = -1;
-  // The pulls the update wrote are answered once the version is the
-  // job's (a status asked after them shows it), or told it is not.
-  absl::Cleanup fills_answered = [&] {
-    if (fills_ != nullptr) fills_->EndUpdate(step, generation == generation_ && applied.ok());
+  const absl::Time update_end = absl::Now();
+  const JobPosition::UpdateEndHooks hooks{
+      // The pulls the update wrote are answered once the version is the
+      // job's (a status asked after them shows it), or told it is not.
+      .fills_end =
+          [&](bool made) {
+            if (fills_ != nullptr) fills_->EndUpdate(step, made);
+          },
+      .advanced = [&](int64_t s) { coordinator_->Advance(s); },
   };
-  if (generation != generation_) return;
-  if (!applied.ok()) {
-    health_.Fail(applied);
-    ZO_LOG(ERROR) << "job " << spec_.name << ": step " << step
-                  << " failed; the job needs restore from a checkpoint: " << applied;
-    cv_.notify_all();
-    return;
-  }
-  const absl::Duration wait = RecordStepLocked(commit, times);
-  // Pulls the update wrote are answered before the version's waiters wake.
-  std::move(fills_answered).Invoke();
-  resources_.wakes->Post(version_waiters_.TakeUpTo(version_));
-  cv_.notify_all();
-  LogStep(commit, wait, times.update_end - times.update_start);
-}
-
-absl::Duration Job::RecordStepLocked(const v1::StepCommit& commit, const StepTimes& times) {
-  const int64_t step = commit.step();
-  version_ = step;
-  coordinator_->Advance(step);
-  steps_.Record(commit);
-  if (!commit.failure().empty()) {
-    // Skipping on cannot help; a restore (after a config change) clears it.
-    health_.Fail(absl::FailedPreconditionError(commit.failure()));
-    ZO_LOG(ERROR) << commit.failure();
-  }
-  const absl::Duration wait = step_clock_.Ended(times.ready, times.update_end);
-  counters_.AddStep(commit.skip(), wait, times.update_end - times.update_start);
-  return wait;
+  const std::optional<absl::Duration> wait = position_.EndUpdate({.commit = &commit,
+                                                                  .generation = generation,
+                                                                  .applied = applied,
+                                                                  .ready = ready,
+                                                                  .update_end = update_end},
+                                                                 hooks);
+  if (!wait.has_value()) return;
+  counters_.AddStep(commit.skip(), *wait, update_end - update_start);
+  LogStep(commit, *wait, update_end - update_start);
 }
 
 std::vector<double> Job::GroupLrOf(const v1::StepCommit& commit) const {
@@ -218,13 +182,9 @@ absl::Status Job::Apply(const v1::StepCommit& commit) {
     void* lp = versions_->BeginWrite(keeps ? UndoOf(c) : nullptr);
     if (versions_->from_master()) {
       // Pulls on the in-process route may read the new version as its
-      // ranges are done; they get its loss scale now. Waiters for it wake
-      // (a gRPC pull's wait finds it not there yet and waits again).
-      std::lock_guard lock(mu_);
-      steps_.SetScale(commit.step(), commit.next_loss_scale());
-      writing_version_ = commit.step();
-      fills_->BeginUpdate(commit.step());
-      resources_.wakes->Post(version_waiters_.TakeUpTo(writing_version_));
+      // ranges are done; they get its loss scale now, and its waiters wake.
+      position_.BeginWriting(commit.step(), commit.next_loss_scale(),
+                             [&] { fills_->BeginUpdate(commit.step()); });
     }
     TieredOptimizerState::TileUpdated tile_done;
     if (keeps) {

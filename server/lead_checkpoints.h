@@ -6,8 +6,8 @@
 //
 // It acts on its job only through CheckpointActions (this server's own part,
 // the job's side of the commit record, waking the step loop), and takes
-// none of the job's locks itself; the job may call Due, frozen, FailWaiting,
-// Stop, Restored and AddTo holding its own lock (which then comes first).
+// none of the job's locks itself; the job may call Due and frozen holding
+// its position's mutex (which then comes first).
 // Thread-safe.
 #ifndef ZO_SERVER_LEAD_CHECKPOINTS_H_
 #define ZO_SERVER_LEAD_CHECKPOINTS_H_

@@ -3,7 +3,7 @@
 // and how long a checkpoint's NVMe part may wait for the next step to
 // carry it (OwnCheckpointPart::Finish).
 //
-// A value: not thread-safe on its own (a job guards it with its mu_).
+// A value: not thread-safe on its own (JobPosition guards it with its mutex).
 #ifndef ZO_SERVER_STEP_CLOCK_H_
 #define ZO_SERVER_STEP_CLOCK_H_
 

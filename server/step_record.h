@@ -4,7 +4,7 @@
 // norm, learning rate(s) and skip, as JobStatus shows them and a checkpoint
 // keeps them.
 //
-// A value: not thread-safe on its own (a job guards it with its mu_).
+// A value: not thread-safe on its own (JobPosition guards it with its mutex).
 #ifndef ZO_SERVER_STEP_RECORD_H_
 #define ZO_SERVER_STEP_RECORD_H_
 
