@@ -64,6 +64,16 @@ class Backend {
   // Bytes the device can still allocate, where that is a separate budget
   // (a GPU's memory); nullopt for host memory.
   virtual std::optional<int64_t> FreeDeviceMemory() const { return std::nullopt; }
+  // Bytes of the tensors this backend made that are still alive, counted
+  // at their storage dtype's size (what a device holds for them), and the
+  // most at once since the last ResetPeakAllocation: what a device memory
+  // budget is checked against. nullopt where the backend does not count.
+  struct Allocation {
+    int64_t live_bytes = 0;
+    int64_t peak_bytes = 0;
+  };
+  virtual std::optional<Allocation> allocation() const { return std::nullopt; }
+  virtual void ResetPeakAllocation() {}
   // Host memory for DownloadAsync: page-locked where the device copies into
   // it directly (CUDA), ordinary memory otherwise. Freed with the pointer.
   virtual std::shared_ptr<std::byte> AllocateHost(size_t bytes);

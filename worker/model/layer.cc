@@ -8,9 +8,9 @@ int64_t Layer::param_count() const {
   return n;
 }
 
-void Layer::Bind(backend::Backend& backend, DType dtype, bool grads) {
+void Layer::Bind(backend::Backend& backend, DType dtype, bool grads, bool values) {
   for (Param& p : params_) {
-    p.value = backend.Zeros(dtype, p.shape);
+    p.value = values ? backend.Zeros(dtype, p.shape) : backend::Tensor();
     p.grad = grads ? backend.Zeros(DType::kFloat32, p.shape) : backend::Tensor();
   }
 }

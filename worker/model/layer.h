@@ -48,9 +48,11 @@ class Layer {
   const std::deque<Param>& params() const { return params_; }
   int64_t param_count() const;
 
-  // Allocates every parameter's value (in `dtype`) and, with `grads`, its
-  // fp32 gradient (without: the caller allocates one when it needs it).
-  void Bind(backend::Backend& backend, DType dtype, bool grads = true);
+  // Allocates every parameter's value (in `dtype`) unless `values` is false
+  // (a streaming stage's window uploads them when the layer computes) and,
+  // with `grads`, its fp32 gradient (without: the caller allocates one when
+  // it needs it).
+  void Bind(backend::Backend& backend, DType dtype, bool grads = true, bool values = true);
 
   // `x` is the previous layer's output, undefined for a model's first layer
   // (which reads the micro-batch). Returns this layer's output in the

@@ -10,12 +10,20 @@ namespace zo::model {
 
 using backend::Tensor;
 
+absl::StatusOr<std::vector<absl::Span<const std::byte>>> ParamLink::LoadHostWeights(
+    int64_t, absl::Span<Param* const>) {
+  return absl::UnimplementedError(
+      "this link keeps no host copy of the weights: a stage cannot stream its parameters through "
+      "it");
+}
+
 absl::StatusOr<std::unique_ptr<ModelStage>> ModelStage::Create(
     backend::Backend& backend, Model& model, std::vector<int> bounds, const StageOptions& options,
     BatchSource& source, ParamLink& link) {
   const int virtual_stages = options.stages * options.chunks;
   if (options.stage < 0 || options.stage >= options.stages || options.chunks < 1 ||
-      options.micro_batches < 1 || options.checkpoint_every < 0) {
+      options.micro_batches < 1 || options.checkpoint_every < 0 ||
+      options.weight_window_bytes < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "stage ", options.stage, " of ", options.stages, " with ", options.chunks, " chunks, ",
         options.micro_batches, " micro-batches, checkpoint every ", options.checkpoint_every));
@@ -31,8 +39,25 @@ absl::StatusOr<std::unique_ptr<ModelStage>> ModelStage::Create(
       return absl::InvalidArgumentError(absl::StrCat("virtual stage ", v, " has no layers"));
     }
   }
-  return std::unique_ptr<ModelStage>(
+  if (options.weight_window_bytes > 0 && !options.push_every_micro_batch) {
+    return absl::InvalidArgumentError(
+        "streaming a stage's parameters needs each micro-batch's gradients pushed as its "
+        "backward makes them (zo.gradient_accumulation \"servers\"): summed on the device they "
+        "would keep a gradient of every weight there");
+  }
+  std::unique_ptr<ModelStage> stage(
       new ModelStage(backend, model, std::move(bounds), options, source, link));
+  if (stage->window_ != nullptr) {
+    std::vector<const Layer*> layers;
+    for (int c = 0; c < options.chunks; ++c) {
+      const int v = stage->VirtualStage(c);
+      for (int j = stage->bounds_[v]; j < stage->bounds_[v + 1]; ++j) {
+        layers.push_back(model.layers[j].get());
+      }
+    }
+    ZO_RETURN_IF_ERROR(stage->window_->CheckFits(layers));
+  }
+  return stage;
 }
 
 ModelStage::ModelStage(backend::Backend& backend, Model& model, std::vector<int> bounds,
@@ -43,12 +68,17 @@ ModelStage::ModelStage(backend::Backend& backend, Model& model, std::vector<int>
       options_(options),
       source_(source),
       link_(link) {
+  const bool streams = options_.weight_window_bytes > 0;
+  if (streams) {
+    window_ = std::make_unique<ParamWindow>(backend_, options_.dtype, options_.weight_window_bytes);
+  }
   // Manifest order is layer order, and a stage's chunks are in layer order.
   for (int c = 0; c < options_.chunks; ++c) {
     const int v = VirtualStage(c);
     for (int j = bounds_[v]; j < bounds_[v + 1]; ++j) {
       Layer& layer = *model_.layers[j];
-      layer.Bind(backend_, options_.dtype, /*grads=*/!options_.push_every_micro_batch);
+      layer.Bind(backend_, options_.dtype, /*grads=*/!options_.push_every_micro_batch,
+                 /*values=*/!streams);
       for (Param& p : layer.params()) params_.push_back(&p);
     }
   }
@@ -68,9 +98,38 @@ absl::Status ModelStage::BeginStep(int64_t step) {
   if (!options_.push_every_micro_batch) {
     for (Param* p : params_) backend_.SetZero(p->grad);
   }
-  ZO_RETURN_IF_ERROR(link_.LoadWeights(step, params_));
+  if (window_ != nullptr) {
+    ZO_RETURN_IF_ERROR(LoadHostWeights(step));
+  } else {
+    ZO_RETURN_IF_ERROR(link_.LoadWeights(step, params_));
+  }
   loss_scale_ = link_.LossScale(step);
   return absl::OkStatus();
+}
+
+absl::Status ModelStage::LoadHostWeights(int64_t step) {
+  ZO_ASSIGN_OR_RETURN(const std::vector<absl::Span<const std::byte>> host,
+                      link_.LoadHostWeights(step, params_));
+  if (host.size() != params_.size()) {
+    return absl::InternalError(absl::StrCat("the link gave host weights for ", host.size(),
+                                            " parameters of the stage's ", params_.size()));
+  }
+  std::map<const Param*, absl::Span<const std::byte>> by_param;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const int64_t want = params_[i]->numel() * static_cast<int64_t>(DTypeSize(options_.dtype));
+    if (static_cast<int64_t>(host[i].size()) != want) {
+      return absl::InternalError(absl::StrCat("host weights of ", params_[i]->name, ": ",
+                                              host[i].size(), " bytes, not ", want));
+    }
+    by_param.emplace(params_[i], host[i]);
+  }
+  window_->Reset(std::move(by_param));
+  return absl::OkStatus();
+}
+
+absl::Status ModelStage::Weights(int j) {
+  if (window_ == nullptr) return absl::OkStatus();
+  return window_->Fetch(*model_.layers[j]);
 }
 
 absl::StatusOr<const MicroBatch*> ModelStage::Batch(int micro_batch) {
@@ -90,10 +149,12 @@ absl::Status ModelStage::LoadMicroBatch(int64_t step, int micro_batch) {
   return Batch(micro_batch).status();
 }
 
-Tensor ModelStage::RunForward(int begin, int end, int first, Tensor x, const MicroBatch& mb,
-                              std::vector<Saved>& saved) {
-  for (int j = begin; j < end; ++j)
+absl::StatusOr<Tensor> ModelStage::RunForward(int begin, int end, int first, Tensor x,
+                                              const MicroBatch& mb, std::vector<Saved>& saved) {
+  for (int j = begin; j < end; ++j) {
+    ZO_RETURN_IF_ERROR(Weights(j));
     x = model_.layers[j]->Forward(backend_, x, mb, saved[j - first]);
+  }
   return x;
 }
 
@@ -110,14 +171,14 @@ absl::StatusOr<Tensor> ModelStage::Forward(int micro_batch, int chunk, Tensor in
   const int k = options_.checkpoint_every;
   Tensor x = std::move(input);
   if (k == 0) {
-    x = RunForward(begin, end, begin, std::move(x), *mb, live.saved);
+    ZO_ASSIGN_OR_RETURN(x, RunForward(begin, end, begin, std::move(x), *mb, live.saved));
   } else {
     // Keep each run's input; what the run's layers save is dropped here and
     // rebuilt by the backward.
     for (int run = begin; run < end; run += k) {
       live.run_inputs.push_back(x);
       const int run_end = std::min(end, run + k);
-      x = RunForward(run, run_end, begin, std::move(x), *mb, live.saved);
+      ZO_ASSIGN_OR_RETURN(x, RunForward(run, run_end, begin, std::move(x), *mb, live.saved));
       for (int j = run; j < run_end; ++j) live.saved[j - begin].clear();
     }
   }
@@ -156,8 +217,11 @@ absl::StatusOr<Tensor> ModelStage::Backward(int micro_batch, int chunk, Tensor g
     if (k > 0 && ((j - begin) % k == k - 1 || j == end - 1)) {
       // Recompute the run that ends at j from its saved input.
       const int run = begin + (j - begin) / k * k;
-      RunForward(run, j + 1, begin, live.run_inputs[(j - begin) / k], *mb, live.saved);
+      ZO_RETURN_IF_ERROR(
+          RunForward(run, j + 1, begin, live.run_inputs[(j - begin) / k], *mb, live.saved)
+              .status());
     }
+    ZO_RETURN_IF_ERROR(Weights(j));
     std::deque<Param>& params = model_.layers[j]->params();
     if (options_.push_every_micro_batch) {
       for (Param& p : params) p.grad = backend_.Zeros(DType::kFloat32, p.shape);

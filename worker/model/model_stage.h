@@ -11,6 +11,7 @@
 #ifndef ZO_WORKER_MODEL_MODEL_STAGE_H_
 #define ZO_WORKER_MODEL_MODEL_STAGE_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -21,6 +22,7 @@
 #include "absl/types/span.h"
 #include "worker/backend/backend.h"
 #include "worker/model/model.h"
+#include "worker/model/param_window.h"
 #include "worker/pipeline/stage_module.h"
 
 namespace zo::model {
@@ -40,6 +42,12 @@ class ParamLink {
   virtual absl::Status PushGradient(int64_t step, const Param& param, int micro_batch) = 0;
   // Every gradient of `step` is acknowledged.
   virtual absl::Status FinishStep(int64_t step) = 0;
+  // Parameter streaming (StageOptions::weight_window_bytes), instead of
+  // LoadWeights: the weights to compute `step` with, left in host memory,
+  // one span of bytes in the params' dtype per param, in order, valid until
+  // the next call. UNIMPLEMENTED by a link that keeps no host copy.
+  virtual absl::StatusOr<std::vector<absl::Span<const std::byte>>> LoadHostWeights(
+      int64_t step, absl::Span<Param* const> params);
 };
 
 class BatchSource {
@@ -59,6 +67,12 @@ struct StageOptions {
   // micro-batch's gradients go to the link as the backward passes their
   // layer (with one micro-batch this equals the default, minus the memory).
   bool push_every_micro_batch = false;
+  // Parameter streaming: at most this many bytes of the stage's weights on
+  // the device at once, whole layers, uploaded from the link's host copy as
+  // each layer computes (param_window.h); 0: every weight stays on the
+  // device. Needs push_every_micro_batch, so that no gradient outlives its
+  // layer's backward.
+  int64_t weight_window_bytes = 0;
 };
 
 class ModelStage final : public pipeline::StageModule {
@@ -87,6 +101,8 @@ class ModelStage final : public pipeline::StageModule {
   // Mean loss over the micro-batches of the last finished step (unscaled);
   // meaningful only when has_loss().
   double step_loss() const { return step_loss_; }
+  // The streaming window; null when every weight stays on the device.
+  const ParamWindow* window() const { return window_.get(); }
 
  private:
   struct Live {  // one (micro-batch, chunk) between its forward and backward
@@ -102,8 +118,12 @@ class ModelStage final : public pipeline::StageModule {
   bool IsLastVirtual(int chunk) const;
   absl::StatusOr<const MicroBatch*> Batch(int micro_batch);
   // Forward of layers [begin, end) of the model from x, filling saved[j - first].
-  backend::Tensor RunForward(int begin, int end, int first, backend::Tensor x, const MicroBatch& mb,
-                             std::vector<Saved>& saved);
+  absl::StatusOr<backend::Tensor> RunForward(int begin, int end, int first, backend::Tensor x,
+                                             const MicroBatch& mb, std::vector<Saved>& saved);
+  // Layer j's weights are on the device (streaming: the window fetches them).
+  absl::Status Weights(int j);
+  // Streaming: the window gets the step's host copies of the weights.
+  absl::Status LoadHostWeights(int64_t step);
 
   backend::Backend& backend_;
   Model& model_;
@@ -112,6 +132,7 @@ class ModelStage final : public pipeline::StageModule {
   BatchSource& source_;
   ParamLink& link_;
   std::vector<Param*> params_;
+  std::unique_ptr<ParamWindow> window_;  // streaming only
 
   int64_t step_ = -1;
   double loss_scale_ = 1;

@@ -92,11 +92,27 @@ Tensor CpuBackend::Empty(DType dtype, Shape shape) {
   const int64_t n = NumElements(shape);
   // 64-byte aligned so SIMD loops and OpenBLAS see whole cache lines.
   const size_t bytes = static_cast<size_t>((std::max<int64_t>(n, 1) * 4 + 63) / 64 * 64);
-  std::shared_ptr<void> storage(std::aligned_alloc(64, bytes), std::free);
-  CheckShape(storage != nullptr, "Empty",
+  void* data = std::aligned_alloc(64, bytes);
+  CheckShape(data != nullptr, "Empty",
              [&] { return absl::StrCat("out of memory allocating ", bytes, " bytes"); });
+  // Counted as a device would hold it: n elements of the dtype.
+  const int64_t counted = n * static_cast<int64_t>(DTypeSize(dtype));
+  const int64_t live = counts_->live.fetch_add(counted) + counted;
+  int64_t peak = counts_->peak.load();
+  while (live > peak && !counts_->peak.compare_exchange_weak(peak, live)) {
+  }
+  std::shared_ptr<void> storage(data, [counts = counts_, counted](void* p) {
+    counts->live.fetch_sub(counted);
+    std::free(p);
+  });
   return Tensor(dtype, std::move(shape), std::move(storage));
 }
+
+std::optional<Backend::Allocation> CpuBackend::allocation() const {
+  return Allocation{.live_bytes = counts_->live.load(), .peak_bytes = counts_->peak.load()};
+}
+
+void CpuBackend::ResetPeakAllocation() { counts_->peak.store(counts_->live.load()); }
 
 Tensor CpuBackend::Zeros(DType dtype, Shape shape) {
   Tensor t = Empty(dtype, std::move(shape));

@@ -137,6 +137,29 @@ TEST_F(CpuBackendTest, CastFp32ToFp16OverflowsToInf) {
   EXPECT_EQ(got[0], Bf16BitsToFloat(FloatToBf16Bits(70000.0f)));
 }
 
+TEST_F(CpuBackendTest, CountsLiveAndPeakBytesAsADeviceWouldHoldThem) {
+  const std::unique_ptr<Backend> be = MakeCpuBackend();  // its own counts
+  ASSERT_TRUE(be->allocation().has_value());
+  EXPECT_EQ(be->allocation()->live_bytes, 0);
+  {
+    Tensor a = be->Empty(DType::kBFloat16, {3, 4});  // 24 bytes, though stored as fp32
+    Tensor b = be->Zeros(DType::kFloat32, {5});      // 20
+    Tensor shared = a;                               // a handle, not an allocation
+    EXPECT_EQ(be->allocation()->live_bytes, 44);
+    a = Tensor();
+    EXPECT_EQ(be->allocation()->live_bytes, 44);  // `shared` still holds it
+    shared = Tensor();
+    EXPECT_EQ(be->allocation()->live_bytes, 20);
+    EXPECT_EQ(be->allocation()->peak_bytes, 44);
+    be->ResetPeakAllocation();
+    EXPECT_EQ(be->allocation()->peak_bytes, 20);
+    Tensor c = be->Cast(b, DType::kFloat16);  // ops allocate through Empty too
+    EXPECT_EQ(be->allocation()->live_bytes, 30);
+  }
+  EXPECT_EQ(be->allocation()->live_bytes, 0);
+  EXPECT_EQ(be->allocation()->peak_bytes, 30);
+}
+
 TEST_F(CpuBackendTest, ZerosAndSetZero) {
   Tensor t = be_->Zeros(DType::kBFloat16, {3, 4});
   std::vector<float> got(12, 1.0f);

@@ -5,6 +5,7 @@
 #include <thread>
 #include <utility>
 
+#include "common/convert.h"
 #include "gtest/gtest.h"
 #include "worker/model/model_stage.h"
 #include "worker/model/partition.h"
@@ -24,6 +25,21 @@ absl::Status CapturingLink::LoadWeights(int64_t, absl::Span<Param* const> params
     if (absl::Status s = b_.UploadFloat(InitialValues(*p, kSeed), p->value); !s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<absl::Span<const std::byte>>> CapturingLink::LoadHostWeights(
+    int64_t, absl::Span<Param* const> params) {
+  std::lock_guard<std::mutex> lock(mu_);  // stages share the link
+  std::vector<absl::Span<const std::byte>> spans;
+  for (Param* p : params) {
+    const std::vector<float> values = InitialValues(*p, kSeed);
+    // Rounded as UploadFloat rounds: the stage computes on the same bits.
+    std::vector<std::byte>& bytes = host_[p];
+    bytes.resize(values.size() * DTypeSize(dtype_));
+    FloatToDType(values.data(), dtype_, bytes.data(), values.size());
+    spans.emplace_back(bytes.data(), bytes.size());
+  }
+  return spans;
 }
 
 absl::Status CapturingLink::PushGradient(int64_t, const Param& p, int micro_batch) {
@@ -67,7 +83,7 @@ GptStepResult RunGptStep(backend::Backend& backend, const GptStepOptions& o) {
   EXPECT_TRUE(programs.ok()) << programs.status();
   if (!bounds.ok() || !programs.ok()) return {};
   PatternTokenSource source(o.batch, o.model.block_size, o.model.vocab);
-  CapturingLink link(backend, o.loss_scale);
+  CapturingLink link(backend, o.loss_scale, o.dtype);
   pipeline::InProcessFabric fabric(o.stages);
   std::vector<std::unique_ptr<ModelStage>> modules;
   std::vector<std::unique_ptr<pipeline::Executor>> executors;
@@ -79,7 +95,8 @@ GptStepResult RunGptStep(backend::Backend& backend, const GptStepOptions& o) {
                                  .micro_batches = o.micro_batches,
                                  .dtype = o.dtype,
                                  .checkpoint_every = o.checkpoint_every,
-                                 .push_every_micro_batch = o.push_every_micro_batch},
+                                 .push_every_micro_batch = o.push_every_micro_batch,
+                                 .weight_window_bytes = o.weight_window_bytes},
                                 source, link);
     EXPECT_TRUE(m.ok()) << m.status();
     if (!m.ok()) return {};
@@ -100,6 +117,11 @@ GptStepResult RunGptStep(backend::Backend& backend, const GptStepOptions& o) {
   for (auto& s : status) EXPECT_TRUE(s.ok()) << s;
   GptStepResult result = std::move(link.result());
   result.loss = modules.back()->step_loss();
+  for (const auto& m : modules) {
+    if (m->window() == nullptr) continue;
+    result.peak_window_bytes.push_back(m->window()->peak_resident_bytes());
+    result.window_fetches.push_back(m->window()->fetches());
+  }
   return result;
 }
 

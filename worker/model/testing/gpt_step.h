@@ -28,10 +28,15 @@ struct GptStepOptions {
   DType dtype = DType::kFloat16;
   double loss_scale = 8;
   bool push_every_micro_batch = false;
+  int64_t weight_window_bytes = 0;  // StageOptions::weight_window_bytes
 };
 
 struct GptStepResult {
   double loss = 0;
+  // Per stage: the most weight bytes its window held at once, and the
+  // layers it uploaded (streaming only).
+  std::vector<int64_t> peak_window_bytes;
+  std::vector<int64_t> window_fetches;
   // By parameter name, as pushed (summed over micro-batch pushes).
   std::map<std::string, std::vector<float>> grads;
   std::map<std::string, int> pushes;  // how often each was pushed
@@ -42,20 +47,26 @@ struct GptStepResult {
 // gradient recorded by name, with how often and in which order.
 class CapturingLink final : public ParamLink {
  public:
-  CapturingLink(backend::Backend& b, double loss_scale = 8) : b_(b), loss_scale_(loss_scale) {}
+  CapturingLink(backend::Backend& b, double loss_scale = 8, DType dtype = DType::kFloat16)
+      : b_(b), loss_scale_(loss_scale), dtype_(dtype) {}
   absl::Status LoadWeights(int64_t step, absl::Span<Param* const> params) override;
   double LossScale(int64_t) override { return loss_scale_; }
   // A micro-batch's gradient (micro_batch >= 0) is added to the others'.
   absl::Status PushGradient(int64_t step, const Param& p, int micro_batch) override;
   absl::Status FinishStep(int64_t) override { return absl::OkStatus(); }
+  // The same weights as LoadWeights, as bytes of the params' dtype.
+  absl::StatusOr<std::vector<absl::Span<const std::byte>>> LoadHostWeights(
+      int64_t step, absl::Span<Param* const> params) override;
 
   GptStepResult& result() { return result_; }
 
  private:
   backend::Backend& b_;
   const double loss_scale_;
+  const DType dtype_;  // the weights' (LoadHostWeights)
   std::mutex mu_;
   GptStepResult result_;
+  std::map<const Param*, std::vector<std::byte>> host_;  // guarded by mu_
 };
 
 // Deterministic tokens and targets, different per step and micro-batch.

@@ -4,7 +4,10 @@
 #ifndef ZO_WORKER_BACKEND_CPU_INTERNAL_CPU_BACKEND_IMPL_H_
 #define ZO_WORKER_BACKEND_CPU_INTERNAL_CPU_BACKEND_IMPL_H_
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 
 #include "worker/backend/backend.h"
@@ -41,6 +44,8 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
 
   Tensor Empty(DType dtype, Shape shape) override;
+  std::optional<Allocation> allocation() const override;
+  void ResetPeakAllocation() override;
   Tensor Zeros(DType dtype, Shape shape) override;
   void SetZero(Tensor& t) override;
   absl::Status Upload(absl::Span<const std::byte> src, Tensor& dst) override;
@@ -77,6 +82,12 @@ class CpuBackend final : public Backend {
   DeviceSharing* sharing() override { return &sharing_; }
 
  private:
+  // Shared with each tensor's deleter: a tensor may outlive the backend.
+  struct Counts {
+    std::atomic<int64_t> live{0};
+    std::atomic<int64_t> peak{0};
+  };
+  std::shared_ptr<Counts> counts_ = std::make_shared<Counts>();
   HostSharing sharing_{*this};
 };
 

@@ -1,0 +1,155 @@
+// A stage that streams its parameters (StageOptions::weight_window_bytes)
+// computes bit for bit what the same stage computes with every weight on
+// the device, under each schedule and with activation checkpointing, while
+// its window never holds more than its budget and the backend's peak
+// allocation falls by about the weights it no longer keeps.
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/backend/cpu/cpu_backend.h"
+#include "worker/model/model.h"
+#include "worker/model/model_stage.h"
+#include "worker/model/param_window.h"
+#include "worker/model/testing/gpt_step.h"
+
+namespace zo::model {
+namespace {
+
+using ::testing::HasSubstr;
+using ::zo::testing::StatusIs;
+
+constexpr GptConfig kModel{.n_layer = 4, .n_embd = 64, .n_head = 4, .block_size = 6, .vocab = 11};
+
+int64_t WeightBytes(const GptConfig& config, DType dtype) {
+  const absl::StatusOr<Model> model = MakeGpt(config);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? model->param_count() * static_cast<int64_t>(DTypeSize(dtype)) : 0;
+}
+
+struct Case {
+  std::string name;
+  int stages = 1;
+  int chunks = 1;
+  std::string schedule = "1f1b";
+  int checkpoint_every = 0;
+};
+
+class ParamStreamingTest : public ::testing::TestWithParam<Case> {
+ protected:
+  testing::GptStepOptions Options() const {
+    const Case& c = GetParam();
+    return {.model = kModel,
+            .batch = 2,
+            .stages = c.stages,
+            .chunks = c.chunks,
+            .micro_batches = 4,
+            .schedule = c.schedule,
+            .checkpoint_every = c.checkpoint_every,
+            .dtype = DType::kBFloat16,
+            .push_every_micro_batch = true};
+  }
+};
+
+TEST_P(ParamStreamingTest, AQuarterOfTheWeightsOnTheDeviceComputesTheSameBits) {
+  std::unique_ptr<backend::Backend> resident_backend = backend::MakeCpuBackend();
+  const testing::GptStepResult resident = testing::RunGptStep(*resident_backend, Options());
+  const int64_t resident_peak = resident_backend->allocation()->peak_bytes;
+
+  testing::GptStepOptions streaming_options = Options();
+  const int64_t weights = WeightBytes(kModel, DType::kBFloat16);
+  streaming_options.weight_window_bytes = weights / 4;
+  std::unique_ptr<backend::Backend> streaming_backend = backend::MakeCpuBackend();
+  const testing::GptStepResult streaming =
+      testing::RunGptStep(*streaming_backend, streaming_options);
+  const int64_t streaming_peak = streaming_backend->allocation()->peak_bytes;
+
+  EXPECT_EQ(streaming.loss, resident.loss);
+  ASSERT_EQ(streaming.grads.size(), resident.grads.size());
+  for (const auto& [name, grad] : resident.grads) {
+    EXPECT_EQ(streaming.grads.at(name), grad) << name;
+    EXPECT_EQ(streaming.pushes.at(name), resident.pushes.at(name)) << name;
+  }
+  const int windows = GetParam().stages;
+  ASSERT_EQ(static_cast<int>(streaming.peak_window_bytes.size()), windows);
+  for (int s = 0; s < windows; ++s) {
+    EXPECT_LE(streaming.peak_window_bytes[s], weights / 4) << "stage " << s;
+    EXPECT_GT(streaming.peak_window_bytes[s], 0) << "stage " << s;
+  }
+  // Every weight byte beyond the window is one the device no longer holds:
+  // the stages' windows together are all that stays of the model's weights.
+  EXPECT_LE(streaming_peak, resident_peak - weights + windows * (weights / 4))
+      << "resident " << resident_peak << " B, streaming " << streaming_peak << " B";
+}
+
+INSTANTIATE_TEST_SUITE_P(Schedules, ParamStreamingTest,
+                         ::testing::Values(Case{.name = "gpipe", .schedule = "gpipe"},
+                                           Case{.name = "one_f_one_b"},
+                                           Case{.name = "two_stages", .stages = 2},
+                                           Case{.name = "interleaved", .stages = 2, .chunks = 2},
+                                           Case{.name = "checkpointed", .checkpoint_every = 2}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return info.param.name;
+                         });
+
+TEST(ParamStreamingRefusals, AWindowSmallerThanALayerNamesTheLayer) {
+  std::unique_ptr<backend::Backend> backend = backend::MakeCpuBackend();
+  absl::StatusOr<Model> model = MakeGpt(kModel);
+  ASSERT_TRUE(model.ok());
+  testing::PatternTokenSource source(2, kModel.block_size, kModel.vocab);
+  testing::CapturingLink link(*backend);
+  const int64_t block = ParamWindow::LayerBytes(*model->layers[1], DType::kBFloat16);
+  const absl::StatusOr<std::unique_ptr<ModelStage>> stage = ModelStage::Create(
+      *backend, *model, {0, static_cast<int>(model->layers.size())},
+      {.dtype = DType::kBFloat16, .push_every_micro_batch = true, .weight_window_bytes = block - 1},
+      source, link);
+  EXPECT_THAT(stage.status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("layer h.0 needs ")));
+}
+
+TEST(ParamStreamingRefusals, GradientsSummedOnTheDeviceCannotStream) {
+  std::unique_ptr<backend::Backend> backend = backend::MakeCpuBackend();
+  absl::StatusOr<Model> model = MakeGpt(kModel);
+  ASSERT_TRUE(model.ok());
+  testing::PatternTokenSource source(2, kModel.block_size, kModel.vocab);
+  testing::CapturingLink link(*backend);
+  const absl::StatusOr<std::unique_ptr<ModelStage>> stage = ModelStage::Create(
+      *backend, *model, {0, static_cast<int>(model->layers.size())},
+      {.dtype = DType::kBFloat16, .weight_window_bytes = int64_t{1} << 30}, source, link);
+  EXPECT_THAT(stage.status(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                       HasSubstr("zo.gradient_accumulation \"servers\"")));
+}
+
+TEST(ParamStreamingRefusals, ALinkWithoutHostWeightsSaysSo) {
+  // A link that only writes weights into the params (the default).
+  class DeviceOnlyLink final : public ParamLink {
+   public:
+    absl::Status LoadWeights(int64_t, absl::Span<Param* const>) override {
+      return absl::OkStatus();
+    }
+    double LossScale(int64_t) override { return 1; }
+    absl::Status PushGradient(int64_t, const Param&, int) override { return absl::OkStatus(); }
+    absl::Status FinishStep(int64_t) override { return absl::OkStatus(); }
+  };
+  std::unique_ptr<backend::Backend> backend = backend::MakeCpuBackend();
+  absl::StatusOr<Model> model = MakeGpt(kModel);
+  ASSERT_TRUE(model.ok());
+  testing::PatternTokenSource source(2, kModel.block_size, kModel.vocab);
+  DeviceOnlyLink link;
+  absl::StatusOr<std::unique_ptr<ModelStage>> stage =
+      ModelStage::Create(*backend, *model, {0, static_cast<int>(model->layers.size())},
+                         {.dtype = DType::kBFloat16,
+                          .push_every_micro_batch = true,
+                          .weight_window_bytes = int64_t{1} << 30},
+                         source, link);
+  ASSERT_TRUE(stage.ok()) << stage.status();
+  EXPECT_THAT((*stage)->BeginStep(1),
+              StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("no host copy")));
+}
+
+}  // namespace
+}  // namespace zo::model
