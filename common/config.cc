@@ -203,6 +203,7 @@ void VisitZero(V& v, ZeroConfig& z) {
             "elastic_checkpoint", "load_from_fp32_weights", "ignore_unused_parameters",
             "memory_efficient_linear", "zero_hpz_partition_size", "zero_quantized_weights",
             "zero_quantized_gradients", "mics_shard_size"});
+  v.Field("stage3_max_live_parameters", z.stage3_max_live_parameters, Above(0));
   v.IgnorePrefix("stage3_");
 }
 

@@ -130,6 +130,9 @@ struct ZeroConfig {
   int64_t sub_group_size = 1'000'000'000;  // elements per NVMe sub-group; > 0
   OffloadOptimizerConfig offload_optimizer;
   OffloadParamConfig offload_param;
+  // With offload_param: the most parameters of a worker's stage on the
+  // device at once (zo-train streams whole layers through that window).
+  int64_t stage3_max_live_parameters = 1'000'000'000;  // > 0
   friend bool operator==(const ZeroConfig&, const ZeroConfig&) = default;
 };
 

@@ -354,6 +354,8 @@ TEST(ConfigTest, BadValuesAreErrorsNamingKeyAndValue) {
             "zero_optimization.offload_optimizer.buffer_count = 2: must be >= 3 with device nvme"},
            {R"("zero_optimization": {"offload_param": {"buffer_size": 0}})",
             "zero_optimization.offload_param.buffer_size = 0: must be > 0"},
+           {R"("zero_optimization": {"stage3_max_live_parameters": 0})",
+            "zero_optimization.stage3_max_live_parameters = 0: must be > 0"},
            {R"("aio": {"block_size": 3000})", "aio.block_size = 3000: must be a power of two"},
            {R"("aio": {"block_size": 2048})",
             "aio.block_size = 2048: must be a power of two >= 4096"},
@@ -462,8 +464,12 @@ TEST(ConfigTest, UnusedDeepSpeedKeysAreNotesNotWarnings) {
                "communication_data_type": "fp16",
                "zero_optimization": {"stage": 3, "overlap_comm": true, "contiguous_gradients": true,
                                      "reduce_bucket_size": 5e8, "stage3_prefetch_bucket_size": 5e8,
-                                     "stage3_param_persistence_threshold": 1e6})"));
+                                     "stage3_param_persistence_threshold": 1e6,
+                                     "stage3_max_live_parameters": 3e7})"));
   EXPECT_THAT(loaded.warnings, IsEmpty());
+  // The one stage3_ key zo reads: zo-train's window with offload_param.
+  EXPECT_EQ(loaded.config.zero_optimization.stage3_max_live_parameters, 30'000'000);
+  EXPECT_THAT(loaded.notes, Not(Contains(HasSubstr("stage3_max_live_parameters"))));
   EXPECT_THAT(loaded.notes,
               AllOf(Contains(HasSubstr("'activation_checkpointing' accepted")),
                     Contains(HasSubstr("'zero_optimization.stage3_prefetch_bucket_size'")),

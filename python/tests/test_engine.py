@@ -78,6 +78,9 @@ def test_what_the_engine_does_not_offer_is_named():
     per_micro_batch = dict(ds_config(2), zo={"gradient_accumulation": "servers"})
     with pytest.raises(NotImplementedError, match="gradient_accumulation"):
         zo.torch.initialize(model=model, config=per_micro_batch)
+    streamed = dict(ds_config(1), zero_optimization={"offload_param": {"device": "cpu"}})
+    with pytest.raises(NotImplementedError, match="offload_param.device"):
+        zo.torch.initialize(model=model, config=streamed)
     engine, opt, _, _ = zo.torch.initialize(model=model, config=ds_config(1))
     with pytest.raises(AttributeError, match="pipeline_parallelism"):
         engine.pipeline_parallelism()

@@ -62,6 +62,12 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 'zo.torch sums micro-batch gradients in the model\'s .grad and pushes once per '
                 'step; zo.gradient_accumulation "servers" (a push per micro-batch) is zo-train\'s '
                 'GPU worker only: use "device" or "auto"')
+        param_device = (cfg.get("zero_optimization", {}).get("offload_param") or {}).get("device")
+        if param_device not in (None, "none"):
+            raise NotImplementedError(
+                f'zero_optimization.offload_param.device = "{param_device}": zo.torch does not '
+                'stream parameters (the weights are your module\'s, where you put them); only '
+                "zo-train streams them. Remove offload_param")
         for key in ("param_groups", "client_lr"):
             if key in cfg.get("zo", {}):
                 raise ValueError(f"config key zo.{key} is set by zo.torch from the optimizer's "

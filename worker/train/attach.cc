@@ -42,7 +42,8 @@ absl::StatusOr<LocalStage> OpenStage(const TrainOptions& o, Plan& plan, backend:
       .dtype = plan.dtype,
       .checkpoint_every = o.activation_checkpoint_every,
       .push_every_micro_batch =
-          plan.config.zo.gradient_accumulation == GradientAccumulation::kServers};
+          plan.config.zo.gradient_accumulation == GradientAccumulation::kServers,
+      .weight_window_bytes = plan.weight_window_bytes};
   ZO_ASSIGN_OR_RETURN(ls.module, model::ModelStage::Create(backend, plan.model, plan.bounds,
                                                            stage_options, source, *ls.link));
   ZO_RETURN_IF_ERROR(ls.link->InitializeIfFresh(ls.module->params(), o.seed));

@@ -44,22 +44,31 @@ absl::Status OffloadLink::InitializeIfFresh(absl::Span<model::Param* const> para
   return absl::OkStatus();
 }
 
-absl::Status OffloadLink::Prepare(absl::Span<model::Param* const> params) {
-  size_t weight_bytes = 0, gradient_bytes = 0;
+absl::Status OffloadLink::Prepare(absl::Span<model::Param* const> params, bool streaming) {
+  if (!params_.empty()) {
+    if (streaming != streaming_ || params.size() != params_.size() ||
+        !std::equal(params.begin(), params.end(), params_.begin())) {
+      return absl::InternalError("a stage's parameters changed between steps");
+    }
+    return absl::OkStatus();
+  }
+  streaming_ = streaming;
+  // Weights and gradients both cross in the job's dtype.
+  size_t bytes_16 = 0;
   for (model::Param* p : params) {
     ZO_ASSIGN_OR_RETURN(int index, TensorIndex(p->name));
     pulled_tensors_.push_back(index);
-    weight_bytes += static_cast<size_t>(p->value.nbytes());
-    gradient_bytes += static_cast<size_t>(p->numel()) * DTypeSize(dtype_);
+    bytes_16 += static_cast<size_t>(p->numel()) * DTypeSize(dtype_);
   }
+  const size_t weight_bytes = bytes_16, gradient_bytes = bytes_16;
   params_.assign(params.begin(), params.end());
   host_arena_ = backend_.AllocateHost(weight_bytes);
   size_t offset = 0;
   for (model::Param* p : params_) {
-    const size_t bytes = static_cast<size_t>(p->value.nbytes());
+    const size_t bytes = static_cast<size_t>(p->numel()) * DTypeSize(dtype_);
     host_.emplace_back(host_arena_.get() + offset, bytes);
     offset += bytes;
-    idle_.push_back(backend_.Empty(p->value.dtype(), p->shape));
+    if (!streaming_) idle_.push_back(backend_.Empty(dtype_, p->shape));
   }
   slots_ = PushesPerRank(client_->config()) > 1 ? 2 : 1;
   slot_bytes_ = gradient_bytes;
@@ -100,7 +109,7 @@ absl::Status UploadAll(backend::Backend& backend, absl::Span<const absl::Span<st
 
 }  // namespace
 
-absl::Status OffloadLink::LoadNow(int64_t step) {
+absl::StatusOr<bool> OffloadLink::PullNow(int64_t step) {
   // Cancellable like a prefetch: a neighbour that dies leaves this pull
   // waiting for a version the servers cannot reach without it. (Stage 0
   // of 1F1B pushes last, so its next step's weights are mostly pulled here.)
@@ -112,7 +121,20 @@ absl::Status OffloadLink::LoadNow(int64_t step) {
     abort_->Unregister(&cancel);
     if (!pulled.ok() && !abort_->reason().ok()) return abort_->reason();
   }
-  ZO_ASSIGN_OR_RETURN(const bool changed, std::move(pulled));
+  return pulled;
+}
+
+absl::StatusOr<std::vector<absl::Span<const std::byte>>> OffloadLink::LoadHostWeights(
+    int64_t step, absl::Span<model::Param* const> params) {
+  ZO_RETURN_IF_ERROR(Prepare(params, /*streaming=*/true));
+  // A pull that leaves the version unchanged leaves host_ as it was: the
+  // weights the step before computed on, which are this step's.
+  ZO_RETURN_IF_ERROR(PullNow(step).status());
+  return std::vector<absl::Span<const std::byte>>(host_.begin(), host_.end());
+}
+
+absl::Status OffloadLink::LoadNow(int64_t step) {
+  ZO_ASSIGN_OR_RETURN(const bool changed, PullNow(step));
   // Where DPU starts (two steps on one version) and after a skipped step
   // the weights stay: no copy to the device.
   if (changed || host_ahead_) {
@@ -125,7 +147,7 @@ absl::Status OffloadLink::LoadNow(int64_t step) {
 }
 
 void OffloadLink::MaybePrefetch(int64_t step) {
-  if (prefetch_step_ >= 0 || params_.empty()) return;
+  if (prefetch_step_ >= 0 || params_.empty() || streaming_) return;
   if (VersionForStep(client_->config().zo.dpu, step) > pushed_) return;
   prefetch_step_ = step;
   prefetch_cancel_ = std::make_unique<PullCancellation>();
@@ -155,11 +177,7 @@ void OffloadLink::CancelPrefetch() {
 }
 
 absl::Status OffloadLink::LoadWeights(int64_t step, absl::Span<model::Param* const> params) {
-  if (params_.empty()) ZO_RETURN_IF_ERROR(Prepare(params));
-  if (params.size() != params_.size() ||
-      !std::equal(params.begin(), params.end(), params_.begin())) {
-    return absl::InternalError("LoadWeights: a stage's parameters changed between steps");
-  }
+  ZO_RETURN_IF_ERROR(Prepare(params, /*streaming=*/false));
   const int64_t prefetched = std::exchange(prefetch_step_, -1);
   if (prefetched == step) {
     JoinPrefetch();

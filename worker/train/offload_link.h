@@ -7,6 +7,11 @@
 // version's gradients are all pushed: with DPU at the start of step s, so
 // the servers' update, the pull and the upload all overlap step s.
 //
+// Streaming (LoadHostWeights, zero_optimization.offload_param): the pulled
+// weights stay in the page-locked host buffer, which the stage's window
+// uploads from layer by layer; there is no device set and no prefetch (the
+// step's pull ends before its first layer computes).
+//
 // Gradients: each final gradient is cast to the job's dtype and copied
 // (Backend::DownloadAsync: on a GPU, beside the compute, into page-locked
 // memory) into a staging slot that the client's push sends without a copy.
@@ -60,15 +65,21 @@ class OffloadLink final : public model::ParamLink {
   absl::Status InitializeIfFresh(absl::Span<model::Param* const> params, uint64_t seed);
 
   absl::Status LoadWeights(int64_t step, absl::Span<model::Param* const> params) override;
+  absl::StatusOr<std::vector<absl::Span<const std::byte>>> LoadHostWeights(
+      int64_t step, absl::Span<model::Param* const> params) override;
   double LossScale(int64_t step) override;
   absl::Status PushGradient(int64_t step, const model::Param& param, int micro_batch) override;
   absl::Status FinishStep(int64_t step) override;
 
  private:
   absl::StatusOr<int> TensorIndex(const std::string& name) const;
-  // First LoadWeights: the manifest indices, host buffers and idle tensors.
-  absl::Status Prepare(absl::Span<model::Param* const> params);
-  // Pulls `step`'s weights into host_ and uploads them into the params now.
+  // First LoadWeights or LoadHostWeights: the manifest indices, host
+  // buffers and (not streaming) idle tensors. InternalError when a later
+  // call brings other params.
+  absl::Status Prepare(absl::Span<model::Param* const> params, bool streaming);
+  // Pulls `step`'s weights into host_ now; whether they changed.
+  absl::StatusOr<bool> PullNow(int64_t step);
+  // PullNow, then uploads them into the params.
   absl::Status LoadNow(int64_t step);
   // Starts the prefetch of `step` when its version's gradients are all
   // pushed and none runs.
@@ -85,6 +96,7 @@ class OffloadLink final : public model::ParamLink {
   DType dtype_;
   std::map<std::string, int> index_;
   std::vector<model::Param*> params_;
+  bool streaming_ = false;  // LoadHostWeights: no device set, no prefetch
   std::vector<int> pulled_tensors_;
   // The pulled weights, page-locked where the backend has it, back to back.
   std::shared_ptr<std::byte> host_arena_;

@@ -22,6 +22,32 @@ absl::StatusOr<std::vector<pipeline::StageProgram>> Programs(const TrainOptions&
   return pipeline::InterleavedOneFOneBSchedule(o.pipeline_stages, micro_batches, o.virtual_chunks);
 }
 
+// zero_optimization.offload_param: "cpu" streams each stage's weights
+// through a window of stage3_max_live_parameters (ChooseGradientAccumulation
+// then picks "servers"); what cannot be honoured is refused.
+absl::Status PlanParamOffload(Plan& plan) {
+  const ZeroConfig& zero = plan.config.zero_optimization;
+  switch (zero.offload_param.device) {
+    case OffloadDevice::kNone:
+      return absl::OkStatus();
+    case OffloadDevice::kNvme:
+      return absl::InvalidArgumentError(
+          "zero_optimization.offload_param.device = \"nvme\": zo-train keeps a stage's streamed "
+          "weights in host memory and does not spill them to NVMe yet; use \"cpu\"");
+    case OffloadDevice::kCpu:
+      break;
+  }
+  if (plan.config.zo.gradient_accumulation == GradientAccumulation::kDevice) {
+    return absl::InvalidArgumentError(
+        "zero_optimization.offload_param.device = \"cpu\" streams the weights, but "
+        "zo.gradient_accumulation = \"device\" would keep an fp32 gradient of every weight on "
+        "the device: use \"servers\" (or \"auto\")");
+  }
+  plan.weight_window_bytes =
+      zero.stage3_max_live_parameters * static_cast<int64_t>(DTypeSize(plan.dtype));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status CheckOptions(const TrainOptions& o) {
@@ -101,6 +127,7 @@ absl::StatusOr<Plan> MakePlan(const TrainOptions& o) {
       plan.bounds,
       model::PartitionLayers(infos, o.pipeline_stages * o.virtual_chunks, o.partition_method));
   ZO_ASSIGN_OR_RETURN(plan.programs, Programs(o, plan.micro_batches));
+  ZO_RETURN_IF_ERROR(PlanParamOffload(plan));
   return plan;
 }
 
@@ -126,6 +153,14 @@ void PrintPlan(const TrainOptions& o, const Plan& plan) {
         o.out, "zo-train:   stage %d%s: layers %s .. %s (%lld parameters)\n", v % o.pipeline_stages,
         chunk.c_str(), plan.model.layers[plan.bounds[v]]->name().c_str(),
         plan.model.layers[plan.bounds[v + 1] - 1]->name().c_str(), static_cast<long long>(params));
+  }
+  if (plan.weight_window_bytes > 0) {
+    std::fprintf(o.out,
+                 "zo-train: parameters streamed (zero_optimization.offload_param): each stage "
+                 "keeps its weights in host memory and at most %lld parameters (%s) of them on "
+                 "the device at once, whole layers\n",
+                 static_cast<long long>(plan.config.zero_optimization.stage3_max_live_parameters),
+                 FormatBytes(plan.weight_window_bytes).c_str());
   }
   if (plan.config.zo.dpu.enabled) {
     std::fprintf(o.out,
@@ -153,9 +188,11 @@ absl::Status ChooseGradientAccumulation(const backend::Backend& backend, TrainOp
     }
     const int64_t device_bytes = params * (2 * static_cast<int64_t>(DTypeSize(plan.dtype)) + 4);
     const std::optional<int64_t> free = backend.FreeDeviceMemory();
-    policy = !free.has_value() || device_bytes <= *free / 2 ? GradientAccumulation::kDevice
-                                                            : GradientAccumulation::kServers;
-    why = free.has_value()
+    policy = plan.weight_window_bytes == 0 && (!free.has_value() || device_bytes <= *free / 2)
+                 ? GradientAccumulation::kDevice
+                 : GradientAccumulation::kServers;
+    why = plan.weight_window_bytes > 0 ? "auto: the weights are streamed"
+          : free.has_value()
               ? absl::StrCat("auto: weights x2 and fp32 gradients need ", FormatBytes(device_bytes),
                              policy == GradientAccumulation::kDevice ? ", at most" : ", more than",
                              " half the ", FormatBytes(*free), " free on ", backend.name())

@@ -28,6 +28,9 @@ struct Plan {
   model::Model model;
   std::vector<int> bounds;  // virtual stage v holds layers [bounds[v], bounds[v + 1])
   std::vector<pipeline::StageProgram> programs;
+  // Parameter streaming (zero_optimization.offload_param.device "cpu"): the
+  // most bytes of a stage's weights on the device at once; 0: all of them.
+  int64_t weight_window_bytes = 0;
 };
 
 // INVALID_ARGUMENT naming the flag when the options do not make a run.
