@@ -36,6 +36,7 @@
 #include "bench/nvme_bench.h"
 #include "bench/offload_bench.h"
 #include "bench/scale_bench.h"
+#include "bench/stream_bench.h"
 #include "bench/wire_bench.h"
 #include "common/command_line.h"
 #include "common/dtype.h"
@@ -109,6 +110,12 @@ ABSL_FLAG(int, n_layer, 12, "gpu: the GPT's blocks");
 ABSL_FLAG(int, n_embd, 768, "gpu: the GPT's width");
 ABSL_FLAG(int, n_head, 12, "gpu: the GPT's attention heads");
 ABSL_FLAG(int, steps, 5, "gpu: timed steps, after 2 untimed ones");
+ABSL_FLAG(std::string, stream_shape, "8x256",
+          "stream: the GPT, LAYERSxWIDTH (heads of 32, block 128, 8 sequences x 2 "
+          "micro-batches)");
+ABSL_FLAG(double, stream_window, 0.25,
+          "stream: the streamed runs' parameters on the device, as a share of the model's");
+ABSL_FLAG(std::string, stream_device, "cpu", "stream: zo-train's --device (cpu, cuda, auto)");
 ABSL_FLAG(std::string, gemm_size, "8192", "gpu: the peak GEMM is N x N x N");
 ABSL_FLAG(std::string, rows, "gemm,step,dpu,sync",
           "gpu: rows to run, comma-separated: gemm,step (always together), dpu and sync (need "
@@ -219,7 +226,13 @@ constexpr char kUsage[] =
     "         step alone).\n"
     "         Row gpu_largest (--rows ...,largest): zo-train's loop on a --largest GPT for\n"
     "         --largest-steps steps with an embedded server: parameters, losses, step time,\n"
-    "         peak GPU and host memory. --rows picks the rows.\n\n"
+    "         peak GPU and host memory. --rows picks the rows.\n"
+    "  stream zo-train's loop with an embedded server on --stream-device (cpu) trains a\n"
+    "         GPT (--stream-shape LAYERSxWIDTH) for 2 x --steps steps with every weight on\n"
+    "         the device, then streaming its parameters with --stream-window of them there\n"
+    "         (zero_optimization.offload_param), alternating --rounds times (default 2);\n"
+    "         the losses must match bit for bit; ratio = median streamed step / median\n"
+    "         resident step over each run's second half (target on a GPU: <= 1.15).\n\n"
     "Flags may be written with dashes or underscores.";
 
 absl::StatusOr<bench::AdamBenchOptions> AdamOptionsFromFlags() {
@@ -484,15 +497,44 @@ int RunGpu() {
 }
 #endif
 
+absl::StatusOr<bench::StreamBenchOptions> StreamOptionsFromFlags() {
+  bench::StreamBenchOptions o;
+  o.device = absl::GetFlag(FLAGS_stream_device);
+  const std::string dtype = absl::GetFlag(FLAGS_dtype);
+  const std::optional<DType> parsed = ParseDType(dtype);
+  if (!parsed || *parsed == DType::kFloat32) {
+    return absl::InvalidArgumentError("--dtype must be bf16 or fp16, got '" + dtype + "'");
+  }
+  o.dtype = *parsed;
+  const std::string shape = absl::GetFlag(FLAGS_stream_shape);
+  const std::vector<std::string> parts = absl::StrSplit(shape, 'x');
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &o.n_layer) ||
+      !absl::SimpleAtoi(parts[1], &o.n_embd) || o.n_layer < 1 || o.n_embd < 32 ||
+      o.n_embd % 32 != 0) {
+    return absl::InvalidArgumentError(
+        "--stream-shape wants LAYERSxWIDTH with a width that is a multiple of 32, got '" + shape +
+        "'");
+  }
+  o.n_head = o.n_embd / 32;
+  o.steps = 2 * absl::GetFlag(FLAGS_steps);
+  const int rounds = absl::GetFlag(FLAGS_rounds);
+  o.rounds = rounds == 0 ? 2 : rounds;
+  o.window = absl::GetFlag(FLAGS_stream_window);
+  o.json = absl::GetFlag(FLAGS_json);
+  return o;
+}
+
+int RunStream() { return RunWorkload("stream", StreamOptionsFromFlags(), &bench::RunStreamBench); }
+
 // The registry: name -> runner, in the order `zo-bench --help` lists them.
 struct Workload {
   const char* name;
   int (*run)();
 };
 constexpr Workload kWorkloads[] = {
-    {"adam", RunAdam},       {"nvme", RunNvme},   {"wire", RunWire},
-    {"offload", RunOffload}, {"scale", RunScale}, {"checkpoint", RunCheckpoint},
-    {"gpu", RunGpu},
+    {"adam", RunAdam},       {"nvme", RunNvme},     {"wire", RunWire},
+    {"offload", RunOffload}, {"scale", RunScale},   {"checkpoint", RunCheckpoint},
+    {"gpu", RunGpu},         {"stream", RunStream},
 };
 
 int Main(int argc, char** argv) {
