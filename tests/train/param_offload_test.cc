@@ -20,9 +20,8 @@ namespace {
 using ::testing::HasSubstr;
 
 // About 215 k parameters; a transformer block is about 50 k of them.
-const std::vector<std::string> kGpt = {"--n-layer", "4",  "--n-embd",     "64",
-                                       "--n-head",  "4",  "--block-size", "32",
-                                       "--steps",   "12", "--seed",       "5"};
+const std::vector<std::string> kGpt = {"--n-layer",    "4",  "--n-embd", "64", "--n-head", "4",
+                                       "--block-size", "32", "--steps",  "12", "--seed",   "5"};
 
 // Both runs sum gradients on the servers, as streaming needs, so they push
 // the same bytes and only the weights' residence differs.
@@ -31,7 +30,8 @@ std::string Config(const std::string& zero) {
     "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01}},
     "bf16": {"enabled": true}, "gradient_clipping": 1.0, "steps_per_print": 5,
     "zero_optimization": )",
-                      zero, R"(, "zo": {"chunk_elems": 30000, "gradient_accumulation": "servers"}})");
+                      zero,
+                      R"(, "zo": {"chunk_elems": 30000, "gradient_accumulation": "servers"}})");
 }
 
 struct Ran {

@@ -96,35 +96,38 @@ INSTANTIATE_TEST_SUITE_P(Schedules, ParamStreamingTest,
                            return info.param.name;
                          });
 
-TEST(ParamStreamingRefusals, AWindowSmallerThanALayerNamesTheLayer) {
-  std::unique_ptr<backend::Backend> backend = backend::MakeCpuBackend();
-  absl::StatusOr<Model> model = MakeGpt(kModel);
-  ASSERT_TRUE(model.ok());
-  testing::PatternTokenSource source(2, kModel.block_size, kModel.vocab);
-  testing::CapturingLink link(*backend);
-  const int64_t block = ParamWindow::LayerBytes(*model->layers[1], DType::kBFloat16);
-  const absl::StatusOr<std::unique_ptr<ModelStage>> stage = ModelStage::Create(
-      *backend, *model, {0, static_cast<int>(model->layers.size())},
-      {.dtype = DType::kBFloat16, .push_every_micro_batch = true, .weight_window_bytes = block - 1},
-      source, link);
-  EXPECT_THAT(stage.status(),
+// One stage over the whole of GPT-lite on the CPU backend, for the refusals.
+class ParamStreamingRefusals : public ::testing::Test {
+ protected:
+  absl::StatusOr<std::unique_ptr<ModelStage>> Stage(const StageOptions& options, ParamLink& link) {
+    return ModelStage::Create(*backend_, model_, {0, static_cast<int>(model_.layers.size())},
+                              options, source_, link);
+  }
+
+  std::unique_ptr<backend::Backend> backend_ = backend::MakeCpuBackend();
+  Model model_ = *MakeGpt(kModel);
+  testing::PatternTokenSource source_{2, kModel.block_size, kModel.vocab};
+  testing::CapturingLink link_{*backend_};
+};
+
+TEST_F(ParamStreamingRefusals, AWindowSmallerThanALayerNamesTheLayer) {
+  const int64_t block = ParamWindow::LayerBytes(*model_.layers[1], DType::kBFloat16);
+  EXPECT_THAT(Stage({.dtype = DType::kBFloat16,
+                     .push_every_micro_batch = true,
+                     .weight_window_bytes = block - 1},
+                    link_)
+                  .status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("layer h.0 needs ")));
 }
 
-TEST(ParamStreamingRefusals, GradientsSummedOnTheDeviceCannotStream) {
-  std::unique_ptr<backend::Backend> backend = backend::MakeCpuBackend();
-  absl::StatusOr<Model> model = MakeGpt(kModel);
-  ASSERT_TRUE(model.ok());
-  testing::PatternTokenSource source(2, kModel.block_size, kModel.vocab);
-  testing::CapturingLink link(*backend);
-  const absl::StatusOr<std::unique_ptr<ModelStage>> stage = ModelStage::Create(
-      *backend, *model, {0, static_cast<int>(model->layers.size())},
-      {.dtype = DType::kBFloat16, .weight_window_bytes = int64_t{1} << 30}, source, link);
-  EXPECT_THAT(stage.status(), StatusIs(absl::StatusCode::kInvalidArgument,
-                                       HasSubstr("zo.gradient_accumulation \"servers\"")));
+TEST_F(ParamStreamingRefusals, GradientsSummedOnTheDeviceCannotStream) {
+  EXPECT_THAT(
+      Stage({.dtype = DType::kBFloat16, .weight_window_bytes = int64_t{1} << 30}, link_).status(),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("zo.gradient_accumulation \"servers\"")));
 }
 
-TEST(ParamStreamingRefusals, ALinkWithoutHostWeightsSaysSo) {
+TEST_F(ParamStreamingRefusals, ALinkWithoutHostWeightsSaysSo) {
   // A link that only writes weights into the params (the default).
   class DeviceOnlyLink final : public ParamLink {
    public:
@@ -135,17 +138,12 @@ TEST(ParamStreamingRefusals, ALinkWithoutHostWeightsSaysSo) {
     absl::Status PushGradient(int64_t, const Param&, int) override { return absl::OkStatus(); }
     absl::Status FinishStep(int64_t) override { return absl::OkStatus(); }
   };
-  std::unique_ptr<backend::Backend> backend = backend::MakeCpuBackend();
-  absl::StatusOr<Model> model = MakeGpt(kModel);
-  ASSERT_TRUE(model.ok());
-  testing::PatternTokenSource source(2, kModel.block_size, kModel.vocab);
   DeviceOnlyLink link;
   absl::StatusOr<std::unique_ptr<ModelStage>> stage =
-      ModelStage::Create(*backend, *model, {0, static_cast<int>(model->layers.size())},
-                         {.dtype = DType::kBFloat16,
-                          .push_every_micro_batch = true,
-                          .weight_window_bytes = int64_t{1} << 30},
-                         source, link);
+      Stage({.dtype = DType::kBFloat16,
+             .push_every_micro_batch = true,
+             .weight_window_bytes = int64_t{1} << 30},
+            link);
   ASSERT_TRUE(stage.ok()) << stage.status();
   EXPECT_THAT((*stage)->BeginStep(1),
               StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("no host copy")));
