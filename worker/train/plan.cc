@@ -1,6 +1,8 @@
 #include "worker/train/plan.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -43,8 +45,11 @@ absl::Status PlanParamOffload(Plan& plan) {
         "zo.gradient_accumulation = \"device\" would keep an fp32 gradient of every weight on "
         "the device: use \"servers\" (or \"auto\")");
   }
+  // Any count beyond what a device could hold means "all of them"; the
+  // clamp keeps the product in range for a count from the config file.
+  const int64_t elem = static_cast<int64_t>(DTypeSize(plan.dtype));
   plan.weight_window_bytes =
-      zero.stage3_max_live_parameters * static_cast<int64_t>(DTypeSize(plan.dtype));
+      std::min(zero.stage3_max_live_parameters, std::numeric_limits<int64_t>::max() / elem) * elem;
   return absl::OkStatus();
 }
 
