@@ -346,8 +346,7 @@ void JobPosition::OwnPartFailed(const absl::Status& why) {
 
 bool JobPosition::MarkLost(const std::string& what) {
   std::lock_guard lock(mu_);
-  if (health_.lost() || stop_) return false;
-  return health_.MarkLost(what);
+  return !stop_ && health_.MarkLost(what);  // false when already lost
 }
 
 void JobPosition::LeadLost(const absl::Status& answer) {

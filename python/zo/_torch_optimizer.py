@@ -62,7 +62,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 'zo.torch sums micro-batch gradients in the model\'s .grad and pushes once per '
                 'step; zo.gradient_accumulation "servers" (a push per micro-batch) is zo-train\'s '
                 'GPU worker only: use "device" or "auto"')
-        param_device = (cfg.get("zero_optimization", {}).get("offload_param") or {}).get("device")
+        zero = cfg.get("zero_optimization") or {}
+        param_device = (zero.get("offload_param") or {}).get("device")
         if param_device not in (None, "none"):
             raise NotImplementedError(
                 f'zero_optimization.offload_param.device = "{param_device}": zo.torch does not '
