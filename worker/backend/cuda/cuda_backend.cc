@@ -105,14 +105,21 @@ absl::Status CudaStatus(cudaError_t err, const char* call, const char* op) {
       absl::StrCat("cuda: ", call, " failed in ", op, ": ", cudaGetErrorString(err)));
 }
 
-std::shared_ptr<void> DeviceStorage(std::shared_ptr<DeviceContext> context, void* ptr) {
+std::shared_ptr<void> DeviceStorage(std::shared_ptr<DeviceContext> context, void* ptr,
+                                    int64_t bytes) {
   if (ptr == nullptr) {
     auto placeholder = std::make_shared<char>(0);
     return std::shared_ptr<void>(placeholder, placeholder.get());
   }
+  const int64_t live = context->live_bytes.fetch_add(bytes) + bytes;
+  int64_t peak = context->peak_bytes.load();
+  while (live > peak && !context->peak_bytes.compare_exchange_weak(peak, live)) {
+  }
   // The deleter holds the context: the stream outlives every tensor.
-  return std::shared_ptr<void>(
-      ptr, [context = std::move(context)](void* p) { cudaFreeAsync(p, context->stream); });
+  return std::shared_ptr<void>(ptr, [context = std::move(context), bytes](void* p) {
+    cudaFreeAsync(p, context->stream);
+    context->live_bytes.fetch_sub(bytes);
+  });
 }
 
 absl::StatusOr<Tensor> AllocateOnStream(const std::shared_ptr<DeviceContext>& context,
@@ -129,7 +136,7 @@ absl::StatusOr<Tensor> AllocateOnStream(const std::shared_ptr<DeviceContext>& co
                        " bytes): ", cudaGetErrorString(err)));
     }
   }
-  return Tensor(dtype, shape, DeviceStorage(context, ptr));
+  return Tensor(dtype, shape, DeviceStorage(context, ptr, bytes));
 }
 
 DeviceContext::~DeviceContext() {
@@ -218,7 +225,7 @@ Tensor CudaBackend::Empty(DType dtype, Shape shape) {
       ptr = nullptr;
     }
   }
-  return Tensor(dtype, std::move(shape), DeviceStorage(context_, ptr));
+  return Tensor(dtype, std::move(shape), DeviceStorage(context_, ptr, static_cast<int64_t>(bytes)));
 }
 
 Tensor CudaBackend::Zeros(DType dtype, Shape shape) {
@@ -304,6 +311,13 @@ std::optional<int64_t> CudaBackend::FreeDeviceMemory() const {
   }
   return static_cast<int64_t>(free);
 }
+
+std::optional<Backend::Allocation> CudaBackend::allocation() const {
+  return Allocation{.live_bytes = context_->live_bytes.load(),
+                    .peak_bytes = context_->peak_bytes.load()};
+}
+
+void CudaBackend::ResetPeakAllocation() { context_->peak_bytes.store(context_->live_bytes.load()); }
 
 std::shared_ptr<std::byte> CudaBackend::AllocateHost(size_t bytes) {
   void* p = nullptr;

@@ -394,6 +394,37 @@ TEST(CudaBackendFailureTest, OutOfMemoryIsAStatusAndLaterOpsDoNothing) {
   EXPECT_EQ(host, std::vector<float>(4, 2.0f));
 }
 
+// As the CPU backend counts (cpu_backend_test): what a device memory plan
+// is checked against.
+TEST(CudaBackendAllocationTest, CountsLiveAndPeakBytes) {
+  std::string why;
+  if (CudaDeviceCount(&why) == 0) {
+    GTEST_SKIP() << "no CUDA device (" << why << "); these run on a GPU machine: ctest -L gpu";
+  }
+  auto made = MakeCudaBackend({.device = 0});
+  ASSERT_TRUE(made.ok()) << made.status();
+  Backend& gpu = **made;
+  ASSERT_TRUE(gpu.allocation().has_value());
+  const int64_t before = gpu.allocation()->live_bytes;
+  {
+    Tensor a = gpu.Empty(DType::kBFloat16, {3, 4});  // 24 bytes
+    Tensor b = gpu.Zeros(DType::kFloat32, {5});      // 20
+    Tensor shared = a;
+    EXPECT_EQ(gpu.allocation()->live_bytes - before, 44);
+    a = Tensor();
+    shared = Tensor();
+    EXPECT_EQ(gpu.allocation()->live_bytes - before, 20);
+    EXPECT_GE(gpu.allocation()->peak_bytes - before, 44);
+    gpu.ResetPeakAllocation();
+    EXPECT_EQ(gpu.allocation()->peak_bytes - before, 20);
+    Tensor c = gpu.Cast(b, DType::kFloat16);  // ops allocate through the same count
+    EXPECT_EQ(gpu.allocation()->live_bytes - before, 30);
+  }
+  EXPECT_EQ(gpu.allocation()->live_bytes, before);
+  EXPECT_EQ(gpu.allocation()->peak_bytes - before, 30);
+  EXPECT_TRUE(gpu.status().ok()) << gpu.status();
+}
+
 TEST(CudaBackendFactoryTest, NamesAMissingDevice) {
   std::string why;
   const int count = CudaDeviceCount(&why);

@@ -69,14 +69,19 @@ absl::Status CudaStatus(cudaError_t err, const char* call, const char* op);
 struct DeviceContext {
   int device = 0;
   cudaStream_t stream = nullptr;
+  // Bytes of the tensors alive, and the most at once (Backend::allocation).
+  std::atomic<int64_t> live_bytes{0};
+  std::atomic<int64_t> peak_bytes{0};
   ~DeviceContext();
 };
 
-// Storage for device memory `ptr` from cudaMallocAsync, freed on the
-// context's compute stream when the last tensor lets go (stream-ordered, no
-// synchronisation); a null `ptr` (zero bytes, a failed allocation) gets a
-// placeholder, so the tensor is still defined.
-std::shared_ptr<void> DeviceStorage(std::shared_ptr<DeviceContext> context, void* ptr);
+// Storage for `bytes` of device memory at `ptr` from cudaMallocAsync,
+// counted in the context and freed on its compute stream when the last
+// tensor lets go (stream-ordered, no synchronisation); a null `ptr` (zero
+// bytes, a failed allocation) gets a placeholder, so the tensor is still
+// defined.
+std::shared_ptr<void> DeviceStorage(std::shared_ptr<DeviceContext> context, void* ptr,
+                                    int64_t bytes);
 
 // A tensor allocated on `stream` rather than the compute stream, so work
 // queued there need not wait for the compute stream; once that work is
@@ -113,6 +118,8 @@ class CudaBackend final : public Backend {
   absl::Status DownloadFloat(const Tensor& src, absl::Span<float> dst) override;
   std::shared_ptr<std::byte> AllocateHost(size_t bytes) override;
   std::optional<int64_t> FreeDeviceMemory() const override;
+  std::optional<Allocation> allocation() const override;
+  void ResetPeakAllocation() override;
   void DownloadAsync(const Tensor& src, absl::Span<std::byte> dst,
                      std::function<void(absl::Status)> done) override;
   void UploadAsync(absl::Span<const std::byte> src, Tensor& dst,
