@@ -7,7 +7,9 @@
 // differ, so a gradient gathers at most a few such flips per op on its path
 // through the model's ~40 ops. Their effect on a whole tensor's norm is far
 // below 2^-10 x 40 ~ 4e-2; we allow 1e-2 of the norm, and 1e-3 on the loss.
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -98,6 +100,59 @@ TEST_F(GpuModelStageTest, MicroBatchPushesSumToTheStepsGradients) {
   for (const auto& [name, g] : summed.grads) {
     EXPECT_EQ(pushed.pushes.at(name), 3) << name;
     EXPECT_LT(RelativeDistance(pushed.grads.at(name), g), 1e-5) << name;
+  }
+}
+
+// Parameter streaming on the GPU: a window the device memory plan gives
+// for a budget a little above the least computes the resident stage's bits,
+// and (one stage) the device holds no more than the budget at its peak and
+// what the plan's dry step held besides the weights.
+TEST_F(GpuModelStageTest, StreamingInThePlannedWindowComputesTheResidentBits) {
+  struct Case {
+    std::string schedule;
+    int stages;
+    int checkpoint_every;
+  };
+  for (const Case& c :
+       {Case{"1f1b", 1, 0}, Case{"gpipe", 1, 0}, Case{"1f1b", 1, 2}, Case{"1f1b", 2, 0}}) {
+    GptStepOptions options{
+        .model = {.n_layer = 4, .n_embd = 64, .n_head = 4, .block_size = 16, .vocab = 65},
+        .batch = 2,
+        .stages = c.stages,
+        .micro_batches = 3,
+        .schedule = c.schedule,
+        .checkpoint_every = c.checkpoint_every,
+        .dtype = DType::kBFloat16,
+        .push_every_micro_batch = true};
+    const std::string what = c.schedule + " x" + std::to_string(c.stages) + " checkpoint " +
+                             std::to_string(c.checkpoint_every);
+    gpu_->ResetPeakAllocation();
+    const int64_t before = gpu_->allocation()->live_bytes;
+    const GptStepResult resident = testing::RunGptStep(*gpu_, options);
+    const int64_t resident_peak = gpu_->allocation()->peak_bytes - before;
+
+    int64_t window = int64_t{1} << 40;
+    int64_t budget = 0;
+    for (int s = 0; s < c.stages; ++s) {
+      auto unbounded = testing::PlanGptStage(options, s, int64_t{1} << 40);
+      ASSERT_TRUE(unbounded.ok()) << unbounded.status();
+      budget = unbounded->step_bytes + unbounded->largest_layer_bytes + 64;
+      auto plan = testing::PlanGptStage(options, s, budget);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      window = std::min(window, plan->window_bytes);
+      if (c.stages == 1) {
+        const int64_t weights = plan->stage_weight_bytes;
+        EXPECT_GE(plan->step_bytes, resident_peak - weights) << what;
+        EXPECT_LE(plan->step_bytes, resident_peak - weights + plan->largest_layer_bytes) << what;
+      }
+    }
+    options.weight_window_bytes = window;
+    gpu_->ResetPeakAllocation();
+    const GptStepResult streamed = testing::RunGptStep(*gpu_, options);
+    const int64_t streamed_peak = gpu_->allocation()->peak_bytes - before;
+    EXPECT_EQ(streamed.loss, resident.loss) << what;
+    EXPECT_EQ(streamed.grads, resident.grads) << what;
+    if (c.stages == 1) EXPECT_LE(streamed_peak, budget) << what;
   }
 }
 

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "common/convert.h"
+#include "common/status_macros.h"
 #include "gtest/gtest.h"
 #include "worker/model/model_stage.h"
 #include "worker/model/partition.h"
@@ -68,40 +69,64 @@ absl::StatusOr<MicroBatch> PatternTokenSource::Get(int64_t step, int micro_batch
   return mb;
 }
 
+absl::StatusOr<GptStepLayout> LayOutGptStep(const GptStepOptions& o) {
+  ZO_ASSIGN_OR_RETURN(Model model, MakeGpt(o.model));
+  std::vector<LayerWeightInfo> infos;
+  for (const auto& l : model.layers) infos.push_back({l->type(), l->param_count()});
+  GptStepLayout layout;
+  ZO_ASSIGN_OR_RETURN(layout.bounds, PartitionLayers(infos, o.stages * o.chunks, "uniform"));
+  ZO_ASSIGN_OR_RETURN(
+      layout.programs,
+      o.schedule == "gpipe" ? pipeline::GPipeSchedule(o.stages, o.micro_batches)
+      : o.chunks == 1       ? pipeline::OneFOneBSchedule(o.stages, o.micro_batches)
+                      : pipeline::InterleavedOneFOneBSchedule(o.stages, o.micro_batches, o.chunks));
+  return layout;
+}
+
+StageOptions GptStageOptions(const GptStepOptions& o, int stage) {
+  return {.stage = stage,
+          .stages = o.stages,
+          .chunks = o.chunks,
+          .micro_batches = o.micro_batches,
+          .dtype = o.dtype,
+          .checkpoint_every = o.checkpoint_every,
+          .push_every_micro_batch = o.push_every_micro_batch,
+          .weight_window_bytes = o.weight_window_bytes};
+}
+
+absl::StatusOr<DeviceMemoryPlan> PlanGptStage(const GptStepOptions& o, int stage,
+                                              int64_t budget_bytes) {
+  ZO_ASSIGN_OR_RETURN(GptStepLayout layout, LayOutGptStep(o));
+  ZO_ASSIGN_OR_RETURN(Model model, MakeGpt(o.model));
+  ZO_ASSIGN_OR_RETURN(MicroBatch batch,
+                      PatternTokenSource(o.batch, o.model.block_size, o.model.vocab).Get(1, 0));
+  return PlanDeviceMemory({.model = std::move(model),
+                           .bounds = layout.bounds,
+                           .options = GptStageOptions(o, stage),
+                           .program = layout.programs[stage],
+                           .micro_batch = std::move(batch)},
+                          budget_bytes);
+}
+
 GptStepResult RunGptStep(backend::Backend& backend, const GptStepOptions& o) {
   auto model = MakeGpt(o.model);
   EXPECT_TRUE(model.ok()) << model.status();
-  if (!model.ok()) return {};
-  std::vector<LayerWeightInfo> infos;
-  for (const auto& l : model->layers) infos.push_back({l->type(), l->param_count()});
-  auto bounds = PartitionLayers(infos, o.stages * o.chunks, "uniform");
-  EXPECT_TRUE(bounds.ok()) << bounds.status();
-  auto programs = o.schedule == "gpipe" ? pipeline::GPipeSchedule(o.stages, o.micro_batches)
-                  : o.chunks == 1
-                      ? pipeline::OneFOneBSchedule(o.stages, o.micro_batches)
-                      : pipeline::InterleavedOneFOneBSchedule(o.stages, o.micro_batches, o.chunks);
-  EXPECT_TRUE(programs.ok()) << programs.status();
-  if (!bounds.ok() || !programs.ok()) return {};
+  absl::StatusOr<GptStepLayout> layout = LayOutGptStep(o);
+  EXPECT_TRUE(layout.ok()) << layout.status();
+  if (!model.ok() || !layout.ok()) return {};
+  const std::vector<int>& bounds = layout->bounds;
+  const std::vector<pipeline::StageProgram>& programs = layout->programs;
   PatternTokenSource source(o.batch, o.model.block_size, o.model.vocab);
   CapturingLink link(backend, o.loss_scale, o.dtype);
   pipeline::InProcessFabric fabric(o.stages);
   std::vector<std::unique_ptr<ModelStage>> modules;
   std::vector<std::unique_ptr<pipeline::Executor>> executors;
   for (int s = 0; s < o.stages; ++s) {
-    auto m = ModelStage::Create(backend, *model, *bounds,
-                                {.stage = s,
-                                 .stages = o.stages,
-                                 .chunks = o.chunks,
-                                 .micro_batches = o.micro_batches,
-                                 .dtype = o.dtype,
-                                 .checkpoint_every = o.checkpoint_every,
-                                 .push_every_micro_batch = o.push_every_micro_batch,
-                                 .weight_window_bytes = o.weight_window_bytes},
-                                source, link);
+    auto m = ModelStage::Create(backend, *model, bounds, GptStageOptions(o, s), source, link);
     EXPECT_TRUE(m.ok()) << m.status();
     if (!m.ok()) return {};
     modules.push_back(std::move(*m));
-    executors.push_back(std::make_unique<pipeline::Executor>(s, o.stages, o.chunks, (*programs)[s],
+    executors.push_back(std::make_unique<pipeline::Executor>(s, o.stages, o.chunks, programs[s],
                                                              *modules.back(), fabric.ForStage(s)));
   }
   std::vector<std::thread> threads;

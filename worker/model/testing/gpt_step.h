@@ -12,8 +12,10 @@
 
 #include "common/dtype.h"
 #include "worker/backend/backend.h"
+#include "worker/model/device_memory_plan.h"
 #include "worker/model/model.h"
 #include "worker/model/model_stage.h"
+#include "worker/pipeline/schedule.h"
 
 namespace zo::model::testing {
 
@@ -79,6 +81,18 @@ class PatternTokenSource final : public BatchSource {
  private:
   int batch_, block_, vocab_;
 };
+
+// The step's cut into (virtual) stages and each stage's program.
+struct GptStepLayout {
+  std::vector<int> bounds;
+  std::vector<pipeline::StageProgram> programs;
+};
+absl::StatusOr<GptStepLayout> LayOutGptStep(const GptStepOptions& options);
+StageOptions GptStageOptions(const GptStepOptions& options, int stage);
+
+// Stage `stage`'s device memory plan for the step RunGptStep runs.
+absl::StatusOr<DeviceMemoryPlan> PlanGptStage(const GptStepOptions& options, int stage,
+                                              int64_t budget_bytes);
 
 // Step 1 of the model on `backend` (every stage a thread sharing it). Test
 // failures are reported through gtest.
