@@ -3,6 +3,7 @@
 // third of the model trains exactly as one that keeps every weight on the
 // device, and what it cannot honour is refused naming the key.
 #include <chrono>
+#include <cstdint>
 #include <fstream>
 #include <optional>
 #include <string>
@@ -25,8 +26,9 @@ const std::vector<std::string> kGpt = {"--n-layer",    "4",  "--n-embd", "64", "
 
 // Both runs sum gradients on the servers, as streaming needs, so they push
 // the same bytes and only the weights' residence differs.
-std::string Config(const std::string& zero) {
-  return absl::StrCat(R"({"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 2,
+std::string Config(const std::string& zero, int micro_batch = 8) {
+  return absl::StrCat(R"({"train_micro_batch_size_per_gpu": )", micro_batch,
+                      R"(, "gradient_accumulation_steps": 2,
     "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01}},
     "bf16": {"enabled": true}, "gradient_clipping": 1.0, "steps_per_print": 5,
     "zero_optimization": )",
@@ -39,12 +41,13 @@ struct Ran {
   std::string log;  // stdout and stderr
 };
 
-Ran Train(const std::string& dir, const std::string& name, const std::string& zero) {
+Ran Train(const std::string& dir, const std::string& name, const std::string& zero,
+          const std::vector<std::string>& gpt = kGpt, int micro_batch = 8) {
   const std::string config = dir + "/" + name + ".json";
-  std::ofstream(config) << Config(zero);
+  std::ofstream(config) << Config(zero, micro_batch);
   std::vector<std::string> args = {ZO_TRAIN_PATH, "--config", config, "--metrics-out",
                                    dir + "/" + name + ".jsonl"};
-  args.insert(args.end(), kGpt.begin(), kGpt.end());
+  args.insert(args.end(), gpt.begin(), gpt.end());
   absl::StatusOr<ChildProcess> train = ChildProcess::Start(args, dir + "/" + name + ".log");
   EXPECT_TRUE(train.ok()) << train.status();
   if (!train.ok()) return {};
@@ -70,6 +73,69 @@ TEST(ParamOffloadTest, StreamedParametersTrainExactlyAsResidentOnes) {
   ASSERT_EQ(a.size(), 12u);
   EXPECT_EQ(b, a);
   EXPECT_LT(a.back(), a.front() - 0.3);  // and it learns
+}
+
+// Sixteen blocks of about 50 k parameters over one 4-token sequence per
+// micro-batch: the
+// weights (about 1.6 MB in bf16) dwarf the activations, so a budget of a
+// quarter of them holds the step, one block's fp32 gradients and the
+// window.
+const std::vector<std::string> kDeepGpt = {"--n-layer",
+                                           "16",
+                                           "--n-embd",
+                                           "64",
+                                           "--n-head",
+                                           "4",
+                                           "--block-size",
+                                           "4",
+                                           "--steps",
+                                           "8",
+                                           "--seed",
+                                           "5",
+                                           "--activation-checkpoint-every",
+                                           "4"};
+constexpr int64_t kBudget = 390 << 10;  // below a quarter of kDeepGpt's weights
+
+// The number after `prefix` in `log`; -1 when it is not there.
+int64_t NumberAfter(const std::string& log, const std::string& prefix) {
+  const size_t at = log.find(prefix);
+  return at == std::string::npos ? -1 : std::stoll(log.substr(at + prefix.size()));
+}
+
+TEST(ParamOffloadTest, ADeviceMemoryBudgetAQuarterOfTheWeightsTrainsExactly) {
+  const std::string dir = FreshTempDir("param_offload_budget");
+  const Ran resident = Train(dir, "resident", "{}", kDeepGpt, /*micro_batch=*/1);
+  ASSERT_EQ(resident.code, 0) << resident.log;
+  std::vector<std::string> budget = kDeepGpt;
+  budget.insert(budget.end(), {"--device-memory-budget", absl::StrCat(kBudget)});
+  const Ran streamed = Train(dir, "budget", "{}", budget, /*micro_batch=*/1);
+  ASSERT_EQ(streamed.code, 0) << streamed.log;
+
+  const int64_t params = NumberAfter(streamed.log, "layers embed .. lm_head (");
+  EXPECT_GE(params * 2, 4 * kBudget) << streamed.log;  // bf16 weights
+  EXPECT_THAT(streamed.log, HasSubstr("--device-memory-budget: stage 0 gets 390.0 KiB"));
+  const int64_t peak = NumberAfter(streamed.log, "device memory at its peak: ");
+  EXPECT_GT(peak, 0) << streamed.log;
+  EXPECT_LE(peak, kBudget);
+  const std::vector<double> a = Losses(dir + "/resident.jsonl");
+  ASSERT_EQ(a.size(), 8u);
+  EXPECT_EQ(Losses(dir + "/budget.jsonl"), a);
+}
+
+TEST(ParamOffloadTest, ABudgetTooSmallIsRefusedWithTheBytesItNeeds) {
+  const std::string dir = FreshTempDir("param_offload_small_budget");
+  std::vector<std::string> args = kDeepGpt;
+  args.insert(args.end(), {"--device-memory-budget", "300KiB"});
+  const Ran ran = Train(dir, "small", "{}", args, /*micro_batch=*/1);
+  EXPECT_EQ(ran.code, 1) << ran.log;
+  EXPECT_THAT(ran.log, HasSubstr("--device-memory-budget: a device memory budget of 307200 bytes "
+                                 "(300.0 KiB) is too small for stage 0"));
+  EXPECT_THAT(ran.log, HasSubstr("layer h.0 needs 99968 bytes of weights"));
+  EXPECT_THAT(ran.log, HasSubstr("give at least "));
+
+  args.back() = "0";
+  EXPECT_THAT(Train(dir, "zero", "{}", args, 1).log,
+              HasSubstr("--device-memory-budget must be positive"));
 }
 
 TEST(ParamOffloadTest, WhatCannotBeHonouredIsRefusedNamingTheKey) {

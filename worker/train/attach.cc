@@ -34,18 +34,9 @@ absl::StatusOr<LocalStage> OpenStage(const TrainOptions& o, Plan& plan, backend:
   }
   ls.link = std::make_unique<OffloadLink>(
       ls.resend_client ? ls.resend_client.get() : ls.client.get(), backend, manifest, plan.dtype);
-  const model::StageOptions stage_options{
-      .stage = stage,
-      .stages = o.pipeline_stages,
-      .chunks = o.virtual_chunks,
-      .micro_batches = plan.micro_batches,
-      .dtype = plan.dtype,
-      .checkpoint_every = o.activation_checkpoint_every,
-      .push_every_micro_batch =
-          plan.config.zo.gradient_accumulation == GradientAccumulation::kServers,
-      .weight_window_bytes = plan.weight_window_bytes};
-  ZO_ASSIGN_OR_RETURN(ls.module, model::ModelStage::Create(backend, plan.model, plan.bounds,
-                                                           stage_options, source, *ls.link));
+  ZO_ASSIGN_OR_RETURN(ls.module,
+                      model::ModelStage::Create(backend, plan.model, plan.bounds,
+                                                StageOptionsFor(o, plan, stage), source, *ls.link));
   ZO_RETURN_IF_ERROR(ls.link->InitializeIfFresh(ls.module->params(), o.seed));
   return ls;
 }

@@ -24,33 +24,81 @@ absl::StatusOr<std::vector<pipeline::StageProgram>> Programs(const TrainOptions&
   return pipeline::InterleavedOneFOneBSchedule(o.pipeline_stages, micro_batches, o.virtual_chunks);
 }
 
-// zero_optimization.offload_param: "cpu" streams each stage's weights
-// through a window of stage3_max_live_parameters (ChooseGradientAccumulation
-// then picks "servers"); what cannot be honoured is refused.
-absl::Status PlanParamOffload(Plan& plan) {
+absl::StatusOr<model::Model> MakeModel(const TrainOptions& o, const Plan& plan) {
+  if (o.model == "gpt") {
+    model::GptConfig gpt = o.gpt;
+    gpt.vocab = plan.text->vocab().size();
+    return model::MakeGpt(gpt);
+  }
+  return model::MakeMlp(o.mlp, plan.dtype);
+}
+
+// A micro-batch of the run's shape, for the device memory plan.
+model::MicroBatch ShapeOfMicroBatch(const TrainOptions& o, const Plan& plan) {
+  if (o.model != "gpt") return model::MlpMicroBatch(o.mlp, o.seed, 0, 0, 0, plan.micro_batch_size);
+  model::MicroBatch mb;
+  mb.batch = plan.micro_batch_size;
+  mb.block_size = o.gpt.block_size;
+  mb.tokens.assign(static_cast<size_t>(mb.rows()), 0);
+  mb.targets.assign(static_cast<size_t>(mb.rows()), 0);
+  return mb;
+}
+
+// --device-memory-budget: each stage of this process plans its window from
+// an equal share of the budget (stages on threads share the device).
+absl::Status PlanStageWindows(const TrainOptions& o, Plan& plan) {
+  const int local_stages = o.stage >= 0 ? 1 : o.pipeline_stages;
+  const int64_t share = o.device_memory_budget / local_stages;
+  for (int s = 0; s < o.pipeline_stages; ++s) {
+    if (o.stage >= 0 && s != o.stage) continue;
+    ZO_ASSIGN_OR_RETURN(model::Model copy, MakeModel(o, plan));
+    absl::StatusOr<model::DeviceMemoryPlan> stage_plan =
+        model::PlanDeviceMemory({.model = std::move(copy),
+                                 .bounds = plan.bounds,
+                                 .options = StageOptionsFor(o, plan, s),
+                                 .program = plan.programs[s],
+                                 .micro_batch = ShapeOfMicroBatch(o, plan)},
+                                share);
+    if (!stage_plan.ok()) {
+      const std::string of_it =
+          local_stages > 1 ? absl::StrCat(" (1/", local_stages, " of it per stage)") : "";
+      return absl::Status(
+          stage_plan.status().code(),
+          absl::StrCat("--device-memory-budget", of_it, ": ", stage_plan.status().message()));
+    }
+    plan.device_plans.emplace(s, *std::move(stage_plan));
+  }
+  return absl::OkStatus();
+}
+
+// zero_optimization.offload_param "cpu" streams each stage's weights
+// through a window of stage3_max_live_parameters, --device-memory-budget
+// through one planned to fit (ChooseGradientAccumulation then picks
+// "servers"); what cannot be honoured is refused.
+absl::Status PlanParamOffload(const TrainOptions& o, Plan& plan) {
   const ZeroConfig& zero = plan.config.zero_optimization;
-  switch (zero.offload_param.device) {
-    case OffloadDevice::kNone:
-      return absl::OkStatus();
-    case OffloadDevice::kNvme:
-      return absl::InvalidArgumentError(
-          "zero_optimization.offload_param.device = \"nvme\": zo-train keeps a stage's streamed "
-          "weights in host memory and does not spill them to NVMe yet; use \"cpu\"");
-    case OffloadDevice::kCpu:
-      break;
+  const bool budget = o.device_memory_budget > 0;
+  if (zero.offload_param.device == OffloadDevice::kNone && !budget) return absl::OkStatus();
+  if (zero.offload_param.device == OffloadDevice::kNvme) {
+    return absl::InvalidArgumentError(
+        "zero_optimization.offload_param.device = \"nvme\": zo-train keeps a stage's streamed "
+        "weights in host memory and does not spill them to NVMe yet; use \"cpu\"");
   }
   if (plan.config.zo.gradient_accumulation == GradientAccumulation::kDevice) {
-    return absl::InvalidArgumentError(
-        "zero_optimization.offload_param.device = \"cpu\" streams the weights, but "
-        "zo.gradient_accumulation = \"device\" would keep an fp32 gradient of every weight on "
-        "the device: use \"servers\" (or \"auto\")");
+    return absl::InvalidArgumentError(absl::StrCat(
+        budget ? "--device-memory-budget" : "zero_optimization.offload_param.device = \"cpu\"",
+        " streams the weights, but zo.gradient_accumulation = \"device\" would keep an fp32 "
+        "gradient of every weight on the device: use \"servers\" (or \"auto\")"));
   }
-  // Any count beyond what a device could hold means "all of them"; the
-  // clamp keeps the product in range for a count from the config file.
-  const int64_t elem = static_cast<int64_t>(DTypeSize(plan.dtype));
-  plan.weight_window_bytes =
-      std::min(zero.stage3_max_live_parameters, std::numeric_limits<int64_t>::max() / elem) * elem;
-  return absl::OkStatus();
+  if (zero.offload_param.device == OffloadDevice::kCpu) {
+    // Any count beyond what a device could hold means "all of them"; the
+    // clamp keeps the product in range for a count from the config file.
+    const int64_t elem = static_cast<int64_t>(DTypeSize(plan.dtype));
+    plan.weight_window_bytes =
+        std::min(zero.stage3_max_live_parameters, std::numeric_limits<int64_t>::max() / elem) *
+        elem;
+  }
+  return budget ? PlanStageWindows(o, plan) : absl::OkStatus();
 }
 
 }  // namespace
@@ -118,12 +166,8 @@ absl::StatusOr<Plan> MakePlan(const TrainOptions& o) {
     } else {
       ZO_ASSIGN_OR_RETURN(plan.text, CharDataset::FromFile(o.data_path, o.seed));
     }
-    model::GptConfig gpt = o.gpt;
-    gpt.vocab = plan.text->vocab().size();
-    ZO_ASSIGN_OR_RETURN(plan.model, model::MakeGpt(gpt));
-  } else {
-    ZO_ASSIGN_OR_RETURN(plan.model, model::MakeMlp(o.mlp, plan.dtype));
   }
+  ZO_ASSIGN_OR_RETURN(plan.model, MakeModel(o, plan));
   std::vector<model::LayerWeightInfo> infos;
   for (const auto& layer : plan.model.layers) {
     infos.push_back({layer->type(), layer->param_count()});
@@ -132,8 +176,27 @@ absl::StatusOr<Plan> MakePlan(const TrainOptions& o) {
       plan.bounds,
       model::PartitionLayers(infos, o.pipeline_stages * o.virtual_chunks, o.partition_method));
   ZO_ASSIGN_OR_RETURN(plan.programs, Programs(o, plan.micro_batches));
-  ZO_RETURN_IF_ERROR(PlanParamOffload(plan));
+  ZO_RETURN_IF_ERROR(PlanParamOffload(o, plan));
   return plan;
+}
+
+int64_t Plan::WindowBytes(int stage) const {
+  auto it = device_plans.find(stage);
+  if (it == device_plans.end()) return weight_window_bytes;
+  return weight_window_bytes > 0 ? std::min(weight_window_bytes, it->second.window_bytes)
+                                 : it->second.window_bytes;
+}
+
+model::StageOptions StageOptionsFor(const TrainOptions& o, const Plan& plan, int stage) {
+  return {.stage = stage,
+          .stages = o.pipeline_stages,
+          .chunks = o.virtual_chunks,
+          .micro_batches = plan.micro_batches,
+          .dtype = plan.dtype,
+          .checkpoint_every = o.activation_checkpoint_every,
+          .push_every_micro_batch =
+              plan.config.zo.gradient_accumulation == GradientAccumulation::kServers,
+          .weight_window_bytes = plan.WindowBytes(stage)};
 }
 
 void PrintPlan(const TrainOptions& o, const Plan& plan) {
@@ -158,6 +221,17 @@ void PrintPlan(const TrainOptions& o, const Plan& plan) {
         o.out, "zo-train:   stage %d%s: layers %s .. %s (%lld parameters)\n", v % o.pipeline_stages,
         chunk.c_str(), plan.model.layers[plan.bounds[v]]->name().c_str(),
         plan.model.layers[plan.bounds[v + 1] - 1]->name().c_str(), static_cast<long long>(params));
+  }
+  for (const auto& [stage, device] : plan.device_plans) {
+    std::fprintf(o.out,
+                 "zo-train: --device-memory-budget: stage %d gets %s: its step's activations, "
+                 "gradients and loss take %s at most, its weights stream through a window of %s "
+                 "(of %s; largest layer %s, %s)\n",
+                 stage, FormatBytes(device.budget_bytes).c_str(),
+                 FormatBytes(device.step_bytes).c_str(),
+                 FormatBytes(plan.WindowBytes(stage)).c_str(),
+                 FormatBytes(device.stage_weight_bytes).c_str(), device.largest_layer.c_str(),
+                 FormatBytes(device.largest_layer_bytes).c_str());
   }
   if (plan.weight_window_bytes > 0) {
     std::fprintf(o.out,
@@ -193,10 +267,10 @@ absl::Status ChooseGradientAccumulation(const backend::Backend& backend, TrainOp
     }
     const int64_t device_bytes = params * (2 * static_cast<int64_t>(DTypeSize(plan.dtype)) + 4);
     const std::optional<int64_t> free = backend.FreeDeviceMemory();
-    policy = plan.weight_window_bytes == 0 && (!free.has_value() || device_bytes <= *free / 2)
+    policy = !plan.streams() && (!free.has_value() || device_bytes <= *free / 2)
                  ? GradientAccumulation::kDevice
                  : GradientAccumulation::kServers;
-    why = plan.weight_window_bytes > 0 ? "auto: the weights are streamed"
+    why = plan.streams() ? "auto: the weights are streamed"
           : free.has_value()
               ? absl::StrCat("auto: weights x2 and fp32 gradients need ", FormatBytes(device_bytes),
                              policy == GradientAccumulation::kDevice ? ", at most" : ", more than",

@@ -4,6 +4,8 @@
 #ifndef ZO_WORKER_TRAIN_PLAN_H_
 #define ZO_WORKER_TRAIN_PLAN_H_
 
+#include <cstdint>
+#include <map>
 #include <optional>
 #include <vector>
 
@@ -13,7 +15,9 @@
 #include "common/dtype.h"
 #include "worker/backend/backend.h"
 #include "worker/data/char_dataset.h"
+#include "worker/model/device_memory_plan.h"
 #include "worker/model/model.h"
+#include "worker/model/model_stage.h"
 #include "worker/pipeline/schedule.h"
 #include "worker/train/trainer.h"
 
@@ -31,6 +35,14 @@ struct Plan {
   // Parameter streaming (zero_optimization.offload_param.device "cpu"): the
   // most bytes of a stage's weights on the device at once; 0: all of them.
   int64_t weight_window_bytes = 0;
+  // --device-memory-budget: each of this process's stages' plan, by stage
+  // (empty without a budget); its window, capped by weight_window_bytes
+  // when that is set too, is the stage's.
+  std::map<int, model::DeviceMemoryPlan> device_plans;
+
+  bool streams() const { return weight_window_bytes > 0 || !device_plans.empty(); }
+  // What StageOptions::weight_window_bytes gets for `stage`.
+  int64_t WindowBytes(int stage) const;
 };
 
 // INVALID_ARGUMENT naming the flag when the options do not make a run.
@@ -39,6 +51,9 @@ absl::Status CheckOptions(const TrainOptions& o);
 // Parses the config, loads or makes the data, builds the model and
 // partitions it into o.pipeline_stages * o.virtual_chunks stages.
 absl::StatusOr<Plan> MakePlan(const TrainOptions& o);
+
+// How stage `stage` runs (ModelStage's options).
+model::StageOptions StageOptionsFor(const TrainOptions& o, const Plan& plan, int stage);
 
 // The model, the step's shape and each stage's layers, to o.out.
 void PrintPlan(const TrainOptions& o, const Plan& plan);

@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "common/status_context.h"
 #include "common/status_macros.h"
+#include "common/units.h"
 #include "rpc/error_detail.h"
 #include "rpc/job_move.h"
 #include "worker/backend/select_backend.h"
@@ -358,6 +359,13 @@ absl::Status StepLoop::Finish() {
   checkpoint_.Wait(progress_);
   ZO_RETURN_IF_ERROR(WaitForLastStep());
   ZO_RETURN_IF_ERROR(progress_.Finish(outcomes_));
+  if (const std::optional<backend::Backend::Allocation> allocated = backend_.allocation();
+      allocated.has_value() && o_.device_memory_budget > 0) {
+    std::fprintf(o_.out, "zo-train: device memory at its peak: %lld bytes (%s) of the %s budget\n",
+                 static_cast<long long>(allocated->peak_bytes),
+                 FormatBytes(allocated->peak_bytes).c_str(),
+                 FormatBytes(o_.device_memory_budget).c_str());
+  }
   // Trained, but the job's newest checkpoint is older than asked: a run
   // that ends on a failed checkpoint does not exit 0.
   const absl::Status& failure = checkpoint_.last_failure();

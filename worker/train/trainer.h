@@ -45,6 +45,10 @@ struct TrainOptions {
   int virtual_chunks = 1;                    // interleaved: chunks per stage
   std::string partition_method = "parameters";
   int activation_checkpoint_every = 0;  // layers; 0: off
+  // Bytes of device memory per device, > 0: each stage streams its weights
+  // through a window planned to keep its step within them
+  // (model/device_memory_plan.h); 0: no budget.
+  int64_t device_memory_budget = 0;
 
   // Offload servers, "host:port" in striping order; empty: `channels`.
   std::vector<std::string> servers;

@@ -22,6 +22,7 @@
 #include "common/logging.h"
 #include "common/malloc_tuning.h"
 #include "common/metrics_endpoint.h"
+#include "common/units.h"
 #include "server/offload_server.h"
 #include "worker/train/train_metrics.h"
 #include "worker/train/trainer.h"
@@ -52,6 +53,11 @@ ABSL_FLAG(std::string, partition_method, "parameters",
           "how layers are cut into stages: parameters, uniform or type:REGEX (e.g. type:block)");
 ABSL_FLAG(int, activation_checkpoint_every, 0,
           "keep activations only every N layers and recompute the rest in backward; 0: off");
+ABSL_FLAG(std::string, device_memory_budget, "",
+          "device memory per device, e.g. 20GiB: each stage keeps only a window of its "
+          "layers' weights on the device, planned before the first step so that activations, "
+          "one layer's gradients and the window fit (stages of one process share it equally); "
+          "refused when one layer plus the step does not fit; empty: no budget");
 ABSL_FLAG(std::string, servers, "",
           "offload servers, host:port comma-separated in the same order for every worker "
           "(waited for up to 5 minutes when unreachable at start); empty: an embedded "
@@ -167,6 +173,12 @@ absl::Status Run() {
   o.virtual_chunks = absl::GetFlag(FLAGS_virtual_chunks);
   o.partition_method = absl::GetFlag(FLAGS_partition_method);
   o.activation_checkpoint_every = absl::GetFlag(FLAGS_activation_checkpoint_every);
+  if (std::string budget = absl::GetFlag(FLAGS_device_memory_budget); !budget.empty()) {
+    auto bytes = ParseBytes("device-memory-budget", budget);
+    if (!bytes.ok()) return bytes.status();
+    if (*bytes == 0) return absl::InvalidArgumentError("--device-memory-budget must be positive");
+    o.device_memory_budget = *bytes;
+  }
   o.servers = SplitList(absl::GetFlag(FLAGS_servers));
   o.job = absl::GetFlag(FLAGS_job);
   if (std::string path = absl::GetFlag(FLAGS_auth_token_file); !path.empty()) {
