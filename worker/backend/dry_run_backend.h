@@ -5,7 +5,8 @@
 // it sees the real layers, schedule and stage allocate and free, at no cost.
 //
 // Downloads write zeros; uploads check sizes only. Thread-safe as the CPU
-// backend is.
+// backend is. Not final: a test derives from it to hold back the completion
+// of asynchronous copies (param_window_test).
 #ifndef ZO_WORKER_BACKEND_DRY_RUN_BACKEND_H_
 #define ZO_WORKER_BACKEND_DRY_RUN_BACKEND_H_
 
@@ -23,7 +24,7 @@
 
 namespace zo::backend {
 
-class DryRunBackend final : public Backend {
+class DryRunBackend : public Backend {
  public:
   DryRunBackend();
 

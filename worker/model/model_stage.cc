@@ -108,6 +108,8 @@ absl::Status ModelStage::BeginStep(int64_t step) {
 }
 
 absl::Status ModelStage::LoadHostWeights(int64_t step) {
+  // A prefetch still reading the step before's host copies ends first.
+  (void)window_->Settle();
   ZO_ASSIGN_OR_RETURN(const std::vector<absl::Span<const std::byte>> host,
                       link_.LoadHostWeights(step, params_));
   if (host.size() != params_.size()) {
@@ -127,9 +129,11 @@ absl::Status ModelStage::LoadHostWeights(int64_t step) {
   return absl::OkStatus();
 }
 
-absl::Status ModelStage::Weights(int j) {
+absl::Status ModelStage::Weights(int j, int next) {
   if (window_ == nullptr) return absl::OkStatus();
-  return window_->Fetch(*model_.layers[j]);
+  ZO_RETURN_IF_ERROR(window_->Fetch(*model_.layers[j]));
+  if (next < 0) return absl::OkStatus();
+  return window_->Prefetch(*model_.layers[next], *model_.layers[j]);
 }
 
 absl::StatusOr<const MicroBatch*> ModelStage::Batch(int micro_batch) {
@@ -150,9 +154,10 @@ absl::Status ModelStage::LoadMicroBatch(int64_t step, int micro_batch) {
 }
 
 absl::StatusOr<Tensor> ModelStage::RunForward(int begin, int end, int first, Tensor x,
-                                              const MicroBatch& mb, std::vector<Saved>& saved) {
+                                              const MicroBatch& mb, std::vector<Saved>& saved,
+                                              int prefetch_end) {
   for (int j = begin; j < end; ++j) {
-    ZO_RETURN_IF_ERROR(Weights(j));
+    ZO_RETURN_IF_ERROR(Weights(j, j + 1 < prefetch_end ? j + 1 : -1));
     x = model_.layers[j]->Forward(backend_, x, mb, saved[j - first]);
   }
   return x;
@@ -171,14 +176,14 @@ absl::StatusOr<Tensor> ModelStage::Forward(int micro_batch, int chunk, Tensor in
   const int k = options_.checkpoint_every;
   Tensor x = std::move(input);
   if (k == 0) {
-    ZO_ASSIGN_OR_RETURN(x, RunForward(begin, end, begin, std::move(x), *mb, live.saved));
+    ZO_ASSIGN_OR_RETURN(x, RunForward(begin, end, begin, std::move(x), *mb, live.saved, end));
   } else {
     // Keep each run's input; what the run's layers save is dropped here and
     // rebuilt by the backward.
     for (int run = begin; run < end; run += k) {
       live.run_inputs.push_back(x);
       const int run_end = std::min(end, run + k);
-      ZO_ASSIGN_OR_RETURN(x, RunForward(run, run_end, begin, std::move(x), *mb, live.saved));
+      ZO_ASSIGN_OR_RETURN(x, RunForward(run, run_end, begin, std::move(x), *mb, live.saved, end));
       for (int j = run; j < run_end; ++j) live.saved[j - begin].clear();
     }
   }
@@ -217,11 +222,12 @@ absl::StatusOr<Tensor> ModelStage::Backward(int micro_batch, int chunk, Tensor g
     if (k > 0 && ((j - begin) % k == k - 1 || j == end - 1)) {
       // Recompute the run that ends at j from its saved input.
       const int run = begin + (j - begin) / k * k;
+      // The run's last layer computes its backward next: nothing to prefetch.
       ZO_RETURN_IF_ERROR(
-          RunForward(run, j + 1, begin, live.run_inputs[(j - begin) / k], *mb, live.saved)
+          RunForward(run, j + 1, begin, live.run_inputs[(j - begin) / k], *mb, live.saved, j + 1)
               .status());
     }
-    ZO_RETURN_IF_ERROR(Weights(j));
+    ZO_RETURN_IF_ERROR(Weights(j, BackwardNext(j, begin)));
     std::deque<Param>& params = model_.layers[j]->params();
     if (options_.push_every_micro_batch) {
       for (Param& p : params) p.grad = backend_.Zeros(DType::kFloat32, p.shape);
@@ -242,7 +248,15 @@ absl::StatusOr<Tensor> ModelStage::Backward(int micro_batch, int chunk, Tensor g
   return dy;
 }
 
+int ModelStage::BackwardNext(int j, int begin) const {
+  if (j - 1 < begin) return -1;
+  const int k = options_.checkpoint_every;
+  if (k > 0 && (j - 1 - begin) % k == k - 1) return begin + (j - 1 - begin) / k * k;
+  return j - 1;
+}
+
 absl::Status ModelStage::FinishStep(int64_t step) {
+  if (window_ != nullptr) ZO_RETURN_IF_ERROR(window_->Settle());
   ZO_RETURN_IF_ERROR(link_.FinishStep(step));
   if (has_loss()) {
     double sum = 0;

@@ -117,11 +117,18 @@ class ModelStage final : public pipeline::StageModule {
   int VirtualStage(int chunk) const { return chunk * options_.stages + options_.stage; }
   bool IsLastVirtual(int chunk) const;
   absl::StatusOr<const MicroBatch*> Batch(int micro_batch);
-  // Forward of layers [begin, end) of the model from x, filling saved[j - first].
+  // Forward of layers [begin, end) of the model from x, filling saved[j - first];
+  // streaming prefetches layer j + 1 while j computes if j + 1 < prefetch_end.
   absl::StatusOr<backend::Tensor> RunForward(int begin, int end, int first, backend::Tensor x,
-                                             const MicroBatch& mb, std::vector<Saved>& saved);
-  // Layer j's weights are on the device (streaming: the window fetches them).
-  absl::Status Weights(int j);
+                                             const MicroBatch& mb, std::vector<Saved>& saved,
+                                             int prefetch_end);
+  // Layer j's weights are on the device (streaming: the window fetches
+  // them, and starts uploading layer `next`'s unless it is -1).
+  absl::Status Weights(int j, int next);
+  // The layer the backward computes after layer j's, in the chunk whose
+  // first layer is `begin`: j - 1, or with checkpointing the first of the
+  // run that j - 1 ends (recomputed first); -1 after the chunk's first.
+  int BackwardNext(int j, int begin) const;
   // Streaming: the window gets the step's host copies of the weights.
   absl::Status LoadHostWeights(int64_t step);
 

@@ -29,9 +29,30 @@ absl::Status ParamWindow::CheckFits(absl::Span<const Layer* const> layers) const
   return absl::OkStatus();
 }
 
+ParamWindow::~ParamWindow() { (void)Settle(); }
+
 void ParamWindow::Reset(std::map<const Param*, absl::Span<const std::byte>> host) {
+  (void)Settle();  // every layer is dropped: a failed prefetch no longer matters
   while (!resident_.empty()) Drop(resident_.front());
   host_ = std::move(host);
+}
+
+bool ParamWindow::IsResident(const Layer& layer) const {
+  return std::find(resident_.begin(), resident_.end(), &layer) != resident_.end();
+}
+
+absl::StatusOr<std::vector<absl::Span<const std::byte>>> ParamWindow::HostCopies(
+    const Layer& layer) const {
+  std::vector<absl::Span<const std::byte>> copies;
+  for (const Param& p : layer.params()) {
+    auto host = host_.find(&p);
+    if (host == host_.end()) {
+      return absl::InternalError(
+          absl::StrCat("no host copy of ", p.name, "'s weights for the stage's window"));
+    }
+    copies.push_back(host->second);
+  }
+  return copies;
 }
 
 void ParamWindow::Drop(Layer* layer) {
@@ -42,7 +63,21 @@ void ParamWindow::Drop(Layer* layer) {
   for (Param& p : layer->params()) p.value = backend::Tensor();
 }
 
+absl::Status ParamWindow::Settle() {
+  if (in_flight_ == nullptr) return absl::OkStatus();
+  const std::shared_ptr<InFlight> flight = std::move(in_flight_);
+  absl::Status status;
+  {
+    std::unique_lock<std::mutex> lock(flight->mu);
+    flight->done.wait(lock, [&] { return flight->outstanding == 0; });
+    status = flight->status;
+  }
+  if (!status.ok() && IsResident(*flight->layer)) Drop(flight->layer);
+  return status;
+}
+
 absl::Status ParamWindow::Fetch(Layer& layer) {
+  ZO_RETURN_IF_ERROR(Settle());
   if (auto it = std::find(resident_.begin(), resident_.end(), &layer); it != resident_.end()) {
     resident_.splice(resident_.end(), resident_, it);  // now the most recently used
     return absl::OkStatus();
@@ -50,19 +85,49 @@ absl::Status ParamWindow::Fetch(Layer& layer) {
   const int64_t bytes = LayerBytes(layer, dtype_);
   while (!resident_.empty() && resident_bytes_ + bytes > budget_bytes_) Drop(resident_.front());
   if (bytes > budget_bytes_) return CheckFits({&layer});
+  ZO_ASSIGN_OR_RETURN(const std::vector<absl::Span<const std::byte>> host, HostCopies(layer));
+  size_t i = 0;
   for (Param& p : layer.params()) {
-    auto host = host_.find(&p);
-    if (host == host_.end()) {
-      return absl::InternalError(
-          absl::StrCat("no host copy of ", p.name, "'s weights for the stage's window"));
-    }
     p.value = backend_.Empty(dtype_, p.shape);
-    ZO_RETURN_IF_ERROR(backend_.Upload(host->second, p.value));
+    ZO_RETURN_IF_ERROR(backend_.Upload(host[i++], p.value));
   }
   resident_.push_back(&layer);
   resident_bytes_ += bytes;
   peak_resident_bytes_ = std::max(peak_resident_bytes_, resident_bytes_);
   ++fetches_;
+  return absl::OkStatus();
+}
+
+absl::Status ParamWindow::Prefetch(Layer& next, const Layer& in_use) {
+  if (IsResident(next)) return absl::OkStatus();  // on the device, or on its way
+  const int64_t bytes = LayerBytes(next, dtype_);
+  const int64_t in_use_bytes = IsResident(in_use) ? LayerBytes(in_use, dtype_) : 0;
+  if (in_use_bytes + bytes > budget_bytes_) return absl::OkStatus();  // no room beside it
+  ZO_RETURN_IF_ERROR(Settle());
+  ZO_ASSIGN_OR_RETURN(const std::vector<absl::Span<const std::byte>> host, HostCopies(next));
+  for (auto it = resident_.begin();
+       it != resident_.end() && resident_bytes_ + bytes > budget_bytes_;) {
+    Layer* layer = *it++;  // least recently used first; the layer in use stays
+    if (layer != &in_use) Drop(layer);
+  }
+  auto flight = std::make_shared<InFlight>();
+  flight->layer = &next;
+  flight->outstanding = static_cast<int>(next.params().size());
+  in_flight_ = flight;
+  resident_.push_back(&next);
+  resident_bytes_ += bytes;
+  peak_resident_bytes_ = std::max(peak_resident_bytes_, resident_bytes_);
+  ++fetches_;
+  ++prefetches_;
+  size_t i = 0;
+  for (Param& p : next.params()) {
+    p.value = backend_.Empty(dtype_, p.shape);
+    backend_.UploadAsync(host[i++], p.value, [flight](absl::Status s) {
+      std::lock_guard<std::mutex> lock(flight->mu);
+      if (!s.ok() && flight->status.ok()) flight->status = std::move(s);
+      if (--flight->outstanding == 0) flight->done.notify_all();
+    });
+  }
   return absl::OkStatus();
 }
 

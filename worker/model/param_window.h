@@ -5,17 +5,26 @@
 // to keep the weights on the device within a byte budget. A layer is the
 // unit: its parameters come and go together.
 //
+// While a layer computes, the stage may prefetch the one it computes next:
+// its upload runs beside the compute (Backend::UploadAsync: the copy
+// engine of a GPU) if the budget holds it beside the layer in use, and its
+// Fetch waits for it. One prefetch is in flight at a time.
+//
 // Not thread-safe: one per stage, used by the stage's executor thread.
 #ifndef ZO_WORKER_MODEL_PARAM_WINDOW_H_
 #define ZO_WORKER_MODEL_PARAM_WINDOW_H_
 
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <list>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/dtype.h"
 #include "worker/backend/backend.h"
@@ -40,20 +49,44 @@ class ParamWindow {
   void Reset(std::map<const Param*, absl::Span<const std::byte>> host);
   // `layer`'s weights on the device: uploaded from the host copies unless
   // they are there, after dropping the least recently used other layers'
-  // as the budget needs.
+  // as the budget needs. Waits for a prefetch in flight first; its failure
+  // is returned here.
   absl::Status Fetch(Layer& layer);
+  // Starts uploading `next`'s weights unless they are on the device or on
+  // their way, dropping least recently used layers other than `in_use`;
+  // nothing when `in_use` and `next` together exceed the budget.
+  absl::Status Prefetch(Layer& next, const Layer& in_use);
+  // Waits for the prefetch in flight (its failure drops its layer and is
+  // returned): before the host copies change.
+  absl::Status Settle();
 
   int64_t budget_bytes() const { return budget_bytes_; }
   int64_t resident_bytes() const { return resident_bytes_; }
   // The most resident at once since construction.
   int64_t peak_resident_bytes() const { return peak_resident_bytes_; }
-  // Layers uploaded since construction.
+  // Layers uploaded since construction, and how many of them ahead of
+  // their use (Prefetch).
   int64_t fetches() const { return fetches_; }
+  int64_t prefetches() const { return prefetches_; }
 
+  // Waits for a prefetch in flight: its host bytes must outlive the copy.
+  ~ParamWindow();
   ParamWindow(const ParamWindow&) = delete;
   ParamWindow& operator=(const ParamWindow&) = delete;
 
  private:
+  // One layer's uploads in flight; the copies' callbacks share it.
+  struct InFlight {
+    Layer* layer = nullptr;
+    std::mutex mu;
+    std::condition_variable done;
+    int outstanding = 0;  // guarded by mu
+    absl::Status status;  // the first failure; guarded by mu
+  };
+
+  bool IsResident(const Layer& layer) const;
+  // The host bytes of each of `layer`'s params; INTERNAL when one is missing.
+  absl::StatusOr<std::vector<absl::Span<const std::byte>>> HostCopies(const Layer& layer) const;
   void Drop(Layer* layer);
 
   backend::Backend& backend_;
@@ -64,6 +97,8 @@ class ParamWindow {
   int64_t resident_bytes_ = 0;
   int64_t peak_resident_bytes_ = 0;
   int64_t fetches_ = 0;
+  int64_t prefetches_ = 0;
+  std::shared_ptr<InFlight> in_flight_;  // null when no prefetch is
 };
 
 }  // namespace zo::model

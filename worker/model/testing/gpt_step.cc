@@ -146,6 +146,7 @@ GptStepResult RunGptStep(backend::Backend& backend, const GptStepOptions& o) {
     if (m->window() == nullptr) continue;
     result.peak_window_bytes.push_back(m->window()->peak_resident_bytes());
     result.window_fetches.push_back(m->window()->fetches());
+    result.window_prefetches.push_back(m->window()->prefetches());
   }
   return result;
 }

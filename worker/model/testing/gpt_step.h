@@ -39,6 +39,7 @@ struct GptStepResult {
   // layers it uploaded (streaming only).
   std::vector<int64_t> peak_window_bytes;
   std::vector<int64_t> window_fetches;
+  std::vector<int64_t> window_prefetches;  // of the fetches, those ahead of use
   // By parameter name, as pushed (summed over micro-batch pushes).
   std::map<std::string, std::vector<float>> grads;
   std::map<std::string, int> pushes;  // how often each was pushed

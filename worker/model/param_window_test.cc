@@ -1,0 +1,138 @@
+// ParamWindow's prefetch: the next layer's upload goes on beside the layer
+// in use when the budget holds both, Fetch waits for it and reports its
+// failure, and nothing the window drops is the layer in use. Uploads here
+// complete when the test says (a backend that holds their callbacks).
+#include "worker/model/param_window.h"
+
+#include <cstddef>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/backend/dry_run_backend.h"
+#include "worker/model/basic_layers.h"
+
+namespace zo::model {
+namespace {
+
+using ::testing::HasSubstr;
+using ::zo::testing::IsOk;
+using ::zo::testing::StatusIs;
+
+// Asynchronous uploads finish only at Complete.
+class HeldUploads final : public backend::DryRunBackend {
+ public:
+  void UploadAsync(absl::Span<const std::byte> src, backend::Tensor& dst,
+                   std::function<void(absl::Status)> done) override {
+    absl::Status checked = Upload(src, dst);
+    std::lock_guard<std::mutex> lock(mu_);
+    held_.push_back(
+        [checked, done = std::move(done)](absl::Status s) { done(checked.ok() ? s : checked); });
+  }
+  int held() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<int>(held_.size());
+  }
+  // Finishes every upload held so far with `status`.
+  void Complete(const absl::Status& status) {
+    std::vector<std::function<void(absl::Status)>> done;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done.swap(held_);
+    }
+    for (auto& d : done) d(status);
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::function<void(absl::Status)>> held_;
+};
+
+constexpr DType kDType = DType::kBFloat16;
+
+class ParamWindowTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* name : {"a", "b", "c"}) {
+      layers_.push_back(std::make_unique<LinearLayer>(name, 8, 8));  // 72 params, 144 bytes
+      layers_.back()->Bind(backend_, kDType, /*grads=*/false, /*values=*/false);
+      for (const Param& p : layers_.back()->params()) {
+        host_[&p].resize(static_cast<size_t>(p.numel()) * DTypeSize(kDType));
+      }
+    }
+  }
+
+  std::unique_ptr<ParamWindow> Window(int64_t budget) {
+    auto window = std::make_unique<ParamWindow>(backend_, kDType, budget);
+    std::map<const Param*, absl::Span<const std::byte>> host;
+    for (auto& [param, bytes] : host_) host.emplace(param, bytes);
+    window->Reset(std::move(host));
+    return window;
+  }
+  Layer& L(int i) { return *layers_[i]; }
+  int64_t Bytes() const { return ParamWindow::LayerBytes(*layers_[0], kDType); }
+
+  HeldUploads backend_;
+  std::vector<std::unique_ptr<Layer>> layers_;
+  std::map<const Param*, std::vector<std::byte>> host_;
+};
+
+TEST_F(ParamWindowTest, ThePrefetchGoesOnBesideTheLayerInUseAndFetchWaitsForIt) {
+  std::unique_ptr<ParamWindow> window = Window(2 * Bytes());
+  ASSERT_THAT(window->Fetch(L(0)), IsOk());
+  ASSERT_THAT(window->Prefetch(L(1), L(0)), IsOk());
+  EXPECT_EQ(backend_.held(), 2);  // b's weight and bias, on their way
+  EXPECT_EQ(window->resident_bytes(), 2 * Bytes());
+  EXPECT_EQ(window->prefetches(), 1);
+  ASSERT_THAT(window->Prefetch(L(1), L(0)), IsOk());  // already on its way
+  EXPECT_EQ(window->prefetches(), 1);
+
+  std::thread copy_engine([&] { backend_.Complete(absl::OkStatus()); });
+  EXPECT_THAT(window->Fetch(L(1)), IsOk());
+  copy_engine.join();
+  EXPECT_EQ(window->fetches(), 2);
+  EXPECT_TRUE(L(1).params()[0].value.defined());
+}
+
+TEST_F(ParamWindowTest, NoRoomBesideTheLayerInUseMeansNoPrefetch) {
+  std::unique_ptr<ParamWindow> window = Window(2 * Bytes() - 1);
+  ASSERT_THAT(window->Fetch(L(0)), IsOk());
+  ASSERT_THAT(window->Prefetch(L(1), L(0)), IsOk());
+  EXPECT_EQ(window->prefetches(), 0);
+  EXPECT_EQ(backend_.held(), 0);
+  EXPECT_TRUE(L(0).params()[0].value.defined());
+}
+
+TEST_F(ParamWindowTest, ThePrefetchDropsTheLeastRecentlyUsedButNeverTheLayerInUse) {
+  std::unique_ptr<ParamWindow> window = Window(2 * Bytes());
+  ASSERT_THAT(window->Fetch(L(1)), IsOk());
+  ASSERT_THAT(window->Fetch(L(0)), IsOk());  // a in use, b the least recently used
+  ASSERT_THAT(window->Prefetch(L(2), L(0)), IsOk());
+  EXPECT_TRUE(L(0).params()[0].value.defined());
+  EXPECT_FALSE(L(1).params()[0].value.defined());
+  EXPECT_EQ(window->peak_resident_bytes(), 2 * Bytes());
+  backend_.Complete(absl::OkStatus());
+  EXPECT_THAT(window->Settle(), IsOk());
+}
+
+TEST_F(ParamWindowTest, AFailedPrefetchIsFetchsErrorAndItsLayerIsFetchedAgain) {
+  std::unique_ptr<ParamWindow> window = Window(2 * Bytes());
+  ASSERT_THAT(window->Fetch(L(0)), IsOk());
+  ASSERT_THAT(window->Prefetch(L(1), L(0)), IsOk());
+  backend_.Complete(absl::DataLossError("copy engine fault"));
+  EXPECT_THAT(window->Fetch(L(1)),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("copy engine fault")));
+  EXPECT_EQ(window->resident_bytes(), Bytes());  // b dropped: its bytes are not the weights
+  EXPECT_THAT(window->Fetch(L(1)), IsOk());      // uploaded again, synchronously
+  EXPECT_EQ(window->resident_bytes(), 2 * Bytes());
+}
+
+}  // namespace
+}  // namespace zo::model
