@@ -1,7 +1,9 @@
-// zero_optimization.offload_param end to end: a zo-train process (embedded
-// server) that streams its stage's parameters through a window of under a
-// third of the model trains exactly as one that keeps every weight on the
-// device, and what it cannot honour is refused naming the key.
+// zero_optimization.offload_param and --device-memory-budget end to end: a
+// zo-train process (embedded server) that streams its stage's parameters
+// through a window of under a third of the model, or through the window
+// planned for a budget a quarter of its weights (the peak under it), trains
+// exactly as one that keeps every weight on the device, and what it cannot
+// honour is refused naming the key or the bytes.
 #include <chrono>
 #include <cstdint>
 #include <fstream>
