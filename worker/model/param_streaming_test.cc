@@ -106,6 +106,35 @@ INSTANTIATE_TEST_SUITE_P(Schedules, ParamStreamingTest,
                            return info.param.name;
                          });
 
+// From its second step the window drops the layer needed furthest ahead in
+// the order the first step fetched them: under GPipe, whose forward sweeps
+// repeat, a third fewer uploads than the least recently used rule's (which
+// drops the very next layer needed), and still the same bits.
+TEST(ParamStreamingOrder, FromTheSecondStepGPipeUploadsAThirdLess) {
+  testing::GptStepOptions options{
+      .model = {.n_layer = 12, .n_embd = 64, .n_head = 4, .block_size = 6, .vocab = 11},
+      .batch = 2,
+      .micro_batches = 8,
+      .schedule = "gpipe",
+      .dtype = DType::kBFloat16,
+      .push_every_micro_batch = true,
+      .steps = 2};
+  std::unique_ptr<backend::Backend> resident_backend = backend::MakeCpuBackend();
+  const testing::GptStepResult resident = testing::RunGptStep(*resident_backend, options);
+
+  options.weight_window_bytes = WeightBytes(options.model, DType::kBFloat16) / 2;
+  std::unique_ptr<backend::Backend> backend = backend::MakeCpuBackend();
+  const testing::GptStepResult two = testing::RunGptStep(*backend, options);
+  options.steps = 1;
+  const testing::GptStepResult one = testing::RunGptStep(*backend, options);
+
+  EXPECT_EQ(two.loss, resident.loss);
+  EXPECT_EQ(two.grads, resident.grads);
+  const int64_t first = one.window_fetches[0];
+  const int64_t second = two.window_fetches[0] - first;
+  EXPECT_LT(second, first * 7 / 10) << "first step " << first << ", second " << second;
+}
+
 // One stage over the whole of GPT-lite on the CPU backend, for the refusals.
 class ParamStreamingRefusals : public ::testing::Test {
  protected:

@@ -1,6 +1,7 @@
 #include "worker/model/param_window.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -8,6 +9,12 @@
 #include "common/units.h"
 
 namespace zo::model {
+namespace {
+
+// The next use of a layer fetched no more this step.
+constexpr size_t kNever = std::numeric_limits<size_t>::max();
+
+}  // namespace
 
 ParamWindow::ParamWindow(backend::Backend& backend, DType dtype, int64_t budget_bytes)
     : backend_(backend), dtype_(dtype), budget_bytes_(budget_bytes) {}
@@ -35,6 +42,55 @@ void ParamWindow::Reset(std::map<const Param*, absl::Span<const std::byte>> host
   (void)Settle();  // every layer is dropped: a failed prefetch no longer matters
   while (!resident_.empty()) Drop(resident_.front());
   host_ = std::move(host);
+  // The step that ended gives the order the next one is expected to keep.
+  if (!this_step_.empty()) {
+    order_ = std::move(this_step_);
+    this_step_.clear();
+    next_same_.assign(order_.size(), kNever);
+    std::map<const Layer*, size_t> later;
+    for (size_t i = order_.size(); i-- > 0;) {
+      auto it = later.find(order_[i]);
+      if (it != later.end()) next_same_[i] = it->second;
+      later[order_[i]] = i;
+    }
+  }
+  following_ = !order_.empty();
+  next_use_.clear();
+}
+
+void ParamWindow::Record(const Layer& layer) {
+  const size_t at = this_step_.size();
+  this_step_.push_back(&layer);
+  if (!following_) return;
+  if (at >= order_.size() || order_[at] != &layer) {
+    following_ = false;  // a different order: least recently used from here
+    return;
+  }
+  next_use_[&layer] = next_same_[at];
+}
+
+Layer* ParamWindow::Victim(const Layer* keep) const {
+  Layer* victim = nullptr;
+  size_t furthest = 0;
+  for (Layer* layer : resident_) {  // least recently used first
+    if (layer == keep) continue;
+    if (!following_) return layer;
+    // A layer this step has not fetched yet is used at its first position.
+    auto it = next_use_.find(layer);
+    size_t next = kNever;
+    if (it != next_use_.end()) {
+      next = it->second;
+    } else {
+      auto first =
+          std::find(order_.begin() + static_cast<long>(this_step_.size()), order_.end(), layer);
+      next = first == order_.end() ? kNever : static_cast<size_t>(first - order_.begin());
+    }
+    if (victim == nullptr || next > furthest) {
+      victim = layer;
+      furthest = next;
+    }
+  }
+  return victim;
 }
 
 bool ParamWindow::IsResident(const Layer& layer) const {
@@ -78,12 +134,13 @@ absl::Status ParamWindow::Settle() {
 
 absl::Status ParamWindow::Fetch(Layer& layer) {
   ZO_RETURN_IF_ERROR(Settle());
+  Record(layer);
   if (auto it = std::find(resident_.begin(), resident_.end(), &layer); it != resident_.end()) {
     resident_.splice(resident_.end(), resident_, it);  // now the most recently used
     return absl::OkStatus();
   }
   const int64_t bytes = LayerBytes(layer, dtype_);
-  while (!resident_.empty() && resident_bytes_ + bytes > budget_bytes_) Drop(resident_.front());
+  while (!resident_.empty() && resident_bytes_ + bytes > budget_bytes_) Drop(Victim(nullptr));
   if (bytes > budget_bytes_) return CheckFits({&layer});
   ZO_ASSIGN_OR_RETURN(const std::vector<absl::Span<const std::byte>> host, HostCopies(layer));
   size_t i = 0;
@@ -105,11 +162,7 @@ absl::Status ParamWindow::Prefetch(Layer& next, const Layer& in_use) {
   if (in_use_bytes + bytes > budget_bytes_) return absl::OkStatus();  // no room beside it
   ZO_RETURN_IF_ERROR(Settle());
   ZO_ASSIGN_OR_RETURN(const std::vector<absl::Span<const std::byte>> host, HostCopies(next));
-  for (auto it = resident_.begin();
-       it != resident_.end() && resident_bytes_ + bytes > budget_bytes_;) {
-    Layer* layer = *it++;  // least recently used first; the layer in use stays
-    if (layer != &in_use) Drop(layer);
-  }
+  while (resident_bytes_ + bytes > budget_bytes_) Drop(Victim(&in_use));
   auto flight = std::make_shared<InFlight>();
   flight->layer = &next;
   flight->outstanding = static_cast<int>(next.params().size());

@@ -1,9 +1,17 @@
 // The layers whose weights are on the device while a stage streams its
 // parameters (ZeRO-Infinity's parameter offload): the step's weights stay in
 // host memory, a layer's are uploaded just before it computes (forward,
-// recompute or backward), and the least recently used layers' are dropped
-// to keep the weights on the device within a byte budget. A layer is the
-// unit: its parameters come and go together.
+// recompute or backward), and other layers' are dropped to keep the weights
+// on the device within a byte budget. A layer is the unit: its parameters
+// come and go together.
+//
+// Which layer is dropped: a step's schedule fetches the layers in the same
+// order every step, so the window records the order of one step and, while
+// the next follows it, drops the layer whose next use is furthest ahead
+// (Belady's rule, the fewest uploads for that order: under GPipe's
+// repeated forward sweeps the least recently used layer is the very next
+// one needed). The first step, and a step that strays from the recorded
+// order, drop the least recently used.
 //
 // While a layer computes, the stage may prefetch the one it computes next:
 // its upload runs beside the compute (Backend::UploadAsync: the copy
@@ -85,6 +93,11 @@ class ParamWindow {
   };
 
   bool IsResident(const Layer& layer) const;
+  // Notes a fetch of `layer` in the step's order of fetches.
+  void Record(const Layer& layer);
+  // The resident layer to drop for room, never `keep`; null when only
+  // `keep` is resident.
+  Layer* Victim(const Layer* keep) const;
   // The host bytes of each of `layer`'s params; INTERNAL when one is missing.
   absl::StatusOr<std::vector<absl::Span<const std::byte>>> HostCopies(const Layer& layer) const;
   void Drop(Layer* layer);
@@ -99,6 +112,16 @@ class ParamWindow {
   int64_t fetches_ = 0;
   int64_t prefetches_ = 0;
   std::shared_ptr<InFlight> in_flight_;  // null when no prefetch is
+
+  // The order of fetches of the last whole step, and for each position the
+  // next position of the same layer (SIZE_MAX: none).
+  std::vector<const Layer*> order_;
+  std::vector<size_t> next_same_;
+  std::vector<const Layer*> this_step_;  // this step's fetches so far
+  bool following_ = false;               // this step has kept to order_
+  // While following: each layer's next position in order_ after the last
+  // fetch (a layer not in it is used no more this step).
+  std::map<const Layer*, size_t> next_use_;
 };
 
 }  // namespace zo::model

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -71,10 +72,13 @@ class ParamWindowTest : public ::testing::Test {
 
   std::unique_ptr<ParamWindow> Window(int64_t budget) {
     auto window = std::make_unique<ParamWindow>(backend_, kDType, budget);
+    window->Reset(Host());
+    return window;
+  }
+  std::map<const Param*, absl::Span<const std::byte>> Host() const {
     std::map<const Param*, absl::Span<const std::byte>> host;
     for (auto& [param, bytes] : host_) host.emplace(param, bytes);
-    window->Reset(std::move(host));
-    return window;
+    return host;
   }
   Layer& L(int i) { return *layers_[i]; }
   int64_t Bytes() const { return ParamWindow::LayerBytes(*layers_[0], kDType); }
@@ -120,6 +124,26 @@ TEST_F(ParamWindowTest, ThePrefetchDropsTheLeastRecentlyUsedButNeverTheLayerInUs
   EXPECT_EQ(window->peak_resident_bytes(), 2 * Bytes());
   backend_.Complete(absl::OkStatus());
   EXPECT_THAT(window->Settle(), IsOk());
+}
+
+// a b c a b c with room for two: the least recently used rule drops each
+// layer just before it is needed again (six uploads); once the window knows
+// the order it drops the one needed furthest ahead (four); a step in another
+// order goes back to the least recently used.
+TEST_F(ParamWindowTest, AStepInTheRecordedOrderDropsTheLayerNeededFurthestAhead) {
+  std::unique_ptr<ParamWindow> window = Window(2 * Bytes());
+  auto step = [&](std::initializer_list<int> order) {
+    window->Reset(Host());
+    for (int i : order) ASSERT_THAT(window->Fetch(L(i)), IsOk());
+  };
+  step({0, 1, 2, 0, 1, 2});
+  EXPECT_EQ(window->fetches(), 6);
+  step({0, 1, 2, 0, 1, 2});
+  EXPECT_EQ(window->fetches(), 10);
+  step({0, 2, 1});  // strays at its second fetch
+  EXPECT_EQ(window->fetches(), 13);
+  EXPECT_FALSE(L(0).params()[0].value.defined());  // least recently used, though needed next
+  EXPECT_TRUE(L(2).params()[0].value.defined());
 }
 
 TEST_F(ParamWindowTest, AFailedPrefetchIsFetchsErrorAndItsLayerIsFetchedAgain) {

@@ -133,9 +133,11 @@ GptStepResult RunGptStep(backend::Backend& backend, const GptStepOptions& o) {
   std::vector<absl::Status> status(o.stages);
   for (int s = 0; s < o.stages; ++s) {
     threads.emplace_back([&, s] {
-      auto t = executors[s]->RunStep(1);
-      status[s] = t.status();
-      if (!t.ok()) fabric.Abort(t.status());
+      for (int64_t step = 1; step <= o.steps && status[s].ok(); ++step) {
+        auto t = executors[s]->RunStep(step);
+        status[s] = t.status();
+        if (!t.ok()) fabric.Abort(t.status());
+      }
     });
   }
   for (auto& t : threads) t.join();

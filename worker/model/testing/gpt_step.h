@@ -31,6 +31,9 @@ struct GptStepOptions {
   double loss_scale = 8;
   bool push_every_micro_batch = false;
   int64_t weight_window_bytes = 0;  // StageOptions::weight_window_bytes
+  // Steps 1 .. steps on the same weights; the result's gradients and
+  // pushes add up all of them, its loss is the last one's.
+  int steps = 1;
 };
 
 struct GptStepResult {
@@ -95,8 +98,8 @@ StageOptions GptStageOptions(const GptStepOptions& options, int stage);
 absl::StatusOr<DeviceMemoryPlan> PlanGptStage(const GptStepOptions& options, int stage,
                                               int64_t budget_bytes);
 
-// Step 1 of the model on `backend` (every stage a thread sharing it). Test
-// failures are reported through gtest.
+// Steps 1 .. options.steps of the model on `backend` (every stage a thread
+// sharing it). Test failures are reported through gtest.
 GptStepResult RunGptStep(backend::Backend& backend, const GptStepOptions& options);
 
 }  // namespace zo::model::testing
