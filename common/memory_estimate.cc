@@ -82,6 +82,7 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const EstimateInput& input) {
     return absl::InvalidArgumentError(
         absl::StrCat("buffer_count must be <= ", kMaxBufferCount, ", got ", input.buffer_count));
   }
+  ZO_RETURN_IF_ERROR(CheckAtLeast("max_live_params", input.max_live_params, 0));
   if (input.precision == DType::kFloat32) {
     return absl::InvalidArgumentError("precision must be fp16 or bf16");
   }
@@ -117,6 +118,13 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const EstimateInput& input) {
   g.total_bytes = g.param_bytes + g.next_param_bytes + g.grad_bytes;
   g.host_staging_bytes = (1 + std::min(input.micro_batches, 2)) * g.stage_params * lp;
   g.pushed_bytes_per_step = g.stage_params * lp * input.micro_batches;
+  if (input.max_live_params > 0) {
+    GpuEstimate& st = e.gpu_streamed;
+    st = g;
+    st.param_bytes = std::min(input.max_live_params, st.stage_params) * lp;
+    st.next_param_bytes = 0;
+    st.total_bytes = st.param_bytes + st.grad_bytes;
+  }
 
   ServerEstimate& s = e.server;
   for (int i = 0; i < input.servers; ++i) s.elems = std::max(s.elems, map.ElemsOnServer(i));
@@ -178,18 +186,29 @@ std::string FormatEstimateTable(const MemoryEstimate& e) {
   auto bytes = [](int64_t b) { return FormatBytes(static_cast<double>(b)); };
   const GpuEstimate& d = e.gpu;
   const GpuEstimate& g = e.gpu_servers;
-  absl::StrAppendFormat(&out,
-                        "per GPU (largest stage: %s parameters), by zo.gradient_accumulation\n",
-                        FormatCount(static_cast<double>(d.stage_params)));
-  out += Row("", "device", "servers");
-  out += Row(lp + " parameters", bytes(d.param_bytes), bytes(g.param_bytes));
-  out += Row(lp + " next step's parameters (prefetch)", bytes(d.next_param_bytes),
-             bytes(g.next_param_bytes));
-  out += Row("fp32 gradients (servers: one layer's)", bytes(d.grad_bytes), bytes(g.grad_bytes));
-  out += Row("total, before activations", bytes(d.total_bytes), bytes(g.total_bytes));
-  out += Row("page-locked host staging", bytes(d.host_staging_bytes), bytes(g.host_staging_bytes));
-  out += Row(absl::StrFormat("pushed per step (%d micro-batches)", in.micro_batches),
-             bytes(d.pushed_bytes_per_step), bytes(g.pushed_bytes_per_step));
+  const bool streams = in.max_live_params > 0;
+  const GpuEstimate& st = e.gpu_streamed;
+  // A third column, "streamed", when the weights stream.
+  auto gpu_row = [&](const std::string& what, int64_t GpuEstimate::*field) {
+    std::string row = Row(what, bytes(d.*field), bytes(g.*field));
+    if (streams) row.insert(row.size() - 1, absl::StrFormat(" %12s", bytes(st.*field)));
+    return row;
+  };
+  absl::StrAppendFormat(
+      &out, "per GPU (largest stage: %s parameters), by zo.gradient_accumulation%s\n",
+      FormatCount(static_cast<double>(d.stage_params)),
+      streams ? absl::StrFormat(", and streamed (%s parameters live)",
+                                FormatCount(static_cast<double>(in.max_live_params)))
+              : "");
+  out += streams ? absl::StrFormat("  %-38s %12s %12s %12s\n", "", "device", "servers", "streamed")
+                 : Row("", "device", "servers");
+  out += gpu_row(lp + " parameters", &GpuEstimate::param_bytes);
+  out += gpu_row(lp + " next step's parameters (prefetch)", &GpuEstimate::next_param_bytes);
+  out += gpu_row("fp32 gradients (servers: one layer's)", &GpuEstimate::grad_bytes);
+  out += gpu_row("total, before activations", &GpuEstimate::total_bytes);
+  out += gpu_row("page-locked host staging", &GpuEstimate::host_staging_bytes);
+  out += gpu_row(absl::StrFormat("pushed per step (%d micro-batches)", in.micro_batches),
+                 &GpuEstimate::pushed_bytes_per_step);
 
   absl::StrAppendFormat(&out, "\nper server (largest share: %s elements)\n",
                         FormatCount(static_cast<double>(s.elems)));
@@ -224,6 +243,11 @@ std::string FormatEstimateTable(const MemoryEstimate& e) {
       "\nzo-train's \"auto\" picks device when its total takes at most half the GPU's free\n"
       "memory, else servers (fp32 gradient sum on the servers).\n";
   out += "\nActivations, GPU workspace and gRPC buffers are not included.\n";
+  if (streams) {
+    out +=
+        "Streamed: the window holds whole layers; zo-train --device-memory-budget plans it\n"
+        "from a dry step of the schedule, activations included, and prints the plan.\n";
+  }
   return out;
 }
 
@@ -257,6 +281,7 @@ std::string FormatEstimateJson(const MemoryEstimate& e) {
       {"micro_batches", in.micro_batches},
       {"gpu", GpuJson(e.gpu)},
       {"gpu_gradient_accumulation_servers", GpuJson(e.gpu_servers)},
+      {"max_live_params", in.max_live_params},
       {"server",
        {{"elems", s.elems},
         {"master_bytes", s.master_bytes},
@@ -270,6 +295,7 @@ std::string FormatEstimateJson(const MemoryEstimate& e) {
         {"ram_bytes_gradient_accumulation_servers", e.server_ram_bytes_servers},
         {"nvme_bytes", s.nvme_bytes}}},
   };
+  if (in.max_live_params > 0) j["gpu_streamed"] = GpuJson(e.gpu_streamed);
   return j.dump(2) + "\n";
 }
 

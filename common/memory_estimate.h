@@ -27,6 +27,9 @@ struct EstimateInput {
   int64_t sub_group_size = 1000000000;  // DeepSpeed's default
   int buffer_count = 4;
   int micro_batches = 1;  // gradient_accumulation_steps
+  // Parameter streaming (zero_optimization.offload_param "cpu"): at most
+  // this many parameters of a stage on the device at once; 0: no streaming.
+  int64_t max_live_params = 0;
 };
 
 // What a GPU worker holds for the largest stage (worker/train/offload_link.h)
@@ -73,14 +76,20 @@ struct MemoryEstimate {
   int64_t chunk_elems = 0;
   GpuEstimate gpu;          // zo.gradient_accumulation "device"
   GpuEstimate gpu_servers;  // "servers"
-  ServerEstimate server;    // "device"
+  // Streaming (input.max_live_params > 0), which sums on the servers: the
+  // window of weights on the device, no prefetch set, one layer's fp32
+  // gradients; the host staging is the servers policy's, whose pulled
+  // weights are the ones the window uploads from.
+  GpuEstimate gpu_streamed;
+  ServerEstimate server;  // "device"
   // The server's RAM under "servers": its gradient buffer sums in fp32 even
   // with one dp rank (unless there is one micro-batch too).
   int64_t server_ram_bytes_servers = 0;
 };
 
 // INVALID_ARGUMENT on counts below 1, no parameters, a precision other than
-// fp16/bf16, or an NVMe estimate with fewer than 3 buffers.
+// fp16/bf16, an NVMe estimate with fewer than 3 buffers, or a negative
+// max_live_params.
 absl::StatusOr<MemoryEstimate> EstimateMemory(const EstimateInput& input);
 
 // A table for people.

@@ -83,6 +83,41 @@ TEST(MemoryEstimateTest, GradientsSummedOnTheServersShowBesideTheDevicePolicy) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("micro-batches")));
 }
 
+// offload_param "cpu": the device keeps the window of weights and one
+// layer's fp32 gradients; the host, the stage's weights and the gradient
+// slots, as under "servers".
+TEST(MemoryEstimateTest, StreamedWeightsShowAsAThirdPolicy) {
+  EstimateInput in;
+  in.tensor_elems = {600000000, 300000000, 100000000};
+  in.micro_batches = 4;
+  in.max_live_params = 250000000;
+  ZO_ASSERT_OK_AND_ASSIGN(MemoryEstimate e, EstimateMemory(in));
+  EXPECT_EQ(e.gpu_streamed.param_bytes, 500000000);
+  EXPECT_EQ(e.gpu_streamed.next_param_bytes, 0);
+  EXPECT_EQ(e.gpu_streamed.grad_bytes, 2400000000);
+  EXPECT_EQ(e.gpu_streamed.total_bytes, 2900000000);
+  EXPECT_EQ(e.gpu_streamed.host_staging_bytes, 3 * 2000000000LL);
+  const std::string table = FormatEstimateTable(e);
+  EXPECT_THAT(table, HasSubstr("and streamed (250.0 M parameters live)"));
+  EXPECT_THAT(table, ::testing::ContainsRegex("device +servers +streamed"));
+  EXPECT_THAT(table,
+              ::testing::ContainsRegex("total, before activations +7.45 GiB +5.96 GiB +2.70 GiB"));
+  const nlohmann::json j = nlohmann::json::parse(FormatEstimateJson(e));
+  EXPECT_EQ(j["gpu_streamed"]["total_bytes"], 2900000000);
+  EXPECT_EQ(j["max_live_params"], 250000000);
+
+  in.max_live_params = int64_t{1} << 40;  // more than the stage: all of it
+  ZO_ASSERT_OK_AND_ASSIGN(e, EstimateMemory(in));
+  EXPECT_EQ(e.gpu_streamed.param_bytes, 2000000000);
+  in.max_live_params = -1;
+  EXPECT_THAT(EstimateMemory(in).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_live_params")));
+  in.max_live_params = 0;
+  ZO_ASSERT_OK_AND_ASSIGN(e, EstimateMemory(in));
+  EXPECT_THAT(FormatEstimateTable(e), ::testing::Not(HasSubstr("streamed")));
+  EXPECT_FALSE(nlohmann::json::parse(FormatEstimateJson(e)).contains("gpu_streamed"));
+}
+
 TEST(MemoryEstimateTest, ThirteenBillionOnNvmeOverTwoServers) {
   EstimateInput in;
   in.tensor_elems = {13000000000};

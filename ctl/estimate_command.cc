@@ -43,10 +43,14 @@ ABSL_FLAG(int, buffer_count, 4, "estimate: NVMe swap buffers (offload_optimizer.
 ABSL_FLAG(int, micro_batches, 1,
           "estimate: micro-batches per step (gradient_accumulation_steps): what "
           "zo.gradient_accumulation \"servers\" multiplies the pushed bytes by");
+ABSL_FLAG(std::string, max_live_params, "0",
+          "estimate: parameters of a stage kept on the device while the rest stream from "
+          "host memory (zero_optimization.offload_param \"cpu\" with "
+          "stage3_max_live_parameters); 0: no streaming; counts like 2B or 5e8 work");
 ABSL_FLAG(std::string, config, "",
           "estimate: DeepSpeed-style JSON config supplying precision, NVMe offload, "
-          "sub_group_size, buffer_count, chunk_elems and the server count; flags set to "
-          "other than their defaults override it");
+          "sub_group_size, buffer_count, chunk_elems, the server count and parameter "
+          "streaming; flags set to other than their defaults override it");
 
 namespace zo::ctl {
 namespace {
@@ -68,6 +72,10 @@ void ApplyConfigDefaults(const Config& config) {
   SetIfDefault(FLAGS_buffer_count, config.zero_optimization.offload_optimizer.buffer_count);
   SetIfDefault(FLAGS_chunk_elems, absl::StrCat(config.zo.chunk_elems));
   SetIfDefault(FLAGS_micro_batches, static_cast<int>(config.gradient_accumulation_steps));
+  if (config.zero_optimization.offload_param.device == OffloadDevice::kCpu) {
+    SetIfDefault(FLAGS_max_live_params,
+                 absl::StrCat(config.zero_optimization.stage3_max_live_parameters));
+  }
   if (!config.zo.servers.empty()) {
     SetIfDefault(FLAGS_servers, absl::StrCat(config.zo.servers.size()));
   }
@@ -110,6 +118,9 @@ absl::StatusOr<EstimateInput> EstimateInputFromFlags() {
   ZO_ASSIGN_OR_RETURN(in.sub_group_size, ParseCount(absl::GetFlag(FLAGS_sub_group_size)));
   in.buffer_count = absl::GetFlag(FLAGS_buffer_count);
   in.micro_batches = absl::GetFlag(FLAGS_micro_batches);
+  if (const std::string live = absl::GetFlag(FLAGS_max_live_params); live != "0") {
+    ZO_ASSIGN_OR_RETURN(in.max_live_params, ParseCount(live));
+  }
   return in;
 }
 

@@ -69,6 +69,29 @@ TEST(ZoCtlEstimateTest, TableForAManifest) {
   EXPECT_THAT(dpu.output, Not(HasSubstr("copies for pulls")));
 }
 
+// offload_param "cpu" in the config, or --max-live-params: a third GPU
+// column, the window and one tensor's fp32 gradients.
+TEST(ZoCtlEstimateTest, StreamedParametersFromTheConfigOrTheFlag) {
+  const std::string config = ::testing::TempDir() + "/zo_ctl_streamed.json";
+  FILE* f = fopen(config.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  fputs(R"({"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": true},
+           "zero_optimization": {"offload_param": {"device": "cpu"},
+                                 "stage3_max_live_parameters": 1e8}})",
+        f);
+  fclose(f);
+  const Result r = RunZoCtl("estimate --params 1B --config " + config + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(r.output.substr(r.output.find('{')));
+  EXPECT_EQ(j["max_live_params"], 100000000);
+  EXPECT_EQ(j["gpu_streamed"]["param_bytes"], 200000000);  // fp16
+  EXPECT_EQ(j["gpu_streamed"]["next_param_bytes"], 0);
+  const Result flag = RunZoCtl("estimate --params 1B --max-live-params 250M");
+  ASSERT_EQ(flag.exit_code, 0) << flag.output;
+  EXPECT_THAT(flag.output, HasSubstr("and streamed (250.0 M parameters live)"));
+  EXPECT_THAT(RunZoCtl("estimate --params 1B").output, Not(HasSubstr("streamed")));
+}
+
 TEST(ZoCtlEstimateTest, BadInputExitsTwoWithAReason) {
   Result r = RunZoCtl("estimate --params 13Q");
   EXPECT_EQ(r.exit_code, 2);
