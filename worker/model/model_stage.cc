@@ -10,8 +10,7 @@ namespace zo::model {
 
 using backend::Tensor;
 
-absl::StatusOr<std::vector<absl::Span<const std::byte>>> ParamLink::LoadHostWeights(
-    int64_t, absl::Span<Param* const>) {
+absl::StatusOr<HostWeights> ParamLink::LoadHostWeights(int64_t, absl::Span<Param* const>) {
   return absl::UnimplementedError(
       "this link keeps no host copy of the weights: a stage cannot stream its parameters through "
       "it");
@@ -110,8 +109,8 @@ absl::Status ModelStage::BeginStep(int64_t step) {
 absl::Status ModelStage::LoadHostWeights(int64_t step) {
   // A prefetch still reading the step before's host copies ends first.
   (void)window_->Settle();
-  ZO_ASSIGN_OR_RETURN(const std::vector<absl::Span<const std::byte>> host,
-                      link_.LoadHostWeights(step, params_));
+  ZO_ASSIGN_OR_RETURN(const HostWeights weights, link_.LoadHostWeights(step, params_));
+  const std::vector<absl::Span<const std::byte>>& host = weights.bytes;
   if (host.size() != params_.size()) {
     return absl::InternalError(absl::StrCat("the link gave host weights for ", host.size(),
                                             " parameters of the stage's ", params_.size()));
@@ -125,7 +124,7 @@ absl::Status ModelStage::LoadHostWeights(int64_t step) {
     }
     by_param.emplace(params_[i], host[i]);
   }
-  window_->Reset(std::move(by_param));
+  window_->Reset(std::move(by_param), /*unchanged=*/!weights.changed);
   return absl::OkStatus();
 }
 

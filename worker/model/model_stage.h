@@ -27,6 +27,17 @@
 
 namespace zo::model {
 
+// What ParamLink::LoadHostWeights hands over.
+struct HostWeights {
+  // One span of bytes in the params' dtype per param, in order, valid until
+  // the next call.
+  std::vector<absl::Span<const std::byte>> bytes;
+  // False when these are the very bytes of the call before, unchanged (a
+  // pull that found the same version): the stage keeps the layers it has on
+  // the device.
+  bool changed = true;
+};
+
 class ParamLink {
  public:
   virtual ~ParamLink() = default;
@@ -43,11 +54,10 @@ class ParamLink {
   // Every gradient of `step` is acknowledged.
   virtual absl::Status FinishStep(int64_t step) = 0;
   // Parameter streaming (StageOptions::weight_window_bytes), instead of
-  // LoadWeights: the weights to compute `step` with, left in host memory,
-  // one span of bytes in the params' dtype per param, in order, valid until
-  // the next call. UNIMPLEMENTED by a link that keeps no host copy.
-  virtual absl::StatusOr<std::vector<absl::Span<const std::byte>>> LoadHostWeights(
-      int64_t step, absl::Span<Param* const> params);
+  // LoadWeights: the weights to compute `step` with, left in host memory.
+  // UNIMPLEMENTED by a link that keeps no host copy.
+  virtual absl::StatusOr<HostWeights> LoadHostWeights(int64_t step,
+                                                      absl::Span<Param* const> params);
 };
 
 class BatchSource {

@@ -38,9 +38,18 @@ absl::Status ParamWindow::CheckFits(absl::Span<const Layer* const> layers) const
 
 ParamWindow::~ParamWindow() { (void)Settle(); }
 
-void ParamWindow::Reset(std::map<const Param*, absl::Span<const std::byte>> host) {
-  (void)Settle();  // every layer is dropped: a failed prefetch no longer matters
-  while (!resident_.empty()) Drop(resident_.front());
+void ParamWindow::Reset(std::map<const Param*, absl::Span<const std::byte>> host, bool unchanged) {
+  // A failed prefetch drops its layer; the others stay only if the bytes do.
+  (void)Settle();
+  const bool same_places =
+      unchanged && host.size() == host_.size() &&
+      std::equal(host.begin(), host.end(), host_.begin(), [](const auto& a, const auto& b) {
+        return a.first == b.first && a.second.data() == b.second.data() &&
+               a.second.size() == b.second.size();
+      });
+  if (!same_places) {
+    while (!resident_.empty()) Drop(resident_.front());
+  }
   host_ = std::move(host);
   // The step that ended gives the order the next one is expected to keep.
   if (!this_step_.empty()) {

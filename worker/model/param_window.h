@@ -53,8 +53,9 @@ class ParamWindow {
 
   // The weights of a new step: each param's bytes (in the dtype) on the
   // host, valid until the next Reset. Drops every layer's device copy,
-  // which holds the step before's weights.
-  void Reset(std::map<const Param*, absl::Span<const std::byte>> host);
+  // which holds the step before's weights, unless `unchanged` says these
+  // are the same bytes at the same places as the step before's.
+  void Reset(std::map<const Param*, absl::Span<const std::byte>> host, bool unchanged = false);
   // `layer`'s weights on the device: uploaded from the host copies unless
   // they are there, after dropping the least recently used other layers'
   // as the budget needs. Waits for a prefetch in flight first; its failure

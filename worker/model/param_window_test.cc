@@ -146,6 +146,27 @@ TEST_F(ParamWindowTest, AStepInTheRecordedOrderDropsTheLayerNeededFurthestAhead)
   EXPECT_TRUE(L(2).params()[0].value.defined());
 }
 
+// DPU's first steps and a skipped step pull the same version: the window
+// keeps what it has on the device, but only for the same bytes in the same
+// places.
+TEST_F(ParamWindowTest, UnchangedHostBytesKeepTheLayersOnTheDevice) {
+  std::unique_ptr<ParamWindow> window = Window(2 * Bytes());
+  ASSERT_THAT(window->Fetch(L(0)), IsOk());
+  ASSERT_THAT(window->Fetch(L(1)), IsOk());
+  window->Reset(Host(), /*unchanged=*/true);
+  EXPECT_EQ(window->resident_bytes(), 2 * Bytes());
+  ASSERT_THAT(window->Fetch(L(0)), IsOk());
+  EXPECT_EQ(window->fetches(), 2);  // nothing uploaded again
+
+  std::vector<std::byte> elsewhere(host_.begin()->second.size());
+  std::map<const Param*, absl::Span<const std::byte>> moved = Host();
+  moved.begin()->second = elsewhere;
+  window->Reset(std::move(moved), /*unchanged=*/true);
+  EXPECT_EQ(window->resident_bytes(), 0);
+  window->Reset(Host(), /*unchanged=*/false);
+  EXPECT_EQ(window->resident_bytes(), 0);
+}
+
 TEST_F(ParamWindowTest, AFailedPrefetchIsFetchsErrorAndItsLayerIsFetchedAgain) {
   std::unique_ptr<ParamWindow> window = Window(2 * Bytes());
   ASSERT_THAT(window->Fetch(L(0)), IsOk());

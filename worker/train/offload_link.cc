@@ -124,13 +124,17 @@ absl::StatusOr<bool> OffloadLink::PullNow(int64_t step) {
   return pulled;
 }
 
-absl::StatusOr<std::vector<absl::Span<const std::byte>>> OffloadLink::LoadHostWeights(
+absl::StatusOr<model::HostWeights> OffloadLink::LoadHostWeights(
     int64_t step, absl::Span<model::Param* const> params) {
   ZO_RETURN_IF_ERROR(Prepare(params, /*streaming=*/true));
   // A pull that leaves the version unchanged leaves host_ as it was: the
-  // weights the step before computed on, which are this step's.
-  ZO_RETURN_IF_ERROR(PullNow(step).status());
-  return std::vector<absl::Span<const std::byte>>(host_.begin(), host_.end());
+  // weights the step before computed on, which are this step's. After a
+  // failed pull host_ may hold part of another version: changed, to be safe.
+  const bool intact = host_intact_;
+  host_intact_ = false;
+  ZO_ASSIGN_OR_RETURN(const bool changed, PullNow(step));
+  host_intact_ = true;
+  return model::HostWeights{.bytes = {host_.begin(), host_.end()}, .changed = changed || !intact};
 }
 
 absl::Status OffloadLink::LoadNow(int64_t step) {

@@ -65,7 +65,7 @@ class OffloadLink final : public model::ParamLink {
   absl::Status InitializeIfFresh(absl::Span<model::Param* const> params, uint64_t seed);
 
   absl::Status LoadWeights(int64_t step, absl::Span<model::Param* const> params) override;
-  absl::StatusOr<std::vector<absl::Span<const std::byte>>> LoadHostWeights(
+  absl::StatusOr<model::HostWeights> LoadHostWeights(
       int64_t step, absl::Span<model::Param* const> params) override;
   double LossScale(int64_t step) override;
   absl::Status PushGradient(int64_t step, const model::Param& param, int micro_batch) override;
@@ -97,6 +97,9 @@ class OffloadLink final : public model::ParamLink {
   std::map<std::string, int> index_;
   std::vector<model::Param*> params_;
   bool streaming_ = false;  // LoadHostWeights: no device set, no prefetch
+  // Streaming: host_ holds a whole version (the last pull succeeded; none
+  // before the first).
+  bool host_intact_ = false;
   std::vector<int> pulled_tensors_;
   // The pulled weights, page-locked where the backend has it, back to back.
   std::shared_ptr<std::byte> host_arena_;

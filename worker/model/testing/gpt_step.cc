@@ -28,8 +28,8 @@ absl::Status CapturingLink::LoadWeights(int64_t, absl::Span<Param* const> params
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<absl::Span<const std::byte>>> CapturingLink::LoadHostWeights(
-    int64_t, absl::Span<Param* const> params) {
+absl::StatusOr<HostWeights> CapturingLink::LoadHostWeights(int64_t,
+                                                           absl::Span<Param* const> params) {
   std::lock_guard<std::mutex> lock(mu_);  // stages share the link
   std::vector<absl::Span<const std::byte>> spans;
   for (Param* p : params) {
@@ -40,7 +40,7 @@ absl::StatusOr<std::vector<absl::Span<const std::byte>>> CapturingLink::LoadHost
     FloatToDType(values.data(), dtype_, bytes.data(), values.size());
     spans.emplace_back(bytes.data(), bytes.size());
   }
-  return spans;
+  return HostWeights{.bytes = std::move(spans)};
 }
 
 absl::Status CapturingLink::PushGradient(int64_t, const Param& p, int micro_batch) {

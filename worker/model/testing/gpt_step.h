@@ -61,8 +61,8 @@ class CapturingLink final : public ParamLink {
   absl::Status PushGradient(int64_t step, const Param& p, int micro_batch) override;
   absl::Status FinishStep(int64_t) override { return absl::OkStatus(); }
   // The same weights as LoadWeights, as bytes of the params' dtype.
-  absl::StatusOr<std::vector<absl::Span<const std::byte>>> LoadHostWeights(
-      int64_t step, absl::Span<Param* const> params) override;
+  absl::StatusOr<HostWeights> LoadHostWeights(int64_t step,
+                                              absl::Span<Param* const> params) override;
 
   GptStepResult& result() { return result_; }
 
