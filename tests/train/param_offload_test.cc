@@ -12,8 +12,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/testing/free_port.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/server/server_process.h"
 #include "tests/support/child_process.h"
 #include "tests/train/train_run.h"
 
@@ -29,9 +31,10 @@ const std::vector<std::string> kGpt = {"--n-layer",    "4",  "--n-embd", "64", "
 // Both runs sum gradients on the servers, as streaming needs, so they push
 // the same bytes and only the weights' residence differs.
 // `zo` adds keys to the "zo" section (after a comma).
-std::string Config(const std::string& zero, int micro_batch = 8, const std::string& zo = "") {
+std::string Config(const std::string& zero, int micro_batch = 8, const std::string& zo = "",
+                   int micro_batches = 2) {
   return absl::StrCat(R"({"train_micro_batch_size_per_gpu": )", micro_batch,
-                      R"(, "gradient_accumulation_steps": 2,
+                      R"(, "gradient_accumulation_steps": )", micro_batches, R"(,
     "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01}},
     "bf16": {"enabled": true}, "gradient_clipping": 1.0, "steps_per_print": 5,
     "zero_optimization": )",
@@ -129,6 +132,77 @@ TEST(ParamOffloadTest, ADeviceMemoryBudgetAQuarterOfTheWeightsTrainsExactly) {
     const std::vector<double> a = Losses(dir + "/resident.jsonl");
     ASSERT_EQ(a.size(), 8u);
     EXPECT_EQ(Losses(dir + "/budget.jsonl"), a);
+  }
+}
+
+// Two dp ranks of two pipeline stages each, four zo-train processes on a
+// zo-server: with a budget every stage streams, and each rank's losses are
+// the resident job's. One micro-batch a step: the server sums more than two
+// pushes of an element in the order they arrive, so with two micro-batches
+// two runs of the same job differ in the last bits (and Adam spreads them).
+TEST(ParamOffloadTest, StagesAndDpRanksStreamUnchanged) {
+  const std::string dir = FreshTempDir("param_offload_topology");
+  absl::StatusOr<ServerProcess> server = ServerProcess::Start({});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string config = dir + "/ds.json";
+  std::ofstream(config) << Config("{}", /*micro_batch=*/1, "", /*micro_batches=*/1);
+  auto run = [&](const std::string& name, const std::vector<std::string>& extra) {
+    std::vector<ChildProcess> workers;
+    for (int rank = 0; rank < 2; ++rank) {
+      const std::string stages =
+          absl::StrCat("127.0.0.1:", FreeLoopbackPort(), ",127.0.0.1:", FreeLoopbackPort());
+      for (int stage = 0; stage < 2; ++stage) {
+        std::vector<std::string> args = {ZO_TRAIN_PATH,
+                                         "--config",
+                                         config,
+                                         "--servers",
+                                         server->address(),
+                                         "--job",
+                                         name,
+                                         "--dp-rank",
+                                         absl::StrCat(rank),
+                                         "--dp-world-size",
+                                         "2",
+                                         "--pipeline-stages",
+                                         "2",
+                                         "--stage",
+                                         absl::StrCat(stage),
+                                         "--stage-addresses",
+                                         stages,
+                                         "--partition-method",
+                                         "type:block",
+                                         "--blas-threads",
+                                         "1",
+                                         "--metrics-out",
+                                         absl::StrCat(dir, "/", name, rank, stage, ".jsonl")};
+        args.insert(args.end(), kDeepGpt.begin(), kDeepGpt.end());
+        args.insert(args.end(), extra.begin(), extra.end());
+        absl::StatusOr<ChildProcess> p =
+            ChildProcess::Start(args, absl::StrCat(dir, "/", name, rank, stage, ".log"));
+        EXPECT_TRUE(p.ok()) << p.status();
+        if (p.ok()) workers.push_back(*std::move(p));
+      }
+    }
+    std::vector<std::string> logs;
+    for (ChildProcess& w : workers) {
+      EXPECT_EQ(w.Wait(std::chrono::minutes(2)), 0) << w.ReadLog();
+      logs.push_back(w.ReadLog());
+    }
+    return logs;
+  };
+  run("resident", {});
+  const std::vector<std::string> logs =
+      run("streamed", {"--device-memory-budget", absl::StrCat(kBudget)});
+  ASSERT_EQ(logs.size(), 4u);
+  for (int w = 0; w < 4; ++w) {
+    EXPECT_THAT(logs[w], HasSubstr(absl::StrCat("--device-memory-budget: stage ", w % 2, " gets")))
+        << logs[w];
+    EXPECT_LE(NumberAfter(logs[w], "device memory at its peak: "), kBudget) << logs[w];
+  }
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::vector<double> a = Losses(absl::StrCat(dir, "/resident", rank, "1.jsonl"));
+    ASSERT_EQ(a.size(), 8u);
+    EXPECT_EQ(Losses(absl::StrCat(dir, "/streamed", rank, "1.jsonl")), a) << "rank " << rank;
   }
 }
 
