@@ -68,6 +68,11 @@ struct GpuBenchOptions {
   int largest_warmup_steps = 0;
   std::string largest_gradient_accumulation = "auto";  // zo.gradient_accumulation
   std::string largest_device = "cuda";  // zo-train's --device; "cpu" for the harness's test
+  // ZeRO-Infinity's shape: > 0 streams the weights through a window planned
+  // for this many bytes of device memory (zo-train --device-memory-budget);
+  // a directory puts the optimizer state on NVMe there.
+  int64_t largest_device_memory_budget = 0;
+  std::string largest_nvme_dir;
 };
 
 absl::Status ValidateGpuBenchOptions(const GpuBenchOptions& options);

@@ -19,6 +19,7 @@
 #include "common/memory_estimate.h"
 #include "common/sharding.h"
 #include "common/status_macros.h"
+#include "common/units.h"
 #include "server/offload_server.h"
 #include "worker/backend/cuda/cuda_backend.h"
 #include "worker/client/offload_client.h"
@@ -34,21 +35,29 @@ namespace {
 // A DeepSpeed-style config for the benchmark jobs: AdamW, the step's dtype,
 // DPU after one step when `dpu`, the lr warmed up linearly over
 // `warmup_steps` when > 0.
+// `nvme_dir` non-empty: the optimizer state on NVMe there.
 std::string JobConfig(DType dtype, int micro_batch, int micro_batches, bool dpu, double lr,
-                      int warmup_steps = 0, const std::string& gradient_accumulation = "auto") {
+                      int warmup_steps = 0, const std::string& gradient_accumulation = "auto",
+                      const std::string& nvme_dir = "") {
   const std::string scheduler =
       warmup_steps == 0 ? ""
                         : absl::StrFormat(R"("scheduler": {"type": "WarmupLR", "params": {
                 "warmup_min_lr": 0, "warmup_max_lr": %g, "warmup_num_steps": %d,
                 "warmup_type": "linear"}},)",
                                           lr, warmup_steps);
+  const std::string zero =
+      nvme_dir.empty()
+          ? ""
+          : absl::StrFormat(R"("zero_optimization": {"offload_optimizer": {"device": "nvme",
+                "nvme_path": "%s"}},)",
+                            nvme_dir);
   return absl::StrFormat(
       R"({"train_batch_size": %d, "train_micro_batch_size_per_gpu": %d,
           "optimizer": {"type": "AdamW", "params": {"lr": %g, "betas": [0.9, 0.95],
-                                                    "weight_decay": 0.1}}, %s
+                                                    "weight_decay": 0.1}}, %s %s
           "%s": {"enabled": true}, "gradient_clipping": 1.0, "steps_per_print": 1000000,
           "zo": {"dpu": {"enabled": %s, "warmup_steps": 1}, "gradient_accumulation": "%s"}})",
-      micro_batch * micro_batches, micro_batch, lr, scheduler,
+      micro_batch * micro_batches, micro_batch, lr, scheduler, zero,
       dtype == DType::kFloat16 ? "fp16" : "bf16", dpu ? "true" : "false", gradient_accumulation);
 }
 
@@ -213,13 +222,26 @@ absl::StatusOr<nlohmann::json> MeasureGpuLargest(const bench::GpuBenchOptions& o
                              .vocab = text.vocab().size()};
   ZO_ASSIGN_OR_RETURN(model::Model m, model::MakeGpt(gpt));
   const int64_t params = m.param_count();
-  ZO_ASSIGN_OR_RETURN(MemoryEstimate estimate,
-                      EstimateMemory({.tensor_elems = {params}, .precision = o.dtype}));
-  std::fprintf(stderr,
-               "zo-bench gpu: largest: GPT %d layers x %d wide, %d heads, block %d (%.2fB "
-               "parameters); the server's state needs %.1f GiB of RAM\n",
-               o.largest_layers, o.largest_width, o.largest_heads, o.largest_block, params / 1e9,
-               estimate.server.ram_bytes / double(1 << 30));
+  const bool nvme = !o.largest_nvme_dir.empty();
+  ZO_ASSIGN_OR_RETURN(
+      MemoryEstimate estimate,
+      EstimateMemory({.tensor_elems = {params}, .precision = o.dtype, .nvme = nvme}));
+  // Streaming sums the gradients on the servers ("auto" picks it).
+  const bool sums_on_servers =
+      o.largest_gradient_accumulation == "servers" || o.largest_device_memory_budget > 0;
+  std::fprintf(
+      stderr,
+      "zo-bench gpu: largest: GPT %d layers x %d wide, %d heads, block %d (%.2fB parameters); the "
+      "server's state needs %.1f GiB of RAM and %.1f GiB of NVMe%s\n",
+      o.largest_layers, o.largest_width, o.largest_heads, o.largest_block, params / 1e9,
+      (sums_on_servers ? estimate.server_ram_bytes_servers : estimate.server.ram_bytes) /
+          double(1 << 30),
+      estimate.server.nvme_bytes / double(1 << 30),
+      o.largest_device_memory_budget > 0
+          ? absl::StrFormat("; weights streamed within %s of device memory",
+                            FormatBytes(static_cast<double>(o.largest_device_memory_budget)))
+                .c_str()
+          : "");
 
   ServerOptions server_options;
   server_options.listen = "";  // in-process only
@@ -228,7 +250,8 @@ absl::StatusOr<nlohmann::json> MeasureGpuLargest(const bench::GpuBenchOptions& o
   std::remove(metrics.c_str());
   train::TrainOptions t;
   t.config_json = JobConfig(o.dtype, o.largest_batch, 1, true, o.largest_lr, o.largest_warmup_steps,
-                            o.largest_gradient_accumulation);
+                            o.largest_gradient_accumulation, o.largest_nvme_dir);
+  t.device_memory_budget = o.largest_device_memory_budget;
   t.model = "gpt";
   t.gpt = gpt;
   t.seed = o.seed;
@@ -263,28 +286,32 @@ absl::StatusOr<nlohmann::json> MeasureGpuLargest(const bench::GpuBenchOptions& o
   // The steady state: the second half of the run.
   const std::vector<double> steady(step_s.begin() + static_cast<long>(step_s.size() / 2),
                                    step_s.end());
-  return nlohmann::json{{"workload", "gpu_largest"},
-                        {"dtype", std::string(DTypeName(o.dtype))},
-                        {"params", params},
-                        {"layers", o.largest_layers},
-                        {"width", o.largest_width},
-                        {"block", o.largest_block},
-                        {"batch", o.largest_batch},
-                        {"lr", o.largest_lr},
-                        {"lr_warmup_steps", o.largest_warmup_steps},
-                        {"gradient_accumulation", o.largest_gradient_accumulation},
-                        {"steps", losses.size()},
-                        {"first_loss", losses.front()},
-                        {"last_loss", losses.back()},
-                        {"loss_fell", losses.back() < losses.front()},
-                        {"step_s", Median(steady)},
-                        {"wall_s", wall_s},
-                        {"peak_gpu_bytes", peak_gpu},
-                        {"peak_host_rss_bytes", peak_rss},
-                        {"server_ram_bytes_estimate", o.largest_gradient_accumulation == "servers"
-                                                          ? estimate.server_ram_bytes_servers
-                                                          : estimate.server.ram_bytes},
-                        {"losses", losses}};
+  return nlohmann::json{
+      {"workload", "gpu_largest"},
+      {"dtype", std::string(DTypeName(o.dtype))},
+      {"params", params},
+      {"layers", o.largest_layers},
+      {"width", o.largest_width},
+      {"block", o.largest_block},
+      {"batch", o.largest_batch},
+      {"lr", o.largest_lr},
+      {"lr_warmup_steps", o.largest_warmup_steps},
+      {"gradient_accumulation", o.largest_gradient_accumulation},
+      {"device_memory_budget", o.largest_device_memory_budget},
+      {"streamed", o.largest_device_memory_budget > 0},
+      {"optimizer_device", nvme ? "nvme" : "cpu"},
+      {"steps", losses.size()},
+      {"first_loss", losses.front()},
+      {"last_loss", losses.back()},
+      {"loss_fell", losses.back() < losses.front()},
+      {"step_s", Median(steady)},
+      {"wall_s", wall_s},
+      {"peak_gpu_bytes", peak_gpu},
+      {"peak_host_rss_bytes", peak_rss},
+      {"server_ram_bytes_estimate",
+       sums_on_servers ? estimate.server_ram_bytes_servers : estimate.server.ram_bytes},
+      {"server_nvme_bytes_estimate", estimate.server.nvme_bytes},
+      {"losses", losses}};
 }
 
 }  // namespace zo::bench_internal

@@ -4,6 +4,8 @@
 #include "bench/internal/gpu_offload_rows.h"
 
 #include <cmath>
+#include <cstdint>
+#include <filesystem>
 
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -80,6 +82,27 @@ TEST(GpuLargestRowTest, TrainsZoTrainsModelAndReportsItsLosses) {
   // 12 bytes of optimizer state and 2 of gradients per parameter, at least.
   EXPECT_GE(r["server_ram_bytes_estimate"].get<int64_t>(), 14 * r["params"].get<int64_t>());
   EXPECT_GT(r["step_s"].get<double>(), 0);
+}
+
+// ZeRO-Infinity's shape at toy size: weights streamed within a budget, the
+// optimizer state on NVMe (a directory here); the same losses as resident,
+// in RAM.
+TEST(GpuLargestRowTest, StreamsAndSpillsAsAsked) {
+  bench::GpuBenchOptions o = Toy();
+  o.largest_gradient_accumulation = "servers";
+  absl::StatusOr<nlohmann::json> resident = MeasureGpuLargest(o);
+  ASSERT_TRUE(resident.ok()) << resident.status();
+  o.largest_device_memory_budget = int64_t{290} << 10;  // a 37 KiB window of 56 KiB
+  o.largest_nvme_dir = ::testing::TempDir() + "/largest_nvme";
+  std::filesystem::create_directories(o.largest_nvme_dir);
+  absl::StatusOr<nlohmann::json> row = MeasureGpuLargest(o);
+  ASSERT_TRUE(row.ok()) << row.status();
+  EXPECT_EQ((*row)["streamed"], true);
+  EXPECT_EQ((*row)["optimizer_device"], "nvme");
+  EXPECT_EQ((*row)["device_memory_budget"], int64_t{290} << 10);
+  EXPECT_GE((*row)["server_nvme_bytes_estimate"].get<int64_t>(),
+            12 * (*row)["params"].get<int64_t>());
+  EXPECT_EQ((*row)["losses"], (*resident)["losses"]);
 }
 
 TEST(GpuBenchOptionsTest, NamesWhatTheRowsNeed) {

@@ -130,6 +130,11 @@ ABSL_FLAG(int, largest_warmup_steps, 0, "gpu: gpu_largest's linear lr warmup; 0:
 ABSL_FLAG(std::string, largest_gradient_accumulation, "auto",
           "gpu: gpu_largest's zo.gradient_accumulation: auto, device (fp32 gradients on the GPU) "
           "or servers (none kept there)");
+ABSL_FLAG(std::string, largest_device_memory_budget, "",
+          "gpu: gpu_largest streams its weights through a window planned for this much device "
+          "memory (zo-train --device-memory-budget, e.g. 60GiB); empty: every weight resident");
+ABSL_FLAG(std::string, largest_nvme, "",
+          "gpu: gpu_largest keeps its optimizer state on NVMe in this directory; empty: in RAM");
 ABSL_FLAG(int64_t, link_mbit, 1000, "scale: each server host's link cap, Mbit/s each way");
 ABSL_FLAG(std::string, server_hosts, "1,2,4",
           "scale: server host counts, comma-separated; the first is the efficiency baseline");
@@ -226,7 +231,9 @@ constexpr char kUsage[] =
     "         step alone).\n"
     "         Row gpu_largest (--rows ...,largest): zo-train's loop on a --largest GPT for\n"
     "         --largest-steps steps with an embedded server: parameters, losses, step time,\n"
-    "         peak GPU and host memory. --rows picks the rows.\n"
+    "         peak GPU and host memory; --largest-device-memory-budget streams its weights\n"
+    "         and --largest-nvme keeps the optimizer state on NVMe (ZeRO-Infinity's shape).\n"
+    "         --rows picks the rows.\n"
     "  stream zo-train's loop with an embedded server on --stream-device (cpu) trains a\n"
     "         GPT (--stream-shape LAYERSxWIDTH) for 2 x --steps steps with every weight on\n"
     "         the device, then streaming its parameters with --stream-window of them there\n"
@@ -479,6 +486,12 @@ absl::StatusOr<bench::GpuBenchOptions> GpuOptionsFromFlags() {
   o.largest_lr = absl::GetFlag(FLAGS_largest_lr);
   o.largest_warmup_steps = absl::GetFlag(FLAGS_largest_warmup_steps);
   o.largest_gradient_accumulation = absl::GetFlag(FLAGS_largest_gradient_accumulation);
+  if (const std::string budget = absl::GetFlag(FLAGS_largest_device_memory_budget);
+      !budget.empty()) {
+    ZO_ASSIGN_OR_RETURN(o.largest_device_memory_budget,
+                        ParseBytes("largest-device-memory-budget", budget));
+  }
+  o.largest_nvme_dir = absl::GetFlag(FLAGS_largest_nvme);
   if (o.largest_gradient_accumulation != "auto" && o.largest_gradient_accumulation != "device" &&
       o.largest_gradient_accumulation != "servers") {
     return absl::InvalidArgumentError(

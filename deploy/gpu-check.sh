@@ -6,7 +6,7 @@
 # a short zo-train run on the GPU. Logs and JSON rows go to $OUT (default
 # ./gpu-check-out). PARTS picks what runs, in this order (default: all but
 # largest and anchors): ops stage ipc bench twin train e2e gpt2 accum pytest
-# hfgpt2 memcheck anchors largest. pytest (zo.torch's tests with parameters on
+# hfgpt2 memcheck stream anchors largest. pytest (zo.torch's tests with parameters on
 # the GPU) and hfgpt2 (zo.torch on a Hugging Face GPT-2 small beside
 # torch.optim.AdamW) need .devbin/python.tar.xz from
 # deploy/gpu-python-bundle.sh; anchors (DeepSpeed's ZeRO-2 CPU offload beside
@@ -15,7 +15,11 @@
 # `largest` is zo-bench gpu's gpu_largest row: a 4.1B GPT with its server
 # in this process, minutes and ~100 GB of host RAM. BENCH_DTYPES (default
 # "bf16 fp16") and OPS_FILTER (a gtest filter) narrow bench and ops;
-# LARGEST_FLAGS adds zo-bench flags to the largest run (LARGEST_TAG names its log).
+# LARGEST_FLAGS adds zo-bench flags to the largest run (LARGEST_TAG names its log):
+# ZeRO-Infinity's shape is LARGEST_FLAGS="--largest 48x4096x32
+# --largest-device-memory-budget 60GiB --largest-nvme /some/dir".
+# `stream` is zo-bench stream on the GPU: a quarter of the weights on the
+# device, streamed, against all of them resident (issue 38's <= 1.15).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-$PWD/gpu-check-out}
@@ -30,7 +34,7 @@ nccldir=$(dirname "$(find /usr/local/cuda*/ /opt /usr/lib -name 'libnccl.so.2*' 
 export LD_LIBRARY_PATH=$PWD/.devbin/lib:$ltdir:$nccldir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 echo "gpu-check: cuBLASLt from $ltdir, NCCL from $nccldir"
 status=0
-parts=" ${PARTS:-ops stage ipc bench twin train e2e gpt2 accum pytest hfgpt2 memcheck} "
+parts=" ${PARTS:-ops stage ipc bench twin train e2e gpt2 accum pytest hfgpt2 memcheck stream} "
 want() { [[ $parts == *" $1 "* ]]; }
 step() {  # name, timeout, command...
   local name=$1 limit=$2; shift 2
@@ -162,6 +166,10 @@ if want anchors; then
     --zero-extra '{"offload_optimizer": {"device": "cpu", "pin_memory": true},
                    "overlap_comm": true, "contiguous_gradients": true}'
   rm -f "$out/anchors/init.pt"  # the saved init and batches: 0.5 GB for GPT-2 small
+fi
+if want stream; then
+  step zo_bench_stream ${STREAM_LIMIT:-300} .devbin/zo-bench --json --steps 10 --rounds 2 stream \
+    --stream-device cuda --stream-shape 12x1024
 fi
 if want largest; then
   free -g | head -2
