@@ -131,8 +131,7 @@ absl::Status ModelStage::LoadHostWeights(int64_t step) {
 absl::Status ModelStage::Weights(int j, int next) {
   if (window_ == nullptr) return absl::OkStatus();
   ZO_RETURN_IF_ERROR(window_->Fetch(*model_.layers[j]));
-  if (next < 0) return absl::OkStatus();
-  return window_->Prefetch(*model_.layers[next], *model_.layers[j]);
+  return window_->Prefetch(next < 0 ? nullptr : model_.layers[next].get(), *model_.layers[j]);
 }
 
 absl::StatusOr<const MicroBatch*> ModelStage::Batch(int micro_batch) {

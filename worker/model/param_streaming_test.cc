@@ -109,7 +109,8 @@ INSTANTIATE_TEST_SUITE_P(Schedules, ParamStreamingTest,
 // From its second step the window drops the layer needed furthest ahead in
 // the order the first step fetched them: under GPipe, whose forward sweeps
 // repeat, a third fewer uploads than the least recently used rule's (which
-// drops the very next layer needed), and still the same bits.
+// drops the very next layer needed), and still the same bits; and it
+// prefetches the next layer of that order.
 TEST(ParamStreamingOrder, FromTheSecondStepGPipeUploadsAThirdLess) {
   testing::GptStepOptions options{
       .model = {.n_layer = 12, .n_embd = 64, .n_head = 4, .block_size = 6, .vocab = 11},
@@ -133,6 +134,10 @@ TEST(ParamStreamingOrder, FromTheSecondStepGPipeUploadsAThirdLess) {
   const int64_t first = one.window_fetches[0];
   const int64_t second = two.window_fetches[0] - first;
   EXPECT_LT(second, first * 7 / 10) << "first step " << first << ", second " << second;
+  // And the order names the next layer across micro-batches too: every
+  // upload but the step's first starts while the layer before computes.
+  const int64_t prefetched = two.window_prefetches[0] - one.window_prefetches[0];
+  EXPECT_GE(prefetched, second - 1) << "of " << second;
 }
 
 // One stage over the whole of GPT-lite on the CPU backend, for the refusals.

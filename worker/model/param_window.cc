@@ -67,7 +67,7 @@ void ParamWindow::Reset(std::map<const Param*, absl::Span<const std::byte>> host
   next_use_.clear();
 }
 
-void ParamWindow::Record(const Layer& layer) {
+void ParamWindow::Record(Layer& layer) {
   const size_t at = this_step_.size();
   this_step_.push_back(&layer);
   if (!following_) return;
@@ -164,7 +164,12 @@ absl::Status ParamWindow::Fetch(Layer& layer) {
   return absl::OkStatus();
 }
 
-absl::Status ParamWindow::Prefetch(Layer& next, const Layer& in_use) {
+absl::Status ParamWindow::Prefetch(Layer* hint, const Layer& in_use) {
+  const size_t at = this_step_.size();
+  Layer* const following = following_ && at < order_.size() ? order_[at] : nullptr;
+  if (following_) hint = following;
+  if (hint == nullptr || hint == &in_use) return absl::OkStatus();
+  Layer& next = *hint;
   if (IsResident(next)) return absl::OkStatus();  // on the device, or on its way
   const int64_t bytes = LayerBytes(next, dtype_);
   const int64_t in_use_bytes = IsResident(in_use) ? LayerBytes(in_use, dtype_) : 0;

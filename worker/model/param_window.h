@@ -61,10 +61,12 @@ class ParamWindow {
   // as the budget needs. Waits for a prefetch in flight first; its failure
   // is returned here.
   absl::Status Fetch(Layer& layer);
-  // Starts uploading `next`'s weights unless they are on the device or on
-  // their way, dropping least recently used layers other than `in_use`;
-  // nothing when `in_use` and `next` together exceed the budget.
-  absl::Status Prefetch(Layer& next, const Layer& in_use);
+  // Starts uploading the weights of the layer fetched next unless they are
+  // on the device or on their way, dropping layers other than `in_use`;
+  // nothing when the two together exceed the budget. The layer fetched
+  // next is the recorded order's while the step follows it (across
+  // micro-batches and chunks too), else `hint` (null: none).
+  absl::Status Prefetch(Layer* hint, const Layer& in_use);
   // Waits for the prefetch in flight (its failure drops its layer and is
   // returned): before the host copies change.
   absl::Status Settle();
@@ -95,7 +97,7 @@ class ParamWindow {
 
   bool IsResident(const Layer& layer) const;
   // Notes a fetch of `layer` in the step's order of fetches.
-  void Record(const Layer& layer);
+  void Record(Layer& layer);
   // The resident layer to drop for room, never `keep`; null when only
   // `keep` is resident.
   Layer* Victim(const Layer* keep) const;
@@ -116,10 +118,10 @@ class ParamWindow {
 
   // The order of fetches of the last whole step, and for each position the
   // next position of the same layer (SIZE_MAX: none).
-  std::vector<const Layer*> order_;
+  std::vector<Layer*> order_;
   std::vector<size_t> next_same_;
-  std::vector<const Layer*> this_step_;  // this step's fetches so far
-  bool following_ = false;               // this step has kept to order_
+  std::vector<Layer*> this_step_;  // this step's fetches so far
+  bool following_ = false;         // this step has kept to order_
   // While following: each layer's next position in order_ after the last
   // fetch (a layer not in it is used no more this step).
   std::map<const Layer*, size_t> next_use_;

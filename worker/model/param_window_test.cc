@@ -91,11 +91,11 @@ class ParamWindowTest : public ::testing::Test {
 TEST_F(ParamWindowTest, ThePrefetchGoesOnBesideTheLayerInUseAndFetchWaitsForIt) {
   std::unique_ptr<ParamWindow> window = Window(2 * Bytes());
   ASSERT_THAT(window->Fetch(L(0)), IsOk());
-  ASSERT_THAT(window->Prefetch(L(1), L(0)), IsOk());
+  ASSERT_THAT(window->Prefetch(&L(1), L(0)), IsOk());
   EXPECT_EQ(backend_.held(), 2);  // b's weight and bias, on their way
   EXPECT_EQ(window->resident_bytes(), 2 * Bytes());
   EXPECT_EQ(window->prefetches(), 1);
-  ASSERT_THAT(window->Prefetch(L(1), L(0)), IsOk());  // already on its way
+  ASSERT_THAT(window->Prefetch(&L(1), L(0)), IsOk());  // already on its way
   EXPECT_EQ(window->prefetches(), 1);
 
   std::thread copy_engine([&] { backend_.Complete(absl::OkStatus()); });
@@ -108,7 +108,7 @@ TEST_F(ParamWindowTest, ThePrefetchGoesOnBesideTheLayerInUseAndFetchWaitsForIt) 
 TEST_F(ParamWindowTest, NoRoomBesideTheLayerInUseMeansNoPrefetch) {
   std::unique_ptr<ParamWindow> window = Window(2 * Bytes() - 1);
   ASSERT_THAT(window->Fetch(L(0)), IsOk());
-  ASSERT_THAT(window->Prefetch(L(1), L(0)), IsOk());
+  ASSERT_THAT(window->Prefetch(&L(1), L(0)), IsOk());
   EXPECT_EQ(window->prefetches(), 0);
   EXPECT_EQ(backend_.held(), 0);
   EXPECT_TRUE(L(0).params()[0].value.defined());
@@ -118,7 +118,7 @@ TEST_F(ParamWindowTest, ThePrefetchDropsTheLeastRecentlyUsedButNeverTheLayerInUs
   std::unique_ptr<ParamWindow> window = Window(2 * Bytes());
   ASSERT_THAT(window->Fetch(L(1)), IsOk());
   ASSERT_THAT(window->Fetch(L(0)), IsOk());  // a in use, b the least recently used
-  ASSERT_THAT(window->Prefetch(L(2), L(0)), IsOk());
+  ASSERT_THAT(window->Prefetch(&L(2), L(0)), IsOk());
   EXPECT_TRUE(L(0).params()[0].value.defined());
   EXPECT_FALSE(L(1).params()[0].value.defined());
   EXPECT_EQ(window->peak_resident_bytes(), 2 * Bytes());
@@ -170,7 +170,7 @@ TEST_F(ParamWindowTest, UnchangedHostBytesKeepTheLayersOnTheDevice) {
 TEST_F(ParamWindowTest, AFailedPrefetchIsFetchsErrorAndItsLayerIsFetchedAgain) {
   std::unique_ptr<ParamWindow> window = Window(2 * Bytes());
   ASSERT_THAT(window->Fetch(L(0)), IsOk());
-  ASSERT_THAT(window->Prefetch(L(1), L(0)), IsOk());
+  ASSERT_THAT(window->Prefetch(&L(1), L(0)), IsOk());
   backend_.Complete(absl::DataLossError("copy engine fault"));
   EXPECT_THAT(window->Fetch(L(1)),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("copy engine fault")));
