@@ -13,10 +13,11 @@
 // one needed). The first step, and a step that strays from the recorded
 // order, drop the least recently used.
 //
-// While a layer computes, the stage may prefetch the one it computes next:
-// its upload runs beside the compute (Backend::UploadAsync: the copy
-// engine of a GPU) if the budget holds it beside the layer in use, and its
-// Fetch waits for it. One prefetch is in flight at a time.
+// While a layer computes, the window prefetches the layer fetched next (the
+// recorded order's, else the stage's guess): its upload runs beside the
+// compute (Backend::UploadAsync: the copy engine of a GPU) if the budget
+// holds it beside the layer in use, and its Fetch waits for it. One
+// prefetch is in flight at a time.
 //
 // Not thread-safe: one per stage, used by the stage's executor thread.
 #ifndef ZO_WORKER_MODEL_PARAM_WINDOW_H_
@@ -57,9 +58,9 @@ class ParamWindow {
   // are the same bytes at the same places as the step before's.
   void Reset(std::map<const Param*, absl::Span<const std::byte>> host, bool unchanged = false);
   // `layer`'s weights on the device: uploaded from the host copies unless
-  // they are there, after dropping the least recently used other layers'
-  // as the budget needs. Waits for a prefetch in flight first; its failure
-  // is returned here.
+  // they are there, after dropping other layers' as the budget needs (see
+  // above for which). Waits for a prefetch in flight first; its failure is
+  // returned here.
   absl::Status Fetch(Layer& layer);
   // Starts uploading the weights of the layer fetched next unless they are
   // on the device or on their way, dropping layers other than `in_use`;
