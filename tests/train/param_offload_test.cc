@@ -126,7 +126,7 @@ TEST(ParamOffloadTest, ADeviceMemoryBudgetAQuarterOfTheWeightsTrainsExactly) {
     EXPECT_GE(params * 2, 4 * kBudget) << streamed.log;  // bf16 weights
     EXPECT_THAT(streamed.log, HasSubstr("--device-memory-budget: stage 0 gets 390.0 KiB"));
     if (!dpu.empty()) EXPECT_THAT(streamed.log, HasSubstr("DPU on after step 2"));
-    const int64_t peak = NumberAfter(streamed.log, "device memory at its peak: ");
+    const int64_t peak = NumberAfter(streamed.log, "tensors on the device at their peak: ");
     EXPECT_GT(peak, 0) << streamed.log;
     EXPECT_LE(peak, kBudget);
     const std::vector<double> a = Losses(dir + "/resident.jsonl");
@@ -197,7 +197,7 @@ TEST(ParamOffloadTest, StagesAndDpRanksStreamUnchanged) {
   for (int w = 0; w < 4; ++w) {
     EXPECT_THAT(logs[w], HasSubstr(absl::StrCat("--device-memory-budget: stage ", w % 2, " gets")))
         << logs[w];
-    EXPECT_LE(NumberAfter(logs[w], "device memory at its peak: "), kBudget) << logs[w];
+    EXPECT_LE(NumberAfter(logs[w], "tensors on the device at their peak: "), kBudget) << logs[w];
   }
   for (int rank = 0; rank < 2; ++rank) {
     const std::vector<double> a = Losses(absl::StrCat(dir, "/resident", rank, "1.jsonl"));

@@ -361,10 +361,10 @@ absl::Status StepLoop::Finish() {
   ZO_RETURN_IF_ERROR(progress_.Finish(outcomes_));
   if (const std::optional<backend::Backend::Allocation> allocated = backend_.allocation();
       allocated.has_value() && o_.device_memory_budget > 0) {
-    std::fprintf(o_.out, "zo-train: device memory at its peak: %lld bytes (%s) of the %s budget\n",
-                 static_cast<long long>(allocated->peak_bytes),
-                 FormatBytes(allocated->peak_bytes).c_str(),
-                 FormatBytes(o_.device_memory_budget).c_str());
+    std::fprintf(
+        o_.out, "zo-train: tensors on the device at their peak: %lld bytes (%s) of the %s budget\n",
+        static_cast<long long>(allocated->peak_bytes), FormatBytes(allocated->peak_bytes).c_str(),
+        FormatBytes(o_.device_memory_budget).c_str());
   }
   // Trained, but the job's newest checkpoint is older than asked: a run
   // that ends on a failed checkpoint does not exit 0.

@@ -57,7 +57,9 @@ ABSL_FLAG(std::string, device_memory_budget, "",
           "device memory per device, e.g. 20GiB: each stage keeps only a window of its "
           "layers' weights on the device, planned before the first step so that activations, "
           "one layer's gradients and the window fit (stages of one process share it equally); "
-          "refused when one layer plus the step does not fit; empty: no budget");
+          "it counts tensors, so leave room for what a GPU library keeps beside them (cuBLAS's "
+          "workspace, the allocator's rounding); refused when one layer plus the step does not "
+          "fit; empty: no budget");
 ABSL_FLAG(std::string, servers, "",
           "offload servers, host:port comma-separated in the same order for every worker "
           "(waited for up to 5 minutes when unreachable at start); empty: an embedded "
