@@ -125,7 +125,9 @@ TEST(ParamOffloadTest, ADeviceMemoryBudgetAQuarterOfTheWeightsTrainsExactly) {
     const int64_t params = NumberAfter(streamed.log, "layers embed .. lm_head (");
     EXPECT_GE(params * 2, 4 * kBudget) << streamed.log;  // bf16 weights
     EXPECT_THAT(streamed.log, HasSubstr("--device-memory-budget: stage 0 gets 390.0 KiB"));
-    if (!dpu.empty()) EXPECT_THAT(streamed.log, HasSubstr("DPU on after step 2"));
+    if (!dpu.empty()) {
+      EXPECT_THAT(streamed.log, HasSubstr("DPU on after step 2"));
+    }
     const int64_t peak = NumberAfter(streamed.log, "tensors on the device at their peak: ");
     EXPECT_GT(peak, 0) << streamed.log;
     EXPECT_LE(peak, kBudget);

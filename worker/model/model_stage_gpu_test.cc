@@ -152,7 +152,9 @@ TEST_F(GpuModelStageTest, StreamingInThePlannedWindowComputesTheResidentBits) {
     const int64_t streamed_peak = gpu_->allocation()->peak_bytes - before;
     EXPECT_EQ(streamed.loss, resident.loss) << what;
     EXPECT_EQ(streamed.grads, resident.grads) << what;
-    if (c.stages == 1) EXPECT_LE(streamed_peak, budget) << what;
+    if (c.stages == 1) {
+      EXPECT_LE(streamed_peak, budget) << what;
+    }
   }
 }
 
