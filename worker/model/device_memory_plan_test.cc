@@ -24,33 +24,16 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::zo::testing::StatusIs;
 
-int64_t WeightBytes(const GptConfig& config, DType dtype) {
-  const absl::StatusOr<Model> model = MakeGpt(config);
-  EXPECT_TRUE(model.ok()) << model.status();
-  return model.ok() ? model->param_count() * static_cast<int64_t>(DTypeSize(dtype)) : 0;
-}
-
-struct Case {
-  std::string name;
-  int stages = 1;
-  int chunks = 1;
-  std::string schedule = "1f1b";
-  int checkpoint_every = 0;
-};
-
-class DeviceMemoryPlanTest : public ::testing::TestWithParam<Case> {
+class DeviceMemoryPlanTest : public ::testing::TestWithParam<testing::ScheduleCase> {
  protected:
   testing::GptStepOptions Options() const {
-    const Case& c = GetParam();
-    return {.model = {.n_layer = 6, .n_embd = 32, .n_head = 4, .block_size = 8, .vocab = 13},
-            .batch = 2,
-            .stages = c.stages,
-            .chunks = c.chunks,
-            .micro_batches = 4,
-            .schedule = c.schedule,
-            .checkpoint_every = c.checkpoint_every,
-            .dtype = DType::kBFloat16,
-            .push_every_micro_batch = true};
+    return testing::UnderSchedule(
+        {.model = {.n_layer = 6, .n_embd = 32, .n_head = 4, .block_size = 8, .vocab = 13},
+         .batch = 2,
+         .micro_batches = 4,
+         .dtype = DType::kBFloat16,
+         .push_every_micro_batch = true},
+        GetParam());
   }
 };
 
@@ -62,7 +45,8 @@ TEST_P(DeviceMemoryPlanTest, TheDryStepHoldsWhatTheCpuBackendHolds) {
   const testing::GptStepOptions options = Options();
   std::unique_ptr<backend::Backend> cpu = backend::MakeCpuBackend();
   (void)testing::RunGptStep(*cpu, options);
-  const int64_t held = cpu->allocation()->peak_bytes - WeightBytes(options.model, options.dtype);
+  const int64_t held =
+      cpu->allocation()->peak_bytes - testing::WeightBytes(options.model, options.dtype);
 
   ZO_ASSERT_OK_AND_ASSIGN(const DeviceMemoryPlan plan,
                           testing::PlanGptStage(options, 0, int64_t{1} << 40));
@@ -101,14 +85,7 @@ TEST_P(DeviceMemoryPlanTest, TheWindowItPlansKeepsTheStepWithinTheBudgetAndItsBi
 }
 
 INSTANTIATE_TEST_SUITE_P(Schedules, DeviceMemoryPlanTest,
-                         ::testing::Values(Case{.name = "gpipe", .schedule = "gpipe"},
-                                           Case{.name = "one_f_one_b"},
-                                           Case{.name = "two_stages", .stages = 2},
-                                           Case{.name = "interleaved", .stages = 2, .chunks = 2},
-                                           Case{.name = "checkpointed", .checkpoint_every = 2}),
-                         [](const ::testing::TestParamInfo<Case>& info) {
-                           return info.param.name;
-                         });
+                         ::testing::ValuesIn(testing::ScheduleCases()), testing::ScheduleCaseName);
 
 // The measure: weights four times the budget, one stage, losses
 // and gradients equal to the resident run's, the peak under the budget.
@@ -120,7 +97,7 @@ TEST(DeviceMemoryPlan, WeightsFourTimesTheBudget) {
       .checkpoint_every = 4,
       .dtype = DType::kBFloat16,
       .push_every_micro_batch = true};
-  const int64_t weights = WeightBytes(options.model, options.dtype);
+  const int64_t weights = testing::WeightBytes(options.model, options.dtype);
   const int64_t budget = weights / 4;
   std::unique_ptr<backend::Backend> resident_backend = backend::MakeCpuBackend();
   const testing::GptStepResult resident = testing::RunGptStep(*resident_backend, options);

@@ -25,33 +25,15 @@ using ::zo::testing::StatusIs;
 
 constexpr GptConfig kModel{.n_layer = 4, .n_embd = 64, .n_head = 4, .block_size = 6, .vocab = 11};
 
-int64_t WeightBytes(const GptConfig& config, DType dtype) {
-  const absl::StatusOr<Model> model = MakeGpt(config);
-  EXPECT_TRUE(model.ok()) << model.status();
-  return model.ok() ? model->param_count() * static_cast<int64_t>(DTypeSize(dtype)) : 0;
-}
-
-struct Case {
-  std::string name;
-  int stages = 1;
-  int chunks = 1;
-  std::string schedule = "1f1b";
-  int checkpoint_every = 0;
-};
-
-class ParamStreamingTest : public ::testing::TestWithParam<Case> {
+class ParamStreamingTest : public ::testing::TestWithParam<testing::ScheduleCase> {
  protected:
   testing::GptStepOptions Options() const {
-    const Case& c = GetParam();
-    return {.model = kModel,
-            .batch = 2,
-            .stages = c.stages,
-            .chunks = c.chunks,
-            .micro_batches = 4,
-            .schedule = c.schedule,
-            .checkpoint_every = c.checkpoint_every,
-            .dtype = DType::kBFloat16,
-            .push_every_micro_batch = true};
+    return testing::UnderSchedule({.model = kModel,
+                                   .batch = 2,
+                                   .micro_batches = 4,
+                                   .dtype = DType::kBFloat16,
+                                   .push_every_micro_batch = true},
+                                  GetParam());
   }
 };
 
@@ -61,7 +43,7 @@ TEST_P(ParamStreamingTest, AQuarterOfTheWeightsOnTheDeviceComputesTheSameBits) {
   const int64_t resident_peak = resident_backend->allocation()->peak_bytes;
 
   testing::GptStepOptions streaming_options = Options();
-  const int64_t weights = WeightBytes(kModel, DType::kBFloat16);
+  const int64_t weights = testing::WeightBytes(kModel, DType::kBFloat16);
   streaming_options.weight_window_bytes = weights / 4;
   std::unique_ptr<backend::Backend> streaming_backend = backend::MakeCpuBackend();
   const testing::GptStepResult streaming =
@@ -97,14 +79,7 @@ TEST_P(ParamStreamingTest, AQuarterOfTheWeightsOnTheDeviceComputesTheSameBits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Schedules, ParamStreamingTest,
-                         ::testing::Values(Case{.name = "gpipe", .schedule = "gpipe"},
-                                           Case{.name = "one_f_one_b"},
-                                           Case{.name = "two_stages", .stages = 2},
-                                           Case{.name = "interleaved", .stages = 2, .chunks = 2},
-                                           Case{.name = "checkpointed", .checkpoint_every = 2}),
-                         [](const ::testing::TestParamInfo<Case>& info) {
-                           return info.param.name;
-                         });
+                         ::testing::ValuesIn(testing::ScheduleCases()), testing::ScheduleCaseName);
 
 // From its second step the window drops the layer needed furthest ahead in
 // the order the first step fetched them: under GPipe, whose forward sweeps
@@ -123,7 +98,7 @@ TEST(ParamStreamingOrder, FromTheSecondStepGPipeUploadsAThirdLess) {
   std::unique_ptr<backend::Backend> resident_backend = backend::MakeCpuBackend();
   const testing::GptStepResult resident = testing::RunGptStep(*resident_backend, options);
 
-  options.weight_window_bytes = WeightBytes(options.model, DType::kBFloat16) / 2;
+  options.weight_window_bytes = testing::WeightBytes(options.model, DType::kBFloat16) / 2;
   std::unique_ptr<backend::Backend> backend = backend::MakeCpuBackend();
   const testing::GptStepResult two = testing::RunGptStep(*backend, options);
   options.steps = 1;

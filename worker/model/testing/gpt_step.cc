@@ -69,6 +69,32 @@ absl::StatusOr<MicroBatch> PatternTokenSource::Get(int64_t step, int micro_batch
   return mb;
 }
 
+int64_t WeightBytes(const GptConfig& config, DType dtype) {
+  const absl::StatusOr<Model> model = MakeGpt(config);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? model->param_count() * static_cast<int64_t>(DTypeSize(dtype)) : 0;
+}
+
+std::vector<ScheduleCase> ScheduleCases() {
+  return {{.name = "gpipe", .schedule = "gpipe"},
+          {.name = "one_f_one_b"},
+          {.name = "two_stages", .stages = 2},
+          {.name = "interleaved", .stages = 2, .chunks = 2},
+          {.name = "checkpointed", .checkpoint_every = 2}};
+}
+
+std::string ScheduleCaseName(const ::testing::TestParamInfo<ScheduleCase>& info) {
+  return info.param.name;
+}
+
+GptStepOptions UnderSchedule(GptStepOptions options, const ScheduleCase& schedule) {
+  options.stages = schedule.stages;
+  options.chunks = schedule.chunks;
+  options.schedule = schedule.schedule;
+  options.checkpoint_every = schedule.checkpoint_every;
+  return options;
+}
+
 absl::StatusOr<GptStepLayout> LayOutGptStep(const GptStepOptions& o) {
   ZO_ASSIGN_OR_RETURN(Model model, MakeGpt(o.model));
   std::vector<LayerWeightInfo> infos;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "gtest/gtest.h"
 #include "worker/backend/backend.h"
 #include "worker/model/device_memory_plan.h"
 #include "worker/model/model.h"
@@ -85,6 +86,25 @@ class PatternTokenSource final : public BatchSource {
  private:
   int batch_, block_, vocab_;
 };
+
+// Bytes of `config`'s weights in `dtype`.
+int64_t WeightBytes(const GptConfig& config, DType dtype);
+
+// The schedules the streaming tests run a step under.
+struct ScheduleCase {
+  std::string name;
+  int stages = 1;
+  int chunks = 1;
+  std::string schedule = "1f1b";
+  int checkpoint_every = 0;
+};
+// GPipe, 1F1B, two stages, interleaved (2 x 2 chunks) and activation
+// checkpointing (every 2 layers).
+std::vector<ScheduleCase> ScheduleCases();
+// For INSTANTIATE_TEST_SUITE_P.
+std::string ScheduleCaseName(const ::testing::TestParamInfo<ScheduleCase>& info);
+// `options` run under `schedule`.
+GptStepOptions UnderSchedule(GptStepOptions options, const ScheduleCase& schedule);
 
 // The step's cut into (virtual) stages and each stage's program.
 struct GptStepLayout {
