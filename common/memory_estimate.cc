@@ -204,7 +204,7 @@ std::string FormatEstimateTable(const MemoryEstimate& e) {
                  : Row("", "device", "servers");
   out += gpu_row(lp + " parameters", &GpuEstimate::param_bytes);
   out += gpu_row(lp + " next step's parameters (prefetch)", &GpuEstimate::next_param_bytes);
-  out += gpu_row("fp32 gradients (servers: one layer's)", &GpuEstimate::grad_bytes);
+  out += gpu_row("fp32 gradients (servers: max tensor)", &GpuEstimate::grad_bytes);
   out += gpu_row("total, before activations", &GpuEstimate::total_bytes);
   out += gpu_row("page-locked host staging", &GpuEstimate::host_staging_bytes);
   out += gpu_row(absl::StrFormat("pushed per step (%d micro-batches)", in.micro_batches),
@@ -243,6 +243,9 @@ std::string FormatEstimateTable(const MemoryEstimate& e) {
       "\nzo-train's \"auto\" picks device when its total takes at most half the GPU's free\n"
       "memory, else servers (fp32 gradient sum on the servers).\n";
   out += "\nActivations, GPU workspace and gRPC buffers are not included.\n";
+  out +=
+      "Under servers a layer's fp32 gradients live at once; counted here as the largest\n"
+      "tensor's, a lower bound (a transformer block's are about 3x its largest tensor).\n";
   if (streams) {
     out +=
         "Streamed: the window holds whole layers; zo-train --device-memory-budget plans it\n"

@@ -36,8 +36,9 @@ struct EstimateInput {
 // under one zo.gradient_accumulation policy: its 16-bit weights, a second set
 // the next step's weights are uploaded into while a step computes, and fp32
 // gradients: all of them summing the micro-batches ("device"), or only those
-// of the layer the backward is in ("servers", bounded here by the largest
-// tensor's).
+// of the layer the backward is in ("servers"; counted here as the largest
+// tensor's, since the input has tensors, not layers: a lower bound, about a
+// third of a transformer block's).
 struct GpuEstimate {
   int64_t stage_params = 0;  // parameters of the largest stage
   int64_t param_bytes = 0;
@@ -78,7 +79,8 @@ struct MemoryEstimate {
   GpuEstimate gpu_servers;  // "servers"
   // Streaming (input.max_live_params > 0), which sums on the servers: the
   // window of weights on the device, no prefetch set, one layer's fp32
-  // gradients; the host staging is the servers policy's, whose pulled
+  // gradients (counted as under "servers"); the host staging is the servers
+  // policy's, whose pulled
   // weights are the ones the window uploads from.
   GpuEstimate gpu_streamed;
   ServerEstimate server;  // "device"
