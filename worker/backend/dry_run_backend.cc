@@ -20,18 +20,14 @@ absl::Status CheckBytes(const char* op, const Tensor& t, size_t bytes) {
 
 }  // namespace
 
-DryRunBackend::DryRunBackend() : counts_(std::make_shared<Counts>()) {}
+DryRunBackend::DryRunBackend() : counts_(std::make_shared<AllocationCounter>()) {}
 
 Tensor DryRunBackend::Empty(DType dtype, Shape shape) {
   // Counted as the CPU backend counts: the elements at the dtype's size.
   const int64_t counted = NumElements(shape) * static_cast<int64_t>(DTypeSize(dtype));
-  const int64_t live = counts_->live.fetch_add(counted) + counted;
-  int64_t peak = counts_->peak.load();
-  while (live > peak && !counts_->peak.compare_exchange_weak(peak, live)) {
-  }
-  std::shared_ptr<void> storage(
-      static_cast<void*>(&kNoStorage),
-      [counts = counts_, counted](void*) { counts->live.fetch_sub(counted); });
+  counts_->Allocated(counted);
+  std::shared_ptr<void> storage(static_cast<void*>(&kNoStorage),
+                                [counts = counts_, counted](void*) { counts->Freed(counted); });
   return Tensor(dtype, std::move(shape), std::move(storage));
 }
 
@@ -60,11 +56,9 @@ absl::Status DryRunBackend::DownloadFloat(const Tensor& src, absl::Span<float> d
   return absl::OkStatus();
 }
 
-std::optional<Backend::Allocation> DryRunBackend::allocation() const {
-  return Allocation{.live_bytes = counts_->live.load(), .peak_bytes = counts_->peak.load()};
-}
+std::optional<Backend::Allocation> DryRunBackend::allocation() const { return counts_->Get(); }
 
-void DryRunBackend::ResetPeakAllocation() { counts_->peak.store(counts_->live.load()); }
+void DryRunBackend::ResetPeakAllocation() { counts_->ResetPeak(); }
 
 Tensor DryRunBackend::Linear(const Tensor& x, const Tensor& w, const Tensor&) {
   return Empty(x.dtype(), {x.dim(0), w.dim(0)});

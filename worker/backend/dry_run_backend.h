@@ -10,7 +10,6 @@
 #ifndef ZO_WORKER_BACKEND_DRY_RUN_BACKEND_H_
 #define ZO_WORKER_BACKEND_DRY_RUN_BACKEND_H_
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -20,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "worker/backend/allocation_counter.h"
 #include "worker/backend/backend.h"
 
 namespace zo::backend {
@@ -68,15 +68,9 @@ class DryRunBackend : public Backend {
                               float scale) override;
 
  private:
-  struct Counts {
-    std::atomic<int64_t> live{0};
-    std::atomic<int64_t> peak{0};
-  };
-
   Tensor Like(const Tensor& x) { return Empty(x.dtype(), x.shape()); }
 
-  // Shared with every tensor's deleter, so tensors may outlive the backend.
-  std::shared_ptr<Counts> counts_;
+  std::shared_ptr<AllocationCounter> counts_;
 };
 
 }  // namespace zo::backend

@@ -97,22 +97,17 @@ Tensor CpuBackend::Empty(DType dtype, Shape shape) {
              [&] { return absl::StrCat("out of memory allocating ", bytes, " bytes"); });
   // Counted as a device would hold it: n elements of the dtype.
   const int64_t counted = n * static_cast<int64_t>(DTypeSize(dtype));
-  const int64_t live = counts_->live.fetch_add(counted) + counted;
-  int64_t peak = counts_->peak.load();
-  while (live > peak && !counts_->peak.compare_exchange_weak(peak, live)) {
-  }
+  counts_->Allocated(counted);
   std::shared_ptr<void> storage(data, [counts = counts_, counted](void* p) {
-    counts->live.fetch_sub(counted);
+    counts->Freed(counted);
     std::free(p);
   });
   return Tensor(dtype, std::move(shape), std::move(storage));
 }
 
-std::optional<Backend::Allocation> CpuBackend::allocation() const {
-  return Allocation{.live_bytes = counts_->live.load(), .peak_bytes = counts_->peak.load()};
-}
+std::optional<Backend::Allocation> CpuBackend::allocation() const { return counts_->Get(); }
 
-void CpuBackend::ResetPeakAllocation() { counts_->peak.store(counts_->live.load()); }
+void CpuBackend::ResetPeakAllocation() { counts_->ResetPeak(); }
 
 Tensor CpuBackend::Zeros(DType dtype, Shape shape) {
   Tensor t = Empty(dtype, std::move(shape));

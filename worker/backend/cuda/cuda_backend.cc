@@ -111,14 +111,11 @@ std::shared_ptr<void> DeviceStorage(std::shared_ptr<DeviceContext> context, void
     auto placeholder = std::make_shared<char>(0);
     return std::shared_ptr<void>(placeholder, placeholder.get());
   }
-  const int64_t live = context->live_bytes.fetch_add(bytes) + bytes;
-  int64_t peak = context->peak_bytes.load();
-  while (live > peak && !context->peak_bytes.compare_exchange_weak(peak, live)) {
-  }
+  context->allocated.Allocated(bytes);
   // The deleter holds the context: the stream outlives every tensor.
   return std::shared_ptr<void>(ptr, [context = std::move(context), bytes](void* p) {
     cudaFreeAsync(p, context->stream);
-    context->live_bytes.fetch_sub(bytes);
+    context->allocated.Freed(bytes);
   });
 }
 
@@ -313,11 +310,10 @@ std::optional<int64_t> CudaBackend::FreeDeviceMemory() const {
 }
 
 std::optional<Backend::Allocation> CudaBackend::allocation() const {
-  return Allocation{.live_bytes = context_->live_bytes.load(),
-                    .peak_bytes = context_->peak_bytes.load()};
+  return context_->allocated.Get();
 }
 
-void CudaBackend::ResetPeakAllocation() { context_->peak_bytes.store(context_->live_bytes.load()); }
+void CudaBackend::ResetPeakAllocation() { context_->allocated.ResetPeak(); }
 
 std::shared_ptr<std::byte> CudaBackend::AllocateHost(size_t bytes) {
   void* p = nullptr;

@@ -4,12 +4,12 @@
 #ifndef ZO_WORKER_BACKEND_CPU_INTERNAL_CPU_BACKEND_IMPL_H_
 #define ZO_WORKER_BACKEND_CPU_INTERNAL_CPU_BACKEND_IMPL_H_
 
-#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 
+#include "worker/backend/allocation_counter.h"
 #include "worker/backend/backend.h"
 #include "worker/backend/cpu/cpu_backend.h"
 #include "worker/backend/cpu/internal/host_sharing.h"
@@ -82,12 +82,7 @@ class CpuBackend final : public Backend {
   DeviceSharing* sharing() override { return &sharing_; }
 
  private:
-  // Shared with each tensor's deleter: a tensor may outlive the backend.
-  struct Counts {
-    std::atomic<int64_t> live{0};
-    std::atomic<int64_t> peak{0};
-  };
-  std::shared_ptr<Counts> counts_ = std::make_shared<Counts>();
+  std::shared_ptr<AllocationCounter> counts_ = std::make_shared<AllocationCounter>();
   HostSharing sharing_{*this};
 };
 

@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/wake_queue.h"
+#include "worker/backend/allocation_counter.h"
 #include "worker/backend/backend.h"
 #include "worker/backend/cuda/cuda_backend.h"
 #include "worker/backend/cuda/internal/cuda_sharing.h"
@@ -69,9 +70,7 @@ absl::Status CudaStatus(cudaError_t err, const char* call, const char* op);
 struct DeviceContext {
   int device = 0;
   cudaStream_t stream = nullptr;
-  // Bytes of the tensors alive, and the most at once (Backend::allocation).
-  std::atomic<int64_t> live_bytes{0};
-  std::atomic<int64_t> peak_bytes{0};
+  AllocationCounter allocated;  // Backend::allocation
   ~DeviceContext();
 };
 
