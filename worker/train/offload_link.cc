@@ -128,13 +128,10 @@ absl::StatusOr<model::HostWeights> OffloadLink::LoadHostWeights(
     int64_t step, absl::Span<model::Param* const> params) {
   ZO_RETURN_IF_ERROR(Prepare(params, /*streaming=*/true));
   // A pull that leaves the version unchanged leaves host_ as it was: the
-  // weights the step before computed on, which are this step's. After a
-  // failed pull host_ may hold part of another version: changed, to be safe.
-  const bool intact = host_intact_;
-  host_intact_ = false;
+  // weights the step before computed on, which are this step's. (After a
+  // failed pull or a restore the client pulls whole and says changed.)
   ZO_ASSIGN_OR_RETURN(const bool changed, PullNow(step));
-  host_intact_ = true;
-  return model::HostWeights{.bytes = {host_.begin(), host_.end()}, .changed = changed || !intact};
+  return model::HostWeights{.bytes = {host_.begin(), host_.end()}, .changed = changed};
 }
 
 absl::Status OffloadLink::LoadNow(int64_t step) {

@@ -97,9 +97,6 @@ class OffloadLink final : public model::ParamLink {
   std::map<std::string, int> index_;
   std::vector<model::Param*> params_;
   bool streaming_ = false;  // LoadHostWeights: no device set, no prefetch
-  // Streaming: host_ holds a whole version (the last pull succeeded; none
-  // before the first).
-  bool host_intact_ = false;
   std::vector<int> pulled_tensors_;
   // The pulled weights, page-locked where the backend has it, back to back.
   std::shared_ptr<std::byte> host_arena_;
