@@ -164,8 +164,11 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const EstimateInput& input) {
 
 namespace {
 
-std::string Row(const std::string& what, const std::string& ram, const std::string& nvme = "") {
-  return absl::StrFormat("  %-38s %12s %12s\n", what, ram, nvme);
+// Two columns, and a third when `third` is not empty.
+std::string Row(const std::string& what, const std::string& first, const std::string& second = "",
+                const std::string& third = "") {
+  return absl::StrFormat("  %-38s %12s %12s%s\n", what, first, second,
+                         third.empty() ? "" : absl::StrFormat(" %12s", third));
 }
 
 }  // namespace
@@ -190,9 +193,7 @@ std::string FormatEstimateTable(const MemoryEstimate& e) {
   const GpuEstimate& st = e.gpu_streamed;
   // A third column, "streamed", when the weights stream.
   auto gpu_row = [&](const std::string& what, int64_t GpuEstimate::*field) {
-    std::string row = Row(what, bytes(d.*field), bytes(g.*field));
-    if (streams) row.insert(row.size() - 1, absl::StrFormat(" %12s", bytes(st.*field)));
-    return row;
+    return Row(what, bytes(d.*field), bytes(g.*field), streams ? bytes(st.*field) : "");
   };
   absl::StrAppendFormat(
       &out, "per GPU (largest stage: %s parameters), by zo.gradient_accumulation%s\n",
@@ -200,8 +201,7 @@ std::string FormatEstimateTable(const MemoryEstimate& e) {
       streams ? absl::StrFormat(", and streamed (%s parameters live)",
                                 FormatCount(static_cast<double>(in.max_live_params)))
               : "");
-  out += streams ? absl::StrFormat("  %-38s %12s %12s %12s\n", "", "device", "servers", "streamed")
-                 : Row("", "device", "servers");
+  out += Row("", "device", "servers", streams ? "streamed" : "");
   out += gpu_row(lp + " parameters", &GpuEstimate::param_bytes);
   out += gpu_row(lp + " next step's parameters (prefetch)", &GpuEstimate::next_param_bytes);
   out += gpu_row("fp32 gradients (servers: max tensor)", &GpuEstimate::grad_bytes);
