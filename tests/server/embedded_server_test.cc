@@ -1,10 +1,13 @@
 // The embedded default: an OffloadServer in the worker's own process, no
 // socket, the same client API over an in-process channel.
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <thread>
+#include <tuple>
 #include <vector>
 
+#include "common/status_macros.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -91,6 +94,91 @@ TEST(EmbeddedServerTest, PullForStepGivesTheLossScaleOfTheVersionTheStepComputes
   ZO_ASSERT_OK_AND_ASSIGN(bool third, client->PullForStep(3, all, dst, &scale));
   EXPECT_FALSE(third);  // v1 equals v0: step 1 was skipped
   EXPECT_EQ(scale, 32768);
+  client.reset();
+  server->Shutdown(absl::Seconds(1));
+}
+
+// A streamed stage whose weights live in a file pulls them batch by batch
+// through one buffer: each batch is there when the client hands it over, the
+// whole equals one pull of everything, and an unchanged version hands over
+// nothing.
+TEST(EmbeddedServerTest, PullForStepInBatchesHandsOverEachBatchThroughOneBuffer) {
+  ServerOptions server_options;
+  server_options.listen = "";
+  ZO_ASSERT_OK_AND_ASSIGN(auto server, OffloadServer::Start(server_options));
+  ClientOptions options;
+  options.job = "batched";
+  options.channels = {server->InProcessChannel()};
+  const std::string config = R"({"train_batch_size": 1,
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "zo": {"chunk_elems": 8}})";
+  ZO_ASSERT_OK_AND_ASSIGN(
+      auto client, OffloadClient::Open(options, config,
+                                       {{"a", {12}, DType::kFloat32},
+                                        {"b", {5}, DType::kFloat32},
+                                        {"c", {20}, DType::kFloat32}}));
+  std::vector<float> init(37);
+  for (size_t i = 0; i < init.size(); ++i) init[i] = 0.1f * static_cast<float>(i) - 1.5f;
+  ASSERT_THAT(client->InitParams(0, absl::MakeConstSpan(init).subspan(0, 12)), IsOk());
+  ASSERT_THAT(client->InitParams(1, absl::MakeConstSpan(init).subspan(12, 5)), IsOk());
+  ASSERT_THAT(client->InitParams(2, absl::MakeConstSpan(init).subspan(17, 20)), IsOk());
+  std::vector<float> g(37);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = 0.01f * static_cast<float>(i % 7) - 0.02f;
+  auto push = [&](int64_t step) {
+    const auto* bytes = reinterpret_cast<const std::byte*>(g.data());
+    for (const auto& [tensor, from, n] : {std::tuple{0, 0, 12}, {1, 12, 5}, {2, 17, 20}}) {
+      ZO_RETURN_IF_ERROR(client->Push(step, tensor, {bytes + from * 4, size_t{4} * n}));
+    }
+    return client->FinishStep(step);
+  };
+  ASSERT_THAT(push(1), IsOk());
+
+  std::vector<std::byte> whole(37 * 4);
+  const std::vector<absl::Span<std::byte>> whole_dst = {
+      absl::MakeSpan(whole).subspan(0, 48), absl::MakeSpan(whole).subspan(48, 20),
+      absl::MakeSpan(whole).subspan(68, 80)};
+  ASSERT_THAT(client->Pull(1, -1, {0, 1, 2}, whole_dst).status(), IsOk());
+
+  // Batches {c} then {a, b} through one 80-byte buffer.
+  std::vector<std::byte> buffer(80);
+  const std::vector<int> first = {2};
+  const std::vector<int> second = {0, 1};
+  const std::vector<absl::Span<std::byte>> first_dst = {absl::MakeSpan(buffer)};
+  const std::vector<absl::Span<std::byte>> second_dst = {absl::MakeSpan(buffer).subspan(0, 48),
+                                                         absl::MakeSpan(buffer).subspan(48, 20)};
+  const std::vector<OffloadClient::PullBatch> batches = {{first, first_dst},
+                                                         {second, second_dst}};
+  std::vector<std::byte> gathered(37 * 4);
+  std::vector<size_t> handed;
+  auto pulled = [&](size_t b) {
+    handed.push_back(b);
+    if (b == 0) std::copy_n(buffer.begin(), 80, gathered.begin() + 68);
+    if (b == 1) std::copy_n(buffer.begin(), 68, gathered.begin());
+    return absl::OkStatus();
+  };
+  ZO_ASSERT_OK_AND_ASSIGN(bool changed, client->PullForStepInBatches(2, batches, pulled));
+  EXPECT_TRUE(changed);
+  EXPECT_EQ(handed, (std::vector<size_t>{0, 1}));
+  EXPECT_EQ(gathered, whole);
+  EXPECT_NE(std::vector<std::byte>(whole.begin(), whole.begin() + 4),
+            std::vector<std::byte>(reinterpret_cast<const std::byte*>(init.data()),
+                                   reinterpret_cast<const std::byte*>(init.data()) + 4));
+
+  handed.clear();
+  ZO_ASSERT_OK_AND_ASSIGN(bool again, client->PullForStepInBatches(2, batches, pulled));
+  EXPECT_FALSE(again);
+  EXPECT_TRUE(handed.empty());
+
+  // A failing hand-over ends the pull with its error, and the next call
+  // pulls whole again.
+  ASSERT_THAT(push(2), IsOk());
+  handed.clear();
+  EXPECT_THAT(client->PullForStepInBatches(
+                            3, batches, [](size_t) { return absl::DataLossError("disk gone"); })
+                  .status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("disk gone")));
+  ZO_ASSERT_OK_AND_ASSIGN(bool retried, client->PullForStepInBatches(3, batches, pulled));
+  EXPECT_TRUE(retried);
+  EXPECT_EQ(handed, (std::vector<size_t>{0, 1}));
   client.reset();
   server->Shutdown(absl::Seconds(1));
 }

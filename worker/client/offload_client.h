@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -216,6 +217,21 @@ class OffloadClient {
                                    absl::Span<const absl::Span<std::byte>> dst,
                                    double* loss_scale = nullptr,
                                    PullCancellation* cancel = nullptr);
+
+  // PullForStep through a bounded buffer (a streamed stage whose weights
+  // live in a file): the batches are pulled one after another, each into
+  // its own dst, and `pulled(b)` (may be null) is called once batch b is
+  // there, before the next is pulled, so the batches' dst may share memory.
+  // When the version is unchanged nothing is pulled and `pulled` is not
+  // called. An error from `pulled` ends the pull with it.
+  struct PullBatch {
+    absl::Span<const int> tensors;
+    absl::Span<const absl::Span<std::byte>> dst;
+  };
+  absl::StatusOr<bool> PullForStepInBatches(int64_t step, absl::Span<const PullBatch> batches,
+                                            const std::function<absl::Status(size_t batch)>& pulled,
+                                            double* loss_scale = nullptr,
+                                            PullCancellation* cancel = nullptr);
 
   // Bytes queued by the pushes and written into dst by the pulls so far
   // (the payload, not the wire framing): for metrics.

@@ -257,6 +257,14 @@ absl::StatusOr<bool> OffloadClient::Pull(int64_t version, int64_t have_version,
 absl::StatusOr<bool> OffloadClient::PullForStep(int64_t step, absl::Span<const int> tensors,
                                                 absl::Span<const absl::Span<std::byte>> dst,
                                                 double* loss_scale, PullCancellation* cancel) {
+  const PullBatch whole{.tensors = tensors, .dst = dst};
+  return PullForStepInBatches(step, {&whole, 1}, nullptr, loss_scale, cancel);
+}
+
+absl::StatusOr<bool> OffloadClient::PullForStepInBatches(
+    int64_t step, absl::Span<const PullBatch> batches,
+    const std::function<absl::Status(size_t batch)>& pulled, double* loss_scale,
+    PullCancellation* cancel) {
   if (step < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot pull for step ", step, ": steps are numbered from 1"));
@@ -272,15 +280,25 @@ absl::StatusOr<bool> OffloadClient::PullForStep(int64_t step, absl::Span<const i
   }
   bool changed = false;
   if (version != impl_->pulled_version) {
-    absl::StatusOr<bool> pulled =
-        impl_->Pull(version, impl_->pulled_version, tensors, dst, &impl_->pulled_loss_scale,
-                    cancel != nullptr ? cancel->group_.get() : nullptr);
-    if (!pulled.ok()) {
-      // A pull that failed half way may have written part of dst.
-      impl_->pulled_version = -1;
-      return pulled.status();
+    const int64_t have = impl_->pulled_version;
+    // A failed pull may have written part of dst, or handed part of the
+    // version on: the next call pulls whole.
+    impl_->pulled_version = -1;
+    for (size_t b = 0; b < batches.size(); ++b) {
+      ZO_ASSIGN_OR_RETURN(const bool batch_changed,
+                          impl_->Pull(version, have, batches[b].tensors, batches[b].dst,
+                                      &impl_->pulled_loss_scale,
+                                      cancel != nullptr ? cancel->group_.get() : nullptr));
+      // One version against another is unchanged everywhere or nowhere.
+      if (b == 0) {
+        changed = batch_changed;
+        if (!changed) break;
+      } else if (!batch_changed) {
+        return absl::InternalError(absl::StrCat("the pull of version ", version, " over version ",
+                                                have, " changed batch 0 but not batch ", b));
+      }
+      if (pulled) ZO_RETURN_IF_ERROR(pulled(b));
     }
-    changed = *pulled;
     impl_->pulled_version = version;
   }
   if (loss_scale != nullptr) *loss_scale = impl_->pulled_loss_scale;
