@@ -109,7 +109,11 @@ absl::Status ModelStage::BeginStep(int64_t step) {
 absl::Status ModelStage::LoadHostWeights(int64_t step) {
   // A prefetch still reading the step before's host copies ends first.
   (void)window_->Settle();
-  ZO_ASSIGN_OR_RETURN(const HostWeights weights, link_.LoadHostWeights(step, params_));
+  ZO_ASSIGN_OR_RETURN(HostWeights weights, link_.LoadHostWeights(step, params_));
+  if (weights.read != nullptr) {
+    window_->Reset(std::move(weights.read), /*unchanged=*/!weights.changed);
+    return absl::OkStatus();
+  }
   const std::vector<absl::Span<const std::byte>>& host = weights.bytes;
   if (host.size() != params_.size()) {
     return absl::InternalError(absl::StrCat("the link gave host weights for ", host.size(),

@@ -32,6 +32,9 @@ struct HostWeights {
   // One span of bytes in the params' dtype per param, in order, valid until
   // the next call.
   std::vector<absl::Span<const std::byte>> bytes;
+  // Instead of `bytes` (then empty): weights the link keeps in a file
+  // (offload_param "nvme"), which the window reads a layer at a time.
+  HostWeightReader read;
   // False when these are the very bytes of the call before, unchanged (a
   // pull that found the same version): the stage keeps the layers it has on
   // the device.

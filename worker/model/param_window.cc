@@ -42,15 +42,28 @@ void ParamWindow::Reset(std::map<const Param*, absl::Span<const std::byte>> host
   // A failed prefetch drops its layer; the others stay only if the bytes do.
   (void)Settle();
   const bool same_places =
-      unchanged && host.size() == host_.size() &&
+      unchanged && read_ == nullptr && host.size() == host_.size() &&
       std::equal(host.begin(), host.end(), host_.begin(), [](const auto& a, const auto& b) {
         return a.first == b.first && a.second.data() == b.second.data() &&
                a.second.size() == b.second.size();
       });
-  if (!same_places) {
+  host_ = std::move(host);
+  read_ = nullptr;
+  BeginStep(same_places);
+}
+
+void ParamWindow::Reset(HostWeightReader read, bool unchanged) {
+  (void)Settle();
+  const bool keep = unchanged && read_ != nullptr;
+  host_.clear();
+  read_ = std::move(read);
+  BeginStep(keep);
+}
+
+void ParamWindow::BeginStep(bool keep) {
+  if (!keep) {
     while (!resident_.empty()) Drop(resident_.front());
   }
-  host_ = std::move(host);
   // The step that ended gives the order the next one is expected to keep.
   if (!this_step_.empty()) {
     order_ = std::move(this_step_);
@@ -107,8 +120,19 @@ bool ParamWindow::IsResident(const Layer& layer) const {
 }
 
 absl::StatusOr<std::vector<absl::Span<const std::byte>>> ParamWindow::HostCopies(
-    const Layer& layer) const {
+    const Layer& layer, int slot) const {
   std::vector<absl::Span<const std::byte>> copies;
+  if (read_ != nullptr) {
+    std::vector<const Param*> params;
+    for (const Param& p : layer.params()) params.push_back(&p);
+    ZO_ASSIGN_OR_RETURN(copies, read_(params, slot));
+    if (copies.size() != params.size()) {
+      return absl::InternalError(absl::StrCat("the host weight reader gave ", copies.size(),
+                                              " copies for ", layer.name(), "'s ",
+                                              params.size(), " params"));
+    }
+    return copies;
+  }
   for (const Param& p : layer.params()) {
     auto host = host_.find(&p);
     if (host == host_.end()) {
@@ -151,11 +175,34 @@ absl::Status ParamWindow::Fetch(Layer& layer) {
   const int64_t bytes = LayerBytes(layer, dtype_);
   while (!resident_.empty() && resident_bytes_ + bytes > budget_bytes_) Drop(Victim(nullptr));
   if (bytes > budget_bytes_) return CheckFits({&layer});
-  ZO_ASSIGN_OR_RETURN(const std::vector<absl::Span<const std::byte>> host, HostCopies(layer));
-  size_t i = 0;
-  for (Param& p : layer.params()) {
-    p.value = backend_.Empty(dtype_, p.shape);
-    ZO_RETURN_IF_ERROR(backend_.Upload(host[i++], p.value));
+  ZO_ASSIGN_OR_RETURN(const std::vector<absl::Span<const std::byte>> host,
+                      HostCopies(layer, /*slot=*/0));
+  if (read_ == nullptr) {
+    size_t i = 0;
+    for (Param& p : layer.params()) {
+      p.value = backend_.Empty(dtype_, p.shape);
+      ZO_RETURN_IF_ERROR(backend_.Upload(host[i++], p.value));
+    }
+  } else {
+    // Slot 0 is read again by the next Fetch: its copies must be done (a
+    // device backend's Upload from page-locked memory returns before).
+    InFlight flight;
+    flight.outstanding = static_cast<int>(layer.params().size());
+    size_t i = 0;
+    for (Param& p : layer.params()) {
+      p.value = backend_.Empty(dtype_, p.shape);
+      backend_.UploadAsync(host[i++], p.value, [&flight](absl::Status s) {
+        std::lock_guard<std::mutex> lock(flight.mu);
+        if (!s.ok() && flight.status.ok()) flight.status = std::move(s);
+        if (--flight.outstanding == 0) flight.done.notify_all();
+      });
+    }
+    std::unique_lock<std::mutex> lock(flight.mu);
+    flight.done.wait(lock, [&] { return flight.outstanding == 0; });
+    if (!flight.status.ok()) {
+      for (Param& p : layer.params()) p.value = backend::Tensor();
+      return flight.status;
+    }
   }
   resident_.push_back(&layer);
   resident_bytes_ += bytes;
@@ -175,7 +222,8 @@ absl::Status ParamWindow::Prefetch(Layer* hint, const Layer& in_use) {
   const int64_t in_use_bytes = IsResident(in_use) ? LayerBytes(in_use, dtype_) : 0;
   if (in_use_bytes + bytes > budget_bytes_) return absl::OkStatus();  // no room beside it
   ZO_RETURN_IF_ERROR(Settle());
-  ZO_ASSIGN_OR_RETURN(const std::vector<absl::Span<const std::byte>> host, HostCopies(next));
+  ZO_ASSIGN_OR_RETURN(const std::vector<absl::Span<const std::byte>> host,
+                      HostCopies(next, /*slot=*/1));
   while (resident_bytes_ + bytes > budget_bytes_) Drop(Victim(&in_use));
   auto flight = std::make_shared<InFlight>();
   flight->layer = &next;

@@ -19,6 +19,11 @@
 // holds it beside the layer in use, and its Fetch waits for it. One
 // prefetch is in flight at a time.
 //
+// The step's weights may also live in a file (offload_param "nvme"): the
+// window then reads a layer's into one of two staging slots just before its
+// upload, slot 0 for Fetch (whose upload it waits for) and slot 1 for the
+// prefetch (free again once Settle returns).
+//
 // Not thread-safe: one per stage, used by the stage's executor thread.
 #ifndef ZO_WORKER_MODEL_PARAM_WINDOW_H_
 #define ZO_WORKER_MODEL_PARAM_WINDOW_H_
@@ -26,6 +31,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -40,6 +46,12 @@
 #include "worker/model/layer.h"
 
 namespace zo::model {
+
+// Reads the step's weights of `params` into staging slot `slot` (0 or 1)
+// and returns their bytes there, one span per param in the dtype; the spans
+// stay valid until the next read into that slot.
+using HostWeightReader = std::function<absl::StatusOr<std::vector<absl::Span<const std::byte>>>(
+    absl::Span<const Param* const> params, int slot)>;
 
 class ParamWindow {
  public:
@@ -57,6 +69,9 @@ class ParamWindow {
   // which holds the step before's weights, unless `unchanged` says these
   // are the same bytes at the same places as the step before's.
   void Reset(std::map<const Param*, absl::Span<const std::byte>> host, bool unchanged = false);
+  // The same for weights read on demand; `unchanged` says the reader gives
+  // the step before's bytes.
+  void Reset(HostWeightReader read, bool unchanged = false);
   // `layer`'s weights on the device: uploaded from the host copies unless
   // they are there, after dropping other layers' as the budget needs (see
   // above for which). Waits for a prefetch in flight first; its failure is
@@ -102,14 +117,19 @@ class ParamWindow {
   // The resident layer to drop for room, never `keep`; null when only
   // `keep` is resident.
   Layer* Victim(const Layer* keep) const;
-  // The host bytes of each of `layer`'s params; INTERNAL when one is missing.
-  absl::StatusOr<std::vector<absl::Span<const std::byte>>> HostCopies(const Layer& layer) const;
+  // Keeps the device copies only when `keep`; starts the step's order.
+  void BeginStep(bool keep);
+  // The host bytes of each of `layer`'s params (read into `slot` when they
+  // are in a file); INTERNAL when one is missing.
+  absl::StatusOr<std::vector<absl::Span<const std::byte>>> HostCopies(const Layer& layer,
+                                                                      int slot) const;
   void Drop(Layer* layer);
 
   backend::Backend& backend_;
   const DType dtype_;
   const int64_t budget_bytes_;
   std::map<const Param*, absl::Span<const std::byte>> host_;
+  HostWeightReader read_;  // instead of host_ when set
   std::list<Layer*> resident_;  // least recently used first
   int64_t resident_bytes_ = 0;
   int64_t peak_resident_bytes_ = 0;

@@ -1,7 +1,8 @@
 // ParamWindow's prefetch: the next layer's upload goes on beside the layer
 // in use when the budget holds both, Fetch waits for it and reports its
 // failure, and nothing the window drops is the layer in use. Uploads here
-// complete when the test says (a backend that holds their callbacks).
+// complete when the test says (a backend that holds their callbacks). And
+// weights read from a file on demand, through two staging slots.
 #include "worker/model/param_window.h"
 
 #include <cstddef>
@@ -17,6 +18,7 @@
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "worker/backend/cpu/cpu_backend.h"
 #include "worker/backend/dry_run_backend.h"
 #include "worker/model/basic_layers.h"
 
@@ -177,6 +179,104 @@ TEST_F(ParamWindowTest, AFailedPrefetchIsFetchsErrorAndItsLayerIsFetchedAgain) {
   EXPECT_EQ(window->resident_bytes(), Bytes());  // b dropped: its bytes are not the weights
   EXPECT_THAT(window->Fetch(L(1)), IsOk());      // uploaded again, synchronously
   EXPECT_EQ(window->resident_bytes(), 2 * Bytes());
+}
+
+// Weights in a file: the window reads a layer into slot 0 for Fetch, whose
+// upload is done when Fetch returns, and into slot 1 for the prefetch; the
+// device gets the bytes read, and a reader's failure is Fetch's.
+class ParamWindowReaderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* name : {"a", "b", "c"}) {
+      layers_.push_back(std::make_unique<LinearLayer>(name, 8, 8));
+      layers_.back()->Bind(*backend_, kDType, /*grads=*/false, /*values=*/false);
+      for (const Param& p : layers_.back()->params()) {
+        std::vector<std::byte>& bytes = file_[&p];
+        bytes.resize(static_cast<size_t>(p.numel()) * DTypeSize(kDType));
+        for (size_t i = 0; i < bytes.size(); ++i) {
+          bytes[i] = static_cast<std::byte>((i * 7 + file_.size() * 13) & 0x3F);
+        }
+      }
+    }
+  }
+
+  // Copies from file_ into the slot, as a file read would.
+  HostWeightReader Reader() {
+    return [this](absl::Span<const Param* const> params,
+                  int slot) -> absl::StatusOr<std::vector<absl::Span<const std::byte>>> {
+      slots_used_.push_back(slot);
+      if (!fail_.ok()) return fail_;
+      std::vector<std::byte>& staging = slots_[slot];
+      staging.clear();
+      std::vector<size_t> at;
+      for (const Param* p : params) {
+        at.push_back(staging.size());
+        staging.insert(staging.end(), file_.at(p).begin(), file_.at(p).end());
+      }
+      std::vector<absl::Span<const std::byte>> out;
+      for (size_t i = 0; i < params.size(); ++i) {
+        out.push_back(absl::MakeConstSpan(staging).subspan(at[i], file_.at(params[i]).size()));
+      }
+      return out;
+    };
+  }
+  std::vector<std::byte> OnDevice(const Param& p) {
+    std::vector<std::byte> bytes(static_cast<size_t>(p.value.nbytes()));
+    EXPECT_THAT(backend_->Download(p.value, absl::MakeSpan(bytes)), IsOk());
+    return bytes;
+  }
+  Layer& L(int i) { return *layers_[i]; }
+  int64_t Bytes() const { return ParamWindow::LayerBytes(*layers_[0], kDType); }
+
+  std::unique_ptr<backend::Backend> backend_ = backend::MakeCpuBackend();
+  std::vector<std::unique_ptr<Layer>> layers_;
+  std::map<const Param*, std::vector<std::byte>> file_;
+  std::vector<std::byte> slots_[2];
+  std::vector<int> slots_used_;
+  absl::Status fail_;
+};
+
+TEST_F(ParamWindowReaderTest, FetchAndPrefetchReadIntoTheirOwnSlots) {
+  ParamWindow window(*backend_, kDType, 2 * Bytes());
+  window.Reset(Reader());
+  ASSERT_THAT(window.Fetch(L(0)), IsOk());
+  ASSERT_THAT(window.Prefetch(&L(1), L(0)), IsOk());
+  ASSERT_THAT(window.Fetch(L(1)), IsOk());
+  EXPECT_EQ(slots_used_, (std::vector<int>{0, 1}));
+  for (int i : {0, 1}) {
+    for (const Param& p : L(i).params()) EXPECT_EQ(OnDevice(p), file_.at(&p)) << p.name;
+  }
+  // Room for c: a is dropped, and c comes through slot 0.
+  ASSERT_THAT(window.Fetch(L(2)), IsOk());
+  EXPECT_EQ(slots_used_, (std::vector<int>{0, 1, 0}));
+  for (const Param& p : L(2).params()) EXPECT_EQ(OnDevice(p), file_.at(&p)) << p.name;
+  EXPECT_EQ(window.fetches(), 3);
+}
+
+TEST_F(ParamWindowReaderTest, AnUnchangedFileKeepsTheLayersAndAChangedOneDropsThem) {
+  ParamWindow window(*backend_, kDType, 2 * Bytes());
+  window.Reset(Reader());
+  ASSERT_THAT(window.Fetch(L(0)), IsOk());
+  window.Reset(Reader(), /*unchanged=*/true);
+  EXPECT_EQ(window.resident_bytes(), Bytes());
+  window.Reset(Reader(), /*unchanged=*/false);
+  EXPECT_EQ(window.resident_bytes(), 0);
+  // From bytes in memory to a file, the layers go even when unchanged.
+  ASSERT_THAT(window.Fetch(L(0)), IsOk());
+  window.Reset(std::map<const Param*, absl::Span<const std::byte>>{}, /*unchanged=*/true);
+  EXPECT_EQ(window.resident_bytes(), 0);
+}
+
+TEST_F(ParamWindowReaderTest, AFailedReadIsFetchsErrorAndLeavesNothingResident) {
+  ParamWindow window(*backend_, kDType, 2 * Bytes());
+  window.Reset(Reader());
+  fail_ = absl::DataLossError("weights file: short read");
+  EXPECT_THAT(window.Fetch(L(0)),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("short read")));
+  EXPECT_EQ(window.resident_bytes(), 0);
+  fail_ = absl::OkStatus();
+  ASSERT_THAT(window.Fetch(L(0)), IsOk());
+  for (const Param& p : L(0).params()) EXPECT_EQ(OnDevice(p), file_.at(&p)) << p.name;
 }
 
 }  // namespace
