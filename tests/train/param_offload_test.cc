@@ -6,6 +6,7 @@
 // honour is refused naming the key or the bytes.
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <string>
@@ -80,6 +81,38 @@ TEST(ParamOffloadTest, StreamedParametersTrainExactlyAsResidentOnes) {
   ASSERT_EQ(a.size(), 12u);
   EXPECT_EQ(b, a);
   EXPECT_LT(a.back(), a.front() - 0.3);  // and it learns
+}
+
+// offload_param "nvme": the stage's weights go to a file under nvme_path,
+// pulled through a buffer of 20 000 parameters (several batches a step),
+// and the window reads each layer from there; the losses are the resident
+// run's, and the file is gone when the process is. A buffer smaller than a
+// parameter is refused naming it.
+TEST(ParamOffloadTest, WeightsStreamedFromAFileOnNvmeTrainExactlyAsResidentOnes) {
+  const std::string dir = FreshTempDir("param_offload_nvme");
+  const std::string nvme = FreshTempDir("param_offload_nvme_files");
+  const Ran resident = Train(dir, "resident", "{}");
+  ASSERT_EQ(resident.code, 0) << resident.log;
+  const std::string zero = absl::StrCat(R"({"offload_param": {"device": "nvme", "nvme_path": ")",
+                                        nvme, R"(", "buffer_size": 20000},
+                                            "stage3_max_live_parameters": 60000})");
+  const Ran streamed = Train(dir, "nvme", zero);
+  ASSERT_EQ(streamed.code, 0) << streamed.log;
+  EXPECT_THAT(streamed.log, HasSubstr(absl::StrCat(
+                                "each stage keeps its weights in a file under ", nvme,
+                                " (pulled through a buffer of 20000 parameters, read a layer at "
+                                "a time) and at most 60000 parameters")));
+  EXPECT_EQ(Losses(dir + "/nvme.jsonl"), Losses(dir + "/resident.jsonl"));
+  EXPECT_TRUE(std::filesystem::is_empty(nvme));
+
+  const std::string small = absl::StrCat(R"({"offload_param": {"device": "nvme", "nvme_path": ")",
+                                         nvme, R"(", "buffer_size": 1000}})");
+  const Ran refused = Train(dir, "small", small);
+  EXPECT_EQ(refused.code, 1);  // at start: no step ran
+  EXPECT_THAT(refused.log, ::testing::Not(HasSubstr("step 1")));
+  EXPECT_THAT(refused.log, HasSubstr("zero_optimization.offload_param.buffer_size = 1000: "));
+  EXPECT_THAT(refused.log, HasSubstr("the pull to NVMe goes through one buffer that must hold "
+                                     "the largest parameter"));
 }
 
 // Sixteen blocks of about 50 k parameters over one 4-token sequence per
@@ -231,8 +264,8 @@ TEST(ParamOffloadTest, WhatCannotBeHonouredIsRefusedNamingTheKey) {
     std::string message;
   };
   for (const Case& c : std::vector<Case>{
-           {R"({"offload_param": {"device": "nvme", "nvme_path": "/tmp"}})",
-            "zero_optimization.offload_param.device = \"nvme\""},
+           {R"({"offload_param": {"device": "nvme", "nvme_path": "/nonexistent/zo"}})",
+            "zero_optimization.offload_param.nvme_path: "},
            {R"({"offload_param": {"device": "cpu"}, "stage3_max_live_parameters": 1000})",
             "layer embed needs "}}) {
     const Ran ran = Train(dir, "bad", c.zero);

@@ -7,6 +7,7 @@
 #include "absl/time/clock.h"
 #include "common/status_context.h"
 #include "common/status_macros.h"
+#include "offload/io/io_engine.h"
 #include "rpc/error_detail.h"
 #include "worker/client/follow_job.h"
 #include "worker/train/step_abort.h"
@@ -34,6 +35,12 @@ absl::StatusOr<LocalStage> OpenStage(const TrainOptions& o, Plan& plan, backend:
   }
   ls.link = std::make_unique<OffloadLink>(
       ls.resend_client ? ls.resend_client.get() : ls.client.get(), backend, manifest, plan.dtype);
+  const OffloadParamConfig& offload_param = plan.config.zero_optimization.offload_param;
+  if (plan.streams() && offload_param.device == OffloadDevice::kNvme) {
+    ls.link->KeepStreamedWeightsInFile({.dir = offload_param.nvme_path,
+                                        .io = IoEngineOptionsFromConfig(plan.config.aio),
+                                        .buffer_elems = offload_param.buffer_size});
+  }
   ZO_ASSIGN_OR_RETURN(ls.module,
                       model::ModelStage::Create(backend, plan.model, plan.bounds,
                                                 StageOptionsFor(o, plan, stage), source, *ls.link));

@@ -62,13 +62,17 @@ absl::Status OffloadLink::Prepare(absl::Span<model::Param* const> params, bool s
   }
   const size_t weight_bytes = bytes_16, gradient_bytes = bytes_16;
   params_.assign(params.begin(), params.end());
-  host_arena_ = backend_.AllocateHost(weight_bytes);
-  size_t offset = 0;
-  for (model::Param* p : params_) {
-    const size_t bytes = static_cast<size_t>(p->numel()) * DTypeSize(dtype_);
-    host_.emplace_back(host_arena_.get() + offset, bytes);
-    offset += bytes;
-    if (!streaming_) idle_.push_back(backend_.Empty(dtype_, p->shape));
+  if (streaming_ && file_options_.has_value()) {
+    ZO_RETURN_IF_ERROR(PrepareFile());
+  } else {
+    host_arena_ = backend_.AllocateHost(weight_bytes);
+    size_t offset = 0;
+    for (model::Param* p : params_) {
+      const size_t bytes = static_cast<size_t>(p->numel()) * DTypeSize(dtype_);
+      host_.emplace_back(host_arena_.get() + offset, bytes);
+      offset += bytes;
+      if (!streaming_) idle_.push_back(backend_.Empty(dtype_, p->shape));
+    }
   }
   slots_ = PushesPerRank(client_->config()) > 1 ? 2 : 1;
   slot_bytes_ = gradient_bytes;
@@ -83,6 +87,87 @@ absl::Status OffloadLink::Prepare(absl::Span<model::Param* const> params, bool s
   // Versions up to the job's are there to pull.
   pushed_ = client_->version();
   return absl::OkStatus();
+}
+
+absl::Status OffloadLink::PrepareFile() {
+  const WeightFileOptions& o = *file_options_;
+  std::vector<int64_t> sizes;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    param_index_[params_[i]] = i;
+    sizes.push_back(params_[i]->numel() * static_cast<int64_t>(DTypeSize(dtype_)));
+  }
+  const int64_t elem = static_cast<int64_t>(DTypeSize(dtype_));
+  for (const model::Param* p : params_) {
+    ZO_RETURN_IF_ERROR(CheckWeightBuffer(o.buffer_elems, p->name, p->numel()));
+  }
+  ZO_ASSIGN_OR_RETURN(file_,
+                      WeightFile::Create({.dir = o.dir, .io = o.io, .param_bytes = sizes}));
+  // The buffer holds buffer_elems parameters, or one parameter rounded up
+  // to the file's alignment.
+  const int64_t buffer_bytes = std::max(o.buffer_elems * elem, int64_t{1});
+  int64_t largest = 0;
+  for (size_t first = 0; first < params_.size();) {
+    size_t last = first + 1;
+    while (last < params_.size() && file_->RangeBytes(first, last + 1) <= buffer_bytes) ++last;
+    FileBatch batch;
+    batch.first = first;
+    batch.last = last;
+    for (size_t i = first; i < last; ++i) batch.tensors.push_back(pulled_tensors_[i]);
+    file_batches_.push_back(std::move(batch));
+    largest = std::max(largest, file_->RangeBytes(first, last));
+    first = last;
+  }
+  pull_arena_ = backend_.AllocateHost(static_cast<size_t>(largest + WeightFile::kAlignment - 1));
+  pull_buffer_ = AlignUp(pull_arena_.get(), WeightFile::kAlignment);
+  for (FileBatch& b : file_batches_) {
+    for (size_t i = b.first; i < b.last; ++i) {
+      b.dst.emplace_back(pull_buffer_ + (file_->offset(i) - file_->offset(b.first)),
+                         static_cast<size_t>(file_->bytes(i)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<absl::Span<const std::byte>>> OffloadLink::ReadFromFile(
+    absl::Span<const model::Param* const> params, int slot) {
+  if (slot < 0 || slot > 1) return absl::InternalError(absl::StrCat("no read slot ", slot));
+  // Runs of consecutive params, each one read; a layer's params are one run.
+  std::vector<size_t> index;
+  for (const model::Param* p : params) {
+    auto it = param_index_.find(p);
+    if (it == param_index_.end()) {
+      return absl::InternalError(absl::StrCat(p->name, " is not among the stage's params"));
+    }
+    index.push_back(it->second);
+  }
+  std::vector<std::pair<size_t, size_t>> runs;
+  for (size_t i : index) {
+    if (!runs.empty() && runs.back().second == i) {
+      ++runs.back().second;
+    } else {
+      runs.emplace_back(i, i + 1);
+    }
+  }
+  int64_t need = 0;
+  for (const auto& [first, last] : runs) need += file_->RangeBytes(first, last);
+  ReadSlot& s = read_slots_[slot];
+  if (need > s.bytes) {
+    s.arena = backend_.AllocateHost(static_cast<size_t>(need + WeightFile::kAlignment - 1));
+    s.data = AlignUp(s.arena.get(), WeightFile::kAlignment);
+    s.bytes = need;
+  }
+  std::map<size_t, const std::byte*> at;
+  int64_t pos = 0;
+  for (const auto& [first, last] : runs) {
+    ZO_RETURN_IF_ERROR(file_->Read(first, last, s.data + pos));
+    for (size_t i = first; i < last; ++i) {
+      at[i] = s.data + pos + (file_->offset(i) - file_->offset(first));
+    }
+    pos += file_->RangeBytes(first, last);
+  }
+  std::vector<absl::Span<const std::byte>> out;
+  for (size_t i : index) out.emplace_back(at[i], static_cast<size_t>(file_->bytes(i)));
+  return out;
 }
 
 namespace {
@@ -115,8 +200,19 @@ absl::StatusOr<bool> OffloadLink::PullNow(int64_t step) {
   // of 1F1B pushes last, so its next step's weights are mostly pulled here.)
   PullCancellation cancel;
   if (abort_ != nullptr) abort_->Register(&cancel);
-  absl::StatusOr<bool> pulled =
-      client_->PullForStep(step, pulled_tensors_, host_, &loss_scale_, &cancel);
+  absl::StatusOr<bool> pulled;
+  if (file_ == nullptr) {
+    pulled = client_->PullForStep(step, pulled_tensors_, host_, &loss_scale_, &cancel);
+  } else {
+    std::vector<OffloadClient::PullBatch> batches;
+    for (const FileBatch& b : file_batches_) batches.push_back({b.tensors, b.dst});
+    pulled = client_->PullForStepInBatches(
+        step, batches,
+        [&](size_t b) {
+          return file_->Write(file_batches_[b].first, file_batches_[b].last, pull_buffer_);
+        },
+        &loss_scale_, &cancel);
+  }
   if (abort_ != nullptr) {
     abort_->Unregister(&cancel);
     if (!pulled.ok() && !abort_->reason().ok()) return abort_->reason();
@@ -131,7 +227,16 @@ absl::StatusOr<model::HostWeights> OffloadLink::LoadHostWeights(
   // weights the step before computed on, which are this step's. (After a
   // failed pull or a restore the client pulls whole and says changed.)
   ZO_ASSIGN_OR_RETURN(const bool changed, PullNow(step));
-  return model::HostWeights{.bytes = {host_.begin(), host_.end()}, .changed = changed};
+  model::HostWeights weights;
+  weights.changed = changed;
+  if (file_ != nullptr) {
+    weights.read = [this](absl::Span<const model::Param* const> params, int slot) {
+      return ReadFromFile(params, slot);
+    };
+  } else {
+    weights.bytes.assign(host_.begin(), host_.end());
+  }
+  return weights;
 }
 
 absl::Status OffloadLink::LoadNow(int64_t step) {

@@ -10,7 +10,11 @@
 // Streaming (LoadHostWeights, zero_optimization.offload_param): the pulled
 // weights stay in the page-locked host buffer, which the stage's window
 // uploads from layer by layer; there is no device set and no prefetch (the
-// step's pull ends before its first layer computes).
+// step's pull ends before its first layer computes). With "nvme"
+// (KeepStreamedWeightsInFile) they go to a file instead (weight_file.h),
+// pulled batch by batch through one buffer of offload_param.buffer_size
+// parameters, and the window reads a layer at a time from it into one of
+// two page-locked slots as large as the largest layer.
 //
 // Gradients: each final gradient is cast to the job's dtype and copied
 // (Backend::DownloadAsync: on a GPU, beside the compute, into page-locked
@@ -31,15 +35,18 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "offload/io/io_engine.h"
 #include "worker/backend/backend.h"
 #include "worker/client/offload_client.h"
 #include "worker/model/model_stage.h"
 #include "worker/train/step_abort.h"
+#include "worker/train/weight_file.h"
 
 namespace zo::train {
 
@@ -64,6 +71,19 @@ class OffloadLink final : public model::ParamLink {
   // version 0 (a fresh job); a no-op for a job that has trained.
   absl::Status InitializeIfFresh(absl::Span<model::Param* const> params, uint64_t seed);
 
+  // Streaming keeps the pulled weights in a file in `dir` (offload_param
+  // "nvme"), pulled through a buffer of `buffer_elems` parameters. Before
+  // the first LoadHostWeights.
+  struct WeightFileOptions {
+    std::string dir;
+    IoEngineOptions io;
+    int64_t buffer_elems = 100'000'000;
+  };
+  void KeepStreamedWeightsInFile(WeightFileOptions options) { file_options_ = std::move(options); }
+  // The file's size and engine once the first LoadHostWeights made it; null
+  // before, or without a file.
+  const WeightFile* weight_file() const { return file_.get(); }
+
   absl::Status LoadWeights(int64_t step, absl::Span<model::Param* const> params) override;
   absl::StatusOr<model::HostWeights> LoadHostWeights(
       int64_t step, absl::Span<model::Param* const> params) override;
@@ -77,8 +97,14 @@ class OffloadLink final : public model::ParamLink {
   // buffers and (not streaming) idle tensors. InternalError when a later
   // call brings other params.
   absl::Status Prepare(absl::Span<model::Param* const> params, bool streaming);
-  // Pulls `step`'s weights into host_ now; whether they changed.
+  // Pulls `step`'s weights into host_ now (into the file when there is
+  // one); whether they changed.
   absl::StatusOr<bool> PullNow(int64_t step);
+  // With a file: the file, the pull's batches and their buffer.
+  absl::Status PrepareFile();
+  // The window's HostWeightReader over the file.
+  absl::StatusOr<std::vector<absl::Span<const std::byte>>> ReadFromFile(
+      absl::Span<const model::Param* const> params, int slot);
   // PullNow, then uploads them into the params.
   absl::Status LoadNow(int64_t step);
   // Starts the prefetch of `step` when its version's gradients are all
@@ -100,7 +126,28 @@ class OffloadLink final : public model::ParamLink {
   std::vector<int> pulled_tensors_;
   // The pulled weights, page-locked where the backend has it, back to back.
   std::shared_ptr<std::byte> host_arena_;
-  std::vector<absl::Span<std::byte>> host_;
+  std::vector<absl::Span<std::byte>> host_;  // empty with a file
+  std::optional<WeightFileOptions> file_options_;
+  std::unique_ptr<WeightFile> file_;
+  // Consecutive params [first, last), pulled together into pull_buffer_
+  // laid out as the file is, then written.
+  struct FileBatch {
+    size_t first = 0;
+    size_t last = 0;
+    std::vector<int> tensors;
+    std::vector<absl::Span<std::byte>> dst;
+  };
+  std::vector<FileBatch> file_batches_;
+  std::shared_ptr<std::byte> pull_arena_;
+  std::byte* pull_buffer_ = nullptr;
+  // The window's two slots (grown to the largest read).
+  struct ReadSlot {
+    std::shared_ptr<std::byte> arena;
+    std::byte* data = nullptr;
+    int64_t bytes = 0;
+  };
+  ReadSlot read_slots_[2];
+  std::map<const model::Param*, size_t> param_index_;
   // The second set of weight tensors: the prefetch uploads into it.
   std::vector<backend::Tensor> idle_;
   // host_ holds weights the params do not: nothing uploaded yet, or a

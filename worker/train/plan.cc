@@ -8,8 +8,10 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "common/units.h"
+#include "offload/io/direct_file.h"
 #include "worker/data/synthetic_source.h"
 #include "worker/model/partition.h"
+#include "worker/train/weight_file.h"
 
 namespace zo::train {
 namespace {
@@ -80,17 +82,24 @@ absl::Status PlanParamOffload(const TrainOptions& o, Plan& plan) {
   const bool budget = o.device_memory_budget > 0;
   if (zero.offload_param.device == OffloadDevice::kNone && !budget) return absl::OkStatus();
   if (zero.offload_param.device == OffloadDevice::kNvme) {
-    return absl::InvalidArgumentError(
-        "zero_optimization.offload_param.device = \"nvme\": zo-train keeps a stage's streamed "
-        "weights in host memory and does not spill them to NVMe yet; use \"cpu\"");
+    // Now rather than at the first step, after the servers are reached.
+    if (absl::Status direct = CheckDirectIo(zero.offload_param.nvme_path); !direct.ok()) {
+      return absl::Status(direct.code(), absl::StrCat("zero_optimization.offload_param.nvme_path: ",
+                                                      direct.message()));
+    }
+    for (const TensorSpec& t : plan.model.Manifest(plan.dtype)) {
+      ZO_RETURN_IF_ERROR(CheckWeightBuffer(zero.offload_param.buffer_size, t.name, NumElements(t.shape)));
+    }
   }
   if (plan.config.zo.gradient_accumulation == GradientAccumulation::kDevice) {
     return absl::InvalidArgumentError(absl::StrCat(
-        budget ? "--device-memory-budget" : "zero_optimization.offload_param.device = \"cpu\"",
+        budget ? "--device-memory-budget"
+               : absl::StrCat("zero_optimization.offload_param.device = \"",
+                              std::string(EnumName(zero.offload_param.device)), "\""),
         " streams the weights, but zo.gradient_accumulation = \"device\" would keep an fp32 "
         "gradient of every weight on the device: use \"servers\" (or \"auto\")"));
   }
-  if (zero.offload_param.device == OffloadDevice::kCpu) {
+  if (zero.offload_param.device != OffloadDevice::kNone) {
     // Any count beyond what a device could hold means "all of them"; the
     // clamp keeps the product in range for a count from the config file.
     const int64_t elem = static_cast<int64_t>(DTypeSize(plan.dtype));
@@ -199,6 +208,17 @@ model::StageOptions StageOptionsFor(const TrainOptions& o, const Plan& plan, int
           .weight_window_bytes = plan.WindowBytes(stage)};
 }
 
+namespace {
+
+std::string WhereStreamedWeightsLive(const Plan& plan) {
+  const OffloadParamConfig& p = plan.config.zero_optimization.offload_param;
+  if (p.device != OffloadDevice::kNvme) return "in host memory";
+  return absl::StrCat("in a file under ", p.nvme_path, " (pulled through a buffer of ",
+                      p.buffer_size, " parameters, read a layer at a time)");
+}
+
+}  // namespace
+
 void PrintPlan(const TrainOptions& o, const Plan& plan) {
   std::fprintf(o.out, "zo-train: %s\n", plan.model.Describe().c_str());
   const std::string servers = o.servers.empty()
@@ -236,8 +256,9 @@ void PrintPlan(const TrainOptions& o, const Plan& plan) {
   if (plan.weight_window_bytes > 0) {
     std::fprintf(o.out,
                  "zo-train: parameters streamed (zero_optimization.offload_param): each stage "
-                 "keeps its weights in host memory and at most %lld parameters (%s) of them on "
+                 "keeps its weights %s and at most %lld parameters (%s) of them on "
                  "the device at once, whole layers\n",
+                 WhereStreamedWeightsLive(plan).c_str(),
                  static_cast<long long>(plan.config.zero_optimization.stage3_max_live_parameters),
                  FormatBytes(plan.weight_window_bytes).c_str());
   }
