@@ -89,22 +89,29 @@ TEST(ParamOffloadTest, StreamedParametersTrainExactlyAsResidentOnes) {
 // run's, and the file is gone when the process is. A buffer smaller than a
 // parameter is refused naming it.
 TEST(ParamOffloadTest, WeightsStreamedFromAFileOnNvmeTrainExactlyAsResidentOnes) {
+  // With DPU too: its first steps compute on an unchanged version, which
+  // leaves the file and the layers on the device as they are.
+  for (const std::string dpu : {"", R"(, "dpu": {"enabled": true, "warmup_steps": 2})"}) {
+    SCOPED_TRACE(dpu.empty() ? "without DPU" : "with DPU");
+    const std::string dir = FreshTempDir("param_offload_nvme");
+    const std::string nvme = FreshTempDir("param_offload_nvme_files");
+    const Ran resident = Train(dir, "resident", "{}", kGpt, 8, dpu);
+    ASSERT_EQ(resident.code, 0) << resident.log;
+    const std::string zero =
+        absl::StrCat(R"({"offload_param": {"device": "nvme", "nvme_path": ")", nvme,
+                     R"(", "buffer_size": 20000}, "stage3_max_live_parameters": 60000})");
+    const Ran streamed = Train(dir, "nvme", zero, kGpt, 8, dpu);
+    ASSERT_EQ(streamed.code, 0) << streamed.log;
+    EXPECT_THAT(streamed.log, HasSubstr(absl::StrCat(
+                                  "each stage keeps its weights in a file under ", nvme,
+                                  " (pulled through a buffer of 20000 parameters, read a layer "
+                                  "at a time) and at most 60000 parameters")));
+    EXPECT_EQ(Losses(dir + "/nvme.jsonl"), Losses(dir + "/resident.jsonl"));
+    EXPECT_TRUE(std::filesystem::is_empty(nvme));
+  }
+
   const std::string dir = FreshTempDir("param_offload_nvme");
   const std::string nvme = FreshTempDir("param_offload_nvme_files");
-  const Ran resident = Train(dir, "resident", "{}");
-  ASSERT_EQ(resident.code, 0) << resident.log;
-  const std::string zero = absl::StrCat(R"({"offload_param": {"device": "nvme", "nvme_path": ")",
-                                        nvme, R"(", "buffer_size": 20000},
-                                            "stage3_max_live_parameters": 60000})");
-  const Ran streamed = Train(dir, "nvme", zero);
-  ASSERT_EQ(streamed.code, 0) << streamed.log;
-  EXPECT_THAT(streamed.log, HasSubstr(absl::StrCat(
-                                "each stage keeps its weights in a file under ", nvme,
-                                " (pulled through a buffer of 20000 parameters, read a layer at "
-                                "a time) and at most 60000 parameters")));
-  EXPECT_EQ(Losses(dir + "/nvme.jsonl"), Losses(dir + "/resident.jsonl"));
-  EXPECT_TRUE(std::filesystem::is_empty(nvme));
-
   const std::string small = absl::StrCat(R"({"offload_param": {"device": "nvme", "nvme_path": ")",
                                          nvme, R"(", "buffer_size": 1000}})");
   const Ran refused = Train(dir, "small", small);
