@@ -83,6 +83,12 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const EstimateInput& input) {
         absl::StrCat("buffer_count must be <= ", kMaxBufferCount, ", got ", input.buffer_count));
   }
   ZO_RETURN_IF_ERROR(CheckAtLeast("max_live_params", input.max_live_params, 0));
+  ZO_RETURN_IF_ERROR(
+      CheckAtLeast("param_nvme_buffer_elems", input.param_nvme_buffer_elems, 0));
+  if (input.param_nvme_buffer_elems > 0 && input.max_live_params == 0) {
+    return absl::InvalidArgumentError(
+        "a buffer for streamed weights on NVMe needs streaming (max_live_params)");
+  }
   if (input.precision == DType::kFloat32) {
     return absl::InvalidArgumentError("precision must be fp16 or bf16");
   }
@@ -124,6 +130,15 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const EstimateInput& input) {
     st.param_bytes = std::min(input.max_live_params, st.stage_params) * lp;
     st.next_param_bytes = 0;
     st.total_bytes = st.param_bytes + st.grad_bytes;
+    if (input.param_nvme_buffer_elems > 0) {
+      st.worker_nvme_bytes = st.stage_params * lp;
+      // A read slot holds a layer: at least its largest tensor, at most the
+      // window.
+      const int64_t slot = std::min(largest_tensor, input.max_live_params);
+      st.host_staging_bytes +=
+          (std::min(input.param_nvme_buffer_elems, st.stage_params) + 2 * slot - st.stage_params) *
+          lp;
+    }
   }
 
   ServerEstimate& s = e.server;
@@ -207,6 +222,9 @@ std::string FormatEstimateTable(const MemoryEstimate& e) {
   out += gpu_row("fp32 gradients (servers: max tensor)", &GpuEstimate::grad_bytes);
   out += gpu_row("total, before activations", &GpuEstimate::total_bytes);
   out += gpu_row("page-locked host staging", &GpuEstimate::host_staging_bytes);
+  if (streams && in.param_nvme_buffer_elems > 0) {
+    out += gpu_row("worker NVMe (streamed weights)", &GpuEstimate::worker_nvme_bytes);
+  }
   out += gpu_row(absl::StrFormat("pushed per step (%d micro-batches)", in.micro_batches),
                  &GpuEstimate::pushed_bytes_per_step);
 
@@ -263,7 +281,8 @@ nlohmann::json GpuJson(const GpuEstimate& g) {
           {"grad_bytes", g.grad_bytes},
           {"total_bytes", g.total_bytes},
           {"host_staging_bytes", g.host_staging_bytes},
-          {"pushed_bytes_per_step", g.pushed_bytes_per_step}};
+          {"pushed_bytes_per_step", g.pushed_bytes_per_step},
+          {"worker_nvme_bytes", g.worker_nvme_bytes}};
 }
 
 }  // namespace
@@ -285,6 +304,7 @@ std::string FormatEstimateJson(const MemoryEstimate& e) {
       {"gpu", GpuJson(e.gpu)},
       {"gpu_gradient_accumulation_servers", GpuJson(e.gpu_servers)},
       {"max_live_params", in.max_live_params},
+      {"param_nvme_buffer_elems", in.param_nvme_buffer_elems},
       {"server",
        {{"elems", s.elems},
         {"master_bytes", s.master_bytes},

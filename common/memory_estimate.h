@@ -30,6 +30,10 @@ struct EstimateInput {
   // Parameter streaming (zero_optimization.offload_param "cpu"): at most
   // this many parameters of a stage on the device at once; 0: no streaming.
   int64_t max_live_params = 0;
+  // With streaming, offload_param "nvme": the streamed weights live in a
+  // file on the worker's NVMe, pulled through a buffer of this many
+  // parameters (offload_param.buffer_size); 0: they stay in host memory.
+  int64_t param_nvme_buffer_elems = 0;
 };
 
 // What a GPU worker holds for the largest stage (worker/train/offload_link.h)
@@ -50,6 +54,8 @@ struct GpuEstimate {
   // when micro-batches push one by one).
   int64_t host_staging_bytes = 0;
   int64_t pushed_bytes_per_step = 0;  // gradient bytes one worker sends
+  // Streamed weights in a file on the worker's NVMe (offload_param "nvme").
+  int64_t worker_nvme_bytes = 0;
 };
 
 // For the server holding the most elements.
@@ -80,8 +86,11 @@ struct MemoryEstimate {
   // Streaming (input.max_live_params > 0), which sums on the servers: the
   // window of weights on the device, no prefetch set, one layer's fp32
   // gradients (counted as under "servers"); the host staging is the servers
-  // policy's, whose pulled
-  // weights are the ones the window uploads from.
+  // policy's, whose pulled weights are the ones the window uploads from. With
+  // offload_param "nvme" the weights are in a file instead, and the host
+  // keeps the pull's buffer and the window's two read slots (a layer each;
+  // counted as the largest tensor or the window if smaller, a lower bound
+  // like the gradients).
   GpuEstimate gpu_streamed;
   ServerEstimate server;  // "device"
   // The server's RAM under "servers": its gradient buffer sums in fp32 even
@@ -90,8 +99,9 @@ struct MemoryEstimate {
 };
 
 // INVALID_ARGUMENT on counts below 1, no parameters, a precision other than
-// fp16/bf16, an NVMe estimate with fewer than 3 buffers, or a negative
-// max_live_params.
+// fp16/bf16, an NVMe estimate with fewer than 3 buffers, a negative
+// max_live_params, or a param_nvme_buffer_elems that is negative or comes
+// without streaming.
 absl::StatusOr<MemoryEstimate> EstimateMemory(const EstimateInput& input);
 
 // A table for people.

@@ -118,6 +118,36 @@ TEST(MemoryEstimateTest, StreamedWeightsShowAsAThirdPolicy) {
   EXPECT_FALSE(nlohmann::json::parse(FormatEstimateJson(e)).contains("gpu_streamed"));
 }
 
+// offload_param "nvme": the streamed weights move from the worker's host
+// memory to its NVMe; the host keeps the pull's buffer and two read slots.
+TEST(MemoryEstimateTest, StreamedWeightsOnNvmeLeaveTheHostTheBufferAndTwoSlots) {
+  EstimateInput in;
+  in.tensor_elems = {600000000, 300000000, 100000000};
+  in.micro_batches = 4;
+  in.max_live_params = 250000000;
+  in.param_nvme_buffer_elems = 700000000;
+  ZO_ASSERT_OK_AND_ASSIGN(MemoryEstimate e, EstimateMemory(in));
+  EXPECT_EQ(e.gpu_streamed.worker_nvme_bytes, 2000000000);
+  // Two gradient slots (4 GB), the buffer (1.4 GB), two read slots of the
+  // window, smaller than the largest tensor (1 GB); the device side is
+  // unchanged.
+  EXPECT_EQ(e.gpu_streamed.host_staging_bytes, 4000000000 + 1400000000 + 1000000000);
+  EXPECT_EQ(e.gpu_streamed.total_bytes, 2900000000);
+  EXPECT_EQ(e.gpu_servers.worker_nvme_bytes, 0);
+  EXPECT_THAT(FormatEstimateTable(e),
+              ::testing::ContainsRegex("worker NVMe \\(streamed weights\\) +0 B +0 B +1.86 GiB"));
+  EXPECT_EQ(nlohmann::json::parse(FormatEstimateJson(e))["gpu_streamed"]["worker_nvme_bytes"],
+            2000000000);
+
+  in.param_nvme_buffer_elems = -1;
+  EXPECT_THAT(EstimateMemory(in).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("param_nvme_buffer_elems")));
+  in.param_nvme_buffer_elems = 700000000;
+  in.max_live_params = 0;
+  EXPECT_THAT(EstimateMemory(in).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("needs streaming")));
+}
+
 TEST(MemoryEstimateTest, ThirteenBillionOnNvmeOverTwoServers) {
   EstimateInput in;
   in.tensor_elems = {13000000000};

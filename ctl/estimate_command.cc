@@ -47,6 +47,10 @@ ABSL_FLAG(std::string, max_live_params, "0",
           "estimate: parameters of a stage kept on the device while the rest stream from "
           "host memory (zero_optimization.offload_param \"cpu\" with "
           "stage3_max_live_parameters); 0: no streaming; counts like 2B or 5e8 work");
+ABSL_FLAG(std::string, param_nvme_buffer, "0",
+          "estimate: with --max-live-params, keep the streamed weights in a file on the "
+          "worker's NVMe, pulled through a buffer of this many parameters "
+          "(zero_optimization.offload_param \"nvme\" with buffer_size); 0: in host memory");
 ABSL_FLAG(std::string, config, "",
           "estimate: DeepSpeed-style JSON config supplying precision, NVMe offload, "
           "sub_group_size, buffer_count, chunk_elems, the server count and parameter "
@@ -72,9 +76,13 @@ void ApplyConfigDefaults(const Config& config) {
   SetIfDefault(FLAGS_buffer_count, config.zero_optimization.offload_optimizer.buffer_count);
   SetIfDefault(FLAGS_chunk_elems, absl::StrCat(config.zo.chunk_elems));
   SetIfDefault(FLAGS_micro_batches, static_cast<int>(config.gradient_accumulation_steps));
-  if (config.zero_optimization.offload_param.device == OffloadDevice::kCpu) {
+  const OffloadParamConfig& param = config.zero_optimization.offload_param;
+  if (param.device != OffloadDevice::kNone) {
     SetIfDefault(FLAGS_max_live_params,
                  absl::StrCat(config.zero_optimization.stage3_max_live_parameters));
+  }
+  if (param.device == OffloadDevice::kNvme) {
+    SetIfDefault(FLAGS_param_nvme_buffer, absl::StrCat(param.buffer_size));
   }
   if (!config.zo.servers.empty()) {
     SetIfDefault(FLAGS_servers, absl::StrCat(config.zo.servers.size()));
@@ -120,6 +128,9 @@ absl::StatusOr<EstimateInput> EstimateInputFromFlags() {
   in.micro_batches = absl::GetFlag(FLAGS_micro_batches);
   if (const std::string live = absl::GetFlag(FLAGS_max_live_params); live != "0") {
     ZO_ASSIGN_OR_RETURN(in.max_live_params, ParseCount(live));
+  }
+  if (const std::string buffer = absl::GetFlag(FLAGS_param_nvme_buffer); buffer != "0") {
+    ZO_ASSIGN_OR_RETURN(in.param_nvme_buffer_elems, ParseCount(buffer));
   }
   return in;
 }

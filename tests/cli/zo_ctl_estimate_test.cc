@@ -90,6 +90,22 @@ TEST(ZoCtlEstimateTest, StreamedParametersFromTheConfigOrTheFlag) {
   ASSERT_EQ(flag.exit_code, 0) << flag.output;
   EXPECT_THAT(flag.output, HasSubstr("and streamed (250.0 M parameters live)"));
   EXPECT_THAT(RunZoCtl("estimate --params 1B").output, Not(HasSubstr("streamed")));
+
+  // offload_param "nvme": the weights go to the worker's NVMe, through
+  // buffer_size parameters.
+  f = fopen(config.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  fputs(R"({"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": true},
+           "zero_optimization": {"offload_param": {"device": "nvme", "nvme_path": "/nvme",
+                                                   "buffer_size": 2e8},
+                                 "stage3_max_live_parameters": 1e8}})",
+        f);
+  fclose(f);
+  const Result nvme = RunZoCtl("estimate --params 1B --config " + config + " --json");
+  ASSERT_EQ(nvme.exit_code, 0) << nvme.output;
+  const nlohmann::json n = nlohmann::json::parse(nvme.output.substr(nvme.output.find('{')));
+  EXPECT_EQ(n["param_nvme_buffer_elems"], 200000000);
+  EXPECT_EQ(n["gpu_streamed"]["worker_nvme_bytes"], 2000000000);
 }
 
 TEST(ZoCtlEstimateTest, BadInputExitsTwoWithAReason) {
