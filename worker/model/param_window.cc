@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "common/units.h"
+#include "common/wake_queue.h"
 
 namespace zo::model {
 namespace {
@@ -191,11 +192,8 @@ absl::Status ParamWindow::Fetch(Layer& layer) {
     size_t i = 0;
     for (Param& p : layer.params()) {
       p.value = backend_.Empty(dtype_, p.shape);
-      backend_.UploadAsync(host[i++], p.value, [&flight](absl::Status s) {
-        std::lock_guard<std::mutex> lock(flight.mu);
-        if (!s.ok() && flight.status.ok()) flight.status = std::move(s);
-        if (--flight.outstanding == 0) flight.done.notify_all();
-      });
+      backend_.UploadAsync(host[i++], p.value,
+                           [&flight](absl::Status s) { FinishPart(flight, std::move(s), 1); });
     }
     std::unique_lock<std::mutex> lock(flight.mu);
     flight.done.wait(lock, [&] { return flight.outstanding == 0; });
@@ -222,8 +220,10 @@ absl::Status ParamWindow::Prefetch(Layer* hint, const Layer& in_use) {
   const int64_t in_use_bytes = IsResident(in_use) ? LayerBytes(in_use, dtype_) : 0;
   if (in_use_bytes + bytes > budget_bytes_) return absl::OkStatus();  // no room beside it
   ZO_RETURN_IF_ERROR(Settle());
-  ZO_ASSIGN_OR_RETURN(const std::vector<absl::Span<const std::byte>> host,
-                      HostCopies(next, /*slot=*/1));
+  std::vector<absl::Span<const std::byte>> host;
+  if (read_ == nullptr) {
+    ZO_ASSIGN_OR_RETURN(host, HostCopies(next, /*slot=*/1));
+  }
   while (resident_bytes_ + bytes > budget_bytes_) Drop(Victim(&in_use));
   auto flight = std::make_shared<InFlight>();
   flight->layer = &next;
@@ -234,16 +234,43 @@ absl::Status ParamWindow::Prefetch(Layer* hint, const Layer& in_use) {
   peak_resident_bytes_ = std::max(peak_resident_bytes_, resident_bytes_);
   ++fetches_;
   ++prefetches_;
-  size_t i = 0;
+  // Allocated here, on the stage's thread, whoever uploads into them.
+  std::vector<backend::Tensor*> dst;
   for (Param& p : next.params()) {
     p.value = backend_.Empty(dtype_, p.shape);
-    backend_.UploadAsync(host[i++], p.value, [flight](absl::Status s) {
-      std::lock_guard<std::mutex> lock(flight->mu);
-      if (!s.ok() && flight->status.ok()) flight->status = std::move(s);
-      if (--flight->outstanding == 0) flight->done.notify_all();
-    });
+    dst.push_back(&p.value);
   }
+  auto uploaded = [flight](absl::Status s) { FinishPart(*flight, std::move(s), 1); };
+  if (read_ == nullptr) {
+    for (size_t i = 0; i < dst.size(); ++i) backend_.UploadAsync(host[i], *dst[i], uploaded);
+    return absl::OkStatus();
+  }
+  // From a file the read goes on beside the compute too, on the window's
+  // reader thread, and the uploads start from there once it is done.
+  // Nothing else reads slot 1 or touches these tensors before Settle.
+  if (reader_ == nullptr) reader_ = std::make_unique<WakeQueue>();
+  std::vector<const Param*> params;
+  for (const Param& p : next.params()) params.push_back(&p);
+  reader_->Post({[this, flight, read = read_, params = std::move(params), dst = std::move(dst),
+                  uploaded] {
+    absl::StatusOr<std::vector<absl::Span<const std::byte>>> copies = read(params, /*slot=*/1);
+    if (copies.ok() && copies->size() != dst.size()) {
+      copies = absl::InternalError("the host weight reader gave the wrong number of copies");
+    }
+    if (!copies.ok()) {
+      FinishPart(*flight, copies.status(), static_cast<int>(dst.size()));
+      return;
+    }
+    for (size_t i = 0; i < dst.size(); ++i) backend_.UploadAsync((*copies)[i], *dst[i], uploaded);
+  }});
   return absl::OkStatus();
+}
+
+void ParamWindow::FinishPart(InFlight& flight, absl::Status status, int parts) {
+  std::lock_guard<std::mutex> lock(flight.mu);
+  if (!status.ok() && flight.status.ok()) flight.status = std::move(status);
+  flight.outstanding -= parts;
+  if (flight.outstanding == 0) flight.done.notify_all();
 }
 
 }  // namespace zo::model

@@ -22,7 +22,9 @@
 // The step's weights may also live in a file (offload_param "nvme"): the
 // window then reads a layer's into one of two staging slots just before its
 // upload, slot 0 for Fetch (whose upload it waits for) and slot 1 for the
-// prefetch (free again once Settle returns).
+// prefetch (free again once Settle returns). The prefetch's read runs on a
+// thread of the window's, beside the compute, and its uploads start there;
+// the window never has two reads in flight.
 //
 // Not thread-safe: one per stage, used by the stage's executor thread.
 #ifndef ZO_WORKER_MODEL_PARAM_WINDOW_H_
@@ -42,6 +44,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/dtype.h"
+#include "common/wake_queue.h"
 #include "worker/backend/backend.h"
 #include "worker/model/layer.h"
 
@@ -124,6 +127,8 @@ class ParamWindow {
   absl::StatusOr<std::vector<absl::Span<const std::byte>>> HostCopies(const Layer& layer,
                                                                       int slot) const;
   void Drop(Layer* layer);
+  // `parts` of `flight`'s outstanding work ended, with `status`.
+  static void FinishPart(InFlight& flight, absl::Status status, int parts);
 
   backend::Backend& backend_;
   const DType dtype_;
@@ -136,6 +141,7 @@ class ParamWindow {
   int64_t fetches_ = 0;
   int64_t prefetches_ = 0;
   std::shared_ptr<InFlight> in_flight_;  // null when no prefetch is
+  std::unique_ptr<WakeQueue> reader_;    // reads prefetched layers from a file
 
   // The order of fetches of the last whole step, and for each position the
   // next position of the same layer (SIZE_MAX: none).

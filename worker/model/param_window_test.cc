@@ -205,6 +205,7 @@ class ParamWindowReaderTest : public ::testing::Test {
     return [this](absl::Span<const Param* const> params,
                   int slot) -> absl::StatusOr<std::vector<absl::Span<const std::byte>>> {
       slots_used_.push_back(slot);
+      readers_.push_back(std::this_thread::get_id());
       if (!fail_.ok()) return fail_;
       std::vector<std::byte>& staging = slots_[slot];
       staging.clear();
@@ -233,6 +234,7 @@ class ParamWindowReaderTest : public ::testing::Test {
   std::map<const Param*, std::vector<std::byte>> file_;
   std::vector<std::byte> slots_[2];
   std::vector<int> slots_used_;
+  std::vector<std::thread::id> readers_;  // the thread of each read
   absl::Status fail_;
 };
 
@@ -243,6 +245,9 @@ TEST_F(ParamWindowReaderTest, FetchAndPrefetchReadIntoTheirOwnSlots) {
   ASSERT_THAT(window.Prefetch(&L(1), L(0)), IsOk());
   ASSERT_THAT(window.Fetch(L(1)), IsOk());
   EXPECT_EQ(slots_used_, (std::vector<int>{0, 1}));
+  // Fetch reads where it stands; the prefetch's read goes on beside it.
+  EXPECT_EQ(readers_[0], std::this_thread::get_id());
+  EXPECT_NE(readers_[1], std::this_thread::get_id());
   for (int i : {0, 1}) {
     for (const Param& p : L(i).params()) EXPECT_EQ(OnDevice(p), file_.at(&p)) << p.name;
   }
@@ -265,6 +270,19 @@ TEST_F(ParamWindowReaderTest, AnUnchangedFileKeepsTheLayersAndAChangedOneDropsTh
   ASSERT_THAT(window.Fetch(L(0)), IsOk());
   window.Reset(std::map<const Param*, absl::Span<const std::byte>>{}, /*unchanged=*/true);
   EXPECT_EQ(window.resident_bytes(), 0);
+}
+
+TEST_F(ParamWindowReaderTest, AFailedPrefetchReadIsTheNextFetchsError) {
+  ParamWindow window(*backend_, kDType, 2 * Bytes());
+  window.Reset(Reader());
+  ASSERT_THAT(window.Fetch(L(0)), IsOk());
+  fail_ = absl::DataLossError("weights file: EIO");
+  ASSERT_THAT(window.Prefetch(&L(1), L(0)), IsOk());
+  EXPECT_THAT(window.Fetch(L(1)), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("EIO")));
+  EXPECT_EQ(window.resident_bytes(), Bytes());  // b dropped
+  fail_ = absl::OkStatus();
+  ASSERT_THAT(window.Fetch(L(1)), IsOk());
+  for (const Param& p : L(1).params()) EXPECT_EQ(OnDevice(p), file_.at(&p)) << p.name;
 }
 
 TEST_F(ParamWindowReaderTest, AFailedReadIsFetchsErrorAndLeavesNothingResident) {

@@ -317,7 +317,10 @@ void CudaBackend::ResetPeakAllocation() { context_->allocated.ResetPeak(); }
 
 std::shared_ptr<std::byte> CudaBackend::AllocateHost(size_t bytes) {
   void* p = nullptr;
-  if (bytes > 0 && cudaHostAlloc(&p, bytes, cudaHostAllocDefault) == cudaSuccess) {
+  // The caller may be a thread of its own (a window's reader): without this
+  // it would make a context on device 0.
+  if (bytes > 0 && cudaSetDevice(context_->device) == cudaSuccess &&
+      cudaHostAlloc(&p, bytes, cudaHostAllocDefault) == cudaSuccess) {
     return std::shared_ptr<std::byte>(static_cast<std::byte*>(p),
                                       [](std::byte* q) { cudaFreeHost(q); });
   }
