@@ -35,10 +35,11 @@ namespace {
 // A DeepSpeed-style config for the benchmark jobs: AdamW, the step's dtype,
 // DPU after one step when `dpu`, the lr warmed up linearly over
 // `warmup_steps` when > 0.
-// `nvme_dir` non-empty: the optimizer state on NVMe there.
+// `nvme_dir` non-empty: the optimizer state on NVMe there, and with
+// `params_on_nvme` the streamed weights too (offload_param "nvme").
 std::string JobConfig(DType dtype, int micro_batch, int micro_batches, bool dpu, double lr,
                       int warmup_steps = 0, const std::string& gradient_accumulation = "auto",
-                      const std::string& nvme_dir = "") {
+                      const std::string& nvme_dir = "", bool params_on_nvme = false) {
   const std::string scheduler =
       warmup_steps == 0 ? ""
                         : absl::StrFormat(R"("scheduler": {"type": "WarmupLR", "params": {
@@ -49,8 +50,13 @@ std::string JobConfig(DType dtype, int micro_batch, int micro_batches, bool dpu,
       nvme_dir.empty()
           ? ""
           : absl::StrFormat(R"("zero_optimization": {"offload_optimizer": {"device": "nvme",
-                "nvme_path": "%s"}},)",
-                            nvme_dir);
+                "nvme_path": "%s"}%s},)",
+                            nvme_dir,
+                            params_on_nvme
+                                ? absl::StrFormat(R"(, "offload_param": {"device": "nvme",
+                                                     "nvme_path": "%s"})",
+                                                  nvme_dir)
+                                : "");
   return absl::StrFormat(
       R"({"train_batch_size": %d, "train_micro_batch_size_per_gpu": %d,
           "optimizer": {"type": "AdamW", "params": {"lr": %g, "betas": [0.9, 0.95],
@@ -238,8 +244,9 @@ absl::StatusOr<nlohmann::json> MeasureGpuLargest(const bench::GpuBenchOptions& o
           double(1 << 30),
       estimate.server.nvme_bytes / double(1 << 30),
       o.largest_device_memory_budget > 0
-          ? absl::StrFormat("; weights streamed within %s of device memory",
-                            FormatBytes(static_cast<double>(o.largest_device_memory_budget)))
+          ? absl::StrFormat("; weights streamed within %s of device memory%s",
+                            FormatBytes(static_cast<double>(o.largest_device_memory_budget)),
+                            nvme ? ", from a file on NVMe" : "")
                 .c_str()
           : "");
 
@@ -250,7 +257,8 @@ absl::StatusOr<nlohmann::json> MeasureGpuLargest(const bench::GpuBenchOptions& o
   std::remove(metrics.c_str());
   train::TrainOptions t;
   t.config_json = JobConfig(o.dtype, o.largest_batch, 1, true, o.largest_lr, o.largest_warmup_steps,
-                            o.largest_gradient_accumulation, o.largest_nvme_dir);
+                            o.largest_gradient_accumulation, o.largest_nvme_dir,
+                            /*params_on_nvme=*/o.largest_device_memory_budget > 0);
   t.device_memory_budget = o.largest_device_memory_budget;
   t.model = "gpt";
   t.gpt = gpt;
@@ -300,6 +308,8 @@ absl::StatusOr<nlohmann::json> MeasureGpuLargest(const bench::GpuBenchOptions& o
       {"device_memory_budget", o.largest_device_memory_budget},
       {"streamed", o.largest_device_memory_budget > 0},
       {"optimizer_device", nvme ? "nvme" : "cpu"},
+      {"param_device",
+       o.largest_device_memory_budget == 0 ? "none" : nvme ? "nvme" : "cpu"},
       {"steps", losses.size()},
       {"first_loss", losses.front()},
       {"last_loss", losses.back()},

@@ -84,9 +84,9 @@ TEST(GpuLargestRowTest, TrainsZoTrainsModelAndReportsItsLosses) {
   EXPECT_GT(r["step_s"].get<double>(), 0);
 }
 
-// ZeRO-Infinity's shape at toy size: weights streamed within a budget, the
-// optimizer state on NVMe (a directory here); the same losses as resident,
-// in RAM.
+// ZeRO-Infinity's shape at toy size: weights streamed within a budget from
+// a file, the optimizer state on NVMe (a directory here); the same losses
+// as resident, in RAM.
 TEST(GpuLargestRowTest, StreamsAndSpillsAsAsked) {
   bench::GpuBenchOptions o = Toy();
   o.largest_gradient_accumulation = "servers";
@@ -99,6 +99,7 @@ TEST(GpuLargestRowTest, StreamsAndSpillsAsAsked) {
   ASSERT_TRUE(row.ok()) << row.status();
   EXPECT_EQ((*row)["streamed"], true);
   EXPECT_EQ((*row)["optimizer_device"], "nvme");
+  EXPECT_EQ((*row)["param_device"], "nvme");  // the streamed weights in a file there too
   EXPECT_EQ((*row)["device_memory_budget"], int64_t{290} << 10);
   EXPECT_GE((*row)["server_nvme_bytes_estimate"].get<int64_t>(),
             12 * (*row)["params"].get<int64_t>());

@@ -30,9 +30,13 @@ std::string Config(const StreamBenchOptions& o, int64_t live_parameters) {
   const std::string zero =
       live_parameters == 0
           ? "{}"
-          : absl::StrFormat(
+      : o.nvme_dir.empty()
+          ? absl::StrFormat(
                 R"({"offload_param": {"device": "cpu"}, "stage3_max_live_parameters": %d})",
-                live_parameters);
+                live_parameters)
+          : absl::StrFormat(R"({"offload_param": {"device": "nvme", "nvme_path": "%s"},
+                                "stage3_max_live_parameters": %d})",
+                            o.nvme_dir, live_parameters);
   return absl::StrFormat(
       R"({"train_micro_batch_size_per_gpu": %d, "gradient_accumulation_steps": %d,
           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.1}},
@@ -111,9 +115,10 @@ absl::Status RunStreamBench(const StreamBenchOptions& o, std::ostream& out) {
       std::max(largest, static_cast<int64_t>(o.window * static_cast<double>(params)));
   std::fprintf(stderr,
                "zo-bench stream: GPT %d layers x %d wide (%.2f M parameters, largest layer %.2f "
-               "M); streamed runs keep %lld of them on %s\n",
+               "M); streamed runs keep %lld of them on %s, the rest %s\n",
                o.n_layer, o.n_embd, params / 1e6, largest / 1e6, static_cast<long long>(live),
-               o.device.c_str());
+               o.device.c_str(),
+               o.nvme_dir.empty() ? "in host memory" : ("in a file in " + o.nvme_dir).c_str());
 
   std::vector<double> resident_s, streamed_s;
   std::vector<double> reference;
@@ -135,6 +140,7 @@ absl::Status RunStreamBench(const StreamBenchOptions& o, std::ostream& out) {
                           {"dtype", std::string(DTypeName(o.dtype))},
                           {"params", params},
                           {"live_params", live},
+                          {"weights_on", o.nvme_dir.empty() ? "host" : "nvme"},
                           {"micro_batches", o.micro_batches},
                           {"resident_step_s", Median(resident_s)},
                           {"streamed_step_s", Median(streamed_s)},
@@ -144,9 +150,10 @@ absl::Status RunStreamBench(const StreamBenchOptions& o, std::ostream& out) {
         << "\n";
   } else {
     out << absl::StrFormat(
-        "stream  %s %s, %.2f M parameters, %lld live: resident %.3f s/step, streamed %.3f "
-        "s/step, ratio %.3f; losses %s\n",
+        "stream  %s %s, %.2f M parameters, %lld live, the rest on %s: resident %.3f s/step, "
+        "streamed %.3f s/step, ratio %.3f; losses %s\n",
         o.device, DTypeName(o.dtype), params / 1e6, static_cast<long long>(live),
+        o.nvme_dir.empty() ? "the host" : "NVMe",
         Median(resident_s), Median(streamed_s), ratio, equal ? "equal bit for bit" : "DIFFER");
   }
   if (!equal)

@@ -2,7 +2,8 @@
 // (zero_optimization.offload_param, worker/model/param_window.h). zo-train's
 // own loop, with an embedded server, trains a GPT twice from the same seed:
 // every weight on the device, then at most `window` of the parameters there
-// at once, alternating `rounds` times; both sum gradients on the servers, as
+// at once (their host copy in memory, or in a file with nvme_dir),
+// alternating `rounds` times; both sum gradients on the servers, as
 // streaming needs. The losses must be equal bit for bit; ratio = median
 // streamed step / median resident step (issue target on a GPU: <= 1.15).
 #ifndef ZO_BENCH_STREAM_BENCH_H_
@@ -32,6 +33,9 @@ struct StreamBenchOptions {
   // (stage3_max_live_parameters = window x parameters, at least the largest
   // layer).
   double window = 0.25;
+  // Non-empty: the streamed runs keep their weights in a file in this
+  // directory (offload_param "nvme") instead of host memory.
+  std::string nvme_dir;
   uint64_t seed = 1337;
   bool json = false;
 };

@@ -116,6 +116,9 @@ ABSL_FLAG(std::string, stream_shape, "8x256",
 ABSL_FLAG(double, stream_window, 0.25,
           "stream: the streamed runs' parameters on the device, as a share of the model's");
 ABSL_FLAG(std::string, stream_device, "cpu", "stream: zo-train's --device (cpu, cuda, auto)");
+ABSL_FLAG(std::string, stream_nvme, "",
+          "stream: the streamed runs keep their weights in a file in this directory "
+          "(offload_param \"nvme\"); empty: in host memory");
 ABSL_FLAG(std::string, gemm_size, "8192", "gpu: the peak GEMM is N x N x N");
 ABSL_FLAG(std::string, rows, "gemm,step,dpu,sync",
           "gpu: rows to run, comma-separated: gemm,step (always together), dpu and sync (need "
@@ -134,7 +137,8 @@ ABSL_FLAG(std::string, largest_device_memory_budget, "",
           "gpu: gpu_largest streams its weights through a window planned for this much device "
           "memory (zo-train --device-memory-budget, e.g. 60GiB); empty: every weight resident");
 ABSL_FLAG(std::string, largest_nvme, "",
-          "gpu: gpu_largest keeps its optimizer state on NVMe in this directory; empty: in RAM");
+          "gpu: gpu_largest keeps its optimizer state on NVMe in this directory, and with "
+          "--largest-device-memory-budget its streamed weights too; empty: in RAM");
 ABSL_FLAG(int64_t, link_mbit, 1000, "scale: each server host's link cap, Mbit/s each way");
 ABSL_FLAG(std::string, server_hosts, "1,2,4",
           "scale: server host counts, comma-separated; the first is the efficiency baseline");
@@ -232,12 +236,14 @@ constexpr char kUsage[] =
     "         Row gpu_largest (--rows ...,largest): zo-train's loop on a --largest GPT for\n"
     "         --largest-steps steps with an embedded server: parameters, losses, step time,\n"
     "         peak GPU and host memory; --largest-device-memory-budget streams its weights\n"
-    "         and --largest-nvme keeps the optimizer state on NVMe (ZeRO-Infinity's shape).\n"
+    "         and --largest-nvme keeps the optimizer state on NVMe, with a budget the\n"
+    "         streamed weights too (ZeRO-Infinity's shape).\n"
     "         --rows picks the rows.\n"
     "  stream zo-train's loop with an embedded server on --stream-device (cpu) trains a\n"
     "         GPT (--stream-shape LAYERSxWIDTH) for 2 x --steps steps with every weight on\n"
     "         the device, then streaming its parameters with --stream-window of them there\n"
-    "         (zero_optimization.offload_param), alternating --rounds times (default 2);\n"
+    "         (zero_optimization.offload_param; --stream-nvme DIR keeps the rest in a\n"
+    "         file there), alternating --rounds times (default 2);\n"
     "         the losses must match bit for bit; ratio = median streamed step / median\n"
     "         resident step over each run's second half (target on a GPU: <= 1.15).\n\n"
     "Flags may be written with dashes or underscores.";
@@ -533,6 +539,7 @@ absl::StatusOr<bench::StreamBenchOptions> StreamOptionsFromFlags() {
   const int rounds = absl::GetFlag(FLAGS_rounds);
   o.rounds = rounds == 0 ? 2 : rounds;
   o.window = absl::GetFlag(FLAGS_stream_window);
+  o.nvme_dir = absl::GetFlag(FLAGS_stream_nvme);
   o.json = absl::GetFlag(FLAGS_json);
   return o;
 }
