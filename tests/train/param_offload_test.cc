@@ -72,9 +72,14 @@ TEST(ParamOffloadTest, StreamedParametersTrainExactlyAsResidentOnes) {
   const Ran streamed = Train(dir, "streamed", R"({"offload_param": {"device": "cpu"},
                                                  "stage3_max_live_parameters": 60000})");
   ASSERT_EQ(streamed.code, 0) << streamed.log;
-  EXPECT_THAT(streamed.log, HasSubstr("parameters streamed (zero_optimization.offload_param): "
-                                      "each stage keeps its weights in host memory and at most "
-                                      "60000 parameters"));
+  EXPECT_THAT(streamed.log,
+              HasSubstr("parameters streamed (zero_optimization.offload_param): each stage keeps "
+                        "its weights in host memory (where the servers share this host, their "
+                        "own copy, read a layer at a time) and at most 60000 parameters"));
+  // The embedded server is in this process: no copy of the weights here.
+  EXPECT_THAT(streamed.log,
+              HasSubstr("stage 0 streams its weights from the servers' own copy, a layer at a "
+                        "time (no copy of its own) (routes: in_process)"));
 
   const std::vector<double> a = Losses(dir + "/resident.jsonl");
   const std::vector<double> b = Losses(dir + "/streamed.jsonl");
@@ -106,6 +111,7 @@ TEST(ParamOffloadTest, WeightsStreamedFromAFileOnNvmeTrainExactlyAsResidentOnes)
                                   "each stage keeps its weights in a file under ", nvme,
                                   " (pulled through a buffer of 20000 parameters, read a layer "
                                   "at a time) and at most 60000 parameters")));
+    EXPECT_THAT(streamed.log, HasSubstr("stage 0 streams its weights from a file on NVMe"));
     EXPECT_EQ(Losses(dir + "/nvme.jsonl"), Losses(dir + "/resident.jsonl"));
     EXPECT_TRUE(std::filesystem::is_empty(nvme));
   }

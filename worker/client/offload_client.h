@@ -218,6 +218,10 @@ class OffloadClient {
                                    double* loss_scale = nullptr,
                                    PullCancellation* cancel = nullptr);
 
+  // The version the last PullForStep or PullForStepInBatches brought or
+  // found unchanged; -1 before the first and after a failed one.
+  int64_t last_pulled_version() const;
+
   // PullForStep through a bounded buffer (a streamed stage whose weights
   // live in a file): the batches are pulled one after another, each into
   // its own dst, and `pulled(b)` (may be null) is called once batch b is

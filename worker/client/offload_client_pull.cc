@@ -254,6 +254,11 @@ absl::StatusOr<bool> OffloadClient::Pull(int64_t version, int64_t have_version,
                      cancel != nullptr ? cancel->group_.get() : nullptr);
 }
 
+int64_t OffloadClient::last_pulled_version() const {
+  std::lock_guard lock(impl_->pull_for_step_mu);
+  return impl_->pulled_version;
+}
+
 absl::StatusOr<bool> OffloadClient::PullForStep(int64_t step, absl::Span<const int> tensors,
                                                 absl::Span<const absl::Span<std::byte>> dst,
                                                 double* loss_scale, PullCancellation* cancel) {

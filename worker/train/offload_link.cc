@@ -62,8 +62,21 @@ absl::Status OffloadLink::Prepare(absl::Span<model::Param* const> params, bool s
   }
   const size_t weight_bytes = bytes_16, gradient_bytes = bytes_16;
   params_.assign(params.begin(), params.end());
-  if (streaming_ && file_options_.has_value()) {
+  if (streaming_ && streamed_weights() == StreamedWeights::kFile) {
     ZO_RETURN_IF_ERROR(PrepareFile());
+  } else if (streaming_ && streamed_weights() == StreamedWeights::kServers) {
+    from_servers_ = true;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      param_index_[params_[i]] = i;
+      if (params_[i]->numel() > 0 &&
+          (smallest_ < 0 || params_[i]->numel() < params_[smallest_]->numel())) {
+        smallest_ = static_cast<int>(i);
+      }
+    }
+    if (smallest_ >= 0) {
+      smallest_bytes_.resize(static_cast<size_t>(params_[smallest_]->numel()) *
+                             DTypeSize(dtype_));
+    }
   } else {
     host_arena_ = backend_.AllocateHost(weight_bytes);
     size_t offset = 0;
@@ -87,6 +100,14 @@ absl::Status OffloadLink::Prepare(absl::Span<model::Param* const> params, bool s
   // Versions up to the job's are there to pull.
   pushed_ = client_->version();
   return absl::OkStatus();
+}
+
+OffloadLink::StreamedWeights OffloadLink::streamed_weights() const {
+  if (file_options_.has_value()) return StreamedWeights::kFile;
+  const std::vector<std::string> routes = client_->routes();
+  const bool near = std::all_of(routes.begin(), routes.end(),
+                                [](const std::string& r) { return r != "grpc"; });
+  return near ? StreamedWeights::kServers : StreamedWeights::kHostCopy;
 }
 
 absl::Status OffloadLink::PrepareFile() {
@@ -128,10 +149,8 @@ absl::Status OffloadLink::PrepareFile() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<absl::Span<const std::byte>>> OffloadLink::ReadFromFile(
-    absl::Span<const model::Param* const> params, int slot) {
-  if (slot < 0 || slot > 1) return absl::InternalError(absl::StrCat("no read slot ", slot));
-  // Runs of consecutive params, each one read; a layer's params are one run.
+absl::StatusOr<std::vector<size_t>> OffloadLink::IndicesOf(
+    absl::Span<const model::Param* const> params) const {
   std::vector<size_t> index;
   for (const model::Param* p : params) {
     auto it = param_index_.find(p);
@@ -140,6 +159,26 @@ absl::StatusOr<std::vector<absl::Span<const std::byte>>> OffloadLink::ReadFromFi
     }
     index.push_back(it->second);
   }
+  return index;
+}
+
+absl::StatusOr<std::byte*> OffloadLink::Slot(int slot, int64_t bytes) {
+  if (slot < 0 || slot > 1) return absl::InternalError(absl::StrCat("no read slot ", slot));
+  ReadSlot& s = read_slots_[slot];
+  if (bytes > s.bytes) {
+    // Only the window's own thread for this slot is here (the window never
+    // has two reads of one slot in flight).
+    s.arena = backend_.AllocateHost(static_cast<size_t>(bytes + WeightFile::kAlignment - 1));
+    s.data = AlignUp(s.arena.get(), WeightFile::kAlignment);
+    s.bytes = bytes;
+  }
+  return s.data;
+}
+
+absl::StatusOr<std::vector<absl::Span<const std::byte>>> OffloadLink::ReadFromFile(
+    absl::Span<const model::Param* const> params, int slot) {
+  ZO_ASSIGN_OR_RETURN(const std::vector<size_t> index, IndicesOf(params));
+  // Runs of consecutive params, each one read; a layer's params are one run.
   std::vector<std::pair<size_t, size_t>> runs;
   for (size_t i : index) {
     if (!runs.empty() && runs.back().second == i) {
@@ -150,23 +189,55 @@ absl::StatusOr<std::vector<absl::Span<const std::byte>>> OffloadLink::ReadFromFi
   }
   int64_t need = 0;
   for (const auto& [first, last] : runs) need += file_->RangeBytes(first, last);
-  ReadSlot& s = read_slots_[slot];
-  if (need > s.bytes) {
-    s.arena = backend_.AllocateHost(static_cast<size_t>(need + WeightFile::kAlignment - 1));
-    s.data = AlignUp(s.arena.get(), WeightFile::kAlignment);
-    s.bytes = need;
-  }
+  ZO_ASSIGN_OR_RETURN(std::byte* const data, Slot(slot, need));
   std::map<size_t, const std::byte*> at;
   int64_t pos = 0;
   for (const auto& [first, last] : runs) {
-    ZO_RETURN_IF_ERROR(file_->Read(first, last, s.data + pos));
+    ZO_RETURN_IF_ERROR(file_->Read(first, last, data + pos));
     for (size_t i = first; i < last; ++i) {
-      at[i] = s.data + pos + (file_->offset(i) - file_->offset(first));
+      at[i] = data + pos + (file_->offset(i) - file_->offset(first));
     }
     pos += file_->RangeBytes(first, last);
   }
   std::vector<absl::Span<const std::byte>> out;
   for (size_t i : index) out.emplace_back(at[i], static_cast<size_t>(file_->bytes(i)));
+  return out;
+}
+
+absl::StatusOr<std::vector<absl::Span<const std::byte>>> OffloadLink::ReadFromServers(
+    absl::Span<const model::Param* const> params, int slot) {
+  ZO_ASSIGN_OR_RETURN(const std::vector<size_t> index, IndicesOf(params));
+  int64_t need = 0;
+  for (size_t i : index) need += params_[i]->numel() * static_cast<int64_t>(DTypeSize(dtype_));
+  ZO_ASSIGN_OR_RETURN(std::byte* const data, Slot(slot, need));
+  std::vector<int> tensors;
+  std::vector<absl::Span<std::byte>> dst;
+  int64_t pos = 0;
+  for (size_t i : index) {
+    const auto bytes = static_cast<size_t>(params_[i]->numel()) * DTypeSize(dtype_);
+    if (bytes == 0) continue;  // a pull takes no empty tensor
+    tensors.push_back(pulled_tensors_[i]);
+    dst.emplace_back(data + pos, bytes);
+    pos += static_cast<int64_t>(bytes);
+  }
+  if (!tensors.empty()) {
+    // Cancellable like the step's first pull.
+    PullCancellation cancel;
+    if (abort_ != nullptr) abort_->Register(&cancel);
+    absl::StatusOr<bool> pulled = client_->Pull(streamed_version_, -1, tensors, dst, &cancel);
+    if (abort_ != nullptr) {
+      abort_->Unregister(&cancel);
+      if (!pulled.ok() && !abort_->reason().ok()) return abort_->reason();
+    }
+    ZO_RETURN_IF_ERROR(pulled.status());
+  }
+  std::vector<absl::Span<const std::byte>> out;
+  pos = 0;
+  for (size_t i : index) {
+    const auto bytes = static_cast<size_t>(params_[i]->numel()) * DTypeSize(dtype_);
+    out.emplace_back(data + pos, bytes);
+    pos += static_cast<int64_t>(bytes);
+  }
   return out;
 }
 
@@ -201,7 +272,17 @@ absl::StatusOr<bool> OffloadLink::PullNow(int64_t step) {
   PullCancellation cancel;
   if (abort_ != nullptr) abort_->Register(&cancel);
   absl::StatusOr<bool> pulled;
-  if (file_ == nullptr) {
+  if (from_servers_) {
+    // The version, its loss scale and whether it changed, for the price of
+    // the smallest tensor; the window pulls the rest layer by layer.
+    if (smallest_ < 0) {
+      pulled = false;  // only empty tensors: nothing to pull, ever
+    } else {
+      const std::vector<int> tensor = {pulled_tensors_[smallest_]};
+      const std::vector<absl::Span<std::byte>> dst = {absl::MakeSpan(smallest_bytes_)};
+      pulled = client_->PullForStep(step, tensor, dst, &loss_scale_, &cancel);
+    }
+  } else if (file_ == nullptr) {
     pulled = client_->PullForStep(step, pulled_tensors_, host_, &loss_scale_, &cancel);
   } else {
     std::vector<OffloadClient::PullBatch> batches;
@@ -229,7 +310,12 @@ absl::StatusOr<model::HostWeights> OffloadLink::LoadHostWeights(
   ZO_ASSIGN_OR_RETURN(const bool changed, PullNow(step));
   model::HostWeights weights;
   weights.changed = changed;
-  if (file_ != nullptr) {
+  if (from_servers_) {
+    streamed_version_ = client_->last_pulled_version();
+    weights.read = [this](absl::Span<const model::Param* const> params, int slot) {
+      return ReadFromServers(params, slot);
+    };
+  } else if (file_ != nullptr) {
     weights.read = [this](absl::Span<const model::Param* const> params, int slot) {
       return ReadFromFile(params, slot);
     };

@@ -10,11 +10,16 @@
 // Streaming (LoadHostWeights, zero_optimization.offload_param): the pulled
 // weights stay in the page-locked host buffer, which the stage's window
 // uploads from layer by layer; there is no device set and no prefetch (the
-// step's pull ends before its first layer computes). With "nvme"
-// (KeepStreamedWeightsInFile) they go to a file instead (weight_file.h),
-// pulled batch by batch through one buffer of offload_param.buffer_size
-// parameters, and the window reads a layer at a time from it into one of
-// two page-locked slots as large as the largest layer.
+// step's pull ends before its first layer computes). Where the weights'
+// nearest copy is the servers' own (every server in this process or on
+// this host: the in-process and shared-memory routes), the link keeps no
+// copy at all: the window pulls a layer at a time from the servers into one
+// of two page-locked slots as large as the largest layer, and the step's
+// first pull, of its smallest tensor, waits for the version and brings its
+// loss scale. With "nvme" (KeepStreamedWeightsInFile) they go to a file
+// instead (weight_file.h), pulled batch by batch through one buffer of
+// offload_param.buffer_size parameters, and the window reads a layer at a
+// time from it into the two slots.
 //
 // Gradients: each final gradient is cast to the job's dtype and copied
 // (Backend::DownloadAsync: on a GPU, beside the compute, into page-locked
@@ -83,6 +88,14 @@ class OffloadLink final : public model::ParamLink {
   // The file's size and engine once the first LoadHostWeights made it; null
   // before, or without a file.
   const WeightFile* weight_file() const { return file_.get(); }
+  // Where streaming keeps the step's weights: a file (offload_param
+  // "nvme"), nowhere (the servers are in this process or on this host:
+  // the window pulls each layer from their own copy), else a host copy.
+  enum class StreamedWeights { kFile, kServers, kHostCopy };
+  StreamedWeights streamed_weights() const;
+  // Whether streaming pulls each layer from the servers (from the first
+  // LoadHostWeights on).
+  bool streams_from_servers() const { return from_servers_; }
 
   absl::Status LoadWeights(int64_t step, absl::Span<model::Param* const> params) override;
   absl::StatusOr<model::HostWeights> LoadHostWeights(
@@ -102,9 +115,15 @@ class OffloadLink final : public model::ParamLink {
   absl::StatusOr<bool> PullNow(int64_t step);
   // With a file: the file, the pull's batches and their buffer.
   absl::Status PrepareFile();
-  // The window's HostWeightReader over the file.
+  // The window's HostWeightReader over the file, or over the servers.
   absl::StatusOr<std::vector<absl::Span<const std::byte>>> ReadFromFile(
       absl::Span<const model::Param* const> params, int slot);
+  absl::StatusOr<std::vector<absl::Span<const std::byte>>> ReadFromServers(
+      absl::Span<const model::Param* const> params, int slot);
+  // Read slot `slot` with room for `bytes` (and the file's alignment).
+  absl::StatusOr<std::byte*> Slot(int slot, int64_t bytes);
+  // params' indices in params_.
+  absl::StatusOr<std::vector<size_t>> IndicesOf(absl::Span<const model::Param* const> params) const;
   // PullNow, then uploads them into the params.
   absl::Status LoadNow(int64_t step);
   // Starts the prefetch of `step` when its version's gradients are all
@@ -126,7 +145,13 @@ class OffloadLink final : public model::ParamLink {
   std::vector<int> pulled_tensors_;
   // The pulled weights, page-locked where the backend has it, back to back.
   std::shared_ptr<std::byte> host_arena_;
-  std::vector<absl::Span<std::byte>> host_;  // empty with a file
+  std::vector<absl::Span<std::byte>> host_;  // empty with a file or from the servers
+  // Streaming straight from the servers: the step's smallest tensor, pulled
+  // whole at the step's start, and the version the window's pulls take.
+  bool from_servers_ = false;
+  int smallest_ = -1;  // into params_
+  std::vector<std::byte> smallest_bytes_;
+  int64_t streamed_version_ = -1;
   std::optional<WeightFileOptions> file_options_;
   std::unique_ptr<WeightFile> file_;
   // Consecutive params [first, last), pulled together into pull_buffer_
@@ -140,7 +165,7 @@ class OffloadLink final : public model::ParamLink {
   std::vector<FileBatch> file_batches_;
   std::shared_ptr<std::byte> pull_arena_;
   std::byte* pull_buffer_ = nullptr;
-  // The window's two slots (grown to the largest read).
+  // The window's two slots (grown to the largest read; page-locked).
   struct ReadSlot {
     std::shared_ptr<std::byte> arena;
     std::byte* data = nullptr;

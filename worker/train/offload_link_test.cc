@@ -98,45 +98,66 @@ TEST(OffloadLinkTest, EveryStepComputesOnTheVersionTheDpuPolicyNames) {
 // Streaming: each step's host bytes are the version the DPU policy names,
 // and the link says they are unchanged exactly when that version is the
 // step before's (DPU's first steps), so the window keeps its layers then.
+// Over a gRPC channel the link keeps a host copy; over the in-process route
+// it keeps none and reads what the window asks for from the servers, into
+// the slot asked for.
 TEST(OffloadLinkTest, HostWeightsSayWhenTheyAreTheStepBeforesVersion) {
-  Fixture f;
-  ASSERT_NO_FATAL_FAILURE(StartServerAndParams(f));
-  ClientOptions options;
-  options.job = "host";
-  options.channels = {f.server->InProcessChannel()};
-  auto client = OffloadClient::Open(options, R"({"train_batch_size": 1,
-      "optimizer": {"type": "AdamW", "params": {"lr": 0.05}}, "bf16": {"enabled": true},
-      "zo": {"dpu": {"enabled": true, "warmup_steps": 2}, "gradient_accumulation": "servers"}})",
-                                    f.manifest);
-  ASSERT_TRUE(client.ok()) << client.status();
-  OffloadLink link(client->get(), *f.cpu, f.manifest, DType::kBFloat16);
-  ASSERT_THAT(link.InitializeIfFresh(f.pointers, 7), IsOk());
-  int64_t last_version = -1;
-  int unchanged = 0;
-  for (int64_t step = 1; step <= 6; ++step) {
-    SCOPED_TRACE("step " + std::to_string(step));
-    absl::StatusOr<model::HostWeights> host = link.LoadHostWeights(step, f.pointers);
-    ASSERT_TRUE(host.ok()) << host.status();
-    const int64_t version = VersionForStep((*client)->config().zo.dpu, step);
-    EXPECT_EQ(host->changed, version != last_version);
-    unchanged += host->changed ? 0 : 1;
-    last_version = version;
-    std::vector<std::byte> a(30), b(14);
-    const std::vector<absl::Span<std::byte>> want = {absl::MakeSpan(a), absl::MakeSpan(b)};
-    ASSERT_THAT((*client)->Pull(version, -1, {0, 1}, want).status(), IsOk());
-    ASSERT_EQ(host->bytes.size(), 2u);
-    for (size_t i = 0; i < 2; ++i) {
-      ASSERT_EQ(host->bytes[i].size(), want[i].size());
-      EXPECT_EQ(std::memcmp(host->bytes[i].data(), want[i].data(), want[i].size()), 0) << i;
+  for (const bool route : {false, true}) {
+    SCOPED_TRACE(route ? "in-process route" : "gRPC");
+    Fixture f;
+    ASSERT_NO_FATAL_FAILURE(StartServerAndParams(f));
+    ClientOptions options;
+    options.job = "host";
+    options.channels = {f.server->InProcessChannel()};
+    if (route) options.routes = {f.server->DataRoute()};
+    auto client = OffloadClient::Open(options, R"({"train_batch_size": 1,
+        "optimizer": {"type": "AdamW", "params": {"lr": 0.05}}, "bf16": {"enabled": true},
+        "zo": {"dpu": {"enabled": true, "warmup_steps": 2}, "gradient_accumulation": "servers"}})",
+                                      f.manifest);
+    ASSERT_TRUE(client.ok()) << client.status();
+    OffloadLink link(client->get(), *f.cpu, f.manifest, DType::kBFloat16);
+    ASSERT_THAT(link.InitializeIfFresh(f.pointers, 7), IsOk());
+    int64_t last_version = -1;
+    int unchanged = 0;
+    for (int64_t step = 1; step <= 6; ++step) {
+      SCOPED_TRACE("step " + std::to_string(step));
+      absl::StatusOr<model::HostWeights> host = link.LoadHostWeights(step, f.pointers);
+      ASSERT_TRUE(host.ok()) << host.status();
+      EXPECT_EQ(link.streams_from_servers(), route);
+      const int64_t version = VersionForStep((*client)->config().zo.dpu, step);
+      EXPECT_EQ(host->changed, version != last_version);
+      unchanged += host->changed ? 0 : 1;
+      last_version = version;
+      std::vector<std::byte> a(30), b(14);
+      const std::vector<absl::Span<std::byte>> want = {absl::MakeSpan(a), absl::MakeSpan(b)};
+      ASSERT_THAT((*client)->Pull(version, -1, {0, 1}, want).status(), IsOk());
+      std::vector<absl::Span<const std::byte>> got = {host->bytes.begin(), host->bytes.end()};
+      if (route) {
+        EXPECT_TRUE(host->bytes.empty());  // no copy kept here
+        ASSERT_NE(host->read, nullptr);
+        const std::vector<const model::Param*> both = {&f.params[0], &f.params[1]};
+        ZO_ASSERT_OK_AND_ASSIGN(got, host->read(both, static_cast<int>(step % 2)));
+        // One at a time, b alone into the other slot.
+        ZO_ASSERT_OK_AND_ASSIGN(const std::vector<absl::Span<const std::byte>> only_b,
+                                host->read({&f.params[1]}, static_cast<int>((step + 1) % 2)));
+        ASSERT_EQ(only_b.size(), 1u);
+        ASSERT_EQ(only_b[0].size(), b.size());
+        EXPECT_EQ(std::memcmp(only_b[0].data(), b.data(), b.size()), 0);
+      }
+      ASSERT_EQ(got.size(), 2u);
+      for (size_t i = 0; i < 2; ++i) {
+        ASSERT_EQ(got[i].size(), want[i].size());
+        EXPECT_EQ(std::memcmp(got[i].data(), want[i].data(), want[i].size()), 0) << i;
+      }
+      for (model::Param& p : f.params) {
+        std::vector<float> g(static_cast<size_t>(p.numel()), static_cast<float>(step));
+        ASSERT_THAT(f.cpu->UploadFloat(g, p.grad), IsOk());
+        ASSERT_THAT(link.PushGradient(step, p, 0), IsOk());
+      }
+      ASSERT_THAT(link.FinishStep(step), IsOk());
     }
-    for (model::Param& p : f.params) {
-      std::vector<float> g(static_cast<size_t>(p.numel()), static_cast<float>(step));
-      ASSERT_THAT(f.cpu->UploadFloat(g, p.grad), IsOk());
-      ASSERT_THAT(link.PushGradient(step, p, 0), IsOk());
-    }
-    ASSERT_THAT(link.FinishStep(step), IsOk());
+    EXPECT_GT(unchanged, 0);  // the policy did repeat a version
   }
-  EXPECT_GT(unchanged, 0);  // the policy did repeat a version
 }
 
 // zo.gradient_accumulation "servers": four micro-batches each push their own

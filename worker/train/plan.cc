@@ -212,7 +212,10 @@ namespace {
 
 std::string WhereStreamedWeightsLive(const Plan& plan) {
   const OffloadParamConfig& p = plan.config.zero_optimization.offload_param;
-  if (p.device != OffloadDevice::kNvme) return "in host memory";
+  if (p.device != OffloadDevice::kNvme) {
+    return "in host memory (where the servers share this host, their own copy, read a layer at "
+           "a time)";
+  }
   return absl::StrCat("in a file under ", p.nvme_path, " (pulled through a buffer of ",
                       p.buffer_size, " parameters, read a layer at a time)");
 }
