@@ -267,7 +267,9 @@ std::string FormatEstimateTable(const MemoryEstimate& e) {
   if (streams) {
     out +=
         "Streamed: the window holds whole layers; zo-train --device-memory-budget plans it\n"
-        "from a dry step of the schedule, activations included, and prints the plan.\n";
+        "from a dry step of the schedule, activations included, and prints the plan. Its\n"
+        "host staging counts a host copy of the weights; with the servers on the worker's\n"
+        "host (or in its process) it keeps two layers' worth instead.\n";
   }
   return out;
 }
