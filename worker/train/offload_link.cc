@@ -102,6 +102,21 @@ absl::Status OffloadLink::Prepare(absl::Span<model::Param* const> params, bool s
   return absl::OkStatus();
 }
 
+int64_t OffloadLink::host_bytes() const {
+  int64_t bytes = static_cast<int64_t>(slot_bytes_) * slots_;  // gradient staging
+  for (const absl::Span<std::byte>& h : host_) bytes += static_cast<int64_t>(h.size());
+  if (pull_buffer_ != nullptr) {
+    int64_t largest = 0;
+    for (const FileBatch& b : file_batches_) {
+      largest = std::max(largest, file_->RangeBytes(b.first, b.last));
+    }
+    bytes += largest;
+  }
+  bytes += static_cast<int64_t>(smallest_bytes_.size());
+  for (const ReadSlot& slot : read_slots_) bytes += slot.bytes;
+  return bytes;
+}
+
 OffloadLink::StreamedWeights OffloadLink::streamed_weights() const {
   if (file_options_.has_value()) return StreamedWeights::kFile;
   const std::vector<std::string> routes = client_->routes();

@@ -96,6 +96,11 @@ class OffloadLink final : public model::ParamLink {
   // Whether streaming pulls each layer from the servers (from the first
   // LoadHostWeights on).
   bool streams_from_servers() const { return from_servers_; }
+  // Host memory the link holds for weights and gradients (page-locked where
+  // the backend has it): the weights' copy or the file's buffer, the read
+  // slots as large as they grew, and the gradient staging. Not while the
+  // window reads.
+  int64_t host_bytes() const;
 
   absl::Status LoadWeights(int64_t step, absl::Span<model::Param* const> params) override;
   absl::StatusOr<model::HostWeights> LoadHostWeights(

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/dpu_policy.h"
+#include "common/memory_estimate.h"
 #include "common/testing/status_matchers.h"
 #include "gtest/gtest.h"
 #include "server/offload_server.h"
@@ -157,6 +158,20 @@ TEST(OffloadLinkTest, HostWeightsSayWhenTheyAreTheStepBeforesVersion) {
       ASSERT_THAT(link.FinishStep(step), IsOk());
     }
     EXPECT_GT(unchanged, 0);  // the policy did repeat a version
+    // What it holds, against zo-ctl estimate's streamed column (which
+    // counts a host copy): 44 bytes of weights, one 44-byte gradient slot.
+    ZO_ASSERT_OK_AND_ASSIGN(const MemoryEstimate e,
+                            EstimateMemory({.tensor_elems = {15, 7},
+                                            .precision = DType::kBFloat16,
+                                            .max_live_params = 22}));
+    if (route) {
+      // No copy: the gradient slot, the smallest tensor (b), and two read
+      // slots that grew to both tensors.
+      EXPECT_EQ(link.host_bytes(), 44 + 14 + 2 * 44);
+    } else {
+      EXPECT_EQ(link.host_bytes(), e.gpu_streamed.host_staging_bytes);
+      EXPECT_EQ(link.host_bytes(), 88);
+    }
   }
 }
 

@@ -366,6 +366,14 @@ absl::Status StepLoop::Finish() {
         static_cast<long long>(allocated->peak_bytes), FormatBytes(allocated->peak_bytes).c_str(),
         FormatBytes(o_.device_memory_budget).c_str());
   }
+  if (plan_.streams()) {
+    int64_t host = 0;
+    for (const LocalStage& ls : at_.local) host += ls.link->host_bytes();
+    std::fprintf(o_.out,
+                 "zo-train: host memory for streamed weights and staged gradients: %lld bytes "
+                 "(%s)\n",
+                 static_cast<long long>(host), FormatBytes(static_cast<double>(host)).c_str());
+  }
   // Trained, but the job's newest checkpoint is older than asked: a run
   // that ends on a failed checkpoint does not exit 0.
   const absl::Status& failure = checkpoint_.last_failure();
