@@ -19,7 +19,8 @@
 # ZeRO-Infinity's shape is LARGEST_FLAGS="--largest 48x4096x32
 # --largest-device-memory-budget 60GiB --largest-nvme /some/dir".
 # `stream` is zo-bench stream on the GPU: a quarter of the weights on the
-# device, streamed, against all of them resident (issue 38's <= 1.15).
+# device, streamed from the servers' copy and then from a file, against all
+# of them resident (issue 38's <= 1.15).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-$PWD/gpu-check-out}
@@ -170,6 +171,11 @@ fi
 if want stream; then
   step zo_bench_stream ${STREAM_LIMIT:-300} .devbin/zo-bench --json --steps 10 --rounds 2 stream \
     --stream-device cuda --stream-shape 12x1024
+  # The same with the streamed weights in a file (offload_param "nvme").
+  mkdir -p "$out/stream-nvme"
+  step zo_bench_stream_nvme ${STREAM_LIMIT:-300} .devbin/zo-bench --json --steps 10 --rounds 2 \
+    stream --stream-device cuda --stream-shape 12x1024 --stream-nvme "$out/stream-nvme"
+  rm -rf "$out/stream-nvme"
 fi
 if want largest; then
   free -g | head -2
