@@ -118,7 +118,8 @@ absl::Status RunStreamBench(const StreamBenchOptions& o, std::ostream& out) {
                "M); streamed runs keep %lld of them on %s, the rest %s\n",
                o.n_layer, o.n_embd, params / 1e6, largest / 1e6, static_cast<long long>(live),
                o.device.c_str(),
-               o.nvme_dir.empty() ? "in host memory" : ("in a file in " + o.nvme_dir).c_str());
+               o.nvme_dir.empty() ? "in the embedded server's own copy"
+                                  : ("in a file in " + o.nvme_dir).c_str());
 
   std::vector<double> resident_s, streamed_s;
   std::vector<double> reference;
@@ -140,7 +141,7 @@ absl::Status RunStreamBench(const StreamBenchOptions& o, std::ostream& out) {
                           {"dtype", std::string(DTypeName(o.dtype))},
                           {"params", params},
                           {"live_params", live},
-                          {"weights_on", o.nvme_dir.empty() ? "host" : "nvme"},
+                          {"weights_on", o.nvme_dir.empty() ? "servers" : "nvme"},
                           {"micro_batches", o.micro_batches},
                           {"resident_step_s", Median(resident_s)},
                           {"streamed_step_s", Median(streamed_s)},
@@ -153,7 +154,7 @@ absl::Status RunStreamBench(const StreamBenchOptions& o, std::ostream& out) {
         "stream  %s %s, %.2f M parameters, %lld live, the rest on %s: resident %.3f s/step, "
         "streamed %.3f s/step, ratio %.3f; losses %s\n",
         o.device, DTypeName(o.dtype), params / 1e6, static_cast<long long>(live),
-        o.nvme_dir.empty() ? "the host" : "NVMe",
+        o.nvme_dir.empty() ? "the servers' copy" : "NVMe",
         Median(resident_s), Median(streamed_s), ratio, equal ? "equal bit for bit" : "DIFFER");
   }
   if (!equal)

@@ -2,7 +2,8 @@
 // (zero_optimization.offload_param, worker/model/param_window.h). zo-train's
 // own loop, with an embedded server, trains a GPT twice from the same seed:
 // every weight on the device, then at most `window` of the parameters there
-// at once (their host copy in memory, or in a file with nvme_dir),
+// at once (the rest read from the embedded server's own copy, or from a
+// file with nvme_dir),
 // alternating `rounds` times; both sum gradients on the servers, as
 // streaming needs. The losses must be equal bit for bit; ratio = median
 // streamed step / median resident step (issue target on a GPU: <= 1.15).
