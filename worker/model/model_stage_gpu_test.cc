@@ -155,6 +155,13 @@ TEST_F(GpuModelStageTest, StreamingInThePlannedWindowComputesTheResidentBits) {
     if (c.stages == 1) {
       EXPECT_LE(streamed_peak, budget) << what;
     }
+    // Read a layer at a time into two slots (a file, the servers' copy):
+    // the prefetch's read and its uploads start on the window's reader
+    // thread.
+    options.read_host_weights = true;
+    const GptStepResult read = testing::RunGptStep(*gpu_, options);
+    EXPECT_EQ(read.loss, resident.loss) << what << ", read";
+    EXPECT_EQ(read.grads, resident.grads) << what << ", read";
   }
 }
 

@@ -1,6 +1,7 @@
 // A stage that streams its parameters (StageOptions::weight_window_bytes)
 // computes bit for bit what the same stage computes with every weight on
-// the device, under each schedule and with activation checkpointing, while
+// the device, under each schedule and with activation checkpointing, from
+// host bytes or read a layer at a time into two slots, while
 // its window never holds more than its budget and (one stage) the
 // backend's peak allocation falls by the weights it no longer keeps.
 #include <algorithm>
@@ -56,6 +57,15 @@ TEST_P(ParamStreamingTest, AQuarterOfTheWeightsOnTheDeviceComputesTheSameBits) {
     EXPECT_EQ(streaming.grads.at(name), grad) << name;
     EXPECT_EQ(streaming.pushes.at(name), resident.pushes.at(name)) << name;
   }
+  // Read a layer at a time into two slots (a file, the servers' copy),
+  // with the prefetch's read beside the compute: the same bits again.
+  streaming_options.read_host_weights = true;
+  std::unique_ptr<backend::Backend> read_backend = backend::MakeCpuBackend();
+  const testing::GptStepResult read = testing::RunGptStep(*read_backend, streaming_options);
+  EXPECT_EQ(read.loss, resident.loss);
+  EXPECT_EQ(read.grads, resident.grads);
+  EXPECT_EQ(read.window_fetches, streaming.window_fetches);
+
   const int windows = GetParam().stages;
   ASSERT_EQ(static_cast<int>(streaming.peak_window_bytes.size()), windows);
   for (int s = 0; s < windows; ++s) {

@@ -1,5 +1,6 @@
 #include "worker/model/testing/gpt_step.h"
 
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -40,7 +41,29 @@ absl::StatusOr<HostWeights> CapturingLink::LoadHostWeights(int64_t,
     FloatToDType(values.data(), dtype_, bytes.data(), values.size());
     spans.emplace_back(bytes.data(), bytes.size());
   }
-  return HostWeights{.bytes = std::move(spans)};
+  if (!read_ || params.empty()) return HostWeights{.bytes = std::move(spans)};
+  HostWeights weights;
+  const Param* const stage = params.front();
+  weights.read = [this, stage](absl::Span<const Param* const> layer,
+                               int slot) -> absl::StatusOr<std::vector<absl::Span<const std::byte>>> {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::byte>& staging = slots_[{stage, slot}];
+    size_t bytes = 0;
+    for (const Param* p : layer) bytes += host_.at(p).size();
+    // A new buffer each time: a stale span into the old one would read
+    // freed memory (AddressSanitizer) or the wrong bytes.
+    staging.assign(bytes, std::byte{0});
+    std::vector<absl::Span<const std::byte>> out;
+    size_t at = 0;
+    for (const Param* p : layer) {
+      const std::vector<std::byte>& src = host_.at(p);
+      std::copy(src.begin(), src.end(), staging.begin() + static_cast<long>(at));
+      out.emplace_back(staging.data() + at, src.size());
+      at += src.size();
+    }
+    return out;
+  };
+  return weights;
 }
 
 absl::Status CapturingLink::PushGradient(int64_t, const Param& p, int micro_batch) {
@@ -143,7 +166,7 @@ GptStepResult RunGptStep(backend::Backend& backend, const GptStepOptions& o) {
   const std::vector<int>& bounds = layout->bounds;
   const std::vector<pipeline::StageProgram>& programs = layout->programs;
   PatternTokenSource source(o.batch, o.model.block_size, o.model.vocab);
-  CapturingLink link(backend, o.loss_scale, o.dtype);
+  CapturingLink link(backend, o.loss_scale, o.dtype, o.read_host_weights);
   pipeline::InProcessFabric fabric(o.stages);
   std::vector<std::unique_ptr<ModelStage>> modules;
   std::vector<std::unique_ptr<pipeline::Executor>> executors;

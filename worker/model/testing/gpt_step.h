@@ -32,6 +32,9 @@ struct GptStepOptions {
   double loss_scale = 8;
   bool push_every_micro_batch = false;
   int64_t weight_window_bytes = 0;  // StageOptions::weight_window_bytes
+  // Streaming: the link hands its weights as a reader into two slots, as a
+  // file or the servers' own copy would, instead of bytes in memory.
+  bool read_host_weights = false;
   // Steps 1 .. steps on the same weights; the result's gradients and
   // pushes add up all of them, its loss is the last one's.
   int steps = 1;
@@ -54,14 +57,16 @@ struct GptStepResult {
 // gradient recorded by name, with how often and in which order.
 class CapturingLink final : public ParamLink {
  public:
-  CapturingLink(backend::Backend& b, double loss_scale = 8, DType dtype = DType::kFloat16)
-      : b_(b), loss_scale_(loss_scale), dtype_(dtype) {}
+  CapturingLink(backend::Backend& b, double loss_scale = 8, DType dtype = DType::kFloat16,
+                bool read_host_weights = false)
+      : b_(b), loss_scale_(loss_scale), dtype_(dtype), read_(read_host_weights) {}
   absl::Status LoadWeights(int64_t step, absl::Span<Param* const> params) override;
   double LossScale(int64_t) override { return loss_scale_; }
   // A micro-batch's gradient (micro_batch >= 0) is added to the others'.
   absl::Status PushGradient(int64_t step, const Param& p, int micro_batch) override;
   absl::Status FinishStep(int64_t) override { return absl::OkStatus(); }
-  // The same weights as LoadWeights, as bytes of the params' dtype.
+  // The same weights as LoadWeights, as bytes of the params' dtype (or a
+  // reader that copies them into a slot of the calling stage's).
   absl::StatusOr<HostWeights> LoadHostWeights(int64_t step,
                                               absl::Span<Param* const> params) override;
 
@@ -71,9 +76,13 @@ class CapturingLink final : public ParamLink {
   backend::Backend& b_;
   const double loss_scale_;
   const DType dtype_;  // the weights' (LoadHostWeights)
+  const bool read_;
   std::mutex mu_;
   GptStepResult result_;
   std::map<const Param*, std::vector<std::byte>> host_;  // guarded by mu_
+  // The readers' slots, by the stage's first param and slot; guarded by mu_
+  // (a slot's bytes are then only the reading window's).
+  std::map<std::pair<const Param*, int>, std::vector<std::byte>> slots_;
 };
 
 // Deterministic tokens and targets, different per step and micro-batch.
