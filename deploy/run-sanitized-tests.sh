@@ -13,7 +13,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # The wire's gradient parser, checkpoint files, the I/O engine and swap
-# tiers, the snapshot and accumulator buffers, the threads that share them.
+# tiers, the snapshot and accumulator buffers, the threads that share them;
+# a streaming stage's window, whose reader thread reads and uploads into
+# slots the stage's thread reuses.
 tests=(
   server/gradient_piece_view_test offload/checkpoint_part_test offload/block_io_engine_test
   offload/swap_layout_test offload/tiered_state_test offload/thread_pool_test
@@ -23,6 +25,7 @@ tests=(
   server/param_piece_wire_test server/offload_service_test server/pull_fills_test
   server/handler_pool_test server/lead_checkpoints_test server/own_checkpoint_part_test
   rpc/byte_stream_call_test
+  worker/model/param_window_test worker/model/param_streaming_test
 )
 [ $# -gt 0 ] && tests=("$@")
 
