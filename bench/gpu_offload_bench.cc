@@ -308,8 +308,9 @@ absl::StatusOr<nlohmann::json> MeasureGpuLargest(const bench::GpuBenchOptions& o
       {"device_memory_budget", o.largest_device_memory_budget},
       {"streamed", o.largest_device_memory_budget > 0},
       {"optimizer_device", nvme ? "nvme" : "cpu"},
-      {"param_device",
-       o.largest_device_memory_budget == 0 ? "none" : nvme ? "nvme" : "cpu"},
+      {"param_device", o.largest_device_memory_budget == 0 ? "none"
+                       : nvme                              ? "nvme"
+                                                           : "cpu"},
       {"steps", losses.size()},
       {"first_loss", losses.front()},
       {"last_loss", losses.back()},

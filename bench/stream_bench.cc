@@ -27,16 +27,17 @@ namespace {
 using bench_internal::Median;
 
 std::string Config(const StreamBenchOptions& o, int64_t live_parameters) {
-  const std::string zero =
-      live_parameters == 0
-          ? "{}"
-      : o.nvme_dir.empty()
-          ? absl::StrFormat(
-                R"({"offload_param": {"device": "cpu"}, "stage3_max_live_parameters": %d})",
-                live_parameters)
-          : absl::StrFormat(R"({"offload_param": {"device": "nvme", "nvme_path": "%s"},
-                                "stage3_max_live_parameters": %d})",
-                            o.nvme_dir, live_parameters);
+  std::string zero = "{}";
+  if (live_parameters > 0 && o.nvme_dir.empty()) {
+    zero =
+        absl::StrFormat(R"({"offload_param": {"device": "cpu"}, "stage3_max_live_parameters": %d})",
+                        live_parameters);
+  } else if (live_parameters > 0) {
+    zero = absl::StrFormat(
+        R"({"offload_param": {"device": "nvme", "nvme_path": "%s"},
+            "stage3_max_live_parameters": %d})",
+        o.nvme_dir, live_parameters);
+  }
   return absl::StrFormat(
       R"({"train_micro_batch_size_per_gpu": %d, "gradient_accumulation_steps": %d,
           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.1}},
@@ -154,8 +155,8 @@ absl::Status RunStreamBench(const StreamBenchOptions& o, std::ostream& out) {
         "stream  %s %s, %.2f M parameters, %lld live, the rest on %s: resident %.3f s/step, "
         "streamed %.3f s/step, ratio %.3f; losses %s\n",
         o.device, DTypeName(o.dtype), params / 1e6, static_cast<long long>(live),
-        o.nvme_dir.empty() ? "the servers' copy" : "NVMe",
-        Median(resident_s), Median(streamed_s), ratio, equal ? "equal bit for bit" : "DIFFER");
+        o.nvme_dir.empty() ? "the servers' copy" : "NVMe", Median(resident_s), Median(streamed_s),
+        ratio, equal ? "equal bit for bit" : "DIFFER");
   }
   if (!equal)
     return absl::InternalError("the streamed runs' losses differ from the resident run's");

@@ -83,8 +83,7 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const EstimateInput& input) {
         absl::StrCat("buffer_count must be <= ", kMaxBufferCount, ", got ", input.buffer_count));
   }
   ZO_RETURN_IF_ERROR(CheckAtLeast("max_live_params", input.max_live_params, 0));
-  ZO_RETURN_IF_ERROR(
-      CheckAtLeast("param_nvme_buffer_elems", input.param_nvme_buffer_elems, 0));
+  ZO_RETURN_IF_ERROR(CheckAtLeast("param_nvme_buffer_elems", input.param_nvme_buffer_elems, 0));
   if (input.param_nvme_buffer_elems > 0 && input.max_live_params == 0) {
     return absl::InvalidArgumentError(
         "a buffer for streamed weights on NVMe needs streaming (max_live_params)");

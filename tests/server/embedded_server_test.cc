@@ -1,7 +1,7 @@
 // The embedded default: an OffloadServer in the worker's own process, no
 // socket, the same client API over an in-process channel.
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <thread>
 #include <tuple>
@@ -111,11 +111,10 @@ TEST(EmbeddedServerTest, PullForStepInBatchesHandsOverEachBatchThroughOneBuffer)
   options.channels = {server->InProcessChannel()};
   const std::string config = R"({"train_batch_size": 1,
       "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "zo": {"chunk_elems": 8}})";
-  ZO_ASSERT_OK_AND_ASSIGN(
-      auto client, OffloadClient::Open(options, config,
-                                       {{"a", {12}, DType::kFloat32},
-                                        {"b", {5}, DType::kFloat32},
-                                        {"c", {20}, DType::kFloat32}}));
+  ZO_ASSERT_OK_AND_ASSIGN(auto client, OffloadClient::Open(options, config,
+                                                           {{"a", {12}, DType::kFloat32},
+                                                            {"b", {5}, DType::kFloat32},
+                                                            {"c", {20}, DType::kFloat32}}));
   std::vector<float> init(37);
   for (size_t i = 0; i < init.size(); ++i) init[i] = 0.1f * static_cast<float>(i) - 1.5f;
   ASSERT_THAT(client->InitParams(0, absl::MakeConstSpan(init).subspan(0, 12)), IsOk());
@@ -133,9 +132,9 @@ TEST(EmbeddedServerTest, PullForStepInBatchesHandsOverEachBatchThroughOneBuffer)
   ASSERT_THAT(push(1), IsOk());
 
   std::vector<std::byte> whole(37 * 4);
-  const std::vector<absl::Span<std::byte>> whole_dst = {
-      absl::MakeSpan(whole).subspan(0, 48), absl::MakeSpan(whole).subspan(48, 20),
-      absl::MakeSpan(whole).subspan(68, 80)};
+  const std::vector<absl::Span<std::byte>> whole_dst = {absl::MakeSpan(whole).subspan(0, 48),
+                                                        absl::MakeSpan(whole).subspan(48, 20),
+                                                        absl::MakeSpan(whole).subspan(68, 80)};
   ASSERT_THAT(client->Pull(1, -1, {0, 1, 2}, whole_dst).status(), IsOk());
 
   // Batches {c} then {a, b} through one 80-byte buffer.
@@ -145,8 +144,7 @@ TEST(EmbeddedServerTest, PullForStepInBatchesHandsOverEachBatchThroughOneBuffer)
   const std::vector<absl::Span<std::byte>> first_dst = {absl::MakeSpan(buffer)};
   const std::vector<absl::Span<std::byte>> second_dst = {absl::MakeSpan(buffer).subspan(0, 48),
                                                          absl::MakeSpan(buffer).subspan(48, 20)};
-  const std::vector<OffloadClient::PullBatch> batches = {{first, first_dst},
-                                                         {second, second_dst}};
+  const std::vector<OffloadClient::PullBatch> batches = {{first, first_dst}, {second, second_dst}};
   std::vector<std::byte> gathered(37 * 4);
   std::vector<size_t> handed;
   auto pulled = [&](size_t b) {
@@ -172,8 +170,9 @@ TEST(EmbeddedServerTest, PullForStepInBatchesHandsOverEachBatchThroughOneBuffer)
   // pulls whole again.
   ASSERT_THAT(push(2), IsOk());
   handed.clear();
-  EXPECT_THAT(client->PullForStepInBatches(
-                            3, batches, [](size_t) { return absl::DataLossError("disk gone"); })
+  EXPECT_THAT(client
+                  ->PullForStepInBatches(3, batches,
+                                         [](size_t) { return absl::DataLossError("disk gone"); })
                   .status(),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("disk gone")));
   ZO_ASSERT_OK_AND_ASSIGN(bool retried, client->PullForStepInBatches(3, batches, pulled));

@@ -290,10 +290,10 @@ absl::StatusOr<bool> OffloadClient::PullForStepInBatches(
     // version on: the next call pulls whole.
     impl_->pulled_version = -1;
     for (size_t b = 0; b < batches.size(); ++b) {
-      ZO_ASSIGN_OR_RETURN(const bool batch_changed,
-                          impl_->Pull(version, have, batches[b].tensors, batches[b].dst,
-                                      &impl_->pulled_loss_scale,
-                                      cancel != nullptr ? cancel->group_.get() : nullptr));
+      ZO_ASSIGN_OR_RETURN(
+          const bool batch_changed,
+          impl_->Pull(version, have, batches[b].tensors, batches[b].dst, &impl_->pulled_loss_scale,
+                      cancel != nullptr ? cancel->group_.get() : nullptr));
       // One version against another is unchanged everywhere or nowhere.
       if (b == 0) {
         changed = batch_changed;

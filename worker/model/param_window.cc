@@ -120,8 +120,8 @@ bool ParamWindow::IsResident(const Layer& layer) const {
   return std::find(resident_.begin(), resident_.end(), &layer) != resident_.end();
 }
 
-absl::StatusOr<std::vector<absl::Span<const std::byte>>> ParamWindow::HostCopies(
-    const Layer& layer, int slot) const {
+absl::StatusOr<std::vector<absl::Span<const std::byte>>> ParamWindow::HostCopies(const Layer& layer,
+                                                                                 int slot) const {
   std::vector<absl::Span<const std::byte>> copies;
   if (read_ != nullptr) {
     std::vector<const Param*> params;
@@ -129,8 +129,8 @@ absl::StatusOr<std::vector<absl::Span<const std::byte>>> ParamWindow::HostCopies
     ZO_ASSIGN_OR_RETURN(copies, read_(params, slot));
     if (copies.size() != params.size()) {
       return absl::InternalError(absl::StrCat("the host weight reader gave ", copies.size(),
-                                              " copies for ", layer.name(), "'s ",
-                                              params.size(), " params"));
+                                              " copies for ", layer.name(), "'s ", params.size(),
+                                              " params"));
     }
     return copies;
   }
@@ -251,18 +251,19 @@ absl::Status ParamWindow::Prefetch(Layer* hint, const Layer& in_use) {
   if (reader_ == nullptr) reader_ = std::make_unique<WakeQueue>();
   std::vector<const Param*> params;
   for (const Param& p : next.params()) params.push_back(&p);
-  reader_->Post({[this, flight, read = read_, params = std::move(params), dst = std::move(dst),
-                  uploaded] {
-    absl::StatusOr<std::vector<absl::Span<const std::byte>>> copies = read(params, /*slot=*/1);
-    if (copies.ok() && copies->size() != dst.size()) {
-      copies = absl::InternalError("the host weight reader gave the wrong number of copies");
-    }
-    if (!copies.ok()) {
-      FinishPart(*flight, copies.status(), static_cast<int>(dst.size()));
-      return;
-    }
-    for (size_t i = 0; i < dst.size(); ++i) backend_.UploadAsync((*copies)[i], *dst[i], uploaded);
-  }});
+  reader_->Post(
+      {[this, flight, read = read_, params = std::move(params), dst = std::move(dst), uploaded] {
+        absl::StatusOr<std::vector<absl::Span<const std::byte>>> copies = read(params, /*slot=*/1);
+        if (copies.ok() && copies->size() != dst.size()) {
+          copies = absl::InternalError("the host weight reader gave the wrong number of copies");
+        }
+        if (!copies.ok()) {
+          FinishPart(*flight, copies.status(), static_cast<int>(dst.size()));
+          return;
+        }
+        for (size_t i = 0; i < dst.size(); ++i)
+          backend_.UploadAsync((*copies)[i], *dst[i], uploaded);
+      }});
   return absl::OkStatus();
 }
 

@@ -134,7 +134,7 @@ class ParamWindow {
   const DType dtype_;
   const int64_t budget_bytes_;
   std::map<const Param*, absl::Span<const std::byte>> host_;
-  HostWeightReader read_;  // instead of host_ when set
+  HostWeightReader read_;       // instead of host_ when set
   std::list<Layer*> resident_;  // least recently used first
   int64_t resident_bytes_ = 0;
   int64_t peak_resident_bytes_ = 0;

@@ -289,8 +289,7 @@ TEST_F(ParamWindowReaderTest, AFailedReadIsFetchsErrorAndLeavesNothingResident) 
   ParamWindow window(*backend_, kDType, 2 * Bytes());
   window.Reset(Reader());
   fail_ = absl::DataLossError("weights file: short read");
-  EXPECT_THAT(window.Fetch(L(0)),
-              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("short read")));
+  EXPECT_THAT(window.Fetch(L(0)), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("short read")));
   EXPECT_EQ(window.resident_bytes(), 0);
   fail_ = absl::OkStatus();
   ASSERT_THAT(window.Fetch(L(0)), IsOk());

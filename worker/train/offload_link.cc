@@ -74,8 +74,7 @@ absl::Status OffloadLink::Prepare(absl::Span<model::Param* const> params, bool s
       }
     }
     if (smallest_ >= 0) {
-      smallest_bytes_.resize(static_cast<size_t>(params_[smallest_]->numel()) *
-                             DTypeSize(dtype_));
+      smallest_bytes_.resize(static_cast<size_t>(params_[smallest_]->numel()) * DTypeSize(dtype_));
     }
   } else {
     host_arena_ = backend_.AllocateHost(weight_bytes);
@@ -120,8 +119,8 @@ int64_t OffloadLink::host_bytes() const {
 OffloadLink::StreamedWeights OffloadLink::streamed_weights() const {
   if (file_options_.has_value()) return StreamedWeights::kFile;
   const std::vector<std::string> routes = client_->routes();
-  const bool near = std::all_of(routes.begin(), routes.end(),
-                                [](const std::string& r) { return r != "grpc"; });
+  const bool near =
+      std::all_of(routes.begin(), routes.end(), [](const std::string& r) { return r != "grpc"; });
   return near ? StreamedWeights::kServers : StreamedWeights::kHostCopy;
 }
 
@@ -136,8 +135,7 @@ absl::Status OffloadLink::PrepareFile() {
   for (const model::Param* p : params_) {
     ZO_RETURN_IF_ERROR(CheckWeightBuffer(o.buffer_elems, p->name, p->numel()));
   }
-  ZO_ASSIGN_OR_RETURN(file_,
-                      WeightFile::Create({.dir = o.dir, .io = o.io, .param_bytes = sizes}));
+  ZO_ASSIGN_OR_RETURN(file_, WeightFile::Create({.dir = o.dir, .io = o.io, .param_bytes = sizes}));
   // The buffer holds buffer_elems parameters, or one parameter rounded up
   // to the file's alignment.
   const int64_t buffer_bytes = std::max(o.buffer_elems * elem, int64_t{1});

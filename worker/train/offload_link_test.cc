@@ -160,10 +160,9 @@ TEST(OffloadLinkTest, HostWeightsSayWhenTheyAreTheStepBeforesVersion) {
     EXPECT_GT(unchanged, 0);  // the policy did repeat a version
     // What it holds, against zo-ctl estimate's streamed column (which
     // counts a host copy): 44 bytes of weights, one 44-byte gradient slot.
-    ZO_ASSERT_OK_AND_ASSIGN(const MemoryEstimate e,
-                            EstimateMemory({.tensor_elems = {15, 7},
-                                            .precision = DType::kBFloat16,
-                                            .max_live_params = 22}));
+    ZO_ASSERT_OK_AND_ASSIGN(const MemoryEstimate e, EstimateMemory({.tensor_elems = {15, 7},
+                                                                    .precision = DType::kBFloat16,
+                                                                    .max_live_params = 22}));
     if (route) {
       // No copy: the gradient slot, the smallest tensor (b), and two read
       // slots that grew to both tensors.

@@ -88,7 +88,8 @@ absl::Status PlanParamOffload(const TrainOptions& o, Plan& plan) {
                                                       direct.message()));
     }
     for (const TensorSpec& t : plan.model.Manifest(plan.dtype)) {
-      ZO_RETURN_IF_ERROR(CheckWeightBuffer(zero.offload_param.buffer_size, t.name, NumElements(t.shape)));
+      ZO_RETURN_IF_ERROR(
+          CheckWeightBuffer(zero.offload_param.buffer_size, t.name, NumElements(t.shape)));
     }
   }
   if (plan.config.zo.gradient_accumulation == GradientAccumulation::kDevice) {

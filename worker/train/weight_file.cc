@@ -61,8 +61,8 @@ int64_t WeightFile::RangeBytes(size_t first, size_t last) const {
 
 absl::Status WeightFile::CheckRange(size_t first, size_t last, const std::byte* buffer) const {
   if (first >= last || last > offsets_.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("params [", first, ", ", last, ") of the ",
-                                                   offsets_.size(), " in ", path_));
+    return absl::InvalidArgumentError(
+        absl::StrCat("params [", first, ", ", last, ") of the ", offsets_.size(), " in ", path_));
   }
   if (reinterpret_cast<uintptr_t>(buffer) % kAlignment != 0) {
     return absl::InvalidArgumentError(

@@ -85,15 +85,15 @@ TEST(WeightFileTest, WrongRangesAndUnalignedBuffersAreRefusedNamingTheFile) {
   ScopedTempDir dir;
   ZO_ASSERT_OK_AND_ASSIGN(auto file,
                           WeightFile::Create({.dir = dir.path(), .param_bytes = kSizes}));
-  ZO_ASSERT_OK_AND_ASSIGN(
-      AlignedBuffer buffer, AlignedBuffer::Allocate(static_cast<size_t>(file->file_bytes()) + 4096));
+  ZO_ASSERT_OK_AND_ASSIGN(AlignedBuffer buffer,
+                          AlignedBuffer::Allocate(static_cast<size_t>(file->file_bytes()) + 4096));
   auto* b = buffer.as<std::byte>();
   EXPECT_THAT(file->Read(3, 6, b), StatusIs(absl::StatusCode::kInvalidArgument,
                                             HasSubstr("params [3, 6) of the 5 in " + dir.path())));
   EXPECT_THAT(file->Write(2, 2, b),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("params [2, 2)")));
-  EXPECT_THAT(file->Read(0, 1, b + 8), StatusIs(absl::StatusCode::kInvalidArgument,
-                                                HasSubstr("not 4096-byte aligned")));
+  EXPECT_THAT(file->Read(0, 1, b + 8),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not 4096-byte aligned")));
 }
 
 TEST(WeightFileTest, ADirectoryThatIsNotThereIsRefusedAtCreation) {

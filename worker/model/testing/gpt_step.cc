@@ -44,8 +44,9 @@ absl::StatusOr<HostWeights> CapturingLink::LoadHostWeights(int64_t,
   if (!read_ || params.empty()) return HostWeights{.bytes = std::move(spans)};
   HostWeights weights;
   const Param* const stage = params.front();
-  weights.read = [this, stage](absl::Span<const Param* const> layer,
-                               int slot) -> absl::StatusOr<std::vector<absl::Span<const std::byte>>> {
+  weights.read = [this, stage](
+                     absl::Span<const Param* const> layer,
+                     int slot) -> absl::StatusOr<std::vector<absl::Span<const std::byte>>> {
     std::lock_guard<std::mutex> lock(mu_);
     std::vector<std::byte>& staging = slots_[{stage, slot}];
     size_t bytes = 0;
