@@ -52,7 +52,7 @@ void ExpectRound(const WeightFile& f, size_t first, size_t last, int round,
 TEST(WeightFileTest, ParamsComeBackFromTheirAlignedPlacesWhateverTheBatch) {
   ScopedTempDir dir;
   ZO_ASSERT_OK_AND_ASSIGN(auto file,
-                          WeightFile::Create({.dir = dir.path(), .param_bytes = kSizes}));
+                          WeightFile::Create({.dir = dir.path(), .io = {}, .param_bytes = kSizes}));
   EXPECT_EQ(file->params(), kSizes.size());
   EXPECT_EQ(file->offset(1), 4096);
   EXPECT_EQ(file->offset(3), 4 * 4096);
@@ -84,7 +84,7 @@ TEST(WeightFileTest, ParamsComeBackFromTheirAlignedPlacesWhateverTheBatch) {
 TEST(WeightFileTest, WrongRangesAndUnalignedBuffersAreRefusedNamingTheFile) {
   ScopedTempDir dir;
   ZO_ASSERT_OK_AND_ASSIGN(auto file,
-                          WeightFile::Create({.dir = dir.path(), .param_bytes = kSizes}));
+                          WeightFile::Create({.dir = dir.path(), .io = {}, .param_bytes = kSizes}));
   ZO_ASSERT_OK_AND_ASSIGN(AlignedBuffer buffer,
                           AlignedBuffer::Allocate(static_cast<size_t>(file->file_bytes()) + 4096));
   auto* b = buffer.as<std::byte>();
@@ -98,7 +98,7 @@ TEST(WeightFileTest, WrongRangesAndUnalignedBuffersAreRefusedNamingTheFile) {
 
 TEST(WeightFileTest, ADirectoryThatIsNotThereIsRefusedAtCreation) {
   const absl::StatusOr<std::unique_ptr<WeightFile>> file =
-      WeightFile::Create({.dir = "/nonexistent/zo-weights", .param_bytes = kSizes});
+      WeightFile::Create({.dir = "/nonexistent/zo-weights", .io = {}, .param_bytes = kSizes});
   ASSERT_FALSE(file.ok());
   EXPECT_THAT(file.status().message(), HasSubstr("/nonexistent/zo-weights"));
 }

@@ -41,8 +41,11 @@ absl::StatusOr<HostWeights> CapturingLink::LoadHostWeights(int64_t,
     FloatToDType(values.data(), dtype_, bytes.data(), values.size());
     spans.emplace_back(bytes.data(), bytes.size());
   }
-  if (!read_ || params.empty()) return HostWeights{.bytes = std::move(spans)};
   HostWeights weights;
+  if (!read_ || params.empty()) {
+    weights.bytes = std::move(spans);
+    return weights;
+  }
   const Param* const stage = params.front();
   weights.read = [this, stage](
                      absl::Span<const Param* const> layer,
