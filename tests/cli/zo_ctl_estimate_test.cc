@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdio>
+#include <fstream>
 #include <string>
 
 #include "gmock/gmock.h"
@@ -69,20 +70,25 @@ TEST(ZoCtlEstimateTest, TableForAManifest) {
   EXPECT_THAT(dpu.output, Not(HasSubstr("copies for pulls")));
 }
 
+// `zo-ctl estimate --params 1B --json` with `zero_optimization` as the
+// config's; the JSON it prints.
+nlohmann::json EstimateWithZero(const std::string& zero) {
+  const std::string config = ::testing::TempDir() + "/zo_ctl_streamed.json";
+  std::ofstream(config) << R"({"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": true},
+                               "zero_optimization": )"
+                        << zero << "}";
+  const Result r = RunZoCtl("estimate --params 1B --config " + config + " --json");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  const size_t start = r.output.find('{');
+  if (start == std::string::npos) return nlohmann::json::object();
+  return nlohmann::json::parse(r.output.substr(start));
+}
+
 // offload_param "cpu" in the config, or --max-live-params: a third GPU
 // column, the window and one tensor's fp32 gradients.
 TEST(ZoCtlEstimateTest, StreamedParametersFromTheConfigOrTheFlag) {
-  const std::string config = ::testing::TempDir() + "/zo_ctl_streamed.json";
-  FILE* f = fopen(config.c_str(), "w");
-  ASSERT_NE(f, nullptr);
-  fputs(R"({"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": true},
-           "zero_optimization": {"offload_param": {"device": "cpu"},
-                                 "stage3_max_live_parameters": 1e8}})",
-        f);
-  fclose(f);
-  const Result r = RunZoCtl("estimate --params 1B --config " + config + " --json");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  const nlohmann::json j = nlohmann::json::parse(r.output.substr(r.output.find('{')));
+  const nlohmann::json j = EstimateWithZero(
+      R"({"offload_param": {"device": "cpu"}, "stage3_max_live_parameters": 1e8})");
   EXPECT_EQ(j["max_live_params"], 100000000);
   EXPECT_EQ(j["gpu_streamed"]["param_bytes"], 200000000);  // fp16
   EXPECT_EQ(j["gpu_streamed"]["next_param_bytes"], 0);
@@ -93,17 +99,9 @@ TEST(ZoCtlEstimateTest, StreamedParametersFromTheConfigOrTheFlag) {
 
   // offload_param "nvme": the weights go to the worker's NVMe, through
   // buffer_size parameters.
-  f = fopen(config.c_str(), "w");
-  ASSERT_NE(f, nullptr);
-  fputs(R"({"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": true},
-           "zero_optimization": {"offload_param": {"device": "nvme", "nvme_path": "/nvme",
-                                                   "buffer_size": 2e8},
-                                 "stage3_max_live_parameters": 1e8}})",
-        f);
-  fclose(f);
-  const Result nvme = RunZoCtl("estimate --params 1B --config " + config + " --json");
-  ASSERT_EQ(nvme.exit_code, 0) << nvme.output;
-  const nlohmann::json n = nlohmann::json::parse(nvme.output.substr(nvme.output.find('{')));
+  const nlohmann::json n = EstimateWithZero(
+      R"({"offload_param": {"device": "nvme", "nvme_path": "/nvme", "buffer_size": 2e8},
+          "stage3_max_live_parameters": 1e8})");
   EXPECT_EQ(n["param_nvme_buffer_elems"], 200000000);
   EXPECT_EQ(n["gpu_streamed"]["worker_nvme_bytes"], 2000000000);
 }
