@@ -218,7 +218,8 @@ absl::StatusOr<std::vector<absl::Span<const std::byte>>> OffloadLink::ReadFromFi
 }
 
 absl::StatusOr<std::vector<absl::Span<const std::byte>>> OffloadLink::ReadFromServers(
-    absl::Span<const model::Param* const> params, int slot) {
+    OffloadClient* client, int64_t version, absl::Span<const model::Param* const> params,
+    int slot) {
   ZO_ASSIGN_OR_RETURN(const std::vector<size_t> index, IndicesOf(params));
   int64_t need = 0;
   for (size_t i : index) need += params_[i]->numel() * static_cast<int64_t>(DTypeSize(dtype_));
@@ -237,7 +238,7 @@ absl::StatusOr<std::vector<absl::Span<const std::byte>>> OffloadLink::ReadFromSe
     // Cancellable like the step's first pull.
     PullCancellation cancel;
     if (abort_ != nullptr) abort_->Register(&cancel);
-    absl::StatusOr<bool> pulled = client_->Pull(streamed_version_, -1, tensors, dst, &cancel);
+    absl::StatusOr<bool> pulled = client->Pull(version, -1, tensors, dst, &cancel);
     if (abort_ != nullptr) {
       abort_->Unregister(&cancel);
       if (!pulled.ok() && !abort_->reason().ok()) return abort_->reason();
@@ -324,9 +325,9 @@ absl::StatusOr<model::HostWeights> OffloadLink::LoadHostWeights(
   model::HostWeights weights;
   weights.changed = changed;
   if (from_servers_) {
-    streamed_version_ = client_->last_pulled_version();
-    weights.read = [this](absl::Span<const model::Param* const> params, int slot) {
-      return ReadFromServers(params, slot);
+    weights.read = [this, client = client_, version = client_->last_pulled_version()](
+                       absl::Span<const model::Param* const> params, int slot) {
+      return ReadFromServers(client, version, params, slot);
     };
   } else if (file_ != nullptr) {
     weights.read = [this](absl::Span<const model::Param* const> params, int slot) {

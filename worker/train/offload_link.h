@@ -123,8 +123,11 @@ class OffloadLink final : public model::ParamLink {
   // The window's HostWeightReader over the file, or over the servers.
   absl::StatusOr<std::vector<absl::Span<const std::byte>>> ReadFromFile(
       absl::Span<const model::Param* const> params, int slot);
+  // From the servers: version `version` through `client`, the ones the
+  // step's first pull used (a client swapped meanwhile serves the next).
   absl::StatusOr<std::vector<absl::Span<const std::byte>>> ReadFromServers(
-      absl::Span<const model::Param* const> params, int slot);
+      OffloadClient* client, int64_t version, absl::Span<const model::Param* const> params,
+      int slot);
   // Read slot `slot` with room for `bytes` (and the file's alignment).
   absl::StatusOr<std::byte*> Slot(int slot, int64_t bytes);
   // params' indices in params_.
@@ -152,11 +155,10 @@ class OffloadLink final : public model::ParamLink {
   std::shared_ptr<std::byte> host_arena_;
   std::vector<absl::Span<std::byte>> host_;  // empty with a file or from the servers
   // Streaming straight from the servers: the step's smallest tensor, pulled
-  // whole at the step's start, and the version the window's pulls take.
+  // whole at the step's start.
   bool from_servers_ = false;
   int smallest_ = -1;  // into params_
   std::vector<std::byte> smallest_bytes_;
-  int64_t streamed_version_ = -1;
   std::optional<WeightFileOptions> file_options_;
   std::unique_ptr<WeightFile> file_;
   // Consecutive params [first, last), pulled together into pull_buffer_
