@@ -330,66 +330,88 @@ TEST(ZoTrainE2eTest, TwoStageProcessesOverTcpFollowTheEmbeddedRun) {
   EXPECT_LT(mean(kSteps - 5, kSteps), mean(kDpuWarmup - 2, kDpuWarmup + 3) - 0.1);
 }
 
+// Also while the worker streams its weights (zero_optimization.offload_param
+// "cpu"): from a zo-server on this host it reads each layer from the
+// server's own copy, through the resend client first and the plain one
+// after, and the restart stays on the uninterrupted trajectory too.
 TEST(ZoTrainE2eTest, KilledWorkerRestartsFromTheServersVersion) {
   const std::string dir = FreshTempDir("zo_train_restart");
   constexpr int kSteps = 60;
   std::vector<ServerProcess> servers = StartServers(1);
   ASSERT_EQ(servers.size(), 1u);
-  // A progress line every step, for the killed run below.
-  std::string text = Config(true, 5);
-  text.replace(text.find("\"steps_per_print\": 10"), 21, "\"steps_per_print\": 1");
-  const std::string config = WriteFile(dir, "ds.json", text);
+  for (const bool streamed : {false, true}) {
+    SCOPED_TRACE(streamed ? "streamed" : "resident");
+    const std::string tag = streamed ? "streamed-" : "";
+    // A progress line every step, for the killed run below.
+    std::string text = Config(true, 5);
+    text.replace(text.find("\"steps_per_print\": 10"), 21, "\"steps_per_print\": 1");
+    if (streamed) {
+      text.replace(text.find("\"zo\": {"), 0,
+                   R"("zero_optimization": {"offload_param": {"device": "cpu"},
+                                            "stage3_max_live_parameters": 60000}, )");
+    }
+    const std::string config = WriteFile(dir, tag + "ds.json", text);
+    auto args = [&](const std::string& job, const std::string& metrics) {
+      return Concat({"--config", config, "--steps", std::to_string(kSteps), "--servers",
+                     servers[0].address(), "--job", tag + job, "--metrics-out", metrics},
+                    kTinyGpt);
+    };
+    // The uninterrupted run, as its own job on the same server.
+    RunTrain(args("whole", dir + "/" + tag + "whole.jsonl"), dir + "/" + tag + "whole.log");
+    const std::vector<StepLine> whole = ReadMetrics(dir + "/" + tag + "whole.jsonl");
+    ASSERT_EQ(whole.size(), static_cast<size_t>(kSteps));
+
+    // Kill -9 once step 16 is printed, then start the same command again. Its
+    // stdout is a 4 KiB pipe read no further than that line: zo-train blocks on
+    // its progress lines (>= 100 bytes each) before step 16 + 41 < kSteps, so
+    // it cannot finish before the kill, however slowly this test runs.
+    const std::string metrics = dir + "/" + tag + "killed.jsonl";
+    auto first = PipedTrain::Start(args("killed", metrics), dir + "/" + tag + "first.log", 4096);
+    ASSERT_TRUE(first.ok()) << first.status();
+    const std::string printed = (*first)->ReadUntilLine(std::regex("^step +16/"));
+    ASSERT_TRUE((*first)->Running()) << "ended before it was killed:\n" << printed;
+    (*first)->Kill();
+    const size_t reported = ReadMetrics(metrics).size();
+    ASSERT_GE(reported, 12u);  // a step's line waits for its outcome: a step or two behind
+    ASSERT_LT(reported, static_cast<size_t>(kSteps));
+    RunTrain(args("killed", metrics), dir + "/" + tag + "second.log");
+
+    // The restart attached at the servers' version and went on from there.
+    std::ifstream in(dir + "/" + tag + "second.log");
+    const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (streamed) {
+      EXPECT_THAT(log, ::testing::HasSubstr("stage 0 streams its weights from the servers' own "
+                                            "copy, a layer at a time"));
+    }
+    std::smatch match;
+    ASSERT_TRUE(std::regex_search(log, match,
+                                  std::regex("attached to job '" + tag +
+                                             "killed' at version (\\d+); resuming at step (\\d+)")))
+        << log;
+    const int64_t version = std::stoll(match[1]);
+    EXPECT_GE(version, static_cast<int64_t>(reported));  // nothing reported is redone
+    EXPECT_EQ(std::stoll(match[2]), version + 1);
+    const std::vector<StepLine> lines = ReadMetrics(metrics);
+    ASSERT_GE(lines.size(), reported + 1);
+    // Each step the restarted worker ran has exactly the loss of the
+    // uninterrupted run: same servers' state, same data, same weights.
+    int checked = 0;
+    for (size_t i = reported; i < lines.size(); ++i) {
+      const StepLine& l = lines[i];
+      ASSERT_GT(l.step, version);
+      ASSERT_TRUE(l.loss.has_value());
+      EXPECT_EQ(*l.loss, *whole[l.step - 1].loss) << "step " << l.step;
+      ++checked;
+    }
+    EXPECT_EQ(lines.back().step, kSteps);
+    EXPECT_GE(checked, kSteps - static_cast<int>(version));
+  }
+
   auto args = [&](const std::string& job, const std::string& metrics) {
-    return Concat({"--config", config, "--steps", std::to_string(kSteps), "--servers",
+    return Concat({"--config", dir + "/ds.json", "--steps", std::to_string(kSteps), "--servers",
                    servers[0].address(), "--job", job, "--metrics-out", metrics},
                   kTinyGpt);
   };
-  // The uninterrupted run, as its own job on the same server.
-  RunTrain(args("whole", dir + "/whole.jsonl"), dir + "/whole.log");
-  const std::vector<StepLine> whole = ReadMetrics(dir + "/whole.jsonl");
-  ASSERT_EQ(whole.size(), static_cast<size_t>(kSteps));
-
-  // Kill -9 once step 16 is printed, then start the same command again. Its
-  // stdout is a 4 KiB pipe read no further than that line: zo-train blocks on
-  // its progress lines (>= 100 bytes each) before step 16 + 41 < kSteps, so
-  // it cannot finish before the kill, however slowly this test runs.
-  const std::string metrics = dir + "/killed.jsonl";
-  auto first = PipedTrain::Start(args("killed", metrics), dir + "/first.log", 4096);
-  ASSERT_TRUE(first.ok()) << first.status();
-  const std::string printed = (*first)->ReadUntilLine(std::regex("^step +16/"));
-  ASSERT_TRUE((*first)->Running()) << "ended before it was killed:\n" << printed;
-  (*first)->Kill();
-  const size_t reported = ReadMetrics(metrics).size();
-  ASSERT_GE(reported, 12u);  // a step's line waits for its outcome: a step or two behind
-  ASSERT_LT(reported, static_cast<size_t>(kSteps));
-  RunTrain(args("killed", metrics), dir + "/second.log");
-
-  // The restart attached at the servers' version and went on from there.
-  std::ifstream in(dir + "/second.log");
-  const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::smatch match;
-  ASSERT_TRUE(std::regex_search(log, match,
-                                std::regex("attached to job 'killed' at version (\\d+); "
-                                           "resuming at step (\\d+)")))
-      << log;
-  const int64_t version = std::stoll(match[1]);
-  EXPECT_GE(version, static_cast<int64_t>(reported));  // nothing reported is redone
-  EXPECT_EQ(std::stoll(match[2]), version + 1);
-  const std::vector<StepLine> lines = ReadMetrics(metrics);
-  ASSERT_GE(lines.size(), reported + 1);
-  // Each step the restarted worker ran has exactly the loss of the
-  // uninterrupted run: same servers' state, same data, same weights.
-  int checked = 0;
-  for (size_t i = reported; i < lines.size(); ++i) {
-    const StepLine& l = lines[i];
-    ASSERT_GT(l.step, version);
-    ASSERT_TRUE(l.loss.has_value());
-    EXPECT_EQ(*l.loss, *whole[l.step - 1].loss) << "step " << l.step;
-    ++checked;
-  }
-  EXPECT_EQ(lines.back().step, kSteps);
-  EXPECT_GE(checked, kSteps - static_cast<int>(version));
-
   // Attaching another model to the job is refused with the server's reason.
   std::vector<std::string> other = args("killed", dir + "/other.jsonl");
   other.insert(other.end(), {"--n-layer", "3"});
