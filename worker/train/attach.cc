@@ -43,10 +43,11 @@ absl::StatusOr<LocalStage> OpenStage(const TrainOptions& o, Plan& plan, backend:
   }
   if (plan.streams()) {
     const std::vector<std::string> routes = ls.client->routes();
+    const StreamedWeights::Kind kind = ls.link->streamed_kind();
     std::fprintf(o.out, "zo-train: stage %d streams its weights %s (routes: %s)\n", stage,
-                 ls.link->streamed_weights() == OffloadLink::StreamedWeights::kFile
+                 kind == StreamedWeights::Kind::kFile
                      ? "from a file on NVMe, pulled into it once a step"
-                 : ls.link->streamed_weights() == OffloadLink::StreamedWeights::kServers
+                 : kind == StreamedWeights::Kind::kServers
                      ? "from the servers' own copy, a layer at a time (no copy of its own)"
                      : "from a host copy of its own, pulled once a step",
                  absl::StrJoin(routes, ", ").c_str());

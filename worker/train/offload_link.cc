@@ -62,20 +62,18 @@ absl::Status OffloadLink::Prepare(absl::Span<model::Param* const> params, bool s
   }
   const size_t weight_bytes = bytes_16, gradient_bytes = bytes_16;
   params_.assign(params.begin(), params.end());
-  if (streaming_ && streamed_weights() == StreamedWeights::kFile) {
-    ZO_RETURN_IF_ERROR(PrepareFile());
-  } else if (streaming_ && streamed_weights() == StreamedWeights::kServers) {
-    from_servers_ = true;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      param_index_[params_[i]] = i;
-      if (params_[i]->numel() > 0 &&
-          (smallest_ < 0 || params_[i]->numel() < params_[smallest_]->numel())) {
-        smallest_ = static_cast<int>(i);
-      }
-    }
-    if (smallest_ >= 0) {
-      smallest_bytes_.resize(static_cast<size_t>(params_[smallest_]->numel()) * DTypeSize(dtype_));
-    }
+  if (streaming_) {
+    StreamedWeights::Stage stage{
+        .backend = &backend_,
+        .dtype = dtype_,
+        .params = params_,
+        .tensors = pulled_tensors_,
+        .guard = [this](const std::function<absl::StatusOr<bool>(PullCancellation*)>& pull) {
+          return Guarded(pull);
+        }};
+    ZO_ASSIGN_OR_RETURN(streamed_,
+                        StreamedWeights::Create(streamed_kind(), std::move(stage),
+                                                file_options_.value_or(WeightFileOptions{})));
   } else {
     host_arena_ = backend_.AllocateHost(weight_bytes);
     size_t offset = 0;
@@ -83,7 +81,7 @@ absl::Status OffloadLink::Prepare(absl::Span<model::Param* const> params, bool s
       const size_t bytes = static_cast<size_t>(p->numel()) * DTypeSize(dtype_);
       host_.emplace_back(host_arena_.get() + offset, bytes);
       offset += bytes;
-      if (!streaming_) idle_.push_back(backend_.Empty(dtype_, p->shape));
+      idle_.push_back(backend_.Empty(dtype_, p->shape));
     }
   }
   slots_ = PushesPerRank(client_->config()) > 1 ? 2 : 1;
@@ -104,155 +102,24 @@ absl::Status OffloadLink::Prepare(absl::Span<model::Param* const> params, bool s
 int64_t OffloadLink::host_bytes() const {
   int64_t bytes = static_cast<int64_t>(slot_bytes_) * slots_;  // gradient staging
   for (const absl::Span<std::byte>& h : host_) bytes += static_cast<int64_t>(h.size());
-  if (pull_buffer_ != nullptr) {
-    int64_t largest = 0;
-    for (const FileBatch& b : file_batches_) {
-      largest = std::max(largest, file_->RangeBytes(b.first, b.last));
-    }
-    bytes += largest;
-  }
-  bytes += static_cast<int64_t>(smallest_bytes_.size());
-  for (const ReadSlot& slot : read_slots_) bytes += slot.bytes;
+  if (streamed_ != nullptr) bytes += streamed_->host_bytes();
   return bytes;
 }
 
-OffloadLink::StreamedWeights OffloadLink::streamed_weights() const {
-  if (file_options_.has_value()) return StreamedWeights::kFile;
-  const std::vector<std::string> routes = client_->routes();
-  const bool near =
-      std::all_of(routes.begin(), routes.end(), [](const std::string& r) { return r != "grpc"; });
-  return near ? StreamedWeights::kServers : StreamedWeights::kHostCopy;
+StreamedWeights::Kind OffloadLink::streamed_kind() const {
+  return StreamedWeights::KindFor(client_->routes(), file_options_.has_value());
 }
 
-absl::Status OffloadLink::PrepareFile() {
-  const WeightFileOptions& o = *file_options_;
-  std::vector<int64_t> sizes;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    param_index_[params_[i]] = i;
-    sizes.push_back(params_[i]->numel() * static_cast<int64_t>(DTypeSize(dtype_)));
+absl::StatusOr<bool> OffloadLink::Guarded(
+    const std::function<absl::StatusOr<bool>(PullCancellation*)>& pull) {
+  PullCancellation cancel;
+  if (abort_ != nullptr) abort_->Register(&cancel);
+  absl::StatusOr<bool> pulled = pull(&cancel);
+  if (abort_ != nullptr) {
+    abort_->Unregister(&cancel);
+    if (!pulled.ok() && !abort_->reason().ok()) return abort_->reason();
   }
-  const int64_t elem = static_cast<int64_t>(DTypeSize(dtype_));
-  for (const model::Param* p : params_) {
-    ZO_RETURN_IF_ERROR(CheckWeightBuffer(o.buffer_elems, p->name, p->numel()));
-  }
-  ZO_ASSIGN_OR_RETURN(file_, WeightFile::Create({.dir = o.dir, .io = o.io, .param_bytes = sizes}));
-  // The buffer holds buffer_elems parameters, or one parameter rounded up
-  // to the file's alignment.
-  const int64_t buffer_bytes = std::max(o.buffer_elems * elem, int64_t{1});
-  int64_t largest = 0;
-  for (size_t first = 0; first < params_.size();) {
-    size_t last = first + 1;
-    while (last < params_.size() && file_->RangeBytes(first, last + 1) <= buffer_bytes) ++last;
-    FileBatch batch;
-    batch.first = first;
-    batch.last = last;
-    for (size_t i = first; i < last; ++i) batch.tensors.push_back(pulled_tensors_[i]);
-    file_batches_.push_back(std::move(batch));
-    largest = std::max(largest, file_->RangeBytes(first, last));
-    first = last;
-  }
-  pull_arena_ = backend_.AllocateHost(static_cast<size_t>(largest + WeightFile::kAlignment - 1));
-  pull_buffer_ = AlignUp(pull_arena_.get(), WeightFile::kAlignment);
-  for (FileBatch& b : file_batches_) {
-    for (size_t i = b.first; i < b.last; ++i) {
-      b.dst.emplace_back(pull_buffer_ + (file_->offset(i) - file_->offset(b.first)),
-                         static_cast<size_t>(file_->bytes(i)));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::vector<size_t>> OffloadLink::IndicesOf(
-    absl::Span<const model::Param* const> params) const {
-  std::vector<size_t> index;
-  for (const model::Param* p : params) {
-    auto it = param_index_.find(p);
-    if (it == param_index_.end()) {
-      return absl::InternalError(absl::StrCat(p->name, " is not among the stage's params"));
-    }
-    index.push_back(it->second);
-  }
-  return index;
-}
-
-absl::StatusOr<std::byte*> OffloadLink::Slot(int slot, int64_t bytes) {
-  if (slot < 0 || slot > 1) return absl::InternalError(absl::StrCat("no read slot ", slot));
-  ReadSlot& s = read_slots_[slot];
-  if (bytes > s.bytes) {
-    // Only the window's own thread for this slot is here (the window never
-    // has two reads of one slot in flight).
-    s.arena = backend_.AllocateHost(static_cast<size_t>(bytes + WeightFile::kAlignment - 1));
-    s.data = AlignUp(s.arena.get(), WeightFile::kAlignment);
-    s.bytes = bytes;
-  }
-  return s.data;
-}
-
-absl::StatusOr<std::vector<absl::Span<const std::byte>>> OffloadLink::ReadFromFile(
-    absl::Span<const model::Param* const> params, int slot) {
-  ZO_ASSIGN_OR_RETURN(const std::vector<size_t> index, IndicesOf(params));
-  // Runs of consecutive params, each one read; a layer's params are one run.
-  std::vector<std::pair<size_t, size_t>> runs;
-  for (size_t i : index) {
-    if (!runs.empty() && runs.back().second == i) {
-      ++runs.back().second;
-    } else {
-      runs.emplace_back(i, i + 1);
-    }
-  }
-  int64_t need = 0;
-  for (const auto& [first, last] : runs) need += file_->RangeBytes(first, last);
-  ZO_ASSIGN_OR_RETURN(std::byte* const data, Slot(slot, need));
-  std::map<size_t, const std::byte*> at;
-  int64_t pos = 0;
-  for (const auto& [first, last] : runs) {
-    ZO_RETURN_IF_ERROR(file_->Read(first, last, data + pos));
-    for (size_t i = first; i < last; ++i) {
-      at[i] = data + pos + (file_->offset(i) - file_->offset(first));
-    }
-    pos += file_->RangeBytes(first, last);
-  }
-  std::vector<absl::Span<const std::byte>> out;
-  for (size_t i : index) out.emplace_back(at[i], static_cast<size_t>(file_->bytes(i)));
-  return out;
-}
-
-absl::StatusOr<std::vector<absl::Span<const std::byte>>> OffloadLink::ReadFromServers(
-    OffloadClient* client, int64_t version, absl::Span<const model::Param* const> params,
-    int slot) {
-  ZO_ASSIGN_OR_RETURN(const std::vector<size_t> index, IndicesOf(params));
-  int64_t need = 0;
-  for (size_t i : index) need += params_[i]->numel() * static_cast<int64_t>(DTypeSize(dtype_));
-  ZO_ASSIGN_OR_RETURN(std::byte* const data, Slot(slot, need));
-  std::vector<int> tensors;
-  std::vector<absl::Span<std::byte>> dst;
-  int64_t pos = 0;
-  for (size_t i : index) {
-    const auto bytes = static_cast<size_t>(params_[i]->numel()) * DTypeSize(dtype_);
-    if (bytes == 0) continue;  // a pull takes no empty tensor
-    tensors.push_back(pulled_tensors_[i]);
-    dst.emplace_back(data + pos, bytes);
-    pos += static_cast<int64_t>(bytes);
-  }
-  if (!tensors.empty()) {
-    // Cancellable like the step's first pull.
-    PullCancellation cancel;
-    if (abort_ != nullptr) abort_->Register(&cancel);
-    absl::StatusOr<bool> pulled = client->Pull(version, -1, tensors, dst, &cancel);
-    if (abort_ != nullptr) {
-      abort_->Unregister(&cancel);
-      if (!pulled.ok() && !abort_->reason().ok()) return abort_->reason();
-    }
-    ZO_RETURN_IF_ERROR(pulled.status());
-  }
-  std::vector<absl::Span<const std::byte>> out;
-  pos = 0;
-  for (size_t i : index) {
-    const auto bytes = static_cast<size_t>(params_[i]->numel()) * DTypeSize(dtype_);
-    out.emplace_back(data + pos, bytes);
-    pos += static_cast<int64_t>(bytes);
-  }
-  return out;
+  return pulled;
 }
 
 namespace {
@@ -280,63 +147,18 @@ absl::Status UploadAll(backend::Backend& backend, absl::Span<const absl::Span<st
 }  // namespace
 
 absl::StatusOr<bool> OffloadLink::PullNow(int64_t step) {
-  // Cancellable like a prefetch: a neighbour that dies leaves this pull
-  // waiting for a version the servers cannot reach without it. (Stage 0
-  // of 1F1B pushes last, so its next step's weights are mostly pulled here.)
-  PullCancellation cancel;
-  if (abort_ != nullptr) abort_->Register(&cancel);
-  absl::StatusOr<bool> pulled;
-  if (from_servers_) {
-    // The version, its loss scale and whether it changed, for the price of
-    // the smallest tensor; the window pulls the rest layer by layer.
-    if (smallest_ < 0) {
-      pulled = false;  // only empty tensors: nothing to pull, ever
-    } else {
-      const std::vector<int> tensor = {pulled_tensors_[smallest_]};
-      const std::vector<absl::Span<std::byte>> dst = {absl::MakeSpan(smallest_bytes_)};
-      pulled = client_->PullForStep(step, tensor, dst, &loss_scale_, &cancel);
-    }
-  } else if (file_ == nullptr) {
-    pulled = client_->PullForStep(step, pulled_tensors_, host_, &loss_scale_, &cancel);
-  } else {
-    std::vector<OffloadClient::PullBatch> batches;
-    for (const FileBatch& b : file_batches_) batches.push_back({b.tensors, b.dst});
-    pulled = client_->PullForStepInBatches(
-        step, batches,
-        [&](size_t b) {
-          return file_->Write(file_batches_[b].first, file_batches_[b].last, pull_buffer_);
-        },
-        &loss_scale_, &cancel);
-  }
-  if (abort_ != nullptr) {
-    abort_->Unregister(&cancel);
-    if (!pulled.ok() && !abort_->reason().ok()) return abort_->reason();
-  }
-  return pulled;
+  // Cancellable like a prefetch. (Stage 0 of 1F1B pushes last, so its next
+  // step's weights are mostly pulled here.)
+  return Guarded([&](PullCancellation* cancel) {
+    return client_->PullForStep(step, pulled_tensors_, host_, &loss_scale_, cancel);
+  });
 }
 
 absl::StatusOr<model::HostWeights> OffloadLink::LoadHostWeights(
     int64_t step, absl::Span<model::Param* const> params) {
   ZO_RETURN_IF_ERROR(Prepare(params, /*streaming=*/true));
-  // A pull that leaves the version unchanged leaves host_ as it was: the
-  // weights the step before computed on, which are this step's. (After a
-  // failed pull or a restore the client pulls whole and says changed.)
-  ZO_ASSIGN_OR_RETURN(const bool changed, PullNow(step));
-  model::HostWeights weights;
-  weights.changed = changed;
-  if (from_servers_) {
-    weights.read = [this, client = client_, version = client_->last_pulled_version()](
-                       absl::Span<const model::Param* const> params, int slot) {
-      return ReadFromServers(client, version, params, slot);
-    };
-  } else if (file_ != nullptr) {
-    weights.read = [this](absl::Span<const model::Param* const> params, int slot) {
-      return ReadFromFile(params, slot);
-    };
-  } else {
-    weights.bytes.assign(host_.begin(), host_.end());
-  }
-  return weights;
+  ZO_ASSIGN_OR_RETURN(const bool changed, streamed_->Pull(*client_, step, &loss_scale_));
+  return streamed_->Weights(changed);
 }
 
 absl::Status OffloadLink::LoadNow(int64_t step) {

@@ -7,19 +7,12 @@
 // version's gradients are all pushed: with DPU at the start of step s, so
 // the servers' update, the pull and the upload all overlap step s.
 //
-// Streaming (LoadHostWeights, zero_optimization.offload_param): the pulled
-// weights stay in the page-locked host buffer, which the stage's window
-// uploads from layer by layer; there is no device set and no prefetch (the
-// step's pull ends before its first layer computes). Where the weights'
-// nearest copy is the servers' own (every server in this process or on
-// this host: the in-process and shared-memory routes), the link keeps no
-// copy at all: the window pulls a layer at a time from the servers into one
-// of two page-locked slots as large as the largest layer, and the step's
-// first pull, of its smallest tensor, waits for the version and brings its
-// loss scale. With "nvme" (KeepStreamedWeightsInFile) they go to a file
-// instead (weight_file.h), pulled batch by batch through one buffer of
-// offload_param.buffer_size parameters, and the window reads a layer at a
-// time from it into the two slots.
+// Streaming (LoadHostWeights, zero_optimization.offload_param): the stage's
+// window uploads the weights layer by layer; there is no device set and no
+// prefetch (the step's pull ends before its first layer computes). Where
+// they are kept is StreamedWeights' (streamed_weights.h): nowhere when the
+// servers share this host (the window pulls each layer from theirs), a
+// host copy, or a file (KeepStreamedWeightsInFile).
 //
 // Gradients: each final gradient is cast to the job's dtype and copied
 // (Backend::DownloadAsync: on a GPU, beside the compute, into page-locked
@@ -37,6 +30,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -46,12 +40,11 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "offload/io/io_engine.h"
 #include "worker/backend/backend.h"
 #include "worker/client/offload_client.h"
 #include "worker/model/model_stage.h"
 #include "worker/train/step_abort.h"
-#include "worker/train/weight_file.h"
+#include "worker/train/streamed_weights.h"
 
 namespace zo::train {
 
@@ -76,30 +69,15 @@ class OffloadLink final : public model::ParamLink {
   // version 0 (a fresh job); a no-op for a job that has trained.
   absl::Status InitializeIfFresh(absl::Span<model::Param* const> params, uint64_t seed);
 
-  // Streaming keeps the pulled weights in a file in `dir` (offload_param
-  // "nvme"), pulled through a buffer of `buffer_elems` parameters. Before
-  // the first LoadHostWeights.
-  struct WeightFileOptions {
-    std::string dir;
-    IoEngineOptions io;
-    int64_t buffer_elems = 100'000'000;
-  };
+  // Streaming keeps the pulled weights in a file (offload_param "nvme";
+  // streamed_weights.h). Before the first LoadHostWeights.
   void KeepStreamedWeightsInFile(WeightFileOptions options) { file_options_ = std::move(options); }
-  // The file's size and engine once the first LoadHostWeights made it; null
-  // before, or without a file.
-  const WeightFile* weight_file() const { return file_.get(); }
-  // Where streaming keeps the step's weights: a file (offload_param
-  // "nvme"), nowhere (the servers are in this process or on this host:
-  // the window pulls each layer from their own copy), else a host copy.
-  enum class StreamedWeights { kFile, kServers, kHostCopy };
-  StreamedWeights streamed_weights() const;
-  // Whether streaming pulls each layer from the servers (from the first
-  // LoadHostWeights on).
-  bool streams_from_servers() const { return from_servers_; }
+  // Where streaming keeps the step's weights (StreamedWeights::KindFor this
+  // link's routes and file).
+  StreamedWeights::Kind streamed_kind() const;
   // Host memory the link holds for weights and gradients (page-locked where
-  // the backend has it): the weights' copy or the file's buffer, the read
-  // slots as large as they grew, and the gradient staging. Not while the
-  // window reads.
+  // the backend has it): the weights' copy, or what streaming keeps, and the
+  // gradient staging. Not while the window reads.
   int64_t host_bytes() const;
 
   absl::Status LoadWeights(int64_t step, absl::Span<model::Param* const> params) override;
@@ -115,23 +93,12 @@ class OffloadLink final : public model::ParamLink {
   // buffers and (not streaming) idle tensors. InternalError when a later
   // call brings other params.
   absl::Status Prepare(absl::Span<model::Param* const> params, bool streaming);
-  // Pulls `step`'s weights into host_ now (into the file when there is
-  // one); whether they changed.
+  // Pulls `step`'s weights into host_ now; whether they changed.
   absl::StatusOr<bool> PullNow(int64_t step);
-  // With a file: the file, the pull's batches and their buffer.
-  absl::Status PrepareFile();
-  // The window's HostWeightReader over the file, or over the servers.
-  absl::StatusOr<std::vector<absl::Span<const std::byte>>> ReadFromFile(
-      absl::Span<const model::Param* const> params, int slot);
-  // From the servers: version `version` through `client`, the ones the
-  // step's first pull used (a client swapped meanwhile serves the next).
-  absl::StatusOr<std::vector<absl::Span<const std::byte>>> ReadFromServers(
-      OffloadClient* client, int64_t version, absl::Span<const model::Param* const> params,
-      int slot);
-  // Read slot `slot` with room for `bytes` (and the file's alignment).
-  absl::StatusOr<std::byte*> Slot(int slot, int64_t bytes);
-  // params' indices in params_.
-  absl::StatusOr<std::vector<size_t>> IndicesOf(absl::Span<const model::Param* const> params) const;
+  // Runs `pull` with a cancellation registered with abort_: a neighbour
+  // that dies leaves a pull waiting for a version the servers cannot reach
+  // without it. The abort's reason when it was tripped.
+  absl::StatusOr<bool> Guarded(const std::function<absl::StatusOr<bool>(PullCancellation*)>& pull);
   // PullNow, then uploads them into the params.
   absl::Status LoadNow(int64_t step);
   // Starts the prefetch of `step` when its version's gradients are all
@@ -153,33 +120,9 @@ class OffloadLink final : public model::ParamLink {
   std::vector<int> pulled_tensors_;
   // The pulled weights, page-locked where the backend has it, back to back.
   std::shared_ptr<std::byte> host_arena_;
-  std::vector<absl::Span<std::byte>> host_;  // empty with a file or from the servers
-  // Streaming straight from the servers: the step's smallest tensor, pulled
-  // whole at the step's start.
-  bool from_servers_ = false;
-  int smallest_ = -1;  // into params_
-  std::vector<std::byte> smallest_bytes_;
+  std::vector<absl::Span<std::byte>> host_;  // empty when streaming
   std::optional<WeightFileOptions> file_options_;
-  std::unique_ptr<WeightFile> file_;
-  // Consecutive params [first, last), pulled together into pull_buffer_
-  // laid out as the file is, then written.
-  struct FileBatch {
-    size_t first = 0;
-    size_t last = 0;
-    std::vector<int> tensors;
-    std::vector<absl::Span<std::byte>> dst;
-  };
-  std::vector<FileBatch> file_batches_;
-  std::shared_ptr<std::byte> pull_arena_;
-  std::byte* pull_buffer_ = nullptr;
-  // The window's two slots (grown to the largest read; page-locked).
-  struct ReadSlot {
-    std::shared_ptr<std::byte> arena;
-    std::byte* data = nullptr;
-    int64_t bytes = 0;
-  };
-  ReadSlot read_slots_[2];
-  std::map<const model::Param*, size_t> param_index_;
+  std::unique_ptr<StreamedWeights> streamed_;  // from the first LoadHostWeights
   // The second set of weight tensors: the prefetch uploads into it.
   std::vector<backend::Tensor> idle_;
   // host_ holds weights the params do not: nothing uploaded yet, or a

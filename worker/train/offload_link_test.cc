@@ -124,7 +124,8 @@ TEST(OffloadLinkTest, HostWeightsSayWhenTheyAreTheStepBeforesVersion) {
       SCOPED_TRACE("step " + std::to_string(step));
       absl::StatusOr<model::HostWeights> host = link.LoadHostWeights(step, f.pointers);
       ASSERT_TRUE(host.ok()) << host.status();
-      EXPECT_EQ(link.streams_from_servers(), route);
+      EXPECT_EQ(link.streamed_kind(),
+                route ? StreamedWeights::Kind::kServers : StreamedWeights::Kind::kHostCopy);
       const int64_t version = VersionForStep((*client)->config().zo.dpu, step);
       EXPECT_EQ(host->changed, version != last_version);
       unchanged += host->changed ? 0 : 1;
