@@ -56,7 +56,9 @@ ABSL_FLAG(int, activation_checkpoint_every, 0,
 ABSL_FLAG(std::string, device_memory_budget, "",
           "device memory per device, e.g. 20GiB: each stage keeps only a window of its "
           "layers' weights on the device, planned before the first step so that activations, "
-          "one layer's gradients and the window fit (stages of one process share it equally); "
+          "one layer's gradients and the window fit (stages of one process share it equally; "
+          "the rest of the weights come from the servers' own copy when they share this host, "
+          "else from a host copy, or from a file with offload_param \"nvme\"); "
           "it counts tensors, so leave room for what a GPU library keeps beside them (cuBLAS's "
           "workspace, the allocator's rounding); refused when one layer plus the step does not "
           "fit; empty: no budget");
