@@ -88,6 +88,36 @@ TEST(ParamOffloadTest, StreamedParametersTrainExactlyAsResidentOnes) {
   EXPECT_LT(a.back(), a.front() - 0.3);  // and it learns
 }
 
+// A zo-server the worker reaches over gRPC (its shared-memory route off):
+// the stage keeps a host copy, pulled once a step, and trains exactly as
+// the resident run against the same server.
+TEST(ParamOffloadTest, OverGrpcAHostCopyStreamsExactly) {
+  const std::string dir = FreshTempDir("param_offload_grpc");
+  absl::StatusOr<ServerProcess> server = ServerProcess::Start({"--shared-memory=false"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto run = [&](const std::string& name, const std::string& zero) {
+    const std::string config = dir + "/" + name + ".json";
+    std::ofstream(config) << Config(zero);
+    std::vector<std::string> args = {ZO_TRAIN_PATH, "--config",        config,
+                                     "--servers",   server->address(), "--job",
+                                     name,          "--metrics-out",   dir + "/" + name + ".jsonl"};
+    args.insert(args.end(), kGpt.begin(), kGpt.end());
+    absl::StatusOr<ChildProcess> train = ChildProcess::Start(args, dir + "/" + name + ".log");
+    EXPECT_TRUE(train.ok()) << train.status();
+    if (!train.ok()) return std::string();
+    EXPECT_EQ(train->Wait(std::chrono::minutes(2)), 0) << train->ReadLog();
+    return train->ReadLog();
+  };
+  run("resident", "{}");
+  const std::string log = run("streamed", R"({"offload_param": {"device": "cpu"},
+                                              "stage3_max_live_parameters": 60000})");
+  EXPECT_THAT(log, HasSubstr("stage 0 streams its weights from a host copy of its own, pulled "
+                             "once a step (routes: grpc)"));
+  const std::vector<double> a = Losses(dir + "/resident.jsonl");
+  ASSERT_EQ(a.size(), 12u);
+  EXPECT_EQ(Losses(dir + "/streamed.jsonl"), a);
+}
+
 // offload_param "nvme": the stage's weights go to a file under nvme_path,
 // pulled through a buffer of 20 000 parameters (several batches a step),
 // and the window reads each layer from there; the losses are the resident
