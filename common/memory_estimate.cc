@@ -14,6 +14,9 @@
 namespace zo {
 namespace {
 
+// A streaming worker's gradient ring at most (OffloadLink).
+constexpr int64_t kStreamingStagingBytes = int64_t{256} << 20;
+
 // Bytes per element of the fp32 optimizer state.
 constexpr int64_t kMasterBytes = 4;
 constexpr int64_t kMomentBytes = 8;     // m and v
@@ -129,6 +132,13 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const EstimateInput& input) {
     st.param_bytes = std::min(input.max_live_params, st.stage_params) * lp;
     st.next_param_bytes = 0;
     st.total_bytes = st.param_bytes + st.grad_bytes;
+    // Gradients leave as the backward makes them, through a ring of a few
+    // layers' worth (worker/train/staging_ring.h): 256 MiB, or twice the
+    // largest tensor, or the slots' bytes when fewer.
+    const int64_t slots_bytes = std::min(input.micro_batches, 2) * st.stage_params * lp;
+    const int64_t ring =
+        std::min(slots_bytes, std::max(kStreamingStagingBytes, 2 * largest_tensor * lp));
+    st.host_staging_bytes = st.stage_params * lp + ring;  // the weights' copy and the ring
     if (input.param_nvme_buffer_elems > 0) {
       st.worker_nvme_bytes = st.stage_params * lp;
       // A read slot holds a layer: at least its largest tensor, at most the

@@ -85,8 +85,9 @@ struct MemoryEstimate {
   GpuEstimate gpu_servers;  // "servers"
   // Streaming (input.max_live_params > 0), which sums on the servers: the
   // window of weights on the device, no prefetch set, one layer's fp32
-  // gradients (counted as under "servers"); the host staging is the servers
-  // policy's, whose pulled weights are the ones the window uploads from. With
+  // gradients (counted as under "servers"); the host staging, a host copy
+  // of the weights and a ring for the gradients as they leave (256 MiB, or
+  // twice the largest tensor, or the servers policy's slots if fewer). With
   // offload_param "nvme" the weights are in a file instead, and the host
   // keeps the pull's buffer and the window's two read slots (a layer each;
   // counted as the largest tensor or the window if smaller, a lower bound

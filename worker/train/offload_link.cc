@@ -86,13 +86,26 @@ absl::Status OffloadLink::Prepare(absl::Span<model::Param* const> params, bool s
   }
   slots_ = PushesPerRank(client_->config()) > 1 ? 2 : 1;
   slot_bytes_ = gradient_bytes;
-  staging_ = std::make_shared<Staging>();
-  staging_->arena = backend_.AllocateHost(gradient_bytes * static_cast<size_t>(slots_));
-  staging_->busy.assign(params_.size() * static_cast<size_t>(slots_), 0);
   size_t at = 0;
+  size_t largest = 0;    // in the ring
+  size_t footprint = 0;  // all of a slot, in the ring
   for (size_t i = 0; i < params_.size(); ++i) {
+    const size_t bytes = static_cast<size_t>(params_[i]->numel()) * DTypeSize(dtype_);
     places_[pulled_tensors_[i]] = {static_cast<int>(i), at};
-    at += static_cast<size_t>(params_[i]->numel()) * DTypeSize(dtype_);
+    at += bytes;
+    largest = std::max(largest, StagingRing::Footprint(bytes));
+    footprint += StagingRing::Footprint(bytes);
+  }
+  if (streaming_) {
+    // Its gradients leave as the backward makes them: a ring of a few
+    // layers' worth rather than a place per parameter (a copy of the stage).
+    const size_t ring = std::min(footprint * static_cast<size_t>(slots_),
+                                 std::max(kStreamingStagingBytes, 2 * largest));
+    ring_ = StagingRing::Create(backend_.AllocateHost(ring), ring);
+  } else {
+    staging_ = std::make_shared<Staging>();
+    staging_->arena = backend_.AllocateHost(gradient_bytes * static_cast<size_t>(slots_));
+    staging_->busy.assign(params_.size() * static_cast<size_t>(slots_), 0);
   }
   // Versions up to the job's are there to pull.
   pushed_ = client_->version();
@@ -100,7 +113,8 @@ absl::Status OffloadLink::Prepare(absl::Span<model::Param* const> params, bool s
 }
 
 int64_t OffloadLink::host_bytes() const {
-  int64_t bytes = static_cast<int64_t>(slot_bytes_) * slots_;  // gradient staging
+  int64_t bytes = ring_ != nullptr ? static_cast<int64_t>(ring_->capacity())
+                                   : static_cast<int64_t>(slot_bytes_) * slots_;  // gradients
   for (const absl::Span<std::byte>& h : host_) bytes += static_cast<int64_t>(h.size());
   if (streamed_ != nullptr) bytes += streamed_->host_bytes();
   return bytes;
@@ -239,29 +253,38 @@ absl::Status OffloadLink::PushGradient(int64_t step, const model::Param& param, 
     return absl::InternalError(
         absl::StrCat("gradient '", param.name, "' pushed before its stage's first LoadWeights"));
   }
-  const int slot = micro_batch < 0 ? 0 : micro_batch % slots_;
-  const size_t busy_at = static_cast<size_t>(slot) * params_.size() + place->second.first;
-  {
-    // The place's previous bytes (micro-batch m - 2, or the step before)
-    // must be on the wire before they are overwritten.
-    std::unique_lock<std::mutex> lock(staging_->mu);
-    staging_->freed.wait(lock, [&] { return !staging_->busy[busy_at]; });
-    staging_->busy[busy_at] = 1;
-  }
+  absl::Span<std::byte> dst;
+  std::shared_ptr<const void> owner;
   // fp32 -> fp16 turns an overflowing gradient into inf: that is how the
   // servers see the overflow and skip the step.
+  const size_t bytes = static_cast<size_t>(param.numel()) * DTypeSize(dtype_);
+  if (ring_ != nullptr) {
+    // Waits while the ring is full: for the client to write out older ones.
+    ZO_ASSIGN_OR_RETURN(StagingRing::Region region, ring_->Acquire(bytes));
+    dst = absl::MakeSpan(region.data, bytes);
+    owner = std::move(region.owner);
+  } else {
+    const int slot = micro_batch < 0 ? 0 : micro_batch % slots_;
+    const size_t busy_at = static_cast<size_t>(slot) * params_.size() + place->second.first;
+    {
+      // The place's previous bytes (micro-batch m - 2, or the step before)
+      // must be on the wire before they are overwritten.
+      std::unique_lock<std::mutex> lock(staging_->mu);
+      staging_->freed.wait(lock, [&] { return !staging_->busy[busy_at]; });
+      staging_->busy[busy_at] = 1;
+    }
+    dst = absl::MakeSpan(
+        staging_->arena.get() + static_cast<size_t>(slot) * slot_bytes_ + place->second.second,
+        bytes);
+    // Frees the place once the last holder (the client, or this link when
+    // the copy or push fails) lets go; keeps the arena alive until then.
+    owner = std::shared_ptr<const void>(dst.data(), [staging = staging_, busy_at](const void*) {
+      std::lock_guard<std::mutex> lock(staging->mu);
+      staging->busy[busy_at] = 0;
+      staging->freed.notify_all();
+    });
+  }
   backend::Tensor low = backend_.Cast(param.grad, dtype_);
-  const size_t bytes = static_cast<size_t>(low.nbytes());
-  const absl::Span<std::byte> dst(
-      staging_->arena.get() + static_cast<size_t>(slot) * slot_bytes_ + place->second.second,
-      bytes);
-  // Frees the place once the last holder (the client, or this link when the
-  // copy or push fails) lets go; keeps the arena alive until then.
-  std::shared_ptr<const void> owner(dst.data(), [staging = staging_, busy_at](const void*) {
-    std::lock_guard<std::mutex> lock(staging->mu);
-    staging->busy[busy_at] = 0;
-    staging->freed.notify_all();
-  });
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!copy_error_.ok()) return copy_error_;

@@ -23,7 +23,9 @@
 // gradients once; two when every micro-batch pushes its own
 // (zo.gradient_accumulation "servers"): micro-batch m then waits, per
 // parameter, for m - 2's bytes to be on the wire, which bounds the staging
-// memory whatever the number of micro-batches.
+// memory whatever the number of micro-batches. A streaming stage, whose
+// gradients leave as the backward makes them, takes them from a ring of a
+// few layers' worth instead (staging_ring.h), not a copy of the stage.
 #ifndef ZO_WORKER_TRAIN_OFFLOAD_LINK_H_
 #define ZO_WORKER_TRAIN_OFFLOAD_LINK_H_
 
@@ -43,6 +45,7 @@
 #include "worker/backend/backend.h"
 #include "worker/client/offload_client.h"
 #include "worker/model/model_stage.h"
+#include "worker/train/staging_ring.h"
 #include "worker/train/step_abort.h"
 #include "worker/train/streamed_weights.h"
 
@@ -149,7 +152,11 @@ class OffloadLink final : public model::ParamLink {
     std::condition_variable freed;
     std::vector<char> busy;  // [slot * params + local index]; guarded by mu
   };
-  std::shared_ptr<Staging> staging_;
+  std::shared_ptr<Staging> staging_;  // not streaming
+  // Streaming: gradients through a ring of this many bytes at most (or the
+  // places' bytes when fewer).
+  static constexpr size_t kStreamingStagingBytes = size_t{256} << 20;
+  std::shared_ptr<StagingRing> ring_;
   int slots_ = 1;
   size_t slot_bytes_ = 0;
   // Manifest index -> (local index, byte offset in a slot).
