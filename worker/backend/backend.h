@@ -169,6 +169,12 @@ class Backend {
                                       float scale) = 0;
 };
 
+// host[i] -> *dst[i] for every i through UploadAsync, each after the work
+// queued before it; waits for all of them (the host bytes may be reused
+// then) and returns the first error.
+absl::Status UploadAll(Backend& backend, absl::Span<const absl::Span<const std::byte>> host,
+                       absl::Span<Tensor* const> dst);
+
 }  // namespace zo::backend
 
 #endif  // ZO_WORKER_BACKEND_BACKEND_H_

@@ -187,19 +187,14 @@ absl::Status ParamWindow::Fetch(Layer& layer) {
   } else {
     // Slot 0 is read again by the next Fetch: its copies must be done (a
     // device backend's Upload from page-locked memory returns before).
-    InFlight flight;
-    flight.outstanding = static_cast<int>(layer.params().size());
-    size_t i = 0;
+    std::vector<backend::Tensor*> dst;
     for (Param& p : layer.params()) {
       p.value = backend_.Empty(dtype_, p.shape);
-      backend_.UploadAsync(host[i++], p.value,
-                           [&flight](absl::Status s) { FinishPart(flight, std::move(s), 1); });
+      dst.push_back(&p.value);
     }
-    std::unique_lock<std::mutex> lock(flight.mu);
-    flight.done.wait(lock, [&] { return flight.outstanding == 0; });
-    if (!flight.status.ok()) {
+    if (absl::Status uploaded = backend::UploadAll(backend_, host, dst); !uploaded.ok()) {
       for (Param& p : layer.params()) p.value = backend::Tensor();
-      return flight.status;
+      return uploaded;
     }
   }
   resident_.push_back(&layer);

@@ -99,8 +99,9 @@ absl::Status OffloadLink::Prepare(absl::Span<model::Param* const> params, bool s
   if (streaming_) {
     // Its gradients leave as the backward makes them: a ring of a few
     // layers' worth rather than a place per parameter (a copy of the stage).
-    const size_t ring = std::min(footprint * static_cast<size_t>(slots_),
-                                 std::max(kStreamingStagingBytes, 2 * largest));
+    const size_t ring =
+        std::min(footprint * static_cast<size_t>(slots_),
+                 std::max(static_cast<size_t>(kStreamingGradientRingBytes), 2 * largest));
     ring_ = StagingRing::Create(backend_.AllocateHost(ring), ring);
   } else {
     staging_ = std::make_shared<Staging>();
@@ -138,24 +139,10 @@ absl::StatusOr<bool> OffloadLink::Guarded(
 
 namespace {
 
-// host[i] -> dst[i] for every i, each after the work queued before it; waits
-// for all of them and returns the first error.
-absl::Status UploadAll(backend::Backend& backend, absl::Span<const absl::Span<std::byte>> host,
-                       absl::Span<backend::Tensor* const> dst) {
-  std::mutex mu;
-  std::condition_variable done;
-  size_t left = dst.size();
-  absl::Status first;
-  for (size_t i = 0; i < dst.size(); ++i) {
-    backend.UploadAsync(host[i], *dst[i], [&](absl::Status s) {
-      std::lock_guard<std::mutex> lock(mu);
-      if (!s.ok() && first.ok()) first = s;
-      if (--left == 0) done.notify_all();
-    });
-  }
-  std::unique_lock<std::mutex> lock(mu);
-  done.wait(lock, [&] { return left == 0; });
-  return first;
+absl::Status UploadHost(backend::Backend& backend, absl::Span<const absl::Span<std::byte>> host,
+                        absl::Span<backend::Tensor* const> dst) {
+  const std::vector<absl::Span<const std::byte>> bytes(host.begin(), host.end());
+  return backend::UploadAll(backend, bytes, dst);
 }
 
 }  // namespace
@@ -182,7 +169,7 @@ absl::Status OffloadLink::LoadNow(int64_t step) {
   if (changed || host_ahead_) {
     std::vector<backend::Tensor*> values;
     for (model::Param* p : params_) values.push_back(&p->value);
-    ZO_RETURN_IF_ERROR(UploadAll(backend_, host_, values));
+    ZO_RETURN_IF_ERROR(UploadHost(backend_, host_, values));
   }
   host_ahead_ = false;
   return absl::OkStatus();
@@ -204,7 +191,7 @@ void OffloadLink::MaybePrefetch(int64_t step) {
     }
     std::vector<backend::Tensor*> idle;
     for (backend::Tensor& t : idle_) idle.push_back(&t);
-    prefetch_status_ = prefetch_changed_ ? UploadAll(backend_, host_, idle) : absl::OkStatus();
+    prefetch_status_ = prefetch_changed_ ? UploadHost(backend_, host_, idle) : absl::OkStatus();
   });
 }
 
