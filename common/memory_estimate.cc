@@ -14,9 +14,6 @@
 namespace zo {
 namespace {
 
-// A streaming worker's gradient ring at most (OffloadLink).
-constexpr int64_t kStreamingStagingBytes = int64_t{256} << 20;
-
 // Bytes per element of the fp32 optimizer state.
 constexpr int64_t kMasterBytes = 4;
 constexpr int64_t kMomentBytes = 8;     // m and v
@@ -137,7 +134,7 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const EstimateInput& input) {
     // largest tensor, or the slots' bytes when fewer.
     const int64_t slots_bytes = std::min(input.micro_batches, 2) * st.stage_params * lp;
     const int64_t ring =
-        std::min(slots_bytes, std::max(kStreamingStagingBytes, 2 * largest_tensor * lp));
+        std::min(slots_bytes, std::max(kStreamingGradientRingBytes, 2 * largest_tensor * lp));
     st.host_staging_bytes = st.stage_params * lp + ring;  // the weights' copy and the ring
     if (input.param_nvme_buffer_elems > 0) {
       st.worker_nvme_bytes = st.stage_params * lp;

@@ -13,6 +13,10 @@
 
 namespace zo {
 
+// A streaming worker's gradients leave through a ring of this many bytes,
+// or twice its largest gradient (worker/train/offload_link.h).
+inline constexpr int64_t kStreamingGradientRingBytes = int64_t{256} << 20;
+
 struct EstimateInput {
   // Parameter count of each tensor in manifest order; a single entry when
   // only the total is known. Stages are balanced over these contiguously.

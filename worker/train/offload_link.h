@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/memory_estimate.h"
 #include "worker/backend/backend.h"
 #include "worker/client/offload_client.h"
 #include "worker/model/model_stage.h"
@@ -153,9 +154,8 @@ class OffloadLink final : public model::ParamLink {
     std::vector<char> busy;  // [slot * params + local index]; guarded by mu
   };
   std::shared_ptr<Staging> staging_;  // not streaming
-  // Streaming: gradients through a ring of this many bytes at most (or the
-  // places' bytes when fewer).
-  static constexpr size_t kStreamingStagingBytes = size_t{256} << 20;
+  // Streaming: gradients through a ring of kStreamingGradientRingBytes
+  // (common/memory_estimate.h), twice the largest, or the places' bytes.
   std::shared_ptr<StagingRing> ring_;
   int slots_ = 1;
   size_t slot_bytes_ = 0;
