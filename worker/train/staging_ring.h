@@ -22,13 +22,14 @@
 #include <mutex>
 
 #include "absl/status/statusor.h"
+#include "offload/aligned_buffer.h"
 
 namespace zo::train {
 
 class StagingRing : public std::enable_shared_from_this<StagingRing> {
  public:
   // What a region of `bytes` takes in the ring (a multiple of 64).
-  static size_t Footprint(size_t bytes) { return (bytes + 63) / 64 * 64; }
+  static size_t Footprint(size_t bytes) { return RoundUpTo(bytes, 64); }
   // `memory` holds at least `capacity` bytes (kept alive by the ring); the
   // ring uses its first Footprint(capacity) - 64 or more... exactly: the
   // largest multiple of 64 not above `capacity`.

@@ -9,14 +9,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "offload/aligned_buffer.h"
 
 namespace zo::train {
-namespace {
-
-int64_t RoundUp(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
-
-}  // namespace
-
 absl::Status CheckWeightBuffer(int64_t buffer_elems, const std::string& param, int64_t numel) {
   if (numel <= buffer_elems) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
@@ -37,7 +32,7 @@ absl::StatusOr<std::unique_ptr<WeightFile>> WeightFile::Create(Options options) 
   for (const int64_t b : options.param_bytes) {
     file->offsets_.push_back(file->file_bytes_);
     file->bytes_.push_back(b);
-    file->file_bytes_ += RoundUp(b, kAlignment);
+    file->file_bytes_ += static_cast<int64_t>(RoundUpTo(static_cast<size_t>(b), kAlignment));
   }
   // One file per stage of this process; the pid keeps processes apart.
   static std::atomic<int> made{0};
@@ -56,7 +51,9 @@ absl::StatusOr<std::unique_ptr<WeightFile>> WeightFile::Create(Options options) 
 
 int64_t WeightFile::RangeBytes(size_t first, size_t last) const {
   if (first >= last) return 0;
-  return offsets_[last - 1] + RoundUp(bytes_[last - 1], kAlignment) - offsets_[first];
+  return offsets_[last - 1] +
+         static_cast<int64_t>(RoundUpTo(static_cast<size_t>(bytes_[last - 1]), kAlignment)) -
+         offsets_[first];
 }
 
 absl::Status WeightFile::CheckRange(size_t first, size_t last, const std::byte* buffer) const {
