@@ -411,6 +411,57 @@ TEST_P(AdamKernelTest, OldWeightCopyIsTheMasterBeforeTheStep) {
   }
 }
 
+// AdamUpdateBeside: the inputs untouched, and the outputs bit for bit what
+// the in-place update leaves, for every length up to three vectors and a
+// long odd one, with outputs aligned to a vector (non-temporal stores) and
+// not (plain ones), and nothing written outside them.
+TEST_P(AdamKernelTest, BesideTheStateIsTheInPlaceUpdate) {
+  AdamHyperParams hp;
+  hp.weight_decay = 0.1;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> dist(-3.0f, 3.0f);
+  std::vector<size_t> lengths;
+  for (size_t n = 0; n <= 49; ++n) lengths.push_back(n);
+  lengths.push_back(4099);
+  for (const bool adam_w : {true, false}) {
+    hp.adam_w_mode = adam_w;
+    const AdamStepConstants c = MakeAdamStepConstants(hp, 4, 0.25);
+    for (const size_t out_offset : {size_t{0}, size_t{3}}) {
+      for (size_t n : lengths) {
+        SCOPED_TRACE(::testing::Message() << "adam_w=" << adam_w << " out_offset=" << out_offset
+                                          << " n=" << n);
+        std::vector<float> p0(n), m0(n), v0(n);
+        GradBuffer grad(DType::kBFloat16, n, 1);
+        for (size_t i = 0; i < n; ++i) {
+          p0[i] = dist(rng);
+          m0[i] = dist(rng) * 0.1f;
+          v0[i] = std::abs(dist(rng)) * 0.01f;
+          grad.Set(i, dist(rng));
+        }
+        std::vector<float> p(p0), m(m0), v(v0);
+        std::vector<uint16_t> copy(n), copy_beside(n);
+        RunAdam(GetParam(), c, grad.ptr(), p.data(), m.data(), v.data(),
+                {copy.data(), DType::kBFloat16}, n);
+        GuardedBuffer<float> po(n, out_offset), mo(n, out_offset), vo(n, out_offset);
+        RunAdamBeside(GetParam(), c, grad.ptr(), p0.data(), m0.data(), v0.data(),
+                      {po.data(), mo.data(), vo.data()}, {copy_beside.data(), DType::kBFloat16},
+                      n);
+        for (size_t i = 0; i < n; ++i) {
+          ASSERT_TRUE(kernel_testing::SameBits(po[i], p[i])) << "p of element " << i;
+          ASSERT_TRUE(kernel_testing::SameBits(mo[i], m[i])) << "m of element " << i;
+          ASSERT_TRUE(kernel_testing::SameBits(vo[i], v[i])) << "v of element " << i;
+          ASSERT_EQ(copy_beside[i], copy[i]) << "copy of element " << i;
+        }
+        EXPECT_TRUE(po.GuardsIntact() && mo.GuardsIntact() && vo.GuardsIntact());
+        // The inputs are as they were: the in-place run worked on copies.
+        std::vector<float> p1(p0), m1(m0), v1(v0);
+        RunAdam(GetParam(), c, grad.ptr(), p1.data(), m1.data(), v1.data(), {}, n);
+        EXPECT_EQ(p1, p) << "the update of the inputs after the run beside them differs";
+      }
+    }
+  }
+}
+
 TEST_P(AdamKernelTest, EmptyRangeTouchesNothing) {
   const AdamStepConstants c = MakeAdamStepConstants(AdamHyperParams(), 1, 1.0);
   // Real arrays with every byte set: a kernel that wrote (or read past) an

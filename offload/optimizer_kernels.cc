@@ -62,18 +62,24 @@ float Sign(float x) {
   return x;
 }
 
-void AdamScalar(const AdamStepConstants& c, TypedConstPtr grad, float* p, float* m, float* v,
+// Reads every input of an element before writing its outputs, so the same
+// loop serves in place (outputs = inputs) and beside the state.
+void AdamScalar(const AdamStepConstants& c, TypedConstPtr grad, const oi::AdamArrays& s,
                 TypedPtr low_precision, size_t n, CopyOf copy_of) {
   for (size_t i = 0; i < n; ++i) {
-    if (copy_of == CopyOf::kOldWeight) StoreCopy(low_precision, i, p[i]);
+    const float p0 = s.p[i], m0 = s.m[i], v0 = s.v[i];
+    if (copy_of == CopyOf::kOldWeight) StoreCopy(low_precision, i, p0);
     float g = LoadValue(grad, i) * c.grad_scale;
-    if (c.weight_decay != 0.0f) g += c.weight_decay * p[i];
-    const float param = p[i] * c.decay_factor;
-    m[i] = c.beta1 * m[i] + c.one_minus_beta1 * g;
-    v[i] = c.beta2 * v[i] + c.one_minus_beta2 * g * g;
-    const float denom = std::sqrt(v[i]) * c.inv_sqrt_bias2 + c.eps;
-    p[i] = param - c.step_size * (m[i] / denom);
-    if (copy_of == CopyOf::kNewWeight) StoreCopy(low_precision, i, p[i]);
+    if (c.weight_decay != 0.0f) g += c.weight_decay * p0;
+    const float param = p0 * c.decay_factor;
+    const float m1 = c.beta1 * m0 + c.one_minus_beta1 * g;
+    const float v1 = c.beta2 * v0 + c.one_minus_beta2 * g * g;
+    const float denom = std::sqrt(v1) * c.inv_sqrt_bias2 + c.eps;
+    const float p1 = param - c.step_size * (m1 / denom);
+    s.m_out[i] = m1;
+    s.v_out[i] = v1;
+    s.p_out[i] = p1;
+    if (copy_of == CopyOf::kNewWeight) StoreCopy(low_precision, i, p1);
   }
 }
 
@@ -205,25 +211,46 @@ LionStepConstants MakeLionStepConstants(const LionHyperParams& hp, double grad_s
 }
 
 // SIMD kernels exist only on x86-64; elsewhere only kScalar is ever supported.
-void AdamUpdate(const AdamStepConstants& c, TypedConstPtr grad, float* p, float* m, float* v,
-                TypedPtr low_precision, size_t n, SimdLevel level, CopyOf copy_of) {
+namespace {
+
+void AdamDispatch(const AdamStepConstants& c, TypedConstPtr grad, const oi::AdamArrays& s,
+                  TypedPtr low_precision, size_t n, SimdLevel level, CopyOf copy_of) {
   assert(SimdLevelSupported(level));
   switch (level) {
 #if defined(__x86_64__)
     case SimdLevel::kAvx2:
-      return oi::AdamAvx2(ToArgs(c), ToIo(grad, low_precision, copy_of), p, m, v, n);
+      return oi::AdamAvx2(ToArgs(c), ToIo(grad, low_precision, copy_of), s, n);
     case SimdLevel::kAvx512:
-      return oi::AdamAvx512(ToArgs(c), ToIo(grad, low_precision, copy_of), p, m, v, n,
-                            UseBf16Insn());
+      return oi::AdamAvx512(ToArgs(c), ToIo(grad, low_precision, copy_of), s, n, UseBf16Insn());
 #endif
     default:
-      return AdamScalar(c, grad, p, m, v, low_precision, n, copy_of);
+      return AdamScalar(c, grad, s, low_precision, n, copy_of);
   }
+}
+
+}  // namespace
+
+void AdamUpdate(const AdamStepConstants& c, TypedConstPtr grad, float* p, float* m, float* v,
+                TypedPtr low_precision, size_t n, SimdLevel level, CopyOf copy_of) {
+  AdamDispatch(c, grad, {p, m, v, p, m, v, /*stream=*/false}, low_precision, n, level, copy_of);
 }
 
 void AdamUpdate(const AdamStepConstants& c, TypedConstPtr grad, float* p, float* m, float* v,
                 TypedPtr low_precision, size_t n, CopyOf copy_of) {
   AdamUpdate(c, grad, p, m, v, low_precision, n, ActiveSimdLevel(), copy_of);
+}
+
+void AdamUpdateBeside(const AdamStepConstants& c, TypedConstPtr grad, const float* p,
+                      const float* m, const float* v, AdamOutputs out, TypedPtr low_precision,
+                      size_t n, SimdLevel level) {
+  AdamDispatch(c, grad, {p, m, v, out.p, out.m, out.v, /*stream=*/true}, low_precision, n, level,
+               CopyOf::kNewWeight);
+}
+
+void AdamUpdateBeside(const AdamStepConstants& c, TypedConstPtr grad, const float* p,
+                      const float* m, const float* v, AdamOutputs out, TypedPtr low_precision,
+                      size_t n) {
+  AdamUpdateBeside(c, grad, p, m, v, out, low_precision, n, ActiveSimdLevel());
 }
 
 void AdagradUpdate(const AdagradStepConstants& c, TypedConstPtr grad, float* p, float* sum,

@@ -16,7 +16,8 @@
 // n may be 0; no alignment is required (64-byte alignment is fastest).
 // Thread-safe on disjoint ranges; nothing is allocated. Stores are ordinary
 // (no non-temporal ones: measured no faster), so the caller's usual
-// synchronisation publishes them.
+// synchronisation publishes them; AdamUpdateBeside's non-temporal ones end
+// with a fence, so the same holds for it.
 #ifndef ZO_OFFLOAD_OPTIMIZER_KERNELS_H_
 #define ZO_OFFLOAD_OPTIMIZER_KERNELS_H_
 
@@ -85,6 +86,28 @@ void AdamUpdate(const AdamStepConstants& c, TypedConstPtr grad, float* p, float*
                 CopyOf copy_of = CopyOf::kNewWeight);
 void AdamUpdate(const AdamStepConstants& c, TypedConstPtr grad, float* p, float* m, float* v,
                 TypedPtr low_precision, size_t n, CopyOf copy_of = CopyOf::kNewWeight);
+
+// The same step written beside the state instead of over it: reads p, m
+// and v, leaves them as they were, and writes the new values to `out`'s
+// arrays (n elements each, overlapping neither the inputs nor each other).
+// Gives out exactly the bits AdamUpdate at the same level would leave in p,
+// m and v, wherever the range starts and ends (tails run the vector code).
+// What a speculative update writes into its second bank
+// (offload/tier/tiered_state.h): full vectors go out with non-temporal
+// stores where the outputs are aligned to a vector, since reading the output
+// lines for ownership first would add a third to the memory traffic, and
+// nothing reads them again soon.
+struct AdamOutputs {
+  float* p = nullptr;
+  float* m = nullptr;
+  float* v = nullptr;
+};
+void AdamUpdateBeside(const AdamStepConstants& c, TypedConstPtr grad, const float* p,
+                      const float* m, const float* v, AdamOutputs out, TypedPtr low_precision,
+                      size_t n, SimdLevel level);
+void AdamUpdateBeside(const AdamStepConstants& c, TypedConstPtr grad, const float* p,
+                      const float* m, const float* v, AdamOutputs out, TypedPtr low_precision,
+                      size_t n);
 
 // ---- Adagrad (torch.optim.Adagrad, lr_decay = 0, initial accumulator 0) ----
 

@@ -75,7 +75,20 @@ inline void RunAdam(const KernelPath& path, const AdamStepConstants& c, TypedCon
   const offload_internal::AdamArgs a = {
       c.grad_scale, c.beta1,          c.beta2, c.one_minus_beta1, c.one_minus_beta2,
       c.step_size,  c.inv_sqrt_bias2, c.eps,   c.weight_decay,    c.decay_factor};
-  offload_internal::AdamAvx512(a, InternalIo(grad, copy, copy_of == CopyOf::kOldWeight), p, m, v, n,
+  offload_internal::AdamAvx512(a, InternalIo(grad, copy, copy_of == CopyOf::kOldWeight),
+                               {p, m, v, p, m, v, /*stream=*/false}, n, path.bf16_insn == 1);
+}
+
+// AdamUpdateBeside on `path`.
+inline void RunAdamBeside(const KernelPath& path, const AdamStepConstants& c, TypedConstPtr grad,
+                          const float* p, const float* m, const float* v, AdamOutputs out,
+                          TypedPtr copy, size_t n) {
+  if (path.bf16_insn < 0) return AdamUpdateBeside(c, grad, p, m, v, out, copy, n, path.level);
+  const offload_internal::AdamArgs a = {
+      c.grad_scale, c.beta1,          c.beta2, c.one_minus_beta1, c.one_minus_beta2,
+      c.step_size,  c.inv_sqrt_bias2, c.eps,   c.weight_decay,    c.decay_factor};
+  offload_internal::AdamAvx512(a, InternalIo(grad, copy, false),
+                               {p, m, v, out.p, out.m, out.v, /*stream=*/true}, n,
                                path.bf16_insn == 1);
 }
 

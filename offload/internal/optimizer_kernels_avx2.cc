@@ -124,8 +124,21 @@ struct AdamVec {
   __m256 step_size, inv_sqrt_bias2, eps, weight_decay, decay_factor;
 };
 
-template <SrcType kSrc, CopyType kCopy, bool kL2>
-inline void AdamVector(const AdamVec& c, const void* grad, float* p, float* m, float* v, void* copy,
+// 8 floats to `dst`; with kStream a non-temporal store (dst 32-byte aligned).
+template <bool kStream>
+inline void StoreOut(float* dst, __m256 x) {
+  if constexpr (kStream) {
+    _mm256_stream_ps(dst, x);
+  } else {
+    _mm256_storeu_ps(dst, x);
+  }
+}
+
+// One vector of the update: reads p, m, v and writes po, mo, vo (the same
+// pointers in place).
+template <SrcType kSrc, CopyType kCopy, bool kL2, bool kStream>
+inline void AdamVector(const AdamVec& c, const void* grad, const float* p, const float* m,
+                       const float* v, float* po, float* mo, float* vo, void* copy,
                        bool copy_old) {
   const __m256 p0 = _mm256_loadu_ps(p);
   __m256 g = _mm256_mul_ps(LoadSrc<kSrc>(grad), c.grad_scale);
@@ -137,14 +150,14 @@ inline void AdamVector(const AdamVec& c, const void* grad, float* p, float* m, f
                                     _mm256_mul_ps(c.beta2, _mm256_loadu_ps(v)));
   const __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(v1), c.inv_sqrt_bias2, c.eps);
   const __m256 p1 = _mm256_fnmadd_ps(c.step_size, _mm256_div_ps(m1, denom), param);
-  _mm256_storeu_ps(m, m1);
-  _mm256_storeu_ps(v, v1);
-  _mm256_storeu_ps(p, p1);
+  StoreOut<kStream>(mo, m1);
+  StoreOut<kStream>(vo, v1);
+  StoreOut<kStream>(po, p1);
   StoreCopy<kCopy>(copy, copy_old ? p0 : p1);
 }
 
-template <SrcType kSrc, CopyType kCopy, bool kL2>
-void AdamLoop(const AdamArgs& a, const KernelIo& io, float* p, float* m, float* v, size_t n) {
+template <SrcType kSrc, CopyType kCopy, bool kL2, bool kStream>
+void AdamLoop(const AdamArgs& a, const KernelIo& io, const AdamArrays& s, size_t n) {
   const AdamVec c = {_mm256_set1_ps(a.grad_scale),      _mm256_set1_ps(a.beta1),
                      _mm256_set1_ps(a.beta2),           _mm256_set1_ps(a.one_minus_beta1),
                      _mm256_set1_ps(a.one_minus_beta2), _mm256_set1_ps(a.step_size),
@@ -154,20 +167,26 @@ void AdamLoop(const AdamArgs& a, const KernelIo& io, float* p, float* m, float* 
   const void* const grad = io.grad;  // locals: stores through float* may alias io
   void* const copy = io.copy;
   const bool copy_old = io.copy_old;
+  const float *const p = s.p, *const m = s.m, *const v = s.v;
+  float *const po = s.p_out, *const mo = s.m_out, *const vo = s.v_out;
   size_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
-    AdamVector<kSrc, kCopy, kL2>(c, Offset(grad, i * gs), p + i, m + i, v + i, Offset(copy, i * cs),
-                                 copy_old);
+    AdamVector<kSrc, kCopy, kL2, kStream>(c, Offset(grad, i * gs), p + i, m + i, v + i, po + i,
+                                          mo + i, vo + i, Offset(copy, i * cs), copy_old);
   }
   if (const size_t r = n - i; r > 0) {
     Scratch sg, sp, sm, sv, sc;
-    AdamVector<kSrc, kCopy, kL2>(c, sg.Fill(Offset(grad, i * gs), r * gs), sp.FillF32(p + i, r),
-                                 sm.FillF32(m + i, r), sv.FillF32(v + i, r), sc.bytes, copy_old);
-    sp.Flush(p + i, r * 4);
-    sm.Flush(m + i, r * 4);
-    sv.Flush(v + i, r * 4);
+    float* const tp = sp.FillF32(p + i, r);
+    float* const tm = sm.FillF32(m + i, r);
+    float* const tv = sv.FillF32(v + i, r);
+    AdamVector<kSrc, kCopy, kL2, false>(c, sg.Fill(Offset(grad, i * gs), r * gs), tp, tm, tv, tp,
+                                        tm, tv, sc.bytes, copy_old);
+    sp.Flush(po + i, r * 4);
+    sm.Flush(mo + i, r * 4);
+    sv.Flush(vo + i, r * 4);
     if constexpr (kCopy != CopyType::kNone) sc.Flush(Offset(copy, i * cs), r * cs);
   }
+  if constexpr (kStream) _mm_sfence();
 }
 
 // Runs `vector(grad, p, state, copy)` on every full vector of the range, then
@@ -283,11 +302,16 @@ void AccumulateLoop(const void* src, float* acc, size_t n, KernelStats* stats) {
 
 }  // namespace
 
-void AdamAvx2(const AdamArgs& a, const KernelIo& io, float* p, float* m, float* v, size_t n) {
+void AdamAvx2(const AdamArgs& a, const KernelIo& io, const AdamArrays& s, size_t n) {
+  const auto aligned = [](const float* x) { return reinterpret_cast<uintptr_t>(x) % 32 == 0; };
+  const bool stream = s.stream && aligned(s.p_out) && aligned(s.m_out) && aligned(s.v_out);
   WithSrc(io.grad_type, [&](auto src) {
     WithCopy(io.copy_type, [&](auto copy) {
-      WithBool(a.weight_decay != 0.0f,
-               [&](auto l2) { AdamLoop<src.value, copy.value, l2.value>(a, io, p, m, v, n); });
+      WithBool(a.weight_decay != 0.0f, [&](auto l2) {
+        WithBool(stream, [&](auto st) {
+          AdamLoop<src.value, copy.value, l2.value, st.value>(a, io, s, n);
+        });
+      });
     });
   });
 }

@@ -49,6 +49,21 @@ struct KernelIo {
   bool copy_old;
 };
 
+// The state arrays of one Adam call: read from p, m and v, written to
+// p_out, m_out and v_out, which are either the same pointers (in place) or
+// arrays that overlap neither them nor each other (beside the state). With
+// `stream`, full vectors go to the outputs with non-temporal stores where
+// they are aligned to a vector (the kernel checks), then an sfence.
+struct AdamArrays {
+  const float* p;
+  const float* m;
+  const float* v;
+  float* p_out;
+  float* m_out;
+  float* v_out;
+  bool stream;
+};
+
 // Sum of squares (double) and whether any value was NaN or +-Inf.
 struct KernelStats {
   double sum_squares;
@@ -56,7 +71,7 @@ struct KernelStats {
 };
 
 // AVX2 + FMA + F16C. bf16 rounding in integer arithmetic.
-void AdamAvx2(const AdamArgs& a, const KernelIo& io, float* p, float* m, float* v, size_t n);
+void AdamAvx2(const AdamArgs& a, const KernelIo& io, const AdamArrays& s, size_t n);
 void AdagradAvx2(const AdagradArgs& a, const KernelIo& io, float* p, float* sum, size_t n);
 void LionAvx2(const LionArgs& a, const KernelIo& io, float* p, float* m, size_t n);
 // `stats` may be null (no statistics).
@@ -67,7 +82,7 @@ KernelStats StatsAvx2(const void* src, SrcType type, size_t n);
 // AVX-512 F/BW/VL/DQ + FMA + F16C, masked tails. `use_bf16_insn` selects
 // VCVTNEPS2BF16 for a bf16 copy (host must have AVX512-BF16), with the lanes it
 // gets wrong (fp32 subnormals, NaN) redone in integer arithmetic.
-void AdamAvx512(const AdamArgs& a, const KernelIo& io, float* p, float* m, float* v, size_t n,
+void AdamAvx512(const AdamArgs& a, const KernelIo& io, const AdamArrays& s, size_t n,
                 bool use_bf16_insn);
 void AdagradAvx512(const AdagradArgs& a, const KernelIo& io, float* p, float* sum, size_t n,
                    bool use_bf16_insn);
