@@ -428,8 +428,8 @@ TEST_P(AdamKernelTest, BesideTheStateIsTheInPlaceUpdate) {
     const AdamStepConstants c = MakeAdamStepConstants(hp, 4, 0.25);
     for (const size_t out_offset : {size_t{0}, size_t{3}}) {
       for (size_t n : lengths) {
-        SCOPED_TRACE(::testing::Message() << "adam_w=" << adam_w << " out_offset=" << out_offset
-                                          << " n=" << n);
+        SCOPED_TRACE(::testing::Message()
+                     << "adam_w=" << adam_w << " out_offset=" << out_offset << " n=" << n);
         std::vector<float> p0(n), m0(n), v0(n);
         GradBuffer grad(DType::kBFloat16, n, 1);
         for (size_t i = 0; i < n; ++i) {
@@ -444,8 +444,7 @@ TEST_P(AdamKernelTest, BesideTheStateIsTheInPlaceUpdate) {
                 {copy.data(), DType::kBFloat16}, n);
         GuardedBuffer<float> po(n, out_offset), mo(n, out_offset), vo(n, out_offset);
         RunAdamBeside(GetParam(), c, grad.ptr(), p0.data(), m0.data(), v0.data(),
-                      {po.data(), mo.data(), vo.data()}, {copy_beside.data(), DType::kBFloat16},
-                      n);
+                      {po.data(), mo.data(), vo.data()}, {copy_beside.data(), DType::kBFloat16}, n);
         for (size_t i = 0; i < n; ++i) {
           ASSERT_TRUE(kernel_testing::SameBits(po[i], p[i])) << "p of element " << i;
           ASSERT_TRUE(kernel_testing::SameBits(mo[i], m[i])) << "m of element " << i;

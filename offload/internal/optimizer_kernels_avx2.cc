@@ -138,8 +138,7 @@ inline void StoreOut(float* dst, __m256 x) {
 // pointers in place).
 template <SrcType kSrc, CopyType kCopy, bool kL2, bool kStream>
 inline void AdamVector(const AdamVec& c, const void* grad, const float* p, const float* m,
-                       const float* v, float* po, float* mo, float* vo, void* copy,
-                       bool copy_old) {
+                       const float* v, float* po, float* mo, float* vo, void* copy, bool copy_old) {
   const __m256 p0 = _mm256_loadu_ps(p);
   __m256 g = _mm256_mul_ps(LoadSrc<kSrc>(grad), c.grad_scale);
   if constexpr (kL2) g = _mm256_fmadd_ps(c.weight_decay, p0, g);

@@ -96,7 +96,28 @@ struct TieredOptimizerState::Impl {
 
   absl::Status error;  // sticky: the first failure
   RangeSet restored;   // rewritten since `error`
+
+  // A speculation's bank (master, m, v beside the RAM state; empty until
+  // reserved) and the elements it holds the step's values of.
+  AlignedBuffer bank[kStateArrays];
+  RangeSet speculated;
+  float* Bank(int array) const { return bank[array].as<float>(); }
+  // The step with constants `c` of elements [begin, end), all in RAM, from
+  // the state into the bank.
+  void UpdateBeside(const RangedConstants<AdamStepConstants>& c, TypedConstPtr grad, int64_t begin,
+                    int64_t end) const;
 };
+
+void TieredOptimizerState::Impl::UpdateBeside(const RangedConstants<AdamStepConstants>& c,
+                                              TypedConstPtr grad, int64_t begin,
+                                              int64_t end) const {
+  c.ForEach(begin, end, [&](int64_t b, int64_t e, const AdamStepConstants& k) {
+    AdamUpdateBeside(k, OffsetBy(grad, static_cast<size_t>(b)), Ram(kStateMaster) + b,
+                     Ram(kStateM) + b, Ram(kStateV) + b,
+                     {Bank(kStateMaster) + b, Bank(kStateM) + b, Bank(kStateV) + b}, {},
+                     static_cast<size_t>(e - b));
+  });
+}
 
 void TieredOptimizerState::Impl::ForRamTiles(
     const std::function<void(int64_t sg, int64_t begin, int64_t end)>& fn,
@@ -154,6 +175,7 @@ void TieredOptimizerState::Impl::AddRestored(int64_t begin, int64_t end) {
 absl::Status TieredOptimizerState::Impl::Write(absl::string_view what, int64_t offset, int64_t len,
                                                const PieceFn& fill) {
   ZO_RETURN_IF_ERROR(CheckRange(what, offset, len));
+  speculated.Clear();  // computed from what is being replaced
   const bool healthy = error.ok();
   for (int64_t pos = offset; pos < offset + len;) {
     const int64_t sg = pos / layout.sub_group_elems();
@@ -262,6 +284,7 @@ SwapIoStats TieredOptimizerState::swap_io_stats() const {
 int64_t TieredOptimizerState::ram_bytes() const {
   int64_t bytes = 0;
   for (const AlignedBuffer& array : impl_->ram) bytes += static_cast<int64_t>(array.size());
+  for (const AlignedBuffer& array : impl_->bank) bytes += static_cast<int64_t>(array.size());
   if (impl_->buffers != nullptr) {
     bytes += static_cast<int64_t>(impl_->buffers->count() * impl_->buffers->buffer_bytes());
   }
@@ -427,6 +450,109 @@ absl::Status TieredOptimizerState::AdamStep(const RangedConstants<AdamStepConsta
   // The RAM sub-groups are updated while the first NVMe reads are in flight.
   return s.Record("AdamStep", s.pipeline->Run(&kernel, ram_pass_then_report, slot_done));
 }
+
+absl::Status TieredOptimizerState::ReserveSpeculation() {
+  Impl& s = *impl_;
+  if (s.layout.nvme_sub_groups() > 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        "a speculative update needs the optimizer state in RAM; ", s.layout.nvme_sub_groups(),
+        " of ", s.layout.num_sub_groups(), " sub-groups lie on NVMe"));
+  }
+  if (speculation_reserved() || s.layout.total_elems() == 0) return absl::OkStatus();
+  const auto bytes = static_cast<size_t>(s.layout.ram_elems()) * sizeof(float);
+  AlignedBuffer bank[kStateArrays];
+  for (AlignedBuffer& array : bank) {
+    ZO_ASSIGN_OR_RETURN(array, AlignedBuffer::Allocate(bytes));
+  }
+  // First touch by the worker that will write each tile.
+  s.ForRamTiles(
+      [&](int64_t sg, int64_t begin, int64_t end) {
+        const int64_t at = s.layout.begin(sg) + begin;
+        for (AlignedBuffer& array : bank) {
+          std::memset(array.as<float>() + at, 0, static_cast<size_t>(end - begin) * sizeof(float));
+        }
+      },
+      nullptr);
+  for (int a = 0; a < kStateArrays; ++a) s.bank[a] = std::move(bank[a]);
+  return absl::OkStatus();
+}
+
+bool TieredOptimizerState::speculation_reserved() const {
+  return impl_->bank[kStateMaster].size() > 0;
+}
+
+int64_t TieredOptimizerState::speculated_elems() const { return impl_->speculated.size(); }
+
+absl::Status TieredOptimizerState::SpeculateAdam(const RangedConstants<AdamStepConstants>& c,
+                                                 TypedConstPtr grad, int64_t offset, int64_t n) {
+  Impl& s = *impl_;
+  if (!s.error.ok()) return s.NeedsRestore();
+  if (!speculation_reserved() && s.layout.total_elems() > 0) {
+    return absl::FailedPreconditionError("SpeculateAdam: no bank reserved (ReserveSpeculation)");
+  }
+  ZO_RETURN_IF_ERROR(s.CheckRange("SpeculateAdam", offset, n));
+  if (n == 0) return absl::OkStatus();
+  if (grad.data == nullptr) return absl::InvalidArgumentError("SpeculateAdam: no gradient");
+  // Pieces end on the tile grid, so that all but a range's first are
+  // aligned for the kernel's streaming stores.
+  const int64_t first = offset / kTileElems;
+  const int64_t count = (offset + n - 1) / kTileElems - first + 1;
+  RunTiles(s.pool, count, [&](int, int64_t i) {
+    const int64_t begin = std::max(offset, (first + i) * kTileElems);
+    const int64_t end = std::min(offset + n, (first + i + 1) * kTileElems);
+    s.UpdateBeside(c, grad, begin, end);
+  });
+  s.speculated.Add(offset, offset + n);
+  return absl::OkStatus();
+}
+
+absl::Status TieredOptimizerState::CommitSpeculation(const RangedConstants<AdamStepConstants>& c,
+                                                     TypedConstPtr grad,
+                                                     const StateObserver& before_update,
+                                                     const TileUpdated& tile_updated) {
+  Impl& s = *impl_;
+  if (!s.error.ok()) return s.NeedsRestore();
+  if (s.layout.total_elems() == 0) return absl::OkStatus();
+  if (!speculation_reserved()) {
+    return absl::FailedPreconditionError(
+        "CommitSpeculation: no bank reserved (ReserveSpeculation)");
+  }
+  if (grad.data == nullptr) return absl::InvalidArgumentError("CommitSpeculation: no gradient");
+  const SwapLayout& layout = s.layout;
+  s.ForRamTiles(
+      [&](int64_t sg, int64_t begin, int64_t end) {
+        const int64_t at = layout.begin(sg) + begin, to = layout.begin(sg) + end;
+        if (before_update) {
+          before_update(at, to - at, s.Ram(kStateMaster) + at, s.Ram(kStateM) + at,
+                        s.Ram(kStateV) + at);
+        }
+        // The gaps between the speculated parts of the tile.
+        int64_t next = at;
+        s.speculated.ForEachIn(at, to, [&](int64_t b, int64_t e) {
+          s.UpdateBeside(c, grad, next, b);
+          next = e;
+        });
+        s.UpdateBeside(c, grad, next, to);
+      },
+      nullptr);
+  for (int a = 0; a < kStateArrays; ++a) std::swap(s.ram[a], s.bank[a]);
+  s.speculated.Clear();
+  if (!tile_updated) return absl::OkStatus();
+  s.ForRamTiles(
+      [&](int64_t sg, int64_t begin, int64_t end) {
+        const int64_t at = layout.begin(sg) + begin;
+        tile_updated({.offset = at,
+                      .n = end - begin,
+                      .old_weights = nullptr,
+                      .p = s.Ram(kStateMaster) + at,
+                      .m = s.Ram(kStateM) + at,
+                      .v = s.Ram(kStateV) + at});
+      },
+      nullptr);
+  return absl::OkStatus();
+}
+
+void TieredOptimizerState::DiscardSpeculation() { impl_->speculated.Clear(); }
 
 absl::Status TieredOptimizerState::ObserveNvme(const StateObserver& observer) {
   Impl& s = *impl_;

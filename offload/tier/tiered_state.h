@@ -103,8 +103,8 @@ class TieredOptimizerState {
   // Its moments, the same way (the server undoes a step from them).
   const float* ram_m() const;
   const float* ram_v() const;
-  // Bytes this state holds in RAM: the RAM sub-groups' master, m and v and
-  // the swap buffers.
+  // Bytes this state holds in RAM: the RAM sub-groups' master, m and v, the
+  // swap buffers and a speculation's bank.
   int64_t ram_bytes() const;
   // The NVMe swap's I/O so far (zeros when everything is in RAM). Unlike the
   // rest of the class, callable from any thread at any time.
@@ -167,6 +167,47 @@ class TieredOptimizerState {
                         const StateObserver& before_update = nullptr,
                         const TileUpdated& tile_updated = nullptr,
                         std::optional<DType> old_weights_dtype = DType::kFloat16);
+
+  // ---- Speculation: an update begun before its step is decided ----
+  // The update of a step whose constants are only guessed so far (the
+  // server's speculative update: docs/architecture.md, "One training step")
+  // is written into a second bank of master, m and v beside the state, so
+  // the state, and the pulls and checkpoints that read it, stay as they
+  // are until the decision. A step decided with the guessed constants
+  // makes the bank the state (CommitSpeculation: no copy); any other
+  // decision forgets the bank (DiscardSpeculation) and the step runs as
+  // AdamStep. Either way the state ends bit for bit where AdamStep with the
+  // decided constants would leave it.
+  //
+  // Allocates the bank (12 bytes per element, first touch by the pool's
+  // workers) unless it is there. UNIMPLEMENTED when sub-groups lie on NVMe
+  // (their update streams through the swap buffers, with nowhere beside the
+  // state to write).
+  absl::Status ReserveSpeculation();
+  bool speculation_reserved() const;
+  // Elements [offset, offset + n): the step with constants `c` from `grad`
+  // (indexed like the state), written into the bank, on the pool's workers.
+  // Every call until the next Commit or Discard passes the same constants
+  // and disjoint ranges. FAILED_PRECONDITION without a bank or while the
+  // state needs restore.
+  absl::Status SpeculateAdam(const RangedConstants<AdamStepConstants>& c, TypedConstPtr grad,
+                             int64_t offset, int64_t n);
+  // Elements written into the bank since the last Commit or Discard.
+  int64_t speculated_elems() const;
+  // The step is decided with constants `c`, which are those every
+  // SpeculateAdam since the last Commit or Discard used (the caller
+  // compared them): writes the elements not yet speculated into the bank
+  // too, then makes the bank the state and the old state the next bank.
+  // `before_update`, if set, sees every tile as it was (the state before
+  // the step, as AdamStep shows it); then, once the bank is the state,
+  // `tile_updated` sees every tile of it (old_weights null). Both on the
+  // pool's workers, concurrently for disjoint tiles.
+  absl::Status CommitSpeculation(const RangedConstants<AdamStepConstants>& c, TypedConstPtr grad,
+                                 const StateObserver& before_update = nullptr,
+                                 const TileUpdated& tile_updated = nullptr);
+  // Forgets what the bank holds; the state is unchanged. Also what
+  // LoadMaster and WriteState do to a speculation under way.
+  void DiscardSpeculation();
 
   // Streams every NVMe-resident sub-group through the step's pipeline with
   // `observer` in place of the update (verified on read, written back
