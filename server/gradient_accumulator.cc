@@ -70,10 +70,13 @@ GradientAccumulator::GradientAccumulator(Options options)
       dtype_(options.dtype),
       pool_(options.pool),
       wakes_(options.wakes),
+      track_filled_(options.track_filled),
       on_ready_(std::move(options.on_ready)) {
   absl::MutexLock lock(&mu_);
   for (const LocalChunk& c : chunks_) coverage_.emplace_back(c.elems, contributors());
   chunk_step_.assign(chunks_.size(), 1);
+  chunk_adding_.assign(chunks_.size(), 0);
+  chunk_filled_.assign(chunks_.size(), false);
   waiters_.resize(chunks_.size());
 }
 
@@ -135,6 +138,7 @@ absl::StatusOr<GradientAccumulator::PushOutcome> GradientAccumulator::TryPush(
                         coverage.Claim(contributor, piece.offset, piece.offset + n, piece.resend));
     if (!was_complete && coverage.complete()) ++complete_chunks_;
     ++adding_;
+    ++chunk_adding_[index];
   }
   if (StoresGradients()) {
     // Coverage gave this rank's elements to this push alone: no lock.
@@ -156,7 +160,14 @@ absl::StatusOr<GradientAccumulator::PushOutcome> GradientAccumulator::TryPush(
   {
     absl::MutexLock lock(&mu_);
     --adding_;
-    ready = adding_ == 0 && complete_chunks_ == static_cast<int>(chunks_.size());
+    bool filled = false;
+    if (--chunk_adding_[index] == 0 && track_filled_ && coverage_[index].complete() &&
+        !chunk_filled_[index]) {
+      chunk_filled_[index] = true;
+      filled_.push_back(index);
+      filled = true;
+    }
+    ready = filled || (adding_ == 0 && complete_chunks_ == static_cast<int>(chunks_.size()));
   }
   if (ready && on_ready_) on_ready_();
   return PushOutcome::kAdded;
@@ -189,6 +200,11 @@ bool GradientAccumulator::Ready() const {
   return closed_.ok() && adding_ == 0 && complete_chunks_ == static_cast<int>(chunks_.size());
 }
 
+std::vector<int> GradientAccumulator::TakeFilled() {
+  absl::MutexLock lock(&mu_);
+  return std::exchange(filled_, {});
+}
+
 int GradientAccumulator::waiting() const {
   absl::MutexLock lock(&mu_);
   int n = 0;
@@ -210,6 +226,8 @@ void GradientAccumulator::Release(size_t begin, size_t end, int64_t step) {
   for (size_t i = begin; i < end; ++i) {
     if (coverage_[i].complete()) --complete_chunks_;
     coverage_[i].Reset();
+    if (chunk_filled_[i]) std::erase(filled_, static_cast<int>(i));
+    chunk_filled_[i] = false;
     chunk_step_[i] = step + 1;
     wakes_->Post(waiters_[i].TakeAll());
   }
@@ -243,6 +261,8 @@ void GradientAccumulator::Reset(int64_t step) {
     mu_.Await(absl::Condition(&idle));
     for (ChunkCoverage& c : coverage_) c.Reset();
     complete_chunks_ = 0;
+    chunk_filled_.assign(chunks_.size(), false);
+    filled_.clear();
     std::fill(chunk_step_.begin(), chunk_step_.end(), step);
     for (WaitList& w : waiters_) wakes_->Post(w.TakeAll());
   }

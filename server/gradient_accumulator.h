@@ -9,6 +9,9 @@
 //                                   coverage and adds (or stores) it; while
 //                                   the chunk still updates t-1 it keeps a
 //                                   wake callback instead (no thread waits)
+//   TakeFilled()                 -> the chunks that got every rank's
+//                                   gradients since the last call (a
+//                                   speculative update begins on them)
 //   Ready()                      -> every chunk has every rank's gradients
 //   Stats() / data()             -> the step thread reads the whole buffer
 //   Release(chunks, t)           -> those chunks are zeroed and take t + 1
@@ -65,8 +68,10 @@ class GradientAccumulator {
     DType dtype = DType::kFloat16;  // of pushed gradients
     ThreadPool* pool = nullptr;     // borrowed; outlives the accumulator
     WakeQueue* wakes = nullptr;     // borrowed; runs the callbacks of waiting pushes
+    // Whether TakeFilled reports anything (a job that speculates).
+    bool track_filled = false;
     // Called, with no lock of the accumulator held, whenever Ready() may
-    // have become true.
+    // have become true or, with track_filled, a chunk filled.
     std::function<void()> on_ready;
   };
 
@@ -102,6 +107,12 @@ class GradientAccumulator {
 
   // Every chunk is complete for the step it takes and no push is still adding.
   bool Ready() const;
+  // Step thread, with track_filled: the chunks (local indices, in the
+  // order they filled) whose gradients for the step they take came in
+  // whole, no push still adding into them, since the last call; each once
+  // per step, none released since. From then until its Release the step
+  // thread may read a filled chunk's gradients unlocked, as after Ready().
+  std::vector<int> TakeFilled();
   // Pushes waiting for their chunk's release (their wakes kept).
   int waiting() const;
 
@@ -154,6 +165,7 @@ class GradientAccumulator {
   const DType dtype_;
   ThreadPool* const pool_;
   WakeQueue* const wakes_;
+  const bool track_filled_;
   const std::function<void()> on_ready_;
 
   AlignedBuffer accum_;                 // local_elems_ of gradient_dtype()
@@ -167,6 +179,11 @@ class GradientAccumulator {
   std::vector<int64_t> chunk_step_ ABSL_GUARDED_BY(mu_);
   int complete_chunks_ ABSL_GUARDED_BY(mu_) = 0;
   int adding_ ABSL_GUARDED_BY(mu_) = 0;  // pushes claimed but not yet added
+  std::vector<int> chunk_adding_ ABSL_GUARDED_BY(mu_);  // the same per chunk
+  // Per chunk: filled for its step (complete, nothing adding) and reported
+  // in filled_, which TakeFilled empties.
+  std::vector<bool> chunk_filled_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> filled_ ABSL_GUARDED_BY(mu_);
   // Per chunk: the pushes for the step after the chunk's.
   std::vector<WaitList> waiters_ ABSL_GUARDED_BY(mu_);
   int64_t resets_ ABSL_GUARDED_BY(mu_) = 0;

@@ -28,7 +28,8 @@ const std::vector<LocalChunk> kChunks = {{.id = 1, .local_offset = 0, .elems = 1
                                          {.id = 3, .local_offset = 10, .elems = 6}};
 
 struct Fixture {
-  explicit Fixture(int dp, DType dtype = DType::kFloat32, int pushes_per_rank = 1) {
+  explicit Fixture(int dp, DType dtype = DType::kFloat32, int pushes_per_rank = 1,
+                   bool track_filled = false) {
     auto a = GradientAccumulator::Create({.job = "acc",
                                           .chunks = kChunks,
                                           .dp_world_size = dp,
@@ -36,6 +37,7 @@ struct Fixture {
                                           .dtype = dtype,
                                           .pool = &pool,
                                           .wakes = &wakes,
+                                          .track_filled = track_filled,
                                           .on_ready = [this] { ++ready_calls; }});
     EXPECT_THAT(a.status(), IsOk());
     acc = *std::move(a);
@@ -99,6 +101,55 @@ TEST(GradientAccumulatorTest, SumsEveryRankAndIsReadyOnlyWhenAllChunksAreComplet
 // zo.gradient_accumulation "servers": each rank pushes every element once
 // per micro-batch; the step is ready when every (rank, micro-batch) has, and
 // the buffer holds their sum, in fp32 even with one rank.
+// A chunk is reported filled once every rank's and micro-batch's pieces
+// of it are in, once per step (a resend changes nothing), and released
+// chunks are reported again for the next step.
+TEST(GradientAccumulatorTest, ReportsEachChunkOnceWhenItFills) {
+  Fixture f(/*dp=*/2, DType::kFloat32, /*pushes_per_rank=*/2, /*track_filled=*/true);
+  using ::testing::ElementsAre;
+  using ::testing::IsEmpty;
+  for (int rank = 0; rank < 2; ++rank) {
+    for (int mb = 0; mb < 2; ++mb) {
+      EXPECT_THAT(f.acc->TakeFilled(), IsEmpty());
+      ASSERT_THAT(f.Push(1, 1, rank, 0, std::vector<float>(6, 1.0f), absl::InfiniteFuture(),
+                         false, mb),
+                  IsOk());
+    }
+  }
+  EXPECT_EQ(f.ready_calls, 1);  // the filled chunk woke the step thread
+  EXPECT_THAT(f.acc->TakeFilled(), ElementsAre(1));
+  ASSERT_THAT(f.Push(1, 1, 1, 0, std::vector<float>(6, 1.0f), absl::InfiniteFuture(),
+                     /*resend=*/true, 1),
+              IsOk());
+  EXPECT_THAT(f.acc->TakeFilled(), IsEmpty());
+  for (int rank = 0; rank < 2; ++rank) {
+    for (int mb = 0; mb < 2; ++mb) {
+      ASSERT_THAT(f.Push(0, 1, rank, 0, std::vector<float>(10, 1.0f), absl::InfiniteFuture(),
+                         false, mb),
+                  IsOk());
+    }
+  }
+  EXPECT_TRUE(f.acc->Ready());
+  EXPECT_THAT(f.acc->TakeFilled(), ElementsAre(0));
+  f.acc->Release(0, 2, 1);
+  EXPECT_THAT(f.acc->TakeFilled(), IsEmpty());
+  for (int rank = 0; rank < 2; ++rank) {
+    for (int mb = 0; mb < 2; ++mb) {
+      ASSERT_THAT(f.Push(0, 2, rank, 0, std::vector<float>(10, 1.0f), absl::InfiniteFuture(),
+                         false, mb),
+                  IsOk());
+    }
+  }
+  // Released before the step thread looked: not reported for a step it
+  // no longer takes.
+  f.acc->Release(0, 1, 2);
+  EXPECT_THAT(f.acc->TakeFilled(), IsEmpty());
+  // Without tracking nothing is reported.
+  Fixture untracked(1);
+  ASSERT_THAT(untracked.PushAll(1, 0, 1.0f), IsOk());
+  EXPECT_THAT(untracked.acc->TakeFilled(), IsEmpty());
+}
+
 TEST(GradientAccumulatorTest, MicroBatchPushesAreEachDeliveredOnceAndSummed) {
   Fixture f(/*dp=*/2, DType::kFloat32, /*pushes_per_rank=*/3);
   EXPECT_EQ(f.acc->gradient_dtype(), DType::kFloat32);
