@@ -178,7 +178,7 @@ class GradientAccumulator {
   // The step each chunk takes gradients for.
   std::vector<int64_t> chunk_step_ ABSL_GUARDED_BY(mu_);
   int complete_chunks_ ABSL_GUARDED_BY(mu_) = 0;
-  int adding_ ABSL_GUARDED_BY(mu_) = 0;  // pushes claimed but not yet added
+  int adding_ ABSL_GUARDED_BY(mu_) = 0;                 // pushes claimed but not yet added
   std::vector<int> chunk_adding_ ABSL_GUARDED_BY(mu_);  // the same per chunk
   // Per chunk: filled for its step (complete, nothing adding) and reported
   // in filled_, which TakeFilled empties.

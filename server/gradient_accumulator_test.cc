@@ -111,9 +111,9 @@ TEST(GradientAccumulatorTest, ReportsEachChunkOnceWhenItFills) {
   for (int rank = 0; rank < 2; ++rank) {
     for (int mb = 0; mb < 2; ++mb) {
       EXPECT_THAT(f.acc->TakeFilled(), IsEmpty());
-      ASSERT_THAT(f.Push(1, 1, rank, 0, std::vector<float>(6, 1.0f), absl::InfiniteFuture(),
-                         false, mb),
-                  IsOk());
+      ASSERT_THAT(
+          f.Push(1, 1, rank, 0, std::vector<float>(6, 1.0f), absl::InfiniteFuture(), false, mb),
+          IsOk());
     }
   }
   EXPECT_EQ(f.ready_calls, 1);  // the filled chunk woke the step thread
@@ -124,9 +124,9 @@ TEST(GradientAccumulatorTest, ReportsEachChunkOnceWhenItFills) {
   EXPECT_THAT(f.acc->TakeFilled(), IsEmpty());
   for (int rank = 0; rank < 2; ++rank) {
     for (int mb = 0; mb < 2; ++mb) {
-      ASSERT_THAT(f.Push(0, 1, rank, 0, std::vector<float>(10, 1.0f), absl::InfiniteFuture(),
-                         false, mb),
-                  IsOk());
+      ASSERT_THAT(
+          f.Push(0, 1, rank, 0, std::vector<float>(10, 1.0f), absl::InfiniteFuture(), false, mb),
+          IsOk());
     }
   }
   EXPECT_TRUE(f.acc->Ready());
@@ -135,9 +135,9 @@ TEST(GradientAccumulatorTest, ReportsEachChunkOnceWhenItFills) {
   EXPECT_THAT(f.acc->TakeFilled(), IsEmpty());
   for (int rank = 0; rank < 2; ++rank) {
     for (int mb = 0; mb < 2; ++mb) {
-      ASSERT_THAT(f.Push(0, 2, rank, 0, std::vector<float>(10, 1.0f), absl::InfiniteFuture(),
-                         false, mb),
-                  IsOk());
+      ASSERT_THAT(
+          f.Push(0, 2, rank, 0, std::vector<float>(10, 1.0f), absl::InfiniteFuture(), false, mb),
+          IsOk());
     }
   }
   // Released before the step thread looked: not reported for a step it

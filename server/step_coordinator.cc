@@ -12,13 +12,47 @@
 
 namespace zo {
 
+StepInputs InputsOf(const v1::StepCommit& commit) {
+  return {.grad_multiplier = commit.grad_multiplier(),
+          .lr = commit.lr(),
+          .group_lr = {commit.group_lr().begin(), commit.group_lr().end()},
+          .applied_steps = commit.applied_steps()};
+}
+
 StepCoordinator::StepCoordinator(Options options)
     : job_(options.job),
       map_(*options.map),
       server_index_(options.server_index),
       options_(std::move(options)) {
   absl::MutexLock lock(&mu_);
-  if (is_lead()) decider_.emplace(*options_.config, options_.dp_world_size);
+  if (is_lead()) {
+    decider_.emplace(*options_.config, options_.dp_world_size);
+  } else if (options_.config != nullptr) {
+    follower_schedule_.emplace(LrSchedule::FromConfig(*options_.config));
+  }
+}
+
+std::optional<StepInputs> StepCoordinator::GuessUnclipped(double loss_scale_used) const {
+  absl::MutexLock lock(&mu_);
+  const bool client_lr = options_.config != nullptr && options_.config->zo.client_lr;
+  if (decider_.has_value()) {
+    StepInputs guess = decider_->Unclipped(loss_scale_used);
+    if (client_lr) {
+      auto it = client_lr_.find(open_step_);
+      if (it == client_lr_.end()) return std::nullopt;
+      guess.lr = it->second.front();
+      guess.group_lr = it->second;
+    }
+    return guess;
+  }
+  if (client_lr || !follower_applied_.has_value() || !follower_schedule_.has_value()) {
+    return std::nullopt;
+  }
+  return StepInputs{
+      .grad_multiplier = UnclippedGradMultiplier(options_.dp_world_size, loss_scale_used),
+      .lr = follower_schedule_->LrAt(*follower_applied_),
+      .group_lr = {},
+      .applied_steps = *follower_applied_ + 1};
 }
 
 // ---------------------------------------------------------------- lead
@@ -192,6 +226,7 @@ std::optional<v1::StepCommit> StepCoordinator::FollowerRound(const v1::StepStats
   if (AbortedLocked(generation)) return std::nullopt;
   std::optional<v1::StepCommit> commit = std::move(commit_);
   commit_.reset();
+  follower_applied_ = commit->applied_steps();
   return commit;
 }
 
@@ -257,6 +292,7 @@ void StepCoordinator::Restart(int64_t generation, int64_t open_step) {
   commit_.reset();
   partials_.clear();
   client_lr_.clear();
+  follower_applied_.reset();
 }
 
 void StepCoordinator::Stop() {

@@ -39,6 +39,9 @@
 
 namespace zo {
 
+// The inputs `commit` hands the update (a skipped step's are zeros).
+StepInputs InputsOf(const v1::StepCommit& commit);
+
 class StepCoordinator {
  public:
   struct Options {
@@ -90,6 +93,14 @@ class StepCoordinator {
   // does not send them cannot be trained with zo.client_lr).
   absl::Status OnStepLr(int64_t step, int dp_rank, absl::Span<const double> group_lr);
 
+  // What the commit of the open step will say if it is applied unclipped,
+  // its gradients carrying `loss_scale_used`: a speculative update's guess
+  // (server/job.h), right whenever the step is neither skipped nor clipped.
+  // nullopt when this server cannot know it: with zo.client_lr before the
+  // step's rates came (a follower never has them), and on a follower
+  // after a restore until its first commit.
+  std::optional<StepInputs> GuessUnclipped(double loss_scale_used) const;
+
   // While a round keeps failing to reach another server: "sending the
   // step's commit failing for 14 s: UNAVAILABLE: server 127.0.0.1:7071 ...";
   // empty otherwise. For the job's status and health.
@@ -137,6 +148,11 @@ class StepCoordinator {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   // Follower: the commit of the open step, once it came.
   std::optional<v1::StepCommit> commit_ ABSL_GUARDED_BY(mu_);
+  // Follower: the applied steps the last commit counted (0 for a new job;
+  // unknown after a restore until a commit comes), and the schedule the
+  // lead's decider follows.
+  std::optional<int64_t> follower_applied_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<LrSchedule> follower_schedule_;
   // Lead.
   std::optional<StepDecider> decider_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, std::map<int, v1::StepStats>> partials_

@@ -122,6 +122,46 @@ TEST(StepCoordinatorTest, BothServersGetTheDecisionOfTheStatisticsInChunkOrder) 
   EXPECT_EQ(follower->applied_steps(), 2);
 }
 
+// Before each round both servers guess what it commits if the step is
+// applied unclipped: right while it is, wrong once clipping or an overflow
+// changes it; a follower does not guess again after a restore until a
+// commit tells it where the steps are.
+TEST(StepCoordinatorTest, TheUnclippedGuessIsTheCommitOfAnUnclippedStep) {
+  Pair p;
+  std::optional<v1::StepCommit> lead, follower;
+  for (int64_t step = 1; step <= 3; ++step) {
+    SCOPED_TRACE(::testing::Message() << "step " << step);
+    const std::optional<StepInputs> at_lead = p.lead->GuessUnclipped(1.0);
+    const std::optional<StepInputs> at_follower = p.follower->GuessUnclipped(1.0);
+    ASSERT_TRUE(at_lead.has_value() && at_follower.has_value());
+    EXPECT_EQ(*at_lead, *at_follower);
+    p.Round(step, &lead, &follower);
+    ASSERT_TRUE(lead.has_value() && follower.has_value());
+    EXPECT_EQ(InputsOf(*lead), *at_lead);
+    EXPECT_EQ(at_lead->applied_steps, step);
+    p.lead->Advance(step);
+    p.follower->Advance(step);
+  }
+  // A clipped step: the guess is not the commit.
+  Config with_clipping = ParsedConfig();
+  with_clipping.gradient_clipping = 1.0;  // the statistics' norm is sqrt(30)
+  Pair clipped(with_clipping);
+  const std::optional<StepInputs> guess = clipped.lead->GuessUnclipped(1.0);
+  ASSERT_TRUE(guess.has_value());
+  clipped.Round(1, &lead, &follower);
+  ASSERT_TRUE(lead.has_value());
+  EXPECT_LT(lead->grad_multiplier(), guess->grad_multiplier);
+  EXPECT_NE(InputsOf(*lead), *guess);
+  // After a restore the follower waits for a commit; the lead knows.
+  p.lead->Restart(1, 4);
+  p.follower->Restart(1, 4);
+  EXPECT_FALSE(p.follower->GuessUnclipped(1.0).has_value());
+  EXPECT_TRUE(p.lead->GuessUnclipped(1.0).has_value());
+  p.Round(4, &lead, &follower, /*generation=*/1);
+  ASSERT_TRUE(follower.has_value());
+  EXPECT_TRUE(p.follower->GuessUnclipped(1.0).has_value());
+}
+
 TEST(StepCoordinatorTest, FailedCallsAreRetriedUntilTheyGetThrough) {
   Pair p;
   p.report_failures = 3;

@@ -21,6 +21,10 @@ const char* ScaleFloorName(LossScaleMode mode) {
 
 }  // namespace
 
+double UnclippedGradMultiplier(int dp_world_size, double loss_scale_used) {
+  return 1.0 / (static_cast<double>(dp_world_size) * loss_scale_used);
+}
+
 StepDecider::StepDecider(const Config& config, int dp_world_size)
     : scaler_(LossScaler::FromConfig(config)),
       schedule_(LrSchedule::FromConfig(config)),
@@ -59,15 +63,21 @@ StepDecision StepDecider::Decide(absl::Span<const double> chunk_sum_squares, boo
     return d;
   }
   stuck_skips_ = 0;
-  double combined = denom;
+  d.grad_multiplier = UnclippedGradMultiplier(dp_world_size_, d.loss_scale_used);
   if (clipping_ > 0.0) {
     const double clip = (d.grad_norm + 1e-6) / clipping_;
-    if (clip > 1.0) combined *= clip;
+    if (clip > 1.0) d.grad_multiplier = 1.0 / (denom * clip);
   }
-  d.grad_multiplier = 1.0 / combined;
   d.lr = schedule_.LrAt(applied_steps_);
   d.applied_steps = ++applied_steps_;
   return d;
+}
+
+StepInputs StepDecider::Unclipped(double loss_scale_used) const {
+  return {.grad_multiplier = UnclippedGradMultiplier(dp_world_size_, loss_scale_used),
+          .lr = schedule_.LrAt(applied_steps_),
+          .group_lr = {},
+          .applied_steps = applied_steps_ + 1};
 }
 
 absl::Status StepDecider::Restore(int64_t applied_steps, const LossScalerState& scaler) {

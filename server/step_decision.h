@@ -15,6 +15,7 @@
 #define ZO_SERVER_STEP_DECISION_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
@@ -41,6 +42,22 @@ struct StepDecision {
   absl::Status failure;
 };
 
+// What a decided step hands the update: the numbers the optimizer's
+// constants are made of (a commit's grad_multiplier, lr or per-group rates,
+// and applied_steps). Equal inputs make equal constants, so equal bits: a
+// speculative update guessed right when its guess equals the decision's.
+struct StepInputs {
+  double grad_multiplier = 0.0;
+  double lr = 0.0;
+  std::vector<double> group_lr;  // with zo.client_lr; empty: `lr` for every group
+  int64_t applied_steps = 0;
+  bool operator==(const StepInputs&) const = default;
+};
+
+// 1 / (dp * loss_scale): the multiplier of a step applied unclipped, the
+// same double Decide gives it.
+double UnclippedGradMultiplier(int dp_world_size, double loss_scale_used);
+
 // A value type owned by the lead's job; not thread-safe.
 class StepDecider {
  public:
@@ -53,6 +70,10 @@ class StepDecider {
   // (older) version the step was computed on.
   StepDecision Decide(absl::Span<const double> chunk_sum_squares, bool non_finite,
                       double loss_scale_used);
+
+  // The inputs Decide gives the next step if it is applied unclipped (no
+  // overflow, a gradient norm under gradient_clipping).
+  StepInputs Unclipped(double loss_scale_used) const;
 
   int64_t applied_steps() const { return applied_steps_; }
   const LossScaler& scaler() const { return scaler_; }
