@@ -103,7 +103,9 @@ bool JobPosition::CheckpointDueLocked(const WorkTests& tests) const {
 }
 
 bool JobPosition::DueLocked(const WorkTests& tests) const {
-  return stop_ || CheckpointDueLocked(tests) || (health_.ok() && tests.step_ready());
+  return stop_ || CheckpointDueLocked(tests) ||
+         (health_.ok() &&
+          (tests.step_ready() || (tests.speculation_ready && tests.speculation_ready())));
 }
 
 JobPosition::Work JobPosition::AwaitWork(const WorkTests& tests) {
@@ -126,8 +128,10 @@ JobPosition::Work JobPosition::AwaitWork(const WorkTests& tests) {
     work.kind = Work::Kind::kStop;
   } else if (CheckpointDueLocked(tests)) {
     work.kind = Work::Kind::kCheckpoint;
-  } else {
+  } else if (tests.step_ready()) {
     work.kind = Work::Kind::kStep;
+  } else {
+    work.kind = Work::Kind::kSpeculate;
   }
   return work;
 }

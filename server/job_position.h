@@ -91,7 +91,7 @@ class JobPosition {
 
   // ---------------------------------------------------------------- the step thread
   struct Work {
-    enum class Kind { kStop, kCheckpoint, kStep };
+    enum class Kind { kStop, kCheckpoint, kStep, kSpeculate };
     Kind kind = Kind::kStop;
     int64_t version = 0;  // the last step applied; a step is version + 1
     int64_t generation = 0;
@@ -103,11 +103,15 @@ class JobPosition {
     std::function<bool(int64_t version, bool healthy)> checkpoint_due;
     // Every gradient of the open step is in (asked only while healthy).
     std::function<bool()> step_ready;
+    // Some chunk's gradients are in for a speculative update to begin on
+    // (asked only while healthy; may be unset).
+    std::function<bool()> speculation_ready;
     // Every 2 s while nothing is due; runs without the mutex.
     std::function<void()> idle;
   };
   // Ends the last work's applying (StatusForAttach's waiters go on), then
-  // waits until the job stops, a checkpoint is due or the open step is.
+  // waits until the job stops, a checkpoint is due, the open step is, or a
+  // speculative update can go on (in that order of precedence).
   Work AwaitWork(const WorkTests& tests);
   // Something a WorkTests function reads changed: the step thread looks again.
   void Notify();

@@ -223,14 +223,25 @@ TEST_F(JobPositionTest, ACheckpointOfTheNextVersionWaitsForItsStep) {
 TEST_F(JobPositionTest, TheStepThreadWaitsForWorkAndACheckpointGoesFirst) {
   std::atomic<bool> ready = false;
   std::atomic<bool> checkpoint = false;
+  std::atomic<bool> speculation = false;
   const JobPosition::WorkTests tests{
       .checkpoint_due = [&](int64_t, bool) { return checkpoint.load(); },
       .step_ready = [&] { return ready.load(); },
+      .speculation_ready = [&] { return speculation.load(); },
       .idle = nullptr,
   };
   std::optional<JobPosition::Work> work;
+  std::thread speculating([&] { work = position_.AwaitWork(tests); });
+  speculation = true;
+  position_.Notify();
+  speculating.join();
+  ASSERT_TRUE(work.has_value());
+  EXPECT_EQ(work->kind, JobPosition::Work::Kind::kSpeculate);
+  // The step goes before a speculation.
+  speculation = false;
   std::thread step_thread([&] { work = position_.AwaitWork(tests); });
   ready = true;
+  speculation = true;
   position_.Notify();
   step_thread.join();
   ASSERT_TRUE(work.has_value());
@@ -256,8 +267,10 @@ TEST_F(JobPositionTest, AnAttachWaitsForTheDecidedStepToBeApplied) {
   });
   End(1, 0);
   EXPECT_FALSE(attached);  // the update ended, but the step thread has not moved on
-  const JobPosition::WorkTests step_at_once{
-      .checkpoint_due = nullptr, .step_ready = [] { return true; }, .idle = nullptr};
+  const JobPosition::WorkTests step_at_once{.checkpoint_due = nullptr,
+                                            .step_ready = [] { return true; },
+                                            .speculation_ready = nullptr,
+                                            .idle = nullptr};
   EXPECT_EQ(position_.AwaitWork(step_at_once).kind, JobPosition::Work::Kind::kStep);
   attach.join();
   EXPECT_TRUE(attached);
