@@ -267,6 +267,7 @@ void VisitZo(V& v, ZoConfig& z, const OptimizerParams& defaults) {
           .betas = defaults.betas, .eps = defaults.eps, .weight_decay = defaults.weight_decay},
       VisitParamGroup<V>);
   v.Field("client_lr", z.client_lr);
+  v.Field("speculative_update", z.speculative_update);
 }
 
 template <typename V>

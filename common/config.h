@@ -197,6 +197,12 @@ struct ZoConfig {
   // (OffloadClient::SetStepLr), as torch.optim's param_groups[i]["lr"] does;
   // refused together with a `scheduler`.
   bool client_lr = false;
+  // Each server updates a chunk as soon as its gradients are all in,
+  // before the step is decided, and keeps the update only if the decision
+  // is what it assumed (applied, unclipped); otherwise it updates again.
+  // Bit for bit the same either way; on where the job can do it exactly
+  // (server/job.h), and false turns it off.
+  bool speculative_update = true;
   friend bool operator==(const ZoConfig&, const ZoConfig&) = default;
 };
 

@@ -174,6 +174,10 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const EstimateInput& input) {
     s.nvme_bytes = s.master_bytes + s.moment_bytes;
   } else {
     s.ram_bytes += s.master_bytes + s.moment_bytes;
+    if (input.speculative_update && !input.dpu) {
+      s.speculation_bytes = s.master_bytes + s.moment_bytes;
+      s.ram_bytes += s.speculation_bytes;
+    }
   }
   // One push per element and step (one rank, one micro-batch) is still
   // kept as received.
@@ -253,6 +257,9 @@ std::string FormatEstimateTable(const MemoryEstimate& e) {
         absl::StrCat(lp, " copies for pulls (", copies, copies == 1 ? " version)" : " versions)"),
         bytes(s.low_precision_bytes), "-");
   }
+  if (s.speculation_bytes > 0) {
+    out += Row("speculative update (state's 2nd copy)", bytes(s.speculation_bytes), "-");
+  }
   if (nvme) {
     out += Row(absl::StrFormat("swap buffers (%d x %s elements)", s.io_buffers,
                                FormatCount(static_cast<double>(s.sub_group_elems))),
@@ -319,6 +326,7 @@ std::string FormatEstimateJson(const MemoryEstimate& e) {
         {"moment_bytes", s.moment_bytes},
         {"grad_accum_bytes", s.grad_accum_bytes},
         {"low_precision_bytes", s.low_precision_bytes},
+        {"speculation_bytes", s.speculation_bytes},
         {"io_buffers", s.io_buffers},
         {"io_buffer_bytes", s.io_buffer_bytes},
         {"sub_group_elems", s.sub_group_elems},

@@ -27,6 +27,9 @@ struct EstimateInput {
   DType precision = DType::kFloat16;  // fp16 or bf16
   bool nvme = false;                  // optimizer state (master, m, v) on NVMe
   bool dpu = false;                   // zo.dpu: the delayed parameter update
+  // zo.speculative_update: a second copy of the optimizer state in RAM where
+  // a server speculates (not with NVMe or DPU).
+  bool speculative_update = true;
   int64_t chunk_elems = int64_t{4} << 20;
   int64_t sub_group_size = 1000000000;  // DeepSpeed's default
   int buffer_count = 4;
@@ -72,6 +75,10 @@ struct ServerEstimate {
   // master (all in RAM; with DPU the previous version is recomputed), two
   // with NVMe (server/param_versions.h)
   int64_t low_precision_bytes = 0;
+  // The speculative update's second master, m and v (RAM): where the state
+  // is all in RAM, without DPU. A server whose host or memory budget cannot
+  // take it does not speculate, and holds this much less.
+  int64_t speculation_bytes = 0;
   int64_t io_buffers = 0;       // swap buffers: buffer_count, at most one per sub-group
   int64_t io_buffer_bytes = 0;  // swap buffers, NVMe only
   int64_t sub_group_elems = 0;  // sub-group actually used (clamped to elems)

@@ -33,10 +33,18 @@ TEST(MemoryEstimateTest, OneBillionParamsInRam) {
   EXPECT_EQ(e.server.moment_bytes, 8000000000);
   EXPECT_EQ(e.server.grad_accum_bytes, 2000000000);  // one dp rank: fp16 as received
   EXPECT_EQ(e.server.low_precision_bytes, 0);        // pulls round the master
-  EXPECT_EQ(e.server.ram_bytes, 14000000000);
+  // The speculative update's second copy of the state.
+  EXPECT_EQ(e.server.speculation_bytes, 12000000000);
+  EXPECT_EQ(e.server.ram_bytes, 26000000000);
   EXPECT_EQ(e.server.nvme_bytes, 0);
   EXPECT_THAT(FormatEstimateTable(e), HasSubstr("fp16 gradients as received"));
+  EXPECT_THAT(FormatEstimateTable(e), HasSubstr("speculative update (state's 2nd copy)"));
   EXPECT_THAT(FormatEstimateTable(e), Not(HasSubstr("copies for pulls")));
+  in.speculative_update = false;
+  ZO_ASSERT_OK_AND_ASSIGN(MemoryEstimate unspeculative, EstimateMemory(in));
+  EXPECT_EQ(unspeculative.server.speculation_bytes, 0);
+  EXPECT_EQ(unspeculative.server.ram_bytes, 14000000000);
+  EXPECT_THAT(FormatEstimateTable(unspeculative), Not(HasSubstr("speculative update")));
 
   in.dp_ranks = 2;  // summed in fp32
   ZO_ASSERT_OK_AND_ASSIGN(MemoryEstimate two, EstimateMemory(in));
@@ -62,6 +70,7 @@ TEST(MemoryEstimateTest, GradientsSummedOnTheServersShowBesideTheDevicePolicy) {
   EstimateInput in;
   in.tensor_elems = {600000000, 300000000, 100000000};
   in.micro_batches = 4;
+  in.speculative_update = false;
   ZO_ASSERT_OK_AND_ASSIGN(MemoryEstimate e, EstimateMemory(in));
   EXPECT_EQ(e.gpu.total_bytes, 8000000000);
   EXPECT_EQ(e.gpu.pushed_bytes_per_step, 2000000000);

@@ -35,6 +35,10 @@ ABSL_FLAG(bool, dpu, false,
           "estimate: the delayed parameter update (zo.dpu): with state in RAM it costs no "
           "memory (the previous version is recomputed); with NVMe it is part of the two "
           "stored 16-bit versions");
+ABSL_FLAG(bool, speculative_update, true,
+          "estimate: the speculative update (zo.speculative_update): with state in RAM and no "
+          "DPU a server keeps a second copy of the optimizer state (12 bytes per element); "
+          "one whose host cannot take it does not speculate");
 ABSL_FLAG(std::string, chunk_elems, "4194304",
           "estimate: elements per chunk (zo.chunk_elems); counts like 4M or 1e8 work");
 ABSL_FLAG(std::string, sub_group_size, "1e9",
@@ -73,6 +77,7 @@ void ApplyConfigDefaults(const Config& config) {
                config.zero_optimization.offload_optimizer.device == OffloadDevice::kNvme);
   SetIfDefault(FLAGS_sub_group_size, absl::StrCat(config.zero_optimization.sub_group_size));
   SetIfDefault(FLAGS_dpu, config.zo.dpu.enabled);
+  SetIfDefault(FLAGS_speculative_update, config.zo.speculative_update);
   SetIfDefault(FLAGS_buffer_count, config.zero_optimization.offload_optimizer.buffer_count);
   SetIfDefault(FLAGS_chunk_elems, absl::StrCat(config.zo.chunk_elems));
   SetIfDefault(FLAGS_micro_batches, static_cast<int>(config.gradient_accumulation_steps));
@@ -122,6 +127,7 @@ absl::StatusOr<EstimateInput> EstimateInputFromFlags() {
   }
   in.nvme = absl::GetFlag(FLAGS_nvme);
   in.dpu = absl::GetFlag(FLAGS_dpu);
+  in.speculative_update = absl::GetFlag(FLAGS_speculative_update);
   ZO_ASSIGN_OR_RETURN(in.chunk_elems, ParseCount(absl::GetFlag(FLAGS_chunk_elems)));
   ZO_ASSIGN_OR_RETURN(in.sub_group_size, ParseCount(absl::GetFlag(FLAGS_sub_group_size)));
   in.buffer_count = absl::GetFlag(FLAGS_buffer_count);

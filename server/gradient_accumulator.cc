@@ -205,6 +205,11 @@ std::vector<int> GradientAccumulator::TakeFilled() {
   return std::exchange(filled_, {});
 }
 
+bool GradientAccumulator::has_filled() const {
+  absl::MutexLock lock(&mu_);
+  return !filled_.empty();
+}
+
 int GradientAccumulator::waiting() const {
   absl::MutexLock lock(&mu_);
   int n = 0;

@@ -113,6 +113,8 @@ class GradientAccumulator {
   // per step, none released since. From then until its Release the step
   // thread may read a filled chunk's gradients unlocked, as after Ready().
   std::vector<int> TakeFilled();
+  // Whether TakeFilled would report a chunk now.
+  bool has_filled() const;
   // Pushes waiting for their chunk's release (their wakes kept).
   int waiting() const;
 

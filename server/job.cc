@@ -28,7 +28,7 @@ using job_internal::RoundMaster;
 
 namespace {
 
-constexpr int64_t kStateBytesPerElem = 12;  // master, m, v
+using job_internal::kStateBytesPerElem;
 
 // "[begin, begin + n)" for a message; the sum cannot overflow, since
 // `begin` comes off the wire and may be anything.
@@ -65,10 +65,11 @@ Job::Job(JobSpec spec, const JobResources& resources)
       map_(*spec_.shard_map),
       incarnation_(job_internal::NewIncarnation()) {}
 
-absl::Status Job::CheckHostMemory(const TieredStateOptions& options) const {
+absl::StatusOr<std::optional<int64_t>> Job::CheckHostMemory(
+    const TieredStateOptions& options) const {
   const std::optional<int64_t> available =
       resources_.available_ram ? resources_.available_ram() : AvailableHostMemory();
-  if (!available.has_value()) return absl::OkStatus();  // cannot tell: allocation decides
+  if (!available.has_value()) return std::nullopt;  // cannot tell: allocation decides
   const SwapLayout layout(local_elems_, options.sub_group_elems,
                           options.swap_dir.empty() ? -1 : options.ram_budget_bytes);
   const int64_t lp = static_cast<int64_t>(DTypeSize(spec_.dtype));
@@ -91,7 +92,7 @@ absl::Status Job::CheckHostMemory(const TieredStateOptions& options) const {
                      (local_elems_ * kStateBytesPerElem + staging_buffer - 1) / staging_buffer) *
                 staging_buffer;
   const int64_t needed = state + gradients + versions + staging;
-  if (needed <= *available) return absl::OkStatus();
+  if (needed <= *available) return *available - needed;
   return absl::ResourceExhaustedError(absl::StrCat(
       "job ", spec_.name, " needs ", FormatBytes(needed), " of RAM on this server (",
       FormatBytes(state), " optimizer state, ", FormatBytes(gradients), " gradients, ",
@@ -111,8 +112,9 @@ absl::Status Job::Init() {
   }
   groups_.emplace(spec_.config, map_, spec_.server_index);
   ZO_ASSIGN_OR_RETURN(const TieredStateOptions options, OptimizerStateOptions());
-  ZO_RETURN_IF_ERROR(CheckHostMemory(options));
+  ZO_ASSIGN_OR_RETURN(const std::optional<int64_t> spare, CheckHostMemory(options));
   ZO_RETURN_IF_ERROR(CreateOptimizerState(options));
+  SetUpSpeculation(spare);
   ZO_RETURN_IF_ERROR(CreateAccumulator(std::move(owned)));
   own_part_ = std::make_unique<OwnCheckpointPart>(
       OwnCheckpointPart::Options{
@@ -181,7 +183,9 @@ absl::Status Job::CreateAccumulator(std::vector<LocalChunk> owned) {
                                   .dtype = spec_.dtype,
                                   .pool = resources_.pool,
                                   .wakes = resources_.wakes,
-                                  // The step thread waits for Ready().
+                                  .track_filled = no_speculation_.empty(),
+                                  // The step thread waits for Ready() or
+                                  // a chunk to speculate on.
                                   .on_ready = [this] { position_.Notify(); },
                               }));
   return absl::OkStatus();
@@ -282,6 +286,12 @@ v1::JobStatus Job::Status() const {
   st.set_waiting_pushes(accum_->waiting());
   st.set_ram_bytes(state_->ram_bytes() + accum_->buffer_bytes() + versions_->buffer_bytes() +
                    own_part_->staging_held_bytes());
+  const JobTotals totals = counters_.Totals();
+  st.set_no_speculation(no_speculation_);
+  st.set_speculated_chunks(totals.speculated_chunks);
+  st.set_confirmed_chunks(totals.confirmed_chunks);
+  st.set_redone_chunks(totals.redone_chunks);
+  st.set_redo_seconds(totals.redo_seconds);
   return st;
 }
 

@@ -19,6 +19,14 @@
 //     -> fused Adam over the owned chunks, releasing chunks as it goes
 //     -> version t served; pushes for step t + 1 proceed
 //
+// With a speculative update (zo.speculative_update, job_speculation.cc) each
+// chunk is updated as soon as its gradients are in, with the constants the
+// step has if it is applied unclipped (StepCoordinator::GuessUnclipped),
+// into the optimizer state's second bank; the commit then either keeps that
+// (its inputs are the guess: the rest of the chunks are updated and the bank
+// becomes the state) or drops it and updates as above. The state, the
+// versions served and the pulls never see a speculation that is not kept.
+//
 // and, on the lead, checkpoints (begun between steps, finished in the
 // background while the steps go on) and restores. Every RPC
 // handler validates its request fully before touching state.
@@ -105,6 +113,9 @@ struct JobResources {
   // Fault injection for soak tests: every NVMe swap read and write takes at
   // least this long (a slow disk, offload/io/fault_injecting_backend.h).
   absl::Duration nvme_latency;
+  // Tests: called on the step thread after a speculative update, with its
+  // step and the chunks of it updated so far.
+  std::function<void(int64_t step, int64_t chunks)> speculated;
 };
 
 class Job {
@@ -265,8 +276,28 @@ class Job {
   void CreateCoordinator();
   // RESOURCE_EXHAUSTED, before anything is allocated, when the job's RAM on
   // this server (optimizer state in RAM, swap buffers, gradient buffer, the
-  // stored 16-bit versions) exceeds what the host has available.
-  absl::Status CheckHostMemory(const TieredStateOptions& options) const;
+  // stored 16-bit versions) exceeds what the host has available; else the
+  // bytes that stay available (nullopt when the host cannot tell).
+  absl::StatusOr<std::optional<int64_t>> CheckHostMemory(const TieredStateOptions& options) const;
+  // The speculative update (job_speculation.cc). Why this job cannot
+  // speculate exactly or within its memory (`spare`: what CheckHostMemory
+  // left), "" when it can.
+  std::string WhyNoSpeculation(std::optional<int64_t> spare) const;
+  // Decides whether the job speculates and reserves the state's bank;
+  // says which at the job's start. Before the accumulator is created.
+  void SetUpSpeculation(std::optional<int64_t> spare);
+  // The step thread: updates the chunks that filled since it last looked
+  // into the bank, once the step's inputs can be guessed.
+  void Speculate(const JobPosition::Work& work);
+  // Chunks of `step` (of `generation`) in the bank: 0 when none.
+  int64_t SpeculatedChunks(int64_t step, int64_t generation) const;
+  // The commit's inputs are what the speculation assumed.
+  bool SpeculationHolds(const v1::StepCommit& commit) const;
+  // Apply for a commit the speculation holds for: the rest of the chunks
+  // into the bank, which becomes the state; pulls are served from it.
+  absl::Status ApplySpeculated(const v1::StepCommit& commit);
+  // The optimizer's constants for `inputs`.
+  RangedConstants<AdamStepConstants> ConstantsOf(const StepInputs& inputs) const;
 
   // Validation shared by the worker calls; returns the local chunk index.
   absl::StatusOr<int> LocalChunkIndex(int64_t chunk) const;
@@ -310,7 +341,7 @@ class Job {
   v1::StepStats ComputeStepStats(int64_t step, int64_t generation);
   absl::Status Apply(const v1::StepCommit& commit);
   // Every parameter group's learning rate in `commit`.
-  std::vector<double> GroupLrOf(const v1::StepCommit& commit) const;
+  std::vector<double> GroupLrOf(const StepInputs& inputs) const;
   // The constants of the step that made the version `meta` restores.
   RangedConstants<AdamStepConstants> RestoredStepConstants(const CheckpointMeta& meta) const;
   // Recomputes the weights before the step with constants `c` from the state
@@ -343,7 +374,10 @@ class Job {
   absl::Status BeginOwnPart(int64_t version, const std::string& dir, uint32_t previous_bytes);
   absl::StatusOr<v1::WriteCheckpointPartResponse> FinishOwnPart(int64_t version,
                                                                 const std::string& dir);
-  void LogStep(const v1::StepCommit& commit, absl::Duration wait, absl::Duration update);
+  // `speculated`: chunks of the step updated before it was decided, `kept`
+  // whether the decision kept them.
+  void LogStep(const v1::StepCommit& commit, absl::Duration wait, absl::Duration update,
+               int64_t speculated, bool kept);
 
   const JobSpec spec_;
   const JobResources resources_;
@@ -359,6 +393,18 @@ class Job {
   std::unique_ptr<ParamVersions> versions_;
   std::unique_ptr<PullFills> fills_;  // with versions served from the master
   std::unique_ptr<StepCoordinator> coordinator_;
+
+  // Why the job does not speculate ("" when it does; set by Init).
+  std::string no_speculation_;
+  // The step thread's: the speculation under way.
+  struct Speculation {
+    int64_t step = -1;
+    int64_t generation = -1;
+    std::optional<StepInputs> guess;  // once it could be guessed
+    std::vector<int> waiting;         // filled chunks the guess has yet to come for
+    int64_t chunks = 0;               // updated into the bank
+  };
+  Speculation speculation_;
 
   // Held while the optimizer state or the accumulator is read or written as
   // a whole (stats, update, checkpoint, restore). Taken before position_'s mutex.

@@ -22,6 +22,13 @@ struct JobTotals {
   int64_t gradient_bytes = 0;  // gradient payload received
   int64_t param_bytes = 0;     // weights sent to pulls
   int64_t pulls = 0;
+  // The speculative update: chunks updated before their step was decided,
+  // of those kept and not kept (a skipped or clipped step), and the time
+  // the updates that replaced them took.
+  int64_t speculated_chunks = 0;
+  int64_t confirmed_chunks = 0;
+  int64_t redone_chunks = 0;
+  double redo_seconds = 0;
 };
 
 // Thread-safe.
@@ -34,6 +41,12 @@ class JobCounters {
     update_ns_.fetch_add(absl::ToInt64Nanoseconds(update), kOrder);
   }
   void AddGradientBytes(int64_t bytes) { gradient_bytes_.fetch_add(bytes, kOrder); }
+  void AddSpeculated(int64_t chunks) { speculated_.fetch_add(chunks, kOrder); }
+  // A decided step's speculated chunks: kept, or not and replaced in `redo`.
+  void AddDecided(int64_t chunks, bool kept, absl::Duration redo) {
+    (kept ? confirmed_ : redone_).fetch_add(chunks, kOrder);
+    redo_ns_.fetch_add(absl::ToInt64Nanoseconds(redo), kOrder);
+  }
   void AddPull(absl::Duration serve, int64_t bytes) {
     pulls_.fetch_add(1, kOrder);
     serve_ns_.fetch_add(absl::ToInt64Nanoseconds(serve), kOrder);
@@ -55,6 +68,10 @@ class JobCounters {
     t.gradient_bytes = gradient_bytes_.load(kOrder);
     t.param_bytes = param_bytes_.load(kOrder);
     t.pulls = pulls_.load(kOrder);
+    t.speculated_chunks = speculated_.load(kOrder);
+    t.confirmed_chunks = confirmed_.load(kOrder);
+    t.redone_chunks = redone_.load(kOrder);
+    t.redo_seconds = Seconds(redo_ns_);
     return t;
   }
 
@@ -73,6 +90,10 @@ class JobCounters {
   std::atomic<int64_t> gradient_bytes_{0};
   std::atomic<int64_t> param_bytes_{0};
   std::atomic<int64_t> pulls_{0};
+  std::atomic<int64_t> speculated_{0};
+  std::atomic<int64_t> confirmed_{0};
+  std::atomic<int64_t> redone_{0};
+  std::atomic<int64_t> redo_ns_{0};
 };
 
 }  // namespace zo

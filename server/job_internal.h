@@ -12,6 +12,9 @@
 
 namespace zo::job_internal {
 
+// Bytes of optimizer state per element: fp32 master, m and v.
+inline constexpr int64_t kStateBytesPerElem = 12;
+
 // fp32 master -> the job's dtype: the low-precision copy pulls are served.
 inline void RoundMaster(const float* src, void* dst, size_t n, DType dtype) {
   FloatToDType(src, dtype, dst, n);

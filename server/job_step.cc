@@ -52,6 +52,9 @@ void Job::StepLoop() {
       case JobPosition::Work::Kind::kStep:
         RunStep(work);
         break;
+      case JobPosition::Work::Kind::kSpeculate:
+        Speculate(work);
+        break;
     }
   }
 }
@@ -63,6 +66,10 @@ JobPosition::WorkTests Job::StepWorkTests() {
             return is_lead() && checkpoints_.Due(version, healthy);
           },
       .step_ready = [this] { return accum_->Ready() && !checkpoints_.frozen(); },
+      .speculation_ready =
+          [this] {
+            return no_speculation_.empty() && accum_->has_filled() && !checkpoints_.frozen();
+          },
       // While the lead waits for gradients, it checks every few seconds
       // that its followers still have the job: one that restarted empty
       // leaves the workers unable to push, and nothing else would tell.
@@ -97,11 +104,22 @@ void Job::RunStep(const JobPosition::Work& work) {
 
   const absl::Time update_start = absl::Now();
   absl::Status applied;
+  const int64_t speculated = SpeculatedChunks(step, generation);
+  const bool kept = speculated > 0 && SpeculationHolds(commit);
   {
     JobStateLock::ForStep hold(state_lock_);
-    applied = Apply(commit);
+    if (kept) {
+      applied = ApplySpeculated(commit);
+    } else {
+      state_->DiscardSpeculation();
+      applied = Apply(commit);
+    }
   }
+  speculation_ = {};
   const absl::Time update_end = absl::Now();
+  if (speculated > 0) {
+    counters_.AddDecided(speculated, kept, kept ? absl::ZeroDuration() : update_end - update_start);
+  }
   const JobPosition::UpdateEndHooks hooks{
       // The pulls the update wrote are answered once the version is the
       // job's (a status asked after them shows it), or told it is not.
@@ -119,12 +137,16 @@ void Job::RunStep(const JobPosition::Work& work) {
                                                                  hooks);
   if (!wait.has_value()) return;
   counters_.AddStep(commit.skip(), *wait, update_end - update_start);
-  LogStep(commit, *wait, update_end - update_start);
+  LogStep(commit, *wait, update_end - update_start, speculated, kept);
 }
 
-std::vector<double> Job::GroupLrOf(const v1::StepCommit& commit) const {
-  if (commit.group_lr_size() > 0) return {commit.group_lr().begin(), commit.group_lr().end()};
-  return std::vector<double>(static_cast<size_t>(groups_->num_groups()), commit.lr());
+std::vector<double> Job::GroupLrOf(const StepInputs& inputs) const {
+  if (!inputs.group_lr.empty()) return inputs.group_lr;
+  return std::vector<double>(static_cast<size_t>(groups_->num_groups()), inputs.lr);
+}
+
+RangedConstants<AdamStepConstants> Job::ConstantsOf(const StepInputs& inputs) const {
+  return groups_->StepConstants(GroupLrOf(inputs), inputs.applied_steps, inputs.grad_multiplier);
 }
 
 RangedConstants<AdamStepConstants> Job::RestoredStepConstants(const CheckpointMeta& meta) const {
@@ -169,8 +191,7 @@ absl::Status Job::Apply(const v1::StepCommit& commit) {
   if (commit.skip()) {
     versions_->RecordSkip(commit.step());
   } else {
-    const RangedConstants<AdamStepConstants> c =
-        groups_->StepConstants(GroupLrOf(commit), commit.applied_steps(), commit.grad_multiplier());
+    const RangedConstants<AdamStepConstants> c = ConstantsOf(InputsOf(commit));
     own_part_->BeforeUpdateLocked();
     // Materialized versions: the kernel writes the new version's copy. From
     // the master, pulls of the new version (in-process) follow the update
@@ -234,10 +255,21 @@ absl::Status Job::Apply(const v1::StepCommit& commit) {
   return absl::OkStatus();
 }
 
-void Job::LogStep(const v1::StepCommit& commit, absl::Duration wait, absl::Duration update) {
+void Job::LogStep(const v1::StepCommit& commit, absl::Duration wait, absl::Duration update,
+                  int64_t speculated, bool kept) {
   const int every = resources_.log_every > 0 ? resources_.log_every : spec_.config.steps_per_print;
   const absl::Duration serve = counters_.TakeRecentServe();
-  if (commit.step() % every != 0 && !commit.skip()) return;
+  // A step that updated again is logged as a skipped one is: the cost is
+  // worth seeing.
+  const bool redone = speculated > 0 && !kept;
+  if (commit.step() % every != 0 && !commit.skip() && !redone) return;
+  const std::string speculation =
+      speculated == 0
+          ? ""
+          : absl::StrFormat(" | speculated %d of %d chunks: %s", speculated, chunks().size(),
+                            kept            ? "kept"
+                            : commit.skip() ? "dropped (skipped)"
+                                            : "updated again");
   // With DPU from the master: what serving the previous version costs.
   std::string previous;
   if (versions_->from_master() && versions_->keep_previous()) {
@@ -247,13 +279,13 @@ void Job::LogStep(const v1::StepCommit& commit, absl::Duration wait, absl::Durat
   }
   ZO_LOG(INFO) << absl::StrFormat(
       "job %s step %d: loss_scale %g grad_norm %.4g lr %.3g%s | wait %.1f ms update %.1f ms "
-      "serve %.1f ms%s",
+      "serve %.1f ms%s%s",
       spec_.name, commit.step(), commit.next_loss_scale(), commit.grad_norm(), commit.lr(),
       !commit.skip()             ? ""
       : commit.failure().empty() ? " SKIPPED (overflow)"
                                  : " SKIPPED",
       absl::ToDoubleMilliseconds(wait), absl::ToDoubleMilliseconds(update),
-      absl::ToDoubleMilliseconds(serve), previous);
+      absl::ToDoubleMilliseconds(serve), previous, speculation);
 }
 
 // ---------------------------------------------------------------- coordination

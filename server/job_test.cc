@@ -61,8 +61,8 @@ TEST_F(JobTest, InitialWeightsAtAnOffsetNearTheInt64LimitAreOutOfRange) {
 
 // What the job allocates is what `zo-ctl estimate` says a server holds:
 // 12 bytes of optimizer state, the gradient buffer (2 bytes as received with
-// one dp rank, a 4-byte fp32 sum with two) and, with DPU, the one 2-byte
-// version kept beside the master (pulls of the latest round the master).
+// one dp rank, a 4-byte fp32 sum with two), and without DPU the speculative
+// update's second 12 bytes of state.
 TEST_F(JobTest, RamBytesAreTheEstimate) {
   for (bool dpu : {false, true}) {
     for (int dp : {1, 2}) {
@@ -79,7 +79,8 @@ TEST_F(JobTest, RamBytesAreTheEstimate) {
       const std::string which = absl::StrCat("dp ", dp, dpu ? " with DPU" : "");
       EXPECT_EQ(job->Status().ram_bytes(), e.server.ram_bytes) << which;
       // DPU adds nothing: the previous version is recomputed from the state.
-      EXPECT_EQ(job->Status().ram_bytes(), kElems * (dp == 1 ? 14 : 16)) << which;
+      EXPECT_EQ(job->Status().ram_bytes(), kElems * ((dp == 1 ? 14 : 16) + (dpu ? 0 : 12)))
+          << which;
     }
   }
   // Two micro-batches pushed one by one: one rank, yet an fp32 sum.
@@ -93,7 +94,17 @@ TEST_F(JobTest, RamBytesAreTheEstimate) {
   in.chunk_elems = 64;
   ZO_ASSERT_OK_AND_ASSIGN(const MemoryEstimate e, EstimateMemory(in));
   EXPECT_EQ(job->Status().ram_bytes(), e.server_ram_bytes_servers);
-  EXPECT_EQ(job->Status().ram_bytes(), kElems * 16);
+  EXPECT_EQ(job->Status().ram_bytes(), kElems * (16 + 12));
+  // Without the speculative update there is no second copy.
+  ZO_ASSERT_OK_AND_ASSIGN(job, TryOpen(R"("fp16": {"enabled": true},
+                 "zo": {"chunk_elems": 64, "speculative_update": false})",
+                                       v1::DTYPE_FP16, 1, 1));
+  in.micro_batches = 1;
+  in.speculative_update = false;
+  ZO_ASSERT_OK_AND_ASSIGN(const MemoryEstimate off, EstimateMemory(in));
+  EXPECT_EQ(job->Status().ram_bytes(), off.server.ram_bytes);
+  EXPECT_EQ(job->Status().ram_bytes(), kElems * 14);
+  EXPECT_EQ(job->Status().no_speculation(), "zo.speculative_update is false");
 }
 
 // With DPU the version before the latest is served after the next step

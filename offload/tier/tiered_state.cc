@@ -370,6 +370,7 @@ absl::Status TieredOptimizerState::AdamStep(const RangedConstants<AdamStepConsta
   if (!s.error.ok()) return s.NeedsRestore();
   if (s.layout.total_elems() == 0) return absl::OkStatus();
   if (grad.data == nullptr) return absl::InvalidArgumentError("AdamStep: no gradient");
+  s.speculated.Clear();  // computed from the state this step replaces
   if (old_weights_dtype.has_value() && tile_updated && low_precision.data != nullptr) {
     return absl::InvalidArgumentError(
         "AdamStep: a low-precision copy and tile_updated's old weights cannot both be written");

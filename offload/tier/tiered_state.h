@@ -206,7 +206,7 @@ class TieredOptimizerState {
                                  const StateObserver& before_update = nullptr,
                                  const TileUpdated& tile_updated = nullptr);
   // Forgets what the bank holds; the state is unchanged. Also what
-  // LoadMaster and WriteState do to a speculation under way.
+  // AdamStep, LoadMaster and WriteState do to a speculation under way.
   void DiscardSpeculation();
 
   // Streams every NVMe-resident sub-group through the step's pipeline with

@@ -1,0 +1,146 @@
+// Job's speculative update (server/job.h; zo.speculative_update): each chunk
+// is updated as soon as its gradients are all in, with the constants the
+// step has if it is applied unclipped, into the optimizer state's second
+// bank (TieredOptimizerState::SpeculateAdam). The decision then keeps it
+// (ApplySpeculated) or drops it, and the step is updated as without
+// speculation (Apply). Either way the state, and every version served, is
+// bit for bit what the update without speculation makes, because the bank
+// is kept only when the decision's inputs equal the guess's, and equal
+// inputs give the kernel equal constants.
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/dpu_policy.h"
+#include "common/logging.h"
+#include "common/units.h"
+#include "server/job.h"
+#include "server/job_internal.h"
+
+namespace zo {
+
+using job_internal::kStateBytesPerElem;
+
+std::string Job::WhyNoSpeculation(std::optional<int64_t> spare) const {
+  const Config& config = spec_.config;
+  if (!config.zo.speculative_update) return "zo.speculative_update is false";
+  if (config.zo.dpu.enabled) {
+    return "the delayed parameter update (zo.dpu) overlaps the update with the next step already";
+  }
+  if (state_->nvme_sub_groups() > 0) {
+    return "the optimizer state lies partly on NVMe, where there is no room beside it for the "
+           "update";
+  }
+  if (!is_lead() && config.zo.client_lr) {
+    return "with zo.client_lr a step's learning rates reach the lead server only";
+  }
+  const int64_t bank = local_elems_ * kStateBytesPerElem;
+  if (resources_.ram_budget_bytes >= 0 && 2 * bank > resources_.ram_budget_bytes) {
+    return absl::StrCat("the server's memory budget (", FormatBytes(resources_.ram_budget_bytes),
+                        ") holds the optimizer state (", FormatBytes(bank),
+                        ") but not a second copy of it");
+  }
+  if (spare.has_value() && *spare < bank) {
+    return absl::StrCat("a second copy of the optimizer state takes ", FormatBytes(bank),
+                        " and the host has ", FormatBytes(*spare), " to spare");
+  }
+  return "";
+}
+
+void Job::SetUpSpeculation(std::optional<int64_t> spare) {
+  no_speculation_ = WhyNoSpeculation(spare);
+  if (no_speculation_.empty()) {
+    if (absl::Status reserved = state_->ReserveSpeculation(); !reserved.ok()) {
+      no_speculation_ = std::string(reserved.message());
+    }
+  }
+  if (no_speculation_.empty()) {
+    ZO_LOG(INFO) << "job " << spec_.name
+                 << ": speculative update: each chunk is updated as soon as its gradients are in, "
+                    "before the step is decided (a second copy of the optimizer state, "
+                 << FormatBytes(local_elems_ * kStateBytesPerElem) << ")";
+  } else {
+    ZO_LOG(INFO) << "job " << spec_.name << ": no speculative update: " << no_speculation_;
+  }
+}
+
+void Job::Speculate(const JobPosition::Work& work) {
+  const int64_t step = work.version + 1;
+  if (speculation_.step != step || speculation_.generation != work.generation) {
+    speculation_ = {.step = step,
+                    .generation = work.generation,
+                    .guess = std::nullopt,
+                    .waiting = {},
+                    .chunks = 0};
+  }
+  const std::vector<int> filled = accum_->TakeFilled();
+  speculation_.waiting.insert(speculation_.waiting.end(), filled.begin(), filled.end());
+  if (!speculation_.guess.has_value()) {
+    const double scale_used =
+        position_.ScaleFor(VersionForStep(spec_.config.zo.dpu, step, work.oldest_version));
+    speculation_.guess = coordinator_->GuessUnclipped(scale_used);
+    // Not yet (the lead waits for a client's rates): these chunks try
+    // again when the next one fills, or the commit updates them.
+    if (!speculation_.guess.has_value()) return;
+  }
+  const RangedConstants<AdamStepConstants> c = ConstantsOf(*speculation_.guess);
+  JobStateLock::ForStep hold(state_lock_);
+  // The bank may hold chunks of a step a restore dropped.
+  if (speculation_.chunks == 0) state_->DiscardSpeculation();
+  int64_t done = 0;
+  for (const int index : speculation_.waiting) {
+    const LocalChunk& chunk = chunks()[static_cast<size_t>(index)];
+    const absl::Status s =
+        state_->SpeculateAdam(c, accum_->gradients(), chunk.local_offset, chunk.elems);
+    if (!s.ok()) {
+      // The state needs a restore, which the step's own update reports.
+      ZO_LOG(WARNING) << "job " << spec_.name << ": speculative update of step " << step
+                      << " stopped: " << s;
+      break;
+    }
+    ++done;
+  }
+  speculation_.chunks += done;
+  speculation_.waiting.clear();
+  counters_.AddSpeculated(done);
+  if (resources_.speculated) resources_.speculated(step, speculation_.chunks);
+}
+
+int64_t Job::SpeculatedChunks(int64_t step, int64_t generation) const {
+  const bool ours = speculation_.step == step && speculation_.generation == generation &&
+                    speculation_.guess.has_value();
+  return ours ? speculation_.chunks : 0;
+}
+
+bool Job::SpeculationHolds(const v1::StepCommit& commit) const {
+  return !commit.skip() && speculation_.guess.has_value() &&
+         *speculation_.guess == InputsOf(commit);
+}
+
+absl::Status Job::ApplySpeculated(const v1::StepCommit& commit) {
+  own_part_->BeforeUpdateLocked();
+  // No DPU and the state all in RAM (WhyNoSpeculation): the versions are
+  // served from the master and the previous one is not kept.
+  versions_->BeginWrite();
+  position_.BeginWriting(commit.step(), commit.next_loss_scale(),
+                         [&] { fills_->BeginUpdate(commit.step()); });
+  // The checkpoint part in progress takes each tile as it was; pulls of
+  // the new version read it once the bank is the state.
+  const absl::Status committed = state_->CommitSpeculation(
+      ConstantsOf(InputsOf(commit)), accum_->gradients(), own_part_->ObserverLocked(),
+      [&](const TieredOptimizerState::UpdatedTile& t) {
+        versions_->MarkDone(t.offset, t.n);
+        FillPulls(t);
+      });
+  if (!committed.ok()) {
+    versions_->AbortWrite();
+    own_part_->DropLocked(committed);
+    return committed;
+  }
+  versions_->CommitWrite(commit.step());
+  accum_->Release(0, chunks().size(), commit.step());
+  return absl::OkStatus();
+}
+
+}  // namespace zo

@@ -1,0 +1,216 @@
+// The speculative update (server/job_speculation.cc) against the same job
+// without it: whatever the decision does to a speculated step (keeps it,
+// drops it for an overflow, updates again for clipping), the weights served
+// are bit for bit the same, and the counts say which happened. The step
+// hook (JobResources::speculated) orders the pushes after the speculation,
+// so every step below has a chunk speculated before its last gradient.
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "offload/tier/swap_layout.h"
+#include "server/job_test_fixture.h"
+
+namespace zo {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::IsOk;
+
+// What the step hook saw: per step, the chunks speculated so far.
+class SpeculationWatch {
+ public:
+  std::function<void(int64_t, int64_t)> Hook() {
+    return [this](int64_t step, int64_t chunks) {
+      std::lock_guard lock(mu_);
+      chunks_[step] = chunks;
+      cv_.notify_all();
+    };
+  }
+  // Until `chunks` chunks of `step` are speculated.
+  void WaitFor(int64_t step, int64_t chunks) {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return chunks_[step] >= chunks; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<int64_t, int64_t> chunks_;
+};
+
+class JobSpeculationTest : public JobTest {
+ protected:
+  // Chunk `chunk`'s gradient for `step` from one contributor: element i is
+  // scale * (1 + i / 64) (fp32), or +inf with an infinite scale.
+  static absl::Status PushChunk(Job& job, int64_t step, int64_t chunk, float scale, int rank,
+                                int micro_batch) {
+    const int64_t n = chunk == 0 ? 64 : kElems - 64;
+    v1::GradientPiece piece;
+    piece.set_job("job");
+    piece.set_step(step);
+    piece.set_chunk(chunk);
+    piece.set_dp_rank(rank);
+    piece.set_micro_batch(micro_batch);
+    piece.set_dtype(v1::DTYPE_FP32);
+    std::string data(static_cast<size_t>(n) * 4, '\0');
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = scale * (1.0f + static_cast<float>(i) / 64.0f);
+      std::memcpy(data.data() + i * 4, &g, 4);
+    }
+    piece.set_data(std::move(data));
+    return job.PushGradient(ViewOf(piece), absl::InfiniteFuture());
+  }
+
+  struct Run {
+    std::string config;  // the body, without its "zo" section
+    std::string zo;      // more of the "zo" section, after chunk_elems
+    int dp = 1;
+    int micro_batches = 1;
+    // One step each: every gradient is scale * (1 + i / 64); with an
+    // infinite scale chunk 1's are +inf (an overflow).
+    std::vector<float> scales;
+  };
+
+  // `run` on a job with the speculative update and one without. Chunk 0
+  // comes first on the speculative job, and chunk 1 only once chunk 0 is
+  // speculated (the step then goes ahead at once, so exactly one chunk of
+  // each step is speculated). The weights served after every step must be
+  // the same bits. Returns the speculative job's status at the end.
+  v1::JobStatus RunBoth(const Run& run) {
+    const std::string zo = absl::StrCat(
+        R"("zo": {"chunk_elems": 64)",
+        run.micro_batches > 1 ? R"(, "gradient_accumulation": "servers")" : "", run.zo);
+    SpeculationWatch watch;
+    speculated_ = watch.Hook();
+    absl::StatusOr<std::unique_ptr<Job>> speculative =
+        TryOpen(absl::StrCat(run.config, ", ", zo, "}"), v1::DTYPE_FP32, run.dp, run.micro_batches);
+    speculated_ = nullptr;
+    absl::StatusOr<std::unique_ptr<Job>> plain =
+        TryOpen(absl::StrCat(run.config, ", ", zo, R"(, "speculative_update": false})"),
+                v1::DTYPE_FP32, run.dp, run.micro_batches);
+    EXPECT_THAT(speculative.status(), IsOk());
+    EXPECT_THAT(plain.status(), IsOk());
+    if (!speculative.ok() || !plain.ok()) return {};
+    EXPECT_EQ((*speculative)->Status().no_speculation(), "");
+    EXPECT_EQ((*plain)->Status().no_speculation(), "zo.speculative_update is false");
+    const std::vector<float> initial(kElems, 0.5f);
+    for (Job* job : {speculative->get(), plain->get()}) {
+      for (int64_t chunk = 0; chunk < 2; ++chunk) {
+        v1::ParamInitPiece init;
+        init.set_job("job");
+        init.set_chunk(chunk);
+        init.set_data(std::string(reinterpret_cast<const char*>(initial.data()),
+                                  (chunk == 0 ? 64 : kElems - 64) * 4));
+        EXPECT_THAT(job->InitParams(init), IsOk());
+      }
+    }
+    const auto push_all = [&](Job& job, int64_t step, int64_t chunk, float scale) {
+      for (int rank = 0; rank < run.dp; ++rank) {
+        for (int mb = 0; mb < run.micro_batches; ++mb) {
+          ASSERT_THAT(PushChunk(job, step, chunk, scale, rank, mb), IsOk());
+        }
+      }
+    };
+    for (size_t k = 0; k < run.scales.size(); ++k) {
+      const int64_t step = static_cast<int64_t>(k) + 1;
+      SCOPED_TRACE(::testing::Message() << "step " << step << " scale " << run.scales[k]);
+      const float last = run.scales[k];
+      const float first = std::isinf(last) ? 1e-3f : last;
+      push_all(**speculative, step, 0, first);
+      watch.WaitFor(step, 1);
+      push_all(**speculative, step, 1, last);
+      push_all(**plain, step, 0, first);
+      push_all(**plain, step, 1, last);
+      absl::StatusOr<std::string> want = Weights(**plain, step);
+      absl::StatusOr<std::string> got = Weights(**speculative, step);
+      EXPECT_THAT(want.status(), IsOk());
+      EXPECT_THAT(got.status(), IsOk());
+      if (!want.ok() || !got.ok()) return {};
+      EXPECT_TRUE(*got == *want) << "the weights differ";
+      EXPECT_FALSE(*got == std::string(reinterpret_cast<const char*>(initial.data()), kElems * 4))
+          << "the weights never moved";
+    }
+    return (*speculative)->Status();
+  }
+};
+
+// One server, one rank: kept, dropped for an overflow, updated again when
+// clipping sets in, and kept again when it lets go.
+TEST_F(JobSpeculationTest, EveryDecisionLeavesTheWeightsOfTheUpdateWithoutIt) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const v1::JobStatus st = RunBoth({.config = R"("gradient_clipping": 1.0)",
+                                    .zo = "",
+                                    .dp = 1,
+                                    .micro_batches = 1,
+                                    .scales = {1e-3f, inf, 1.0f, 2e-3f, 0.5f, -1e-3f, inf}});
+  EXPECT_EQ(st.speculated_chunks(), 7);
+  EXPECT_EQ(st.confirmed_chunks(), 3);
+  EXPECT_EQ(st.redone_chunks(), 4);
+  EXPECT_GT(st.redo_seconds(), 0.0);
+}
+
+// Two dp ranks summed in fp32, and micro-batches summed on the server: the
+// chunk fills only with every contributor's gradient.
+TEST_F(JobSpeculationTest, DpRanksAndMicroBatchesSumBeforeTheChunkIsSpeculated) {
+  const v1::JobStatus st = RunBoth({.config = R"("gradient_clipping": 1.0)",
+                                    .zo = "",
+                                    .dp = 2,
+                                    .micro_batches = 2,
+                                    .scales = {1e-3f, 0.5f, 2e-3f}});
+  EXPECT_EQ(st.speculated_chunks(), 3);
+  EXPECT_EQ(st.confirmed_chunks(), 2);
+  EXPECT_EQ(st.redone_chunks(), 1);
+}
+
+// fp16-style loss scaling with a schedule: the guess carries the step's
+// scale and rate; AdamW decay too.
+TEST_F(JobSpeculationTest, TheScheduleAndWeightDecayAreGuessedRight) {
+  const v1::JobStatus st = RunBoth(
+      {.config = R"("optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.1}},
+                   "scheduler": {"type": "WarmupLR",
+                                 "params": {"warmup_num_steps": 3, "warmup_min_lr": 0.001}})",
+       .zo = "",
+       .dp = 1,
+       .micro_batches = 1,
+       .scales = {1e-3f, 2e-3f, 3e-3f, 4e-3f}});
+  EXPECT_EQ(st.confirmed_chunks(), 4);
+  EXPECT_EQ(st.redone_chunks(), 0);
+}
+
+// Where it cannot be exact or would not help, a job does not speculate and
+// says why.
+TEST_F(JobSpeculationTest, SaysWhyItDoesNotSpeculate) {
+  auto dpu = Open(R"("zo": {"chunk_elems": 64, "dpu": {"enabled": true}})");
+  ASSERT_NE(dpu, nullptr);
+  EXPECT_THAT(dpu->Status().no_speculation(), HasSubstr("zo.dpu"));
+  ram_budget_bytes_ = kElems * 12;  // the state, not a second copy
+  auto tight = Open("");
+  ASSERT_NE(tight, nullptr);
+  EXPECT_THAT(tight->Status().no_speculation(),
+              HasSubstr("memory budget (1.17 KiB) holds the optimizer state"));
+  ram_budget_bytes_ = -1;
+  // The state, fp32 gradients and a checkpoint's staging fit, and half a
+  // second copy of the state.
+  available_ram_ = [] {
+    return std::optional<int64_t>(kElems * 16 + 3 * kTileElems * 4 + kElems * 6);
+  };
+  auto small_host = Open("");
+  ASSERT_NE(small_host, nullptr);
+  EXPECT_THAT(small_host->Status().no_speculation(),
+              HasSubstr("a second copy of the optimizer state takes"));
+  // The state and the gradients fit; a second copy would not: the job
+  // opens without it rather than failing.
+  EXPECT_EQ(small_host->Status().ram_bytes(), kElems * (12 + 4));
+}
+
+}  // namespace
+}  // namespace zo
