@@ -7,6 +7,7 @@
 // bit for bit what the update without speculation makes, because the bank
 // is kept only when the decision's inputs equal the guess's, and equal
 // inputs give the kernel equal constants.
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -85,12 +86,15 @@ void Job::Speculate(const JobPosition::Work& work) {
     if (!speculation_.guess.has_value()) return;
   }
   const RangedConstants<AdamStepConstants> c = ConstantsOf(*speculation_.guess);
-  JobStateLock::ForStep hold(state_lock_);
-  // The bank may hold chunks of a step a restore dropped.
-  if (speculation_.chunks == 0) state_->DiscardSpeculation();
   int64_t done = 0;
   for (const int index : speculation_.waiting) {
     const LocalChunk& chunk = chunks()[static_cast<size_t>(index)];
+    // A plain hold, chunk by chunk: unlike the step's update this runs while
+    // the workers still compute, when a checkpoint part's background capture
+    // should not have to stand back (JobStateLock).
+    std::lock_guard hold(state_lock_.mutex());
+    // The bank may hold chunks of a step a restore dropped.
+    if (speculation_.chunks + done == 0) state_->DiscardSpeculation();
     const absl::Status s =
         state_->SpeculateAdam(c, accum_->gradients(), chunk.local_offset, chunk.elems);
     if (!s.ok()) {
