@@ -520,22 +520,35 @@ absl::Status TieredOptimizerState::CommitSpeculation(const RangedConstants<AdamS
   }
   if (grad.data == nullptr) return absl::InvalidArgumentError("CommitSpeculation: no gradient");
   const SwapLayout& layout = s.layout;
-  s.ForRamTiles(
-      [&](int64_t sg, int64_t begin, int64_t end) {
-        const int64_t at = layout.begin(sg) + begin, to = layout.begin(sg) + end;
-        if (before_update) {
-          before_update(at, to - at, s.Ram(kStateMaster) + at, s.Ram(kStateM) + at,
+  if (before_update) {
+    s.ForRamTiles(
+        [&](int64_t sg, int64_t begin, int64_t end) {
+          const int64_t at = layout.begin(sg) + begin;
+          before_update(at, end - begin, s.Ram(kStateMaster) + at, s.Ram(kStateM) + at,
                         s.Ram(kStateV) + at);
-        }
-        // The gaps between the speculated parts of the tile.
-        int64_t next = at;
-        s.speculated.ForEachIn(at, to, [&](int64_t b, int64_t e) {
-          s.UpdateBeside(c, grad, next, b);
-          next = e;
-        });
-        s.UpdateBeside(c, grad, next, to);
-      },
-      nullptr);
+        },
+        nullptr);
+  }
+  // What was not speculated, in pieces on the tile grid shared evenly by
+  // the workers (it is often one chunk: the last whose gradients came).
+  std::vector<std::pair<int64_t, int64_t>> pieces;
+  const auto add_gap = [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end;) {
+      const int64_t e = std::min(end, (b / kTileElems + 1) * kTileElems);
+      pieces.emplace_back(b, e);
+      b = e;
+    }
+  };
+  int64_t next = 0;
+  s.speculated.ForEachIn(0, layout.total_elems(), [&](int64_t b, int64_t e) {
+    add_gap(next, b);
+    next = e;
+  });
+  add_gap(next, layout.total_elems());
+  RunTiles(s.pool, static_cast<int64_t>(pieces.size()), [&](int, int64_t i) {
+    const auto [begin, end] = pieces[static_cast<size_t>(i)];
+    s.UpdateBeside(c, grad, begin, end);
+  });
   for (int a = 0; a < kStateArrays; ++a) std::swap(s.ram[a], s.bank[a]);
   s.speculated.Clear();
   if (!tile_updated) return absl::OkStatus();
