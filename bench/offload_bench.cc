@@ -37,15 +37,23 @@ constexpr int kTensors = 16;
 using bench_internal::Median;
 using bench_internal::SecondsSince;
 
-std::string JobConfig(DType dtype, int64_t chunk_elems, bool dpu) {
+// How the servers update: with a delayed parameter update, and whether
+// they speculate (zo.speculative_update; a job with DPU does not).
+struct UpdateMode {
+  bool dpu = false;
+  bool speculative = true;
+};
+
+std::string JobConfig(DType dtype, int64_t chunk_elems, UpdateMode mode) {
   const char* precision = dtype == DType::kFloat16    ? R"("fp16": {"enabled": true},)"
                           : dtype == DType::kBFloat16 ? R"("bf16": {"enabled": true},)"
                                                       : "";
   return absl::StrCat(R"({"train_batch_size": 1, )", precision, R"(
       "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.01}},
       "zo": {"chunk_elems": )",
-                      chunk_elems, R"(, "dpu": {"enabled": )", dpu ? "true" : "false",
-                      R"(, "warmup_steps": 0}}})");
+                      chunk_elems, R"(, "speculative_update": )",
+                      mode.speculative ? "true" : "false", R"(, "dpu": {"enabled": )",
+                      mode.dpu ? "true" : "false", R"(, "warmup_steps": 0}}})");
 }
 
 // The server's update alone: the fused Adam over the same number of
@@ -105,7 +113,7 @@ struct RouteResult {
 class BenchJob {
  public:
   static absl::StatusOr<std::unique_ptr<BenchJob>> Open(const OffloadBenchOptions& o,
-                                                        const std::string& route, bool dpu) {
+                                                        const std::string& route, UpdateMode mode) {
     auto job = std::unique_ptr<BenchJob>(new BenchJob());
     ServerOptions server_options;
     const bool over_tcp = route == "tcp" || route == "same_host";
@@ -113,7 +121,8 @@ class BenchJob {
     server_options.threads = o.threads;
     ZO_ASSIGN_OR_RETURN(job->server_, OffloadServer::Start(server_options));
     ClientOptions options;
-    options.job = absl::StrCat("bench-offload-", route, dpu ? "-dpu" : "");
+    options.job = absl::StrCat("bench-offload-", route, mode.dpu ? "-dpu" : "",
+                               mode.speculative ? "-speculative" : "");
     if (over_tcp) {
       options.servers = {absl::StrCat("127.0.0.1:", job->server_->port())};
       options.shared_memory = route == "same_host";
@@ -129,7 +138,7 @@ class BenchJob {
     }
     ZO_ASSIGN_OR_RETURN(
         job->client_,
-        OffloadClient::Open(options, JobConfig(o.dtype, o.chunk_elems, dpu), job->manifest_));
+        OffloadClient::Open(options, JobConfig(o.dtype, o.chunk_elems, mode), job->manifest_));
     if (route == "same_host" && job->client_->routes()[0] != "shared_memory") {
       return absl::FailedPreconditionError(
           "offload: same_host: the server did not map the shared region (see the log)");
@@ -190,7 +199,7 @@ class BenchJob {
 
 absl::StatusOr<RouteResult> MeasureRoute(const OffloadBenchOptions& o, const std::string& route,
                                          AdamAlone& adam) {
-  ZO_ASSIGN_OR_RETURN(std::unique_ptr<BenchJob> job, BenchJob::Open(o, route, /*dpu=*/false));
+  ZO_ASSIGN_OR_RETURN(std::unique_ptr<BenchJob> job, BenchJob::Open(o, route, UpdateMode{}));
   int64_t step = 0;
   auto one_step = [&](RouteResult* r) -> absl::Status {
     ++step;
@@ -230,7 +239,7 @@ absl::StatusOr<RouteResult> MeasureRoute(const OffloadBenchOptions& o, const std
 }
 
 struct OverlapResult {
-  bool dpu = false;
+  UpdateMode mode;
   double step_s = 0;
 };
 
@@ -245,9 +254,9 @@ struct OverlapResult {
 // wait for its weights to the acknowledgement, the next step's following
 // at once.
 absl::StatusOr<OverlapResult> MeasureOverlap(const OffloadBenchOptions& o, const std::string& route,
-                                             bool dpu, double compute_s) {
-  ZO_ASSIGN_OR_RETURN(std::unique_ptr<BenchJob> job, BenchJob::Open(o, route, dpu));
-  const DpuConfig policy{.enabled = dpu, .warmup_steps = 0};
+                                             UpdateMode mode, double compute_s) {
+  ZO_ASSIGN_OR_RETURN(std::unique_ptr<BenchJob> job, BenchJob::Open(o, route, mode));
+  const DpuConfig policy{.enabled = mode.dpu, .warmup_steps = 0};
   const auto idle = [](double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); };
   const double slice_s = compute_s * 2 / 3 / job->tensors();
   // Two untimed steps: the first touch of the server's state, and with DPU
@@ -261,7 +270,8 @@ absl::StatusOr<OverlapResult> MeasureOverlap(const OffloadBenchOptions& o, const
   std::vector<double> step_s;
   for (int64_t step = 1; step <= kWarmup + o.rounds; ++step) {
     if (step > kWarmup) {
-      std::cerr << "offload: " << route << ": overlap, dpu " << (dpu ? "on" : "off") << ": round "
+      std::cerr << "offload: " << route << ": overlap, dpu " << (mode.dpu ? "on" : "off")
+                << ", speculative " << (mode.speculative ? "on" : "off") << ": round "
                 << step - kWarmup << " of " << o.rounds << "\n";
     }
     const auto start = std::chrono::steady_clock::now();
@@ -283,32 +293,42 @@ absl::StatusOr<OverlapResult> MeasureOverlap(const OffloadBenchOptions& o, const
     ZO_RETURN_IF_ERROR(job->FinishStep(step));
     if (step > kWarmup) step_s.push_back(SecondsSince(start));
   }
-  return OverlapResult{.dpu = dpu, .step_s = Median(step_s)};
+  return OverlapResult{.mode = mode, .step_s = Median(step_s)};
 }
 
-// The route's overlap rows, without and with DPU. Rows carry
-// "speculative": false; an update that starts before the step is decided
-// would add its own.
+// The route's overlap rows: the synchronous update, the same with the
+// speculative update (each chunk updated as its gradients come in), and
+// the delayed parameter update (which does not speculate: its update is
+// off the step's path already).
 absl::Status ReportOverlap(const OffloadBenchOptions& o, const std::string& route,
                            double servers_step_s, std::ostream& out) {
   const double compute_s = o.compute_ms > 0 ? o.compute_ms / 1e3 : servers_step_s;
-  for (const bool dpu : {false, true}) {
-    ZO_ASSIGN_OR_RETURN(const OverlapResult r, MeasureOverlap(o, route, dpu, compute_s));
+  for (const UpdateMode mode : {UpdateMode{.dpu = false, .speculative = false},
+                                UpdateMode{.dpu = false, .speculative = true},
+                                UpdateMode{.dpu = true, .speculative = false}}) {
+    ZO_ASSIGN_OR_RETURN(const OverlapResult r, MeasureOverlap(o, route, mode, compute_s));
     const double ratio = r.step_s / std::max(compute_s, servers_step_s);
     if (o.json) {
-      out << nlohmann::json{{"bench", "offload"},     {"row", "overlap"},
-                            {"route", route},         {"dtype", std::string(DTypeName(o.dtype))},
-                            {"params", o.params},     {"threads", o.threads},
-                            {"speculative", false},   {"dpu", r.dpu},
-                            {"compute_s", compute_s}, {"servers_step_s", servers_step_s},
-                            {"step_s", r.step_s},     {"ratio", ratio}}
+      out << nlohmann::json{{"bench", "offload"},
+                            {"row", "overlap"},
+                            {"route", route},
+                            {"dtype", std::string(DTypeName(o.dtype))},
+                            {"params", o.params},
+                            {"threads", o.threads},
+                            {"speculative", r.mode.speculative},
+                            {"dpu", r.mode.dpu},
+                            {"compute_s", compute_s},
+                            {"servers_step_s", servers_step_s},
+                            {"step_s", r.step_s},
+                            {"ratio", ratio}}
                  .dump()
           << "\n";
     } else {
       out << absl::StrFormat(
-          "%-16s %10.1f  overlap: compute %.1f ms, dpu %s, %.2f x max(compute, "
+          "%-16s %10.1f  overlap: compute %.1f ms, dpu %s, speculative %s, %.2f x max(compute, "
           "step alone)\n",
-          route, 1e3 * r.step_s, 1e3 * compute_s, r.dpu ? "on" : "off", ratio);
+          route, 1e3 * r.step_s, 1e3 * compute_s, r.mode.dpu ? "on" : "off",
+          r.mode.speculative ? "on" : "off", ratio);
     }
     out.flush();
   }
@@ -351,7 +371,7 @@ absl::Status RunOffloadBench(const OffloadBenchOptions& options, std::ostream& o
                             {"params", o.params},        {"threads", o.threads},
                             {"step_s", r.step_s},        {"push_s", r.push_s},
                             {"update_pull_s", r.pull_s}, {"adam_s", r.adam_s},
-                            {"ratio", r.ratio}}
+                            {"ratio", r.ratio},          {"speculative", true}}
                  .dump()
           << "\n";
     } else {
