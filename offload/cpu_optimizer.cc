@@ -69,25 +69,58 @@ void CpuOptimizer::LionStep(const LionStepConstants& k, SimdLevel level) {
   });
 }
 
-StepGradStats CpuOptimizer::ComputeGradStats(SimdLevel level) const {
+std::vector<GradStats> CpuOptimizer::PerChunkStats(const std::vector<bool>& wanted,
+                                                   SimdLevel level) const {
+  std::vector<size_t> blocks;
+  for (size_t b = 0; b < stats_blocks_.size(); ++b) {
+    if (wanted[stats_blocks_[b].chunk]) blocks.push_back(b);
+  }
   // Each block's result goes to its own slot; workers take contiguous runs of
   // blocks, so only the slots at run edges share a cache line.
-  std::vector<GradStats> block_stats(stats_blocks_.size());
+  std::vector<GradStats> block_stats(blocks.size());
   const int workers = pool_->size();
   pool_->RunOnAll([&](int w) {
-    const size_t end = EvenShareBegin(stats_blocks_.size(), workers, w + 1);
-    for (size_t b = EvenShareBegin(stats_blocks_.size(), workers, w); b < end; ++b) {
-      const Segment& s = stats_blocks_[b];
+    const size_t end = EvenShareBegin(blocks.size(), workers, w + 1);
+    for (size_t i = EvenShareBegin(blocks.size(), workers, w); i < end; ++i) {
+      const Segment& s = stats_blocks_[blocks[i]];
       const OptimizerChunk& c = chunks_[s.chunk];
-      block_stats[b] = zo::ComputeGradStats(OffsetBy(c.grad, s.begin), s.size(), level);
+      block_stats[i] = zo::ComputeGradStats(OffsetBy(c.grad, s.begin), s.size(), level);
     }
   });
-  StepGradStats out;
-  out.per_chunk.resize(chunks_.size());
-  for (size_t b = 0; b < stats_blocks_.size(); ++b) {
-    Combine(out.per_chunk[stats_blocks_[b].chunk], block_stats[b]);
+  std::vector<GradStats> per_chunk(chunks_.size());
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    Combine(per_chunk[stats_blocks_[blocks[i]].chunk], block_stats[i]);
   }
+  return per_chunk;
+}
+
+StepGradStats CpuOptimizer::ComputeGradStats(SimdLevel level) const {
+  StepGradStats out;
+  out.per_chunk = PerChunkStats(std::vector<bool>(chunks_.size(), true), level);
   for (const GradStats& s : out.per_chunk) Combine(out.total, s);
+  return out;
+}
+
+StepGradStats CpuOptimizer::ComputeGradStats(
+    const std::vector<std::optional<GradStats>>& known) const {
+  std::vector<bool> wanted(chunks_.size());
+  for (size_t c = 0; c < chunks_.size(); ++c) wanted[c] = !known[c].has_value();
+  StepGradStats out;
+  out.per_chunk = PerChunkStats(wanted, ActiveSimdLevel());
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    if (known[c].has_value()) out.per_chunk[c] = *known[c];
+    Combine(out.total, out.per_chunk[c]);
+  }
+  return out;
+}
+
+std::vector<GradStats> CpuOptimizer::ComputeChunkGradStats(const std::vector<int>& which) const {
+  std::vector<bool> wanted(chunks_.size(), false);
+  for (const int c : which) wanted[static_cast<size_t>(c)] = true;
+  const std::vector<GradStats> per_chunk = PerChunkStats(wanted, ActiveSimdLevel());
+  std::vector<GradStats> out;
+  out.reserve(which.size());
+  for (const int c : which) out.push_back(per_chunk[static_cast<size_t>(c)]);
   return out;
 }
 

@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "common/cpu_features.h"
@@ -82,6 +83,16 @@ class CpuOptimizer {
   // reduced independently and combined in order.
   StepGradStats ComputeGradStats() const { return ComputeGradStats(ActiveSimdLevel()); }
   StepGradStats ComputeGradStats(SimdLevel level) const;
+  // The same where some chunks' statistics are known already (a chunk's are
+  // final once its gradients are: the server's speculative update takes
+  // them as each chunk fills): known[c], where set, is used as chunk c's
+  // and the rest are read. Bit for bit ComputeGradStats when each known
+  // entry is what ComputeChunkGradStats gave for that chunk. known has one
+  // entry per chunk.
+  StepGradStats ComputeGradStats(const std::vector<std::optional<GradStats>>& known) const;
+  // The statistics of chunks `which` alone (indices, any order), each as
+  // ComputeGradStats gives it, threaded.
+  std::vector<GradStats> ComputeChunkGradStats(const std::vector<int>& which) const;
 
   // The driver behind every step: fn(chunk, begin, end) for each segment of
   // each worker's piece, on that worker, in order; returns when all are done.
@@ -93,6 +104,10 @@ class CpuOptimizer {
   const std::vector<OptimizerChunk> chunks_;
   const StepPartition partition_;
   const std::vector<Segment> stats_blocks_;
+
+  // Each chunk's statistics, reading only the blocks of chunks whose
+  // `wanted` entry is true (the others stay zero).
+  std::vector<GradStats> PerChunkStats(const std::vector<bool>& wanted, SimdLevel level) const;
 };
 
 // `ptr` advanced by `elems` elements of its dtype.

@@ -251,6 +251,36 @@ TEST(CpuOptimizerTest, StatsAreBitIdenticalAcrossWorkerCountsAndMatchDouble) {
   }
 }
 
+// Chunks' statistics taken one set at a time (as a speculative update takes
+// them when each chunk fills) and the rest read later give the bits of one
+// whole pass.
+TEST(CpuOptimizerTest, StatsOfSomeChunksFirstAndTheRestLaterAreTheWholePass) {
+  TestState state({100, 2 * kStatsBlockElems + 5, 50, 3 * kStatsBlockElems}, DType::kFloat32, false,
+                  DType::kFloat16, 3);
+  state.SetGradAt(2, 7, std::numeric_limits<float>::infinity());
+  ThreadPool pool(3);
+  const CpuOptimizer opt(&pool, state.chunks());
+  const StepGradStats whole = opt.ComputeGradStats();
+  const std::vector<GradStats> first = opt.ComputeChunkGradStats({3, 1});
+  ASSERT_EQ(first.size(), 2u);
+  std::vector<std::optional<GradStats>> known(4);
+  known[3] = first[0];
+  known[1] = first[1];
+  const StepGradStats rest = opt.ComputeGradStats(known);
+  EXPECT_EQ(std::memcmp(&rest.total.sum_squares, &whole.total.sum_squares, sizeof(double)), 0);
+  EXPECT_TRUE(rest.total.non_finite);
+  for (size_t c = 0; c < 4; ++c) {
+    EXPECT_EQ(std::memcmp(&rest.per_chunk[c].sum_squares, &whole.per_chunk[c].sum_squares,
+                          sizeof(double)),
+              0)
+        << "chunk " << c;
+    EXPECT_EQ(rest.per_chunk[c].non_finite, whole.per_chunk[c].non_finite) << "chunk " << c;
+  }
+  // A known entry is used as given, not read again.
+  known[0] = GradStats{.sum_squares = 1e6, .non_finite = false};
+  EXPECT_EQ(opt.ComputeGradStats(known).per_chunk[0].sum_squares, 1e6);
+}
+
 TEST(CpuOptimizerTest, StatsFlagTheChunkWithANonFiniteValue) {
   TestState state({100, 2 * kStatsBlockElems, 50}, DType::kFloat32, false, DType::kFloat16, 3);
   state.SetGradAt(1, kStatsBlockElems + 17, std::numeric_limits<float>::infinity());

@@ -222,6 +222,15 @@ StepGradStats GradientAccumulator::Stats() const {
   return view_->ComputeGradStats();
 }
 
+StepGradStats GradientAccumulator::Stats(const std::vector<std::optional<GradStats>>& known) const {
+  if (chunks_.empty()) return {};
+  return view_->ComputeGradStats(known);
+}
+
+std::vector<GradStats> GradientAccumulator::ChunkStats(const std::vector<int>& which) const {
+  return view_->ComputeChunkGradStats(which);
+}
+
 void GradientAccumulator::Release(size_t begin, size_t end, int64_t step) {
   if (begin >= end) return;
   if (!StoresGradients()) {

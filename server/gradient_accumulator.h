@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -118,8 +119,13 @@ class GradientAccumulator {
   // Pushes waiting for their chunk's release (their wakes kept).
   int waiting() const;
 
-  // Step thread, while Ready(): per-chunk statistics of the buffer.
+  // Step thread, while Ready(): per-chunk statistics of the buffer; with
+  // `known`, the chunks whose entry is set are not read again
+  // (CpuOptimizer::ComputeGradStats).
   StepGradStats Stats() const;
+  StepGradStats Stats(const std::vector<std::optional<GradStats>>& known) const;
+  // Step thread: the statistics of filled chunks `which` (TakeFilled).
+  std::vector<GradStats> ChunkStats(const std::vector<int>& which) const;
   // Step thread: the whole buffer, local_elems() elements of
   // gradient_dtype().
   TypedConstPtr gradients() const { return {accum_.data(), gradient_dtype()}; }

@@ -403,6 +403,9 @@ class Job {
     std::optional<StepInputs> guess;  // once it could be guessed
     std::vector<int> waiting;         // filled chunks the guess has yet to come for
     int64_t chunks = 0;               // updated into the bank
+    // Per chunk, the gradient statistics taken when it was speculated: the
+    // step's statistics do not read those chunks again.
+    std::vector<std::optional<GradStats>> stats;
   };
   Speculation speculation_;
 

@@ -73,7 +73,8 @@ void Job::Speculate(const JobPosition::Work& work) {
                     .generation = work.generation,
                     .guess = std::nullopt,
                     .waiting = {},
-                    .chunks = 0};
+                    .chunks = 0,
+                    .stats = std::vector<std::optional<GradStats>>(chunks().size())};
   }
   const std::vector<int> filled = accum_->TakeFilled();
   speculation_.waiting.insert(speculation_.waiting.end(), filled.begin(), filled.end());
@@ -86,6 +87,12 @@ void Job::Speculate(const JobPosition::Work& work) {
     if (!speculation_.guess.has_value()) return;
   }
   const RangedConstants<AdamStepConstants> c = ConstantsOf(*speculation_.guess);
+  // Their statistics now, while the workers compute, rather than on the
+  // step's path.
+  const std::vector<GradStats> stats = accum_->ChunkStats(speculation_.waiting);
+  for (size_t i = 0; i < stats.size(); ++i) {
+    speculation_.stats[static_cast<size_t>(speculation_.waiting[i])] = stats[i];
+  }
   int64_t done = 0;
   for (const int index : speculation_.waiting) {
     const LocalChunk& chunk = chunks()[static_cast<size_t>(index)];

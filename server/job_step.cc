@@ -30,7 +30,9 @@ v1::StepStats Job::ComputeStepStats(int64_t step, int64_t generation) {
   stats.set_server_index(spec_.server_index);
   stats.set_generation(generation);
   if (chunks().empty()) return stats;
-  const StepGradStats s = accum_->Stats();
+  // Chunks speculated on had theirs taken then.
+  const bool speculated = speculation_.step == step && speculation_.generation == generation;
+  const StepGradStats s = speculated ? accum_->Stats(speculation_.stats) : accum_->Stats();
   for (size_t i = 0; i < chunks().size(); ++i) {
     stats.add_chunks(chunks()[i].id);
     stats.add_chunk_sum_squares(s.per_chunk[i].sum_squares);
