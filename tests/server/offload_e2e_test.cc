@@ -2,6 +2,7 @@
 // dp workers as client-library threads, a least-squares problem whose exact
 // gradients make the expected trajectory computable in double precision.
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <set>
 #include <string>
@@ -10,8 +11,10 @@
 #include "absl/strings/str_cat.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "offload/checkpoint/checkpoint_dir.h"
+#include "proto/zo/v1/offload_service.grpc.pb.h"
 #include "rpc/error_detail.h"
 #include "tests/server/least_squares.h"
 #include "tests/server/server_process.h"
@@ -42,6 +45,19 @@ double MaxRelError(const std::vector<float>& got, const std::vector<double>& wan
   return worst;
 }
 
+// A server's JobStatus of `job`.
+v1::JobStatus StatusOf(const ServerProcess& server, const std::string& job) {
+  auto stub = v1::Offload::NewStub(
+      grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  v1::GetJobStatusRequest request;
+  request.set_job(job);
+  v1::JobStatus status;
+  const grpc::Status got = stub->GetJobStatus(&context, request, &status);
+  EXPECT_TRUE(got.ok()) << got.error_message();
+  return status;
+}
+
 // 2 servers x 2 dp ranks, steps 1..50, fp32: the servers' weights after
 // each run, shared by the tests that compare against an uninterrupted run.
 const std::vector<float>& UninterruptedWeights() {
@@ -54,6 +70,14 @@ const std::vector<float>& UninterruptedWeights() {
     EXPECT_THAT(RunSteps(*workers, 1, kSteps), IsOk());
     auto x = (*workers)[0]->PullAll(kSteps);
     EXPECT_THAT(x.status(), IsOk());
+    // Each server speculated on some chunks; the decisions kept or redid
+    // every one of them.
+    for (const ServerProcess& server : servers) {
+      const v1::JobStatus st = StatusOf(server, "plain");
+      EXPECT_EQ(st.no_speculation(), "") << st.server_index();
+      EXPECT_GT(st.speculated_chunks(), 0) << st.server_index();
+      EXPECT_EQ(st.confirmed_chunks() + st.redone_chunks(), st.speculated_chunks());
+    }
     return new std::vector<float>(*x);
   }();
   return *weights;
@@ -72,6 +96,30 @@ TEST(OffloadE2eTest, TwoServersTwoRanksMatchTheDoublePrecisionReference) {
   // no clipping, lr off by one step) misses by > 1e-3.
   EXPECT_LT(MaxRelError(x, ref.master()), 1e-5);
   EXPECT_LT(p.Loss(x), 0.5 * p.Loss(p.x0)) << "training should reduce the loss";
+}
+
+// The same run without the speculative update: every server speculated in
+// the run above (lead and follower alike, clipping active in the first
+// steps), and the weights are the same bits.
+TEST(OffloadE2eTest, TheSpeculativeUpdateLeavesTheWeightsOfTheSynchronousOne) {
+  const LeastSquares p = Problem();
+  const std::vector<float>& speculative = UninterruptedWeights();
+  std::vector<ServerProcess> servers = StartServers(2);
+  const std::string config = ReferenceJobConfig(
+      R"("steps_per_print": 10, "zo": {"chunk_elems": 128, "speculative_update": false})");
+  auto workers = OpenWorkers(p, DType::kFloat32, "synchronous", config, Addresses(servers));
+  ASSERT_THAT(workers.status(), IsOk());
+  ASSERT_THAT((*workers)[0]->InitWeights(), IsOk());
+  ASSERT_THAT(RunSteps(*workers, 1, kSteps), IsOk());
+  auto synchronous = (*workers)[0]->PullAll(kSteps);
+  ASSERT_THAT(synchronous.status(), IsOk());
+  ASSERT_EQ(synchronous->size(), speculative.size());
+  EXPECT_EQ(std::memcmp(synchronous->data(), speculative.data(), speculative.size() * 4), 0);
+  for (const ServerProcess& server : servers) {
+    const v1::JobStatus st = StatusOf(server, "synchronous");
+    EXPECT_EQ(st.no_speculation(), "zo.speculative_update is false");
+    EXPECT_EQ(st.speculated_chunks(), 0);
+  }
 }
 
 // DeepSpeed's DynamicLossScaler, written from its documented semantics.
