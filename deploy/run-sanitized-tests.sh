@@ -15,10 +15,12 @@ cd "$(dirname "$0")/.."
 # The wire's gradient parser, checkpoint files, the I/O engine and swap
 # tiers, the snapshot and accumulator buffers, the threads that share them;
 # a streaming stage's window, whose reader thread reads and uploads into
-# slots the stage's thread reuses.
+# slots the stage's thread reuses; the speculative update, whose step thread
+# writes the state's second bank while pushes fill the accumulator.
 tests=(
   server/gradient_piece_view_test offload/checkpoint_part_test offload/block_io_engine_test
   offload/swap_layout_test offload/tiered_state_test offload/thread_pool_test
+  offload/tiered_state_speculation_test server/job_speculation_test
   server/gradient_accumulator_test server/param_versions_test server/param_versions_master_test
   server/param_versions_writing_test server/wait_list_test
   server/state_snapshot_test server/state_checkpoint_test server/job_test

@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/testing/status_matchers.h"
@@ -184,6 +185,79 @@ TEST_F(JobSpeculationTest, TheScheduleAndWeightDecayAreGuessedRight) {
        .scales = {1e-3f, 2e-3f, 3e-3f, 4e-3f}});
   EXPECT_EQ(st.confirmed_chunks(), 4);
   EXPECT_EQ(st.redone_chunks(), 0);
+}
+
+// A restore while a step is speculated on: the step the speculation
+// belonged to is undone, and the same step taken again after the restore
+// with other gradients gets the weights the job without speculation gets.
+TEST_F(JobSpeculationTest, ARestoreDropsTheSpeculationOfTheStepItUndoes) {
+  SpeculationWatch watch;
+  speculated_ = watch.Hook();
+  std::unique_ptr<Job> job = Open(R"("gradient_clipping": 0)");
+  speculated_ = nullptr;
+  std::unique_ptr<Job> plain =
+      Open(R"("gradient_clipping": 0, "zo": {"chunk_elems": 64, "speculative_update": false})");
+  ASSERT_NE(job, nullptr);
+  ASSERT_NE(plain, nullptr);
+  for (Job* j : {job.get(), plain.get()}) {
+    ASSERT_THAT(PushChunk(*j, 1, 0, 0.5f, 0, 0), IsOk());
+    ASSERT_THAT(PushChunk(*j, 1, 1, 0.5f, 0, 0), IsOk());
+  }
+  ASSERT_THAT(WaitForVersion(*job, 1), IsOk());
+  ZO_ASSERT_OK_AND_ASSIGN(const v1::CheckpointResponse at1,
+                          job->Checkpoint(1, absl::InfiniteFuture()));
+  ASSERT_THAT(PushChunk(*job, 2, 0, 3.0f, 0, 0), IsOk());
+  watch.WaitFor(2, 1);
+  ZO_ASSERT_OK_AND_ASSIGN(const v1::RestoreResponse restored,
+                          job->Restore(at1.path(), absl::InfiniteFuture(), /*rollback=*/true));
+  ASSERT_EQ(restored.version(), 1);
+  for (Job* j : {job.get(), plain.get()}) {
+    ASSERT_THAT(PushChunk(*j, 2, 0, -0.25f, 0, 0), IsOk());
+    ASSERT_THAT(PushChunk(*j, 2, 1, -0.25f, 0, 0), IsOk());
+  }
+  ZO_ASSERT_OK_AND_ASSIGN(const std::string got, Weights(*job, 2));
+  ZO_ASSERT_OK_AND_ASSIGN(const std::string want, Weights(*plain, 2));
+  EXPECT_TRUE(got == want) << "the weights differ";
+  EXPECT_EQ(job->Status().confirmed_chunks() + job->Status().redone_chunks(),
+            job->Status().speculated_chunks() - 1)
+      << "the chunk the restore dropped is neither kept nor redone";
+}
+
+// A checkpoint of version 1 begun while steps 2 and 3 are speculated and
+// kept holds version 1 (the commit shows it each tile as it was): restored,
+// it serves version 1 again and replays to step 3's bits.
+TEST_F(JobSpeculationTest, ACheckpointTakenWhileStepsAreSpeculatedHoldsItsVersion) {
+  SpeculationWatch watch;
+  speculated_ = watch.Hook();
+  std::unique_ptr<Job> job = Open(R"("gradient_clipping": 0)");
+  speculated_ = nullptr;
+  ASSERT_NE(job, nullptr);
+  std::map<int64_t, std::string> weights;
+  const auto step = [&](int64_t s) {
+    ASSERT_THAT(PushChunk(*job, s, 0, 0.25f * static_cast<float>(s), 0, 0), IsOk());
+    watch.WaitFor(s, 1);
+    ASSERT_THAT(PushChunk(*job, s, 1, 0.25f * static_cast<float>(s), 0, 0), IsOk());
+    ZO_ASSERT_OK_AND_ASSIGN(weights[s], Weights(*job, s));
+  };
+  step(1);
+  absl::StatusOr<v1::CheckpointResponse> ckpt;
+  std::thread asker([&] { ckpt = job->Checkpoint(1, absl::InfiniteFuture()); });
+  for (int64_t s = 2; s <= 3; ++s) step(s);
+  asker.join();
+  ASSERT_THAT(ckpt.status(), IsOk());
+  ASSERT_EQ(ckpt->version(), 1);
+  EXPECT_GE(job->Status().confirmed_chunks(), 3);
+  ZO_ASSERT_OK_AND_ASSIGN(const v1::RestoreResponse restored,
+                          job->Restore(ckpt->path(), absl::InfiniteFuture(), /*rollback=*/true));
+  ASSERT_EQ(restored.version(), 1);
+  ZO_ASSERT_OK_AND_ASSIGN(const std::string again1, Weights(*job, 1));
+  EXPECT_TRUE(again1 == weights[1]);
+  for (int64_t s = 2; s <= 3; ++s) {
+    ASSERT_THAT(PushChunk(*job, s, 0, 0.25f * static_cast<float>(s), 0, 0), IsOk());
+    ASSERT_THAT(PushChunk(*job, s, 1, 0.25f * static_cast<float>(s), 0, 0), IsOk());
+  }
+  ZO_ASSERT_OK_AND_ASSIGN(const std::string again3, Weights(*job, 3));
+  EXPECT_TRUE(again3 == weights[3]) << "m and v of version 1 are not what the checkpoint holds";
 }
 
 // Where it cannot be exact or would not help, a job does not speculate and
