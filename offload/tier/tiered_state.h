@@ -186,7 +186,8 @@ class TieredOptimizerState {
   absl::Status ReserveSpeculation();
   bool speculation_reserved() const;
   // Elements [offset, offset + n): the step with constants `c` from `grad`
-  // (indexed like the state), written into the bank, on the pool's workers.
+  // (indexed like the state), written into the bank, on the pool's workers
+  // but one (a pool of one: on the calling thread).
   // Every call until the next Commit or Discard passes the same constants
   // and disjoint ranges. FAILED_PRECONDITION without a bank or while the
   // state needs restore.

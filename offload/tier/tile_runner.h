@@ -19,9 +19,11 @@ namespace zo {
 // fn(worker, tile) for every tile in [0, count), on pool's workers; `pump`,
 // if set, runs on worker 0 (the calling thread) before each of its tiles and
 // once more when its share is done. Returns when all are done. `fn` must be
-// safe to call concurrently on different tiles.
+// safe to call concurrently on different tiles. With `max_workers` > 0 only
+// the first that many workers take tiles (the rest return at once, leaving
+// their cores to other work).
 void RunTiles(ThreadPool* pool, int64_t count, const std::function<void(int, int64_t)>& fn,
-              const std::function<void()>& pump = nullptr);
+              const std::function<void()>& pump = nullptr, int max_workers = 0);
 
 }  // namespace zo
 
