@@ -273,6 +273,12 @@ std::string FormatEstimateTable(const MemoryEstimate& e) {
   out +=
       "\nzo-train's \"auto\" picks device when its total takes at most half the GPU's free\n"
       "memory, else servers (fp32 gradient sum on the servers).\n";
+  if (s.speculation_bytes > 0) {
+    out +=
+        "\nThe speculative update (zo.speculative_update) is optional memory: a server that "
+        "cannot\ntake its copy updates without it and says so (--speculative-update=false "
+        "leaves it out).\n";
+  }
   out += "\nActivations, GPU workspace and gRPC buffers are not included.\n";
   out +=
       "Under servers a layer's fp32 gradients live at once; counted here as the largest\n"

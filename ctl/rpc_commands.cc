@@ -107,6 +107,13 @@ std::string FormatJobStatus(const RpcTarget& target, const v1::JobStatus& st) {
                                      st.waiting_pushes(), " push(es) for a chunk still updating")},
       {"RAM", absl::StrCat(FormatBytes(static_cast<double>(st.ram_bytes())),
                            " for this job on this server")},
+      {"speculative update",
+       st.no_speculation().empty()
+           ? absl::StrFormat("on: %d chunks updated before their step was decided, %d kept, %d "
+                             "updated again (%.3f s)",
+                             st.speculated_chunks(), st.confirmed_chunks(), st.redone_chunks(),
+                             st.redo_seconds())
+           : absl::StrCat("off: ", st.no_speculation())},
   };
   if (!followers.empty()) rows.emplace_back("followers", absl::StrJoin(followers, "; "));
   // Fields added to JobStatus after this table still show.
@@ -118,7 +125,9 @@ std::string FormatJobStatus(const RpcTarget& target, const v1::JobStatus& st) {
            number == v1::JobStatus::kFollowersFieldNumber ||
            number == v1::JobStatus::kLastCheckpointErrorFieldNumber ||
            number == v1::JobStatus::kCheckpointFailuresFieldNumber ||
-           number == v1::JobStatus::kRestoringFieldNumber;
+           number == v1::JobStatus::kRestoringFieldNumber ||
+           (number >= v1::JobStatus::kNoSpeculationFieldNumber &&
+            number <= v1::JobStatus::kRedoSecondsFieldNumber);
   };
   const nlohmann::ordered_json all = MessageToJson(st);
   const google::protobuf::Descriptor* d = st.GetDescriptor();

@@ -88,6 +88,14 @@ std::vector<MetricFamily> ServerMetrics::Collect() const {
             "payload bytes: direction=in gradients received, direction=out weights sent to pulls",
             MetricType::Counter);
   MetricFamily& pulls = f.Add("zo_server_job_pulls_total", "pulls served", MetricType::Counter);
+  MetricFamily& speculated =
+      f.Add("zo_server_job_speculated_chunks_total",
+            "chunks updated before their step was decided (zo.speculative_update), by what the "
+            "decision did: outcome=kept, outcome=redone (a skipped or clipped step)",
+            MetricType::Counter);
+  MetricFamily& redo_seconds =
+      f.Add("zo_server_job_speculation_redo_seconds_total",
+            "seconds the updates that replaced speculated ones took", MetricType::Counter);
   MetricFamily& loss_scale =
       f.Add("zo_server_job_loss_scale", "loss scale of the open step (1 without fp16)",
             MetricType::Gauge);
@@ -148,6 +156,9 @@ std::vector<MetricFamily> ServerMetrics::Collect() const {
     AddSample(bytes, {j, {"direction", "in"}}, static_cast<double>(t.gradient_bytes));
     AddSample(bytes, {j, {"direction", "out"}}, static_cast<double>(t.param_bytes));
     AddSample(pulls, {j}, static_cast<double>(t.pulls));
+    AddSample(speculated, {j, {"outcome", "kept"}}, static_cast<double>(t.confirmed_chunks));
+    AddSample(speculated, {j, {"outcome", "redone"}}, static_cast<double>(t.redone_chunks));
+    AddSample(redo_seconds, {j}, t.redo_seconds);
     AddSample(loss_scale, {j}, s.loss_scale());
     AddSample(grad_norm, {j}, s.last_grad_norm());
     AddSample(lr, {j}, s.last_lr());

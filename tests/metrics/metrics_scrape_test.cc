@@ -153,6 +153,13 @@ TEST(MetricsScrapeTest, ServerAndWorkerCountersMoveWhileTraining) {
   EXPECT_GT(Value(s2, "zo_server_job_grad_norm", job), 0);
   EXPECT_GT(Value(s2, "zo_server_job_loss_scale", job), 1);
   EXPECT_EQ(Value(s2, "zo_server_job_healthy", job), 1);
+  // Its state is on NVMe: no speculative update, and the counters say so.
+  for (const char* outcome : {"kept", "redone"}) {
+    EXPECT_EQ(Value(s2, "zo_server_job_speculated_chunks_total",
+                    {absl::StrCat("outcome=\"", outcome, "\"")}),
+              0)
+        << outcome;
+  }
   EXPECT_GT(Value(s2, "zo_server_job_resident_bytes", {"tier=\"nvme\""}), 0);
   EXPECT_GT(Value(s2, "zo_server_job_resident_bytes", {"tier=\"ram\""}), 0);
   for (const char* op : {"read", "write"}) {
