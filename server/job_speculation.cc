@@ -33,9 +33,6 @@ std::string Job::WhyNoSpeculation(std::optional<int64_t> spare) const {
     return "the optimizer state lies partly on NVMe, where there is no room beside it for the "
            "update";
   }
-  if (!is_lead() && config.zo.client_lr) {
-    return "with zo.client_lr a step's learning rates reach the lead server only";
-  }
   const int64_t bank = local_elems_ * kStateBytesPerElem;
   if (resources_.ram_budget_bytes >= 0 && 2 * bank > resources_.ram_budget_bytes) {
     return absl::StrCat("the server's memory budget (", FormatBytes(resources_.ram_budget_bytes),

@@ -34,25 +34,23 @@ StepCoordinator::StepCoordinator(Options options)
 
 std::optional<StepInputs> StepCoordinator::GuessUnclipped(double loss_scale_used) const {
   absl::MutexLock lock(&mu_);
-  const bool client_lr = options_.config != nullptr && options_.config->zo.client_lr;
+  std::optional<StepInputs> guess;
   if (decider_.has_value()) {
-    StepInputs guess = decider_->Unclipped(loss_scale_used);
-    if (client_lr) {
-      auto it = client_lr_.find(open_step_);
-      if (it == client_lr_.end()) return std::nullopt;
-      guess.lr = it->second.front();
-      guess.group_lr = it->second;
-    }
-    return guess;
+    guess = decider_->Unclipped(loss_scale_used);
+  } else if (follower_applied_.has_value() && follower_schedule_.has_value()) {
+    guess = StepInputs{
+        .grad_multiplier = UnclippedGradMultiplier(options_.dp_world_size, loss_scale_used),
+        .lr = follower_schedule_->LrAt(*follower_applied_),
+        .group_lr = {},
+        .applied_steps = *follower_applied_ + 1};
   }
-  if (client_lr || !follower_applied_.has_value() || !follower_schedule_.has_value()) {
-    return std::nullopt;
+  if (guess.has_value() && options_.config != nullptr && options_.config->zo.client_lr) {
+    auto it = client_lr_.find(open_step_);
+    if (it == client_lr_.end()) return std::nullopt;
+    guess->lr = it->second.front();
+    guess->group_lr = it->second;
   }
-  return StepInputs{
-      .grad_multiplier = UnclippedGradMultiplier(options_.dp_world_size, loss_scale_used),
-      .lr = follower_schedule_->LrAt(*follower_applied_),
-      .group_lr = {},
-      .applied_steps = *follower_applied_ + 1};
+  return guess;
 }
 
 // ---------------------------------------------------------------- lead
@@ -140,10 +138,6 @@ std::optional<v1::StepCommit> StepCoordinator::LeadRound(const v1::StepStats& ow
 
 absl::Status StepCoordinator::OnStepLr(int64_t step, int dp_rank,
                                        absl::Span<const double> group_lr) {
-  if (!is_lead()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("learning rates sent to server ", server_index_, "; the lead is server 0"));
-  }
   if (!options_.config->zo.client_lr) {
     return absl::FailedPreconditionError(
         absl::StrCat("job ", job_,
@@ -283,6 +277,8 @@ std::string StepCoordinator::StallDescription() const {
 void StepCoordinator::Advance(int64_t step) {
   absl::MutexLock lock(&mu_);
   open_step_ = std::max(open_step_, step + 1);
+  // A follower's rates of decided steps (the lead's round took its own).
+  client_lr_.erase(client_lr_.begin(), client_lr_.upper_bound(step));
 }
 
 void StepCoordinator::Restart(int64_t generation, int64_t open_step) {

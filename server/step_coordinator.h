@@ -50,7 +50,7 @@ class StepCoordinator {
     int server_index = 0;           // 0: the lead
     int dp_world_size = 1;
     const Config* config = nullptr;  // lead: the decider's; borrowed
-    int num_groups = 1;              // lead: parameter groups, for zo.client_lr
+    int num_groups = 1;              // parameter groups, for zo.client_lr
     // Follower: sends this server's statistics to the lead.
     std::function<absl::Status(const v1::StepStats&)> report_stats;
     // Lead: sends the commit to follower `server` (1 .. servers - 1).
@@ -82,23 +82,25 @@ class StepCoordinator {
   // Follower: the lead's decision. FAILED_PRECONDITION for another
   // generation or a step that is not open.
   absl::Status OnCommit(const v1::StepCommit& commit);
-  // Lead, with zo.client_lr: a dp rank's learning rates (one per parameter
-  // group) for `step`, which a worker sends before the step's gradients, so
-  // they are here when the round decides. The first rank's rates hold;
-  // another rank's that differ are INVALID_ARGUMENT, and so are rates of
-  // the wrong count or not finite and >= 0. FAILED_PRECONDITION without
-  // zo.client_lr, on a follower, or for a step more than two ahead of the
-  // open one; a step already decided is ignored (a worker re-sending it).
-  // A round that finds no rates for its step fails the job (a client that
-  // does not send them cannot be trained with zo.client_lr).
+  // With zo.client_lr: a dp rank's learning rates (one per parameter group)
+  // for `step`, which a worker sends before the step's gradients, so they
+  // are here when the lead's round decides (and a follower, which the
+  // client tells too, guesses the step with them: GuessUnclipped). The
+  // first rank's rates hold; another rank's that differ are
+  // INVALID_ARGUMENT, and so are rates of the wrong count or not finite and
+  // >= 0. FAILED_PRECONDITION without zo.client_lr or for a step more than
+  // two ahead of the open one; a step already decided is ignored (a worker
+  // re-sending it). A lead's round that finds no rates for its step fails
+  // the job (a client that does not send them cannot be trained with
+  // zo.client_lr).
   absl::Status OnStepLr(int64_t step, int dp_rank, absl::Span<const double> group_lr);
 
   // What the commit of the open step will say if it is applied unclipped,
   // its gradients carrying `loss_scale_used`: a speculative update's guess
   // (server/job.h), right whenever the step is neither skipped nor clipped.
   // nullopt when this server cannot know it: with zo.client_lr before the
-  // step's rates came (a follower never has them), and on a follower
-  // after a restore until its first commit.
+  // step's rates came, and on a follower after a restore until its first
+  // commit.
   std::optional<StepInputs> GuessUnclipped(double loss_scale_used) const;
 
   // While a round keeps failing to reach another server: "sending the
@@ -157,7 +159,8 @@ class StepCoordinator {
   std::optional<StepDecider> decider_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, std::map<int, v1::StepStats>> partials_
       ABSL_GUARDED_BY(mu_);  // step -> server -> stats
-  // With zo.client_lr: step -> each group's rate.
+  // With zo.client_lr: step -> each group's rate (the lead decides with
+  // them; a follower guesses with them).
   std::map<int64_t, std::vector<double>> client_lr_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -162,6 +162,32 @@ TEST(StepCoordinatorTest, TheUnclippedGuessIsTheCommitOfAnUnclippedStep) {
   EXPECT_TRUE(p.follower->GuessUnclipped(1.0).has_value());
 }
 
+// With zo.client_lr both servers guess the step once the client's rates
+// reached them, and with those rates; the follower forgets them once the
+// step is decided.
+TEST(StepCoordinatorTest, WithClientRatesEachServerGuessesOnceTheyCame) {
+  Config config = ParsedConfig();
+  config.zo.client_lr = true;
+  Pair p(config);
+  EXPECT_FALSE(p.lead->GuessUnclipped(1.0).has_value());
+  EXPECT_FALSE(p.follower->GuessUnclipped(1.0).has_value());
+  for (StepCoordinator* c : {&*p.lead, &*p.follower}) {
+    ASSERT_THAT(c->OnStepLr(1, 0, std::vector<double>{0.125}), IsOk());
+  }
+  const std::optional<StepInputs> at_lead = p.lead->GuessUnclipped(1.0);
+  const std::optional<StepInputs> at_follower = p.follower->GuessUnclipped(1.0);
+  ASSERT_TRUE(at_lead.has_value() && at_follower.has_value());
+  EXPECT_EQ(*at_lead, *at_follower);
+  EXPECT_EQ(at_lead->lr, 0.125);
+  std::optional<v1::StepCommit> lead, follower;
+  p.Round(1, &lead, &follower);
+  ASSERT_TRUE(lead.has_value());
+  EXPECT_EQ(InputsOf(*lead), *at_lead);
+  p.lead->Advance(1);
+  p.follower->Advance(1);
+  EXPECT_FALSE(p.follower->GuessUnclipped(1.0).has_value()) << "step 2's rates have not come";
+}
+
 TEST(StepCoordinatorTest, FailedCallsAreRetriedUntilTheyGetThrough) {
   Pair p;
   p.report_failures = 3;

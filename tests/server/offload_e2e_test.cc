@@ -122,6 +122,43 @@ TEST(OffloadE2eTest, TheSpeculativeUpdateLeavesTheWeightsOfTheSynchronousOne) {
   }
 }
 
+// With the learning rates from the client (zo.client_lr, as zo.torch sends
+// them), the follower hears them too and speculates as well; the weights
+// are those of the run without speculation.
+TEST(OffloadE2eTest, ClientRatesReachTheFollowerWhichSpeculatesWithThem) {
+  const LeastSquares p = Problem();
+  const auto run = [&](const std::string& job, bool speculative,
+                       std::vector<ServerProcess>& servers) -> std::vector<float> {
+    const std::string config = absl::StrCat(
+        R"({"train_batch_size": 2, "train_micro_batch_size_per_gpu": 1,
+            "optimizer": {"type": "AdamW", "params": {"weight_decay": 0.01}},
+            "gradient_clipping": 0.5, "zo": {"chunk_elems": 128, "client_lr": true,
+            "speculative_update": )",
+        speculative ? "true" : "false", "}}");
+    auto workers = OpenWorkers(p, DType::kFloat32, job, config, Addresses(servers));
+    EXPECT_THAT(workers.status(), IsOk());
+    if (!workers.ok()) return {};
+    for (auto& w : *workers) {
+      w->set_step_lr([](int64_t step) { return 0.01 * std::min<int64_t>(step, 10) / 10; });
+    }
+    EXPECT_THAT((*workers)[0]->InitWeights(), IsOk());
+    EXPECT_THAT(RunSteps(*workers, 1, 30), IsOk());
+    auto x = (*workers)[0]->PullAll(30);
+    EXPECT_THAT(x.status(), IsOk());
+    return x.ok() ? *x : std::vector<float>{};
+  };
+  std::vector<ServerProcess> servers = StartServers(2);
+  const std::vector<float> speculative = run("client-rates", true, servers);
+  const std::vector<float> synchronous = run("client-rates-sync", false, servers);
+  ASSERT_EQ(speculative.size(), static_cast<size_t>(p.n));
+  ASSERT_EQ(synchronous.size(), speculative.size());
+  EXPECT_EQ(std::memcmp(synchronous.data(), speculative.data(), speculative.size() * 4), 0);
+  const v1::JobStatus follower = StatusOf(servers[1], "client-rates");
+  EXPECT_EQ(follower.no_speculation(), "");
+  EXPECT_GT(follower.speculated_chunks(), 0);
+  EXPECT_GT(follower.confirmed_chunks(), 0) << "the follower's guesses never held";
+}
+
 // DeepSpeed's DynamicLossScaler, written from its documented semantics.
 struct ScalerModel {
   double scale;

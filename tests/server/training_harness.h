@@ -72,6 +72,8 @@ class Worker {
   // Called with the step number once its gradients are pushed and before
   // FinishStep waits for the acks: lets a test act in the middle of a step.
   void set_after_push(std::function<void(int64_t)> hook) { after_push_ = std::move(hook); }
+  // With zo.client_lr: each step's learning rate, sent before its pushes.
+  void set_step_lr(std::function<double(int64_t)> lr) { step_lr_ = std::move(lr); }
   // Loss scale used by each step so far.
   const std::vector<double>& scales() const { return scales_; }
 
@@ -122,6 +124,7 @@ class Worker {
     }
     const double scale = client_->loss_scale();
     scales_.push_back(scale);
+    if (step_lr_) ZO_RETURN_IF_ERROR(client_->SetStepLr(step, std::vector<double>{step_lr_(step)}));
     const std::vector<double> g = p_.Gradient(rank_, x);
     std::vector<float> scaled(g.size());
     for (size_t i = 0; i < g.size(); ++i) scaled[i] = static_cast<float>(g[i] * scale);
@@ -145,6 +148,7 @@ class Worker {
   std::vector<int> tensors_;
   std::vector<double> scales_;
   std::function<void(int64_t)> after_push_;
+  std::function<double(int64_t)> step_lr_;
 };
 
 // Runs steps [first, last] on every worker in parallel; `overflow_steps`

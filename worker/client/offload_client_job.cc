@@ -1,5 +1,5 @@
-// OffloadClient's calls to the job's lead: status, step learning rates,
-// checkpoint and restore.
+// OffloadClient's calls to the job's lead: status, step learning rates
+// (which the followers hear too), checkpoint and restore.
 #include <mutex>
 #include <string>
 
@@ -23,11 +23,20 @@ absl::Status OffloadClient::SetStepLr(int64_t step, absl::Span<const double> gro
   request.set_dp_rank(impl_->options.dp_rank);
   for (double lr : group_lr) request.add_group_lr(lr);
   request.set_incarnation(impl_->incarnation[0].load(std::memory_order_relaxed));
-  return impl_
-      ->Unary<v1::StepLrResponse>(
-          0, [&](v1::Offload::Stub& stub, grpc::ClientContext& context,
-                 v1::StepLrResponse& r) { return stub.SetStepLr(&context, request, &r); })
-      .status();
+  const auto call = [&](v1::Offload::Stub& stub, grpc::ClientContext& context,
+                        v1::StepLrResponse& r) { return stub.SetStepLr(&context, request, &r); };
+  ZO_RETURN_IF_ERROR(impl_->Unary<v1::StepLrResponse>(0, call).status());
+  // The followers decide nothing with the rates; they guess the step with
+  // them and update each chunk as its gradients come (the speculative
+  // update). One short attempt each: one that misses them updates later.
+  client_internal::CallSettings once = impl_->call;
+  once.attempt.timeout = absl::Seconds(2);
+  once.retry_for = absl::ZeroDuration();
+  for (int server = 1; server < static_cast<int>(impl_->stubs.size()); ++server) {
+    request.set_incarnation(impl_->incarnation[server].load(std::memory_order_relaxed));
+    (void)impl_->Unary<v1::StepLrResponse>(once, server, call, nullptr);
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::JobStatus> OffloadClient::JobStatus() {
