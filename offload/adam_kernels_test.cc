@@ -369,6 +369,19 @@ TEST_P(AdamKernelTest, CopyIsRoundedStoredMaster) {
   }
 }
 
+// Weights in [-3, 3), moments of a tenth and a hundredth of that scale (v
+// positive) and gradients in [-3, 3), for the tests that compare two runs.
+void FillRandomState(std::mt19937& rng, std::vector<float>& p, std::vector<float>& m,
+                     std::vector<float>& v, GradBuffer& grad) {
+  std::uniform_real_distribution<float> dist(-3.0f, 3.0f);
+  for (size_t i = 0; i < p.size(); ++i) {
+    p[i] = dist(rng);
+    m[i] = dist(rng) * 0.1f;
+    v[i] = std::abs(dist(rng)) * 0.01f;
+    grad.Set(i, dist(rng));
+  }
+}
+
 // CopyOf::kOldWeight (what a delayed parameter update checks its undo
 // against): the copy is the master as it was before the step, rounded, and
 // the step itself is bit for bit the one that writes the new weight's copy.
@@ -379,7 +392,6 @@ TEST_P(AdamKernelTest, OldWeightCopyIsTheMasterBeforeTheStep) {
   hp.weight_decay = 0.1;
   const AdamStepConstants c = MakeAdamStepConstants(hp, 3, 0.5);
   std::mt19937 rng(5);
-  std::uniform_real_distribution<float> dist(-3.0f, 3.0f);
   std::vector<size_t> lengths;
   for (size_t n = 0; n <= 33; ++n) lengths.push_back(n);
   lengths.push_back(1027);
@@ -387,12 +399,7 @@ TEST_P(AdamKernelTest, OldWeightCopyIsTheMasterBeforeTheStep) {
     for (size_t n : lengths) {
       std::vector<float> p0(n), m0(n), v0(n);
       GradBuffer grad(DType::kFloat16, n, 0);
-      for (size_t i = 0; i < n; ++i) {
-        p0[i] = dist(rng);
-        m0[i] = dist(rng) * 0.1f;
-        v0[i] = std::abs(dist(rng)) * 0.01f;
-        grad.Set(i, dist(rng));
-      }
+      FillRandomState(rng, p0, m0, v0, grad);
       std::vector<float> p(p0), m(m0), v(v0), pn(p0), mn(m0), vn(v0);
       std::vector<uint16_t> old_copy(n + 1, 0xABCD), new_copy(n);
       RunAdam(GetParam(), c, grad.ptr(), p.data(), m.data(), v.data(), {old_copy.data(), copy_type},
@@ -419,7 +426,6 @@ TEST_P(AdamKernelTest, BesideTheStateIsTheInPlaceUpdate) {
   AdamHyperParams hp;
   hp.weight_decay = 0.1;
   std::mt19937 rng(7);
-  std::uniform_real_distribution<float> dist(-3.0f, 3.0f);
   std::vector<size_t> lengths;
   for (size_t n = 0; n <= 49; ++n) lengths.push_back(n);
   lengths.push_back(4099);
@@ -432,12 +438,7 @@ TEST_P(AdamKernelTest, BesideTheStateIsTheInPlaceUpdate) {
                      << "adam_w=" << adam_w << " out_offset=" << out_offset << " n=" << n);
         std::vector<float> p0(n), m0(n), v0(n);
         GradBuffer grad(DType::kBFloat16, n, 1);
-        for (size_t i = 0; i < n; ++i) {
-          p0[i] = dist(rng);
-          m0[i] = dist(rng) * 0.1f;
-          v0[i] = std::abs(dist(rng)) * 0.01f;
-          grad.Set(i, dist(rng));
-        }
+        FillRandomState(rng, p0, m0, v0, grad);
         std::vector<float> p(p0), m(m0), v(v0);
         std::vector<uint16_t> copy(n), copy_beside(n);
         RunAdam(GetParam(), c, grad.ptr(), p.data(), m.data(), v.data(),

@@ -54,14 +54,8 @@ class JobSpeculationTest : public JobTest {
   // scale * (1 + i / 64) (fp32), or +inf with an infinite scale.
   static absl::Status PushChunk(Job& job, int64_t step, int64_t chunk, float scale, int rank,
                                 int micro_batch) {
-    const int64_t n = chunk == 0 ? 64 : kElems - 64;
-    v1::GradientPiece piece;
-    piece.set_job("job");
-    piece.set_step(step);
-    piece.set_chunk(chunk);
-    piece.set_dp_rank(rank);
-    piece.set_micro_batch(micro_batch);
-    piece.set_dtype(v1::DTYPE_FP32);
+    const int64_t n = ChunkElems(chunk);
+    v1::GradientPiece piece = Piece(step, chunk, rank, DType::kFloat32, micro_batch);
     std::string data(static_cast<size_t>(n) * 4, '\0');
     for (int64_t i = 0; i < n; ++i) {
       const float g = scale * (1.0f + static_cast<float>(i) / 64.0f);
@@ -110,7 +104,7 @@ class JobSpeculationTest : public JobTest {
         init.set_job("job");
         init.set_chunk(chunk);
         init.set_data(std::string(reinterpret_cast<const char*>(initial.data()),
-                                  (chunk == 0 ? 64 : kElems - 64) * 4));
+                                  static_cast<size_t>(ChunkElems(chunk)) * 4));
         EXPECT_THAT(job->InitParams(init), IsOk());
       }
     }

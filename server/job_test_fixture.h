@@ -84,17 +84,27 @@ class JobTest : public ::testing::Test {
     return resources;
   }
 
+  // Elements in chunk `chunk` (0 or 1) of the job.
+  static int64_t ChunkElems(int64_t chunk) { return chunk == 0 ? 64 : kElems - 64; }
+  // A piece of all of chunk `chunk`'s gradient for `step`, without data.
+  static v1::GradientPiece Piece(int64_t step, int64_t chunk, int rank, DType dtype,
+                                 int micro_batch = 0) {
+    v1::GradientPiece piece;
+    piece.set_job("job");
+    piece.set_step(step);
+    piece.set_chunk(chunk);
+    piece.set_dp_rank(rank);
+    piece.set_micro_batch(micro_batch);
+    piece.set_dtype(DTypeToProto(dtype));
+    return piece;
+  }
+
   // Every element's gradient for `step` from dp rank `rank` is `value`.
   static absl::Status Push(Job& job, int64_t step, float value, int rank = 0) {
     const DType dtype = job.spec().dtype;
     for (int64_t chunk = 0; chunk < 2; ++chunk) {
-      const int64_t n = chunk == 0 ? 64 : kElems - 64;
-      v1::GradientPiece piece;
-      piece.set_job("job");
-      piece.set_step(step);
-      piece.set_chunk(chunk);
-      piece.set_dp_rank(rank);
-      piece.set_dtype(DTypeToProto(dtype));
+      const int64_t n = ChunkElems(chunk);
+      v1::GradientPiece piece = Piece(step, chunk, rank, dtype);
       std::string data(static_cast<size_t>(n) * DTypeSize(dtype), '\0');
       for (int64_t i = 0; i < n; ++i) {
         if (dtype == DType::kFloat32) {
