@@ -408,6 +408,10 @@ class Job {
     std::vector<std::optional<GradStats>> stats;
   };
   Speculation speculation_;
+  // The step thread's: the last decided step was clipped. A step after one
+  // is not speculated on (while clipping stays on, every speculation would
+  // be updated again); the first unclipped step ends that.
+  bool last_step_clipped_ = false;
 
   // Held while the optimizer state or the accumulator is read or written as
   // a whole (stats, update, checkpoint, restore). Taken before position_'s mutex.

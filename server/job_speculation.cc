@@ -74,6 +74,8 @@ void Job::Speculate(const JobPosition::Work& work) {
                     .stats = std::vector<std::optional<GradStats>>(chunks().size())};
   }
   const std::vector<int> filled = accum_->TakeFilled();
+  // While clipping is on, a speculation would only be updated again.
+  if (last_step_clipped_) return;
   speculation_.waiting.insert(speculation_.waiting.end(), filled.begin(), filled.end());
   if (!speculation_.guess.has_value()) {
     const double scale_used =

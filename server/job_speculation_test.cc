@@ -78,8 +78,10 @@ class JobSpeculationTest : public JobTest {
   // `run` on a job with the speculative update and one without. Chunk 0
   // comes first on the speculative job, and chunk 1 only once chunk 0 is
   // speculated (the step then goes ahead at once, so exactly one chunk of
-  // each step is speculated). The weights served after every step must be
-  // the same bits. Returns the speculative job's status at the end.
+  // each step is speculated), except after a clipped step (a scale of 0.5
+  // or more, with gradient_clipping 1.0), which the job does not speculate
+  // on. The weights served after every step must be the same bits. Returns
+  // the speculative job's status at the end.
   v1::JobStatus RunBoth(const Run& run) {
     const std::string zo = absl::StrCat(
         R"("zo": {"chunk_elems": 64)",
@@ -115,13 +117,16 @@ class JobSpeculationTest : public JobTest {
         }
       }
     };
+    const bool clips = run.config.find("gradient_clipping") != std::string::npos;
+    bool after_clipped = false;
     for (size_t k = 0; k < run.scales.size(); ++k) {
       const int64_t step = static_cast<int64_t>(k) + 1;
       SCOPED_TRACE(::testing::Message() << "step " << step << " scale " << run.scales[k]);
       const float last = run.scales[k];
       const float first = std::isinf(last) ? 1e-3f : last;
       push_all(**speculative, step, 0, first);
-      watch.WaitFor(step, 1);
+      if (!after_clipped) watch.WaitFor(step, 1);
+      after_clipped = clips && !std::isinf(last) && std::abs(last) >= 0.5f;
       push_all(**speculative, step, 1, last);
       push_all(**plain, step, 0, first);
       push_all(**plain, step, 1, last);
@@ -139,14 +144,17 @@ class JobSpeculationTest : public JobTest {
 };
 
 // One server, one rank: kept, dropped for an overflow, updated again when
-// clipping sets in, and kept again when it lets go.
+// clipping sets in (the step after a clipped one is not speculated on),
+// and kept again when it lets go.
 TEST_F(JobSpeculationTest, EveryDecisionLeavesTheWeightsOfTheUpdateWithoutIt) {
   const float inf = std::numeric_limits<float>::infinity();
-  const v1::JobStatus st = RunBoth({.config = R"("gradient_clipping": 1.0)",
-                                    .zo = "",
-                                    .dp = 1,
-                                    .micro_batches = 1,
-                                    .scales = {1e-3f, inf, 1.0f, 2e-3f, 0.5f, -1e-3f, inf}});
+  const v1::JobStatus st =
+      RunBoth({.config = R"("gradient_clipping": 1.0)",
+               .zo = "",
+               .dp = 1,
+               .micro_batches = 1,
+               .scales = {1e-3f, inf, 1.0f, 2e-3f, 0.5f, -1e-3f, inf, 1e-3f, 2e-3f}});
+  // Steps 4 and 6 come after clipped ones.
   EXPECT_EQ(st.speculated_chunks(), 7);
   EXPECT_EQ(st.confirmed_chunks(), 3);
   EXPECT_EQ(st.redone_chunks(), 4);
@@ -160,7 +168,7 @@ TEST_F(JobSpeculationTest, DpRanksAndMicroBatchesSumBeforeTheChunkIsSpeculated) 
                                     .zo = "",
                                     .dp = 2,
                                     .micro_batches = 2,
-                                    .scales = {1e-3f, 0.5f, 2e-3f}});
+                                    .scales = {1e-3f, 0.5f, 2e-3f, 3e-3f}});
   EXPECT_EQ(st.speculated_chunks(), 3);
   EXPECT_EQ(st.confirmed_chunks(), 2);
   EXPECT_EQ(st.redone_chunks(), 1);

@@ -118,6 +118,9 @@ void Job::RunStep(const JobPosition::Work& work) {
     }
   }
   speculation_ = {};
+  last_step_clipped_ =
+      !commit.skip() &&
+      commit.grad_multiplier() != UnclippedGradMultiplier(spec_.dp_world_size, scale_used);
   const absl::Time update_end = absl::Now();
   if (speculated > 0) {
     counters_.AddDecided(speculated, kept, kept ? absl::ZeroDuration() : update_end - update_start);
@@ -261,10 +264,7 @@ void Job::LogStep(const v1::StepCommit& commit, absl::Duration wait, absl::Durat
                   int64_t speculated, bool kept) {
   const int every = resources_.log_every > 0 ? resources_.log_every : spec_.config.steps_per_print;
   const absl::Duration serve = counters_.TakeRecentServe();
-  // A step that updated again is logged as a skipped one is: the cost is
-  // worth seeing.
-  const bool redone = speculated > 0 && !kept;
-  if (commit.step() % every != 0 && !commit.skip() && !redone) return;
+  if (commit.step() % every != 0 && !commit.skip()) return;
   const std::string speculation =
       speculated == 0
           ? ""
