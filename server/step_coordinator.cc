@@ -38,11 +38,8 @@ std::optional<StepInputs> StepCoordinator::GuessUnclipped(double loss_scale_used
   if (decider_.has_value()) {
     guess = decider_->Unclipped(loss_scale_used);
   } else if (follower_applied_.has_value() && follower_schedule_.has_value()) {
-    guess = StepInputs{
-        .grad_multiplier = UnclippedGradMultiplier(options_.dp_world_size, loss_scale_used),
-        .lr = follower_schedule_->LrAt(*follower_applied_),
-        .group_lr = {},
-        .applied_steps = *follower_applied_ + 1};
+    guess = UnclippedStepInputs(*follower_schedule_, options_.dp_world_size, *follower_applied_,
+                                loss_scale_used);
   }
   if (guess.has_value() && options_.config != nullptr && options_.config->zo.client_lr) {
     auto it = client_lr_.find(open_step_);

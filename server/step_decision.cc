@@ -73,11 +73,16 @@ StepDecision StepDecider::Decide(absl::Span<const double> chunk_sum_squares, boo
   return d;
 }
 
-StepInputs StepDecider::Unclipped(double loss_scale_used) const {
-  return {.grad_multiplier = UnclippedGradMultiplier(dp_world_size_, loss_scale_used),
-          .lr = schedule_.LrAt(applied_steps_),
+StepInputs UnclippedStepInputs(const LrSchedule& schedule, int dp_world_size, int64_t applied_steps,
+                               double loss_scale_used) {
+  return {.grad_multiplier = UnclippedGradMultiplier(dp_world_size, loss_scale_used),
+          .lr = schedule.LrAt(applied_steps),
           .group_lr = {},
-          .applied_steps = applied_steps_ + 1};
+          .applied_steps = applied_steps + 1};
+}
+
+StepInputs StepDecider::Unclipped(double loss_scale_used) const {
+  return UnclippedStepInputs(schedule_, dp_world_size_, applied_steps_, loss_scale_used);
 }
 
 absl::Status StepDecider::Restore(int64_t applied_steps, const LossScalerState& scaler) {

@@ -58,6 +58,11 @@ struct StepInputs {
 // same double Decide gives it.
 double UnclippedGradMultiplier(int dp_world_size, double loss_scale_used);
 
+// The inputs a step applied unclipped gets after `applied_steps` applied
+// ones: what the lead's decider and a follower's guess both compute.
+StepInputs UnclippedStepInputs(const LrSchedule& schedule, int dp_world_size, int64_t applied_steps,
+                               double loss_scale_used);
+
 // A value type owned by the lead's job; not thread-safe.
 class StepDecider {
  public:
