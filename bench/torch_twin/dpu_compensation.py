@@ -94,8 +94,17 @@ def train(a, data, mode, seed):
     # three kept; predicted[k]: the prediction of version k made after k-1.
     versions = {0: [w.clone() for w in master]}
     predicted = {}
-    losses = []
+    losses, master_losses = [], []
     for step in range(1, a.steps + 1):
+        if a.eval_master and step > a.steps - a.window:
+            # The loss on the weights a synchronous step would compute on
+            # (the master after step s-1), on the same batches.
+            with torch.no_grad():
+                for p, w in zip(params, master):
+                    p.copy_(w)
+                master_losses.append(sum(
+                    model(*data.sample(a.micro_batch, a.block_size, step * a.accumulation + micro))
+                    .item() / a.accumulation for micro in range(a.accumulation)))
         delayed = mode != "sync" and step >= a.dpu_from
         on = step - 2 if delayed else step - 1
         if delayed and mode == "predict" and step - 1 in predicted:
@@ -133,7 +142,7 @@ def train(a, data, mode, seed):
             predicted.pop(step - 1, None)
         if step % a.print_every == 0:
             print(f"  {mode} seed {seed} step {step:4d} loss {loss_sum:.4f}", flush=True)
-    return losses
+    return losses, master_losses
 
 
 def main():
@@ -148,6 +157,8 @@ def main():
     ap.add_argument("--modes", default="sync,stale,dc,predict")
     ap.add_argument("--dc-lambda", type=float, default=100.0)
     ap.add_argument("--dpu-beta1", type=float, default=0.8, help="momentum: beta1 while delayed")
+    ap.add_argument("--eval-master", action="store_true",
+                    help="also give the last window's loss on the master weights (after step s-1)")
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     add_recipe_args(ap)
     ap.add_argument("--print-every", type=int, default=100)
@@ -165,8 +176,11 @@ def main():
         data = CharData(a.data, seed)
         for mode in modes:
             start = time.perf_counter()
-            losses = train(a, data, mode, seed)
+            losses, master_losses = train(a, data, mode, seed)
             mean = sum(losses[-a.window:]) / a.window
+            if master_losses:
+                print(f"{mode} seed {seed}: on the master weights "
+                      f"{sum(master_losses) / a.window:.4f}", flush=True)
             means.setdefault(mode, []).append(mean)
             print(f"{mode} seed {seed}: mean loss of steps {a.steps - a.window + 1}..{a.steps} "
                   f"{mean:.4f} ({time.perf_counter() - start:.0f} s)", flush=True)
