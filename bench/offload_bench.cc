@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <future>
 #include <iostream>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -238,19 +241,78 @@ absl::StatusOr<RouteResult> MeasureRoute(const OffloadBenchOptions& o, const std
   return result;
 }
 
+// The backward's pushes, on a thread of their own as zo-train's are
+// (OffloadLink pushes when a gradient's copy completes, beside the
+// compute): the compute does not wait for them.
+class BackgroundPushes {
+ public:
+  explicit BackgroundPushes(BenchJob* job) : job_(job), thread_([this] { Run(); }) {}
+  ~BackgroundPushes() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    queued_.notify_all();
+    thread_.join();
+  }
+
+  void Push(int64_t step, int tensor) {
+    {
+      std::lock_guard lock(mu_);
+      queue_.emplace_back(step, tensor);
+    }
+    queued_.notify_all();
+  }
+  // Waits for every push queued; the first one's error since the last Drain.
+  absl::Status Drain() {
+    std::unique_lock lock(mu_);
+    drained_.wait(lock, [this] { return queue_.empty() && !pushing_; });
+    return std::exchange(error_, absl::OkStatus());
+  }
+
+ private:
+  void Run() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      queued_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      const auto [step, tensor] = queue_.front();
+      queue_.pop_front();
+      pushing_ = true;
+      const bool failed = !error_.ok();
+      lock.unlock();
+      absl::Status pushed = failed ? absl::OkStatus() : job_->Push(step, tensor);
+      lock.lock();
+      pushing_ = false;
+      if (error_.ok()) error_ = std::move(pushed);
+      drained_.notify_all();
+    }
+  }
+
+  BenchJob* job_;
+  std::mutex mu_;
+  std::condition_variable queued_, drained_;
+  std::deque<std::pair<int64_t, int>> queue_;
+  bool pushing_ = false;
+  bool stop_ = false;
+  absl::Status error_;
+  std::thread thread_;  // last: starts once the rest is made
+};
+
 struct OverlapResult {
   UpdateMode mode;
   double step_s = 0;
 };
 
-// Steps around a simulated compute of `compute_s`, as zo-train's worker
-// takes them: it has the version its step computes on (the step before's;
-// with DPU the one before that), starts pulling the next step's version in
-// the background when that version's gradients are all pushed (with DPU at
-// once: the servers are applying it), idles through a third of the compute
-// (the forward), then through the rest in one slice per tensor, pushing each
-// tensor's gradients after its slice, last tensor first (the backward, which
-// makes them in that order), and ends the step. Its length is from the
+// Steps around a simulated compute of `compute_s`, as a worker takes
+// them: it has the version its step computes on (the step before's; with
+// DPU the one before that), starts pulling the next step's version in the
+// background at once (the servers make it from this step's gradients; with
+// DPU they are applying it), idles through a third of the compute
+// (the forward), then through the rest in one slice per tensor, handing
+// each tensor's gradients after its slice to BackgroundPushes, last tensor
+// first (the backward, which makes them in that order), and ends the step
+// once they are all pushed. Its length is from the
 // wait for its weights to the acknowledgement, the next step's following
 // at once.
 absl::StatusOr<OverlapResult> MeasureOverlap(const OffloadBenchOptions& o, const std::string& route,
@@ -268,6 +330,7 @@ absl::StatusOr<OverlapResult> MeasureOverlap(const OffloadBenchOptions& o, const
     if (prefetch.valid()) prefetch.wait();
   };
   std::vector<double> step_s;
+  BackgroundPushes pushes(job.get());
   for (int64_t step = 1; step <= kWarmup + o.rounds; ++step) {
     if (step > kWarmup) {
       std::cerr << "offload: " << route << ": overlap, dpu " << (mode.dpu ? "on" : "off")
@@ -281,15 +344,18 @@ absl::StatusOr<OverlapResult> MeasureOverlap(const OffloadBenchOptions& o, const
     } else {
       ZO_RETURN_IF_ERROR(job->Pull(version));
     }
-    if (const int64_t next = VersionForStep(policy, step + 1); next < step) {
+    // The next step's pull waits for its version from now on: on the
+    // in-process route a speculative update fills it as it goes.
+    if (const int64_t next = VersionForStep(policy, step + 1); next <= step) {
       prefetch = std::async(std::launch::async, [&job, next] { return job->Pull(next); });
       prefetched = next;
     }
     idle(compute_s / 3);
     for (int t = job->tensors() - 1; t >= 0; --t) {
       idle(slice_s);
-      ZO_RETURN_IF_ERROR(job->Push(step, t));
+      pushes.Push(step, t);
     }
+    ZO_RETURN_IF_ERROR(pushes.Drain());
     ZO_RETURN_IF_ERROR(job->FinishStep(step));
     if (step > kWarmup) step_s.push_back(SecondsSince(start));
   }
