@@ -7,6 +7,7 @@
 // bit for bit what the update without speculation makes, because the bank
 // is kept only when the decision's inputs equal the guess's, and equal
 // inputs give the kernel equal constants.
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -15,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/dpu_policy.h"
 #include "common/logging.h"
+#include "common/stream_copy.h"
 #include "common/units.h"
 #include "server/job.h"
 #include "server/job_internal.h"
@@ -92,6 +94,24 @@ void Job::Speculate(const JobPosition::Work& work) {
   for (size_t i = 0; i < stats.size(); ++i) {
     speculation_.stats[static_cast<size_t>(speculation_.waiting[i])] = stats[i];
   }
+  // In-process pulls of the step's version registered by now get each
+  // tile's weights while it is in cache (PullFills::FillAhead), so that
+  // once the step is decided little is left to copy.
+  TieredOptimizerState::TileRounded fill_ahead;
+  if (fills_ != nullptr) {
+    fill_ahead = [this, step](const TieredOptimizerState::RoundedTile& t) {
+      const auto elem = static_cast<int64_t>(DTypeSize(spec_.dtype));
+      fills_->FillAhead(step, t.offset, t.n, [&](int64_t from, int64_t n, std::byte* dst) {
+        const auto* src = static_cast<const std::byte*>(t.weights) + (from - t.offset) * elem;
+        // As FillPulls: an fp32 copy bypasses the cache.
+        if (spec_.dtype == DType::kFloat32) {
+          StreamCopy(src, dst, static_cast<size_t>(n * elem));
+        } else {
+          std::memcpy(dst, src, static_cast<size_t>(n * elem));
+        }
+      });
+    };
+  }
   int64_t done = 0;
   for (const int index : speculation_.waiting) {
     const LocalChunk& chunk = chunks()[static_cast<size_t>(index)];
@@ -99,10 +119,15 @@ void Job::Speculate(const JobPosition::Work& work) {
     // the workers still compute, when a checkpoint part's background capture
     // should not have to stand back (JobStateLock).
     std::lock_guard hold(state_lock_.mutex());
-    // The bank may hold chunks of a step a restore dropped.
-    if (speculation_.chunks + done == 0) state_->DiscardSpeculation();
-    const absl::Status s =
-        state_->SpeculateAdam(c, accum_->gradients(), chunk.local_offset, chunk.elems);
+    // The bank may hold chunks of a step a restore dropped, and pulls
+    // their weights.
+    if (speculation_.chunks + done == 0) {
+      state_->DiscardSpeculation();
+      if (fills_ != nullptr) fills_->ForgetAhead();
+    }
+    const absl::Status s = state_->SpeculateAdam(
+        c, accum_->gradients(), chunk.local_offset, chunk.elems,
+        fills_ != nullptr ? std::optional<DType>(spec_.dtype) : std::nullopt, fill_ahead);
     if (!s.ok()) {
       // The state needs a restore, which the step's own update reports.
       ZO_LOG(WARNING) << "job " << spec_.name << ": speculative update of step " << step
@@ -134,9 +159,10 @@ absl::Status Job::ApplySpeculated(const v1::StepCommit& commit) {
   // served from the master and the previous one is not kept.
   versions_->BeginWrite();
   position_.BeginWriting(commit.step(), commit.next_loss_scale(),
-                         [&] { fills_->BeginUpdate(commit.step()); });
+                         [&] { fills_->BeginUpdate(commit.step(), /*ahead_holds=*/true); });
   // The checkpoint part in progress takes each tile as it was; pulls of
-  // the new version read it once the bank is the state.
+  // the new version read it once the bank is the state (those registered
+  // before a chunk was speculated have its weights already).
   const absl::Status committed = state_->CommitSpeculation(
       ConstantsOf(InputsOf(commit)), accum_->gradients(), own_part_->ObserverLocked(),
       [&](const TieredOptimizerState::UpdatedTile& t) {

@@ -26,12 +26,45 @@ PullFills::Id PullFills::Register(int64_t version, std::vector<Copy> copies,
   return id;
 }
 
-void PullFills::BeginUpdate(int64_t version) {
+void PullFills::WriteCopies(const Registration& r, int64_t elem_bytes, int64_t offset, int64_t n,
+                            const std::function<void(int64_t, int64_t, std::byte*)>& round) {
+  const int64_t end = offset + n;
+  // The first copy that ends past the tile's start.
+  auto it = std::partition_point(r.copies.begin(), r.copies.end(),
+                                 [&](const Copy& c) { return c.local_offset + c.n <= offset; });
+  for (; it != r.copies.end() && it->local_offset < end; ++it) {
+    const int64_t from = std::max(offset, it->local_offset);
+    const int64_t to = std::min(end, it->local_offset + it->n);
+    round(from, to - from, it->dst + (from - it->local_offset) * elem_bytes);
+  }
+}
+
+void PullFills::FillAhead(
+    int64_t version, int64_t offset, int64_t n,
+    const std::function<void(int64_t from, int64_t n, std::byte* dst)>& round) {
+  // Shared: the speculation's workers write disjoint tiles at once; a
+  // registration's state changes only under the exclusive lock.
+  std::shared_lock lock(mu_);
+  for (auto& [id, r] : registrations_) {
+    if (r.version != version || r.state != State::kWaiting) continue;
+    WriteCopies(r, elem_bytes_, offset, n, round);
+    std::lock_guard hold(*r.ahead_mu);
+    r.ahead.Add(offset, offset + n);
+  }
+}
+
+void PullFills::ForgetAhead() {
+  std::unique_lock lock(mu_);
+  for (auto& [id, r] : registrations_) r.ahead.Clear();
+}
+
+void PullFills::BeginUpdate(int64_t version, bool ahead_holds) {
   std::unique_lock lock(mu_);
   updating_ = version;
   for (auto& [id, r] : registrations_) {
     if (r.version == version && r.state == State::kWaiting) {
       r.state = State::kFilling;
+      if (!ahead_holds) r.ahead.Clear();
       ++filling_;
     }
   }
@@ -43,16 +76,23 @@ void PullFills::Fill(int64_t offset, int64_t n,
   std::shared_lock lock(mu_);
   const int64_t end = offset + n;
   for (const auto& [id, r] : registrations_) {
-    // A tile done before the registration is the puller's to read.
-    if (r.state != State::kFilling || r.done_before.Contains(offset, end)) continue;
-    // The first copy that ends past the tile's start.
-    auto it = std::partition_point(r.copies.begin(), r.copies.end(),
-                                   [&](const Copy& c) { return c.local_offset + c.n <= offset; });
-    for (; it != r.copies.end() && it->local_offset < end; ++it) {
-      const int64_t from = std::max(offset, it->local_offset);
-      const int64_t to = std::min(end, it->local_offset + it->n);
-      round(from, to - from, it->dst + (from - it->local_offset) * elem_bytes_);
+    // A tile done before the registration is the puller's to read; one
+    // written ahead holds this update's bits already.
+    if (r.state != State::kFilling || r.done_before.Contains(offset, end) ||
+        r.ahead.Contains(offset, end)) {
+      continue;
     }
+    if (!r.ahead.Overlaps(offset, end)) {
+      WriteCopies(r, elem_bytes_, offset, n, round);
+      continue;
+    }
+    // Partly written ahead (a tile across a chunk's edge): the rest.
+    int64_t at = offset;
+    r.ahead.ForEachIn(offset, end, [&](int64_t b, int64_t e) {
+      if (b > at) WriteCopies(r, elem_bytes_, at, b - at, round);
+      at = e;
+    });
+    if (at < end) WriteCopies(r, elem_bytes_, at, end - at, round);
   }
 }
 

@@ -15,6 +15,12 @@
 // its end; anything else (a skipped step, a failed update, a restore)
 // leaves it unfilled, and the puller reads as any pull does.
 //
+// A speculative update (server/job_speculation.cc) writes ahead: the
+// registrations made before it reached a tile get the tile's speculated
+// weights then, while they are in cache. The update that keeps the
+// speculation leaves those parts alone (they hold its bits already); one
+// that drops it writes every tile again.
+//
 // Thread-safe: Fill runs on the update's workers, concurrently for disjoint
 // tiles; the puller's calls on its own thread.
 #ifndef ZO_SERVER_PULL_FILLS_H_
@@ -26,6 +32,8 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <shared_mutex>
 #include <vector>
@@ -57,8 +65,19 @@ class PullFills {
   Id Register(int64_t version, std::vector<Copy> copies,
               const std::function<RangeSet()>& done_so_far);
 
+  // Writes the speculated tile [offset, offset + n) of `version` into each
+  // of its registrations whose update has not begun, and remembers it
+  // there: round(from, n, dst) as for Fill. Runs on the speculation's
+  // workers, concurrently for disjoint tiles.
+  void FillAhead(int64_t version, int64_t offset, int64_t n,
+                 const std::function<void(int64_t from, int64_t n, std::byte* dst)>& round);
+  // A new speculation begins (the bank was discarded): what earlier ones
+  // wrote ahead no longer says what the bank holds.
+  void ForgetAhead();
   // The update of `version` begins: its registrations fill from now on.
-  void BeginUpdate(int64_t version);
+  // `ahead_holds`: it keeps the speculation that FillAhead wrote, so the
+  // parts written ahead are not written again.
+  void BeginUpdate(int64_t version, bool ahead_holds = false);
   // Writes the tile [offset, offset + n), already marked done, into each
   // filling registration's copies that overlap it: round(from, n, dst)
   // writes local elements [from, from + n) of the new version to dst.
@@ -89,7 +108,13 @@ class PullFills {
     State state = State::kWaiting;
     std::vector<Copy> copies;  // sorted by local_offset
     RangeSet done_before;
+    // Written by FillAhead (several workers at once: under ahead_mu).
+    RangeSet ahead;
+    std::unique_ptr<std::mutex> ahead_mu = std::make_unique<std::mutex>();
   };
+  // round() for the part of [offset, offset + n) that r's copies cover.
+  static void WriteCopies(const Registration& r, int64_t elem_bytes, int64_t offset, int64_t n,
+                          const std::function<void(int64_t, int64_t, std::byte*)>& round);
 
   const int64_t elem_bytes_;
   // Fill holds mu_ shared, so that Register, Take and Withdraw (exclusive)

@@ -26,7 +26,7 @@ uint16_t Value(int64_t version, int64_t i) { return static_cast<uint16_t>(versio
 class Update {
  public:
   Update(PullFills& fills, int64_t version) : fills_(fills), version_(version) {}
-  void Begin() { fills_.BeginUpdate(version_); }
+  void Begin(bool ahead_holds = false) { fills_.BeginUpdate(version_, ahead_holds); }
   void Tile(int64_t tile) {
     done_.Add(tile * kTile, (tile + 1) * kTile);
     fills_.Fill(tile * kTile, kTile, [&](int64_t from, int64_t n, std::byte* dst) {
@@ -44,6 +44,18 @@ class Update {
   const int64_t version_;
   RangeSet done_;
 };
+
+// A speculation of `version` writing [begin, end) ahead, with values that
+// name `marker` instead of the version: a test can tell them from the
+// update's own.
+void FillAhead(PullFills& fills, int64_t version, int64_t marker, int64_t begin, int64_t end) {
+  fills.FillAhead(version, begin, end - begin, [&](int64_t from, int64_t n, std::byte* dst) {
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t v = Value(marker, from + i);
+      std::memcpy(dst + i * 2, &v, 2);
+    }
+  });
+}
 
 // A puller's destination for local elements [begin, end), in pieces that
 // cross tile boundaries, in a buffer of its own (0xffff: not written).
@@ -184,6 +196,70 @@ TEST(PullFillsTest, AWithdrawnRegistrationIsNotWrittenAgain) {
   EXPECT_EQ(dst.Holding(1), kTile) << "only the tile filled before";
   EXPECT_EQ(fills.Take(id), std::nullopt);
   EXPECT_EQ(fills.size(), 0);
+}
+
+TEST(PullFillsTest, AKeptSpeculationsRangesAreNotWrittenAgain) {
+  PullFills fills(2);
+  Destination dst(3, 61);
+  const PullFills::Id id = fills.Register(2, dst.Copies(5), nullptr);
+  // Chunks of 12 elements: their edges cut tiles 1, 2 and 4 in two.
+  FillAhead(fills, 2, /*marker=*/7, 0, 12);
+  FillAhead(fills, 2, 7, 24, 36);
+  EXPECT_EQ(dst.Holding(7), 9 + 12);
+  Update update(fills, 2);
+  update.Begin(/*ahead_holds=*/true);
+  for (int64_t t = 0; t < 8; ++t) update.Tile(t);
+  update.End(true);
+  EXPECT_THAT(fills.Take(id), testing::Optional(int64_t{58 * 2}));
+  EXPECT_EQ(dst.Holding(7), 9 + 12) << "written ahead: left alone";
+  EXPECT_EQ(dst.Holding(2), 58 - 21) << "the rest, tiles cut by a chunk's edge too";
+}
+
+TEST(PullFillsTest, ADroppedSpeculationIsWrittenAgain) {
+  PullFills fills(2);
+  Destination dst(0, kElems);
+  const PullFills::Id id = fills.Register(2, dst.Copies(16), nullptr);
+  FillAhead(fills, 2, 7, 0, 40);
+  Update update(fills, 2);
+  update.Begin(/*ahead_holds=*/false);  // the step was clipped, say
+  for (int64_t t = 0; t < 8; ++t) update.Tile(t);
+  update.End(true);
+  EXPECT_THAT(fills.Take(id), testing::Optional(int64_t{kElems * 2}));
+  EXPECT_EQ(dst.Holding(2), kElems);
+}
+
+TEST(PullFillsTest, ARegistrationAfterPartOfTheSpeculationGetsThatPartFromTheUpdate) {
+  PullFills fills(2);
+  Destination dst(0, kElems);
+  FillAhead(fills, 2, 7, 0, 32);  // nobody registered yet
+  const PullFills::Id id = fills.Register(2, dst.Copies(16), nullptr);
+  FillAhead(fills, 2, 7, 32, 64);
+  Update update(fills, 2);
+  update.Begin(true);
+  for (int64_t t = 0; t < 8; ++t) update.Tile(t);
+  update.End(true);
+  ASSERT_TRUE(fills.Take(id).has_value());
+  EXPECT_EQ(dst.Holding(2), 32);
+  EXPECT_EQ(dst.Holding(7), 32);
+}
+
+TEST(PullFillsTest, AnotherVersionsSpeculationOrAForgottenOneIsNotKept) {
+  PullFills fills(2);
+  Destination dst(0, kElems);
+  const PullFills::Id id = fills.Register(2, dst.Copies(16), nullptr);
+  FillAhead(fills, 3, 7, 0, 16);
+  EXPECT_EQ(dst.Holding(7), 0) << "not the registration's version";
+  FillAhead(fills, 2, 7, 16, 32);  // a step a restore dropped
+  fills.ForgetAhead();             // the next speculation begins
+  FillAhead(fills, 2, 8, 32, 48);
+  Update update(fills, 2);
+  update.Begin(true);
+  for (int64_t t = 0; t < 8; ++t) update.Tile(t);
+  update.End(true);
+  ASSERT_TRUE(fills.Take(id).has_value());
+  EXPECT_EQ(dst.Holding(7), 0) << "forgotten: written again";
+  EXPECT_EQ(dst.Holding(8), 16);
+  EXPECT_EQ(dst.Holding(2), 48);
 }
 
 }  // namespace

@@ -101,20 +101,25 @@ struct TieredOptimizerState::Impl {
   // reserved) and the elements it holds the step's values of.
   AlignedBuffer bank[kStateArrays];
   RangeSet speculated;
+  // A tile of rounded weights per pool worker (SpeculateAdam's `rounded`).
+  std::vector<AlignedBuffer> rounded_scratch;
   float* Bank(int array) const { return bank[array].as<float>(); }
   // The step with constants `c` of elements [begin, end), all in RAM, from
-  // the state into the bank.
+  // the state into the bank; with `rounded`, the new weights rounded to it
+  // into rounded.data (indexed from `begin`).
   void UpdateBeside(const RangedConstants<AdamStepConstants>& c, TypedConstPtr grad, int64_t begin,
-                    int64_t end) const;
+                    int64_t end, TypedPtr rounded = {}) const;
 };
 
 void TieredOptimizerState::Impl::UpdateBeside(const RangedConstants<AdamStepConstants>& c,
-                                              TypedConstPtr grad, int64_t begin,
-                                              int64_t end) const {
+                                              TypedConstPtr grad, int64_t begin, int64_t end,
+                                              TypedPtr rounded) const {
   c.ForEach(begin, end, [&](int64_t b, int64_t e, const AdamStepConstants& k) {
+    const TypedPtr out =
+        rounded.data == nullptr ? TypedPtr{} : OffsetBy(rounded, static_cast<size_t>(b - begin));
     AdamUpdateBeside(k, OffsetBy(grad, static_cast<size_t>(b)), Ram(kStateMaster) + b,
                      Ram(kStateM) + b, Ram(kStateV) + b,
-                     {Bank(kStateMaster) + b, Bank(kStateM) + b, Bank(kStateV) + b}, {},
+                     {Bank(kStateMaster) + b, Bank(kStateM) + b, Bank(kStateV) + b}, out,
                      static_cast<size_t>(e - b));
   });
 }
@@ -474,7 +479,12 @@ absl::Status TieredOptimizerState::ReserveSpeculation() {
         }
       },
       nullptr);
+  std::vector<AlignedBuffer> scratch(static_cast<size_t>(s.pool->size()));
+  for (AlignedBuffer& tile : scratch) {
+    ZO_ASSIGN_OR_RETURN(tile, AlignedBuffer::Allocate(kTileElems * sizeof(float)));
+  }
   for (int a = 0; a < kStateArrays; ++a) s.bank[a] = std::move(bank[a]);
+  s.rounded_scratch = std::move(scratch);
   return absl::OkStatus();
 }
 
@@ -485,7 +495,9 @@ bool TieredOptimizerState::speculation_reserved() const {
 int64_t TieredOptimizerState::speculated_elems() const { return impl_->speculated.size(); }
 
 absl::Status TieredOptimizerState::SpeculateAdam(const RangedConstants<AdamStepConstants>& c,
-                                                 TypedConstPtr grad, int64_t offset, int64_t n) {
+                                                 TypedConstPtr grad, int64_t offset, int64_t n,
+                                                 std::optional<DType> rounded,
+                                                 const TileRounded& tile_rounded) {
   Impl& s = *impl_;
   if (!s.error.ok()) return s.NeedsRestore();
   if (!speculation_reserved() && s.layout.total_elems() > 0) {
@@ -505,10 +517,16 @@ absl::Status TieredOptimizerState::SpeculateAdam(const RangedConstants<AdamStepC
   // on one 1.57-1.65x; zo-bench offload --compute-ms auto).
   RunTiles(
       s.pool, count,
-      [&](int, int64_t i) {
+      [&](int worker, int64_t i) {
         const int64_t begin = std::max(offset, (first + i) * kTileElems);
         const int64_t end = std::min(offset + n, (first + i + 1) * kTileElems);
-        s.UpdateBeside(c, grad, begin, end);
+        if (!rounded.has_value()) {
+          s.UpdateBeside(c, grad, begin, end);
+          return;
+        }
+        void* tile = s.rounded_scratch[static_cast<size_t>(worker)].data();
+        s.UpdateBeside(c, grad, begin, end, {tile, *rounded});
+        if (tile_rounded) tile_rounded({.offset = begin, .n = end - begin, .weights = tile});
       },
       nullptr, std::max(1, s.pool->size() - 1));
   s.speculated.Add(offset, offset + n);

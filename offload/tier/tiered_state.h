@@ -191,8 +191,19 @@ class TieredOptimizerState {
   // Every call until the next Commit or Discard passes the same constants
   // and disjoint ranges. FAILED_PRECONDITION without a bank or while the
   // state needs restore.
+  // With `rounded` set, `tile_rounded` sees each piece's new weights rounded
+  // to that dtype (what AdamStep's low-precision copy would hold), from a
+  // scratch of the worker's that is still in its cache: where pulls of the
+  // step's version can take them from before the step is decided.
+  struct RoundedTile {
+    int64_t offset = 0;
+    int64_t n = 0;
+    const void* weights = nullptr;  // n elements of the dtype, valid during the call
+  };
+  using TileRounded = std::function<void(const RoundedTile&)>;
   absl::Status SpeculateAdam(const RangedConstants<AdamStepConstants>& c, TypedConstPtr grad,
-                             int64_t offset, int64_t n);
+                             int64_t offset, int64_t n, std::optional<DType> rounded = std::nullopt,
+                             const TileRounded& tile_rounded = nullptr);
   // Elements written into the bank since the last Commit or Discard.
   int64_t speculated_elems() const;
   // The step is decided with constants `c`, which are those every
