@@ -75,7 +75,8 @@ void PullFills::Fill(int64_t offset, int64_t n,
   if (filling_.load(std::memory_order_acquire) == 0) return;
   std::shared_lock lock(mu_);
   const int64_t end = offset + n;
-  for (const auto& [id, r] : registrations_) {
+  for (const auto& entry : registrations_) {
+    const Registration& r = entry.second;  // a lambda below takes it
     // A tile done before the registration is the puller's to read; one
     // written ahead holds this update's bits already.
     if (r.state != State::kFilling || r.done_before.Contains(offset, end) ||
