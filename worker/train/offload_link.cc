@@ -177,13 +177,20 @@ absl::Status OffloadLink::LoadNow(int64_t step) {
 
 void OffloadLink::MaybePrefetch(int64_t step) {
   if (prefetch_step_ >= 0 || params_.empty() || streaming_) return;
-  if (VersionForStep(client_->config().zo.dpu, step) > pushed_) return;
+  if (VersionForStep(client_->config().zo.dpu, step) > pushed_.load() + 1) return;
   prefetch_step_ = step;
   prefetch_cancel_ = std::make_unique<PullCancellation>();
   if (abort_ != nullptr) abort_->Register(prefetch_cancel_.get());
   prefetch_ = std::thread([this, client = client_, step, cancel = prefetch_cancel_.get()] {
-    absl::StatusOr<bool> changed =
-        client->PullForStep(step, pulled_tensors_, host_, &prefetch_loss_scale_, cancel);
+    const int64_t version = VersionForStep(client->config().zo.dpu, step);
+    absl::StatusOr<bool> changed;
+    do {
+      changed = client->PullForStep(step, pulled_tensors_, host_, &prefetch_loss_scale_, cancel);
+      // A pull that outwaits the client's call timeout while this worker's
+      // own step, whose pushes make the version, still runs (a long step,
+      // not a stuck server) waits again.
+    } while (absl::IsDeadlineExceeded(changed.status()) && !cancel->cancelled() &&
+             pushed_.load() < version);
     prefetch_changed_ = changed.ok() && *changed;
     if (!changed.ok()) {
       prefetch_status_ = changed.status();
@@ -301,7 +308,7 @@ absl::Status OffloadLink::FinishStep(int64_t step) {
     if (!copy_error_.ok()) return std::exchange(copy_error_, absl::OkStatus());
   }
   ZO_RETURN_IF_ERROR(client_->FinishStep(step));
-  pushed_ = std::max(pushed_, step);
+  pushed_ = std::max(pushed_.load(), step);
   MaybePrefetch(step + 1);
   return absl::OkStatus();
 }

@@ -3,9 +3,11 @@
 // Weights: each step's are pulled (the client's DPU policy says which
 // version) into page-locked host memory and copied into a second, idle set
 // of device tensors while the step before still computes; the step boundary
-// swaps the two sets. The prefetch of step s + 1 starts as soon as its
-// version's gradients are all pushed: with DPU at the start of step s, so
-// the servers' update, the pull and the upload all overlap step s.
+// swaps the two sets. The prefetch of step s + 1 starts with step s: its
+// pull waits for the version step s's gradients make (on the in-process
+// route the servers' update, a speculative one as it goes, writes straight
+// into it); with DPU that version is the one before, which the servers
+// are applying, so the update, the pull and the upload all overlap step s.
 //
 // Streaming (LoadHostWeights, zero_optimization.offload_param): the stage's
 // window uploads the weights layer by layer; there is no device set and no
@@ -29,6 +31,7 @@
 #ifndef ZO_WORKER_TRAIN_OFFLOAD_LINK_H_
 #define ZO_WORKER_TRAIN_OFFLOAD_LINK_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -105,8 +108,9 @@ class OffloadLink final : public model::ParamLink {
   absl::StatusOr<bool> Guarded(const std::function<absl::StatusOr<bool>(PullCancellation*)>& pull);
   // PullNow, then uploads them into the params.
   absl::Status LoadNow(int64_t step);
-  // Starts the prefetch of `step` when its version's gradients are all
-  // pushed and none runs.
+  // Starts the prefetch of `step` when none runs and its version's
+  // gradients are pushed, or are the ones the step now running pushes (a
+  // step that fails cancels it: LoadWeights of any other step does).
   void MaybePrefetch(int64_t step);
   // Waits for the prefetch thread; its outcome stays in prefetch_*.
   void JoinPrefetch();
@@ -133,7 +137,8 @@ class OffloadLink final : public model::ParamLink {
   // prefetch dropped or failed.
   bool host_ahead_ = true;
   double loss_scale_ = 1;  // of the step LoadWeights last loaded
-  int64_t pushed_ = -1;    // the last step whose gradients are all acknowledged
+  // The last step whose gradients are all acknowledged (a prefetch reads it).
+  std::atomic<int64_t> pushed_{-1};
 
   std::thread prefetch_;
   int64_t prefetch_step_ = -1;                         // the step prefetch_ fetches for; -1: none
