@@ -4,8 +4,10 @@
 // reads as it was until the commit.
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <vector>
 
+#include "common/bf16.h"
 #include "common/fp16.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -106,6 +108,43 @@ TEST_F(TieredStateSpeculationTest, CommitLeavesWhatAdamStepLeaves) {
     ExpectSameBits(after, Read(*twin));
     EXPECT_EQ(::zo::testing::FirstDifference(seen_before, before.master), "");
     EXPECT_EQ(::zo::testing::FirstDifference(seen_after, after.master), "");
+  }
+}
+
+// With a low-precision dtype each speculated piece is shown rounded, once,
+// in the bits the step's own copy gets: the committed master, rounded.
+TEST_F(TieredStateSpeculationTest, RoundedTilesAreTheCommittedWeightsRounded) {
+  for (const DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    auto state = NewState();
+    ASSERT_THAT(state->ReserveSpeculation(), IsOk());
+    const std::vector<float> grad = Pattern(kTotal, 7, 2.0f);
+    const TypedConstPtr g{grad.data(), DType::kFloat32};
+    std::vector<uint16_t> rounded(kTotal, 0xffff);
+    std::vector<int> shown(kTotal, 0);
+    std::mutex mu;  // pieces come from the pool's workers
+    const auto take = [&](const TieredOptimizerState::RoundedTile& t) {
+      std::lock_guard lock(mu);
+      std::memcpy(rounded.data() + t.offset, t.weights, static_cast<size_t>(t.n) * 2);
+      for (int64_t i = t.offset; i < t.offset + t.n; ++i) ++shown[static_cast<size_t>(i)];
+    };
+    const std::vector<std::pair<int64_t, int64_t>> ranges = {{5, 900},
+                                                             {kTileElems - 3, 2 * kTileElems + 11}};
+    for (const auto& [b, e] : ranges) {
+      ASSERT_THAT(state->SpeculateAdam(Constants(1), g, b, e - b, dtype, take), IsOk());
+    }
+    ASSERT_THAT(state->CommitSpeculation(Constants(1), g), IsOk());
+    const StateSnapshot after = Read(*state);
+    for (int64_t i = 0; i < kTotal; ++i) {
+      const bool speculated =
+          (i >= 5 && i < 900) || (i >= kTileElems - 3 && i < 2 * kTileElems + 11);
+      const float w = after.master[static_cast<size_t>(i)];
+      const uint16_t want = !speculated                 ? 0xffff
+                            : dtype == DType::kBFloat16 ? FloatToBf16Bits(w)
+                                                        : FloatToHalfBits(w);
+      ASSERT_EQ(shown[static_cast<size_t>(i)], speculated ? 1 : 0) << "element " << i;
+      ASSERT_EQ(rounded[static_cast<size_t>(i)], want) << "element " << i;
+    }
   }
 }
 
