@@ -22,6 +22,17 @@ and Adam's moments:
   extrap    w_{s-2} + (w_{s-2} - w_{s-3}): the last step repeated
   momentum  stale, with Adam's beta1 lowered to --dpu-beta1 while delayed (a
             delay acts as extra momentum: asynchrony begets momentum)
+  worker    the servers serve w_{s-2} moved by the momentum's part of step
+            s-1 only, w_{s-2} (1 - lr wd) - lr beta1 m_{s-2} / (c1 d), and a
+            gain k = lr (1 - beta1) / (c1 (sqrt(v / c2) + eps)) with v's mean
+            over each tensor; the worker, which still holds step s-1's
+            gradient g (clipped), computes on served - k g: step s-1 whole
+            but for v's last update and the gain's averaging
+  worker_factored  the same with v of a matrix factored into its row and
+            column sums (Adafactor's factoring: a row and a column vector
+            to send), vectors exact
+  worker_exact     the same with the gain per element (the bound: sync but
+            for v's last update)
 
 Clipping uses the raw gradient's norm (the servers decide it from the
 statistics of the pushed gradients) and compensation follows it. Prints, per
@@ -31,7 +42,7 @@ line per mode with the means over seeds and the gap to sync.
 
   OMP_WAIT_POLICY=PASSIVE OPENBLAS_CORETYPE=Haswell /usr/bin/python3 \\
       bench/torch_twin/dpu_compensation.py --data ../shared/data/tinyshakespeare.txt \\
-      --steps 600 --seeds 1337,1338,1339 --modes sync,stale,dc,predict
+      --steps 600 --seeds 1337,1338,1339 --modes sync,stale,dc,predict,worker
 """
 
 import argparse
@@ -46,7 +57,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpt_lite_twin import CharData, GptLite, add_recipe_args  # noqa: E402
 
 LR, BETAS, EPS, DECAY, WARMUP, CLIP = 2e-3, (0.9, 0.99), 1e-8, 0.01, 20, 1.0
-MODES = ("sync", "stale", "dc", "predict", "extrap", "momentum")
+MODES = ("sync", "stale", "dc", "predict", "extrap", "momentum", "worker", "worker_exact",
+         "worker_factored")
 
 
 class Adam:
@@ -70,13 +82,34 @@ class Adam:
             v.mul_(b2).addcmul_(g, g, value=1 - b2)
             p.addcdiv_(m / c1, (v / c2).sqrt_().add_(EPS), value=-lr)
 
-    def predict(self, lr):
-        """The weights after one more step whose gradient equals the momentum."""
+    def predict(self, lr, momentum_weight=1.0):
+        """The weights after one more step whose gradient equals the momentum
+        (momentum_weight 1), or that leaves the new gradient's part out
+        (momentum_weight beta1: the worker adds it)."""
         b1, b2 = BETAS
         t = self.t + 1
         c1, c2 = 1 - b1**t, 1 - b2**t
-        return [p * (1 - lr * DECAY) - lr * (m / c1) / ((v / c2).sqrt() + EPS)
+        return [p * (1 - lr * DECAY) - lr * momentum_weight * (m / c1) / ((v / c2).sqrt() + EPS)
                 for p, m, v in zip(self.p, self.m, self.v)]
+
+    def gradient_gain(self, lr, kind):
+        """What the next step moves a weight per unit of its new gradient:
+        lr (1 - beta1) / (c1 (sqrt(v / c2) + eps)), per element ("exact"),
+        with v of a matrix factored into its row and column sums as
+        Adafactor does ("factored": what a server could send a worker in a
+        row and a column vector), or one gain per tensor from v's mean
+        ("mean")."""
+        b1, b2 = BETAS
+        t = self.t + 1
+        c1, c2 = 1 - b1**t, 1 - b2**t
+        gains = []
+        for v in self.v:
+            if kind == "factored" and v.dim() == 2:
+                v = torch.outer(v.sum(1), v.sum(0)) / v.sum().clamp_min(1e-30)
+            elif kind == "mean":
+                v = v.mean().expand_as(v)
+            gains.append(lr * (1 - b1) / c1 / ((v / c2).sqrt() + EPS))
+        return gains
 
 
 def lr_at(step):
@@ -109,6 +142,12 @@ def train(a, data, mode, seed):
         on = step - 2 if delayed else step - 1
         if delayed and mode == "predict" and step - 1 in predicted:
             weights = predicted[step - 1]
+        elif delayed and mode.startswith("worker") and step - 1 in predicted:
+            # The servers serve w_{s-2} moved by the momentum's part of step
+            # s-1; the worker, which still holds step s-1's gradient, adds
+            # its part with the gain the servers sent.
+            served, gain = predicted[step - 1]
+            weights = [w - k * g for w, k, g in zip(served, gain, last_grads)]
         elif delayed and mode == "extrap" and on - 1 in versions:
             weights = [2 * w - u for w, u in zip(versions[on], versions[on - 1])]
         else:
@@ -140,6 +179,12 @@ def train(a, data, mode, seed):
         if mode == "predict":
             predicted[step + 1] = opt.predict(lr_at(step + 1))
             predicted.pop(step - 1, None)
+        if mode.startswith("worker"):
+            predicted[step + 1] = (opt.predict(lr_at(step + 1), BETAS[0]),
+                                   opt.gradient_gain(lr_at(step + 1), {"worker": "mean", "worker_exact": "exact",
+                                                        "worker_factored": "factored"}[mode]))
+            predicted.pop(step - 1, None)
+        last_grads = grads
         if step % a.print_every == 0:
             print(f"  {mode} seed {seed} step {step:4d} loss {loss_sum:.4f}", flush=True)
     return losses, master_losses
