@@ -131,6 +131,56 @@ TEST(SharedMemoryFallbackTest, ARegionOverItsCapIsNotMade) {
   EXPECT_THAT(fits[0]->client().routes(), ElementsAre("shared_memory"));
 }
 
+// zo.gradient_accumulation "servers": each micro-batch pushes its own
+// gradient, back to back here, as a streaming worker's backward does. The
+// servers sum exactly what was pushed, on the same host as over gRPC: a
+// micro-batch must never overwrite one the server has not summed yet (the
+// gradients take the stream there; the weights still use the region).
+TEST(SharedMemoryMicroBatchTest, EveryMicroBatchIsSummedAsPushed) {
+  std::vector<ServerProcess> servers = StartServers(1);
+  ASSERT_EQ(servers.size(), 1u);
+  constexpr int64_t kElems = 1 << 20;  // 4 MiB a push: the server takes a while to sum one
+  constexpr int kMicroBatches = 4;
+  constexpr int kSteps = 4;
+  const std::string config = absl::StrCat(
+      R"({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": )", kMicroBatches,
+      R"(, "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+          "zo": {"chunk_elems": 65536, "gradient_accumulation": "servers"}})");
+  const std::vector<TensorSpec> manifest = {
+      {.name = "w", .shape = {kElems}, .dtype = DType::kFloat32}};
+  std::vector<std::vector<float>> weights(2);
+  for (int shm = 0; shm < 2; ++shm) {
+    ClientOptions options;
+    options.job = absl::StrCat("micro-batches-", shm);
+    options.servers = Addresses(servers);
+    options.shared_memory = shm == 1;
+    ZO_ASSERT_OK_AND_ASSIGN(std::unique_ptr<OffloadClient> client,
+                            OffloadClient::Open(options, config, manifest));
+    EXPECT_THAT(client->routes(), ElementsAre(shm == 1 ? "shared_memory" : "grpc"));
+    for (int64_t step = 1; step <= kSteps; ++step) {
+      for (int mb = 0; mb < kMicroBatches; ++mb) {
+        // Every micro-batch's gradient differs from the others'.
+        auto g = std::make_shared<std::vector<float>>(kElems);
+        for (int64_t i = 0; i < kElems; ++i) {
+          (*g)[static_cast<size_t>(i)] =
+              static_cast<float>((i * 7 + mb * 13 + step) % 101 - 50) * 1e-3f * (mb + 1);
+        }
+        const absl::Span<const std::byte> bytes(reinterpret_cast<const std::byte*>(g->data()),
+                                                g->size() * sizeof(float));
+        ASSERT_THAT(client->PushShared(step, 0, g, bytes, mb), IsOk());
+      }
+      ASSERT_THAT(client->FinishStep(step), IsOk());
+    }
+    std::vector<std::byte> out(kElems * sizeof(float));
+    std::vector<absl::Span<std::byte>> dst = {absl::MakeSpan(out)};
+    ASSERT_THAT(client->Pull(kSteps, -1, {0}, dst).status(), IsOk());
+    weights[shm].resize(kElems);
+    std::memcpy(weights[shm].data(), out.data(), out.size());
+  }
+  EXPECT_EQ(std::memcmp(weights[0].data(), weights[1].data(), kElems * sizeof(float)), 0)
+      << "the same-host route summed other gradients than gRPC";
+}
+
 std::string BootId() {
   std::ifstream in("/proc/sys/kernel/random/boot_id");
   std::string id;

@@ -102,7 +102,7 @@ int64_t OffloadClient::Impl::MaxPushPieceBytes() const {
   // messages are cut at max_piece_bytes.
   bool whole_chunks = true;
   for (int s = 0; s < map.num_servers(); ++s) {
-    whole_chunks = whole_chunks && (routes[s] != nullptr || RegionId(s) != 0);
+    whole_chunks = whole_chunks && (routes[s] != nullptr || GradientsThroughRegion(s));
   }
   return whole_chunks ? kMaxLocalPieceBytes : options.max_piece_bytes;
 }
@@ -131,8 +131,8 @@ absl::Status OffloadClient::Impl::RoutePushPiece(int64_t step, const PushPiece& 
     AddLocalParts(LocalPushCallFor(step, p.server), p, header, data, routed.local);
     return absl::OkStatus();
   }
-  if (const uint64_t region = RegionId(p.server); region != 0) {
-    routed.in_region.push_back(InRegion(step, p, region, std::move(header), data));
+  if (GradientsThroughRegion(p.server)) {
+    routed.in_region.push_back(InRegion(step, p, RegionId(p.server), std::move(header), data));
     return absl::OkStatus();
   }
   return EnqueueOnStream(step, p, header, data, owner);

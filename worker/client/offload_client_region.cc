@@ -85,8 +85,15 @@ void OffloadClient::Impl::AttachRegions() {
       continue;
     }
     region_ids[s] = attached->region();
-    ZO_LOG(INFO) << "server " << names[s]
-                 << ": gradients and weights go through shared memory (same host)";
+    if (PushesPerRank(config) > 1) {
+      ZO_LOG(INFO) << "server " << names[s]
+                   << ": weights go through shared memory (same host), gradients over gRPC "
+                      "(with zo.gradient_accumulation \"servers\" every micro-batch would write "
+                      "the same place of the region before the server has summed the one before)";
+    } else {
+      ZO_LOG(INFO) << "server " << names[s]
+                   << ": gradients and weights go through shared memory (same host)";
+    }
   }
 }
 

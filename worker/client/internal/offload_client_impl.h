@@ -197,6 +197,15 @@ struct OffloadClient::Impl {
   uint64_t RegionId(int server) const {
     return region_ids == nullptr ? 0 : region_ids[server].load(std::memory_order_relaxed);
   }
+  // Whether gradients for `server` go through its region. Not with
+  // zo.gradient_accumulation "servers": every micro-batch's gradient of an
+  // element has the same place in the region's gradient area, and a later
+  // micro-batch could overwrite it before the server has summed it (seen as
+  // a restarted or uninterrupted streamed run leaving its trajectory under
+  // load); those pushes take the stream, the weights still the region.
+  bool GradientsThroughRegion(int server) const {
+    return RegionId(server) != 0 && PushesPerRank(config) == 1;
+  }
   // The server no longer knows this worker's region: gRPC from now on.
   void DropRegion(int server, const absl::Status& why);
   // A piece for the same-host route: its bytes, where they go in the
