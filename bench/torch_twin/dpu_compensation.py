@@ -33,6 +33,16 @@ and Adam's moments:
             to send), vectors exact
   worker_exact     the same with the gain per element (the bound: sync but
             for v's last update)
+  worker_delta     the servers send only the gain (v's mean per tensor);
+            the worker forms the momentum's part itself from the last two
+            versions it pulled: w_{s-2} (1 - lr_{s-1} wd) + a (w_{s-2} -
+            w_{s-3} + lr_{s-2} wd w_{s-3}), a = beta1 (lr_{s-1} / lr_{s-2})
+            (c1_{s-2} / c1_{s-1}) sqrt(c2_{s-1} / c2_{s-2}) (step s-2's
+            update without its decay, turned into step s-1's momentum part
+            but for eps), then subtracts k g as `worker` does
+
+--served-dtype rounds every version the servers serve (and so the weights
+each step computes on) to fp16 or bf16, as zo's pulls do.
 
 Clipping uses the raw gradient's norm (the servers decide it from the
 statistics of the pushed gradients) and compensation follows it. Prints, per
@@ -58,7 +68,7 @@ from gpt_lite_twin import CharData, GptLite, add_recipe_args  # noqa: E402
 
 LR, BETAS, EPS, DECAY, WARMUP, CLIP = 2e-3, (0.9, 0.99), 1e-8, 0.01, 20, 1.0
 MODES = ("sync", "stale", "dc", "predict", "extrap", "momentum", "worker", "worker_exact",
-         "worker_factored")
+         "worker_factored", "worker_delta")
 
 
 class Adam:
@@ -116,6 +126,18 @@ def lr_at(step):
     return LR * min(1.0, (step - 1) / WARMUP)
 
 
+def momentum_part_from_versions(w2, w3, t):
+    """w_{t} moved by the momentum's part of step t+1, from the versions t
+    and t-1 alone (Adam's count after step t is t: no skipped steps here)."""
+    b1, b2 = BETAS
+    lr_next, lr_last = lr_at(t + 1), lr_at(t)
+    if lr_last == 0:
+        return [w.clone() for w in w2]
+    a = b1 * (lr_next / lr_last) * ((1 - b1**t) / (1 - b1**(t + 1))) * \
+        ((1 - b2**(t + 1)) / (1 - b2**t)) ** 0.5
+    return [w * (1 - lr_next * DECAY) + a * (w - u + lr_last * DECAY * u) for w, u in zip(w2, w3)]
+
+
 def train(a, data, mode, seed):
     torch.manual_seed(seed)
     model = GptLite(data.vocab, a.block_size, a.n_layer, a.n_embd, a.n_head)
@@ -125,7 +147,12 @@ def train(a, data, mode, seed):
     opt = Adam(master)
     # versions[k]: the weights after step k (0: the initial ones), the last
     # three kept; predicted[k]: the prediction of version k made after k-1.
-    versions = {0: [w.clone() for w in master]}
+    served_dtype = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[a.served_dtype]
+
+    def serve(ws):
+        return [w.clone() if served_dtype is None else w.to(served_dtype).float() for w in ws]
+
+    versions = {0: serve(master)}
     predicted = {}
     losses, master_losses = [], []
     for step in range(1, a.steps + 1):
@@ -142,12 +169,18 @@ def train(a, data, mode, seed):
         on = step - 2 if delayed else step - 1
         if delayed and mode == "predict" and step - 1 in predicted:
             weights = predicted[step - 1]
-        elif delayed and mode.startswith("worker") and step - 1 in predicted:
+        elif delayed and mode in ("worker", "worker_exact", "worker_factored") and step - 1 in predicted:
             # The servers serve w_{s-2} moved by the momentum's part of step
             # s-1; the worker, which still holds step s-1's gradient, adds
             # its part with the gain the servers sent.
             served, gain = predicted[step - 1]
             weights = [w - k * g for w, k, g in zip(served, gain, last_grads)]
+        elif delayed and mode == "worker_delta" and step - 1 in predicted and step - 3 in versions:
+            gain = predicted[step - 1]
+            weights = [w - k * g for w, k, g in
+                       zip(momentum_part_from_versions(versions[step - 2], versions[step - 3],
+                                                       step - 2),
+                           gain, last_grads)]
         elif delayed and mode == "extrap" and on - 1 in versions:
             weights = [2 * w - u for w, u in zip(versions[on], versions[on - 1])]
         else:
@@ -174,15 +207,18 @@ def train(a, data, mode, seed):
                 denom = (v / (1 - BETAS[1]**max(opt.t, 1))).sqrt_().add_(EPS)
                 g.add_(a.dc_lambda * g * g / denom * (w - u))
         opt.step(grads, lr_at(step), a.dpu_beta1 if delayed and mode == "momentum" else None)
-        versions[step] = [w.clone() for w in master]
+        versions[step] = serve(master)
         versions.pop(step - 3, None)
         if mode == "predict":
             predicted[step + 1] = opt.predict(lr_at(step + 1))
             predicted.pop(step - 1, None)
-        if mode.startswith("worker"):
+        if mode in ("worker", "worker_exact", "worker_factored"):
             predicted[step + 1] = (opt.predict(lr_at(step + 1), BETAS[0]),
                                    opt.gradient_gain(lr_at(step + 1), {"worker": "mean", "worker_exact": "exact",
                                                         "worker_factored": "factored"}[mode]))
+            predicted.pop(step - 1, None)
+        if mode == "worker_delta":
+            predicted[step + 1] = opt.gradient_gain(lr_at(step + 1), "mean")
             predicted.pop(step - 1, None)
         last_grads = grads
         if step % a.print_every == 0:
@@ -204,6 +240,8 @@ def main():
     ap.add_argument("--dpu-beta1", type=float, default=0.8, help="momentum: beta1 while delayed")
     ap.add_argument("--eval-master", action="store_true",
                     help="also give the last window's loss on the master weights (after step s-1)")
+    ap.add_argument("--served-dtype", choices=("fp32", "fp16", "bf16"), default="fp32",
+                    help="what the servers' versions are rounded to")
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     add_recipe_args(ap)
     ap.add_argument("--print-every", type=int, default=100)
@@ -232,6 +270,7 @@ def main():
     sync = means.get("sync")
     for mode, values in means.items():
         row = {"mode": mode, "seeds": seeds, "steps": a.steps, "dpu_from": a.dpu_from,
+               "served_dtype": a.served_dtype,
                "window": a.window, "mean_loss": values, "mean": sum(values) / len(values)}
         if mode == "dc":
             row["dc_lambda"] = a.dc_lambda
