@@ -59,6 +59,10 @@ constexpr std::array<EnumEntry<GradientAccumulation>, 3> kGradientAccumulations 
     {GradientAccumulation::kDevice, "device"},
     {GradientAccumulation::kServers, "servers"},
 }};
+constexpr std::array<EnumEntry<DpuCompensation>, 2> kDpuCompensations = {{
+    {DpuCompensation::kNone, "none"},
+    {DpuCompensation::kWorker, "worker"},
+}};
 
 // DeepSpeed keys that zo accepts and does not use (each one logs a note).
 // Whole sections: nothing inside them is checked.
@@ -222,6 +226,7 @@ template <typename V>
 void VisitDpu(V& v, DpuConfig& d) {
   v.Field("enabled", d.enabled);
   v.Field("warmup_steps", d.warmup_steps, AtLeast(0));
+  v.Enum("compensation", d.compensation, kDpuCompensations);
 }
 
 template <typename V>
@@ -347,6 +352,9 @@ std::string_view EnumName(WarmupType type) { return NameOf(kWarmupTypes, type); 
 std::string_view EnumName(OffloadDevice device) { return NameOf(kOffloadDevices, device); }
 std::string_view EnumName(GradientAccumulation policy) {
   return NameOf(kGradientAccumulations, policy);
+}
+std::string_view EnumName(DpuCompensation compensation) {
+  return NameOf(kDpuCompensations, compensation);
 }
 
 absl::StatusOr<LoadedConfig> ParseConfig(const std::string& json_text,

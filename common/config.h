@@ -36,12 +36,20 @@ enum class OffloadDevice { kNone, kCpu, kNvme };
 //             its choice; a server treats it as kDevice.
 enum class GradientAccumulation { kAuto, kDevice, kServers };
 
+// zo.dpu.compensation (common/dpu_compensation.h):
+//   kNone:   step s computes on w_{s-2} as served;
+//   kWorker: on w_{s-2} moved by step s-1's AdamW update, which the worker
+//            forms from the last two versions, its own gradient of step
+//            s-1 and a gain per tensor the servers send.
+enum class DpuCompensation { kNone, kWorker };
+
 // DeepSpeed's spelling of each value: "AdamW", "WarmupLR", "log", "nvme".
 std::string_view EnumName(OptimizerType type);
 std::string_view EnumName(SchedulerType type);
 std::string_view EnumName(WarmupType type);
 std::string_view EnumName(OffloadDevice device);
 std::string_view EnumName(GradientAccumulation policy);
+std::string_view EnumName(DpuCompensation compensation);
 
 // `optimizer.params`. Each type reads the subset it needs (Adagrad: lr, eps,
 // weight_decay; Lion: lr, betas, weight_decay).
@@ -151,6 +159,7 @@ struct AioConfig {
 struct DpuConfig {
   bool enabled = false;
   int warmup_steps = 40;  // steps that wait for v_t before step t+1; >= 0
+  DpuCompensation compensation = DpuCompensation::kNone;
   friend bool operator==(const DpuConfig&, const DpuConfig&) = default;
 };
 

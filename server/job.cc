@@ -111,6 +111,7 @@ absl::Status Job::Init() {
     local_elems_ += elems;
   }
   groups_.emplace(spec_.config, map_, spec_.server_index);
+  if (spec_.config.zo.dpu.compensation != DpuCompensation::kNone) CreateCompensationRecord();
   ZO_ASSIGN_OR_RETURN(const TieredStateOptions options, OptimizerStateOptions());
   ZO_ASSIGN_OR_RETURN(const std::optional<int64_t> spare, CheckHostMemory(options));
   ZO_RETURN_IF_ERROR(CreateOptimizerState(options));
@@ -208,6 +209,28 @@ absl::Status Job::CreateVersions() {
   return absl::OkStatus();
 }
 
+void Job::CreateCompensationRecord() {
+  std::vector<CompensationRecord::Part> parts;
+  int64_t local = 0;
+  for (int64_t c : map_.ChunksOfServer(spec_.server_index)) {
+    for (const TensorPiece& piece : map_.PiecesOfChunk(c)) {
+      const int group = map_.tensors()[static_cast<size_t>(piece.tensor)].group;
+      const AdamHyperParams hp = groups_->HyperParams(group, 0.0);
+      parts.push_back({.tensor = piece.tensor,
+                       .begin = local,
+                       .length = piece.length,
+                       .group = group,
+                       .hp = {.beta1 = hp.beta1,
+                              .beta2 = hp.beta2,
+                              .eps = hp.eps,
+                              .weight_decay = hp.weight_decay,
+                              .bias_correction = hp.bias_correction}});
+      local += piece.length;
+    }
+  }
+  compensation_ = std::make_unique<CompensationRecord>(std::move(parts));
+}
+
 void Job::CreateCoordinator() {
   coordinator_ = std::make_unique<StepCoordinator>(StepCoordinator::Options{
       .job = spec_.name,
@@ -251,6 +274,7 @@ void Job::Stop(absl::Status reason) {
   const absl::Status stopped = position_.Stop(std::move(reason));
   if (accum_ != nullptr) accum_->Close(stopped);
   if (coordinator_ != nullptr) coordinator_->Stop();
+  if (compensation_ != nullptr) compensation_->Stop(stopped);
   checkpoints_.Stop();
   if (step_thread_.joinable() && std::this_thread::get_id() != step_thread_.get_id()) {
     step_thread_.join();

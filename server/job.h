@@ -65,6 +65,7 @@
 #include "proto/zo/v1/job.pb.h"
 #include "proto/zo/v1/params.pb.h"
 #include "rpc/in_process_route.h"
+#include "server/compensation_record.h"
 #include "server/gradient_accumulator.h"
 #include "server/gradient_piece_view.h"
 #include "server/job_counters.h"
@@ -217,6 +218,10 @@ class Job {
   absl::Status OnCommit(const v1::StepCommit& commit);
   // A worker's learning rates for a step (zo.client_lr): StepCoordinator::OnStepLr.
   absl::Status OnStepLr(const v1::StepLrRequest& request);
+  // zo.dpu.compensation "worker": once `step` is decided here (at most until
+  // `deadline`), the terms of this server's tensor parts
+  // (server/compensation_record.h). FAILED_PRECONDITION for a job without it.
+  absl::StatusOr<v1::StepCompensation> StepCompensation(int64_t step, absl::Time deadline);
   absl::StatusOr<v1::WriteCheckpointPartResponse> WriteCheckpointPart(
       const v1::WriteCheckpointPartRequest& request, absl::Time deadline);
   // `healthy_after` false (the lead, whose followers restore next): the job
@@ -274,6 +279,7 @@ class Job {
   absl::Status CreateAccumulator(std::vector<LocalChunk> owned);
   absl::Status CreateVersions();
   void CreateCoordinator();
+  void CreateCompensationRecord();
   // RESOURCE_EXHAUSTED, before anything is allocated, when the job's RAM on
   // this server (optimizer state in RAM, swap buffers, gradient buffer, the
   // stored 16-bit versions) exceeds what the host has available; else the
@@ -393,6 +399,7 @@ class Job {
   std::unique_ptr<ParamVersions> versions_;
   std::unique_ptr<PullFills> fills_;  // with versions served from the master
   std::unique_ptr<StepCoordinator> coordinator_;
+  std::unique_ptr<CompensationRecord> compensation_;  // with zo.dpu.compensation
 
   // Why the job does not speculate ("" when it does; set by Init).
   std::string no_speculation_;

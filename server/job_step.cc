@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/convert.h"
 #include "common/dpu_policy.h"
@@ -103,6 +104,11 @@ void Job::RunStep(const JobPosition::Work& work) {
       is_lead() ? coordinator_->LeadRound(stats, scale_used) : coordinator_->FollowerRound(stats);
   if (!decided.has_value() || !position_.BeginApplying(generation)) return;
   const v1::StepCommit& commit = *decided;
+  if (compensation_ != nullptr) {
+    const StepInputs inputs = InputsOf(commit);
+    compensation_->Decided(step, commit.skip(), inputs.grad_multiplier, inputs.applied_steps,
+                           GroupLrOf(inputs));
+  }
 
   const absl::Time update_start = absl::Now();
   absl::Status applied;
@@ -118,6 +124,7 @@ void Job::RunStep(const JobPosition::Work& work) {
     }
   }
   speculation_ = {};
+  if (compensation_ != nullptr) compensation_->UpdateEnded(step, applied.ok(), commit.skip());
   last_step_clipped_ =
       !commit.skip() &&
       commit.grad_multiplier() != UnclippedGradMultiplier(spec_.dp_world_size, scale_used);
@@ -245,6 +252,13 @@ absl::Status Job::Apply(const v1::StepCommit& commit) {
         if (observer) observer(offset, n, p, m, v);
       };
     }
+    if (compensation_ != nullptr) {
+      // v's sums per tensor part: what the workers' next compensation divides by.
+      tile_done = [this, then = std::move(tile_done)](const TieredOptimizerState::UpdatedTile& t) {
+        compensation_->AddTile(t.offset, t.n, t.v);
+        if (then) then(t);
+      };
+    }
     const absl::Status stepped = state_->AdamStep(
         c, accum_->gradients(), {lp, spec_.dtype},
         [&](int64_t end) { released = accum_->ReleaseBelow(released, end, commit.step()); },
@@ -300,6 +314,31 @@ absl::Status Job::OnCommit(const v1::StepCommit& commit) { return coordinator_->
 
 absl::Status Job::OnStepLr(const v1::StepLrRequest& request) {
   return coordinator_->OnStepLr(request.step(), request.dp_rank(), request.group_lr());
+}
+
+absl::StatusOr<v1::StepCompensation> Job::StepCompensation(int64_t step, absl::Time deadline) {
+  if (compensation_ == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", spec_.name, " has no zo.dpu.compensation: no step compensation to give"));
+  }
+  if (step < 1) return absl::InvalidArgumentError(absl::StrCat("step ", step, ": must be >= 1"));
+  ZO_ASSIGN_OR_RETURN(const std::vector<CompensationTerms> terms,
+                      compensation_->Await(step, deadline));
+  v1::StepCompensation out;
+  out.set_step(step);
+  for (const CompensationTerms& t : terms) {
+    v1::TensorCompensation* p = out.add_tensors();
+    p->set_tensor(t.tensor);
+    p->set_elems(t.elems);
+    p->set_v_sum(t.v_sum);
+    p->set_keep(t.keep);
+    p->set_momentum(t.momentum);
+    p->set_previous_keep(t.previous_keep);
+    p->set_gain(t.gain);
+    p->set_inv_sqrt_bias2(t.inv_sqrt_bias2);
+    p->set_eps(t.eps);
+  }
+  return out;
 }
 
 }  // namespace zo

@@ -473,3 +473,75 @@ TEST_F(JobTest, AnAppliedStepInBetweenStartsTheCountAgain) {
 
 }  // namespace
 }  // namespace zo
+
+namespace zo {
+namespace {
+
+// zo.dpu.compensation "worker": each decided step's terms carry the
+// decision and v summed over the update before it, as a double-precision
+// Adam of the same gradients gives them.
+TEST_F(JobTest, DpuCompensationTermsFollowTheStepsAndV) {
+  std::unique_ptr<Job> job = Open(
+      R"("optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.1}},
+         "zo": {"chunk_elems": 64, "dpu": {"enabled": true, "warmup_steps": 0,
+                                           "compensation": "worker"}})");
+  ASSERT_NE(job, nullptr);
+  double v = 0;  // every element's, after the steps so far
+  for (int64_t step = 1; step <= 4; ++step) {
+    const float g = 0.5f * static_cast<float>(step) - 0.8f;
+    ASSERT_THAT(Push(*job, step, g), IsOk());
+    ZO_ASSERT_OK_AND_ASSIGN(const v1::StepCompensation got,
+                            job->StepCompensation(step, absl::InfiniteFuture()));
+    ASSERT_EQ(got.tensors_size(), 2) << "one part per chunk";
+    std::vector<CompensationTerms> parts;
+    for (const v1::TensorCompensation& t : got.tensors()) {
+      EXPECT_EQ(t.tensor(), 0);
+      parts.push_back({.tensor = t.tensor(),
+                       .elems = t.elems(),
+                       .v_sum = t.v_sum(),
+                       .keep = t.keep(),
+                       .momentum = t.momentum(),
+                       .previous_keep = t.previous_keep(),
+                       .gain = t.gain(),
+                       .inv_sqrt_bias2 = t.inv_sqrt_bias2(),
+                       .eps = t.eps()});
+    }
+    CompensationHyperParams hp;
+    hp.weight_decay = 0.1;
+    CompensatedStep s;
+    s.grad_multiplier = 1;
+    s.lr = 0.01;
+    s.applied_before = step - 1;
+    if (step > 1) s.previous_lr = 0.01;
+    // Step 1 follows no update: no v is known yet.
+    const CompensationTerms want = TermsFor(hp, s, 0, step == 1 ? 0 : kElems, 0);
+    EXPECT_EQ(parts[0].elems + parts[1].elems, want.elems) << "step " << step;
+    EXPECT_NEAR(parts[0].v_sum + parts[1].v_sum, kElems * v, 1e-6 * kElems * v) << "step " << step;
+    EXPECT_EQ(parts[0].keep, want.keep);
+    EXPECT_EQ(parts[0].momentum, want.momentum);
+    EXPECT_EQ(parts[0].gain, want.gain);
+    ASSERT_THAT(WaitForVersion(*job, step), IsOk());
+    v = 0.999 * v + 0.001 * static_cast<double>(g) * g;
+  }
+  EXPECT_THAT(job->StepCompensation(0, absl::InfiniteFuture()).status(),
+              testing::StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+}
+
+TEST_F(JobTest, DpuCompensationIsRefusedWithManyRanksAndAbsentWithout) {
+  EXPECT_THAT(TryOpen(R"("zo": {"dpu": {"enabled": true, "compensation": "worker"}})",
+                      v1::DTYPE_FP32, 2)
+                  .status(),
+              testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                ::testing::HasSubstr("needs dp_world_size 1")));
+  EXPECT_THAT(TryOpen(R"("zo": {"dpu": {"compensation": "worker"}})").status(),
+              testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                ::testing::HasSubstr("needs zo.dpu.enabled true")));
+  std::unique_ptr<Job> job = Open(R"("zo": {"dpu": {"enabled": true}})");
+  ASSERT_NE(job, nullptr);
+  EXPECT_THAT(job->StepCompensation(1, absl::InfiniteFuture()).status(),
+              testing::StatusIs(absl::StatusCode::kFailedPrecondition,
+                                ::testing::HasSubstr("no zo.dpu.compensation")));
+}
+
+}  // namespace
+}  // namespace zo

@@ -204,6 +204,17 @@ grpc::ServerUnaryReactor* OffloadService::SetStepLr(grpc::CallbackServerContext*
   });
 }
 
+grpc::ServerUnaryReactor* OffloadService::GetStepCompensation(
+    grpc::CallbackServerContext* context, const v1::StepCompensationRequest* request,
+    v1::StepCompensation* response) {
+  return Unary(context, [this, context, request, response]() -> absl::Status {
+    ZO_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, registry_->Find(request->job()));
+    ZO_RETURN_IF_ERROR(job->CheckIncarnation(request->incarnation()));
+    ZO_ASSIGN_OR_RETURN(*response, job->StepCompensation(request->step(), DeadlineOf(*context)));
+    return absl::OkStatus();
+  });
+}
+
 grpc::ServerUnaryReactor* OffloadService::AttachRegion(grpc::CallbackServerContext* context,
                                                        const v1::AttachRegionRequest* request,
                                                        v1::AttachRegionResponse* response) {

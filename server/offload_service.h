@@ -61,6 +61,9 @@ class OffloadService final
   grpc::ServerUnaryReactor* ReportStepStats(grpc::CallbackServerContext* context,
                                             const v1::StepStats* request,
                                             v1::StepStatsResponse* response) override;
+  grpc::ServerUnaryReactor* GetStepCompensation(grpc::CallbackServerContext* context,
+                                                const v1::StepCompensationRequest* request,
+                                                v1::StepCompensation* response) override;
   grpc::ServerUnaryReactor* SetStepLr(grpc::CallbackServerContext* context,
                                       const v1::StepLrRequest* request,
                                       v1::StepLrResponse* response) override;

@@ -156,6 +156,18 @@ TEST(OffloadClientTest, OpenRejectsATensorOfAnotherDtype) {
                ::testing::AllOf(HasSubstr("'b'"), HasSubstr("fp32"), HasSubstr("fp16.enabled"))));
 }
 
+TEST(OffloadClientTest, OpenRefusesADpuCompensationNoWorkerApplies) {
+  std::vector<TensorSpec> manifest = {{.name = "w", .shape = {4}}};
+  ClientOptions options;
+  options.servers = {"127.0.0.1:1"};
+  options.job = "job";
+  const std::string config = R"({"train_micro_batch_size_per_gpu": 1,
+      "zo": {"dpu": {"enabled": true, "compensation": "worker"}}})";
+  EXPECT_THAT(OffloadClient::Open(options, config, manifest),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("zo.dpu.compensation \"worker\"")));
+}
+
 TEST(OffloadClientTest, OpenRejectsBadOptions) {
   std::vector<TensorSpec> manifest = {{.name = "w", .shape = {4}}};
   ClientOptions options;
