@@ -578,6 +578,12 @@ TEST(ZoTrainE2eTest, BadFlagsAreNamed) {
       {{"--config", WriteFile(dir, "broken.json", "{\"fp16\": {\"enabled\": true,}")},
        "--config: " + dir + "/broken.json: malformed JSON"},
       {{"--pipeline-stages", "9", "--n-layer", "2"}, "cannot cut 5 layers into 9 pipeline stages"},
+      {{"--config",
+        WriteFile(dir, "compensated.json",
+                  R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+                      "zo": {"dpu": {"enabled": true, "compensation": "worker"},
+                             "gradient_accumulation": "servers"}})")},
+       "zo.dpu.compensation \"worker\" needs the step's gradients kept here"},
   };
   for (const Case& c : cases) {
     auto p = StartTrain(c.args, dir + "/bad.log");

@@ -60,6 +60,8 @@ class DryRunBackend : public Backend {
   Tensor ReluBackward(const Tensor& x, const Tensor&) override { return Like(x); }
   Tensor Add(const Tensor& a, const Tensor&) override { return Like(a); }
   void AddInto(const Tensor&, Tensor&) override {}
+  void CombineWeights(const Tensor&, const Tensor&, const Tensor&, float, float, float,
+                      Tensor&) override {}
   Tensor Attention(const Tensor& qkv, int batch, int heads, Tensor& lse) override;
   Tensor AttentionBackward(const Tensor& qkv, const Tensor& y, const Tensor& lse, const Tensor& dy,
                            int batch, int heads) override;

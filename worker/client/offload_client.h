@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/dpu_compensation.h"
 #include "common/config.h"
 #include "common/dpu_policy.h"
 #include "common/sharding.h"
@@ -122,6 +123,10 @@ struct ClientOptions {
   // OpenJobRequest.init_fingerprint: a hash of the manifest and initial
   // weights this worker would start the job from; 0: none.
   uint64_t init_fingerprint = 0;
+  // The worker moves each delayed step's weights by StepCompensation
+  // (zo.dpu.compensation "worker"); false: Open refuses such a config, so a
+  // worker that does not apply it never trains without it.
+  bool applies_dpu_compensation = false;
 };
 
 // One GradientPiece's worth of a Push: which server, chunk and bytes.
@@ -189,6 +194,13 @@ class OffloadClient {
   // negative or non-finite rate, or rates another dp rank contradicts;
   // FAILED_PRECONDITION for a job without zo.client_lr.
   absl::Status SetStepLr(int64_t step, absl::Span<const double> group_lr);
+  // zo.dpu.compensation "worker": once the lead has decided `step` (the call
+  // waits for it), per manifest tensor the coefficients by which a worker
+  // that holds `step`'s gradient moves the version it pulled for step + 1
+  // (common/dpu_compensation.h); `have_before`: it also holds the version
+  // before that one. FAILED_PRECONDITION for a job without it.
+  absl::StatusOr<std::vector<WeightsCompensation>> StepCompensation(int64_t step,
+                                                                    bool have_before);
 
   // Waits until every piece pushed for `step` is written and every server's
   // stream for it has answered; returns the first error (with the server

@@ -39,6 +39,45 @@ absl::Status OffloadClient::SetStepLr(int64_t step, absl::Span<const double> gro
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<WeightsCompensation>> OffloadClient::StepCompensation(
+    int64_t step, bool have_before) {
+  v1::StepCompensationRequest request;
+  request.set_job(impl_->options.job);
+  request.set_step(step);
+  std::vector<std::vector<CompensationTerms>> parts(impl_->map.tensors().size());
+  for (int server = 0; server < static_cast<int>(impl_->stubs.size()); ++server) {
+    request.set_incarnation(impl_->incarnation[server].load(std::memory_order_relaxed));
+    ZO_ASSIGN_OR_RETURN(
+        const v1::StepCompensation reply,
+        impl_->Unary<v1::StepCompensation>(
+            server, [&](v1::Offload::Stub& stub, grpc::ClientContext& context,
+                        v1::StepCompensation& r) { return stub.GetStepCompensation(&context, request, &r); }));
+    for (const v1::TensorCompensation& t : reply.tensors()) {
+      if (t.tensor() < 0 || t.tensor() >= static_cast<int>(parts.size())) {
+        return absl::InternalError(absl::StrCat("server ", impl_->names[server],
+                                                " sent compensation terms of tensor ", t.tensor(),
+                                                ", outside the manifest"));
+      }
+      parts[static_cast<size_t>(t.tensor())].push_back({.tensor = t.tensor(),
+                                                        .elems = t.elems(),
+                                                        .v_sum = t.v_sum(),
+                                                        .keep = t.keep(),
+                                                        .momentum = t.momentum(),
+                                                        .previous_keep = t.previous_keep(),
+                                                        .gain = t.gain(),
+                                                        .inv_sqrt_bias2 = t.inv_sqrt_bias2(),
+                                                        .eps = t.eps()});
+    }
+  }
+  std::vector<WeightsCompensation> out;
+  out.reserve(parts.size());
+  for (const std::vector<CompensationTerms>& p : parts) {
+    ZO_ASSIGN_OR_RETURN(WeightsCompensation w, CombineTerms(p, have_before));
+    out.push_back(w);
+  }
+  return out;
+}
+
 absl::StatusOr<v1::JobStatus> OffloadClient::JobStatus() {
   v1::GetJobStatusRequest request;
   request.set_job(impl_->options.job);

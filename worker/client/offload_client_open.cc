@@ -188,14 +188,14 @@ absl::StatusOr<std::unique_ptr<OffloadClient>> OffloadClient::Open(
     std::vector<TensorSpec> manifest) {
   ZO_ASSIGN_OR_RETURN(LoadedConfig loaded,
                       ParseConfig(config_json, {.dp_world_size = options.dp_world_size}));
-  if (loaded.config.zo.dpu.compensation != DpuCompensation::kNone) {
-    // The servers give each step's terms (GetStepCompensation); no worker
-    // applies them yet, and a job that says so must not train without.
+  if (loaded.config.zo.dpu.compensation != DpuCompensation::kNone &&
+      !options.applies_dpu_compensation) {
+    // A job that says so must not train without it.
     return absl::InvalidArgumentError(
         absl::StrCat("zo.dpu.compensation \"",
                      std::string(EnumName(loaded.config.zo.dpu.compensation)),
-                     "\": the servers give its terms, but no worker applies them yet (zo-train "
-                     "and zo.torch compute on the version served); leave it \"none\""));
+                     "\": this worker does not apply it (zo-train does; zo.torch computes on the "
+                     "version served); leave it \"none\""));
   }
   const auto [dtype, dtype_reason] = JobDType(loaded.config);
   ZO_RETURN_IF_ERROR(ValidateOptions(options, static_cast<int64_t>(DTypeSize(dtype))));

@@ -94,13 +94,15 @@ absl::Status ModelStage::BeginStep(int64_t step) {
   batches_.clear();
   live_.clear();
   losses_.clear();
-  if (!options_.push_every_micro_batch) {
-    for (Param* p : params_) backend_.SetZero(p->grad);
-  }
   if (window_ != nullptr) {
     ZO_RETURN_IF_ERROR(LoadHostWeights(step));
   } else {
     ZO_RETURN_IF_ERROR(link_.LoadWeights(step, params_));
+  }
+  // After the load: a delayed update's compensation reads the step
+  // before's gradients (OffloadLink::CompensateDelayedSteps).
+  if (!options_.push_every_micro_batch) {
+    for (Param* p : params_) backend_.SetZero(p->grad);
   }
   loss_scale_ = link_.LossScale(step);
   return absl::OkStatus();

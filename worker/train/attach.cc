@@ -35,6 +35,9 @@ absl::StatusOr<LocalStage> OpenStage(const TrainOptions& o, Plan& plan, backend:
   }
   ls.link = std::make_unique<OffloadLink>(
       ls.resend_client ? ls.resend_client.get() : ls.client.get(), backend, manifest, plan.dtype);
+  if (plan.config.zo.dpu.compensation == DpuCompensation::kWorker) {
+    ls.link->CompensateDelayedSteps();
+  }
   const OffloadParamConfig& offload_param = plan.config.zero_optimization.offload_param;
   if (plan.streams() && offload_param.device == OffloadDevice::kNvme) {
     ls.link->KeepStreamedWeightsInFile({.dir = offload_param.nvme_path,
@@ -134,6 +137,7 @@ ClientOptions MakeClientOptions(const TrainOptions& o) {
   options.tls_root_certs = o.tls_root_certs;
   options.dp_rank = o.dp_rank;
   options.dp_world_size = o.dp_world_size;
+  options.applies_dpu_compensation = true;  // OffloadLink::CompensateDelayedSteps
   return options;
 }
 

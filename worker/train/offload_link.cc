@@ -82,6 +82,10 @@ absl::Status OffloadLink::Prepare(absl::Span<model::Param* const> params, bool s
       host_.emplace_back(host_arena_.get() + offset, bytes);
       offset += bytes;
       idle_.push_back(backend_.Empty(dtype_, p->shape));
+      if (compensate_) {
+        served_.push_back(backend_.Empty(dtype_, p->shape));
+        served_before_.push_back(backend_.Empty(dtype_, p->shape));
+      }
     }
   }
   slots_ = PushesPerRank(client_->config()) > 1 ? 2 : 1;
@@ -162,16 +166,65 @@ absl::StatusOr<model::HostWeights> OffloadLink::LoadHostWeights(
   return streamed_->Weights(changed);
 }
 
-absl::Status OffloadLink::LoadNow(int64_t step) {
+absl::StatusOr<bool> OffloadLink::LoadNow(int64_t step) {
   ZO_ASSIGN_OR_RETURN(const bool changed, PullNow(step));
   // Where DPU starts (two steps on one version) and after a skipped step
   // the weights stay: no copy to the device.
-  if (changed || host_ahead_) {
+  const bool upload = changed || host_ahead_;
+  if (upload) {
     std::vector<backend::Tensor*> values;
     for (model::Param* p : params_) values.push_back(&p->value);
     ZO_RETURN_IF_ERROR(UploadHost(backend_, host_, values));
   }
   host_ahead_ = false;
+  return upload;
+}
+
+absl::Status OffloadLink::Compensate(int64_t step, bool fresh) {
+  const DpuConfig& dpu = client_->config().zo.dpu;
+  const int64_t version = VersionForStep(dpu, step);
+  const backend::Tensor none;
+  if (fresh) {
+    // Keep the version as pulled: the next steps' weights start from it.
+    std::swap(served_, served_before_);
+    served_before_version_ = served_version_;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      backend_.CombineWeights(params_[i]->value, none, none, 1, 0, 0, served_[i]);
+    }
+    params_moved_ = false;
+  } else if (served_version_ < 0) {
+    return absl::InternalError("DPU compensation: no version pulled before the first step");
+  }
+  // Unchanged: the weights of `version` are those kept.
+  served_version_ = version;
+  const bool delayed = version == step - 2 && step >= 2;
+  if (!delayed) {
+    if (params_moved_) {
+      for (size_t i = 0; i < params_.size(); ++i) {
+        backend_.CombineWeights(served_[i], none, none, 1, 0, 0, params_[i]->value);
+      }
+      params_moved_ = false;
+    }
+    return absl::OkStatus();
+  }
+  const bool have_before = served_before_version_ == version - 1;
+  ZO_ASSIGN_OR_RETURN(const std::vector<WeightsCompensation> c,
+                      client_->StepCompensation(step - 1, have_before));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const WeightsCompensation& w = c[static_cast<size_t>(pulled_tensors_[i])];
+    const backend::Tensor& grad = params_[i]->grad;
+    if (w.grad != 0 && !grad.defined()) {
+      return absl::InternalError(absl::StrCat("DPU compensation: parameter '", params_[i]->name,
+                                              "' kept no gradient of step ", step - 1));
+    }
+    // A zero coefficient leaves its term out: a skipped step's gradient
+    // may be inf.
+    backend_.CombineWeights(served_[i], w.before != 0 ? served_before_[i] : none,
+                            w.grad != 0 ? grad : none, static_cast<float>(w.last),
+                            static_cast<float>(w.before), static_cast<float>(w.grad),
+                            params_[i]->value);
+  }
+  params_moved_ = true;
   return absl::OkStatus();
 }
 
@@ -226,13 +279,15 @@ absl::Status OffloadLink::LoadWeights(int64_t step, absl::Span<model::Param* con
       for (size_t i = 0; i < params_.size(); ++i) std::swap(params_[i]->value, idle_[i]);
     }
     loss_scale_ = prefetch_loss_scale_;
+    if (compensate_) ZO_RETURN_IF_ERROR(Compensate(step, prefetch_changed_));
   } else {
     // A prefetch for another step (a step retried): its version may never
     // come before this step is done, and what it left in host_ is not on the
     // device.
     CancelPrefetch();
     if (prefetched >= 0) host_ahead_ = true;
-    ZO_RETURN_IF_ERROR(LoadNow(step));
+    ZO_ASSIGN_OR_RETURN(const bool fresh, LoadNow(step));
+    if (compensate_) ZO_RETURN_IF_ERROR(Compensate(step, fresh));
   }
   MaybePrefetch(step + 1);
   return absl::OkStatus();

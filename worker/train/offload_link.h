@@ -76,6 +76,14 @@ class OffloadLink final : public model::ParamLink {
   // version 0 (a fresh job); a no-op for a job that has trained.
   absl::Status InitializeIfFresh(absl::Span<model::Param* const> params, uint64_t seed);
 
+  // zo.dpu.compensation "worker": each delayed step computes on the version
+  // it pulled moved by the step before's update (common/dpu_compensation.h:
+  // the servers' coefficients, the last two versions pulled, and that
+  // step's gradients, still in each param.grad when LoadWeights runs).
+  // Keeps two more device copies of the stage's weights. Before the first
+  // LoadWeights; not with streaming.
+  void CompensateDelayedSteps() { compensate_ = true; }
+
   // Streaming keeps the pulled weights in a file (offload_param "nvme";
   // streamed_weights.h). Before the first LoadHostWeights.
   void KeepStreamedWeightsInFile(WeightFileOptions options) { file_options_ = std::move(options); }
@@ -106,8 +114,14 @@ class OffloadLink final : public model::ParamLink {
   // that dies leaves a pull waiting for a version the servers cannot reach
   // without it. The abort's reason when it was tripped.
   absl::StatusOr<bool> Guarded(const std::function<absl::StatusOr<bool>(PullCancellation*)>& pull);
-  // PullNow, then uploads them into the params.
-  absl::Status LoadNow(int64_t step);
+  // PullNow, then uploads them into the params; whether it did (false: the
+  // params already held that version).
+  absl::StatusOr<bool> LoadNow(int64_t step);
+  // With compensate_, once the params hold `step`'s version as pulled
+  // (`fresh`: just put there; else they hold what the last step left):
+  // keeps it raw, and for a delayed step moves the params by the step
+  // before's update.
+  absl::Status Compensate(int64_t step, bool fresh);
   // Starts the prefetch of `step` when none runs and its version's
   // gradients are pushed, or are the ones the step now running pushes (a
   // step that fails cancels it: LoadWeights of any other step does).
@@ -133,6 +147,12 @@ class OffloadLink final : public model::ParamLink {
   std::unique_ptr<StreamedWeights> streamed_;  // from the first LoadHostWeights
   // The second set of weight tensors: the prefetch uploads into it.
   std::vector<backend::Tensor> idle_;
+  // With compensate_: the last two versions pulled, as pulled, and their
+  // versions (-1: none); the params hold weights computed from them.
+  bool compensate_ = false;
+  std::vector<backend::Tensor> served_, served_before_;
+  int64_t served_version_ = -1, served_before_version_ = -1;
+  bool params_moved_ = false;  // the params hold compensated weights
   // host_ holds weights the params do not: nothing uploaded yet, or a
   // prefetch dropped or failed.
   bool host_ahead_ = true;

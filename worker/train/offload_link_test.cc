@@ -4,12 +4,15 @@
 // version the DPU policy names, and its gradients must reach the servers.
 #include "worker/train/offload_link.h"
 
+#include <cmath>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/convert.h"
 #include "common/dpu_policy.h"
 #include "common/memory_estimate.h"
 #include "common/testing/status_matchers.h"
@@ -94,6 +97,82 @@ TEST(OffloadLinkTest, EveryStepComputesOnTheVersionTheDpuPolicyNames) {
     // The weights moved: the step computed last saw others than the first.
     EXPECT_NE(seen.front(), seen.back());
   }
+}
+
+// zo.dpu.compensation "worker": a delayed step computes on the version it
+// pulled moved by the servers' coefficients of the step before, with that
+// step's gradients and the version before (common/dpu_compensation.h);
+// the other steps on the version as pulled.
+TEST(OffloadLinkTest, CompensatedStepsComputeOnTheLastTwoVersionsAndTheGradient) {
+  Fixture f;
+  ASSERT_NO_FATAL_FAILURE(StartServerAndParams(f));
+  ClientOptions options;
+  options.job = "compensated";
+  options.channels = {f.server->InProcessChannel()};
+  options.applies_dpu_compensation = true;
+  auto client = OffloadClient::Open(options, R"({"train_batch_size": 1,
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.05, "weight_decay": 0.1}},
+      "bf16": {"enabled": true},
+      "zo": {"dpu": {"enabled": true, "warmup_steps": 1, "compensation": "worker"}}})",
+                                    f.manifest);
+  ASSERT_TRUE(client.ok()) << client.status();
+  OffloadLink link(client->get(), *f.cpu, f.manifest, DType::kBFloat16);
+  link.CompensateDelayedSteps();
+  ASSERT_THAT(link.InitializeIfFresh(f.pointers, 7), IsOk());
+  const std::vector<int> all = {0, 1};
+  std::map<int64_t, std::vector<std::vector<float>>> pulled;  // version -> per tensor
+  std::vector<std::vector<float>> last_grads;
+  int compensated = 0;
+  for (int64_t step = 1; step <= 8; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    ASSERT_THAT(link.LoadWeights(step, f.pointers), IsOk());
+    const int64_t version = VersionForStep((*client)->config().zo.dpu, step);
+    if (!pulled.contains(version)) {
+      std::vector<std::byte> a(30), b(14);
+      const std::vector<absl::Span<std::byte>> raw = {absl::MakeSpan(a), absl::MakeSpan(b)};
+      ASSERT_THAT((*client)->Pull(version, -1, all, raw).status(), IsOk());
+      for (const auto& r : raw) {
+        std::vector<float> w(r.size() / 2);
+        Bf16ToFloat(reinterpret_cast<const uint16_t*>(r.data()), w.data(), w.size());
+        pulled[version].push_back(std::move(w));
+      }
+    }
+    const bool delayed = version == step - 2;
+    std::vector<WeightsCompensation> c(2);
+    if (delayed) {
+      const bool have_before = pulled.contains(version - 1);
+      ZO_ASSERT_OK_AND_ASSIGN(c, (*client)->StepCompensation(step - 1, have_before));
+      EXPECT_GT(c[0].grad, 0.0);
+      compensated += c[0].before != 0 ? 1 : 0;
+    }
+    for (size_t i = 0; i < f.params.size(); ++i) {
+      const std::vector<float>& last = pulled[version][i];
+      std::vector<float> want(last.size());
+      for (size_t j = 0; j < want.size(); ++j) {
+        float w = static_cast<float>(c[i].last) * last[j];
+        if (c[i].before != 0) {
+          w = std::fma(static_cast<float>(c[i].before), pulled[version - 1][i][j], w);
+        }
+        if (c[i].grad != 0) w = std::fma(-static_cast<float>(c[i].grad), last_grads[i][j], w);
+        want[j] = w;
+      }
+      std::vector<std::byte> want_bytes(want.size() * 2), got(want.size() * 2);
+      FloatToDType(want.data(), DType::kBFloat16, want_bytes.data(), want.size());
+      ASSERT_THAT(f.cpu->Download(f.params[i].value, absl::MakeSpan(got)), IsOk());
+      EXPECT_EQ(got, want_bytes) << f.params[i].name;
+      if (delayed) EXPECT_NE(want, last) << f.params[i].name << " moved";
+    }
+    last_grads.clear();
+    for (model::Param& p : f.params) {
+      std::vector<float> g(static_cast<size_t>(p.numel()));
+      for (size_t j = 0; j < g.size(); ++j) g[j] = (j % 3 == 0 ? -1.0f : 1.0f) * (step + j);
+      ASSERT_THAT(f.cpu->UploadFloat(g, p.grad), IsOk());
+      ASSERT_THAT(link.PushGradient(step, p, -1), IsOk());
+      last_grads.push_back(std::move(g));
+    }
+    ASSERT_THAT(link.FinishStep(step), IsOk());
+  }
+  EXPECT_GE(compensated, 4) << "steps with the version before";
 }
 
 // Streaming: each step's host bytes are the version the DPU policy names,

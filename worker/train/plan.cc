@@ -266,7 +266,16 @@ void PrintPlan(const TrainOptions& o, const Plan& plan) {
                  static_cast<long long>(plan.config.zero_optimization.stage3_max_live_parameters),
                  FormatBytes(plan.weight_window_bytes).c_str());
   }
-  if (plan.config.zo.dpu.enabled) {
+  if (plan.config.zo.dpu.enabled &&
+      plan.config.zo.dpu.compensation == DpuCompensation::kWorker) {
+    std::fprintf(o.out,
+                 "zo-train: DPU on after step %d, compensated (zo.dpu.compensation \"worker\"): "
+                 "each step computes on the weights one step stale moved by the step before's "
+                 "AdamW update, formed here from the last two versions, that step's gradients "
+                 "and the servers' gain per tensor (two more copies of the weights on the "
+                 "device); it waits for the step before's decision, not its update.\n",
+                 plan.config.zo.dpu.warmup_steps);
+  } else if (plan.config.zo.dpu.enabled) {
     std::fprintf(o.out,
                  "zo-train: DPU on after step %d: each step computes its gradients on weights one "
                  "step stale, so the servers' optimizer step overlaps the next forward/backward. "
@@ -282,6 +291,27 @@ absl::Status ChooseGradientAccumulation(const backend::Backend& backend, TrainOp
   GradientAccumulation& policy = plan.config.zo.gradient_accumulation;
   const int64_t micro = plan.config.gradient_accumulation_steps;
   std::string why = "zo.gradient_accumulation";
+  if (plan.config.zo.dpu.compensation != DpuCompensation::kNone) {
+    // The compensation moves each delayed step's weights by the step
+    // before's gradients, which must still be here, on a device set of
+    // weights (OffloadLink::CompensateDelayedSteps).
+    const std::string what = absl::StrCat(
+        "zo.dpu.compensation \"", std::string(EnumName(plan.config.zo.dpu.compensation)), "\"");
+    if (plan.streams()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " needs the stage's weights on the device: not with streamed parameters "
+                "(zero_optimization.offload_param, --device-memory-budget)"));
+    }
+    if (policy == GradientAccumulation::kServers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " needs the step's gradients kept here: not with zo.gradient_accumulation "
+                "\"servers\""));
+    }
+    if (policy == GradientAccumulation::kAuto) {
+      policy = GradientAccumulation::kDevice;
+      why = absl::StrCat("auto: ", what, " keeps the step's gradients");
+    }
+  }
   if (policy == GradientAccumulation::kAuto) {
     int64_t params = 0;
     for (int v = 0; v + 1 < static_cast<int>(plan.bounds.size()); ++v) {

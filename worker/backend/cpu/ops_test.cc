@@ -258,6 +258,21 @@ TEST_F(OpsTest, AddAndAddInto) {
   ExpectForward(Host(y), ref::Add(ref::Add(ToDouble(y0), ToDouble(a)), ToDouble(b)), "y += a + b");
 }
 
+TEST_F(OpsTest, CombineWeightsIsTheFormulaRoundedOnce) {
+  const std::vector<float> last = Random(12), before = Random(12), grad = Random(12);
+  Tensor out = be_->Empty(DType::kFloat32, {3, 4});
+  be_->CombineWeights(In(last, {3, 4}), In(before, {3, 4}), In(grad, {3, 4}), 1.5f, -0.5f, 0.25f,
+                      out);
+  Vec want(12);
+  for (size_t i = 0; i < want.size(); ++i) {
+    want[i] = 1.5 * last[i] - 0.5 * before[i] - 0.25 * grad[i];
+  }
+  ExpectForward(Host(out), want, "a last + b before - c grad");
+  // Undefined terms are left out.
+  be_->CombineWeights(In(last, {3, 4}), Tensor(), Tensor(), 1, 0, 0, out);
+  EXPECT_EQ(Host(out), last);
+}
+
 TEST_F(OpsTest, AddShapeMismatchAborts) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");  // OpenBLAS runs threads
   const Tensor a = be_->Zeros(DType::kFloat32, {3, 4}), b = be_->Zeros(DType::kFloat32, {4, 3});

@@ -1,5 +1,6 @@
 // Element-wise ops: GELU (erf form, kernels in internal/pointwise_kernels.h),
-// ReLU, the residual add, y += x.
+// ReLU, the residual add, y += x, the weights a delayed step computes on.
+#include <cmath>
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
@@ -77,6 +78,24 @@ void CpuBackend::AddInto(const Tensor& x, Tensor& y) {
   CheckSameShape("AddInto", "x", x, "y", y);
   Zip(y, x, y, [](float u, float v) { return u + v; });
   RoundTo(y.dtype(), Data(y), y.numel());
+}
+
+void CpuBackend::CombineWeights(const Tensor& last, const Tensor& before, const Tensor& grad,
+                                float a, float b, float c, Tensor& out) {
+  CheckSameShape("CombineWeights", "last", last, "out", out);
+  if (before.defined()) CheckSameShape("CombineWeights", "last", last, "before", before);
+  if (grad.defined()) CheckSameShape("CombineWeights", "last", last, "grad", grad);
+  const float* pl = Data(last);
+  const float* pb = before.defined() ? Data(before) : nullptr;
+  const float* pg = grad.defined() ? Data(grad) : nullptr;
+  float* po = Data(out);
+  for (int64_t i = 0, n = last.numel(); i < n; ++i) {
+    float w = a * pl[i];
+    if (pb != nullptr) w = std::fma(b, pb[i], w);
+    if (pg != nullptr) w = std::fma(-c, pg[i], w);
+    po[i] = w;
+  }
+  RoundTo(out.dtype(), po, out.numel());
 }
 
 }  // namespace zo::backend::cpu

@@ -278,6 +278,14 @@ TEST_P(CudaBackendTest, Pointwise) {
   gpu_->AddInto(x.gpu, b.gpu);
   cpu_->AddInto(x.cpu, b.cpu);
   Expect("add into", b.gpu, b.cpu, 0);
+  // The same fmas in the same order: the same bits, with and without terms.
+  Pair grad = MakeRandom(x.cpu.shape(), DType::kFloat32, -3, 3);
+  Pair out{cpu_->Empty(dtype(), x.cpu.shape()), gpu_->Empty(dtype(), x.cpu.shape())};
+  gpu_->CombineWeights(x.gpu, b.gpu, grad.gpu, 1.9f, -0.88f, 0.013f, out.gpu);
+  cpu_->CombineWeights(x.cpu, b.cpu, grad.cpu, 1.9f, -0.88f, 0.013f, out.cpu);
+  Expect("combine weights", out.gpu, out.cpu, 0);
+  gpu_->CombineWeights(x.gpu, Tensor(), Tensor(), 1, 0, 0, out.gpu);
+  Expect("combine weights: a copy", out.gpu, x.cpu, 0);
 }
 
 TEST_P(CudaBackendTest, Attention) {

@@ -180,6 +180,23 @@ void CudaBackend::AddInto(const Tensor& x, Tensor& y) {
              [&] { return Describe2(x, y); });
 }
 
+void CudaBackend::CombineWeights(const Tensor& last, const Tensor& before, const Tensor& grad,
+                                 float a, float b, float c, Tensor& out) {
+  const auto describe = [&] {
+    return absl::StrCat(Describe2(last, out), before.defined() ? ", " : "",
+                        before.defined() ? Describe("before", before) : "",
+                        grad.defined() ? ", " : "", grad.defined() ? Describe("grad", grad) : "");
+  };
+  CheckShape(last.shape() == out.shape() && (!before.defined() || before.shape() == last.shape()) &&
+                 (!grad.defined() || grad.shape() == last.shape()),
+             "CombineWeights", describe);
+  const ConstView none{nullptr, last.dtype()};
+  ZO_CUDA_OP(LaunchCombineWeights(In(last), before.defined() ? In(before) : none,
+                                  grad.defined() ? In(grad) : none, Out(out), last.numel(), a, b,
+                                  c, context_->stream),
+             "LaunchCombineWeights", "CombineWeights", describe);
+}
+
 // ---------------------------------------------------------------- attention
 
 namespace {

@@ -144,6 +144,8 @@ class CudaBackend final : public Backend {
   Tensor ReluBackward(const Tensor& x, const Tensor& dy) override;
   Tensor Add(const Tensor& a, const Tensor& b) override;
   void AddInto(const Tensor& x, Tensor& y) override;
+  void CombineWeights(const Tensor& last, const Tensor& before, const Tensor& grad, float a,
+                      float b, float c, Tensor& out) override;
   Tensor Attention(const Tensor& qkv, int batch, int heads, Tensor& lse) override;
   Tensor AttentionBackward(const Tensor& qkv, const Tensor& y, const Tensor& lse, const Tensor& dy,
                            int batch, int heads) override;

@@ -36,6 +36,10 @@ cudaError_t LaunchCast(ConstView x, View y, int64_t n, cudaStream_t stream);
 cudaError_t LaunchAdd(ConstView a, ConstView b, View y, int64_t n, cudaStream_t stream);
 // y += x.
 cudaError_t LaunchAddInto(ConstView x, View y, int64_t n, cudaStream_t stream);
+// out = a last + b before - c grad (Backend::CombineWeights); before.data
+// or grad.data null leaves the term out. last, before and out share a dtype.
+cudaError_t LaunchCombineWeights(ConstView last, ConstView before, ConstView grad, View out,
+                                 int64_t n, float a, float b, float c, cudaStream_t stream);
 // torch.nn.GELU() (erf form) and its backward: dx = dy * gelu'(x).
 cudaError_t LaunchGelu(ConstView x, View y, int64_t n, cudaStream_t stream);
 cudaError_t LaunchGeluBackward(ConstView x, ConstView dy, View dx, int64_t n, cudaStream_t stream);

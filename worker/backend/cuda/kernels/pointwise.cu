@@ -159,6 +159,39 @@ cudaError_t LaunchAddInto(ConstView x, View y, int64_t n, cudaStream_t stream) {
   return LaunchBinary(ConstView{y.data, y.dtype}, x, y, n, Sum{}, stream);
 }
 
+namespace {
+
+template <typename TW, typename TG>
+__global__ void CombineWeightsKernel(const TW* last, const TW* before, const TG* grad, TW* out,
+                                     int64_t n, float a, float b, float c) {
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) {
+    float w = a * ToFloat(last[i]);
+    if (before != nullptr) w = fmaf(b, ToFloat(before[i]), w);
+    if (grad != nullptr) w = fmaf(-c, ToFloat(grad[i]), w);
+    out[i] = FromFloat<TW>(w);
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchCombineWeights(ConstView last, ConstView before, ConstView grad, View out,
+                                 int64_t n, float a, float b, float c, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  if (out.dtype != last.dtype || (before.data != nullptr && before.dtype != last.dtype)) {
+    return cudaErrorInvalidValue;
+  }
+  const DType grad_dtype = grad.data != nullptr ? grad.dtype : last.dtype;
+  ZO_DISPATCH_DTYPE(
+      last.dtype, TW,
+      ZO_DISPATCH_DTYPE(grad_dtype, TG,
+                        (CombineWeightsKernel<TW, TG><<<BlocksFor(n), kThreads, 0, stream>>>(
+                            static_cast<const TW*>(last.data), static_cast<const TW*>(before.data),
+                            static_cast<const TG*>(grad.data), static_cast<TW*>(out.data), n, a, b,
+                            c))));
+  return cudaGetLastError();
+}
+
 cudaError_t LaunchGelu(ConstView x, View y, int64_t n, cudaStream_t stream) {
   return LaunchUnary(x, y, n, Gelu{}, stream);
 }
