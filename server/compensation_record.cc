@@ -12,6 +12,18 @@ namespace {
 // Enough for a worker one step behind the servers, and the step before it.
 constexpr size_t kKept = 4;
 
+// Eight independent sums, so that the adds pipeline (one chain would take
+// an add's latency per element: 20 ms a step on 32 Mi elements and 2 cores).
+double SumOf(const float* v, int64_t n) {
+  double acc[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int k = 0; k < 8; ++k) acc[k] += v[i + k];
+  }
+  for (; i < n; ++i) acc[0] += v[i];
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
 template <typename Map>
 void KeepLast(Map& m) {
   while (m.size() > kKept) m.erase(m.begin());
@@ -39,8 +51,7 @@ void CompensationRecord::AddTile(int64_t offset, int64_t n, const float* v) {
   for (; it != parts_.end() && it->begin < offset + n; ++it) {
     const int64_t b = std::max(offset, it->begin);
     const int64_t e = std::min(offset + n, it->begin + it->length);
-    double sum = 0;
-    for (int64_t i = b; i < e; ++i) sum += v[i - offset];
+    const double sum = SumOf(v + (b - offset), e - b);
     std::lock_guard lock(tiles_mu_);
     tile_sums_[static_cast<size_t>(it - parts_.begin())].emplace_back(offset, sum);
   }
