@@ -157,8 +157,8 @@ ABSL_FLAG(std::string, compute_ms, "",
           "the worker's compute per step in ms, standing in for a GPU's forward and backward "
           "(the worker's CPU idles). checkpoint: before it pushes (default 0: the servers' "
           "step is the whole step). offload: adds rows `overlap` per route, without and with "
-          "DPU, the pushes following the backward's slices; auto: as long as the route's step "
-          "without compute");
+          "DPU (plain and compensated), the pushes following the backward's slices; auto: as "
+          "long as the route's step without compute");
 ABSL_FLAG(bool, checksums, true,
           "nvme: the step's block checksums, on as a server runs them (--nochecksums: off)");
 
@@ -201,8 +201,11 @@ constexpr char kUsage[] =
     "         speculates, as by default. Rows {bench, row: step, route, dtype, params,\n"
     "         step_s, push_s, update_pull_s, adam_s, ratio, speculative} with --json.\n"
     "         --compute-ms X (ms, or auto: the route's step) adds rows overlap per route:\n"
-    "         synchronous, speculative (each chunk updated as its gradients come in) and\n"
-    "         DPU: each step takes the version it computes on, starts pulling the next\n"
+    "         synchronous, speculative (each chunk updated as its gradients come in),\n"
+    "         DPU, and DPU compensated (each delayed step also waits for the step\n"
+    "         before's decision, GetStepCompensation; the worker's combine, a GPU's\n"
+    "         fraction of a millisecond, is left out): each step takes the version it\n"
+    "         computes on, starts pulling the next\n"
     "         one, idles X/3 (a forward), then 2X/3 in 16 slices, handing a tensor to a\n"
     "         pushing thread after each (a backward), and ends the step once all are\n"
     "         pushed; ratio = median step / max(X, the route's step alone); synchronous\n"
