@@ -343,7 +343,9 @@ absl::StatusOr<OverlapResult> MeasureOverlap(const OffloadBenchOptions& o, const
   for (int64_t step = 1; step <= kWarmup + o.rounds; ++step) {
     if (step > kWarmup) {
       std::cerr << "offload: " << route << ": overlap, dpu "
-                << (!mode.dpu ? "off" : mode.compensated ? "compensated" : "on")
+                << (!mode.dpu          ? "off"
+                    : mode.compensated ? "compensated"
+                                       : "on")
                 << ", speculative " << (mode.speculative ? "on" : "off") << ": round "
                 << step - kWarmup << " of " << o.rounds << "\n";
     }
@@ -356,7 +358,8 @@ absl::StatusOr<OverlapResult> MeasureOverlap(const OffloadBenchOptions& o, const
     }
     // The worker's combine itself is left out: on a GPU it reads 10 B per
     // parameter at device bandwidth, a small fraction of a millisecond here.
-    if (mode.compensated && version == step - 2) ZO_RETURN_IF_ERROR(job->AwaitCompensation(step - 1));
+    if (mode.compensated && version == step - 2)
+      ZO_RETURN_IF_ERROR(job->AwaitCompensation(step - 1));
     // The next step's pull waits for its version from now on: on the
     // in-process route a speculative update fills it as it goes.
     if (const int64_t next = VersionForStep(policy, step + 1); next <= step) {
@@ -382,10 +385,11 @@ absl::StatusOr<OverlapResult> MeasureOverlap(const OffloadBenchOptions& o, const
 absl::Status ReportOverlap(const OffloadBenchOptions& o, const std::string& route,
                            double servers_step_s, std::ostream& out) {
   const double compute_s = o.compute_ms > 0 ? o.compute_ms / 1e3 : servers_step_s;
-  for (const UpdateMode mode : {UpdateMode{.dpu = false, .speculative = false},
-                                UpdateMode{.dpu = false, .speculative = true},
-                                UpdateMode{.dpu = true, .speculative = false},
-                                UpdateMode{.dpu = true, .speculative = false, .compensated = true}}) {
+  for (const UpdateMode mode :
+       {UpdateMode{.dpu = false, .speculative = false},
+        UpdateMode{.dpu = false, .speculative = true},
+        UpdateMode{.dpu = true, .speculative = false},
+        UpdateMode{.dpu = true, .speculative = false, .compensated = true}}) {
     ZO_ASSIGN_OR_RETURN(const OverlapResult r, MeasureOverlap(o, route, mode, compute_s));
     const double ratio = r.step_s / std::max(compute_s, servers_step_s);
     if (o.json) {
@@ -409,7 +413,9 @@ absl::Status ReportOverlap(const OffloadBenchOptions& o, const std::string& rout
           "%-16s %10.1f  overlap: compute %.1f ms, dpu %s, speculative %s, %.2f x max(compute, "
           "step alone)\n",
           route, 1e3 * r.step_s, 1e3 * compute_s,
-          !r.mode.dpu ? "off" : r.mode.compensated ? "compensated" : "on",
+          !r.mode.dpu          ? "off"
+          : r.mode.compensated ? "compensated"
+                               : "on",
           r.mode.speculative ? "on" : "off", ratio);
     }
     out.flush();

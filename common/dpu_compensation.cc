@@ -32,7 +32,8 @@ CompensationTerms TermsFor(const CompensationHyperParams& hp, const CompensatedS
   if (step.previous_lr.has_value() && *step.previous_lr > 0 && n >= 1) {
     const double c1 = BiasCorrection(hp.beta1, n, hp.bias_correction);
     const double c2 = BiasCorrection(hp.beta2, n, hp.bias_correction);
-    t.momentum = hp.beta1 * (step.lr / *step.previous_lr) * (c1 / c1_next) * std::sqrt(c2_next / c2);
+    t.momentum =
+        hp.beta1 * (step.lr / *step.previous_lr) * (c1 / c1_next) * std::sqrt(c2_next / c2);
     t.previous_keep = 1.0 - *step.previous_lr * hp.weight_decay;
   }
   return t;

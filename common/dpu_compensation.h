@@ -34,12 +34,12 @@ namespace zo {
 // adds (s-1 above).
 struct CompensationTerms {
   int32_t tensor = 0;
-  int64_t elems = 0;    // of the tensor on this server
-  double v_sum = 0;     // Adam's v summed over them, before the step
-  double keep = 1;      // 1 - lr wd: what the step's decay keeps
-  double momentum = 0;  // a; 0 when the step before was skipped or unknown
-  double previous_keep = 1;  // 1 - lr_{s-2} wd
-  double gain = 0;           // multiplier lr (1 - beta1) / c1(n+1); 0 when skipped
+  int64_t elems = 0;          // of the tensor on this server
+  double v_sum = 0;           // Adam's v summed over them, before the step
+  double keep = 1;            // 1 - lr wd: what the step's decay keeps
+  double momentum = 0;        // a; 0 when the step before was skipped or unknown
+  double previous_keep = 1;   // 1 - lr_{s-2} wd
+  double gain = 0;            // multiplier lr (1 - beta1) / c1(n+1); 0 when skipped
   double inv_sqrt_bias2 = 1;  // 1 / sqrt(c2(n+1))
   double eps = 0;
 };
@@ -48,8 +48,8 @@ struct CompensationTerms {
 struct CompensatedStep {
   bool skipped = false;
   double grad_multiplier = 0;
-  double lr = 0;                // the tensor's group's
-  int64_t applied_before = 0;   // Adam's count before the step (n)
+  double lr = 0;               // the tensor's group's
+  int64_t applied_before = 0;  // Adam's count before the step (n)
   // The step before's lr (the group's) when it was applied; nullopt when
   // it was skipped or is not known (the job restored since).
   std::optional<double> previous_lr;

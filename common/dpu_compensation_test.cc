@@ -33,8 +33,8 @@ struct AdamW {
     std::vector<double> out(w.size());
     for (size_t i = 0; i < w.size(); ++i) {
       const double m_next = hp.beta1 * m[i] + (1 - hp.beta1) * g[i];
-      out[i] = w[i] * (1 - lr * hp.weight_decay) -
-               lr * (m_next / c1) / (std::sqrt(v[i] / c2) + hp.eps);
+      out[i] =
+          w[i] * (1 - lr * hp.weight_decay) - lr * (m_next / c1) / (std::sqrt(v[i] / c2) + hp.eps);
     }
     return out;
   }
@@ -123,8 +123,7 @@ TEST(DpuCompensationTest, WithoutTheVersionBeforeOnlyTheDecayAndGradient) {
 }
 
 TEST(DpuCompensationTest, NoVYetNoGradientPart) {
-  const CompensationTerms t =
-      TermsFor({}, Decided(1, 1e-3, 0), 1, 8, 0.0);
+  const CompensationTerms t = TermsFor({}, Decided(1, 1e-3, 0), 1, 8, 0.0);
   ZO_ASSERT_OK_AND_ASSIGN(const WeightsCompensation c, CombineTerms({&t, 1}, true));
   EXPECT_EQ(c.grad, 0.0);
   EXPECT_EQ(c.before, 0.0);  // no step before: n is 0
@@ -136,7 +135,8 @@ TEST(DpuCompensationTest, DisagreeingPartsAreRefused) {
   other.grad_multiplier = 0.5;
   const CompensationTerms parts[] = {TermsFor({}, step, 1, 8, 1.0), TermsFor({}, other, 1, 8, 1.0)};
   EXPECT_EQ(CombineTerms(parts, true).status().code(), absl::StatusCode::kInvalidArgument);
-  const CompensationTerms tensors[] = {TermsFor({}, step, 1, 8, 1.0), TermsFor({}, step, 2, 8, 1.0)};
+  const CompensationTerms tensors[] = {TermsFor({}, step, 1, 8, 1.0),
+                                       TermsFor({}, step, 2, 8, 1.0)};
   EXPECT_EQ(CombineTerms(tensors, true).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(CombineTerms({}, true).status().code(), absl::StatusCode::kInvalidArgument);
 }

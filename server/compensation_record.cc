@@ -97,7 +97,7 @@ void CompensationRecord::Stop(absl::Status reason) {
 }
 
 absl::StatusOr<std::vector<CompensationTerms>> CompensationRecord::Await(int64_t step,
-                                                                        absl::Time deadline) {
+                                                                         absl::Time deadline) {
   std::unique_lock lock(mu_);
   const bool decided = decided_cv_.wait_until(lock, absl::ToChronoTime(deadline), [&] {
     return !stopped_.ok() || decisions_.contains(step);
@@ -125,8 +125,8 @@ absl::StatusOr<std::vector<CompensationTerms>> CompensationRecord::Await(int64_t
     }
     // v unknown (restored since): no gradient part.
     const bool known = v != v_sums_.end();
-    terms.push_back(TermsFor(part.hp, s, part.tensor, known ? part.length : 0,
-                             known ? v->second[i] : 0.0));
+    terms.push_back(
+        TermsFor(part.hp, s, part.tensor, known ? part.length : 0, known ? v->second[i] : 0.0));
   }
   return terms;
 }

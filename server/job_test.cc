@@ -528,11 +528,11 @@ TEST_F(JobTest, DpuCompensationTermsFollowTheStepsAndV) {
 }
 
 TEST_F(JobTest, DpuCompensationIsRefusedWithManyRanksAndAbsentWithout) {
-  EXPECT_THAT(TryOpen(R"("zo": {"dpu": {"enabled": true, "compensation": "worker"}})",
-                      v1::DTYPE_FP32, 2)
-                  .status(),
-              testing::StatusIs(absl::StatusCode::kInvalidArgument,
-                                ::testing::HasSubstr("needs dp_world_size 1")));
+  EXPECT_THAT(
+      TryOpen(R"("zo": {"dpu": {"enabled": true, "compensation": "worker"}})", v1::DTYPE_FP32, 2)
+          .status(),
+      testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                        ::testing::HasSubstr("needs dp_world_size 1")));
   EXPECT_THAT(TryOpen(R"("zo": {"dpu": {"compensation": "worker"}})").status(),
               testing::StatusIs(absl::StatusCode::kInvalidArgument,
                                 ::testing::HasSubstr("needs zo.dpu.enabled true")));

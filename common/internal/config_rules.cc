@@ -126,14 +126,15 @@ absl::Status CheckAcrossKeys(Config& c, Diagnostics& diag) {
       return absl::InvalidArgumentError(absl::StrCat(what, " is for Adam and AdamW, not ",
                                                      std::string(EnumName(c.optimizer.type))));
     }
-    const bool l2_decay = c.optimizer.type == OptimizerType::kAdam &&
-                          !c.optimizer.params.adam_w_mode;
+    const bool l2_decay =
+        c.optimizer.type == OptimizerType::kAdam && !c.optimizer.params.adam_w_mode;
     bool decays = c.optimizer.params.weight_decay > 0;
     for (const ParamGroupConfig& g : c.zo.param_groups) decays = decays || g.weight_decay > 0;
     if (l2_decay && decays) {
       return absl::InvalidArgumentError(absl::StrCat(
-          what, " needs decoupled weight decay (AdamW, or adam_w_mode true): L2 decay enters the "
-                "gradient, which the worker's part of the update does not hold"));
+          what,
+          " needs decoupled weight decay (AdamW, or adam_w_mode true): L2 decay enters the "
+          "gradient, which the worker's part of the update does not hold"));
     }
   }
   if (!c.zo.param_groups.empty() && c.optimizer.type != OptimizerType::kAdam &&

@@ -147,8 +147,8 @@ class Backend {
   // weights a delayed step computes on (common/dpu_compensation.h). An
   // undefined `before` or `grad` leaves its term out. last, before and out
   // share a dtype; all share a shape; out may be last.
-  virtual void CombineWeights(const Tensor& last, const Tensor& before, const Tensor& grad,
-                              float a, float b, float c, Tensor& out) = 0;
+  virtual void CombineWeights(const Tensor& last, const Tensor& before, const Tensor& grad, float a,
+                              float b, float c, Tensor& out) = 0;
 
   // ---- attention ----
   // Causal multi-head self-attention. qkv is [batch * T, 3C]: columns [0, C)

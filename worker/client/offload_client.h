@@ -28,8 +28,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "common/dpu_compensation.h"
 #include "common/config.h"
+#include "common/dpu_compensation.h"
 #include "common/dpu_policy.h"
 #include "common/sharding.h"
 #include "proto/zo/v1/checkpoint.pb.h"
@@ -199,8 +199,7 @@ class OffloadClient {
   // that holds `step`'s gradient moves the version it pulled for step + 1
   // (common/dpu_compensation.h); `have_before`: it also holds the version
   // before that one. FAILED_PRECONDITION for a job without it.
-  absl::StatusOr<std::vector<WeightsCompensation>> StepCompensation(int64_t step,
-                                                                    bool have_before);
+  absl::StatusOr<std::vector<WeightsCompensation>> StepCompensation(int64_t step, bool have_before);
 
   // Waits until every piece pushed for `step` is written and every server's
   // stream for it has answered; returns the first error (with the server

@@ -39,19 +39,20 @@ absl::Status OffloadClient::SetStepLr(int64_t step, absl::Span<const double> gro
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<WeightsCompensation>> OffloadClient::StepCompensation(
-    int64_t step, bool have_before) {
+absl::StatusOr<std::vector<WeightsCompensation>> OffloadClient::StepCompensation(int64_t step,
+                                                                                 bool have_before) {
   v1::StepCompensationRequest request;
   request.set_job(impl_->options.job);
   request.set_step(step);
   std::vector<std::vector<CompensationTerms>> parts(impl_->map.tensors().size());
   for (int server = 0; server < static_cast<int>(impl_->stubs.size()); ++server) {
     request.set_incarnation(impl_->incarnation[server].load(std::memory_order_relaxed));
-    ZO_ASSIGN_OR_RETURN(
-        const v1::StepCompensation reply,
-        impl_->Unary<v1::StepCompensation>(
-            server, [&](v1::Offload::Stub& stub, grpc::ClientContext& context,
-                        v1::StepCompensation& r) { return stub.GetStepCompensation(&context, request, &r); }));
+    ZO_ASSIGN_OR_RETURN(const v1::StepCompensation reply,
+                        impl_->Unary<v1::StepCompensation>(
+                            server, [&](v1::Offload::Stub& stub, grpc::ClientContext& context,
+                                        v1::StepCompensation& r) {
+                              return stub.GetStepCompensation(&context, request, &r);
+                            }));
     for (const v1::TensorCompensation& t : reply.tensors()) {
       if (t.tensor() < 0 || t.tensor() >= static_cast<int>(parts.size())) {
         return absl::InternalError(absl::StrCat("server ", impl_->names[server],

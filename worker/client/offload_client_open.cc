@@ -191,11 +191,10 @@ absl::StatusOr<std::unique_ptr<OffloadClient>> OffloadClient::Open(
   if (loaded.config.zo.dpu.compensation != DpuCompensation::kNone &&
       !options.applies_dpu_compensation) {
     // A job that says so must not train without it.
-    return absl::InvalidArgumentError(
-        absl::StrCat("zo.dpu.compensation \"",
-                     std::string(EnumName(loaded.config.zo.dpu.compensation)),
-                     "\": this worker does not apply it (zo-train does; zo.torch computes on the "
-                     "version served); leave it \"none\""));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "zo.dpu.compensation \"", std::string(EnumName(loaded.config.zo.dpu.compensation)),
+        "\": this worker does not apply it (zo-train does; zo.torch computes on the "
+        "version served); leave it \"none\""));
   }
   const auto [dtype, dtype_reason] = JobDType(loaded.config);
   ZO_RETURN_IF_ERROR(ValidateOptions(options, static_cast<int64_t>(DTypeSize(dtype))));

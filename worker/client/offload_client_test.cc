@@ -163,9 +163,9 @@ TEST(OffloadClientTest, OpenRefusesADpuCompensationNoWorkerApplies) {
   options.job = "job";
   const std::string config = R"({"train_micro_batch_size_per_gpu": 1,
       "zo": {"dpu": {"enabled": true, "compensation": "worker"}}})";
-  EXPECT_THAT(OffloadClient::Open(options, config, manifest),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("zo.dpu.compensation \"worker\"")));
+  EXPECT_THAT(
+      OffloadClient::Open(options, config, manifest),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("zo.dpu.compensation \"worker\"")));
 }
 
 TEST(OffloadClientTest, OpenRejectsBadOptions) {

@@ -266,8 +266,7 @@ void PrintPlan(const TrainOptions& o, const Plan& plan) {
                  static_cast<long long>(plan.config.zero_optimization.stage3_max_live_parameters),
                  FormatBytes(plan.weight_window_bytes).c_str());
   }
-  if (plan.config.zo.dpu.enabled &&
-      plan.config.zo.dpu.compensation == DpuCompensation::kWorker) {
+  if (plan.config.zo.dpu.enabled && plan.config.zo.dpu.compensation == DpuCompensation::kWorker) {
     std::fprintf(o.out,
                  "zo-train: DPU on after step %d, compensated (zo.dpu.compensation \"worker\"): "
                  "each step computes on the weights one step stale moved by the step before's "
@@ -298,14 +297,16 @@ absl::Status ChooseGradientAccumulation(const backend::Backend& backend, TrainOp
     const std::string what = absl::StrCat(
         "zo.dpu.compensation \"", std::string(EnumName(plan.config.zo.dpu.compensation)), "\"");
     if (plan.streams()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, " needs the stage's weights on the device: not with streamed parameters "
-                "(zero_optimization.offload_param, --device-memory-budget)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what,
+                       " needs the stage's weights on the device: not with streamed parameters "
+                       "(zero_optimization.offload_param, --device-memory-budget)"));
     }
     if (policy == GradientAccumulation::kServers) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, " needs the step's gradients kept here: not with zo.gradient_accumulation "
-                "\"servers\""));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what,
+                       " needs the step's gradients kept here: not with zo.gradient_accumulation "
+                       "\"servers\""));
     }
     if (policy == GradientAccumulation::kAuto) {
       policy = GradientAccumulation::kDevice;

@@ -192,8 +192,8 @@ void CudaBackend::CombineWeights(const Tensor& last, const Tensor& before, const
              "CombineWeights", describe);
   const ConstView none{nullptr, last.dtype()};
   ZO_CUDA_OP(LaunchCombineWeights(In(last), before.defined() ? In(before) : none,
-                                  grad.defined() ? In(grad) : none, Out(out), last.numel(), a, b,
-                                  c, context_->stream),
+                                  grad.defined() ? In(grad) : none, Out(out), last.numel(), a, b, c,
+                                  context_->stream),
              "LaunchCombineWeights", "CombineWeights", describe);
 }
 

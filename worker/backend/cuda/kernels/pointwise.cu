@@ -184,11 +184,11 @@ cudaError_t LaunchCombineWeights(ConstView last, ConstView before, ConstView gra
   const DType grad_dtype = grad.data != nullptr ? grad.dtype : last.dtype;
   ZO_DISPATCH_DTYPE(
       last.dtype, TW,
-      ZO_DISPATCH_DTYPE(grad_dtype, TG,
-                        (CombineWeightsKernel<TW, TG><<<BlocksFor(n), kThreads, 0, stream>>>(
-                            static_cast<const TW*>(last.data), static_cast<const TW*>(before.data),
-                            static_cast<const TG*>(grad.data), static_cast<TW*>(out.data), n, a, b,
-                            c))));
+      ZO_DISPATCH_DTYPE(
+          grad_dtype, TG,
+          (CombineWeightsKernel<TW, TG><<<BlocksFor(n), kThreads, 0, stream>>>(
+              static_cast<const TW*>(last.data), static_cast<const TW*>(before.data),
+              static_cast<const TG*>(grad.data), static_cast<TW*>(out.data), n, a, b, c))));
   return cudaGetLastError();
 }
 
