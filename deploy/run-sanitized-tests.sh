@@ -16,7 +16,8 @@ cd "$(dirname "$0")/.."
 # tiers, the snapshot and accumulator buffers, the threads that share them;
 # a streaming stage's window, whose reader thread reads and uploads into
 # slots the stage's thread reuses; the speculative update, whose step thread
-# writes the state's second bank while pushes fill the accumulator.
+# writes the state's second bank while pushes fill the accumulator; the
+# DPU compensation's record, which the pool's workers fill tile by tile.
 tests=(
   server/gradient_piece_view_test offload/checkpoint_part_test offload/block_io_engine_test
   offload/swap_layout_test offload/tiered_state_test offload/thread_pool_test
@@ -26,6 +27,7 @@ tests=(
   server/state_snapshot_test server/state_checkpoint_test server/job_test
   server/param_piece_wire_test server/offload_service_test server/pull_fills_test
   server/handler_pool_test server/lead_checkpoints_test server/own_checkpoint_part_test
+  server/compensation_record_test
   rpc/byte_stream_call_test
   worker/model/param_window_test worker/model/param_streaming_test
 )
