@@ -42,4 +42,28 @@ v1::Manifest ManifestToProto(const std::vector<TensorSpec>& tensors) {
   return manifest;
 }
 
+void CompensationTermsToProto(const CompensationTerms& terms, v1::TensorCompensation* out) {
+  out->set_tensor(terms.tensor);
+  out->set_elems(terms.elems);
+  out->set_v_sum(terms.v_sum);
+  out->set_keep(terms.keep);
+  out->set_momentum(terms.momentum);
+  out->set_previous_keep(terms.previous_keep);
+  out->set_gain(terms.gain);
+  out->set_inv_sqrt_bias2(terms.inv_sqrt_bias2);
+  out->set_eps(terms.eps);
+}
+
+CompensationTerms CompensationTermsFromProto(const v1::TensorCompensation& p) {
+  return {.tensor = p.tensor(),
+          .elems = p.elems(),
+          .v_sum = p.v_sum(),
+          .keep = p.keep(),
+          .momentum = p.momentum(),
+          .previous_keep = p.previous_keep(),
+          .gain = p.gain(),
+          .inv_sqrt_bias2 = p.inv_sqrt_bias2(),
+          .eps = p.eps()};
+}
+
 }  // namespace zo

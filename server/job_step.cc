@@ -19,6 +19,7 @@
 #include "common/units.h"
 #include "offload/adam_undo.h"
 #include "offload/optimizer_kernels.h"
+#include "rpc/proto_convert.h"
 #include "server/job.h"
 #include "server/state_checkpoint.h"
 
@@ -326,18 +327,7 @@ absl::StatusOr<v1::StepCompensation> Job::StepCompensation(int64_t step, absl::T
                       compensation_->Await(step, deadline));
   v1::StepCompensation out;
   out.set_step(step);
-  for (const CompensationTerms& t : terms) {
-    v1::TensorCompensation* p = out.add_tensors();
-    p->set_tensor(t.tensor);
-    p->set_elems(t.elems);
-    p->set_v_sum(t.v_sum);
-    p->set_keep(t.keep);
-    p->set_momentum(t.momentum);
-    p->set_previous_keep(t.previous_keep);
-    p->set_gain(t.gain);
-    p->set_inv_sqrt_bias2(t.inv_sqrt_bias2);
-    p->set_eps(t.eps);
-  }
+  for (const CompensationTerms& t : terms) CompensationTermsToProto(t, out.add_tensors());
   return out;
 }
 

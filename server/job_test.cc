@@ -30,6 +30,7 @@
 #include "offload/io/direct_file.h"
 #include "offload/thread_pool.h"
 #include "offload/tier/swap_layout.h"
+#include "rpc/proto_convert.h"
 #include "server/job_registry.h"
 #include "server/job_test_fixture.h"
 #include "server/lr_schedule.h"
@@ -496,15 +497,7 @@ TEST_F(JobTest, DpuCompensationTermsFollowTheStepsAndV) {
     std::vector<CompensationTerms> parts;
     for (const v1::TensorCompensation& t : got.tensors()) {
       EXPECT_EQ(t.tensor(), 0);
-      parts.push_back({.tensor = t.tensor(),
-                       .elems = t.elems(),
-                       .v_sum = t.v_sum(),
-                       .keep = t.keep(),
-                       .momentum = t.momentum(),
-                       .previous_keep = t.previous_keep(),
-                       .gain = t.gain(),
-                       .inv_sqrt_bias2 = t.inv_sqrt_bias2(),
-                       .eps = t.eps()});
+      parts.push_back(CompensationTermsFromProto(t));
     }
     CompensationHyperParams hp;
     hp.weight_decay = 0.1;

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "common/status_macros.h"
+#include "rpc/proto_convert.h"
 #include "worker/client/internal/offload_client_impl.h"
 #include "worker/client/offload_client.h"
 
@@ -59,15 +60,7 @@ absl::StatusOr<std::vector<WeightsCompensation>> OffloadClient::StepCompensation
                                                 " sent compensation terms of tensor ", t.tensor(),
                                                 ", outside the manifest"));
       }
-      parts[static_cast<size_t>(t.tensor())].push_back({.tensor = t.tensor(),
-                                                        .elems = t.elems(),
-                                                        .v_sum = t.v_sum(),
-                                                        .keep = t.keep(),
-                                                        .momentum = t.momentum(),
-                                                        .previous_keep = t.previous_keep(),
-                                                        .gain = t.gain(),
-                                                        .inv_sqrt_bias2 = t.inv_sqrt_bias2(),
-                                                        .eps = t.eps()});
+      parts[static_cast<size_t>(t.tensor())].push_back(CompensationTermsFromProto(t));
     }
   }
   std::vector<WeightsCompensation> out;

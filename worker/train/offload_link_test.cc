@@ -160,7 +160,9 @@ TEST(OffloadLinkTest, CompensatedStepsComputeOnTheLastTwoVersionsAndTheGradient)
       FloatToDType(want.data(), DType::kBFloat16, want_bytes.data(), want.size());
       ASSERT_THAT(f.cpu->Download(f.params[i].value, absl::MakeSpan(got)), IsOk());
       EXPECT_EQ(got, want_bytes) << f.params[i].name;
-      if (delayed) EXPECT_NE(want, last) << f.params[i].name << " moved";
+      if (delayed) {
+        EXPECT_NE(want, last) << f.params[i].name << " moved";
+      }
     }
     last_grads.clear();
     for (model::Param& p : f.params) {
