@@ -112,7 +112,9 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const EstimateInput& input) {
   e.gpu.param_bytes = e.gpu.stage_params * lp;
   e.gpu.next_param_bytes = e.gpu.stage_params * lp;
   e.gpu.grad_bytes = e.gpu.stage_params * 4;
-  e.gpu.total_bytes = e.gpu.param_bytes + e.gpu.next_param_bytes + e.gpu.grad_bytes;
+  e.gpu.compensation_bytes = input.dpu_compensation ? 2 * e.gpu.stage_params * lp : 0;
+  e.gpu.total_bytes =
+      e.gpu.param_bytes + e.gpu.next_param_bytes + e.gpu.grad_bytes + e.gpu.compensation_bytes;
   e.gpu.host_staging_bytes = 2 * e.gpu.stage_params * lp;
   e.gpu.pushed_bytes_per_step = e.gpu.stage_params * lp;
   GpuEstimate& g = e.gpu_servers;
@@ -120,6 +122,7 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const EstimateInput& input) {
   const int64_t largest_tensor = std::min(
       e.gpu.stage_params, *std::max_element(input.tensor_elems.begin(), input.tensor_elems.end()));
   g.grad_bytes = largest_tensor * 4;
+  g.compensation_bytes = 0;  // the compensation needs the step's gradients kept: "device" only
   g.total_bytes = g.param_bytes + g.next_param_bytes + g.grad_bytes;
   g.host_staging_bytes = (1 + std::min(input.micro_batches, 2)) * g.stage_params * lp;
   g.pushed_bytes_per_step = g.stage_params * lp * input.micro_batches;
@@ -230,6 +233,9 @@ std::string FormatEstimateTable(const MemoryEstimate& e) {
   out += gpu_row(lp + " parameters", &GpuEstimate::param_bytes);
   out += gpu_row(lp + " next step's parameters (prefetch)", &GpuEstimate::next_param_bytes);
   out += gpu_row("fp32 gradients (servers: max tensor)", &GpuEstimate::grad_bytes);
+  if (in.dpu_compensation) {
+    out += gpu_row(lp + " last two versions (compensation)", &GpuEstimate::compensation_bytes);
+  }
   out += gpu_row("total, before activations", &GpuEstimate::total_bytes);
   out += gpu_row("page-locked host staging", &GpuEstimate::host_staging_bytes);
   if (streams && in.param_nvme_buffer_elems > 0) {
@@ -299,6 +305,7 @@ nlohmann::json GpuJson(const GpuEstimate& g) {
   return {{"stage_params", g.stage_params},
           {"param_bytes", g.param_bytes},
           {"next_param_bytes", g.next_param_bytes},
+          {"compensation_bytes", g.compensation_bytes},
           {"grad_bytes", g.grad_bytes},
           {"total_bytes", g.total_bytes},
           {"host_staging_bytes", g.host_staging_bytes},

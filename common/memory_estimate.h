@@ -27,6 +27,9 @@ struct EstimateInput {
   DType precision = DType::kFloat16;  // fp16 or bf16
   bool nvme = false;                  // optimizer state (master, m, v) on NVMe
   bool dpu = false;                   // zo.dpu: the delayed parameter update
+  // zo.dpu.compensation "worker": the GPU keeps the last two versions it
+  // pulled beside its weights ("device" policy only).
+  bool dpu_compensation = false;
   // zo.speculative_update: a second copy of the optimizer state in RAM where
   // a server speculates (not with NVMe or DPU).
   bool speculative_update = true;
@@ -54,8 +57,10 @@ struct GpuEstimate {
   int64_t stage_params = 0;  // parameters of the largest stage
   int64_t param_bytes = 0;
   int64_t next_param_bytes = 0;  // the idle copy the prefetch fills
-  int64_t grad_bytes = 0;        // fp32
-  int64_t total_bytes = 0;       // before activations and workspace
+  // zo.dpu.compensation "worker": the last two versions pulled, as pulled.
+  int64_t compensation_bytes = 0;
+  int64_t grad_bytes = 0;   // fp32
+  int64_t total_bytes = 0;  // before activations and workspace
   // Page-locked host memory per worker: pulled weights and pushed
   // gradients, both 16-bit, staged for the copy engines (two gradient slots
   // when micro-batches push one by one).

@@ -61,6 +61,17 @@ TEST(MemoryEstimateTest, OneBillionParamsInRam) {
   in.dp_ranks = 1;
   ZO_ASSERT_OK_AND_ASSIGN(MemoryEstimate dpu_one, EstimateMemory(in));
   EXPECT_EQ(dpu_one.server.ram_bytes, 14000000000);
+
+  // Compensated: the GPU keeps the last two fp16 versions pulled, under
+  // "device" only (it needs the step's gradients kept).
+  in.dpu_compensation = true;
+  ZO_ASSERT_OK_AND_ASSIGN(MemoryEstimate compensated, EstimateMemory(in));
+  EXPECT_EQ(compensated.gpu.compensation_bytes, 4000000000);
+  EXPECT_EQ(compensated.gpu.total_bytes, 12000000000);
+  EXPECT_EQ(compensated.gpu_servers.compensation_bytes, 0);
+  EXPECT_EQ(compensated.server.ram_bytes, 14000000000);
+  EXPECT_THAT(FormatEstimateTable(compensated), HasSubstr("fp16 last two versions (compensation)"));
+  EXPECT_THAT(FormatEstimateTable(dpu_one), Not(HasSubstr("(compensation)")));
 }
 
 // zo.gradient_accumulation "servers": the GPU keeps one layer's fp32

@@ -35,6 +35,10 @@ ABSL_FLAG(bool, dpu, false,
           "estimate: the delayed parameter update (zo.dpu): with state in RAM it costs no "
           "memory (the previous version is recomputed); with NVMe it is part of the two "
           "stored 16-bit versions");
+ABSL_FLAG(bool, dpu_compensation, false,
+          "estimate: zo.dpu.compensation \"worker\": each GPU keeps the last two versions it "
+          "pulled beside its weights (two more 16-bit copies of its stage, gradients summed on "
+          "the device only)");
 ABSL_FLAG(bool, speculative_update, true,
           "estimate: the speculative update (zo.speculative_update): with state in RAM and no "
           "DPU a server keeps a second copy of the optimizer state (12 bytes per element); "
@@ -77,6 +81,7 @@ void ApplyConfigDefaults(const Config& config) {
                config.zero_optimization.offload_optimizer.device == OffloadDevice::kNvme);
   SetIfDefault(FLAGS_sub_group_size, absl::StrCat(config.zero_optimization.sub_group_size));
   SetIfDefault(FLAGS_dpu, config.zo.dpu.enabled);
+  SetIfDefault(FLAGS_dpu_compensation, config.zo.dpu.compensation != DpuCompensation::kNone);
   SetIfDefault(FLAGS_speculative_update, config.zo.speculative_update);
   SetIfDefault(FLAGS_buffer_count, config.zero_optimization.offload_optimizer.buffer_count);
   SetIfDefault(FLAGS_chunk_elems, absl::StrCat(config.zo.chunk_elems));
@@ -127,6 +132,7 @@ absl::StatusOr<EstimateInput> EstimateInputFromFlags() {
   }
   in.nvme = absl::GetFlag(FLAGS_nvme);
   in.dpu = absl::GetFlag(FLAGS_dpu);
+  in.dpu_compensation = absl::GetFlag(FLAGS_dpu_compensation);
   in.speculative_update = absl::GetFlag(FLAGS_speculative_update);
   ZO_ASSIGN_OR_RETURN(in.chunk_elems, ParseCount(absl::GetFlag(FLAGS_chunk_elems)));
   ZO_ASSIGN_OR_RETURN(in.sub_group_size, ParseCount(absl::GetFlag(FLAGS_sub_group_size)));
