@@ -185,13 +185,13 @@ absl::Status OffloadLink::Compensate(int64_t step, bool fresh) {
   const int64_t version = VersionForStep(dpu, step);
   const backend::Tensor none;
   if (fresh) {
-    // Keep the version as pulled: the next steps' weights start from it.
+    // Keep the version as pulled (the next steps' weights start from it) by
+    // taking the params' tensors, not copying them: the params are written
+    // below either way.
     std::swap(served_, served_before_);
     served_before_version_ = served_version_;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      backend_.CombineWeights(params_[i]->value, none, none, 1, 0, 0, served_[i]);
-    }
-    params_moved_ = false;
+    for (size_t i = 0; i < params_.size(); ++i) std::swap(params_[i]->value, served_[i]);
+    params_moved_ = true;
   } else if (served_version_ < 0) {
     return absl::InternalError("DPU compensation: no version pulled before the first step");
   }

@@ -152,7 +152,7 @@ class OffloadLink final : public model::ParamLink {
   bool compensate_ = false;
   std::vector<backend::Tensor> served_, served_before_;
   int64_t served_version_ = -1, served_before_version_ = -1;
-  bool params_moved_ = false;  // the params hold compensated weights
+  bool params_moved_ = false;  // the params hold other weights than served_
   // host_ holds weights the params do not: nothing uploaded yet, or a
   // prefetch dropped or failed.
   bool host_ahead_ = true;
