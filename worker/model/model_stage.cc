@@ -1,5 +1,6 @@
 #include "worker/model/model_stage.h"
 
+#include <chrono>
 #include <cmath>
 #include <limits>
 
@@ -9,6 +10,8 @@
 namespace zo::model {
 
 using backend::Tensor;
+
+absl::Status ParamLink::AwaitWeights(absl::Span<Param* const>) { return absl::OkStatus(); }
 
 absl::StatusOr<HostWeights> ParamLink::LoadHostWeights(int64_t, absl::Span<Param* const>) {
   return absl::UnimplementedError(
@@ -79,6 +82,7 @@ ModelStage::ModelStage(backend::Backend& backend, Model& model, std::vector<int>
       layer.Bind(backend_, options_.dtype, /*grads=*/!options_.push_every_micro_batch,
                  /*values=*/!streams);
       for (Param& p : layer.params()) params_.push_back(&p);
+      params_through_layer_[j] = params_.size();
     }
   }
 }
@@ -94,13 +98,16 @@ absl::Status ModelStage::BeginStep(int64_t step) {
   batches_.clear();
   live_.clear();
   losses_.clear();
+  weights_ready_ = 0;
+  weights_wait_s_ = 0;
   if (window_ != nullptr) {
     ZO_RETURN_IF_ERROR(LoadHostWeights(step));
   } else {
     ZO_RETURN_IF_ERROR(link_.LoadWeights(step, params_));
   }
   // After the load: a delayed update's compensation reads the step
-  // before's gradients (OffloadLink::CompensateDelayedSteps).
+  // before's gradients (OffloadLink::CompensateDelayedSteps). The
+  // gradients are not the weights the link may still be writing.
   if (!options_.push_every_micro_batch) {
     for (Param* p : params_) backend_.SetZero(p->grad);
   }
@@ -135,7 +142,17 @@ absl::Status ModelStage::LoadHostWeights(int64_t step) {
 }
 
 absl::Status ModelStage::Weights(int j, int next) {
-  if (window_ == nullptr) return absl::OkStatus();
+  if (window_ == nullptr) {
+    const size_t end = params_through_layer_.at(j);
+    if (end <= weights_ready_) return absl::OkStatus();
+    const auto start = std::chrono::steady_clock::now();
+    absl::Status there = link_.AwaitWeights(absl::MakeConstSpan(params_).first(end));
+    weights_wait_s_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    ZO_RETURN_IF_ERROR(there);
+    weights_ready_ = end;
+    return absl::OkStatus();
+  }
   ZO_RETURN_IF_ERROR(window_->Fetch(*model_.layers[j]));
   return window_->Prefetch(next < 0 ? nullptr : model_.layers[next].get(), *model_.layers[j]);
 }

@@ -45,7 +45,15 @@ class ParamLink {
  public:
   virtual ~ParamLink() = default;
   // Writes the weights to compute `step` with into every param's value.
+  // A link may return while the later params' values still arrive (the
+  // next step's first layers then start early): a caller reads a param's
+  // value only after AwaitWeights covers it.
   virtual absl::Status LoadWeights(int64_t step, absl::Span<Param* const> params) = 0;
+  // `first`, the params LoadWeights got up to some layer's last, hold the
+  // step's weights (waits for them). A stage asks before each layer
+  // computes: layers are in params' order. The default is for a link whose
+  // LoadWeights writes every value itself.
+  virtual absl::Status AwaitWeights(absl::Span<Param* const> first);
   // The loss scale of `step`'s gradients (1 without fp16); asked after
   // LoadWeights.
   virtual double LossScale(int64_t step) = 0;
@@ -116,6 +124,9 @@ class ModelStage final : public pipeline::StageModule {
   double step_loss() const { return step_loss_; }
   // The streaming window; null when every weight stays on the device.
   const ParamWindow* window() const { return window_.get(); }
+  // Seconds this step's Forward and Backward waited for weights still
+  // arriving from the link (ParamLink::AwaitWeights).
+  double weights_wait_s() const override { return weights_wait_s_; }
 
  private:
   struct Live {  // one (micro-batch, chunk) between its forward and backward
@@ -136,7 +147,8 @@ class ModelStage final : public pipeline::StageModule {
                                              const MicroBatch& mb, std::vector<Saved>& saved,
                                              int prefetch_end);
   // Layer j's weights are on the device (streaming: the window fetches
-  // them, and starts uploading layer `next`'s unless it is -1).
+  // them, and starts uploading layer `next`'s unless it is -1; else the
+  // link has them there, waiting for those still arriving).
   absl::Status Weights(int j, int next);
   // The layer the backward computes after layer j's, in the chunk whose
   // first layer is `begin`: j - 1, or with checkpointing the first of the
@@ -153,6 +165,11 @@ class ModelStage final : public pipeline::StageModule {
   ParamLink& link_;
   std::vector<Param*> params_;
   std::unique_ptr<ParamWindow> window_;  // streaming only
+  // Per model layer of this stage: how many of params_ its last param
+  // ends (what AwaitWeights asks for before it computes).
+  std::map<int, size_t> params_through_layer_;
+  size_t weights_ready_ = 0;  // of params_, this step: known to be there
+  double weights_wait_s_ = 0;
 
   int64_t step_ = -1;
   double loss_scale_ = 1;

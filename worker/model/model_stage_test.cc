@@ -111,6 +111,48 @@ TEST(ModelStageTest, ActivationCheckpointingChangesNothing) {
   }
 }
 
+// Weights that arrive while the first layers compute (OffloadLink's early
+// start): each layer asks for its own before it computes, so the step is
+// bit for bit the one whose weights were all there; the first layer waits
+// for its own only. Unasked, the NaNs the link leaves would show.
+TEST(ModelStageTest, LateWeightsAreAwaitedLayerByLayer) {
+  struct Case {
+    int stages, chunks, micro_batches;
+    std::string schedule;
+    int checkpoint_every;
+  };
+  for (const Case& c : {Case{1, 1, 3, "1f1b", 0}, Case{2, 1, 3, "gpipe", 0},
+                        Case{2, 2, 4, "interleaved", 0}, Case{2, 1, 3, "1f1b", 2}}) {
+    SCOPED_TRACE(c.schedule + " on " + std::to_string(c.stages) + " stages");
+    auto backend = backend::MakeCpuBackend({.blas_threads = 1});
+    testing::GptStepOptions o{.stages = c.stages,
+                              .chunks = c.chunks,
+                              .micro_batches = c.micro_batches,
+                              .schedule = c.schedule,
+                              .checkpoint_every = c.checkpoint_every};
+    const RunResult whole = testing::RunGptStep(*backend, o);
+    o.late_weights = true;
+    const RunResult late = testing::RunGptStep(*backend, o);
+    ASSERT_TRUE(std::isfinite(late.loss));
+    EXPECT_EQ(late.loss, whole.loss);
+    EXPECT_EQ(late.grads, whole.grads);
+    ASSERT_EQ(late.awaits.size(), static_cast<size_t>(c.stages));
+    for (const auto& [stage, ends] : late.awaits) {
+      EXPECT_TRUE(std::is_sorted(ends.begin(), ends.end())) << stage;
+      EXPECT_LT(ends.front(), ends.back()) << stage << ": more than one layer's worth at first";
+    }
+  }
+  // One stage: the embedding's two tables, then a block's params at a time.
+  auto backend = backend::MakeCpuBackend({.blas_threads = 1});
+  const RunResult one = testing::RunGptStep(*backend, {.micro_batches = 1, .late_weights = true});
+  auto model = MakeGpt({.n_layer = 4, .n_embd = 16, .n_head = 2, .block_size = 6, .vocab = 11});
+  std::vector<size_t> want;
+  size_t end = 0;
+  for (const auto& layer : model->layers) want.push_back(end += layer->params().size());
+  ASSERT_EQ(one.awaits.size(), 1u);
+  EXPECT_EQ(one.awaits.begin()->second, want);
+}
+
 // Finite differences through whole layers in fp32 storage: the step h must
 // stay well above fp32 resolution, so the tolerance is looser than the
 // per-op double-precision checks in worker/backend/cpu/ops_test.cc.

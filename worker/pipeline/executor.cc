@@ -241,6 +241,9 @@ absl::StatusOr<StepTimes> Executor::RunStep(int64_t step) {
     }
   }
   StepTimes times = run.times();
+  const double late_weights_s = module_.weights_wait_s();
+  times.compute_s -= late_weights_s;
+  times.pull_s += late_weights_s;
   times.total_s = Seconds(step_start);
   return times;
 }

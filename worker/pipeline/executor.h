@@ -15,7 +15,7 @@ namespace zo::pipeline {
 // Wall seconds of one step on one stage, by what the stage was doing.
 struct StepTimes {
   double compute_s = 0;   // LoadMicroBatch, Forward, Backward (incl. queueing pushes)
-  double pull_s = 0;      // BeginStep: waiting for weights
+  double pull_s = 0;      // waiting for weights: BeginStep, and in Forward for late layers
   double push_s = 0;      // FinishStep: waiting for the servers to acknowledge
   double transfer_s = 0;  // Send and Recv (a Recv includes waiting for the neighbour)
   double total_s = 0;

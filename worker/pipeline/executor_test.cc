@@ -186,6 +186,24 @@ TEST(ExecutorTest, FailingStageReturnsPrefixedErrorAndAbortFreesTheOthers) {
   }
 }
 
+// Waiting in Forward for weights still arriving (ModelStage with early
+// start) is waiting for weights: the step's times move it from compute.
+TEST(ExecutorTest, WeightsAwaitedInsideTheComputeCountAsWaiting) {
+  std::unique_ptr<backend::Backend> backend = backend::MakeCpuBackend();
+  absl::StatusOr<std::vector<StageProgram>> programs = GPipeSchedule(1, 2);
+  ASSERT_THAT(programs, IsOk());
+  const PipelineRun plain = RunInProcess(*backend, *programs, 1);
+  const PipelineRun waited = RunInProcess(*backend, *programs, 1, [](int, ToyStageModule& m) {
+    m.SayWeightsWaited(1000);  // far beyond any real time of the step
+  });
+  ASSERT_THAT(plain.results[0], IsOk());
+  ASSERT_THAT(waited.results[0], IsOk());
+  EXPECT_LT(plain.results[0]->pull_s, 100);
+  EXPECT_GE(waited.results[0]->pull_s, 1000);
+  EXPECT_LE(waited.results[0]->compute_s, -900);
+  EXPECT_LT(waited.results[0]->total_s, 100);
+}
+
 TEST(ExecutorTest, InconsistentProgramIsInternal) {
   std::unique_ptr<backend::Backend> backend = backend::MakeCpuBackend();
   ToyStageModule module(*backend, ToyStageModule::PipelineLayers(0, 2, 1), true, false);

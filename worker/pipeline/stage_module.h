@@ -49,6 +49,12 @@ class StageModule {
   // kPushGradients: waits until every gradient of the step is acknowledged
   // by the servers.
   virtual absl::Status FinishStep(int64_t step) = 0;
+
+  // Seconds of this step's Forward and Backward spent waiting for weights
+  // that were still arriving (a module whose BeginStep returns before all
+  // of them are there): the executor counts them as waiting for weights,
+  // not as compute.
+  virtual double weights_wait_s() const { return 0; }
 };
 
 }  // namespace zo::pipeline

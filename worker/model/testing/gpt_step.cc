@@ -1,6 +1,7 @@
 #include "worker/model/testing/gpt_step.h"
 
 #include <algorithm>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -23,8 +24,37 @@ constexpr uint64_t kSeed = 99;
 }  // namespace
 
 absl::Status CapturingLink::LoadWeights(int64_t, absl::Span<Param* const> params) {
+  if (!late_) {
+    for (Param* p : params) {
+      if (absl::Status s = b_.UploadFloat(InitialValues(*p, kSeed), p->value); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+  std::lock_guard<std::mutex> lock(mu_);  // stages share the link
   for (Param* p : params) {
+    written_.erase(p);
+    const std::vector<float> nan(static_cast<size_t>(p->numel()),
+                                 std::numeric_limits<float>::quiet_NaN());
+    if (absl::Status s = b_.UploadFloat(nan, p->value); !s.ok()) return s;
+  }
+  if (!params.empty()) {
+    Param* first = params.front();
+    if (absl::Status s = b_.UploadFloat(InitialValues(*first, kSeed), first->value); !s.ok()) {
+      return s;
+    }
+    written_.insert(first);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CapturingLink::AwaitWeights(absl::Span<Param* const> first) {
+  if (!late_ || first.empty()) return absl::OkStatus();
+  std::lock_guard<std::mutex> lock(mu_);
+  result_.awaits[first.front()->name].push_back(first.size());
+  for (Param* p : first) {
+    if (written_.contains(p)) continue;
     if (absl::Status s = b_.UploadFloat(InitialValues(*p, kSeed), p->value); !s.ok()) return s;
+    written_.insert(p);
   }
   return absl::OkStatus();
 }
@@ -170,7 +200,7 @@ GptStepResult RunGptStep(backend::Backend& backend, const GptStepOptions& o) {
   const std::vector<int>& bounds = layout->bounds;
   const std::vector<pipeline::StageProgram>& programs = layout->programs;
   PatternTokenSource source(o.batch, o.model.block_size, o.model.vocab);
-  CapturingLink link(backend, o.loss_scale, o.dtype, o.read_host_weights);
+  CapturingLink link(backend, o.loss_scale, o.dtype, o.read_host_weights, o.late_weights);
   pipeline::InProcessFabric fabric(o.stages);
   std::vector<std::unique_ptr<ModelStage>> modules;
   std::vector<std::unique_ptr<pipeline::Executor>> executors;

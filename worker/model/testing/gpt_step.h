@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,10 @@ struct GptStepOptions {
   // Steps 1 .. steps on the same weights; the result's gradients and
   // pushes add up all of them, its loss is the last one's.
   int steps = 1;
+  // The link's LoadWeights writes each stage's first param only (NaN into
+  // the others) and the rest when AwaitWeights asks for them: weights that
+  // arrive while the first layers compute.
+  bool late_weights = false;
 };
 
 struct GptStepResult {
@@ -51,6 +56,9 @@ struct GptStepResult {
   std::map<std::string, std::vector<float>> grads;
   std::map<std::string, int> pushes;  // how often each was pushed
   std::vector<std::string> order;     // push order
+  // late_weights: per stage (its first param's name), how many params each
+  // AwaitWeights asked for, in order.
+  std::map<std::string, std::vector<size_t>> awaits;
 };
 
 // Weights from InitialValues (seed 99, rounded to the dtype); every pushed
@@ -58,9 +66,14 @@ struct GptStepResult {
 class CapturingLink final : public ParamLink {
  public:
   CapturingLink(backend::Backend& b, double loss_scale = 8, DType dtype = DType::kFloat16,
-                bool read_host_weights = false)
-      : b_(b), loss_scale_(loss_scale), dtype_(dtype), read_(read_host_weights) {}
+                bool read_host_weights = false, bool late_weights = false)
+      : b_(b),
+        loss_scale_(loss_scale),
+        dtype_(dtype),
+        read_(read_host_weights),
+        late_(late_weights) {}
   absl::Status LoadWeights(int64_t step, absl::Span<Param* const> params) override;
+  absl::Status AwaitWeights(absl::Span<Param* const> first) override;
   double LossScale(int64_t) override { return loss_scale_; }
   // A micro-batch's gradient (micro_batch >= 0) is added to the others'.
   absl::Status PushGradient(int64_t step, const Param& p, int micro_batch) override;
@@ -77,7 +90,9 @@ class CapturingLink final : public ParamLink {
   const double loss_scale_;
   const DType dtype_;  // the weights' (LoadHostWeights)
   const bool read_;
+  const bool late_;  // GptStepOptions::late_weights
   std::mutex mu_;
+  std::set<const Param*> written_;  // late_: params holding the step's weights; guarded by mu_
   GptStepResult result_;
   std::map<const Param*, std::vector<std::byte>> host_;  // guarded by mu_
   // The readers' slots, by the stage's first param and slot; guarded by mu_

@@ -61,6 +61,10 @@ class ToyStageModule final : public StageModule {
 
   // Forward fails with INTERNAL "injected failure" at this (mb, chunk).
   void FailForwardAt(int micro_batch, int chunk) { fail_at_ = {micro_batch, chunk}; }
+  // What weights_wait_s says: seconds of its Forward the module claims it
+  // waited for weights.
+  void SayWeightsWaited(double seconds) { weights_wait_s_ = seconds; }
+  double weights_wait_s() const override { return weights_wait_s_; }
 
   absl::Status BeginStep(int64_t) override {
     events_.push_back({ToyEvent::kBeginStep});
@@ -148,6 +152,7 @@ class ToyStageModule final : public StageModule {
   const bool first_;
   const bool last_;
   std::pair<int, int> fail_at_{-1, -1};
+  double weights_wait_s_ = 0;
   std::vector<ToyEvent> events_;
   std::map<int, std::vector<float>> loaded_;
   std::map<std::pair<int, int>, std::vector<std::vector<float>>> saved_;
