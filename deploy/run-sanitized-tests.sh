@@ -17,7 +17,9 @@ cd "$(dirname "$0")/.."
 # a streaming stage's window, whose reader thread reads and uploads into
 # slots the stage's thread reuses; the speculative update, whose step thread
 # writes the state's second bank while pushes fill the accumulator; the
-# DPU compensation's record, which the pool's workers fill tile by tile.
+# DPU compensation's record, which the pool's workers fill tile by tile;
+# the offload link, whose prefetch thread pulls and queues uploads that
+# complete while the stage computes on the first of them.
 tests=(
   server/gradient_piece_view_test offload/checkpoint_part_test offload/block_io_engine_test
   offload/swap_layout_test offload/tiered_state_test offload/thread_pool_test
@@ -30,6 +32,7 @@ tests=(
   server/compensation_record_test
   rpc/byte_stream_call_test
   worker/model/param_window_test worker/model/param_streaming_test
+  worker/train/offload_link_test
 )
 [ $# -gt 0 ] && tests=("$@")
 

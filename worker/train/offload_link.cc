@@ -229,35 +229,63 @@ absl::Status OffloadLink::Compensate(int64_t step, bool fresh) {
 }
 
 void OffloadLink::MaybePrefetch(int64_t step) {
-  if (prefetch_step_ >= 0 || params_.empty() || streaming_) return;
+  // While the step's own uploads arrive, host_ and the thread are theirs.
+  if (prefetch_step_ >= 0 || arriving_ || params_.empty() || streaming_) return;
   if (VersionForStep(client_->config().zo.dpu, step) > pushed_.load() + 1) return;
+  JoinPrefetch();
   prefetch_step_ = step;
   prefetch_cancel_ = std::make_unique<PullCancellation>();
   if (abort_ != nullptr) abort_->Register(prefetch_cancel_.get());
-  prefetch_ = std::thread([this, client = client_, step, cancel = prefetch_cancel_.get()] {
-    const int64_t version = VersionForStep(client->config().zo.dpu, step);
-    absl::StatusOr<bool> changed;
-    do {
-      changed = client->PullForStep(step, pulled_tensors_, host_, &prefetch_loss_scale_, cancel);
-      // A pull that outwaits the client's call timeout while this worker's
-      // own step, whose pushes make the version, still runs (a long step,
-      // not a stuck server) waits again.
-    } while (absl::IsDeadlineExceeded(changed.status()) && !cancel->cancelled() &&
-             pushed_.load() < version);
-    prefetch_changed_ = changed.ok() && *changed;
-    if (!changed.ok()) {
-      prefetch_status_ = changed.status();
-      return;
-    }
-    std::vector<backend::Tensor*> idle;
-    for (backend::Tensor& t : idle_) idle.push_back(&t);
-    prefetch_status_ = prefetch_changed_ ? UploadHost(backend_, host_, idle) : absl::OkStatus();
-  });
+  arrivals_ = std::make_shared<Arrivals>();
+  arrivals_->targets = idle_;  // the handles: LoadWeights may swap idle_ meanwhile
+  prefetch_ =
+      std::thread([this, client = client_, step, cancel = prefetch_cancel_.get(), a = arrivals_] {
+        const int64_t version = VersionForStep(client->config().zo.dpu, step);
+        absl::StatusOr<bool> changed;
+        do {
+          changed =
+              client->PullForStep(step, pulled_tensors_, host_, &prefetch_loss_scale_, cancel);
+          // A pull that outwaits the client's call timeout while this worker's
+          // own step, whose pushes make the version, still runs (a long step,
+          // not a stuck server) waits again.
+        } while (absl::IsDeadlineExceeded(changed.status()) && !cancel->cancelled() &&
+                 pushed_.load() < version);
+        prefetch_changed_ = changed.ok() && *changed;
+        prefetch_status_ = changed.status();
+        {
+          std::lock_guard<std::mutex> lock(a->mu);
+          a->pulled = true;
+          a->uploads = prefetch_changed_ ? a->targets.size() : 0;
+          a->done.assign(a->uploads, 0);
+        }
+        a->changed.notify_all();
+        // In layer order, each after the compute queued before it (the step
+        // before, whose weights these tensors held): none of the step these
+        // are for, which starts once the pull is done.
+        for (size_t i = 0; i < a->uploads; ++i) {
+          backend_.UploadAsync(host_[i], a->targets[i], [a, i](absl::Status s) {
+            {
+              std::lock_guard<std::mutex> lock(a->mu);
+              a->done[i] = s.ok() ? 1 : 0;  // a failed one is never ready
+              if (!s.ok() && a->error.ok()) a->error = std::move(s);
+              ++a->finished;
+              while (a->ready < a->done.size() && a->done[a->ready]) ++a->ready;
+            }
+            a->changed.notify_all();
+          });
+        }
+      });
 }
 
 void OffloadLink::JoinPrefetch() {
   if (prefetch_.joinable()) prefetch_.join();
   if (abort_ != nullptr && prefetch_cancel_ != nullptr) abort_->Unregister(prefetch_cancel_.get());
+  if (arrivals_ != nullptr) {
+    // The thread ended, so the uploads are all queued; a device may still
+    // be copying host_ into the tensors.
+    std::unique_lock<std::mutex> lock(arrivals_->mu);
+    arrivals_->changed.wait(lock, [a = arrivals_.get()] { return a->finished == a->uploads; });
+  }
 }
 
 void OffloadLink::CancelPrefetch() {
@@ -265,21 +293,71 @@ void OffloadLink::CancelPrefetch() {
   JoinPrefetch();
 }
 
+void OffloadLink::DropArrivals() {
+  JoinPrefetch();
+  arriving_ = false;
+  host_ahead_ = true;  // the params may hold part of an upload: the next load redoes it whole
+}
+
+absl::Status OffloadLink::WaitArrivals(size_t end) {
+  Arrivals& a = *arrivals_;
+  std::unique_lock<std::mutex> lock(a.mu);
+  a.changed.wait(lock, [&] { return a.ready >= end || !a.error.ok(); });
+  return a.ready >= end ? absl::OkStatus() : a.error;
+}
+
+absl::Status OffloadLink::AwaitWeights(absl::Span<model::Param* const> first) {
+  if (!arriving_) return absl::OkStatus();
+  if (absl::Status there = WaitArrivals(std::min(first.size(), params_.size())); !there.ok()) {
+    DropArrivals();
+    return there;
+  }
+  {
+    std::lock_guard<std::mutex> lock(arrivals_->mu);
+    if (arrivals_->ready < params_.size()) return absl::OkStatus();
+  }
+  // All there: the thread and host_ are free for the next step's prefetch.
+  arriving_ = false;
+  JoinPrefetch();
+  MaybePrefetch(loaded_step_ + 1);
+  return absl::OkStatus();
+}
+
 absl::Status OffloadLink::LoadWeights(int64_t step, absl::Span<model::Param* const> params) {
   ZO_RETURN_IF_ERROR(Prepare(params, /*streaming=*/false));
+  // The step before failed before all of its weights were there.
+  if (arriving_) DropArrivals();
+  loaded_step_ = step;
   const int64_t prefetched = std::exchange(prefetch_step_, -1);
   if (prefetched == step) {
-    JoinPrefetch();
+    {
+      std::unique_lock<std::mutex> lock(arrivals_->mu);
+      arrivals_->changed.wait(lock, [a = arrivals_.get()] { return a->pulled; });
+    }
     if (!prefetch_status_.ok()) {
+      JoinPrefetch();
       host_ahead_ = true;  // a retry uploads whatever the failed prefetch left
       if (abort_ != nullptr && !abort_->reason().ok()) return abort_->reason();
       return prefetch_status_;
     }
     if (prefetch_changed_) {
+      // The tensors the uploads go on writing into, in layer order.
       for (size_t i = 0; i < params_.size(); ++i) std::swap(params_[i]->value, idle_[i]);
+      arriving_ = true;
+    } else {
+      JoinPrefetch();
     }
     loss_scale_ = prefetch_loss_scale_;
-    if (compensate_) ZO_RETURN_IF_ERROR(Compensate(step, prefetch_changed_));
+    if (compensate_) {
+      // It combines whole versions.
+      if (arriving_) {
+        absl::Status there = WaitArrivals(params_.size());
+        DropArrivals();
+        if (!there.ok()) return there;
+        host_ahead_ = false;
+      }
+      ZO_RETURN_IF_ERROR(Compensate(step, prefetch_changed_));
+    }
   } else {
     // A prefetch for another step (a step retried): its version may never
     // come before this step is done, and what it left in host_ is not on the
@@ -289,7 +367,7 @@ absl::Status OffloadLink::LoadWeights(int64_t step, absl::Span<model::Param* con
     ZO_ASSIGN_OR_RETURN(const bool fresh, LoadNow(step));
     if (compensate_) ZO_RETURN_IF_ERROR(Compensate(step, fresh));
   }
-  MaybePrefetch(step + 1);
+  MaybePrefetch(step + 1);  // while arriving, AwaitWeights starts it once they are there
   return absl::OkStatus();
 }
 
@@ -357,6 +435,8 @@ absl::Status OffloadLink::PushGradient(int64_t step, const model::Param& param, 
 }
 
 absl::Status OffloadLink::FinishStep(int64_t step) {
+  // Every layer computed, so this only ends the step's arrivals.
+  ZO_RETURN_IF_ERROR(AwaitWeights(params_));
   {
     std::unique_lock<std::mutex> lock(mu_);
     copied_.wait(lock, [this] { return copies_in_flight_ == 0; });

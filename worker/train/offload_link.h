@@ -8,6 +8,10 @@
 // route the servers' update, a speculative one as it goes, writes straight
 // into it); with DPU that version is the one before, which the servers
 // are applying, so the update, the pull and the upload all overlap step s.
+// The step boundary waits for the pull only: the uploads, in layer order,
+// go on while the first layers compute (AwaitWeights holds a layer until
+// its own weights are there), except with the DPU compensation, which
+// combines whole versions.
 //
 // Streaming (LoadHostWeights, zero_optimization.offload_param): the stage's
 // window uploads the weights layer by layer; there is no device set and no
@@ -96,6 +100,7 @@ class OffloadLink final : public model::ParamLink {
   int64_t host_bytes() const;
 
   absl::Status LoadWeights(int64_t step, absl::Span<model::Param* const> params) override;
+  absl::Status AwaitWeights(absl::Span<model::Param* const> first) override;
   absl::StatusOr<model::HostWeights> LoadHostWeights(
       int64_t step, absl::Span<model::Param* const> params) override;
   double LossScale(int64_t step) override;
@@ -122,16 +127,24 @@ class OffloadLink final : public model::ParamLink {
   // keeps it raw, and for a delayed step moves the params by the step
   // before's update.
   absl::Status Compensate(int64_t step, bool fresh);
-  // Starts the prefetch of `step` when none runs and its version's
-  // gradients are pushed, or are the ones the step now running pushes (a
-  // step that fails cancels it: LoadWeights of any other step does).
+  // Starts the prefetch of `step` when none runs, the step before's
+  // uploads are all there, and its version's gradients are pushed, or are
+  // the ones the step now running pushes (a step that fails cancels it:
+  // LoadWeights of any other step does).
   void MaybePrefetch(int64_t step);
-  // Waits for the prefetch thread; its outcome stays in prefetch_*.
+  // Waits for the prefetch thread and for every upload it queued; their
+  // outcome stays in prefetch_* and arrivals_.
   void JoinPrefetch();
   // Ends the prefetch's pull and waits for its thread: for a prefetch whose
   // step will not run next, which may wait on a version only this worker's
   // own pushes would make.
   void CancelPrefetch();
+  // A step whose uploads were not all awaited (it failed): waits for them,
+  // and has the next load upload the host copy whole.
+  void DropArrivals();
+  // Waits until params [0, end) are uploaded, or an upload failed (its
+  // error unless those params are there).
+  absl::Status WaitArrivals(size_t end);
 
   OffloadClient* client_;
   backend::Backend& backend_;
@@ -164,10 +177,27 @@ class OffloadLink final : public model::ParamLink {
   int64_t prefetch_step_ = -1;                         // the step prefetch_ fetches for; -1: none
   std::unique_ptr<PullCancellation> prefetch_cancel_;  // of the prefetch in flight
   std::shared_ptr<StepAbort> abort_;                   // may be null
-  // Written by prefetch_, read after joining it.
+  // Written by prefetch_, read after joining it or seeing arrivals_->pulled.
   absl::Status prefetch_status_;
   bool prefetch_changed_ = false;
   double prefetch_loss_scale_ = 1;
+  // The prefetch's uploads into idle_, one per param in order, after its
+  // pull. Shared with their completions, which a device may run later.
+  struct Arrivals {
+    std::mutex mu;
+    std::condition_variable changed;
+    bool pulled = false;  // the pull ended: prefetch_* hold its outcome
+    size_t uploads = 0;   // queued once pulled (0: nothing to upload)
+    size_t finished = 0;  // completions so far, in any order
+    std::vector<char> done;
+    size_t ready = 0;                      // params [0, ready) are uploaded
+    absl::Status error;                    // the first failed upload
+    std::vector<backend::Tensor> targets;  // idle_ when the prefetch began
+  };
+  std::shared_ptr<Arrivals> arrivals_;  // of the prefetch in flight or last
+  // LoadWeights handed over params whose uploads may still be arriving.
+  bool arriving_ = false;
+  int64_t loaded_step_ = -1;  // the step LoadWeights last loaded
 
   // The gradient staging (Backend::AllocateHost) and which of its places
   // hold bytes the client has not written yet. Shared with the owners handed

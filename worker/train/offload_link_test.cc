@@ -6,8 +6,10 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -19,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "server/offload_server.h"
 #include "worker/backend/cpu/cpu_backend.h"
+#include "worker/backend/testing/forwarding_backend.h"
 #include "worker/train/step_abort.h"
 
 namespace zo::train {
@@ -74,6 +77,7 @@ TEST(OffloadLinkTest, EveryStepComputesOnTheVersionTheDpuPolicyNames) {
     for (int64_t step = 1; step <= 8; ++step) {
       SCOPED_TRACE("step " + std::to_string(step));
       ASSERT_THAT(link.LoadWeights(step, f.pointers), IsOk());
+      ASSERT_THAT(link.AwaitWeights(f.pointers), IsOk());
       // What the servers hold for the version this step computes on.
       const int64_t version = VersionForStep((*client)->config().zo.dpu, step);
       std::vector<std::byte> a(30), b(14);
@@ -97,6 +101,124 @@ TEST(OffloadLinkTest, EveryStepComputesOnTheVersionTheDpuPolicyNames) {
     // The weights moved: the step computed last saw others than the first.
     EXPECT_NE(seen.front(), seen.back());
   }
+}
+
+// The CPU backend, except that once armed, the uploads after the first
+// `pass` wait until Release: a device still copying the later layers.
+class HeldUploadsBackend final : public backend::testing::ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+
+  void HoldAfter(int pass) {
+    std::lock_guard<std::mutex> lock(mu_);
+    pass_ = pass;
+  }
+  size_t held() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return held_.size();
+  }
+  // Runs the held uploads (or fails them with `status`) and stops holding.
+  void Release(absl::Status status = absl::OkStatus()) {
+    std::vector<Held> held;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      held.swap(held_);
+      pass_ = -1;
+    }
+    for (Held& h : held) h.done(status.ok() ? inner_.Upload(h.src, h.dst) : status);
+  }
+
+  void UploadAsync(absl::Span<const std::byte> src, backend::Tensor& dst,
+                   std::function<void(absl::Status)> done) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (pass_ == 0) {
+        held_.push_back({src, dst, std::move(done)});
+        return;
+      }
+      if (pass_ > 0) --pass_;
+    }
+    inner_.UploadAsync(src, dst, std::move(done));
+  }
+
+ private:
+  struct Held {
+    absl::Span<const std::byte> src;
+    backend::Tensor dst;
+    std::function<void(absl::Status)> done;
+  };
+  std::mutex mu_;
+  int pass_ = -1;  // -1: not holding
+  std::vector<Held> held_;
+};
+
+// Layer 0 starts early: the step boundary waits for the pull, not for the
+// uploads, and each layer's weights are there when AwaitWeights says so,
+// bit for bit the version; an upload that fails fails the step that awaits
+// it, and the step's retry uploads the version whole.
+TEST(OffloadLinkTest, TheFirstLayersComputeWhileLaterWeightsStillArrive) {
+  Fixture f;
+  ASSERT_NO_FATAL_FAILURE(StartServerAndParams(f));
+  HeldUploadsBackend held(*f.cpu);
+  ClientOptions options;
+  options.job = "early";
+  options.channels = {f.server->InProcessChannel()};
+  options.routes = {f.server->DataRoute()};
+  auto client = OffloadClient::Open(options, R"({"train_batch_size": 1,
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.05}}, "bf16": {"enabled": true}})",
+                                    f.manifest);
+  ASSERT_TRUE(client.ok()) << client.status();
+  OffloadLink link(client->get(), held, f.manifest, DType::kBFloat16);
+  ASSERT_THAT(link.InitializeIfFresh(f.pointers, 7), IsOk());
+  const auto value = [&](int i) {
+    std::vector<std::byte> got(static_cast<size_t>(f.params[i].value.nbytes()));
+    EXPECT_THAT(f.cpu->Download(f.params[i].value, absl::MakeSpan(got)), IsOk());
+    return got;
+  };
+  const auto version = [&](int64_t v, int i) {
+    std::vector<std::byte> a(30), b(14);
+    EXPECT_THAT((*client)->Pull(v, -1, {0, 1}, {absl::MakeSpan(a), absl::MakeSpan(b)}).status(),
+                IsOk());
+    return i == 0 ? a : b;
+  };
+  const auto push = [&](int64_t step) {
+    for (model::Param& p : f.params) {
+      std::vector<float> g(static_cast<size_t>(p.numel()));
+      for (size_t j = 0; j < g.size(); ++j) g[j] = (j % 3 == 0 ? -1.0f : 1.0f) * (step + j);
+      ASSERT_THAT(f.cpu->UploadFloat(g, p.grad), IsOk());
+      ASSERT_THAT(link.PushGradient(step, p, -1), IsOk());
+    }
+    ASSERT_THAT(link.FinishStep(step), IsOk());
+  };
+
+  ASSERT_THAT(link.LoadWeights(1, f.pointers), IsOk());
+  ASSERT_THAT(link.AwaitWeights(f.pointers), IsOk());
+  held.HoldAfter(1);  // step 2's prefetch: a's upload goes, b's waits
+  ASSERT_NO_FATAL_FAILURE(push(1));
+
+  ASSERT_THAT(link.LoadWeights(2, f.pointers), IsOk());
+  EXPECT_EQ(held.held(), 1u) << "the step began before its last layer's weights were there";
+  ASSERT_THAT(link.AwaitWeights(absl::MakeConstSpan(f.pointers).first(1)), IsOk());
+  EXPECT_EQ(value(0), version(1, 0));
+  held.Release();
+  ASSERT_THAT(link.AwaitWeights(f.pointers), IsOk());
+  EXPECT_EQ(value(0), version(1, 0));
+  const std::vector<std::byte> b1 = version(1, 1);  // the servers keep only the newest
+  EXPECT_EQ(value(1), b1);
+  held.HoldAfter(1);
+  ASSERT_NO_FATAL_FAILURE(push(2));
+
+  ASSERT_THAT(link.LoadWeights(3, f.pointers), IsOk());
+  ASSERT_EQ(held.held(), 1u);
+  held.Release(absl::DataLossError("the copy engine failed"));
+  EXPECT_EQ(link.AwaitWeights(f.pointers), absl::DataLossError("the copy engine failed"));
+  // The step again: the version is the same, its upload whole.
+  ASSERT_THAT(link.LoadWeights(3, f.pointers), IsOk());
+  ASSERT_THAT(link.AwaitWeights(f.pointers), IsOk());
+  EXPECT_EQ(value(0), version(2, 0));
+  EXPECT_EQ(value(1), version(2, 1));
+  EXPECT_NE(version(2, 1), b1);
+  ASSERT_NO_FATAL_FAILURE(push(3));
 }
 
 // zo.dpu.compensation "worker": a delayed step computes on the version it
@@ -126,6 +248,7 @@ TEST(OffloadLinkTest, CompensatedStepsComputeOnTheLastTwoVersionsAndTheGradient)
   for (int64_t step = 1; step <= 8; ++step) {
     SCOPED_TRACE("step " + std::to_string(step));
     ASSERT_THAT(link.LoadWeights(step, f.pointers), IsOk());
+    ASSERT_THAT(link.AwaitWeights(f.pointers), IsOk());
     const int64_t version = VersionForStep((*client)->config().zo.dpu, step);
     if (!pulled.contains(version)) {
       std::vector<std::byte> a(30), b(14);
@@ -351,6 +474,7 @@ TEST(OffloadLinkTest, APrefetchThatCannotCompleteIsGivenUp) {
   ASSERT_THAT(link->FinishStep(1), IsOk());  // starts the prefetch of step 2
   // The step again (as after a failure elsewhere): its version 0 is there.
   ASSERT_THAT(link->LoadWeights(1, f.pointers), IsOk());
+  ASSERT_THAT(link->AwaitWeights(f.pointers), IsOk());
   std::vector<std::byte> a(30);
   ASSERT_THAT(f.cpu->Download(f.params[0].value, absl::MakeSpan(a)), IsOk());
   std::vector<std::byte> want(30), b(14);
