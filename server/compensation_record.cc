@@ -78,14 +78,18 @@ void CompensationRecord::UpdateEnded(int64_t step, bool made, bool skipped) {
   KeepLast(v_sums_);
 }
 
-void CompensationRecord::Forget() {
+void CompensationRecord::Forget(int64_t restored_version) {
   {
     std::lock_guard lock(tiles_mu_);
     for (auto& t : tile_sums_) t.clear();
   }
-  std::lock_guard lock(mu_);
-  decisions_.clear();
-  v_sums_.clear();
+  {
+    std::lock_guard lock(mu_);
+    decisions_.clear();
+    v_sums_.clear();
+    restored_version_ = restored_version;
+  }
+  decided_cv_.notify_all();  // a call waiting for a step before it has its answer
 }
 
 void CompensationRecord::Stop(absl::Status reason) {
@@ -99,13 +103,25 @@ void CompensationRecord::Stop(absl::Status reason) {
 absl::StatusOr<std::vector<CompensationTerms>> CompensationRecord::Await(int64_t step,
                                                                          absl::Time deadline) {
   std::unique_lock lock(mu_);
+  const auto restored_over = [&] {
+    return step <= restored_version_ && !decisions_.contains(step);
+  };
   const bool decided = decided_cv_.wait_until(lock, absl::ToChronoTime(deadline), [&] {
-    return !stopped_.ok() || decisions_.contains(step);
+    return !stopped_.ok() || decisions_.contains(step) || restored_over();
   });
   if (!stopped_.ok()) return stopped_;
   if (!decided) {
     return absl::DeadlineExceededError(
         absl::StrCat("step ", step, " was not decided within the call's deadline"));
+  }
+  if (restored_over()) {
+    // Decided before the checkpoint was written, and not kept in it: the
+    // worker computes on the version it pulled.
+    std::vector<CompensationTerms> terms;
+    for (const Part& part : parts_) {
+      terms.push_back(TermsFor(part.hp, CompensatedStep{.skipped = true}, part.tensor, 0, 0.0));
+    }
+    return terms;
   }
   const Decision& d = decisions_.at(step);
   const auto before = decisions_.find(step - 1);

@@ -8,7 +8,9 @@
 // tiles (on the pool's workers, concurrently) and are added in tile order
 // once the update ends, so the same run gives the same bits. After a
 // restore nothing is known until the next update: the first step's terms
-// then carry no v (no gradient part) and no momentum.
+// then carry no v (no gradient part) and no momentum; a step decided
+// before the restore (the checkpoint keeps no decisions) is answered at
+// once with terms that leave the version as pulled, as a skipped step's.
 //
 // Thread-safe.
 #ifndef ZO_SERVER_COMPENSATION_RECORD_H_
@@ -50,14 +52,16 @@ class CompensationRecord {
   // `step`'s update ended; `made`: the state is after it (a skipped step
   // leaves v as it was).
   void UpdateEnded(int64_t step, bool made, bool skipped);
-  // A restore replaced the state: nothing recorded holds.
-  void Forget();
+  // A restore replaced the state with version `restored_version`'s:
+  // nothing recorded holds, and steps up to it will not be decided here.
+  void Forget(int64_t restored_version);
   // Calls that wait fail with `reason`, now and later.
   void Stop(absl::Status reason);
 
   // ---- the workers' calls
   // Once `step` is decided (at most until `deadline`): the terms of every
-  // tensor part here. DEADLINE_EXCEEDED, or Stop's reason.
+  // tensor part here; at once for a step before the last restore (the
+  // version as it is). DEADLINE_EXCEEDED, or Stop's reason.
   absl::StatusOr<std::vector<CompensationTerms>> Await(int64_t step, absl::Time deadline);
 
  private:
@@ -72,6 +76,7 @@ class CompensationRecord {
   std::mutex mu_;
   std::condition_variable decided_cv_;
   std::map<int64_t, Decision> decisions_;  // the last few; guarded by mu_
+  int64_t restored_version_ = -1;          // the last restore's; guarded by mu_
   // v summed per part after version k (the last few); guarded by mu_.
   std::map<int64_t, std::vector<double>> v_sums_;
   // Of the update under way: per part, (tile offset, sum); guarded by tiles_mu_.

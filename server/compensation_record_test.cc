@@ -96,7 +96,7 @@ TEST(CompensationRecordTest, AfterARestoreNothingIsKnownUntilTheNextUpdate) {
   r.Decided(1, false, 1, 1, {1e-3, 1e-3});
   r.AddTile(0, 10, v.data());
   r.UpdateEnded(1, true, false);
-  r.Forget();
+  r.Forget(1);
   r.Decided(2, false, 1, 2, {1e-3, 1e-3});
   ZO_ASSERT_OK_AND_ASSIGN(const std::vector<CompensationTerms> terms,
                           r.Await(2, absl::InfiniteFuture()));
@@ -104,6 +104,35 @@ TEST(CompensationRecordTest, AfterARestoreNothingIsKnownUntilTheNextUpdate) {
   EXPECT_EQ(terms[0].momentum, 0.0);
   ZO_ASSERT_OK_AND_ASSIGN(const WeightsCompensation w, CombineTerms({&terms[0], 1}, true));
   EXPECT_EQ(w.grad, 0.0);
+}
+
+// The checkpoint keeps no decisions: a step decided before the restore is
+// never decided again, so its call (waiting, or asked later) gets terms
+// that leave the version as pulled instead of waiting out its deadline.
+TEST(CompensationRecordTest, AStepBeforeTheRestoreIsAnsweredAsLeftAlone) {
+  CompensationRecord r = TwoParts();
+  const std::vector<float> v(10, 1.0f);
+  for (int64_t step = 1; step <= 3; ++step) {
+    r.Decided(step, false, 1, step, {1e-3, 1e-3});
+    r.AddTile(0, 10, v.data());
+    r.UpdateEnded(step, true, false);
+  }
+  absl::StatusOr<std::vector<CompensationTerms>> waited;
+  std::thread waiter([&] { waited = r.Await(5, absl::InfiniteFuture()); });
+  r.Forget(6);  // rolled forward past step 5 (another worker's checkpoint)
+  waiter.join();
+  for (const absl::StatusOr<std::vector<CompensationTerms>>& terms :
+       {waited, r.Await(3, absl::InfiniteFuture())}) {
+    ASSERT_TRUE(terms.ok()) << terms.status();
+    for (const CompensationTerms& t : *terms) {
+      ZO_ASSERT_OK_AND_ASSIGN(const WeightsCompensation w, CombineTerms({&t, 1}, true));
+      EXPECT_EQ(w.last, 1.0);
+      EXPECT_EQ(w.before, 0.0);
+      EXPECT_EQ(w.grad, 0.0);
+    }
+  }
+  // A step after the restore still waits for its decision.
+  EXPECT_EQ(r.Await(7, absl::Now()).status().code(), absl::StatusCode::kDeadlineExceeded);
 }
 
 TEST(CompensationRecordTest, AnUpdateThatFailedRecordsNoV) {

@@ -239,7 +239,7 @@ absl::Status Job::RestorePart(const v1::RestorePartRequest& request, bool health
                     "reads 0 until the next step";
   }
   checkpoints_.Restored(meta.version);
-  if (compensation_ != nullptr) compensation_->Forget();
+  if (compensation_ != nullptr) compensation_->Forget(meta.version);
   position_.EndRestore(meta, last,
                        previous == ParamVersions::Previous::kNone ? meta.version : meta.version - 1,
                        status, request.path(), healthy_after);
