@@ -166,6 +166,8 @@ class Client {
     options.dp_world_size = dp_world_size;
     options.auth_token = auth_token;
     options.init_fingerprint = init_fingerprint;
+    // zo.torch forms a delayed step's weights itself (_torch_compensation.py).
+    options.applies_dpu_compensation = true;
     options_ = options;
     config_json_ = config_json;
     specs_ = specs;
@@ -261,6 +263,25 @@ class Client {
   }
 
   // (whether dst changed, the loss scale of the step's weights).
+  // The version the last pull_for_step brought or found unchanged; -1
+  // before the first and after a failed one.
+  int64_t LastPulledVersion() const { return active().last_pulled_version(); }
+
+  // zo.dpu.compensation "worker": per manifest tensor, the coefficients
+  // (last, before, grad) of the weights a delayed step computes on, from
+  // step `step`'s decision (common/dpu_compensation.h).
+  std::vector<std::tuple<double, double, double>> StepCompensation(int64_t step, bool have_before) {
+    absl::StatusOr<std::vector<WeightsCompensation>> terms;
+    {
+      py::gil_scoped_release release;
+      terms = active().StepCompensation(step, have_before);
+    }
+    CheckNoting(terms.status());
+    std::vector<std::tuple<double, double, double>> out;
+    for (const WeightsCompensation& w : *terms) out.emplace_back(w.last, w.before, w.grad);
+    return out;
+  }
+
   std::pair<bool, double> PullForStep(int64_t step, const std::vector<int>& tensors,
                                       const std::vector<py::buffer>& dst) {
     std::vector<absl::Span<std::byte>> spans;
@@ -406,6 +427,8 @@ PYBIND11_MODULE(_native, m) {
       .def("set_step_lr", &Client::SetStepLr, py::arg("step"), py::arg("group_lr"))
       .def("finish_step", &Client::FinishStep)
       .def("pull_for_step", &Client::PullForStep)
+      .def_property_readonly("last_pulled_version", &Client::LastPulledVersion)
+      .def("step_compensation", &Client::StepCompensation, py::arg("step"), py::arg("have_before"))
       .def("job_status", &Client::JobStatus)
       .def("checkpoint", &Client::Checkpoint, py::arg("min_version") = 0)
       .def("restore", &Client::Restore, py::arg("path") = "")

@@ -88,11 +88,3 @@ def test_an_optimizer_used_after_close_says_so():
     model(batch(1)).backward()
     with pytest.raises(RuntimeError, match="closed"):
         opt.step()
-
-
-def test_dpu_compensation_which_zo_torch_does_not_apply_is_refused():
-    model, _ = reference_and_model()
-    cfg = config(dpu=True)
-    cfg["zo"]["dpu"]["compensation"] = "worker"
-    with pytest.raises(Exception, match=r'zo.dpu.compensation "worker": this worker does not'):
-        open_optimizer(list(model.named_parameters()), cfg)

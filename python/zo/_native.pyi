@@ -83,6 +83,17 @@ class Client:
         """Writes the weights the step computes on into dst (writable,
         contiguous buffers of the job's dtype, one per tensor index); returns
         (whether dst changed, the loss scale of those weights)."""
+    @property
+    def last_pulled_version(self) -> int:
+        """The version the last pull_for_step brought or found unchanged (-1:
+        none yet, or it failed)."""
+    def step_compensation(
+        self, step: int, have_before: bool
+    ) -> list[tuple[float, float, float]]:
+        """zo.dpu.compensation "worker": per tensor, the coefficients (last,
+        before, grad) of the weights the step after `step` computes on
+        (last * a + before * b - grad * c); have_before: the caller holds the
+        version before the last one pulled."""
     def job_status(self) -> _JobStatus:
         """The lead server's view of the job."""
     def checkpoint(self, min_version: int = 0) -> str:

@@ -10,6 +10,7 @@ import warnings
 import torch
 
 from zo import _native
+from zo._torch_compensation import DelayedStepCompensation
 from zo._torch_config import _JOB_DTYPES, _job_dtype, _load_config, _optimizer_defaults
 from zo._torch_device_copies import GradientDownloads, WeightUploads
 from zo._torch_groups import _lr_value, _named_groups
@@ -126,9 +127,14 @@ class OffloadOptimizer(torch.optim.Optimizer):
             if self._server is not None:
                 self._server.shutdown()
             raise
+        # zo.dpu.compensation "worker": the parameters get weights formed from
+        # the versions pulled, which are kept apart (so never pulled into them).
+        compensated = (cfg.get("zo", {}).get("dpu", {}).get("compensation", "none") == "worker")
+        self._compensation = (DelayedStepCompensation(self._params, self._dtype)
+                              if compensated else None)
         # Parameters the client reads and writes directly (CPU, contiguous, the
         # job's dtype); the others go through a staging copy.
-        self._staging = [None if self._direct(p) else
+        self._staging = [None if self._direct(p) and not compensated else
                          torch.empty(p.shape, dtype=self._dtype,
                                      pin_memory=p.is_cuda and torch.cuda.is_available())
                          for p in self._params]
@@ -179,8 +185,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
         """Steps the servers have taken for this job (the job's version)."""
         return self._step
 
-    def _load(self, step):
-        """Writes the weights `step` computes on into the parameters."""
+    def _load(self, step, after_step=False):
+        """Writes the weights `step` computes on into the parameters;
+        `after_step`: each .grad holds what was pushed for step - 1."""
         buffers = [_raw(p.data if s is None else s) for p, s in zip(self._params, self._staging)]
         self._uploads.wait()  # the last step's weights are out of the buffers
         try:
@@ -190,9 +197,15 @@ class OffloadOptimizer(torch.optim.Optimizer):
             if not self._client.moved():
                 raise
             self._client.follow()  # it moved at the version this step needs: pull it there
+            if self._compensation is not None:
+                self._compensation.forget()
             changed, self.loss_scale = self._client.pull_for_step(
                 step, list(range(len(self._params))), buffers)
-        if changed:
+        if self._compensation is not None:
+            self._compensation.apply(self._client, step, self._staging, changed, self._params,
+                                     after_step)
+            self._uploads.uploaded({p.device for p in self._params if p.is_cuda})
+        elif changed:
             devices = set()
             with torch.no_grad():
                 for p, s in zip(self._params, self._staging):
@@ -351,12 +364,14 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 warnings.warn(f"zo: the job moved back to version {version}: "
                               f"steps {version + 1}..{step - 1} are taken again", stacklevel=2)
                 self._step = version
+                if self._compensation is not None:
+                    self._compensation.forget()
                 self._load(version + 1)
                 self._show_server_lr()
                 return loss
         self._pushed.clear()
         self._step = step
-        self._load(step + 1)
+        self._load(step + 1, after_step=True)
         self._show_server_lr()
         return loss
 
@@ -405,6 +420,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._step = self._client.restore(zo_state["checkpoint"])
         self._not_resumed = None  # rolled back: the weights are the checkpoint's
         self._lr_sent = None
+        if self._compensation is not None:
+            self._compensation.forget()
         self._load(self._step + 1)
         self._show_server_lr()
         for group, saved in zip(self.param_groups, state_dict.get("param_groups", [])):
