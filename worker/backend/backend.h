@@ -93,6 +93,18 @@ class Backend {
   // once and calls done before returning.
   virtual void UploadAsync(absl::Span<const std::byte> src, Tensor& dst,
                            std::function<void(absl::Status)> done);
+  // A mark of the work queued so far, for UploadAsyncAfter; null where an
+  // upload never waits for queued work (this default: it copies at once).
+  virtual std::shared_ptr<const void> QueuedWorkMark() { return nullptr; }
+  // UploadAsync once the work queued before `mark` was made is done, not
+  // the work queued before this call: uploads for the step to come, queued
+  // while its first layers already compute, wait for the step before (which
+  // read dst) and not for those layers. A null mark: UploadAsync.
+  virtual void UploadAsyncAfter(absl::Span<const std::byte> src, Tensor& dst,
+                                const std::shared_ptr<const void>& mark,
+                                std::function<void(absl::Status)> done) {
+    UploadAsync(src, dst, std::move(done));
+  }
 
   // Memory another process on this host can map (device_sharing.h): what
   // stage processes on one host hand activations over with. nullptr when

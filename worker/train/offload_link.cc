@@ -252,6 +252,12 @@ void OffloadLink::MaybePrefetch(int64_t step) {
                  pushed_.load() < version);
         prefetch_changed_ = changed.ok() && *changed;
         prefetch_status_ = changed.status();
+        // Before the step these weights are for can queue any compute: the
+        // uploads wait for the work queued up to here (the step before,
+        // whose weights these tensors held), not for the first layers of
+        // their own step.
+        const std::shared_ptr<const void> mark =
+            prefetch_changed_ ? backend_.QueuedWorkMark() : nullptr;
         {
           std::lock_guard<std::mutex> lock(a->mu);
           a->pulled = true;
@@ -259,11 +265,9 @@ void OffloadLink::MaybePrefetch(int64_t step) {
           a->done.assign(a->uploads, 0);
         }
         a->changed.notify_all();
-        // In layer order, each after the compute queued before it (the step
-        // before, whose weights these tensors held): none of the step these
-        // are for, which starts once the pull is done.
+        // In layer order, for the layers to wait for one by one.
         for (size_t i = 0; i < a->uploads; ++i) {
-          backend_.UploadAsync(host_[i], a->targets[i], [a, i](absl::Status s) {
+          backend_.UploadAsyncAfter(host_[i], a->targets[i], mark, [a, i](absl::Status s) {
             {
               std::lock_guard<std::mutex> lock(a->mu);
               a->done[i] = s.ok() ? 1 : 0;  // a failed one is never ready

@@ -5,6 +5,7 @@
 #include "worker/train/offload_link.h"
 
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/convert.h"
 #include "common/dpu_policy.h"
@@ -113,9 +115,11 @@ class HeldUploadsBackend final : public backend::testing::ForwardingBackend {
     std::lock_guard<std::mutex> lock(mu_);
     pass_ = pass;
   }
-  size_t held() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return held_.size();
+  // Waits until `n` uploads are held (the prefetch queues them after its
+  // pull, beside the step that LoadWeights already let go).
+  void AwaitHeld(size_t n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    came_.wait(lock, [&] { return held_.size() >= n; });
   }
   // Runs the held uploads (or fails them with `status`) and stops holding.
   void Release(absl::Status status = absl::OkStatus()) {
@@ -128,17 +132,20 @@ class HeldUploadsBackend final : public backend::testing::ForwardingBackend {
     for (Held& h : held) h.done(status.ok() ? inner_.Upload(h.src, h.dst) : status);
   }
 
-  void UploadAsync(absl::Span<const std::byte> src, backend::Tensor& dst,
-                   std::function<void(absl::Status)> done) override {
+  // What the link's prefetch uploads with.
+  void UploadAsyncAfter(absl::Span<const std::byte> src, backend::Tensor& dst,
+                        const std::shared_ptr<const void>& mark,
+                        std::function<void(absl::Status)> done) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (pass_ == 0) {
         held_.push_back({src, dst, std::move(done)});
+        came_.notify_all();
         return;
       }
       if (pass_ > 0) --pass_;
     }
-    inner_.UploadAsync(src, dst, std::move(done));
+    inner_.UploadAsyncAfter(src, dst, mark, std::move(done));
   }
 
  private:
@@ -148,6 +155,7 @@ class HeldUploadsBackend final : public backend::testing::ForwardingBackend {
     std::function<void(absl::Status)> done;
   };
   std::mutex mu_;
+  std::condition_variable came_;
   int pass_ = -1;  // -1: not holding
   std::vector<Held> held_;
 };
@@ -169,6 +177,9 @@ TEST(OffloadLinkTest, TheFirstLayersComputeWhileLaterWeightsStillArrive) {
                                     f.manifest);
   ASSERT_TRUE(client.ok()) << client.status();
   OffloadLink link(client->get(), held, f.manifest, DType::kBFloat16);
+  // A failed assertion must not leave the link's teardown waiting on a
+  // held upload.
+  absl::Cleanup release_on_failure = [&] { held.Release(); };
   ASSERT_THAT(link.InitializeIfFresh(f.pointers, 7), IsOk());
   const auto value = [&](int i) {
     std::vector<std::byte> got(static_cast<size_t>(f.params[i].value.nbytes()));
@@ -197,7 +208,9 @@ TEST(OffloadLinkTest, TheFirstLayersComputeWhileLaterWeightsStillArrive) {
   ASSERT_NO_FATAL_FAILURE(push(1));
 
   ASSERT_THAT(link.LoadWeights(2, f.pointers), IsOk());
-  EXPECT_EQ(held.held(), 1u) << "the step began before its last layer's weights were there";
+  // LoadWeights returned, and b's upload cannot end before Release: the
+  // step began before its last layer's weights were there.
+  held.AwaitHeld(1);
   ASSERT_THAT(link.AwaitWeights(absl::MakeConstSpan(f.pointers).first(1)), IsOk());
   EXPECT_EQ(value(0), version(1, 0));
   held.Release();
@@ -209,7 +222,7 @@ TEST(OffloadLinkTest, TheFirstLayersComputeWhileLaterWeightsStillArrive) {
   ASSERT_NO_FATAL_FAILURE(push(2));
 
   ASSERT_THAT(link.LoadWeights(3, f.pointers), IsOk());
-  ASSERT_EQ(held.held(), 1u);
+  held.AwaitHeld(1);
   held.Release(absl::DataLossError("the copy engine failed"));
   EXPECT_EQ(link.AwaitWeights(f.pointers), absl::DataLossError("the copy engine failed"));
   // The step again: the version is the same, its upload whole.

@@ -342,7 +342,7 @@ struct PendingCopy {
 void CopyDone(void* arg) {
   auto* pending = static_cast<PendingCopy*>(arg);
   pending->completions->Post({[pending] {
-    cudaEventDestroy(pending->ready);
+    if (pending->ready != nullptr) cudaEventDestroy(pending->ready);
     pending->done(absl::OkStatus());
     delete pending;  // drops the tensor: cudaFreeAsync, allowed on this thread
   }});
@@ -350,12 +350,13 @@ void CopyDone(void* arg) {
 
 }  // namespace
 
-// `stream` waits for what the compute stream has queued so far, copies,
-// and runs `done` on the callback thread; the compute stream goes on
-// meanwhile.
+// `stream` waits for what the compute stream has queued so far (or up to
+// the mark `after`), copies, and runs `done` on the callback thread; the
+// compute stream goes on meanwhile.
 void CudaBackend::QueueCopy(cudaStream_t stream, void* dst, const void* src, size_t bytes,
                             cudaMemcpyKind kind, const Tensor& device,
-                            std::function<void(absl::Status)> done, const char* op) {
+                            std::function<void(absl::Status)> done, const char* op,
+                            cudaEvent_t after) {
   if (failed()) {
     done(status());
     return;
@@ -366,9 +367,12 @@ void CudaBackend::QueueCopy(cudaStream_t stream, void* dst, const void* src, siz
   pending->completions = completions_.get();
   // The caller may be a thread of its own (a prefetch) on another device.
   cudaError_t err = cudaSetDevice(context_->device);
-  if (err == cudaSuccess) err = cudaEventCreateWithFlags(&pending->ready, cudaEventDisableTiming);
-  if (err == cudaSuccess) err = cudaEventRecord(pending->ready, context_->stream);
-  if (err == cudaSuccess) err = cudaStreamWaitEvent(stream, pending->ready, 0);
+  if (after == nullptr) {
+    if (err == cudaSuccess) err = cudaEventCreateWithFlags(&pending->ready, cudaEventDisableTiming);
+    if (err == cudaSuccess) err = cudaEventRecord(pending->ready, context_->stream);
+  }
+  if (err == cudaSuccess)
+    err = cudaStreamWaitEvent(stream, after != nullptr ? after : pending->ready, 0);
   if (err == cudaSuccess && bytes > 0) err = cudaMemcpyAsync(dst, src, bytes, kind, stream);
   if (err == cudaSuccess) err = cudaLaunchHostFunc(stream, &CopyDone, pending.get());
   if (err != cudaSuccess) {
@@ -401,6 +405,44 @@ void CudaBackend::UploadAsync(absl::Span<const std::byte> src, Tensor& dst,
   }
   QueueCopy(upload_stream_, dst.storage(), src.data(), src.size(), cudaMemcpyHostToDevice, dst,
             std::move(done), "UploadAsync");
+}
+
+std::shared_ptr<const void> CudaBackend::QueuedWorkMark() {
+  if (failed()) return nullptr;
+  cudaEvent_t event = nullptr;
+  // The caller may be a thread of its own (a prefetch) on another device.
+  cudaError_t err = cudaSetDevice(context_->device);
+  if (err == cudaSuccess) err = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+  if (err == cudaSuccess) err = cudaEventRecord(event, context_->stream);
+  if (err != cudaSuccess) {
+    // The uploads then each wait for what is queued when they are: later,
+    // never wrong.
+    if (event != nullptr) cudaEventDestroy(event);
+    return nullptr;
+  }
+  // Destroyed once the last upload that waits on it is queued (CUDA keeps
+  // an event that streams still wait for until it completes).
+  return std::shared_ptr<const void>(static_cast<const void*>(event), [](const void* e) {
+    cudaEventDestroy(static_cast<cudaEvent_t>(const_cast<void*>(e)));
+  });
+}
+
+void CudaBackend::UploadAsyncAfter(absl::Span<const std::byte> src, Tensor& dst,
+                                   const std::shared_ptr<const void>& mark,
+                                   std::function<void(absl::Status)> done) {
+  if (mark == nullptr) {
+    UploadAsync(src, dst, std::move(done));
+    return;
+  }
+  if (static_cast<int64_t>(src.size()) != dst.nbytes()) {
+    done(absl::InvalidArgumentError(absl::StrCat("UploadAsyncAfter: ", src.size(),
+                                                 " bytes for tensor ", ShapeString(dst.shape()),
+                                                 " of ", dst.nbytes(), " bytes")));
+    return;
+  }
+  QueueCopy(upload_stream_, dst.storage(), src.data(), src.size(), cudaMemcpyHostToDevice, dst,
+            std::move(done), "UploadAsyncAfter",
+            static_cast<cudaEvent_t>(const_cast<void*>(mark.get())));
 }
 
 Tensor CudaBackend::Cast(const Tensor& src, DType dtype) {

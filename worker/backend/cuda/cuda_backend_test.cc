@@ -195,6 +195,33 @@ TEST_P(CudaBackendTest, UploadAsyncWaitsForWorkThatStillReadsItsTarget) {
   EXPECT_EQ(refused.get_future().get().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// The prefetch's uploads (OffloadLink): after the work queued before the
+// mark, which still reads the target, whatever is queued between.
+TEST_P(CudaBackendTest, UploadAsyncAfterWaitsForTheWorkBeforeItsMark) {
+  Pair x = MakeRandom({300, 77}, dtype(), -3, 3), y = MakeRandom({300, 77}, dtype(), -3, 3);
+  const size_t bytes = static_cast<size_t>(x.gpu.nbytes());
+  std::vector<std::byte> x_bytes(bytes), y_bytes(bytes);
+  ASSERT_TRUE(gpu_->Download(x.gpu, absl::MakeSpan(x_bytes)).ok());
+  ASSERT_TRUE(gpu_->Download(y.gpu, absl::MakeSpan(y_bytes)).ok());
+  std::shared_ptr<std::byte> host = gpu_->AllocateHost(bytes);
+  std::memcpy(host.get(), y_bytes.data(), bytes);
+  Tensor target = gpu_->Empty(dtype(), {300, 77});
+  ASSERT_TRUE(gpu_->Upload(x_bytes, target).ok());
+  const Tensor before = gpu_->Gelu(gpu_->Gelu(target));  // reads x
+  const std::shared_ptr<const void> mark = gpu_->QueuedWorkMark();
+  ASSERT_NE(mark, nullptr);
+  const Tensor between = gpu_->Gelu(x.gpu);  // reads no target
+  std::promise<absl::Status> done;
+  gpu_->UploadAsyncAfter(absl::MakeConstSpan(host.get(), bytes), target, mark,
+                         [&](absl::Status s) { done.set_value(s); });
+  ASSERT_TRUE(done.get_future().get().ok());
+  Expect("compute queued before the mark", before, cpu_->Gelu(cpu_->Gelu(x.cpu)));
+  Expect("compute queued after the mark", between, cpu_->Gelu(x.cpu));
+  std::vector<std::byte> got(bytes);
+  ASSERT_TRUE(gpu_->Download(target, absl::MakeSpan(got)).ok());
+  EXPECT_EQ(got, y_bytes);
+}
+
 TEST_P(CudaBackendTest, CastOverflowsToInf) {
   Pair p = Make({1e6f, -1e6f, 65504.0f, 1.0f}, {4}, DType::kFloat32);
   const std::vector<float> h = Host(*gpu_, gpu_->Cast(p.gpu, DType::kFloat16));

@@ -49,6 +49,12 @@ class ForwardingBackend : public Backend {
                    std::function<void(absl::Status)> done) override {
     inner_.UploadAsync(src, dst, std::move(done));
   }
+  std::shared_ptr<const void> QueuedWorkMark() override { return inner_.QueuedWorkMark(); }
+  void UploadAsyncAfter(absl::Span<const std::byte> src, Tensor& dst,
+                        const std::shared_ptr<const void>& mark,
+                        std::function<void(absl::Status)> done) override {
+    inner_.UploadAsyncAfter(src, dst, mark, std::move(done));
+  }
   DeviceSharing* sharing() override { return inner_.sharing(); }
   DeviceLinks* links() override { return inner_.links(); }
   Tensor Cast(const Tensor& src, DType dtype) override { return inner_.Cast(src, dtype); }

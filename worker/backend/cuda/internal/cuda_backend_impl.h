@@ -123,6 +123,10 @@ class CudaBackend final : public Backend {
                      std::function<void(absl::Status)> done) override;
   void UploadAsync(absl::Span<const std::byte> src, Tensor& dst,
                    std::function<void(absl::Status)> done) override;
+  std::shared_ptr<const void> QueuedWorkMark() override;
+  void UploadAsyncAfter(absl::Span<const std::byte> src, Tensor& dst,
+                        const std::shared_ptr<const void>& mark,
+                        std::function<void(absl::Status)> done) override;
   Tensor Cast(const Tensor& src, DType dtype) override;
   void Synchronize() override;
 
@@ -178,8 +182,11 @@ class CudaBackend final : public Backend {
   // bias gradient's GEMV sums rows with.
   Tensor Ones(DType dtype, int64_t n);
   // The asynchronous copies: see QueueCopy in cuda_backend.cc.
+  // `after`: an event of QueuedWorkMark to wait for instead of the work
+  // queued so far; null: that work.
   void QueueCopy(cudaStream_t stream, void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
-                 const Tensor& device, std::function<void(absl::Status)> done, const char* op);
+                 const Tensor& device, std::function<void(absl::Status)> done, const char* op,
+                 cudaEvent_t after = nullptr);
   // Host indices copied to the device (rows x 4 bytes), freed with the tensor.
   Tensor UploadIndices(absl::Span<const int32_t> indices, const char* op);
 
