@@ -16,7 +16,8 @@ import copy
 import torch
 
 import zo.torch
-from test_offload_optimizer import LR, assert_same_weights, batch, config, reference_and_model
+from test_offload_optimizer import (LR, assert_same_weights, batch, config,
+                                    reference_and_model, step_both)
 
 BOUND = 0.35
 
@@ -94,13 +95,7 @@ def test_after_a_roll_back_the_step_computes_on_the_version_as_pulled(tmp_path):
     snapshots = [copy.deepcopy(ref)]
     saved = None
     for step in range(1, 8):
-        model(batch(step)).backward()
-        for p, q in zip(model.parameters(), ref.parameters()):
-            q.grad = p.grad.clone()
-        opt.step()
-        ref_opt.step()
-        opt.zero_grad()
-        ref_opt.zero_grad()
+        step_both(model, ref, opt, ref_opt, step)
         snapshots.append(copy.deepcopy(ref))
         if step == 4:
             saved = opt.state_dict()

@@ -353,13 +353,7 @@ absl::Status OffloadLink::LoadWeights(int64_t step, absl::Span<model::Param* con
     }
     loss_scale_ = prefetch_loss_scale_;
     if (compensate_) {
-      // It combines whole versions.
-      if (arriving_) {
-        absl::Status there = WaitArrivals(params_.size());
-        DropArrivals();
-        if (!there.ok()) return there;
-        host_ahead_ = false;
-      }
+      ZO_RETURN_IF_ERROR(AwaitWeights(params_));  // it combines whole versions
       ZO_RETURN_IF_ERROR(Compensate(step, prefetch_changed_));
     }
   } else {

@@ -397,14 +397,7 @@ void CudaBackend::DownloadAsync(const Tensor& src, absl::Span<std::byte> dst,
 
 void CudaBackend::UploadAsync(absl::Span<const std::byte> src, Tensor& dst,
                               std::function<void(absl::Status)> done) {
-  if (static_cast<int64_t>(src.size()) != dst.nbytes()) {
-    done(absl::InvalidArgumentError(absl::StrCat("UploadAsync: ", src.size(), " bytes for tensor ",
-                                                 ShapeString(dst.shape()), " of ", dst.nbytes(),
-                                                 " bytes")));
-    return;
-  }
-  QueueCopy(upload_stream_, dst.storage(), src.data(), src.size(), cudaMemcpyHostToDevice, dst,
-            std::move(done), "UploadAsync");
+  UploadAsyncAfter(src, dst, nullptr, std::move(done));
 }
 
 std::shared_ptr<const void> CudaBackend::QueuedWorkMark() {
@@ -430,19 +423,15 @@ std::shared_ptr<const void> CudaBackend::QueuedWorkMark() {
 void CudaBackend::UploadAsyncAfter(absl::Span<const std::byte> src, Tensor& dst,
                                    const std::shared_ptr<const void>& mark,
                                    std::function<void(absl::Status)> done) {
-  if (mark == nullptr) {
-    UploadAsync(src, dst, std::move(done));
-    return;
-  }
   if (static_cast<int64_t>(src.size()) != dst.nbytes()) {
-    done(absl::InvalidArgumentError(absl::StrCat("UploadAsyncAfter: ", src.size(),
-                                                 " bytes for tensor ", ShapeString(dst.shape()),
-                                                 " of ", dst.nbytes(), " bytes")));
+    done(absl::InvalidArgumentError(absl::StrCat("UploadAsync: ", src.size(), " bytes for tensor ",
+                                                 ShapeString(dst.shape()), " of ", dst.nbytes(),
+                                                 " bytes")));
     return;
   }
   QueueCopy(upload_stream_, dst.storage(), src.data(), src.size(), cudaMemcpyHostToDevice, dst,
-            std::move(done), "UploadAsyncAfter",
-            static_cast<cudaEvent_t>(const_cast<void*>(mark.get())));
+            std::move(done), "UploadAsync",
+            static_cast<cudaEvent_t>(const_cast<void*>(mark.get())));  // null: queued so far
 }
 
 Tensor CudaBackend::Cast(const Tensor& src, DType dtype) {
