@@ -101,7 +101,7 @@ class Backend {
   // while its first layers already compute, wait for the step before (which
   // read dst) and not for those layers. A null mark: UploadAsync.
   virtual void UploadAsyncAfter(absl::Span<const std::byte> src, Tensor& dst,
-                                const std::shared_ptr<const void>& mark,
+                                const std::shared_ptr<const void>& /*mark*/,
                                 std::function<void(absl::Status)> done) {
     UploadAsync(src, dst, std::move(done));
   }
