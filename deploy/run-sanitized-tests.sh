@@ -32,7 +32,7 @@ tests=(
   server/compensation_record_test
   rpc/byte_stream_call_test
   worker/model/param_window_test worker/model/param_streaming_test
-  worker/train/offload_link_test
+  worker/train/offload_link_test worker/client/region_credits_test
 )
 [ $# -gt 0 ] && tests=("$@")
 

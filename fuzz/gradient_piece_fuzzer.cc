@@ -11,7 +11,8 @@
 //
 // A piece that names a shared region (the same-host route) is resolved the
 // way the push reactor does it: its range checked against a 4 KiB region
-// (server/shared_regions.h), its data then read from there.
+// (server/shared_regions.h), its data then read from there, and its
+// acknowledgement slot checked, then written once the piece is summed.
 //
 // Invariant: when protobuf also parses the bytes, both agree on every field.
 #include <sys/mman.h>
@@ -64,12 +65,16 @@ void CompareWithProtobuf(const zo::GradientPieceView& view, const std::string& m
   ZO_FUZZ_CHECK(view.region == piece.region(), "region");
   ZO_FUZZ_CHECK(view.region_offset == piece.region_offset(), "region_offset");
   ZO_FUZZ_CHECK(view.region_bytes == piece.region_bytes(), "region_bytes");
+  ZO_FUZZ_CHECK(view.region_ack_offset == piece.region_ack_offset(), "region_ack_offset");
+  ZO_FUZZ_CHECK(view.region_ack == piece.region_ack(), "region_ack");
   ZO_FUZZ_CHECK(view.data_bytes == piece.data().size(), "data size");
   ZO_FUZZ_CHECK(Concat(view) == piece.data(), "data");
 }
 
-// What Job::TryPushGradient does once the chunk and dtype are checked.
-void Push(zo::GradientPieceView view, int dp, int pushes_per_rank, int shift) {
+// What Job::TryPushGradient does once the chunk and dtype are checked, and
+// the push reactor's acknowledgement into `ack_slot` (may be null) of a
+// piece it summed.
+void Push(zo::GradientPieceView view, int dp, int pushes_per_rank, int shift, uint32_t* ack_slot) {
   if (view.chunk < 0 || view.chunk >= 2) return;  // Job::LocalChunkIndex
   absl::StatusOr<zo::DType> dtype = zo::DTypeFromProto(view.dtype);
   if (!dtype.ok()) return;  // Job::PushedChunkIndex
@@ -91,6 +96,10 @@ void Push(zo::GradientPieceView view, int dp, int pushes_per_rank, int shift) {
         (*acc)->TryPush(index, view, &wait, [] {});
     if (outcome.ok() && *outcome == zo::GradientAccumulator::PushOutcome::kWaiting) {
       (*acc)->CancelWait(index, wait);
+    }
+    if (outcome.ok() && *outcome == zo::GradientAccumulator::PushOutcome::kAdded &&
+        ack_slot != nullptr) {
+      zo::SharedRegion::Acknowledge(ack_slot, view.region_ack);
     }
     // The same bytes again, resent from a shifted offset: overlaps and gaps.
     view.resend = true;
@@ -131,6 +140,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   zo::GradientPieceView view;
   if (!zo::ParseGradientPiece(buffer, &slices, &view).ok()) return 0;
   CompareWithProtobuf(view, message);
+  uint32_t* ack_slot = nullptr;
   if (view.region != 0) {
     if (!view.data.empty()) return 0;  // PushReactor::ResolveRegion refuses it
     absl::StatusOr<absl::Span<std::byte>> bytes =
@@ -141,7 +151,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                   "a region range outside the region");
     view.data = {{reinterpret_cast<const char*>(bytes->data()), bytes->size()}};
     view.data_bytes = bytes->size();
+    if (view.region_ack_offset != 0) {
+      absl::StatusOr<uint32_t*> slot = region->AckSlot(view.region_ack_offset);
+      if (!slot.ok()) return 0;
+      const auto* begin = reinterpret_cast<const uint32_t*>(region->Range(0, 0)->data());
+      ZO_FUZZ_CHECK(*slot >= begin && *slot + 2 <= begin + 4096 / sizeof(uint32_t),
+                    "an acknowledgement slot outside the region");
+      ack_slot = *slot;
+    }
+  } else if (view.region_ack_offset != 0) {
+    return 0;  // PushReactor::ResolveRegion refuses it
   }
-  Push(view, dp, pushes_per_rank, shift);
+  Push(view, dp, pushes_per_rank, shift, ack_slot);
   return 0;
 }

@@ -115,6 +115,12 @@ absl::Status ParseGradientPiece(const grpc::ByteBuffer& buffer, std::vector<grpc
           case v1::GradientPiece::kRegionBytesFieldNumber:
             view->region_bytes = static_cast<int64_t>(v);
             break;
+          case v1::GradientPiece::kRegionAckOffsetFieldNumber:
+            view->region_ack_offset = static_cast<int64_t>(v);
+            break;
+          case v1::GradientPiece::kRegionAckFieldNumber:
+            view->region_ack = static_cast<uint32_t>(v);
+            break;
           default:
             break;  // unknown: ignored, as protobuf would
         }
@@ -178,6 +184,8 @@ GradientPieceView ViewOf(const v1::GradientPiece& piece) {
   view.region = piece.region();
   view.region_offset = piece.region_offset();
   view.region_bytes = piece.region_bytes();
+  view.region_ack_offset = piece.region_ack_offset();
+  view.region_ack = piece.region_ack();
   if (!piece.data().empty()) view.data.emplace_back(piece.data().data(), piece.data().size());
   view.data_bytes = piece.data().size();
   return view;

@@ -34,6 +34,10 @@ struct GradientPieceView {
   uint64_t region = 0;
   int64_t region_offset = 0;
   int64_t region_bytes = 0;
+  // Where the server acknowledges the piece once summed (0: nowhere), and
+  // with what (GradientPiece.region_ack_offset, region_ack).
+  int64_t region_ack_offset = 0;
+  uint32_t region_ack = 0;
   std::vector<absl::Span<const char>> data;  // the payload, in order
   size_t data_bytes = 0;
 };

@@ -58,6 +58,13 @@ TEST(GradientPieceViewTest, ParsesWhatProtobufSerialisesHoweverItIsSliced) {
     // Split across slices too: 8 bytes in the middle of the message.
     if (round % 4 != 0)
       piece.set_incarnation((uint64_t{rng()} << 32) ^ rng() ^ (uint64_t{1} << 63));
+    if (round % 3 == 1) {  // the same-host route's header fields
+      piece.set_region((uint64_t{rng()} << 32) ^ rng());
+      piece.set_region_offset(rng() % 100000);
+      piece.set_region_bytes(rng() % 100000);
+      piece.set_region_ack_offset(8 * (rng() % 512));
+      piece.set_region_ack(static_cast<uint32_t>(rng()));
+    }
     std::string data(rng() % 5000, '\0');
     for (char& c : data) c = static_cast<char>(rng());
     piece.set_data(data);
@@ -75,6 +82,11 @@ TEST(GradientPieceViewTest, ParsesWhatProtobufSerialisesHoweverItIsSliced) {
     EXPECT_EQ(view.resend, piece.resend());
     EXPECT_EQ(view.incarnation, piece.incarnation());
     EXPECT_EQ(view.micro_batch, piece.micro_batch());
+    EXPECT_EQ(view.region, piece.region());
+    EXPECT_EQ(view.region_offset, piece.region_offset());
+    EXPECT_EQ(view.region_bytes, piece.region_bytes());
+    EXPECT_EQ(view.region_ack_offset, piece.region_ack_offset());
+    EXPECT_EQ(view.region_ack, piece.region_ack());
     EXPECT_EQ(view.data_bytes, data.size());
     EXPECT_EQ(Joined(view), data);
   }

@@ -45,8 +45,13 @@ void PushReactor::OnReadDone(bool ok) {
 }
 
 absl::Status PushReactor::ResolveRegion() {
+  ack_slot_ = nullptr;
   if (piece_.region == 0) {
     region_.reset();
+    if (piece_.region_ack_offset != 0) {
+      return absl::InvalidArgumentError(
+          "a gradient piece names an acknowledgement slot but no shared region");
+    }
     return absl::OkStatus();
   }
   if (!piece_.data.empty()) {
@@ -61,6 +66,11 @@ absl::Status PushReactor::ResolveRegion() {
   absl::StatusOr<absl::Span<std::byte>> bytes =
       region_->Range(piece_.region_offset, piece_.region_bytes);
   if (!bytes.ok()) return bytes.status();
+  if (piece_.region_ack_offset != 0) {
+    absl::StatusOr<uint32_t*> slot = region_->AckSlot(piece_.region_ack_offset);
+    if (!slot.ok()) return slot.status();
+    ack_slot_ = *slot;
+  }
   piece_.data = {{reinterpret_cast<const char*>(bytes->data()), bytes->size()}};
   piece_.data_bytes = bytes->size();
   return absl::OkStatus();
@@ -79,6 +89,8 @@ void PushReactor::Attempt() {
     } else if (*outcome == GradientAccumulator::PushOutcome::kWaiting) {
       return;  // the wake calls Attempt again
     } else {
+      // Summed: the worker may write the next micro-batch in its place.
+      if (ack_slot_ != nullptr) SharedRegion::Acknowledge(ack_slot_, piece_.region_ack);
       ++pieces_;
       bytes_ += static_cast<int64_t>(piece_.data_bytes);
       lock.unlock();

@@ -50,13 +50,15 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   bool ClaimFinishLocked();
   void FinishWith(const absl::Status& status);
 
-  // Points the piece's data at its bytes in the caller's shared region.
+  // Points the piece's data at its bytes in the caller's shared region, and
+  // ack_slot_ at its acknowledgement slot there.
   absl::Status ResolveRegion();
 
   JobRegistry* const registry_;
   const SharedRegions* const regions_;
   std::shared_ptr<SharedRegion> region_;  // the piece's, while it is pushed
   uint64_t region_id_ = 0;
+  uint32_t* ack_slot_ = nullptr;  // in region_: where the piece is acknowledged
   grpc::ByteBuffer* const response_;
   int64_t pieces_ = 0;
   int64_t bytes_ = 0;

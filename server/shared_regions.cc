@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -14,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/logging.h"
+#include "common/shared_futex.h"
 #include "rpc/error_detail.h"
 
 namespace zo {
@@ -27,6 +29,27 @@ absl::StatusOr<absl::Span<std::byte>> SharedRegion::Range(int64_t offset, int64_
         "bytes [", offset, ", +", n, ") are not inside the shared region of ", bytes_, " bytes"));
   }
   return absl::Span<std::byte>(base_ + offset, static_cast<size_t>(n));
+}
+
+absl::StatusOr<uint32_t*> SharedRegion::AckSlot(int64_t offset) const {
+  constexpr int64_t kSlotBytes = 2 * sizeof(uint32_t);
+  if (offset < 0 || offset % kSlotBytes != 0 || offset > bytes_ - kSlotBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("acknowledgement slot at byte ", offset, ": not a multiple of ", kSlotBytes,
+                     " inside the shared region of ", bytes_, " bytes"));
+  }
+  return reinterpret_cast<uint32_t*>(base_ + offset);
+}
+
+void SharedRegion::Acknowledge(uint32_t* slot, uint32_t ack) {
+  std::atomic_ref<uint32_t> word(slot[0]);
+  uint32_t seen = word.load();
+  // A later acknowledgement is kept: the worker waits for "at least".
+  while (static_cast<int32_t>(ack - seen) > 0 && !word.compare_exchange_weak(seen, ack)) {
+  }
+  // Sequentially consistent with the worker's count-then-look: either it
+  // sees the store, or this sees its count and wakes it.
+  if (std::atomic_ref<uint32_t>(slot[1]).load() != 0) SharedFutexWakeAll(slot);
 }
 
 std::string HostBootId() {

@@ -48,6 +48,15 @@ class SharedRegion {
   // Bytes [offset, offset + n), or INVALID_ARGUMENT naming the range when it
   // is not inside the region.
   absl::StatusOr<absl::Span<std::byte>> Range(int64_t offset, int64_t n) const;
+  // The acknowledgement slot at `offset` (GradientPiece.region_ack_offset):
+  // two 32-bit words, the acknowledgement and the worker's count of threads
+  // waiting on it. INVALID_ARGUMENT naming the offset unless it is a
+  // multiple of 8 with the slot inside the region.
+  absl::StatusOr<uint32_t*> AckSlot(int64_t offset) const;
+  // Stores `ack` into the slot unless it holds a later one (the numbers
+  // grow, and may wrap), then wakes the waiting threads if the worker says
+  // there are any.
+  static void Acknowledge(uint32_t* slot, uint32_t ack);
 
  private:
   const std::string job_;

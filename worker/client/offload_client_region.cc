@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -25,10 +27,12 @@
 namespace zo {
 namespace {
 
+using client_internal::AwaitRegionAck;
 using client_internal::CopyThreads;
 using client_internal::kLocalPartBytes;
 using client_internal::PushCall;
 using client_internal::PushStream;
+using client_internal::RegionCredits;
 using client_internal::WorkerRegion;
 
 }  // namespace
@@ -39,6 +43,8 @@ void OffloadClient::Impl::AttachRegions() {
     regions.resize(num_servers);
     region_ids = std::make_unique<std::atomic<uint64_t>[]>(num_servers);
     region_pull_mu = std::make_unique<std::mutex[]>(num_servers);
+    region_push_mu = std::make_unique<std::mutex[]>(num_servers);
+    region_credits.resize(num_servers);
     for (int s = 0; s < num_servers; ++s) {
       const int64_t area = map.ElemsOnServer(s) * elem_bytes;
       if (area == 0) continue;
@@ -85,15 +91,8 @@ void OffloadClient::Impl::AttachRegions() {
       continue;
     }
     region_ids[s] = attached->region();
-    if (PushesPerRank(config) > 1) {
-      ZO_LOG(INFO) << "server " << names[s]
-                   << ": weights go through shared memory (same host), gradients over gRPC "
-                      "(with zo.gradient_accumulation \"servers\" every micro-batch would write "
-                      "the same place of the region before the server has summed the one before)";
-    } else {
-      ZO_LOG(INFO) << "server " << names[s]
-                   << ": gradients and weights go through shared memory (same host)";
-    }
+    ZO_LOG(INFO) << "server " << names[s]
+                 << ": gradients and weights go through shared memory (same host)";
   }
 }
 
@@ -107,6 +106,13 @@ absl::Status OffloadClient::Impl::PushThroughRegions(int64_t step,
                                                      const std::vector<RegionPiece>& pieces) {
   std::set<int> servers;
   for (const RegionPiece& p : pieces) servers.insert(p.server);
+  // Pushes of one micro-batch never write the same bytes; of two may, and
+  // then the later must see the earlier's pieces among the credits before
+  // it writes (taken in server order: no two pushes wait on each other).
+  std::vector<std::unique_lock<std::mutex>> writing;
+  if (PushesPerRank(config) > 1) {
+    for (int s : servers) writing.emplace_back(region_push_mu[s]);
+  }
   // The step two before used the same area: its calls must have ended
   // (every piece of it in the server's accumulator) before it is written.
   std::vector<std::pair<int, std::shared_ptr<PushCall>>> older;
@@ -136,6 +142,23 @@ absl::Status OffloadClient::Impl::PushThroughRegions(int64_t step,
         it = it->second->WaitFor(absl::ZeroDuration()) ? calls.erase(it) : std::next(it);
       }
     }
+  }
+  // The pieces of this step whose bytes these overwrite must be summed:
+  // per server, the last sent of them (the server sums in order).
+  std::map<int, RegionCredits::Writer> overwritten;
+  {
+    std::lock_guard lock(mu);
+    for (const RegionPiece& p : pieces) {
+      const int64_t begin = p.header.region_offset();
+      std::optional<RegionCredits::Writer> w =
+          region_credits[p.server].LastWriter(step, begin, begin + p.header.region_bytes());
+      if (!w.has_value()) continue;
+      auto [it, added] = overwritten.emplace(p.server, *w);
+      if (!added && RegionCredits::SentAfter(w->seq, it->second.seq)) it->second = *w;
+    }
+  }
+  for (const auto& [s, writer] : overwritten) {
+    ZO_RETURN_IF_ERROR(AwaitRegionAck(regions[s]->AckSlot(step), writer, deadline, names[s]));
   }
   // The copies, in parts of at least kLocalPartBytes, on several threads.
   struct Part {
@@ -174,8 +197,13 @@ absl::Status OffloadClient::Impl::PushThroughRegions(int64_t step,
                                             NewCallContext(call.attempt), &budget, &stream_ends);
       region_calls[p.server][step] = stream;
     }
+    v1::GradientPiece header = p.header;
+    const int64_t begin = header.region_offset();
+    header.set_region_ack(
+        region_credits[p.server].Wrote(step, begin, begin + header.region_bytes(), stream));
+    header.set_region_ack_offset(regions[p.server]->AckOffset(step));
     ZO_RETURN_IF_ERROR(
-        static_cast<PushStream&>(*stream).Enqueue(client_internal::EncodeRegionPiece(p.header)));
+        static_cast<PushStream&>(*stream).Enqueue(client_internal::EncodeRegionPiece(header)));
   }
   return absl::OkStatus();
 }

@@ -30,6 +30,7 @@
 #include "worker/client/internal/call.h"
 #include "worker/client/internal/pull_receiver.h"
 #include "worker/client/internal/push_call.h"
+#include "worker/client/internal/region_credits.h"
 #include "worker/client/internal/worker_region.h"
 #include "worker/client/offload_client.h"
 
@@ -191,21 +192,22 @@ struct OffloadClient::Impl {
   std::unique_ptr<std::atomic<uint64_t>[]> region_ids;
   // One pull at a time writes a server's weights area.
   std::unique_ptr<std::mutex[]> region_pull_mu;
+  // With micro-batches summed on the servers, one push at a time writes a
+  // server's gradient areas: pushes of two micro-batches may write the
+  // same bytes, and the later must find the earlier's piece recorded (its
+  // credit) before it writes.
+  std::unique_ptr<std::mutex[]> region_push_mu;
+  // Per server: which piece last wrote where in its gradient areas.
+  // Guarded by mu.
+  std::vector<client_internal::RegionCredits> region_credits;
   // Makes the regions (first call) and attaches them to their servers; a
   // server that refuses gets gRPC, with a log line saying why.
   void AttachRegions();
   uint64_t RegionId(int server) const {
     return region_ids == nullptr ? 0 : region_ids[server].load(std::memory_order_relaxed);
   }
-  // Whether gradients for `server` go through its region. Not with
-  // zo.gradient_accumulation "servers": every micro-batch's gradient of an
-  // element has the same place in the region's gradient area, and a later
-  // micro-batch could overwrite it before the server has summed it (seen as
-  // a restarted or uninterrupted streamed run leaving its trajectory under
-  // load); those pushes take the stream, the weights still the region.
-  bool GradientsThroughRegion(int server) const {
-    return RegionId(server) != 0 && PushesPerRank(config) == 1;
-  }
+  // Whether gradients for `server` go through its region.
+  bool GradientsThroughRegion(int server) const { return RegionId(server) != 0; }
   // The server no longer knows this worker's region: gRPC from now on.
   void DropRegion(int server, const absl::Status& why);
   // A piece for the same-host route: its bytes, where they go in the
@@ -217,7 +219,9 @@ struct OffloadClient::Impl {
     std::byte* dst = nullptr;
   };
   // Copies the pieces of `step` into their regions (once the step two
-  // before, whose area they reuse, is in), then sends their headers.
+  // before, whose area they reuse, is in, and the server has summed the
+  // pieces of this step whose bytes they overwrite), then sends their
+  // headers.
   absl::Status PushThroughRegions(int64_t step, const std::vector<RegionPiece>& pieces);
 
   // A piece (or a part of one) for the in-process route.

@@ -5,7 +5,9 @@
 // layout is the client's: per server, two gradient areas (a step's pushes
 // use area step % 2, so a step's pieces may still wait in theirs while the
 // next step's are written) and a weights area, each the server's share of
-// the job in its dtype, in the server's local element order.
+// the job in its dtype, in the server's local element order. The first page
+// also holds, per gradient area, the slot where the server acknowledges the
+// pieces it has summed (region_credits.h).
 #ifndef ZO_WORKER_CLIENT_INTERNAL_WORKER_REGION_H_
 #define ZO_WORKER_CLIENT_INTERNAL_WORKER_REGION_H_
 
@@ -38,6 +40,14 @@ class WorkerRegion {
   int64_t area_bytes() const { return area_bytes_; }
   std::string proof() const {
     return std::string(reinterpret_cast<const char*>(base_), kProofBytes);
+  }
+  // Step `step`'s gradient area's acknowledgement slot
+  // (GradientPiece.region_ack_offset): the server's acknowledgement, then
+  // this process's count of threads waiting on it; each slot on its own
+  // cache line.
+  int64_t AckOffset(int64_t step) const { return 64 + 64 * (step % 2); }
+  uint32_t* AckSlot(int64_t step) const {
+    return reinterpret_cast<uint32_t*>(base_ + AckOffset(step));
   }
   // Where step `step`'s gradients go, and where pulled weights come.
   int64_t GradientAreaOffset(int64_t step) const { return kHeaderBytes + (step % 2) * area_bytes_; }
