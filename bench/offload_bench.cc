@@ -50,14 +50,18 @@ struct UpdateMode {
   bool compensated = false;
 };
 
-std::string JobConfig(DType dtype, int64_t chunk_elems, UpdateMode mode) {
+// `micro_batches` > 1: each step pushes that many gradients per tensor,
+// summed on the servers (zo.gradient_accumulation "servers").
+std::string JobConfig(DType dtype, int64_t chunk_elems, UpdateMode mode, int micro_batches) {
   const char* precision = dtype == DType::kFloat16    ? R"("fp16": {"enabled": true},)"
                           : dtype == DType::kBFloat16 ? R"("bf16": {"enabled": true},)"
                                                       : "";
-  return absl::StrCat(R"({"train_batch_size": 1, )", precision, R"(
+  return absl::StrCat(R"({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": )",
+                      micro_batches, ", ", precision, R"(
       "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.01}},
-      "zo": {"chunk_elems": )",
-                      chunk_elems, R"(, "speculative_update": )",
+      "zo": {)",
+                      micro_batches > 1 ? R"("gradient_accumulation": "servers", )" : "",
+                      R"("chunk_elems": )", chunk_elems, R"(, "speculative_update": )",
                       mode.speculative ? "true" : "false", R"(, "dpu": {"enabled": )",
                       mode.dpu ? "true" : "false", R"(, "warmup_steps": 0, "compensation": ")",
                       mode.compensated ? "worker" : "none", R"("}}})");
@@ -147,7 +151,8 @@ class BenchJob {
     }
     ZO_ASSIGN_OR_RETURN(
         job->client_,
-        OffloadClient::Open(options, JobConfig(o.dtype, o.chunk_elems, mode), job->manifest_));
+        OffloadClient::Open(options, JobConfig(o.dtype, o.chunk_elems, mode, o.micro_batches),
+                            job->manifest_));
     if (route == "same_host" && job->client_->routes()[0] != "shared_memory") {
       return absl::FailedPreconditionError(
           "offload: same_host: the server did not map the shared region (see the log)");
@@ -162,8 +167,11 @@ class BenchJob {
   }
 
   int tensors() const { return static_cast<int>(manifest_.size()); }
-  absl::Status Push(int64_t step, int tensor) {
-    return client_->PushShared(step, tensor, grads_, absl::MakeConstSpan((*grads_)[tensor]));
+  // Every micro-batch pushes the same gradients: the bytes moved and summed
+  // are what matter here.
+  absl::Status Push(int64_t step, int tensor, int micro_batch) {
+    return client_->PushShared(step, tensor, grads_, absl::MakeConstSpan((*grads_)[tensor]),
+                               micro_batch);
   }
   absl::Status FinishStep(int64_t step) { return client_->FinishStep(step); }
   absl::Status AwaitCompensation(int64_t step) {
@@ -216,7 +224,9 @@ absl::StatusOr<RouteResult> MeasureRoute(const OffloadBenchOptions& o, const std
   auto one_step = [&](RouteResult* r) -> absl::Status {
     ++step;
     const auto start = std::chrono::steady_clock::now();
-    for (int t = 0; t < job->tensors(); ++t) ZO_RETURN_IF_ERROR(job->Push(step, t));
+    for (int mb = 0; mb < o.micro_batches; ++mb) {
+      for (int t = 0; t < job->tensors(); ++t) ZO_RETURN_IF_ERROR(job->Push(step, t, mb));
+    }
     ZO_RETURN_IF_ERROR(job->FinishStep(step));
     const double pushed = SecondsSince(start);
     ZO_RETURN_IF_ERROR(job->Pull(step));
@@ -265,10 +275,10 @@ class BackgroundPushes {
     thread_.join();
   }
 
-  void Push(int64_t step, int tensor) {
+  void Push(int64_t step, int tensor, int micro_batch) {
     {
       std::lock_guard lock(mu_);
-      queue_.emplace_back(step, tensor);
+      queue_.push_back({step, tensor, micro_batch});
     }
     queued_.notify_all();
   }
@@ -285,12 +295,13 @@ class BackgroundPushes {
     for (;;) {
       queued_.wait(lock, [this] { return stop_ || !queue_.empty(); });
       if (queue_.empty()) return;
-      const auto [step, tensor] = queue_.front();
+      const Queued next = queue_.front();
       queue_.pop_front();
       pushing_ = true;
       const bool failed = !error_.ok();
       lock.unlock();
-      absl::Status pushed = failed ? absl::OkStatus() : job_->Push(step, tensor);
+      absl::Status pushed =
+          failed ? absl::OkStatus() : job_->Push(next.step, next.tensor, next.micro_batch);
       lock.lock();
       pushing_ = false;
       if (error_.ok()) error_ = std::move(pushed);
@@ -298,10 +309,15 @@ class BackgroundPushes {
     }
   }
 
+  struct Queued {
+    int64_t step;
+    int tensor;
+    int micro_batch;
+  };
   BenchJob* job_;
   std::mutex mu_;
   std::condition_variable queued_, drained_;
-  std::deque<std::pair<int64_t, int>> queue_;
+  std::deque<Queued> queue_;
   bool pushing_ = false;
   bool stop_ = false;
   absl::Status error_;
@@ -329,7 +345,9 @@ absl::StatusOr<OverlapResult> MeasureOverlap(const OffloadBenchOptions& o, const
   ZO_ASSIGN_OR_RETURN(std::unique_ptr<BenchJob> job, BenchJob::Open(o, route, mode));
   const DpuConfig policy{.enabled = mode.dpu, .warmup_steps = 0};
   const auto idle = [](double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); };
-  const double slice_s = compute_s * 2 / 3 / job->tensors();
+  // Per micro-batch: a forward, then a backward slice per tensor.
+  const double forward_s = compute_s / 3 / o.micro_batches;
+  const double slice_s = compute_s * 2 / 3 / job->tensors() / o.micro_batches;
   // Two untimed steps: the first touch of the server's state, and with DPU
   // the first step that computes on an older version.
   constexpr int kWarmup = 2;
@@ -366,10 +384,12 @@ absl::StatusOr<OverlapResult> MeasureOverlap(const OffloadBenchOptions& o, const
       prefetch = std::async(std::launch::async, [&job, next] { return job->Pull(next); });
       prefetched = next;
     }
-    idle(compute_s / 3);
-    for (int t = job->tensors() - 1; t >= 0; --t) {
-      idle(slice_s);
-      pushes.Push(step, t);
+    for (int mb = 0; mb < o.micro_batches; ++mb) {
+      idle(forward_s);
+      for (int t = job->tensors() - 1; t >= 0; --t) {
+        idle(slice_s);
+        pushes.Push(step, t, mb);
+      }
     }
     ZO_RETURN_IF_ERROR(pushes.Drain());
     ZO_RETURN_IF_ERROR(job->FinishStep(step));
@@ -399,6 +419,7 @@ absl::Status ReportOverlap(const OffloadBenchOptions& o, const std::string& rout
                             {"dtype", std::string(DTypeName(o.dtype))},
                             {"params", o.params},
                             {"threads", o.threads},
+                            {"micro_batches", o.micro_batches},
                             {"speculative", r.mode.speculative},
                             {"dpu", r.mode.dpu},
                             {"compensated", r.mode.compensated},
@@ -431,6 +452,7 @@ absl::Status RunOffloadBench(const OffloadBenchOptions& options, std::ostream& o
   if (o.rounds < 1) return absl::InvalidArgumentError("--rounds must be >= 1");
   if (o.threads < 0) return absl::InvalidArgumentError("--threads must be >= 0");
   if (o.compute_ms < 0) return absl::InvalidArgumentError("--compute-ms must be >= 0");
+  if (o.micro_batches < 1) return absl::InvalidArgumentError("--micro-batches must be >= 1");
   for (const std::string& r : o.routes) {
     if (r != "in_process" && r != "grpc_in_process" && r != "same_host" && r != "tcp") {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -444,22 +466,31 @@ absl::Status RunOffloadBench(const OffloadBenchOptions& options, std::ostream& o
                       AdamAlone::Create(o.params, o.dtype, o.threads, o.chunk_elems));
   if (!o.json) {
     out << absl::StrFormat(
-        "offload: %d params (%s), %s, %d optimizer threads, %d rounds (median)\n"
-        "step = push every gradient + the servers' update + pull every weight, no compute;\n"
+        "offload: %d params (%s), %s, %d optimizer threads, %d rounds (median), %d micro-batches\n"
+        "step = push every gradient (once per micro-batch) + the servers' update + pull every "
+        "weight, no compute;\n"
         "adam = the fused Adam alone over as many elements, same threads, same run; "
         "ratio = step / adam\n\n%-16s %10s %10s %10s %10s %7s\n",
         o.params, FormatCount(static_cast<double>(o.params)), std::string(DTypeName(o.dtype)),
-        o.threads, o.rounds, "route", "step ms", "push ms", "upd+pull", "adam ms", "ratio");
+        o.threads, o.rounds, o.micro_batches, "route", "step ms", "push ms", "upd+pull", "adam ms",
+        "ratio");
   }
   for (const std::string& route : o.routes) {
     ZO_ASSIGN_OR_RETURN(const RouteResult r, MeasureRoute(o, route, *adam));
     if (o.json) {
-      out << nlohmann::json{{"bench", "offload"},        {"row", "step"},
-                            {"route", r.route},          {"dtype", std::string(DTypeName(o.dtype))},
-                            {"params", o.params},        {"threads", o.threads},
-                            {"step_s", r.step_s},        {"push_s", r.push_s},
-                            {"update_pull_s", r.pull_s}, {"adam_s", r.adam_s},
-                            {"ratio", r.ratio},          {"speculative", true}}
+      out << nlohmann::json{{"bench", "offload"},
+                            {"row", "step"},
+                            {"route", r.route},
+                            {"dtype", std::string(DTypeName(o.dtype))},
+                            {"params", o.params},
+                            {"threads", o.threads},
+                            {"step_s", r.step_s},
+                            {"push_s", r.push_s},
+                            {"update_pull_s", r.pull_s},
+                            {"adam_s", r.adam_s},
+                            {"ratio", r.ratio},
+                            {"speculative", true},
+                            {"micro_batches", o.micro_batches}}
                  .dump()
           << "\n";
     } else {

@@ -30,6 +30,10 @@ struct OffloadBenchOptions {
   int threads = 0;  // the server's optimizer threads and the Adam's; 0: one per core
   int rounds = 5;   // timed steps per route, after one warm-up; the Adam alone beside each
   int64_t chunk_elems = int64_t{4} << 20;
+  // Gradients pushed per tensor per step, one per micro-batch, summed on
+  // the servers (zo.gradient_accumulation "servers"); 1: summed on the
+  // worker.
+  int micro_batches = 1;
   // Rows `overlap` after each route's step row: the step with a worker's
   // compute in it (a GPU's forward and backward, the CPU idle meanwhile),
   // without and with DPU, against max(compute, the route's step alone).

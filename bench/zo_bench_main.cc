@@ -104,6 +104,9 @@ ABSL_FLAG(std::string, dtype, "bf16",
           "(gradients pushed, weights pulled): bf16, fp16 or fp32");
 ABSL_FLAG(std::string, routes, "in_process,grpc_in_process,same_host,tcp",
           "offload: the data plane's routes to measure, comma-separated");
+ABSL_FLAG(int, micro_batches, 1,
+          "offload: gradients pushed per tensor per step, one per micro-batch, summed on the "
+          "servers (zo.gradient_accumulation \"servers\"); 1: summed on the worker");
 ABSL_FLAG(int, batch, 16, "gpu: sequences per micro-batch of the GPT step");
 ABSL_FLAG(int, block_size, 1024, "gpu: the GPT's context (tokens per sequence)");
 ABSL_FLAG(int, n_layer, 12, "gpu: the GPT's blocks");
@@ -198,8 +201,10 @@ constexpr char kUsage[] =
     "         over as many elements with the same --threads (one count; default all cores),\n"
     "         alternating, --rounds each (default 5) after a warm-up; ratio = median step /\n"
     "         median adam (targets: in_process <= 1.3, same_host <= 1.5); the server\n"
-    "         speculates, as by default. Rows {bench, row: step, route, dtype, params,\n"
-    "         step_s, push_s, update_pull_s, adam_s, ratio, speculative} with --json.\n"
+    "         speculates, as by default. --micro-batches N pushes every gradient N times\n"
+    "         a step, summed on the servers (zo.gradient_accumulation \"servers\"). Rows\n"
+    "         {bench, row: step, route, dtype, params, step_s, push_s, update_pull_s,\n"
+    "         adam_s, ratio, speculative, micro_batches} with --json.\n"
     "         --compute-ms X (ms, or auto: the route's step) adds rows overlap per route:\n"
     "         synchronous, speculative (each chunk updated as its gradients come in),\n"
     "         DPU, and DPU compensated (each delayed step also waits for the step\n"
@@ -207,7 +212,8 @@ constexpr char kUsage[] =
     "         fraction of a millisecond, is left out): each step takes the version it\n"
     "         computes on, starts pulling the next\n"
     "         one, idles X/3 (a forward), then 2X/3 in 16 slices, handing a tensor to a\n"
-    "         pushing thread after each (a backward), and ends the step once all are\n"
+    "         pushing thread after each (a backward; per micro-batch, each 1/N of that),\n"
+    "         and ends the step once all are\n"
     "         pushed; ratio = median step / max(X, the route's step alone); synchronous\n"
     "         it is about 2 at auto by construction (target speculative: <= 1.2).\n"
     "  scale  network namespaces as hosts: a worker host and --server-hosts server hosts\n"
@@ -401,6 +407,7 @@ absl::StatusOr<bench::OffloadBenchOptions> OffloadOptionsFromFlags() {
   }
   o.dtype = *parsed;
   o.routes = absl::StrSplit(absl::GetFlag(FLAGS_routes), ',', absl::SkipEmpty());
+  o.micro_batches = absl::GetFlag(FLAGS_micro_batches);
   const std::string threads = absl::GetFlag(FLAGS_threads);
   if (!threads.empty() && (!absl::SimpleAtoi(threads, &o.threads) || o.threads < 1)) {
     return absl::InvalidArgumentError("offload: --threads wants one count >= 1, got '" + threads +
