@@ -61,6 +61,9 @@ void GradientPieces() {
   in_region.set_region_offset(64);
   in_region.set_region_bytes(40);
   Seed("gradient_piece_fuzzer", "fp16_in_a_shared_region", with(0, 0, in_region));
+  in_region.set_region_ack_offset(8);  // the slot, then the piece's bytes from 64
+  in_region.set_region_ack(5);
+  Seed("gradient_piece_fuzzer", "fp16_acknowledged_in_a_shared_region", with(0, 0, in_region));
 }
 
 void OpenJob() {
