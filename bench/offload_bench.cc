@@ -158,6 +158,11 @@ class BenchJob {
           "offload: same_host: the server did not map the shared region (see the log)");
     }
     job->FillBuffers(o.dtype);
+    if (route == "same_host") {
+      // As zo-train pulls: into the region, where the server writes.
+      std::vector<absl::Span<std::byte>> lent = job->client_->RegionPullBuffers(job->all_tensors_);
+      if (!lent.empty()) job->dst_ = std::move(lent);
+    }
     return job;
   }
 

@@ -23,7 +23,8 @@ struct OffloadBenchOptions {
   // in_process: the embedded server's in-process route;
   // grpc_in_process: the same server through its in-process gRPC channel;
   // same_host: a server listening on loopback, the data through the
-  // shared-memory region and gRPC over TCP carrying the headers;
+  // shared-memory region and gRPC over TCP carrying the headers, the
+  // weights pulled into the region's buffers (RegionPullBuffers);
   // tcp: the same server with everything over gRPC. (The server runs in
   // this process: the bytes take the paths they take between processes.)
   std::vector<std::string> routes = {"in_process", "grpc_in_process", "same_host", "tcp"};

@@ -14,6 +14,7 @@
 #include <set>
 #include <vector>
 
+#include "common/bf16.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -181,6 +182,138 @@ TEST(SharedMemoryMicroBatchTest, EveryMicroBatchIsSummedAsPushed) {
   }
   EXPECT_EQ(std::memcmp(weights[0].data(), weights[1].data(), kElems * sizeof(float)), 0)
       << "the same-host route summed other gradients than gRPC";
+}
+
+// Pulls into the buffers RegionPullBuffers lends read the weights where the
+// server wrote them; the bytes are the gRPC route's, and a pull into other
+// buffers afterwards cannot change what the lent ones hold.
+TEST(SharedMemoryPullBuffersTest, PullsIntoTheRegionAreTheGrpcRoutesAndNothingElseWritesThere) {
+  std::vector<ServerProcess> servers = StartServers(1);
+  ASSERT_EQ(servers.size(), 1u);
+  const std::string config = R"({"train_batch_size": 1, "bf16": {"enabled": true},
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "zo": {"chunk_elems": 4096}})";
+  // Several chunks, a tensor across chunks, and one of no elements.
+  const std::vector<TensorSpec> manifest = {
+      {.name = "a", .shape = {5000}, .dtype = DType::kBFloat16},
+      {.name = "b", .shape = {0}, .dtype = DType::kBFloat16},
+      {.name = "c", .shape = {9000}, .dtype = DType::kBFloat16}};
+  const std::vector<int> tensors = {0, 1, 2};
+  std::vector<std::unique_ptr<OffloadClient>> clients;
+  for (const bool shm : {true, false}) {
+    ClientOptions options;
+    options.job = "pull-buffers";
+    options.servers = Addresses(servers);
+    options.shared_memory = shm;
+    ZO_ASSERT_OK_AND_ASSIGN(clients.emplace_back(), OffloadClient::Open(options, config, manifest));
+  }
+  OffloadClient& shm = *clients[0];
+  OffloadClient& grpc = *clients[1];
+  const std::vector<absl::Span<std::byte>> lent = shm.RegionPullBuffers(tensors);
+  ASSERT_EQ(lent.size(), 3u);
+  EXPECT_EQ(lent[0].size(), 5000u * 2);
+  EXPECT_TRUE(lent[1].empty());
+  EXPECT_EQ(lent[2].size(), 9000u * 2);
+  EXPECT_TRUE(grpc.RegionPullBuffers(tensors).empty()) << "no region, no buffers";
+
+  auto own_buffers = [&] {
+    std::vector<std::vector<std::byte>> bytes;
+    for (const TensorSpec& t : manifest)
+      bytes.emplace_back(static_cast<size_t>(NumElements(t.shape)) * 2);
+    return bytes;
+  };
+  auto spans = [](std::vector<std::vector<std::byte>>& bytes) {
+    std::vector<absl::Span<std::byte>> s;
+    for (auto& b : bytes) s.push_back(absl::MakeSpan(b));
+    return s;
+  };
+  auto push_step = [&](int64_t step) {
+    for (int t = 0; t < 3; ++t) {
+      std::vector<uint16_t> g(static_cast<size_t>(NumElements(manifest[t].shape)));
+      for (size_t i = 0; i < g.size(); ++i) {
+        g[i] = FloatToBf16Bits(static_cast<float>((i * 7 + step * 3 + t) % 19) - 9.0f);
+      }
+      ASSERT_THAT(shm.Push(step, t, {reinterpret_cast<const std::byte*>(g.data()), g.size() * 2}),
+                  IsOk());
+    }
+    ASSERT_THAT(shm.FinishStep(step), IsOk());
+  };
+  auto lent_copy = [&] {
+    std::vector<std::vector<std::byte>> bytes;
+    for (const auto& b : lent) bytes.emplace_back(b.begin(), b.end());
+    return bytes;
+  };
+  for (int64_t step = 1; step <= 3; ++step) {
+    push_step(step);
+    ZO_ASSERT_OK_AND_ASSIGN(const bool changed, shm.Pull(step, -1, tensors, lent));
+    EXPECT_TRUE(changed);
+    auto reference = own_buffers();
+    ASSERT_THAT(grpc.Pull(step, -1, tensors, spans(reference)).status(), IsOk());
+    EXPECT_EQ(lent_copy(), reference) << "version " << step << " pulled into the region";
+  }
+  // Version 4 into the client's other buffers: over gRPC, and the lent
+  // buffers keep version 3.
+  const auto version_3 = lent_copy();
+  push_step(4);
+  auto other = own_buffers();
+  ASSERT_THAT(shm.Pull(4, -1, tensors, spans(other)).status(), IsOk());
+  EXPECT_EQ(lent_copy(), version_3) << "a pull into other buffers wrote the lent ones";
+  auto reference = own_buffers();
+  ASSERT_THAT(grpc.Pull(4, -1, tensors, spans(reference)).status(), IsOk());
+  EXPECT_EQ(other, reference);
+  EXPECT_NE(other, version_3);
+  ASSERT_THAT(shm.Pull(4, -1, tensors, lent).status(), IsOk());
+  EXPECT_EQ(lent_copy(), reference);
+}
+
+// Two servers stripe the chunks: a tensor lent must lie whole on one.
+TEST(SharedMemoryPullBuffersTest, OnlyTensorsWholeOnOneServerAreLent) {
+  std::vector<ServerProcess> servers = StartServers(2);
+  ASSERT_EQ(servers.size(), 2u);
+  const std::string config = R"({"train_batch_size": 1, "bf16": {"enabled": true},
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "zo": {"chunk_elems": 4096}})";
+  ClientOptions options;
+  options.servers = Addresses(servers);
+  options.job = "striped";
+  // "b" begins in chunk 0 (server 0) and ends in chunk 1 (server 1).
+  ZO_ASSERT_OK_AND_ASSIGN(
+      auto striped,
+      OffloadClient::Open(options, config,
+                          {{.name = "a", .shape = {3000}, .dtype = DType::kBFloat16},
+                           {.name = "b", .shape = {3000}, .dtype = DType::kBFloat16}}));
+  EXPECT_FALSE(striped->RegionPullBuffers(std::vector<int>{0}).empty());
+  EXPECT_TRUE(striped->RegionPullBuffers(std::vector<int>{0, 1}).empty());
+  // A chunk each: a and c on server 0 (its local chunks 0 and 1), b on 1.
+  options.job = "a-chunk-each";
+  const std::vector<TensorSpec> manifest = {
+      {.name = "a", .shape = {4096}, .dtype = DType::kBFloat16},
+      {.name = "b", .shape = {4096}, .dtype = DType::kBFloat16},
+      {.name = "c", .shape = {100}, .dtype = DType::kBFloat16}};
+  ZO_ASSERT_OK_AND_ASSIGN(auto client, OffloadClient::Open(options, config, manifest));
+  const std::vector<int> tensors = {0, 1, 2};
+  const std::vector<absl::Span<std::byte>> lent = client->RegionPullBuffers(tensors);
+  ASSERT_EQ(lent.size(), 3u);
+  for (int t = 0; t < 3; ++t) {
+    std::vector<uint16_t> g(static_cast<size_t>(NumElements(manifest[t].shape)));
+    for (size_t i = 0; i < g.size(); ++i) g[i] = FloatToBf16Bits(static_cast<float>(i % 7) - 3);
+    ASSERT_THAT(client->Push(1, t, {reinterpret_cast<const std::byte*>(g.data()), g.size() * 2}),
+                IsOk());
+  }
+  ASSERT_THAT(client->FinishStep(1), IsOk());
+  ASSERT_THAT(client->Pull(1, -1, tensors, lent).status(), IsOk());
+  options.shared_memory = false;
+  ZO_ASSERT_OK_AND_ASSIGN(auto grpc, OffloadClient::Open(options, config, manifest));
+  std::vector<std::vector<std::byte>> reference;
+  std::vector<absl::Span<std::byte>> dst;
+  for (const TensorSpec& t : manifest) {
+    reference.emplace_back(static_cast<size_t>(NumElements(t.shape)) * 2);
+    dst.push_back(absl::MakeSpan(reference.back()));
+  }
+  ASSERT_THAT(grpc->Pull(1, -1, tensors, dst).status(), IsOk());
+  for (int t = 0; t < 3; ++t) {
+    EXPECT_TRUE(
+        std::equal(lent[t].begin(), lent[t].end(), reference[t].begin(), reference[t].end()))
+        << manifest[t].name;
+  }
 }
 
 std::string BootId() {

@@ -77,6 +77,10 @@ class Backend {
   // Host memory for DownloadAsync: page-locked where the device copies into
   // it directly (CUDA), ordinary memory otherwise. Freed with the pointer.
   virtual std::shared_ptr<std::byte> AllocateHost(size_t bytes);
+  // Whether UploadAsync reads any host memory at full speed; false where
+  // only AllocateHost's does (CUDA: the copy engine needs page-locked
+  // memory), so buffers made elsewhere are better copied into it first.
+  virtual bool UploadsFromAnyHostMemory() const { return true; }
   // Copies src's bytes (as Download) into dst once the work queued before
   // this call is done, without holding up work queued after it, then calls
   // done(status) on a thread of the backend's. dst must stay valid until

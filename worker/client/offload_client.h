@@ -256,6 +256,15 @@ class OffloadClient {
   };
   Traffic traffic() const;
 
+  // The same-host route: one buffer per tensor of `tensors`, inside the
+  // shared region its server writes pulled weights into, to give Pull and
+  // PullForStep as dst: a pull into them copies nothing more. Empty when
+  // some tensor has no such place (gRPC or the in-process route carries its
+  // server's weights, or several servers hold parts of it). Valid while the
+  // client lives; they change only with pulls into them: from now on a
+  // pull into other buffers takes gRPC for their servers.
+  std::vector<absl::Span<std::byte>> RegionPullBuffers(absl::Span<const int> tensors);
+
   // Per server, the route its gradients and weights take: "in_process",
   // "shared_memory" or "grpc".
   std::vector<std::string> routes() const;

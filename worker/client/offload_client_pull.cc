@@ -37,7 +37,10 @@ absl::Status OffloadClient::Impl::PullFrom(int server, int64_t version, int64_t 
   request.set_incarnation(incarnation[server].load(std::memory_order_relaxed));
   for (int t : receiver.tensors()) request.add_tensors(t);
   if (routes[server] != nullptr) return PullLocal(server, request, receiver, group);
-  const uint64_t region = RegionId(server);
+  // Once RegionPullBuffers lent the weights area's bytes, a pull into other
+  // buffers takes gRPC: the region would change what the lent ones hold.
+  uint64_t region = RegionId(server);
+  if (region != 0 && region_lent[server] && !PullsIntoRegionPlaces(receiver)) region = 0;
   std::unique_lock<std::mutex> region_lock;
   if (region != 0) {
     // Into the weights area, which one pull at a time may use.

@@ -44,6 +44,7 @@ void OffloadClient::Impl::AttachRegions() {
     region_ids = std::make_unique<std::atomic<uint64_t>[]>(num_servers);
     region_pull_mu = std::make_unique<std::mutex[]>(num_servers);
     region_push_mu = std::make_unique<std::mutex[]>(num_servers);
+    region_lent = std::make_unique<std::atomic<bool>[]>(num_servers);
     region_credits.resize(num_servers);
     for (int s = 0; s < num_servers; ++s) {
       const int64_t area = map.ElemsOnServer(s) * elem_bytes;
@@ -94,6 +95,53 @@ void OffloadClient::Impl::AttachRegions() {
     ZO_LOG(INFO) << "server " << names[s]
                  << ": gradients and weights go through shared memory (same host)";
   }
+}
+
+std::optional<std::pair<int, absl::Span<std::byte>>> OffloadClient::Impl::RegionPlace(
+    int tensor) const {
+  const std::vector<TensorPiece> pieces = map.PiecesOfTensor(tensor);
+  if (pieces.empty() || RegionId(pieces[0].server) == 0) return std::nullopt;
+  const int server = pieces[0].server;
+  int64_t first = -1;
+  int64_t next = -1;
+  for (const TensorPiece& p : pieces) {
+    // The element's place in the server's local order, as InRegion's.
+    const int64_t local = (p.chunk / map.num_servers()) * map.chunk_elems() + p.chunk_offset;
+    if (p.server != server || (next >= 0 && local != next)) return std::nullopt;
+    if (first < 0) first = local;
+    next = local + p.length;
+  }
+  const WorkerRegion& r = *regions[server];
+  return std::make_pair(server,
+                        absl::Span<std::byte>(r.base() + r.WeightsAreaOffset() + first * elem_bytes,
+                                              static_cast<size_t>((next - first) * elem_bytes)));
+}
+
+bool OffloadClient::Impl::PullsIntoRegionPlaces(
+    const client_internal::PullReceiver& receiver) const {
+  for (int t : receiver.tensors()) {
+    const auto place = RegionPlace(t);
+    if (!place.has_value() || place->second.data() != receiver.dst(t).data()) return false;
+  }
+  return true;
+}
+
+std::vector<absl::Span<std::byte>> OffloadClient::RegionPullBuffers(absl::Span<const int> tensors) {
+  Impl& impl = *impl_;
+  std::vector<absl::Span<std::byte>> buffers;
+  std::vector<int> servers;
+  for (int t : tensors) {
+    if (impl.CheckTensorIndex(t).ok() && impl.map.TensorRange(t).size() == 0) {
+      buffers.emplace_back();  // nothing to pull
+      continue;
+    }
+    const auto place = impl.CheckTensorIndex(t).ok() ? impl.RegionPlace(t) : std::nullopt;
+    if (!place.has_value()) return {};
+    buffers.push_back(place->second);
+    servers.push_back(place->first);
+  }
+  for (int s : servers) impl.region_lent[s] = true;
+  return buffers;
 }
 
 void OffloadClient::Impl::DropRegion(int server, const absl::Status& why) {

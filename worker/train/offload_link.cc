@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/dpu_policy.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "worker/model/param.h"
 
@@ -25,6 +26,31 @@ OffloadLink::~OffloadLink() {
 void OffloadLink::set_client(OffloadClient* client) {
   JoinPrefetch();
   client_ = client;
+  // Weights pulled into the old client's region go with it; the new client
+  // pulls its first version whole.
+  if (host_arena_ == nullptr && !host_.empty()) PlaceHostWeights();
+}
+
+void OffloadLink::PlaceHostWeights() {
+  // On the same-host route the weights are pulled where the server writes
+  // them, in its shared region, when the backend uploads from there at full
+  // speed (not CUDA's copy engine: that wants page-locked memory).
+  host_.clear();
+  host_arena_.reset();
+  if (backend_.UploadsFromAnyHostMemory()) host_ = client_->RegionPullBuffers(pulled_tensors_);
+  if (!host_.empty()) {
+    ZO_LOG(INFO) << "weights are pulled where the server writes them (its shared-memory region)";
+    return;
+  }
+  size_t total = 0;
+  for (model::Param* p : params_) total += static_cast<size_t>(p->numel()) * DTypeSize(dtype_);
+  host_arena_ = backend_.AllocateHost(total);
+  size_t offset = 0;
+  for (model::Param* p : params_) {
+    const size_t bytes = static_cast<size_t>(p->numel()) * DTypeSize(dtype_);
+    host_.emplace_back(host_arena_.get() + offset, bytes);
+    offset += bytes;
+  }
 }
 
 absl::StatusOr<int> OffloadLink::TensorIndex(const std::string& name) const {
@@ -60,7 +86,7 @@ absl::Status OffloadLink::Prepare(absl::Span<model::Param* const> params, bool s
     pulled_tensors_.push_back(index);
     bytes_16 += static_cast<size_t>(p->numel()) * DTypeSize(dtype_);
   }
-  const size_t weight_bytes = bytes_16, gradient_bytes = bytes_16;
+  const size_t gradient_bytes = bytes_16;
   params_.assign(params.begin(), params.end());
   if (streaming_) {
     StreamedWeights::Stage stage{
@@ -75,12 +101,8 @@ absl::Status OffloadLink::Prepare(absl::Span<model::Param* const> params, bool s
                         StreamedWeights::Create(streamed_kind(), std::move(stage),
                                                 file_options_.value_or(WeightFileOptions{})));
   } else {
-    host_arena_ = backend_.AllocateHost(weight_bytes);
-    size_t offset = 0;
+    PlaceHostWeights();
     for (model::Param* p : params_) {
-      const size_t bytes = static_cast<size_t>(p->numel()) * DTypeSize(dtype_);
-      host_.emplace_back(host_arena_.get() + offset, bytes);
-      offset += bytes;
       idle_.push_back(backend_.Empty(dtype_, p->shape));
       if (compensate_) {
         served_.push_back(backend_.Empty(dtype_, p->shape));

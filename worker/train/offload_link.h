@@ -113,6 +113,9 @@ class OffloadLink final : public model::ParamLink {
   // buffers and (not streaming) idle tensors. InternalError when a later
   // call brings other params.
   absl::Status Prepare(absl::Span<model::Param* const> params, bool streaming);
+  // Points host_ at the client's region (RegionPullBuffers) or at a new
+  // arena.
+  void PlaceHostWeights();
   // Pulls `step`'s weights into host_ now; whether they changed.
   absl::StatusOr<bool> PullNow(int64_t step);
   // Runs `pull` with a cancellation registered with abort_: a neighbour
@@ -153,7 +156,9 @@ class OffloadLink final : public model::ParamLink {
   std::vector<model::Param*> params_;
   bool streaming_ = false;  // LoadHostWeights: no device set, no prefetch
   std::vector<int> pulled_tensors_;
-  // The pulled weights, page-locked where the backend has it, back to back.
+  // The pulled weights: in the same-host route's region
+  // (OffloadClient::RegionPullBuffers), or else back to back in this arena,
+  // page-locked where the backend has it.
   std::shared_ptr<std::byte> host_arena_;
   std::vector<absl::Span<std::byte>> host_;  // empty when streaming
   std::optional<WeightFileOptions> file_options_;

@@ -41,6 +41,7 @@ class ForwardingBackend : public Backend {
   std::shared_ptr<std::byte> AllocateHost(size_t bytes) override {
     return inner_.AllocateHost(bytes);
   }
+  bool UploadsFromAnyHostMemory() const override { return inner_.UploadsFromAnyHostMemory(); }
   void DownloadAsync(const Tensor& src, absl::Span<std::byte> dst,
                      std::function<void(absl::Status)> done) override {
     inner_.DownloadAsync(src, dst, std::move(done));

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -192,6 +193,15 @@ struct OffloadClient::Impl {
   std::unique_ptr<std::atomic<uint64_t>[]> region_ids;
   // One pull at a time writes a server's weights area.
   std::unique_ptr<std::mutex[]> region_pull_mu;
+  // Per server: RegionPullBuffers lent bytes of its weights area, so only
+  // pulls into those take the region.
+  std::unique_ptr<std::atomic<bool>[]> region_lent;
+  // Where tensor `tensor`'s pulled weights lie in its server's weights area,
+  // with that server: when one attached region holds the whole tensor, its
+  // chunks one after another there.
+  std::optional<std::pair<int, absl::Span<std::byte>>> RegionPlace(int tensor) const;
+  // Whether `receiver`'s buffers are all the places RegionPlace gives.
+  bool PullsIntoRegionPlaces(const client_internal::PullReceiver& receiver) const;
   // With micro-batches summed on the servers, one push at a time writes a
   // server's gradient areas: pushes of two micro-batches may write the
   // same bytes, and the later must find the earlier's piece recorded (its

@@ -132,9 +132,15 @@ absl::Status PullReceiver::AcceptBytes(const v1::ParamPiece& piece,
                                             elem_bytes));
   }
   ZO_ASSIGN_OR_RETURN(std::byte * dst, Place(piece.tensor(), piece.offset(), bytes / elem_bytes));
-  std::memcpy(dst, data.data(), static_cast<size_t>(bytes));
+  if (dst != data.data()) std::memcpy(dst, data.data(), static_cast<size_t>(bytes));
   loss_scale_ = piece.loss_scale();
   return absl::OkStatus();
+}
+
+absl::Span<std::byte> PullReceiver::dst(int tensor) const {
+  auto slot = std::lower_bound(slots_.begin(), slots_.end(), tensor,
+                               [](const Slot& s, int t) { return s.tensor < t; });
+  return slot != slots_.end() && slot->tensor == tensor ? slot->dst : absl::Span<std::byte>();
 }
 
 bool PullReceiver::TensorAsked(int tensor) const {

@@ -43,7 +43,9 @@ class PullReceiver {
   absl::Status Accept(const v1::ParamPiece& piece);
   // The same for a pull into the caller's shared region: the piece's bytes
   // are region bytes [region_offset, +region_bytes), which must lie in
-  // `area` (the weights area, at `area_offset` in the region).
+  // `area` (the weights area, at `area_offset` in the region). Nothing is
+  // copied when they are where the caller's buffer puts them already
+  // (OffloadClient::RegionPullBuffers).
   absl::Status AcceptFromRegion(const v1::ParamPiece& piece, absl::Span<const std::byte> area,
                                 int64_t area_offset);
   // The in-process route's two halves of the same checks: the server says
@@ -59,6 +61,8 @@ class PullReceiver {
   absl::Status Finish() const;
 
   bool unchanged() const { return unchanged_; }
+  // Where tensor `tensor` (one of tensors()) is pulled to.
+  absl::Span<std::byte> dst(int tensor) const;
   // The loss scale the pieces carried; 0 before the first.
   double loss_scale() const { return loss_scale_; }
 
