@@ -131,11 +131,12 @@ std::vector<absl::Span<std::byte>> OffloadClient::RegionPullBuffers(absl::Span<c
   std::vector<absl::Span<std::byte>> buffers;
   std::vector<int> servers;
   for (int t : tensors) {
-    if (impl.CheckTensorIndex(t).ok() && impl.map.TensorRange(t).size() == 0) {
+    if (!impl.CheckTensorIndex(t).ok()) return {};
+    if (impl.map.TensorRange(t).size() == 0) {
       buffers.emplace_back();  // nothing to pull
       continue;
     }
-    const auto place = impl.CheckTensorIndex(t).ok() ? impl.RegionPlace(t) : std::nullopt;
+    const auto place = impl.RegionPlace(t);
     if (!place.has_value()) return {};
     buffers.push_back(place->second);
     servers.push_back(place->first);
