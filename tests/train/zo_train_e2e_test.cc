@@ -382,6 +382,10 @@ TEST(ZoTrainE2eTest, KilledWorkerRestartsFromTheServersVersion) {
     if (streamed) {
       EXPECT_THAT(log, ::testing::HasSubstr("stage 0 streams its weights from the servers' own "
                                             "copy, a layer at a time"));
+    } else {
+      // A zo-server on this host: the region, for the restart too.
+      EXPECT_THAT(log, ::testing::HasSubstr(
+                           "stage 0 keeps its weights on the device (routes: shared_memory)"));
     }
     std::smatch match;
     ASSERT_TRUE(std::regex_search(log, match,

@@ -44,8 +44,11 @@ absl::StatusOr<LocalStage> OpenStage(const TrainOptions& o, Plan& plan, backend:
                                         .io = IoEngineOptionsFromConfig(plan.config.aio),
                                         .buffer_elems = offload_param.buffer_size});
   }
-  if (plan.streams()) {
-    const std::vector<std::string> routes = ls.client->routes();
+  const std::vector<std::string> routes = ls.client->routes();
+  if (!plan.streams()) {
+    std::fprintf(o.out, "zo-train: stage %d keeps its weights on the device (routes: %s)\n", stage,
+                 absl::StrJoin(routes, ", ").c_str());
+  } else {
     const StreamedWeights::Kind kind = ls.link->streamed_kind();
     std::fprintf(o.out, "zo-train: stage %d streams its weights %s (routes: %s)\n", stage,
                  kind == StreamedWeights::Kind::kFile
