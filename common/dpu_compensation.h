@@ -52,7 +52,7 @@ struct CompensatedStep {
   int64_t applied_before = 0;  // Adam's count before the step (n)
   // The step before's lr (the group's) when it was applied; nullopt when
   // it was skipped or is not known (the job restored since).
-  std::optional<double> previous_lr;
+  std::optional<double> previous_lr = std::nullopt;
 };
 
 // Adam's hyper-parameters of the tensor's group (AdamW: decoupled decay).

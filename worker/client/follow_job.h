@@ -26,10 +26,10 @@ struct FollowOptions {
   // every `note_every`. Optional.
   absl::Duration first_note = absl::Seconds(5);
   absl::Duration note_every = absl::Seconds(10);
-  std::function<void(absl::Duration waited, const absl::Status& why)> note;
+  std::function<void(absl::Duration waited, const absl::Status& why)> note = nullptr;
   // Told every try that failed and will be tried again (zo-train restores a
   // lead that came back without the job from here). Optional.
-  std::function<void(absl::Duration waited, const absl::Status& why)> retrying;
+  std::function<void(absl::Duration waited, const absl::Status& why)> retrying = nullptr;
 };
 
 // OK once the job, as `client` (attached to the move's servers) sees it, is

@@ -71,7 +71,7 @@ struct TcpTransportOptions {
   // Called once per neighbour whose connection fails or closes (it died),
   // from a reader thread, not while the transport is being destroyed: what
   // this process waits on elsewhere (the servers) may need that neighbour.
-  std::function<void(int stage, const absl::Status& why)> on_peer_lost;
+  std::function<void(int stage, const absl::Status& why)> on_peer_lost = nullptr;
 };
 
 struct TcpTransportStats {

@@ -19,7 +19,7 @@ namespace zo::train {
 
 struct StepReport {
   int64_t step = 0;
-  std::optional<double> loss;  // this process holds the last stage
+  std::optional<double> loss = std::nullopt;  // this process holds the last stage
   double loss_scale = 1;
   double step_s = 0;
   double compute_s = 0;   // forward/backward, incl. casting and queueing gradients
