@@ -295,6 +295,11 @@ class Job {
   // The step thread: updates the chunks that filled since it last looked
   // into the bank, once the step's inputs can be guessed.
   void Speculate(const JobPosition::Work& work);
+  // Local chunk `index` into the bank with constants `c` of `step`, its
+  // weights written ahead into the step's in-process pulls; the caller holds
+  // state_lock_. `all_workers`: no push needs a core meanwhile.
+  absl::Status SpeculateChunk(int index, const RangedConstants<AdamStepConstants>& c, int64_t step,
+                              bool all_workers);
   // Chunks of `step` (of `generation`) in the bank: 0 when none.
   int64_t SpeculatedChunks(int64_t step, int64_t generation) const;
   // The commit's inputs are what the speculation assumed.
@@ -413,6 +418,7 @@ class Job {
     // Per chunk, the gradient statistics taken when it was speculated: the
     // step's statistics do not read those chunks again.
     std::vector<std::optional<GradStats>> stats;
+    std::vector<bool> in_bank;  // per chunk
   };
   Speculation speculation_;
   // The step thread's: the last decided step was clipped. A step after one

@@ -497,7 +497,8 @@ int64_t TieredOptimizerState::speculated_elems() const { return impl_->speculate
 absl::Status TieredOptimizerState::SpeculateAdam(const RangedConstants<AdamStepConstants>& c,
                                                  TypedConstPtr grad, int64_t offset, int64_t n,
                                                  std::optional<DType> rounded,
-                                                 const TileRounded& tile_rounded) {
+                                                 const TileRounded& tile_rounded,
+                                                 bool all_workers) {
   Impl& s = *impl_;
   if (!s.error.ok()) return s.NeedsRestore();
   if (!speculation_reserved() && s.layout.total_elems() > 0) {
@@ -510,9 +511,9 @@ absl::Status TieredOptimizerState::SpeculateAdam(const RangedConstants<AdamStepC
   // aligned for the kernel's streaming stores.
   const int64_t first = offset / kTileElems;
   const int64_t count = (offset + n - 1) / kTileElems - first + 1;
-  // It runs while the workers push the step's other gradients, which the
-  // server takes on their threads or its handlers': one core stays theirs
-  // (2 cores, 32 Mi bf16 parameters, a compute as long as the step:
+  // While the workers push the step's other gradients, which the server
+  // takes on their threads or its handlers', one core stays theirs (2
+  // cores, 32 Mi bf16 parameters, a compute as long as the step:
   // speculating on both made the step 1.8-1.95x max(compute, step alone),
   // on one 1.57-1.65x; zo-bench offload --compute-ms auto).
   RunTiles(
@@ -528,7 +529,7 @@ absl::Status TieredOptimizerState::SpeculateAdam(const RangedConstants<AdamStepC
         s.UpdateBeside(c, grad, begin, end, {tile, *rounded});
         if (tile_rounded) tile_rounded({.offset = begin, .n = end - begin, .weights = tile});
       },
-      nullptr, std::max(1, s.pool->size() - 1));
+      nullptr, all_workers ? s.pool->size() : std::max(1, s.pool->size() - 1));
   s.speculated.Add(offset, offset + n);
   return absl::OkStatus();
 }

@@ -187,7 +187,8 @@ class TieredOptimizerState {
   bool speculation_reserved() const;
   // Elements [offset, offset + n): the step with constants `c` from `grad`
   // (indexed like the state), written into the bank, on the pool's workers
-  // but one (a pool of one: on the calling thread).
+  // but one (a pool of one: on the calling thread), or with `all_workers`
+  // on all of them (nothing else needs a core meanwhile).
   // Every call until the next Commit or Discard passes the same constants
   // and disjoint ranges. FAILED_PRECONDITION without a bank or while the
   // state needs restore.
@@ -203,7 +204,7 @@ class TieredOptimizerState {
   using TileRounded = std::function<void(const RoundedTile&)>;
   absl::Status SpeculateAdam(const RangedConstants<AdamStepConstants>& c, TypedConstPtr grad,
                              int64_t offset, int64_t n, std::optional<DType> rounded = std::nullopt,
-                             const TileRounded& tile_rounded = nullptr);
+                             const TileRounded& tile_rounded = nullptr, bool all_workers = false);
   // Elements written into the bank since the last Commit or Discard.
   int64_t speculated_elems() const;
   // The step is decided with constants `c`, which are those every

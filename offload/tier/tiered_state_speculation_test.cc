@@ -67,8 +67,8 @@ class TieredStateSpeculationTest : public ::testing::Test {
 };
 
 // Steps 1-3 on a twin with AdamStep; here step 1 is speculated in ranges
-// that start and end off the tile grid (some parts never), step 2 wholly,
-// step 3 not at all; each is committed. Between the speculation and the
+// that start and end off the tile grid (some parts never; on one worker or
+// all), step 2 wholly, step 3 not at all; each is committed. Between the speculation and the
 // commit the state reads as before the step.
 TEST_F(TieredStateSpeculationTest, CommitLeavesWhatAdamStepLeaves) {
   auto twin = NewState();
@@ -84,9 +84,14 @@ TEST_F(TieredStateSpeculationTest, CommitLeavesWhatAdamStepLeaves) {
     ASSERT_THAT(twin->AdamStep(Constants(step), g, {}), IsOk());
     const StateSnapshot before = Read(*state);
     int64_t speculated = 0;
+    // Every other range on all the pool's workers (the pushes all in).
+    bool all_workers = false;
     for (const auto& [b, e] : ranges[static_cast<size_t>(step - 1)]) {
-      ASSERT_THAT(state->SpeculateAdam(Constants(step), g, b, e - b), IsOk());
+      ASSERT_THAT(
+          state->SpeculateAdam(Constants(step), g, b, e - b, std::nullopt, nullptr, all_workers),
+          IsOk());
       speculated += e - b;
+      all_workers = !all_workers;
     }
     EXPECT_EQ(state->speculated_elems(), speculated);
     ExpectSameBits(Read(*state), before);
