@@ -316,6 +316,140 @@ TEST(SharedMemoryPullBuffersTest, OnlyTensorsWholeOnOneServerAreLent) {
   }
 }
 
+// Gradients written into the places RegionPushBuffers lends and pushed
+// from there are summed as the gRPC route sums them, step after step through
+// both gradient areas; a push of a lent tensor from other bytes takes gRPC
+// and leaves the lent bytes as they were.
+TEST(SharedMemoryPushBuffersTest, PushesFromTheLentPlacesAreTheGrpcRoutes) {
+  std::vector<ServerProcess> servers = StartServers(1);
+  ASSERT_EQ(servers.size(), 1u);
+  const std::string config = R"({"train_batch_size": 1, "bf16": {"enabled": true},
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "zo": {"chunk_elems": 4096}})";
+  // Several chunks, a tensor across chunks, and one of no elements.
+  const std::vector<TensorSpec> manifest = {
+      {.name = "a", .shape = {5000}, .dtype = DType::kBFloat16},
+      {.name = "b", .shape = {0}, .dtype = DType::kBFloat16},
+      {.name = "c", .shape = {9000}, .dtype = DType::kBFloat16}};
+  const std::vector<int> tensors = {0, 1, 2};
+  std::vector<std::unique_ptr<OffloadClient>> clients;
+  for (const bool shm : {true, false}) {
+    ClientOptions options;
+    options.job = shm ? "push-buffers-shm" : "push-buffers-grpc";
+    options.servers = Addresses(servers);
+    options.shared_memory = shm;
+    ZO_ASSERT_OK_AND_ASSIGN(clients.emplace_back(), OffloadClient::Open(options, config, manifest));
+  }
+  OffloadClient& shm = *clients[0];
+  OffloadClient& grpc = *clients[1];
+  EXPECT_THAT(grpc.RegionPushBuffers(1, tensors), IsOkAndHolds(::testing::IsEmpty()))
+      << "no region, no buffers";
+  auto gradient = [&](int64_t step, int t) {
+    std::vector<uint16_t> g(static_cast<size_t>(NumElements(manifest[t].shape)));
+    for (size_t i = 0; i < g.size(); ++i) {
+      g[i] = FloatToBf16Bits(static_cast<float>((i * 5 + step * 7 + t) % 23) - 11.0f);
+    }
+    return g;
+  };
+  auto as_bytes = [](const std::vector<uint16_t>& g) {
+    return absl::Span<const std::byte>(reinterpret_cast<const std::byte*>(g.data()), g.size() * 2);
+  };
+  auto weights = [&](OffloadClient& client, int64_t version) {
+    std::vector<std::vector<std::byte>> bytes;
+    std::vector<absl::Span<std::byte>> dst;
+    for (const TensorSpec& t : manifest) {
+      bytes.emplace_back(static_cast<size_t>(NumElements(t.shape)) * 2);
+      dst.push_back(absl::MakeSpan(bytes.back()));
+    }
+    EXPECT_THAT(client.Pull(version, -1, tensors, dst).status(), IsOk());
+    return bytes;
+  };
+  constexpr int64_t kSteps = 5;
+  std::byte* area_of_step_1 = nullptr;
+  int64_t lent_bytes_pushed = 0;
+  for (int64_t step = 1; step <= kSteps; ++step) {
+    SCOPED_TRACE(::testing::Message() << "step " << step);
+    ZO_ASSERT_OK_AND_ASSIGN(const std::vector<absl::Span<std::byte>> lent,
+                            shm.RegionPushBuffers(step, tensors));
+    ASSERT_EQ(lent.size(), 3u);
+    EXPECT_EQ(lent[0].size(), 5000u * 2);
+    EXPECT_TRUE(lent[1].empty());
+    EXPECT_EQ(lent[2].size(), 9000u * 2);
+    // Steps take the two gradient areas in turn.
+    if (step == 1) area_of_step_1 = lent[0].data();
+    EXPECT_EQ(lent[0].data() == area_of_step_1, step % 2 == 1);
+    // The last step pushes "c" from its own bytes; the lent ones hold a
+    // pattern the server must not take.
+    const bool c_elsewhere = step == kSteps;
+    for (int t = 0; t < 3; ++t) {
+      const std::vector<uint16_t> g = gradient(step, t);
+      ASSERT_THAT(grpc.Push(step, t, as_bytes(g)), IsOk());
+      if (t == 2 && c_elsewhere) {
+        std::memset(lent[2].data(), 0x7f, lent[2].size());
+        ASSERT_THAT(shm.Push(step, t, as_bytes(g)), IsOk());
+        continue;
+      }
+      std::memcpy(lent[t].data(), g.data(), lent[t].size());
+      ASSERT_THAT(shm.PushShared(step, t, std::make_shared<int>(0), lent[t]), IsOk());
+      lent_bytes_pushed += static_cast<int64_t>(lent[t].size());
+    }
+    ASSERT_THAT(shm.FinishStep(step), IsOk());
+    ASSERT_THAT(grpc.FinishStep(step), IsOk());
+    EXPECT_EQ(weights(shm, step), weights(grpc, step)) << "version " << step;
+    if (c_elsewhere) {
+      EXPECT_TRUE(std::all_of(lent[2].begin(), lent[2].end(), [](std::byte b) {
+        return b == std::byte{0x7f};
+      })) << "a push from other bytes wrote the lent ones";
+    }
+  }
+  EXPECT_EQ(shm.traffic().pushed_in_place_bytes, lent_bytes_pushed)
+      << "the pushes from the lent places were not sent from there";
+  EXPECT_EQ(grpc.traffic().pushed_in_place_bytes, 0);
+}
+
+// What is not lent: tensors striped over servers, jobs whose micro-batches
+// the servers sum, bad arguments, and a step whose area another step's
+// places, not yet finished, still use.
+TEST(SharedMemoryPushBuffersTest, RefusesWhatItCannotLend) {
+  std::vector<ServerProcess> servers = StartServers(2);
+  ASSERT_EQ(servers.size(), 2u);
+  const std::string config = R"({"train_batch_size": 1, "bf16": {"enabled": true},
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "zo": {"chunk_elems": 4096}})";
+  ClientOptions options;
+  options.servers = Addresses(servers);
+  options.job = "push-striped";
+  // "b" begins in chunk 0 (server 0) and ends in chunk 1 (server 1).
+  const std::vector<TensorSpec> striped = {
+      {.name = "a", .shape = {3000}, .dtype = DType::kBFloat16},
+      {.name = "b", .shape = {3000}, .dtype = DType::kBFloat16}};
+  ZO_ASSERT_OK_AND_ASSIGN(auto client, OffloadClient::Open(options, config, striped));
+  EXPECT_THAT(client->RegionPushBuffers(1, std::vector<int>{0, 1}),
+              IsOkAndHolds(::testing::IsEmpty()));
+  EXPECT_THAT(client->RegionPushBuffers(0, std::vector<int>{0}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("numbered from 1")));
+  EXPECT_THAT(client->RegionPushBuffers(1, std::vector<int>{2}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tensor")));
+  ZO_ASSERT_OK_AND_ASSIGN(const auto step_1, client->RegionPushBuffers(1, std::vector<int>{0}));
+  ASSERT_EQ(step_1.size(), 1u);
+  ZO_ASSERT_OK_AND_ASSIGN(const auto step_2, client->RegionPushBuffers(2, std::vector<int>{0}));
+  EXPECT_NE(step_1[0].data(), step_2[0].data());
+  EXPECT_THAT(client->RegionPushBuffers(3, std::vector<int>{0}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("step 1")));
+  ASSERT_THAT(client->FinishStep(1), IsOk());
+  EXPECT_THAT(client->RegionPushBuffers(3, std::vector<int>{0}),
+              IsOkAndHolds(::testing::SizeIs(1)));
+
+  options.job = "push-micro-batches";
+  ZO_ASSERT_OK_AND_ASSIGN(
+      auto micro,
+      OffloadClient::Open(options,
+                          R"({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2,
+          "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+          "zo": {"chunk_elems": 4096, "gradient_accumulation": "servers"}})",
+                          {{.name = "w", .shape = {100}, .dtype = DType::kFloat32}}));
+  EXPECT_EQ(micro->routes()[0], "shared_memory");
+  EXPECT_THAT(micro->RegionPushBuffers(1, std::vector<int>{0}), IsOkAndHolds(::testing::IsEmpty()));
+}
+
 std::string BootId() {
   std::ifstream in("/proc/sys/kernel/random/boot_id");
   std::string id;

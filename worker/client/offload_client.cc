@@ -53,7 +53,8 @@ const Config& OffloadClient::config() const { return impl_->config; }
 
 OffloadClient::Traffic OffloadClient::traffic() const {
   return {.pushed_bytes = impl_->pushed_bytes.load(std::memory_order_relaxed),
-          .pulled_bytes = impl_->pulled_bytes.load(std::memory_order_relaxed)};
+          .pulled_bytes = impl_->pulled_bytes.load(std::memory_order_relaxed),
+          .pushed_in_place_bytes = impl_->pushed_in_place_bytes.load(std::memory_order_relaxed)};
 }
 
 absl::Status OffloadClient::CheckState() const { return impl_->CheckState(); }

@@ -176,10 +176,8 @@ OffloadClient::Impl::RegionPiece OffloadClient::Impl::InRegion(
     absl::Span<const std::byte> data) const {
   const int64_t piece_bytes = p.byte_end - p.byte_begin;
   const WorkerRegion& r = *regions[p.server];
-  // The element's place in the server's local order: its chunks, all
-  // full but the job's last, one after another.
-  const int64_t local_elem = (p.chunk / map.num_servers()) * map.chunk_elems() + p.chunk_offset;
-  const int64_t at = r.GradientAreaOffset(step) + local_elem * elem_bytes;
+  const int64_t at =
+      r.GradientAreaOffset(step) + LocalElement(p.chunk, p.chunk_offset) * elem_bytes;
   header.set_region(region);
   header.set_region_offset(at);
   header.set_region_bytes(piece_bytes);
@@ -234,14 +232,28 @@ absl::Status OffloadClient::Impl::PushRange(int64_t step, int tensor, int64_t of
   const int64_t bytes = static_cast<int64_t>(data.size());
   ZO_RETURN_IF_ERROR(CheckPushRange(step, tensor, offset, bytes, micro_batch));
   const int64_t elems = bytes / elem_bytes;
+  // The tensor's gradient places were lent (RegionPushBuffers) and these
+  // bytes are not there: they go over gRPC, not over the lent ones.
+  bool lent_elsewhere = false;
   {
     std::lock_guard lock(mu);
     ZO_RETURN_IF_ERROR(StepErrorLocked(step));
+    if (auto lent = region_push_lent.find(step);
+        lent != region_push_lent.end() && lent->second.contains(tensor)) {
+      const std::optional<RegionRun> run = RegionRunOf(tensor);
+      lent_elsewhere =
+          !run.has_value() || data.data() != GradientPlace(step, run->server, run->first + offset);
+    }
   }
   RoutedPush routed;
-  for (const PushPiece& p : PlanPush(map, tensor, offset, elems, elem_bytes, MaxPushPieceBytes())) {
-    ZO_RETURN_IF_ERROR(
-        RoutePushPiece(step, p, PushHeader(step, p, micro_batch), data, owner, routed));
+  const int64_t max_piece = lent_elsewhere ? options.max_piece_bytes : MaxPushPieceBytes();
+  for (const PushPiece& p : PlanPush(map, tensor, offset, elems, elem_bytes, max_piece)) {
+    v1::GradientPiece header = PushHeader(step, p, micro_batch);
+    if (lent_elsewhere && GradientsThroughRegion(p.server)) {
+      ZO_RETURN_IF_ERROR(EnqueueOnStream(step, p, header, data, owner));
+      continue;
+    }
+    ZO_RETURN_IF_ERROR(RoutePushPiece(step, p, std::move(header), data, owner, routed));
   }
   if (!routed.in_region.empty()) ZO_RETURN_IF_ERROR(PushThroughRegions(step, routed.in_region));
   if (!routed.local.empty()) ZO_RETURN_IF_ERROR(PushLocal(routed.local, owner));
@@ -254,6 +266,7 @@ absl::Status OffloadClient::Impl::FinishStep(int64_t step) {
   std::map<int, std::shared_ptr<PushCall>> open;
   {
     std::lock_guard lock(mu);
+    region_push_lent.erase(step);
     auto it = streams.find(step);
     if (it == streams.end()) return absl::OkStatus();
     open = std::move(it->second);

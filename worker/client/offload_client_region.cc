@@ -97,24 +97,29 @@ void OffloadClient::Impl::AttachRegions() {
   }
 }
 
-std::optional<std::pair<int, absl::Span<std::byte>>> OffloadClient::Impl::RegionPlace(
-    int tensor) const {
+std::optional<OffloadClient::Impl::RegionRun> OffloadClient::Impl::RegionRunOf(int tensor) const {
   const std::vector<TensorPiece> pieces = map.PiecesOfTensor(tensor);
   if (pieces.empty() || RegionId(pieces[0].server) == 0) return std::nullopt;
   const int server = pieces[0].server;
   int64_t first = -1;
   int64_t next = -1;
   for (const TensorPiece& p : pieces) {
-    // The element's place in the server's local order, as InRegion's.
-    const int64_t local = (p.chunk / map.num_servers()) * map.chunk_elems() + p.chunk_offset;
+    const int64_t local = LocalElement(p.chunk, p.chunk_offset);
     if (p.server != server || (next >= 0 && local != next)) return std::nullopt;
     if (first < 0) first = local;
     next = local + p.length;
   }
-  const WorkerRegion& r = *regions[server];
-  return std::make_pair(server,
-                        absl::Span<std::byte>(r.base() + r.WeightsAreaOffset() + first * elem_bytes,
-                                              static_cast<size_t>((next - first) * elem_bytes)));
+  return RegionRun{.server = server, .first = first, .elems = next - first};
+}
+
+std::optional<std::pair<int, absl::Span<std::byte>>> OffloadClient::Impl::RegionPlace(
+    int tensor) const {
+  const std::optional<RegionRun> run = RegionRunOf(tensor);
+  if (!run.has_value()) return std::nullopt;
+  const WorkerRegion& r = *regions[run->server];
+  return std::make_pair(
+      run->server, absl::Span<std::byte>(r.base() + r.WeightsAreaOffset() + run->first * elem_bytes,
+                                         static_cast<size_t>(run->elems * elem_bytes)));
 }
 
 bool OffloadClient::Impl::PullsIntoRegionPlaces(
@@ -145,10 +150,86 @@ std::vector<absl::Span<std::byte>> OffloadClient::RegionPullBuffers(absl::Span<c
   return buffers;
 }
 
+absl::StatusOr<std::vector<absl::Span<std::byte>>> OffloadClient::RegionPushBuffers(
+    int64_t step, absl::Span<const int> tensors) {
+  Impl& impl = *impl_;
+  if (step < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot lend step ", step, "'s gradient places: steps are numbered from 1"));
+  }
+  for (int t : tensors) ZO_RETURN_IF_ERROR(impl.CheckTensorIndex(t));
+  // Micro-batches summed on the servers write the same places one after
+  // another: each copy waits there for the server to have summed the one
+  // before, which a buffer written before its push could not.
+  if (PushesPerRank(impl.config) > 1) return std::vector<absl::Span<std::byte>>();
+  std::vector<absl::Span<std::byte>> buffers;
+  std::set<int> servers;
+  for (int t : tensors) {
+    if (impl.map.TensorRange(t).size() == 0) {
+      buffers.emplace_back();  // nothing to push
+      continue;
+    }
+    const std::optional<Impl::RegionRun> run = impl.RegionRunOf(t);
+    if (!run.has_value()) return std::vector<absl::Span<std::byte>>();
+    buffers.emplace_back(impl.GradientPlace(step, run->server, run->first),
+                         static_cast<size_t>(run->elems * impl.elem_bytes));
+    servers.insert(run->server);
+  }
+  {
+    std::lock_guard lock(impl.mu);
+    for (const auto& [lent_step, lent] : impl.region_push_lent) {
+      if (lent_step <= step - 2 && !lent.empty()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "step ", step, "'s gradient places in the shared region are those of step ", lent_step,
+            ", whose lent places are still in use: finish that step (FinishStep) "
+            "first"));
+      }
+    }
+  }
+  // The bytes are written before the push: what the push would wait for
+  // before its copy, this waits for before lending them.
+  ZO_RETURN_IF_ERROR(impl.AwaitOlderRegionCalls(step, servers, absl::Now() + impl.call_timeout()));
+  std::lock_guard lock(impl.mu);
+  impl.region_push_lent[step].insert(tensors.begin(), tensors.end());
+  return buffers;
+}
+
 void OffloadClient::Impl::DropRegion(int server, const absl::Status& why) {
   if (region_ids == nullptr || region_ids[server].exchange(0) == 0) return;
   ZO_LOG(WARNING) << "server " << names[server]
                   << ": gradients and weights go over gRPC from now on (" << why.message() << ")";
+}
+
+absl::Status OffloadClient::Impl::AwaitOlderRegionCalls(int64_t step, const std::set<int>& servers,
+                                                        absl::Time deadline) {
+  // The step two before used the same area: its calls must have ended
+  // (every piece of it in the server's accumulator) before it is written.
+  std::vector<std::pair<int, std::shared_ptr<PushCall>>> older;
+  {
+    std::lock_guard lock(mu);
+    for (int s : servers) {
+      auto& calls = region_calls[s];
+      for (auto it = calls.begin(); it != calls.end() && it->first <= step - 2; ++it) {
+        older.emplace_back(s, it->second);
+      }
+    }
+  }
+  for (auto& [s, c] : older) {
+    if (!c->WaitFor(std::max(deadline - absl::Now(), absl::ZeroDuration()))) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "server ", names[s], ": step ", step,
+          "'s gradients would overwrite, in the shared region, those of a step two before it that "
+          "are still being pushed: finish that step (FinishStep) first"));
+    }
+  }
+  std::lock_guard lock(mu);
+  for (int s : servers) {
+    auto& calls = region_calls[s];
+    for (auto it = calls.begin(); it != calls.end() && it->first <= step - 2;) {
+      it = it->second->WaitFor(absl::ZeroDuration()) ? calls.erase(it) : std::next(it);
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status OffloadClient::Impl::PushThroughRegions(int64_t step,
@@ -162,36 +243,8 @@ absl::Status OffloadClient::Impl::PushThroughRegions(int64_t step,
   if (PushesPerRank(config) > 1) {
     for (int s : servers) writing.emplace_back(region_push_mu[s]);
   }
-  // The step two before used the same area: its calls must have ended
-  // (every piece of it in the server's accumulator) before it is written.
-  std::vector<std::pair<int, std::shared_ptr<PushCall>>> older;
-  {
-    std::lock_guard lock(mu);
-    for (int s : servers) {
-      auto& calls = region_calls[s];
-      for (auto it = calls.begin(); it != calls.end() && it->first <= step - 2; ++it) {
-        older.emplace_back(s, it->second);
-      }
-    }
-  }
   const absl::Time deadline = absl::Now() + call_timeout();
-  for (auto& [s, c] : older) {
-    if (!c->WaitFor(std::max(deadline - absl::Now(), absl::ZeroDuration()))) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "server ", names[s], ": step ", step,
-          "'s gradients would overwrite, in the shared region, those of a step two before it that "
-          "are still being pushed: finish that step (FinishStep) first"));
-    }
-  }
-  {
-    std::lock_guard lock(mu);
-    for (int s : servers) {
-      auto& calls = region_calls[s];
-      for (auto it = calls.begin(); it != calls.end() && it->first <= step - 2;) {
-        it = it->second->WaitFor(absl::ZeroDuration()) ? calls.erase(it) : std::next(it);
-      }
-    }
-  }
+  ZO_RETURN_IF_ERROR(AwaitOlderRegionCalls(step, servers, deadline));
   // The pieces of this step whose bytes these overwrite must be summed:
   // per server, the last sent of them (the server sums in order).
   std::map<int, RegionCredits::Writer> overwritten;
@@ -217,6 +270,11 @@ absl::Status OffloadClient::Impl::PushThroughRegions(int64_t step,
   };
   std::vector<Part> parts;
   for (const RegionPiece& p : pieces) {
+    if (p.data.data() == p.dst) {  // written in place (RegionPushBuffers)
+      pushed_in_place_bytes.fetch_add(static_cast<int64_t>(p.data.size()),
+                                      std::memory_order_relaxed);
+      continue;
+    }
     const auto bytes = static_cast<int64_t>(p.data.size());
     const int64_t k = std::clamp<int64_t>(bytes / kLocalPartBytes, 1, CopyThreads());
     const int64_t part = ((bytes / elem_bytes + k - 1) / k) * elem_bytes;

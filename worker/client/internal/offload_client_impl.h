@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -78,6 +79,7 @@ struct OffloadClient::Impl {
 
   std::atomic<int64_t> pushed_bytes{0};
   std::atomic<int64_t> pulled_bytes{0};
+  std::atomic<int64_t> pushed_in_place_bytes{0};
   // Per server, the instance of the job it opened (JobStatus.incarnation):
   // sent with every push and pull, so a server that has since reopened or
   // restored the job refuses them rather than mixing steps or layouts. Set
@@ -196,9 +198,28 @@ struct OffloadClient::Impl {
   // Per server: RegionPullBuffers lent bytes of its weights area, so only
   // pulls into those take the region.
   std::unique_ptr<std::atomic<bool>[]> region_lent;
+  // Element `chunk_offset` of global chunk `chunk` in its server's local
+  // order (the regions' areas, the server's state): the server's chunks,
+  // all full but the job's last, one after another.
+  int64_t LocalElement(int64_t chunk, int64_t chunk_offset) const {
+    return (chunk / map.num_servers()) * map.chunk_elems() + chunk_offset;
+  }
+  // Tensor `tensor` in its server's local order, when one attached region
+  // holds the whole tensor, its chunks one after another.
+  struct RegionRun {
+    int server = 0;
+    int64_t first = 0;  // local element
+    int64_t elems = 0;
+  };
+  std::optional<RegionRun> RegionRunOf(int tensor) const;
+  // Where local element `local` of step `step`'s gradients lies in
+  // `server`'s region.
+  std::byte* GradientPlace(int64_t step, int server, int64_t local) const {
+    const client_internal::WorkerRegion& r = *regions[server];
+    return r.base() + r.GradientAreaOffset(step) + local * elem_bytes;
+  }
   // Where tensor `tensor`'s pulled weights lie in its server's weights area,
-  // with that server: when one attached region holds the whole tensor, its
-  // chunks one after another there.
+  // with that server (RegionRunOf).
   std::optional<std::pair<int, absl::Span<std::byte>>> RegionPlace(int tensor) const;
   // Whether `receiver`'s buffers are all the places RegionPlace gives.
   bool PullsIntoRegionPlaces(const client_internal::PullReceiver& receiver) const;
@@ -231,8 +252,18 @@ struct OffloadClient::Impl {
   // Copies the pieces of `step` into their regions (once the step two
   // before, whose area they reuse, is in, and the server has summed the
   // pieces of this step whose bytes they overwrite), then sends their
-  // headers.
+  // headers. A piece already in its place (RegionPushBuffers) is not copied.
   absl::Status PushThroughRegions(int64_t step, const std::vector<RegionPiece>& pieces);
+  // Until the push calls of steps up to `step` - 2 to `servers` through
+  // their regions have ended (every piece of them summed): FAILED_PRECONDITION
+  // at `deadline`.
+  absl::Status AwaitOlderRegionCalls(int64_t step, const std::set<int>& servers,
+                                     absl::Time deadline);
+  // By step: the tensors whose places in that step's gradient areas
+  // RegionPushBuffers lent; until FinishStep. A push of one of them from
+  // other bytes takes gRPC, so that only the lent bytes are written there.
+  // Guarded by mu.
+  std::map<int64_t, std::set<int>> region_push_lent;
 
   // A piece (or a part of one) for the in-process route.
   struct LocalPiece {
