@@ -81,6 +81,8 @@ class Backend {
   // only AllocateHost's does (CUDA: the copy engine needs page-locked
   // memory), so buffers made elsewhere are better copied into it first.
   virtual bool UploadsFromAnyHostMemory() const { return true; }
+  // The same for DownloadAsync's dst.
+  virtual bool DownloadsToAnyHostMemory() const { return true; }
   // Copies src's bytes (as Download) into dst once the work queued before
   // this call is done, without holding up work queued after it, then calls
   // done(status) on a thread of the backend's. dst must stay valid until

@@ -405,12 +405,28 @@ absl::Status OffloadLink::PushGradient(int64_t step, const model::Param& param, 
   // fp32 -> fp16 turns an overflowing gradient into inf: that is how the
   // servers see the overflow and skip the step.
   const size_t bytes = static_cast<size_t>(param.numel()) * DTypeSize(dtype_);
-  if (ring_ != nullptr) {
+  if (ring_ == nullptr && backend_.DownloadsToAnyHostMemory()) {
+    // On the same-host route the gradient goes where the server reads it,
+    // in its shared region, rather than through the staging arena (a copy
+    // less); the client waits here for that place to be free.
+    ZO_ASSIGN_OR_RETURN(const std::vector<absl::Span<std::byte>> lent,
+                        client_->RegionPushBuffers(step, std::vector<int>{index}));
+    if (lent.size() == 1 && lent[0].size() == bytes && bytes > 0) {
+      dst = lent[0];
+      owner = std::shared_ptr<const void>(dst.data(), [](const void*) {});
+      if (!said_gradients_in_region_) {
+        said_gradients_in_region_ = true;
+        ZO_LOG(INFO) << "gradients are written where the server reads them (its shared-memory "
+                        "region)";
+      }
+    }
+  }
+  if (owner == nullptr && ring_ != nullptr) {
     // Waits while the ring is full: for the client to write out older ones.
     ZO_ASSIGN_OR_RETURN(StagingRing::Region region, ring_->Acquire(bytes));
     dst = absl::MakeSpan(region.data, bytes);
     owner = std::move(region.owner);
-  } else {
+  } else if (owner == nullptr) {
     const int slot = micro_batch < 0 ? 0 : micro_batch % slots_;
     const size_t busy_at = static_cast<size_t>(slot) * params_.size() + place->second.first;
     {

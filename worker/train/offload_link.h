@@ -168,6 +168,7 @@ class OffloadLink final : public model::ParamLink {
   // With compensate_: the last two versions pulled, as pulled, and their
   // versions (-1: none); the params hold weights computed from them.
   bool compensate_ = false;
+  bool said_gradients_in_region_ = false;  // logged once
   std::vector<backend::Tensor> served_, served_before_;
   int64_t served_version_ = -1, served_before_version_ = -1;
   bool params_moved_ = false;  // the params hold other weights than served_

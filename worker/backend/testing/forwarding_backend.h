@@ -42,6 +42,7 @@ class ForwardingBackend : public Backend {
     return inner_.AllocateHost(bytes);
   }
   bool UploadsFromAnyHostMemory() const override { return inner_.UploadsFromAnyHostMemory(); }
+  bool DownloadsToAnyHostMemory() const override { return inner_.DownloadsToAnyHostMemory(); }
   void DownloadAsync(const Tensor& src, absl::Span<std::byte> dst,
                      std::function<void(absl::Status)> done) override {
     inner_.DownloadAsync(src, dst, std::move(done));

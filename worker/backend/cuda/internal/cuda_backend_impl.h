@@ -117,6 +117,7 @@ class CudaBackend final : public Backend {
   absl::Status DownloadFloat(const Tensor& src, absl::Span<float> dst) override;
   std::shared_ptr<std::byte> AllocateHost(size_t bytes) override;
   bool UploadsFromAnyHostMemory() const override { return false; }
+  bool DownloadsToAnyHostMemory() const override { return false; }
   std::optional<int64_t> FreeDeviceMemory() const override;
   std::optional<Allocation> allocation() const override;
   void ResetPeakAllocation() override;
