@@ -184,28 +184,47 @@ TEST(SharedMemoryMicroBatchTest, EveryMicroBatchIsSummedAsPushed) {
       << "the same-host route summed other gradients than gRPC";
 }
 
+// The lent-buffer tests' job: bf16, chunks of 4096 elements.
+constexpr char kLentConfig[] = R"({"train_batch_size": 1, "bf16": {"enabled": true},
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "zo": {"chunk_elems": 4096}})";
+// Several chunks, a tensor across chunks, and one of no elements.
+const std::vector<TensorSpec> kLentManifest = {
+    {.name = "a", .shape = {5000}, .dtype = DType::kBFloat16},
+    {.name = "b", .shape = {0}, .dtype = DType::kBFloat16},
+    {.name = "c", .shape = {9000}, .dtype = DType::kBFloat16}};
+
+// Clients of kLentManifest's jobs `shm_job` through the shared region and
+// `grpc_job` over gRPC only, in that order (empty when one fails to open).
+std::vector<std::unique_ptr<OffloadClient>> OpenBothRoutes(
+    const std::vector<ServerProcess>& servers, const std::string& shm_job,
+    const std::string& grpc_job) {
+  std::vector<std::unique_ptr<OffloadClient>> clients;
+  for (const bool shm : {true, false}) {
+    ClientOptions options;
+    options.job = shm ? shm_job : grpc_job;
+    options.servers = Addresses(servers);
+    options.shared_memory = shm;
+    absl::StatusOr<std::unique_ptr<OffloadClient>> client =
+        OffloadClient::Open(options, kLentConfig, kLentManifest);
+    EXPECT_THAT(client.status(), IsOk());
+    if (!client.ok()) return {};
+    clients.push_back(*std::move(client));
+  }
+  return clients;
+}
+
 // Pulls into the buffers RegionPullBuffers lends read the weights where the
 // server wrote them; the bytes are the gRPC route's, and a pull into other
 // buffers afterwards cannot change what the lent ones hold.
 TEST(SharedMemoryPullBuffersTest, PullsIntoTheRegionAreTheGrpcRoutesAndNothingElseWritesThere) {
   std::vector<ServerProcess> servers = StartServers(1);
   ASSERT_EQ(servers.size(), 1u);
-  const std::string config = R"({"train_batch_size": 1, "bf16": {"enabled": true},
-      "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "zo": {"chunk_elems": 4096}})";
-  // Several chunks, a tensor across chunks, and one of no elements.
-  const std::vector<TensorSpec> manifest = {
-      {.name = "a", .shape = {5000}, .dtype = DType::kBFloat16},
-      {.name = "b", .shape = {0}, .dtype = DType::kBFloat16},
-      {.name = "c", .shape = {9000}, .dtype = DType::kBFloat16}};
+  const std::vector<TensorSpec>& manifest = kLentManifest;
   const std::vector<int> tensors = {0, 1, 2};
-  std::vector<std::unique_ptr<OffloadClient>> clients;
-  for (const bool shm : {true, false}) {
-    ClientOptions options;
-    options.job = "pull-buffers";
-    options.servers = Addresses(servers);
-    options.shared_memory = shm;
-    ZO_ASSERT_OK_AND_ASSIGN(clients.emplace_back(), OffloadClient::Open(options, config, manifest));
-  }
+  // Both clients of one job: the second only pulls.
+  const std::vector<std::unique_ptr<OffloadClient>> clients =
+      OpenBothRoutes(servers, "pull-buffers", "pull-buffers");
+  ASSERT_EQ(clients.size(), 2u);
   OffloadClient& shm = *clients[0];
   OffloadClient& grpc = *clients[1];
   const std::vector<absl::Span<std::byte>> lent = shm.RegionPullBuffers(tensors);
@@ -269,15 +288,13 @@ TEST(SharedMemoryPullBuffersTest, PullsIntoTheRegionAreTheGrpcRoutesAndNothingEl
 TEST(SharedMemoryPullBuffersTest, OnlyTensorsWholeOnOneServerAreLent) {
   std::vector<ServerProcess> servers = StartServers(2);
   ASSERT_EQ(servers.size(), 2u);
-  const std::string config = R"({"train_batch_size": 1, "bf16": {"enabled": true},
-      "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "zo": {"chunk_elems": 4096}})";
   ClientOptions options;
   options.servers = Addresses(servers);
   options.job = "striped";
   // "b" begins in chunk 0 (server 0) and ends in chunk 1 (server 1).
   ZO_ASSERT_OK_AND_ASSIGN(
       auto striped,
-      OffloadClient::Open(options, config,
+      OffloadClient::Open(options, kLentConfig,
                           {{.name = "a", .shape = {3000}, .dtype = DType::kBFloat16},
                            {.name = "b", .shape = {3000}, .dtype = DType::kBFloat16}}));
   EXPECT_FALSE(striped->RegionPullBuffers(std::vector<int>{0}).empty());
@@ -288,7 +305,7 @@ TEST(SharedMemoryPullBuffersTest, OnlyTensorsWholeOnOneServerAreLent) {
       {.name = "a", .shape = {4096}, .dtype = DType::kBFloat16},
       {.name = "b", .shape = {4096}, .dtype = DType::kBFloat16},
       {.name = "c", .shape = {100}, .dtype = DType::kBFloat16}};
-  ZO_ASSERT_OK_AND_ASSIGN(auto client, OffloadClient::Open(options, config, manifest));
+  ZO_ASSERT_OK_AND_ASSIGN(auto client, OffloadClient::Open(options, kLentConfig, manifest));
   const std::vector<int> tensors = {0, 1, 2};
   const std::vector<absl::Span<std::byte>> lent = client->RegionPullBuffers(tensors);
   ASSERT_EQ(lent.size(), 3u);
@@ -301,7 +318,7 @@ TEST(SharedMemoryPullBuffersTest, OnlyTensorsWholeOnOneServerAreLent) {
   ASSERT_THAT(client->FinishStep(1), IsOk());
   ASSERT_THAT(client->Pull(1, -1, tensors, lent).status(), IsOk());
   options.shared_memory = false;
-  ZO_ASSERT_OK_AND_ASSIGN(auto grpc, OffloadClient::Open(options, config, manifest));
+  ZO_ASSERT_OK_AND_ASSIGN(auto grpc, OffloadClient::Open(options, kLentConfig, manifest));
   std::vector<std::vector<std::byte>> reference;
   std::vector<absl::Span<std::byte>> dst;
   for (const TensorSpec& t : manifest) {
@@ -323,22 +340,11 @@ TEST(SharedMemoryPullBuffersTest, OnlyTensorsWholeOnOneServerAreLent) {
 TEST(SharedMemoryPushBuffersTest, PushesFromTheLentPlacesAreTheGrpcRoutes) {
   std::vector<ServerProcess> servers = StartServers(1);
   ASSERT_EQ(servers.size(), 1u);
-  const std::string config = R"({"train_batch_size": 1, "bf16": {"enabled": true},
-      "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "zo": {"chunk_elems": 4096}})";
-  // Several chunks, a tensor across chunks, and one of no elements.
-  const std::vector<TensorSpec> manifest = {
-      {.name = "a", .shape = {5000}, .dtype = DType::kBFloat16},
-      {.name = "b", .shape = {0}, .dtype = DType::kBFloat16},
-      {.name = "c", .shape = {9000}, .dtype = DType::kBFloat16}};
+  const std::vector<TensorSpec>& manifest = kLentManifest;
   const std::vector<int> tensors = {0, 1, 2};
-  std::vector<std::unique_ptr<OffloadClient>> clients;
-  for (const bool shm : {true, false}) {
-    ClientOptions options;
-    options.job = shm ? "push-buffers-shm" : "push-buffers-grpc";
-    options.servers = Addresses(servers);
-    options.shared_memory = shm;
-    ZO_ASSERT_OK_AND_ASSIGN(clients.emplace_back(), OffloadClient::Open(options, config, manifest));
-  }
+  const std::vector<std::unique_ptr<OffloadClient>> clients =
+      OpenBothRoutes(servers, "push-buffers-shm", "push-buffers-grpc");
+  ASSERT_EQ(clients.size(), 2u);
   OffloadClient& shm = *clients[0];
   OffloadClient& grpc = *clients[1];
   EXPECT_THAT(grpc.RegionPushBuffers(1, tensors), IsOkAndHolds(::testing::IsEmpty()))
@@ -412,8 +418,6 @@ TEST(SharedMemoryPushBuffersTest, PushesFromTheLentPlacesAreTheGrpcRoutes) {
 TEST(SharedMemoryPushBuffersTest, RefusesWhatItCannotLend) {
   std::vector<ServerProcess> servers = StartServers(2);
   ASSERT_EQ(servers.size(), 2u);
-  const std::string config = R"({"train_batch_size": 1, "bf16": {"enabled": true},
-      "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "zo": {"chunk_elems": 4096}})";
   ClientOptions options;
   options.servers = Addresses(servers);
   options.job = "push-striped";
@@ -421,7 +425,7 @@ TEST(SharedMemoryPushBuffersTest, RefusesWhatItCannotLend) {
   const std::vector<TensorSpec> striped = {
       {.name = "a", .shape = {3000}, .dtype = DType::kBFloat16},
       {.name = "b", .shape = {3000}, .dtype = DType::kBFloat16}};
-  ZO_ASSERT_OK_AND_ASSIGN(auto client, OffloadClient::Open(options, config, striped));
+  ZO_ASSERT_OK_AND_ASSIGN(auto client, OffloadClient::Open(options, kLentConfig, striped));
   EXPECT_THAT(client->RegionPushBuffers(1, std::vector<int>{0, 1}),
               IsOkAndHolds(::testing::IsEmpty()));
   EXPECT_THAT(client->RegionPushBuffers(0, std::vector<int>{0}),
