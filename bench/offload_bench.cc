@@ -162,10 +162,10 @@ class BenchJob {
       // As zo-train pulls: into the region, where the server writes.
       std::vector<absl::Span<std::byte>> lent = job->client_->RegionPullBuffers(job->all_tensors_);
       if (!lent.empty()) job->dst_ = std::move(lent);
-      job->lends_pushes_ = true;
-      for (std::vector<bool>& written : job->lent_written_) {
-        written.assign(job->manifest_.size(), false);
-      }
+    }
+    job->lends_pushes_ = route == "same_host" || route == "in_process";
+    for (std::vector<bool>& written : job->lent_written_) {
+      written.assign(job->manifest_.size(), false);
     }
     return job;
   }
@@ -177,15 +177,15 @@ class BenchJob {
 
   int tensors() const { return static_cast<int>(manifest_.size()); }
   // Every micro-batch pushes the same gradients: the bytes moved and summed
-  // are what matter here. On the same-host route they are where zo-train's
-  // backward puts them, in the region (RegionPushBuffers): written there
-  // once per gradient area, as a backward's copy would leave them, so the
-  // push copies nothing more.
+  // are what matter here. On the in-process and same-host routes they are
+  // where zo-train's backward puts them, where the server reads them
+  // (PushBuffers: the embedded server's buffer, the region's gradient
+  // areas): written there once per area, as a backward's copy would leave
+  // them, so the push copies nothing more.
   absl::Status Push(int64_t step, int tensor, int micro_batch) {
     if (lends_pushes_) {
       const std::vector<int> one = {tensor};
-      ZO_ASSIGN_OR_RETURN(std::vector<absl::Span<std::byte>> lent,
-                          client_->RegionPushBuffers(step, one));
+      ZO_ASSIGN_OR_RETURN(std::vector<absl::Span<std::byte>> lent, client_->PushBuffers(step, one));
       if (!lent.empty()) {
         std::vector<bool>& written = lent_written_[step % 2];
         if (!written[static_cast<size_t>(tensor)]) {
@@ -241,8 +241,9 @@ class BenchJob {
   std::vector<std::vector<std::byte>> weights_;
   std::vector<absl::Span<std::byte>> dst_;
   std::vector<int> all_tensors_;
-  // The same-host route: gradients pushed from the region's gradient areas,
-  // and per area (step % 2) the tensors already written there.
+  // The in-process and same-host routes: gradients pushed from where the
+  // server reads them, and per area (step % 2) the tensors already written
+  // there.
   bool lends_pushes_ = false;
   std::vector<bool> lent_written_[2];
 };
@@ -267,8 +268,8 @@ absl::StatusOr<RouteResult> MeasureRoute(const OffloadBenchOptions& o, const std
     }
     return absl::OkStatus();
   };
-  // Warm-up: the first touch of the server's state, and on the same-host
-  // route of both gradient areas.
+  // Warm-up: the first touch of the server's state, and of both gradient
+  // areas.
   ZO_RETURN_IF_ERROR(one_step(nullptr));
   ZO_RETURN_IF_ERROR(one_step(nullptr));
   adam.Step();

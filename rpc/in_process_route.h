@@ -54,6 +54,14 @@ class InProcessRoute {
                                               std::function<void()> wake) = 0;
   // Takes back a kept wake; false when it has already run or is queued to.
   virtual bool CancelPushWait(const v1::GradientPiece& header, const PushWait& wait) = 0;
+  // Where the server keeps the `elems` elements `header` names (a push's
+  // header without data) once pushed: for the caller to write the gradient
+  // there and push it from those bytes, which then copies nothing. Empty
+  // where the server cannot lend them (several contributors sum into fp32,
+  // the chunk still updates the step before, some of the range is pushed);
+  // the caller then pushes from its own memory. Errors are PushGradients's.
+  virtual absl::StatusOr<absl::Span<std::byte>> LendGradientPlace(const v1::GradientPiece& header,
+                                                                  int64_t elems) = 0;
 
   // True when job `job` (the instance `incarnation`, 0: any) has `version`.
   // Otherwise `wake` is kept, *ticket set, and false returned; the wake runs

@@ -55,4 +55,11 @@ void ChunkCoverage::Reset() {
   complete_ranks_ = 0;
 }
 
+bool ChunkCoverage::DeliveredAny(int rank, int64_t begin, int64_t end) const {
+  const std::map<int64_t, int64_t>& ranges = ranges_[rank];
+  auto it = ranges.upper_bound(begin);
+  if (it != ranges.begin() && std::prev(it)->second > begin) return true;
+  return it != ranges.end() && it->first < end;
+}
+
 }  // namespace zo

@@ -28,6 +28,8 @@ class ChunkCoverage {
   absl::StatusOr<std::vector<FlatRange>> Claim(int rank, int64_t begin, int64_t end, bool resend);
 
   int64_t covered(int rank) const { return covered_[rank]; }
+  // Whether `rank` has delivered any element of [begin, end).
+  bool DeliveredAny(int rank, int64_t begin, int64_t end) const;
   // Every rank has delivered every element.
   bool complete() const { return complete_ranks_ == static_cast<int>(ranges_.size()); }
   void Reset();

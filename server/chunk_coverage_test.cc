@@ -142,6 +142,22 @@ TEST(ChunkCoverageTest, TouchingPiecesAreNoOverlap) {
   EXPECT_TRUE(coverage.complete());
 }
 
+// What a lent place asks: has the rank delivered any element of a range.
+TEST(ChunkCoverageTest, DeliveredAnySeesEveryOverlapAndNothingBeside) {
+  ChunkCoverage coverage(20, 2);
+  ASSERT_THAT(coverage.Claim(0, 4, 8, false), IsOk());
+  ASSERT_THAT(coverage.Claim(0, 12, 14, false), IsOk());
+  for (int64_t b = 0; b < 20; ++b) {
+    for (int64_t e = b + 1; e <= 20; ++e) {
+      const bool overlaps = (b < 8 && e > 4) || (b < 14 && e > 12);
+      EXPECT_EQ(coverage.DeliveredAny(0, b, e), overlaps) << "[" << b << ", " << e << ")";
+    }
+  }
+  EXPECT_FALSE(coverage.DeliveredAny(1, 0, 20)) << "rank 1 delivered nothing";
+  coverage.Reset();
+  EXPECT_FALSE(coverage.DeliveredAny(0, 0, 20));
+}
+
 TEST(ChunkCoverageTest, ResendReturnsExactlyTheGaps) {
   ChunkCoverage coverage(12, 1);
   ASSERT_THAT(coverage.Claim(0, 2, 4, false), IsOk());

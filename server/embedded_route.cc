@@ -40,6 +40,13 @@ absl::StatusOr<InProcessRoute::PushOutcome> EmbeddedRoute::TryPush(const v1::Gra
                                                               : PushOutcome::kWaiting;
 }
 
+absl::StatusOr<absl::Span<std::byte>> EmbeddedRoute::LendGradientPlace(
+    const v1::GradientPiece& header, int64_t elems) {
+  std::shared_lock lock(mu_);
+  ZO_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindLocked(header.job()));
+  return job->LendGradientPlace(ViewOf(header), elems);
+}
+
 bool EmbeddedRoute::CancelPushWait(const v1::GradientPiece& header, const PushWait& wait) {
   std::shared_lock lock(mu_);
   absl::StatusOr<std::shared_ptr<Job>> job = FindLocked(header.job());

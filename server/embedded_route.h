@@ -30,6 +30,8 @@ class EmbeddedRoute final : public InProcessRoute {
   absl::StatusOr<PushOutcome> TryPush(const v1::GradientPiece& header,
                                       absl::Span<const std::byte> data, PushWait* wait,
                                       std::function<void()> wake) override;
+  absl::StatusOr<absl::Span<std::byte>> LendGradientPlace(const v1::GradientPiece& header,
+                                                          int64_t elems) override;
   bool CancelPushWait(const v1::GradientPiece& header, const PushWait& wait) override;
   absl::StatusOr<bool> AwaitVersion(const std::string& job, int64_t version, uint64_t incarnation,
                                     std::function<void()> wake, uint64_t* ticket) override;

@@ -144,9 +144,11 @@ absl::StatusOr<GradientAccumulator::PushOutcome> GradientAccumulator::TryPush(
     // Coverage gave this rank's elements to this push alone: no lock.
     char* slot = accum_.as<char>() + c.local_offset * static_cast<int64_t>(elem);
     for (const FlatRange& g : gaps) {
-      CopySegments(piece.data, static_cast<size_t>(g.begin - piece.offset) * elem,
-                   static_cast<size_t>(g.size()) * elem,
-                   slot + g.begin * static_cast<int64_t>(elem));
+      char* dst = slot + g.begin * static_cast<int64_t>(elem);
+      const size_t from = static_cast<size_t>(g.begin - piece.offset) * elem;
+      // Written in place (LendPlace): nothing to copy.
+      if (piece.data.size() == 1 && piece.data[0].data() + from == dst) continue;
+      CopySegments(piece.data, from, static_cast<size_t>(g.size()) * elem, dst);
     }
   } else {
     absl::MutexLock chunk_lock(chunk_mu_[index].get());
@@ -215,6 +217,20 @@ int GradientAccumulator::waiting() const {
   int n = 0;
   for (const WaitList& w : waiters_) n += w.size();
   return n;
+}
+
+absl::Span<std::byte> GradientAccumulator::LendPlace(int index, int64_t step, int64_t offset,
+                                                     int64_t n) {
+  if (!StoresGradients() || index < 0 || index >= static_cast<int>(chunks_.size())) return {};
+  const LocalChunk& c = chunks_[static_cast<size_t>(index)];
+  if (n <= 0 || offset < 0 || offset > c.elems - n) return {};
+  absl::MutexLock lock(&mu_);
+  if (!closed_.ok() || chunk_step_[index] != step ||
+      coverage_[index].DeliveredAny(0, offset, offset + n)) {
+    return {};
+  }
+  const auto elem = static_cast<int64_t>(DTypeSize(dtype_));
+  return {accum_.as<std::byte>() + (c.local_offset + offset) * elem, static_cast<size_t>(n * elem)};
 }
 
 StepGradStats GradientAccumulator::Stats() const {

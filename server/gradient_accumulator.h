@@ -102,6 +102,12 @@ class GradientAccumulator {
                                       std::function<void()> wake);
   // Takes back the wake of a waiting push; false when it was already posted.
   bool CancelWait(int index, const PushWait& wait);
+  // Where local chunk `index`'s elements [offset, offset + n) of `step` are
+  // kept, for the one contributor to write its gradient into before it
+  // pushes it from there (TryPush then copies nothing): only where pushes
+  // are stored as received, while the chunk takes `step` and none of the
+  // range is delivered; an empty span otherwise (push as usual).
+  absl::Span<std::byte> LendPlace(int index, int64_t step, int64_t offset, int64_t n);
   // TryPush, blocking the calling thread while it waits, at most until
   // `deadline` (DEADLINE_EXCEEDED). For tests and in-process callers.
   absl::Status Push(int index, const GradientPieceView& piece, absl::Time deadline);

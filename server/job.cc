@@ -405,6 +405,12 @@ absl::StatusOr<GradientAccumulator::PushOutcome> Job::TryPushGradient(
   return outcome;
 }
 
+absl::StatusOr<absl::Span<std::byte>> Job::LendGradientPlace(const GradientPieceView& piece,
+                                                             int64_t elems) {
+  ZO_ASSIGN_OR_RETURN(const int i, PushedChunkIndex(piece));
+  return accum_->LendPlace(i, piece.step, piece.offset, elems);
+}
+
 absl::Status Job::RestoredSince(const GradientPieceView& piece, absl::Status error) const {
   // A restore between the piece's checks and the accumulator (or while it
   // waited) undid its step: say where the job is now.

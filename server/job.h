@@ -141,6 +141,11 @@ class Job {
       const GradientPieceView& piece, GradientAccumulator::PushWait* wait,
       std::function<void()> wake);
   bool CancelPushWait(const GradientPieceView& piece, const GradientAccumulator::PushWait& wait);
+  // The in-process route: where the accumulator keeps `piece`'s `elems`
+  // elements (GradientAccumulator::LendPlace) after the checks a push of
+  // the piece gets; an empty span where it cannot lend them.
+  absl::StatusOr<absl::Span<std::byte>> LendGradientPlace(const GradientPieceView& piece,
+                                                          int64_t elems);
   // The same, blocking while the piece's chunk still updates, at most until
   // `deadline`.
   absl::Status PushGradient(const GradientPieceView& piece, absl::Time deadline);

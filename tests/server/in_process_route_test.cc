@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/bf16.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -108,6 +109,122 @@ INSTANTIATE_TEST_SUITE_P(
 // kept by the client, not blocked on: Push returns, the caller may reuse its
 // buffer at once, and the piece goes in when the chunk is released. The
 // result equals the gRPC route's.
+// Gradients written where the embedded server keeps them (PushBuffers) and
+// pushed from there are what the gRPC route sums, step after step; a lent
+// tensor pushed from other bytes is copied in as any push.
+TEST(InProcessPushBuffersTest, PushesFromTheLentPlacesAreTheGrpcRoutes) {
+  std::unique_ptr<OffloadServer> server = StartEmbedded();
+  ASSERT_NE(server, nullptr);
+  const std::string config = R"({"train_batch_size": 1, "bf16": {"enabled": true},
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "zo": {"chunk_elems": 4096}})";
+  // Several chunks, a tensor across chunks, and one of no elements.
+  const std::vector<TensorSpec> manifest = {
+      {.name = "a", .shape = {5000}, .dtype = DType::kBFloat16},
+      {.name = "b", .shape = {0}, .dtype = DType::kBFloat16},
+      {.name = "c", .shape = {9000}, .dtype = DType::kBFloat16}};
+  const std::vector<int> tensors = {0, 1, 2};
+  std::vector<std::unique_ptr<OffloadClient>> clients;
+  for (const bool route : {true, false}) {
+    ClientOptions options = OptionsFor(*server, route);
+    options.job = route ? "lent-route" : "lent-grpc";
+    ZO_ASSERT_OK_AND_ASSIGN(clients.emplace_back(), OffloadClient::Open(options, config, manifest));
+  }
+  OffloadClient& lending = *clients[0];
+  OffloadClient& grpc = *clients[1];
+  EXPECT_THAT(grpc.PushBuffers(1, tensors), IsOkAndHolds(::testing::IsEmpty()))
+      << "no in-process route, no buffers";
+  auto gradient = [&](int64_t step, int t) {
+    std::vector<uint16_t> g(static_cast<size_t>(NumElements(manifest[t].shape)));
+    for (size_t i = 0; i < g.size(); ++i) {
+      g[i] = FloatToBf16Bits(static_cast<float>((i * 5 + step * 7 + t) % 23) - 11.0f);
+    }
+    return g;
+  };
+  auto as_bytes = [](const std::vector<uint16_t>& g) {
+    return absl::Span<const std::byte>(reinterpret_cast<const std::byte*>(g.data()), g.size() * 2);
+  };
+  auto weights = [&](OffloadClient& client, int64_t version) {
+    std::vector<std::vector<std::byte>> bytes;
+    std::vector<absl::Span<std::byte>> dst;
+    for (const TensorSpec& t : manifest) {
+      bytes.emplace_back(static_cast<size_t>(NumElements(t.shape)) * 2);
+      dst.push_back(absl::MakeSpan(bytes.back()));
+    }
+    EXPECT_THAT(client.Pull(version, -1, tensors, dst).status(), IsOk());
+    return bytes;
+  };
+  constexpr int64_t kSteps = 4;
+  int64_t lent_bytes_pushed = 0;
+  for (int64_t step = 1; step <= kSteps; ++step) {
+    SCOPED_TRACE(::testing::Message() << "step " << step);
+    ZO_ASSERT_OK_AND_ASSIGN(const std::vector<absl::Span<std::byte>> lent,
+                            lending.PushBuffers(step, tensors));
+    ASSERT_EQ(lent.size(), 3u);
+    EXPECT_EQ(lent[0].size(), 5000u * 2);
+    EXPECT_TRUE(lent[1].empty());
+    EXPECT_EQ(lent[2].size(), 9000u * 2);
+    // The last step pushes "c" from its own bytes.
+    const bool c_elsewhere = step == kSteps;
+    for (int t = 0; t < 3; ++t) {
+      const std::vector<uint16_t> g = gradient(step, t);
+      ASSERT_THAT(grpc.Push(step, t, as_bytes(g)), IsOk());
+      if (t == 2 && c_elsewhere) {
+        ASSERT_THAT(lending.Push(step, t, as_bytes(g)), IsOk());
+        continue;
+      }
+      std::memcpy(lent[t].data(), g.data(), lent[t].size());
+      ASSERT_THAT(lending.PushShared(step, t, std::make_shared<int>(0), lent[t]), IsOk());
+      lent_bytes_pushed += static_cast<int64_t>(lent[t].size());
+    }
+    ASSERT_THAT(lending.FinishStep(step), IsOk());
+    ASSERT_THAT(grpc.FinishStep(step), IsOk());
+    EXPECT_EQ(weights(lending, step), weights(grpc, step)) << "version " << step;
+  }
+  EXPECT_EQ(lending.traffic().pushed_in_place_bytes, lent_bytes_pushed);
+}
+
+// What an embedded server does not lend: a step its chunks do not take yet,
+// a range already pushed, and jobs that sum several contributors.
+TEST(InProcessPushBuffersTest, LendsOnlyWhatOneContributorHasYetToPush) {
+  std::unique_ptr<OffloadServer> server = StartEmbedded();
+  ASSERT_NE(server, nullptr);
+  const std::vector<TensorSpec> manifest = {
+      {.name = "a", .shape = {3000}, .dtype = DType::kBFloat16},
+      {.name = "b", .shape = {3000}, .dtype = DType::kBFloat16}};
+  ClientOptions options = OptionsFor(*server, true);
+  options.job = "lend-once";
+  ZO_ASSERT_OK_AND_ASSIGN(
+      auto client,
+      OffloadClient::Open(options, R"({"train_batch_size": 1, "bf16": {"enabled": true},
+          "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "zo": {"chunk_elems": 4096}})",
+                          manifest));
+  EXPECT_THAT(client->PushBuffers(2, std::vector<int>{0}), IsOkAndHolds(::testing::IsEmpty()))
+      << "the job takes step 1";
+  std::vector<uint16_t> g(3000, FloatToBf16Bits(0.5f));
+  ASSERT_THAT(client->Push(1, 0, {reinterpret_cast<const std::byte*>(g.data()), g.size() * 2}),
+              IsOk());
+  EXPECT_THAT(client->PushBuffers(1, std::vector<int>{0}), IsOkAndHolds(::testing::IsEmpty()))
+      << "a pushed range";
+  EXPECT_THAT(client->PushBuffers(1, std::vector<int>{1}), IsOkAndHolds(::testing::SizeIs(1)));
+  EXPECT_THAT(client->PushBuffers(0, std::vector<int>{1}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("numbered from 1")));
+
+  for (const int dp : {1, 2}) {
+    ClientOptions summed = OptionsFor(*server, true);
+    summed.job = absl::StrCat("summed-", dp);
+    summed.dp_world_size = dp;
+    const std::string config =
+        dp == 1 ? R"({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2,
+              "bf16": {"enabled": true}, "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+              "zo": {"gradient_accumulation": "servers"}})"
+                : R"({"train_batch_size": 2, "bf16": {"enabled": true},
+                "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}})";
+    ZO_ASSERT_OK_AND_ASSIGN(auto other, OffloadClient::Open(summed, config, manifest));
+    EXPECT_THAT(other->PushBuffers(1, std::vector<int>{0}), IsOkAndHolds(::testing::IsEmpty()))
+        << (dp == 1 ? "micro-batches summed on the server" : "two dp ranks");
+  }
+}
+
 TEST(InProcessRouteWaitTest, APushForTheNextStepReturnsAndGoesInWhenItsChunkIsFree) {
   const std::string config = R"({"train_batch_size": 1,
       "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},

@@ -333,7 +333,7 @@ TEST(SharedMemoryPullBuffersTest, OnlyTensorsWholeOnOneServerAreLent) {
   }
 }
 
-// Gradients written into the places RegionPushBuffers lends and pushed
+// Gradients written into the places PushBuffers lends and pushed
 // from there are summed as the gRPC route sums them, step after step through
 // both gradient areas; a push of a lent tensor from other bytes takes gRPC
 // and leaves the lent bytes as they were.
@@ -347,7 +347,7 @@ TEST(SharedMemoryPushBuffersTest, PushesFromTheLentPlacesAreTheGrpcRoutes) {
   ASSERT_EQ(clients.size(), 2u);
   OffloadClient& shm = *clients[0];
   OffloadClient& grpc = *clients[1];
-  EXPECT_THAT(grpc.RegionPushBuffers(1, tensors), IsOkAndHolds(::testing::IsEmpty()))
+  EXPECT_THAT(grpc.PushBuffers(1, tensors), IsOkAndHolds(::testing::IsEmpty()))
       << "no region, no buffers";
   auto gradient = [&](int64_t step, int t) {
     std::vector<uint16_t> g(static_cast<size_t>(NumElements(manifest[t].shape)));
@@ -375,7 +375,7 @@ TEST(SharedMemoryPushBuffersTest, PushesFromTheLentPlacesAreTheGrpcRoutes) {
   for (int64_t step = 1; step <= kSteps; ++step) {
     SCOPED_TRACE(::testing::Message() << "step " << step);
     ZO_ASSERT_OK_AND_ASSIGN(const std::vector<absl::Span<std::byte>> lent,
-                            shm.RegionPushBuffers(step, tensors));
+                            shm.PushBuffers(step, tensors));
     ASSERT_EQ(lent.size(), 3u);
     EXPECT_EQ(lent[0].size(), 5000u * 2);
     EXPECT_TRUE(lent[1].empty());
@@ -426,21 +426,19 @@ TEST(SharedMemoryPushBuffersTest, RefusesWhatItCannotLend) {
       {.name = "a", .shape = {3000}, .dtype = DType::kBFloat16},
       {.name = "b", .shape = {3000}, .dtype = DType::kBFloat16}};
   ZO_ASSERT_OK_AND_ASSIGN(auto client, OffloadClient::Open(options, kLentConfig, striped));
-  EXPECT_THAT(client->RegionPushBuffers(1, std::vector<int>{0, 1}),
-              IsOkAndHolds(::testing::IsEmpty()));
-  EXPECT_THAT(client->RegionPushBuffers(0, std::vector<int>{0}),
+  EXPECT_THAT(client->PushBuffers(1, std::vector<int>{0, 1}), IsOkAndHolds(::testing::IsEmpty()));
+  EXPECT_THAT(client->PushBuffers(0, std::vector<int>{0}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("numbered from 1")));
-  EXPECT_THAT(client->RegionPushBuffers(1, std::vector<int>{2}),
+  EXPECT_THAT(client->PushBuffers(1, std::vector<int>{2}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tensor")));
-  ZO_ASSERT_OK_AND_ASSIGN(const auto step_1, client->RegionPushBuffers(1, std::vector<int>{0}));
+  ZO_ASSERT_OK_AND_ASSIGN(const auto step_1, client->PushBuffers(1, std::vector<int>{0}));
   ASSERT_EQ(step_1.size(), 1u);
-  ZO_ASSERT_OK_AND_ASSIGN(const auto step_2, client->RegionPushBuffers(2, std::vector<int>{0}));
+  ZO_ASSERT_OK_AND_ASSIGN(const auto step_2, client->PushBuffers(2, std::vector<int>{0}));
   EXPECT_NE(step_1[0].data(), step_2[0].data());
-  EXPECT_THAT(client->RegionPushBuffers(3, std::vector<int>{0}),
+  EXPECT_THAT(client->PushBuffers(3, std::vector<int>{0}),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("step 1")));
   ASSERT_THAT(client->FinishStep(1), IsOk());
-  EXPECT_THAT(client->RegionPushBuffers(3, std::vector<int>{0}),
-              IsOkAndHolds(::testing::SizeIs(1)));
+  EXPECT_THAT(client->PushBuffers(3, std::vector<int>{0}), IsOkAndHolds(::testing::SizeIs(1)));
 
   options.job = "push-micro-batches";
   ZO_ASSERT_OK_AND_ASSIGN(
@@ -451,7 +449,7 @@ TEST(SharedMemoryPushBuffersTest, RefusesWhatItCannotLend) {
           "zo": {"chunk_elems": 4096, "gradient_accumulation": "servers"}})",
                           {{.name = "w", .shape = {100}, .dtype = DType::kFloat32}}));
   EXPECT_EQ(micro->routes()[0], "shared_memory");
-  EXPECT_THAT(micro->RegionPushBuffers(1, std::vector<int>{0}), IsOkAndHolds(::testing::IsEmpty()));
+  EXPECT_THAT(micro->PushBuffers(1, std::vector<int>{0}), IsOkAndHolds(::testing::IsEmpty()));
 }
 
 std::string BootId() {

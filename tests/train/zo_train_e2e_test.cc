@@ -428,14 +428,12 @@ TEST(ZoTrainE2eTest, KilledWorkerRestartsFromTheServersVersion) {
   }
 }
 
-// --restore is safe to give every time (the Kubernetes and Slurm files pass
-// it to each process): a job at its latest checkpoint is left as it is, one
-// that went on past it is refused and left at its version, and
-// --restore-force rolls it back.
-// A zo-server on this host: the worker writes each gradient into the
-// server's shared region (no staging copy) and pulls the weights out of it;
-// every step's loss is the one a server that only speaks gRPC gives.
-TEST(ZoTrainE2eTest, SameHostServerTrainsAsOverGrpc) {
+// Where the server reads the gradients, the worker writes them (no
+// staging copy): in a zo-server's shared region on this host, in the
+// embedded server's own buffer; and on the same host it pulls the weights
+// out of the region. Every step's loss is the one a server that only
+// speaks gRPC gives.
+TEST(ZoTrainE2eTest, SameHostAndEmbeddedServersTrainAsOverGrpc) {
   const std::string dir = FreshTempDir("zo_train_same_host");
   constexpr int kSteps = 12;
   std::vector<ServerProcess> shm = StartServers(1);
@@ -444,19 +442,24 @@ TEST(ZoTrainE2eTest, SameHostServerTrainsAsOverGrpc) {
   ASSERT_EQ(grpc.size(), 1u);
   const std::string config = WriteFile(dir, "ds.json", Config(false));
   std::vector<std::vector<StepLine>> runs;
-  for (const ServerProcess* server : {&shm[0], &grpc[0]}) {
-    const std::string name = server == &shm[0] ? "shm" : "grpc";
-    RunTrain(Concat({"--config", config, "--steps", std::to_string(kSteps), "--servers",
-                     server->address(), "--job", "same-host", "--verbose", "--metrics-out",
-                     dir + "/" + name + ".jsonl"},
-                    kTinyGpt),
-             dir + "/" + name + ".log");
+  for (const std::string name : {"grpc", "shm", "embedded"}) {
+    std::vector<std::string> args = {
+        "--config",  config,      "--steps",       std::to_string(kSteps),     "--job",
+        "same-host", "--verbose", "--metrics-out", dir + "/" + name + ".jsonl"};
+    if (name != "embedded") {
+      args.push_back("--servers");
+      args.push_back((name == "shm" ? shm[0] : grpc[0]).address());
+    }
+    RunTrain(Concat(args, kTinyGpt), dir + "/" + name + ".log");
     std::ifstream in(dir + "/" + name + ".log");
     const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     if (name == "shm") {
-      EXPECT_THAT(log, ::testing::HasSubstr("(routes: shared_memory)"));
-      EXPECT_THAT(log, ::testing::HasSubstr("gradients are written where the server reads them"));
+      EXPECT_THAT(log, ::testing::HasSubstr("gradients are written where the server reads them "
+                                            "(routes: shared_memory)"));
       EXPECT_THAT(log, ::testing::HasSubstr("weights are pulled where the server writes them"));
+    } else if (name == "embedded") {
+      EXPECT_THAT(log, ::testing::HasSubstr("gradients are written where the server reads them "
+                                            "(routes: in_process)"));
     } else {
       EXPECT_THAT(log, ::testing::HasSubstr("(routes: grpc)"));
       EXPECT_THAT(log, ::testing::Not(::testing::HasSubstr("gradients are written where")));
@@ -464,13 +467,20 @@ TEST(ZoTrainE2eTest, SameHostServerTrainsAsOverGrpc) {
     runs.push_back(ReadMetrics(dir + "/" + name + ".jsonl"));
     ASSERT_EQ(runs.back().size(), static_cast<size_t>(kSteps)) << name;
   }
-  for (int i = 0; i < kSteps; ++i) {
-    ASSERT_TRUE(runs[0][i].loss.has_value());
-    ASSERT_TRUE(runs[1][i].loss.has_value());
-    EXPECT_EQ(*runs[0][i].loss, *runs[1][i].loss) << "step " << runs[0][i].step;
+  for (size_t r = 1; r < runs.size(); ++r) {
+    for (int i = 0; i < kSteps; ++i) {
+      ASSERT_TRUE(runs[0][i].loss.has_value());
+      ASSERT_TRUE(runs[r][i].loss.has_value());
+      EXPECT_EQ(*runs[r][i].loss, *runs[0][i].loss)
+          << (r == 1 ? "shm" : "embedded") << ", step " << runs[0][i].step;
+    }
   }
 }
 
+// --restore is safe to give every time (the Kubernetes and Slurm files pass
+// it to each process): a job at its latest checkpoint is left as it is, one
+// that went on past it is refused and left at its version, and
+// --restore-force rolls it back.
 TEST(ZoTrainE2eTest, RestoreIsIdempotentAndRollsBackALiveJobOnlyWhenForced) {
   const std::string dir = FreshTempDir("zo_train_restore");
   std::vector<ServerProcess> servers = StartServers(1, {"--checkpoint-dir", dir + "/ckpt"});

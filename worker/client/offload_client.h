@@ -254,7 +254,7 @@ class OffloadClient {
     int64_t pushed_bytes = 0;
     int64_t pulled_bytes = 0;
     // Of pushed_bytes, those pushed from where their server reads them
-    // (RegionPushBuffers), which the push did not copy.
+    // (PushBuffers), which the push did not copy.
     int64_t pushed_in_place_bytes = 0;
   };
   Traffic traffic() const;
@@ -267,19 +267,25 @@ class OffloadClient {
   // client lives; they change only with pulls into them: from now on a
   // pull into other buffers takes gRPC for their servers.
   std::vector<absl::Span<std::byte>> RegionPullBuffers(absl::Span<const int> tensors);
-  // The other direction: one buffer per tensor of `tensors`, the tensor's
-  // place in step `step`'s gradient area of its server's region, to write
-  // the step's gradient into (a backward's device-to-host copy) and then
-  // give Push or PushShared: the push copies nothing more. Waits, as such a
-  // push would before its copy, until the step two before, which used the
-  // same area, has all its pieces summed. Empty where some tensor has no
-  // such place, and with micro-batches summed on the servers (each one's
-  // copy waits for the one before to be summed). Lent until FinishStep(step):
-  // a push of one of these tensors in that step from other bytes takes
-  // gRPC. FAILED_PRECONDITION while places lent for step - 2 or earlier are
-  // not finished, or at the deadline of that wait.
-  absl::StatusOr<std::vector<absl::Span<std::byte>>> RegionPushBuffers(
-      int64_t step, absl::Span<const int> tensors);
+  // The other direction: one buffer per tensor of `tensors`, where its
+  // server reads the tensor's gradient of step `step` (its place in the
+  // step's gradient area of the shared region; for an embedded server on
+  // the in-process route, its place in the server's own buffer), to write
+  // the gradient into (a backward's device-to-host copy) and then give
+  // Push or PushShared: the push copies nothing more. On the same-host
+  // route it waits, as such a push would before its copy, until the step
+  // two before, which used the same area, has all its pieces summed.
+  // Empty where some tensor has no such place: several servers hold parts
+  // of it, gRPC carries its server's gradients, its embedded server sums
+  // several contributors or still updates the step before; and with
+  // micro-batches summed on the servers (each one's copy waits for the one
+  // before to be summed). Lent until FinishStep(step): a push of one of
+  // these tensors in that step from other bytes takes gRPC on the
+  // same-host route (nothing else writes the lent bytes there).
+  // FAILED_PRECONDITION while places in a region lent for step - 2 or
+  // earlier are not finished, or at the deadline of that wait.
+  absl::StatusOr<std::vector<absl::Span<std::byte>>> PushBuffers(int64_t step,
+                                                                 absl::Span<const int> tensors);
 
   // Per server, the route its gradients and weights take: "in_process",
   // "shared_memory" or "grpc".

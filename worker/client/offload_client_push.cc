@@ -5,6 +5,7 @@
 #include <bit>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -126,9 +127,9 @@ absl::Status OffloadClient::Impl::RoutePushPiece(int64_t step, const PushPiece& 
                                                  v1::GradientPiece header,
                                                  absl::Span<const std::byte> data,
                                                  const std::shared_ptr<const void>& owner,
-                                                 RoutedPush& routed) {
+                                                 bool in_place, RoutedPush& routed) {
   if (routes[p.server] != nullptr) {
-    AddLocalParts(LocalPushCallFor(step, p.server), p, header, data, routed.local);
+    AddLocalParts(LocalPushCallFor(step, p.server), p, header, data, in_place, routed.local);
     return absl::OkStatus();
   }
   if (GradientsThroughRegion(p.server)) {
@@ -153,12 +154,14 @@ std::shared_ptr<PushCall> OffloadClient::Impl::LocalPushCallFor(int64_t step, in
 
 void OffloadClient::Impl::AddLocalParts(const std::shared_ptr<PushCall>& call, const PushPiece& p,
                                         const v1::GradientPiece& header,
-                                        absl::Span<const std::byte> data,
+                                        absl::Span<const std::byte> data, bool in_place,
                                         std::vector<LocalPiece>& local) const {
   const int64_t piece_bytes = p.byte_end - p.byte_begin;
   // A big piece is handed over in parts by several threads: one thread
-  // cannot draw the memory bandwidth a copy wants.
-  const int64_t parts = std::clamp<int64_t>(piece_bytes / kLocalPartBytes, 1, CopyThreads());
+  // cannot draw the memory bandwidth a copy wants. In place, nothing is
+  // copied.
+  const int64_t parts =
+      in_place ? 1 : std::clamp<int64_t>(piece_bytes / kLocalPartBytes, 1, CopyThreads());
   const int64_t part_elems = (piece_bytes / elem_bytes + parts - 1) / parts;
   for (int64_t e = 0; e < piece_bytes / elem_bytes; e += part_elems) {
     const int64_t n = std::min(part_elems, piece_bytes / elem_bytes - e);
@@ -232,17 +235,20 @@ absl::Status OffloadClient::Impl::PushRange(int64_t step, int tensor, int64_t of
   const int64_t bytes = static_cast<int64_t>(data.size());
   ZO_RETURN_IF_ERROR(CheckPushRange(step, tensor, offset, bytes, micro_batch));
   const int64_t elems = bytes / elem_bytes;
-  // The tensor's gradient places were lent (RegionPushBuffers) and these
-  // bytes are not there: they go over gRPC, not over the lent ones.
+  // The tensor's gradient places were lent (PushBuffers): pushed from
+  // there, nothing is copied; from other bytes into a region, they go over
+  // gRPC, so that nothing but the lent bytes is written over the lent ones
+  // (an embedded server copies them into its own buffer, as any push).
+  bool in_place = false;
   bool lent_elsewhere = false;
   {
     std::lock_guard lock(mu);
     ZO_RETURN_IF_ERROR(StepErrorLocked(step));
-    if (auto lent = region_push_lent.find(step);
-        lent != region_push_lent.end() && lent->second.contains(tensor)) {
-      const std::optional<RegionRun> run = RegionRunOf(tensor);
-      lent_elsewhere =
-          !run.has_value() || data.data() != GradientPlace(step, run->server, run->first + offset);
+    if (auto lent = push_lent.find(step); lent != push_lent.end()) {
+      if (auto place = lent->second.find(tensor); place != lent->second.end()) {
+        in_place = data.data() == place->second + offset * elem_bytes;
+        lent_elsewhere = !in_place;
+      }
     }
   }
   RoutedPush routed;
@@ -253,7 +259,15 @@ absl::Status OffloadClient::Impl::PushRange(int64_t step, int tensor, int64_t of
       ZO_RETURN_IF_ERROR(EnqueueOnStream(step, p, header, data, owner));
       continue;
     }
-    ZO_RETURN_IF_ERROR(RoutePushPiece(step, p, std::move(header), data, owner, routed));
+    ZO_RETURN_IF_ERROR(RoutePushPiece(step, p, std::move(header), data, owner, in_place, routed));
+  }
+  if (in_place) {
+    // The in-process route's pieces lie where the accumulator keeps them (the
+    // same-host route's are counted as they are sent).
+    for (const LocalPiece& piece : routed.local) {
+      pushed_in_place_bytes.fetch_add(static_cast<int64_t>(piece.data.size()),
+                                      std::memory_order_relaxed);
+    }
   }
   if (!routed.in_region.empty()) ZO_RETURN_IF_ERROR(PushThroughRegions(step, routed.in_region));
   if (!routed.local.empty()) ZO_RETURN_IF_ERROR(PushLocal(routed.local, owner));
@@ -261,12 +275,87 @@ absl::Status OffloadClient::Impl::PushRange(int64_t step, int tensor, int64_t of
   return absl::OkStatus();
 }
 
+absl::StatusOr<absl::Span<std::byte>> OffloadClient::Impl::LocalGradientPlace(int64_t step,
+                                                                              int tensor) {
+  const std::vector<TensorPiece> pieces = map.PiecesOfTensor(tensor);
+  if (pieces.empty() || routes[pieces[0].server] == nullptr) return absl::Span<std::byte>();
+  const int server = pieces[0].server;
+  std::byte* first = nullptr;
+  std::byte* next = nullptr;
+  for (const TensorPiece& t : pieces) {
+    if (t.server != server) return absl::Span<std::byte>();
+    const PushPiece p{.server = server, .chunk = t.chunk, .chunk_offset = t.chunk_offset};
+    ZO_ASSIGN_OR_RETURN(const absl::Span<std::byte> place,
+                        routes[server]->LendGradientPlace(PushHeader(step, p, 0), t.length));
+    // The tensor's places must follow one another, as its bytes do.
+    if (place.empty() || (next != nullptr && place.data() != next)) return absl::Span<std::byte>();
+    if (first == nullptr) first = place.data();
+    next = place.data() + place.size();
+  }
+  return absl::Span<std::byte>(first, static_cast<size_t>(next - first));
+}
+
+absl::StatusOr<std::vector<absl::Span<std::byte>>> OffloadClient::PushBuffers(
+    int64_t step, absl::Span<const int> tensors) {
+  Impl& impl = *impl_;
+  ZO_RETURN_IF_ERROR(impl.CheckState());
+  if (step < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot lend step ", step, "'s gradient places: steps are numbered from 1"));
+  }
+  for (int t : tensors) ZO_RETURN_IF_ERROR(impl.CheckTensorIndex(t));
+  // Micro-batches summed on the servers write the same places one after
+  // another: each copy waits there for the server to have summed the one
+  // before, which a buffer written before its push could not.
+  if (PushesPerRank(impl.config) > 1) return std::vector<absl::Span<std::byte>>();
+  std::vector<absl::Span<std::byte>> buffers;
+  std::set<int> region_servers;
+  for (int t : tensors) {
+    if (impl.map.TensorRange(t).size() == 0) {
+      buffers.emplace_back();  // nothing to push
+      continue;
+    }
+    ZO_ASSIGN_OR_RETURN(absl::Span<std::byte> place, impl.LocalGradientPlace(step, t));
+    if (place.empty()) {
+      const std::optional<Impl::RegionRun> run = impl.RegionRunOf(t);
+      if (!run.has_value()) return std::vector<absl::Span<std::byte>>();
+      place = {impl.GradientPlace(step, run->server, run->first),
+               static_cast<size_t>(run->elems * impl.elem_bytes)};
+      region_servers.insert(run->server);
+    }
+    buffers.push_back(place);
+  }
+  if (!region_servers.empty()) {
+    {
+      std::lock_guard lock(impl.mu);
+      for (const auto& [lent_step, lent] : impl.push_lent) {
+        if (lent_step <= step - 2 && !lent.empty()) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("step ", step,
+                           "'s gradient places in the shared region are those of step ", lent_step,
+                           ", whose lent places are still in use: finish that step (FinishStep) "
+                           "first"));
+        }
+      }
+    }
+    // The bytes are written before the push: what the push would wait for
+    // before its copy, this waits for before lending them.
+    ZO_RETURN_IF_ERROR(
+        impl.AwaitOlderRegionCalls(step, region_servers, absl::Now() + impl.call_timeout()));
+  }
+  std::lock_guard lock(impl.mu);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (!buffers[i].empty()) impl.push_lent[step][tensors[i]] = buffers[i].data();
+  }
+  return buffers;
+}
+
 absl::Status OffloadClient::Impl::FinishStep(int64_t step) {
   ZO_RETURN_IF_ERROR(CheckState());
   std::map<int, std::shared_ptr<PushCall>> open;
   {
     std::lock_guard lock(mu);
-    region_push_lent.erase(step);
+    push_lent.erase(step);
     auto it = streams.find(step);
     if (it == streams.end()) return absl::OkStatus();
     open = std::move(it->second);

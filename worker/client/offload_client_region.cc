@@ -150,50 +150,6 @@ std::vector<absl::Span<std::byte>> OffloadClient::RegionPullBuffers(absl::Span<c
   return buffers;
 }
 
-absl::StatusOr<std::vector<absl::Span<std::byte>>> OffloadClient::RegionPushBuffers(
-    int64_t step, absl::Span<const int> tensors) {
-  Impl& impl = *impl_;
-  if (step < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot lend step ", step, "'s gradient places: steps are numbered from 1"));
-  }
-  for (int t : tensors) ZO_RETURN_IF_ERROR(impl.CheckTensorIndex(t));
-  // Micro-batches summed on the servers write the same places one after
-  // another: each copy waits there for the server to have summed the one
-  // before, which a buffer written before its push could not.
-  if (PushesPerRank(impl.config) > 1) return std::vector<absl::Span<std::byte>>();
-  std::vector<absl::Span<std::byte>> buffers;
-  std::set<int> servers;
-  for (int t : tensors) {
-    if (impl.map.TensorRange(t).size() == 0) {
-      buffers.emplace_back();  // nothing to push
-      continue;
-    }
-    const std::optional<Impl::RegionRun> run = impl.RegionRunOf(t);
-    if (!run.has_value()) return std::vector<absl::Span<std::byte>>();
-    buffers.emplace_back(impl.GradientPlace(step, run->server, run->first),
-                         static_cast<size_t>(run->elems * impl.elem_bytes));
-    servers.insert(run->server);
-  }
-  {
-    std::lock_guard lock(impl.mu);
-    for (const auto& [lent_step, lent] : impl.region_push_lent) {
-      if (lent_step <= step - 2 && !lent.empty()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "step ", step, "'s gradient places in the shared region are those of step ", lent_step,
-            ", whose lent places are still in use: finish that step (FinishStep) "
-            "first"));
-      }
-    }
-  }
-  // The bytes are written before the push: what the push would wait for
-  // before its copy, this waits for before lending them.
-  ZO_RETURN_IF_ERROR(impl.AwaitOlderRegionCalls(step, servers, absl::Now() + impl.call_timeout()));
-  std::lock_guard lock(impl.mu);
-  impl.region_push_lent[step].insert(tensors.begin(), tensors.end());
-  return buffers;
-}
-
 void OffloadClient::Impl::DropRegion(int server, const absl::Status& why) {
   if (region_ids == nullptr || region_ids[server].exchange(0) == 0) return;
   ZO_LOG(WARNING) << "server " << names[server]
@@ -270,7 +226,7 @@ absl::Status OffloadClient::Impl::PushThroughRegions(int64_t step,
   };
   std::vector<Part> parts;
   for (const RegionPiece& p : pieces) {
-    if (p.data.data() == p.dst) {  // written in place (RegionPushBuffers)
+    if (p.data.data() == p.dst) {  // written in place (PushBuffers)
       pushed_in_place_bytes.fetch_add(static_cast<int64_t>(p.data.size()),
                                       std::memory_order_relaxed);
       continue;

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/dpu_policy.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -393,6 +394,20 @@ absl::Status OffloadLink::LoadWeights(int64_t step, absl::Span<model::Param* con
 
 double OffloadLink::LossScale(int64_t) { return loss_scale_; }
 
+bool OffloadLink::MayLendGradientPlaces() {
+  // Asked once per client: only its in-process and same-host routes lend
+  // places, and only a backend that downloads to any host memory uses them.
+  if (lend_checked_for_ != client_) {
+    lend_checked_for_ = client_;
+    const std::vector<std::string> routes = client_->routes();
+    may_lend_ = backend_.DownloadsToAnyHostMemory() &&
+                std::any_of(routes.begin(), routes.end(), [](const std::string& r) {
+                  return r == "in_process" || r == "shared_memory";
+                });
+  }
+  return may_lend_;
+}
+
 absl::Status OffloadLink::PushGradient(int64_t step, const model::Param& param, int micro_batch) {
   ZO_ASSIGN_OR_RETURN(int index, TensorIndex(param.name));
   auto place = places_.find(index);
@@ -405,19 +420,20 @@ absl::Status OffloadLink::PushGradient(int64_t step, const model::Param& param, 
   // fp32 -> fp16 turns an overflowing gradient into inf: that is how the
   // servers see the overflow and skip the step.
   const size_t bytes = static_cast<size_t>(param.numel()) * DTypeSize(dtype_);
-  if (ring_ == nullptr && backend_.DownloadsToAnyHostMemory()) {
-    // On the same-host route the gradient goes where the server reads it,
-    // in its shared region, rather than through the staging arena (a copy
-    // less); the client waits here for that place to be free.
+  if (ring_ == nullptr && MayLendGradientPlaces()) {
+    // Where the server reads the gradient (the same-host route's shared
+    // region, an embedded server's own buffer) it goes there rather than
+    // through the staging arena: a copy less. On the same-host route the
+    // client waits here for that place to be free.
     ZO_ASSIGN_OR_RETURN(const std::vector<absl::Span<std::byte>> lent,
-                        client_->RegionPushBuffers(step, std::vector<int>{index}));
+                        client_->PushBuffers(step, std::vector<int>{index}));
     if (lent.size() == 1 && lent[0].size() == bytes && bytes > 0) {
       dst = lent[0];
       owner = std::shared_ptr<const void>(dst.data(), [](const void*) {});
-      if (!said_gradients_in_region_) {
-        said_gradients_in_region_ = true;
-        ZO_LOG(INFO) << "gradients are written where the server reads them (its shared-memory "
-                        "region)";
+      if (!said_gradients_in_place_) {
+        said_gradients_in_place_ = true;
+        ZO_LOG(INFO) << "gradients are written where the server reads them (routes: "
+                     << absl::StrJoin(client_->routes(), ", ") << ")";
       }
     }
   }

@@ -116,6 +116,9 @@ class OffloadLink final : public model::ParamLink {
   // Points host_ at the client's region (RegionPullBuffers) or at a new
   // arena.
   void PlaceHostWeights();
+  // Whether PushGradient asks the client for the place where its server
+  // reads a gradient (OffloadClient::PushBuffers).
+  bool MayLendGradientPlaces();
   // Pulls `step`'s weights into host_ now; whether they changed.
   absl::StatusOr<bool> PullNow(int64_t step);
   // Runs `pull` with a cancellation registered with abort_: a neighbour
@@ -168,7 +171,11 @@ class OffloadLink final : public model::ParamLink {
   // With compensate_: the last two versions pulled, as pulled, and their
   // versions (-1: none); the params hold weights computed from them.
   bool compensate_ = false;
-  bool said_gradients_in_region_ = false;  // logged once
+  bool said_gradients_in_place_ = false;  // logged once
+  // Whether the client may lend gradient places (MayLendGradientPlaces), as
+  // found for lend_checked_for_.
+  const OffloadClient* lend_checked_for_ = nullptr;
+  bool may_lend_ = false;
   std::vector<backend::Tensor> served_, served_before_;
   int64_t served_version_ = -1, served_before_version_ = -1;
   bool params_moved_ = false;  // the params hold other weights than served_

@@ -252,18 +252,23 @@ struct OffloadClient::Impl {
   // Copies the pieces of `step` into their regions (once the step two
   // before, whose area they reuse, is in, and the server has summed the
   // pieces of this step whose bytes they overwrite), then sends their
-  // headers. A piece already in its place (RegionPushBuffers) is not copied.
+  // headers. A piece already in its place (PushBuffers) is not copied.
   absl::Status PushThroughRegions(int64_t step, const std::vector<RegionPiece>& pieces);
   // Until the push calls of steps up to `step` - 2 to `servers` through
   // their regions have ended (every piece of them summed): FAILED_PRECONDITION
   // at `deadline`.
   absl::Status AwaitOlderRegionCalls(int64_t step, const std::set<int>& servers,
                                      absl::Time deadline);
-  // By step: the tensors whose places in that step's gradient areas
-  // RegionPushBuffers lent; until FinishStep. A push of one of them from
-  // other bytes takes gRPC, so that only the lent bytes are written there.
+  // By step, then tensor: where PushBuffers lent the tensor's gradient
+  // place (in a region's gradient area or an embedded server's
+  // accumulator); until FinishStep. A push of one of them from other bytes
+  // into a region takes gRPC, so that only the lent bytes are written there.
   // Guarded by mu.
-  std::map<int64_t, std::set<int>> region_push_lent;
+  std::map<int64_t, std::map<int, const std::byte*>> push_lent;
+  // The in-process route: where tensor `tensor`'s gradient of `step` is
+  // kept by its server (InProcessRoute::LendGradientPlace, chunk by chunk),
+  // or an empty span when one in-process server cannot lend all of it.
+  absl::StatusOr<absl::Span<std::byte>> LocalGradientPlace(int64_t step, int tensor);
 
   // A piece (or a part of one) for the in-process route.
   struct LocalPiece {
@@ -281,13 +286,15 @@ struct OffloadClient::Impl {
   // route that takes its server's pieces.
   absl::Status RoutePushPiece(int64_t step, const PushPiece& p, v1::GradientPiece header,
                               absl::Span<const std::byte> data,
-                              const std::shared_ptr<const void>& owner, RoutedPush& routed);
+                              const std::shared_ptr<const void>& owner, bool in_place,
+                              RoutedPush& routed);
   // The in-process push call of `step` to `server`, made by its first piece.
   std::shared_ptr<client_internal::PushCall> LocalPushCallFor(int64_t step, int server);
-  // Adds piece `p` to `local`, cut into parts for CopyThreads().
+  // Adds piece `p` to `local`, cut into parts for CopyThreads() (whole
+  // when `in_place`: the server keeps it where it lies).
   void AddLocalParts(const std::shared_ptr<client_internal::PushCall>& call, const PushPiece& p,
                      const v1::GradientPiece& header, absl::Span<const std::byte> data,
-                     std::vector<LocalPiece>& local) const;
+                     bool in_place, std::vector<LocalPiece>& local) const;
   // Piece `p` placed in its server's region, whose id is `region`.
   RegionPiece InRegion(int64_t step, const PushPiece& p, uint64_t region, v1::GradientPiece header,
                        absl::Span<const std::byte> data) const;
