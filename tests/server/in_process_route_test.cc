@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "server/offload_server.h"
 #include "tests/server/least_squares.h"
+#include "tests/server/lent_buffers.h"
 #include "tests/server/training_harness.h"
 #include "worker/client/offload_client.h"
 
@@ -115,44 +116,18 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(InProcessPushBuffersTest, PushesFromTheLentPlacesAreTheGrpcRoutes) {
   std::unique_ptr<OffloadServer> server = StartEmbedded();
   ASSERT_NE(server, nullptr);
-  const std::string config = R"({"train_batch_size": 1, "bf16": {"enabled": true},
-      "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "zo": {"chunk_elems": 4096}})";
-  // Several chunks, a tensor across chunks, and one of no elements.
-  const std::vector<TensorSpec> manifest = {
-      {.name = "a", .shape = {5000}, .dtype = DType::kBFloat16},
-      {.name = "b", .shape = {0}, .dtype = DType::kBFloat16},
-      {.name = "c", .shape = {9000}, .dtype = DType::kBFloat16}};
-  const std::vector<int> tensors = {0, 1, 2};
+  const std::vector<int>& tensors = kLentTensors;
   std::vector<std::unique_ptr<OffloadClient>> clients;
   for (const bool route : {true, false}) {
     ClientOptions options = OptionsFor(*server, route);
     options.job = route ? "lent-route" : "lent-grpc";
-    ZO_ASSERT_OK_AND_ASSIGN(clients.emplace_back(), OffloadClient::Open(options, config, manifest));
+    ZO_ASSERT_OK_AND_ASSIGN(clients.emplace_back(),
+                            OffloadClient::Open(options, kLentConfig, kLentManifest));
   }
   OffloadClient& lending = *clients[0];
   OffloadClient& grpc = *clients[1];
   EXPECT_THAT(grpc.PushBuffers(1, tensors), IsOkAndHolds(::testing::IsEmpty()))
       << "no in-process route, no buffers";
-  auto gradient = [&](int64_t step, int t) {
-    std::vector<uint16_t> g(static_cast<size_t>(NumElements(manifest[t].shape)));
-    for (size_t i = 0; i < g.size(); ++i) {
-      g[i] = FloatToBf16Bits(static_cast<float>((i * 5 + step * 7 + t) % 23) - 11.0f);
-    }
-    return g;
-  };
-  auto as_bytes = [](const std::vector<uint16_t>& g) {
-    return absl::Span<const std::byte>(reinterpret_cast<const std::byte*>(g.data()), g.size() * 2);
-  };
-  auto weights = [&](OffloadClient& client, int64_t version) {
-    std::vector<std::vector<std::byte>> bytes;
-    std::vector<absl::Span<std::byte>> dst;
-    for (const TensorSpec& t : manifest) {
-      bytes.emplace_back(static_cast<size_t>(NumElements(t.shape)) * 2);
-      dst.push_back(absl::MakeSpan(bytes.back()));
-    }
-    EXPECT_THAT(client.Pull(version, -1, tensors, dst).status(), IsOk());
-    return bytes;
-  };
   constexpr int64_t kSteps = 4;
   int64_t lent_bytes_pushed = 0;
   for (int64_t step = 1; step <= kSteps; ++step) {
@@ -166,10 +141,10 @@ TEST(InProcessPushBuffersTest, PushesFromTheLentPlacesAreTheGrpcRoutes) {
     // The last step pushes "c" from its own bytes.
     const bool c_elsewhere = step == kSteps;
     for (int t = 0; t < 3; ++t) {
-      const std::vector<uint16_t> g = gradient(step, t);
-      ASSERT_THAT(grpc.Push(step, t, as_bytes(g)), IsOk());
+      const std::vector<uint16_t> g = LentGradient(step, t);
+      ASSERT_THAT(grpc.Push(step, t, BytesOf(g)), IsOk());
       if (t == 2 && c_elsewhere) {
-        ASSERT_THAT(lending.Push(step, t, as_bytes(g)), IsOk());
+        ASSERT_THAT(lending.Push(step, t, BytesOf(g)), IsOk());
         continue;
       }
       std::memcpy(lent[t].data(), g.data(), lent[t].size());
@@ -178,7 +153,7 @@ TEST(InProcessPushBuffersTest, PushesFromTheLentPlacesAreTheGrpcRoutes) {
     }
     ASSERT_THAT(lending.FinishStep(step), IsOk());
     ASSERT_THAT(grpc.FinishStep(step), IsOk());
-    EXPECT_EQ(weights(lending, step), weights(grpc, step)) << "version " << step;
+    EXPECT_EQ(PulledWeights(lending, step), PulledWeights(grpc, step)) << "version " << step;
   }
   EXPECT_EQ(lending.traffic().pushed_in_place_bytes, lent_bytes_pushed);
 }

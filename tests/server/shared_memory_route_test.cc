@@ -22,6 +22,7 @@
 #include "proto/zo/v1/offload_service.grpc.pb.h"
 #include "rpc/rpc_util.h"
 #include "tests/server/least_squares.h"
+#include "tests/server/lent_buffers.h"
 #include "tests/server/server_process.h"
 #include "tests/server/training_harness.h"
 #include "worker/client/offload_client.h"
@@ -184,15 +185,6 @@ TEST(SharedMemoryMicroBatchTest, EveryMicroBatchIsSummedAsPushed) {
       << "the same-host route summed other gradients than gRPC";
 }
 
-// The lent-buffer tests' job: bf16, chunks of 4096 elements.
-constexpr char kLentConfig[] = R"({"train_batch_size": 1, "bf16": {"enabled": true},
-    "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "zo": {"chunk_elems": 4096}})";
-// Several chunks, a tensor across chunks, and one of no elements.
-const std::vector<TensorSpec> kLentManifest = {
-    {.name = "a", .shape = {5000}, .dtype = DType::kBFloat16},
-    {.name = "b", .shape = {0}, .dtype = DType::kBFloat16},
-    {.name = "c", .shape = {9000}, .dtype = DType::kBFloat16}};
-
 // Clients of kLentManifest's jobs `shm_job` through the shared region and
 // `grpc_job` over gRPC only, in that order (empty when one fails to open).
 std::vector<std::unique_ptr<OffloadClient>> OpenBothRoutes(
@@ -340,8 +332,7 @@ TEST(SharedMemoryPullBuffersTest, OnlyTensorsWholeOnOneServerAreLent) {
 TEST(SharedMemoryPushBuffersTest, PushesFromTheLentPlacesAreTheGrpcRoutes) {
   std::vector<ServerProcess> servers = StartServers(1);
   ASSERT_EQ(servers.size(), 1u);
-  const std::vector<TensorSpec>& manifest = kLentManifest;
-  const std::vector<int> tensors = {0, 1, 2};
+  const std::vector<int>& tensors = kLentTensors;
   const std::vector<std::unique_ptr<OffloadClient>> clients =
       OpenBothRoutes(servers, "push-buffers-shm", "push-buffers-grpc");
   ASSERT_EQ(clients.size(), 2u);
@@ -349,26 +340,6 @@ TEST(SharedMemoryPushBuffersTest, PushesFromTheLentPlacesAreTheGrpcRoutes) {
   OffloadClient& grpc = *clients[1];
   EXPECT_THAT(grpc.PushBuffers(1, tensors), IsOkAndHolds(::testing::IsEmpty()))
       << "no region, no buffers";
-  auto gradient = [&](int64_t step, int t) {
-    std::vector<uint16_t> g(static_cast<size_t>(NumElements(manifest[t].shape)));
-    for (size_t i = 0; i < g.size(); ++i) {
-      g[i] = FloatToBf16Bits(static_cast<float>((i * 5 + step * 7 + t) % 23) - 11.0f);
-    }
-    return g;
-  };
-  auto as_bytes = [](const std::vector<uint16_t>& g) {
-    return absl::Span<const std::byte>(reinterpret_cast<const std::byte*>(g.data()), g.size() * 2);
-  };
-  auto weights = [&](OffloadClient& client, int64_t version) {
-    std::vector<std::vector<std::byte>> bytes;
-    std::vector<absl::Span<std::byte>> dst;
-    for (const TensorSpec& t : manifest) {
-      bytes.emplace_back(static_cast<size_t>(NumElements(t.shape)) * 2);
-      dst.push_back(absl::MakeSpan(bytes.back()));
-    }
-    EXPECT_THAT(client.Pull(version, -1, tensors, dst).status(), IsOk());
-    return bytes;
-  };
   constexpr int64_t kSteps = 5;
   std::byte* area_of_step_1 = nullptr;
   int64_t lent_bytes_pushed = 0;
@@ -387,11 +358,11 @@ TEST(SharedMemoryPushBuffersTest, PushesFromTheLentPlacesAreTheGrpcRoutes) {
     // pattern the server must not take.
     const bool c_elsewhere = step == kSteps;
     for (int t = 0; t < 3; ++t) {
-      const std::vector<uint16_t> g = gradient(step, t);
-      ASSERT_THAT(grpc.Push(step, t, as_bytes(g)), IsOk());
+      const std::vector<uint16_t> g = LentGradient(step, t);
+      ASSERT_THAT(grpc.Push(step, t, BytesOf(g)), IsOk());
       if (t == 2 && c_elsewhere) {
         std::memset(lent[2].data(), 0x7f, lent[2].size());
-        ASSERT_THAT(shm.Push(step, t, as_bytes(g)), IsOk());
+        ASSERT_THAT(shm.Push(step, t, BytesOf(g)), IsOk());
         continue;
       }
       std::memcpy(lent[t].data(), g.data(), lent[t].size());
@@ -400,7 +371,7 @@ TEST(SharedMemoryPushBuffersTest, PushesFromTheLentPlacesAreTheGrpcRoutes) {
     }
     ASSERT_THAT(shm.FinishStep(step), IsOk());
     ASSERT_THAT(grpc.FinishStep(step), IsOk());
-    EXPECT_EQ(weights(shm, step), weights(grpc, step)) << "version " << step;
+    EXPECT_EQ(PulledWeights(shm, step), PulledWeights(grpc, step)) << "version " << step;
     if (c_elsewhere) {
       EXPECT_TRUE(std::all_of(lent[2].begin(), lent[2].end(), [](std::byte b) {
         return b == std::byte{0x7f};
