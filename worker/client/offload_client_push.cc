@@ -277,17 +277,16 @@ absl::Status OffloadClient::Impl::PushRange(int64_t step, int tensor, int64_t of
 
 absl::StatusOr<absl::Span<std::byte>> OffloadClient::Impl::LocalGradientPlace(int64_t step,
                                                                               int tensor) {
-  const std::vector<TensorPiece> pieces = map.PiecesOfTensor(tensor);
-  if (pieces.empty() || routes[pieces[0].server] == nullptr) return absl::Span<std::byte>();
-  const int server = pieces[0].server;
+  const std::optional<LocalRun> run = LocalRunOf(tensor);
+  if (!run.has_value() || routes[run->server] == nullptr) return absl::Span<std::byte>();
+  const int server = run->server;
   std::byte* first = nullptr;
   std::byte* next = nullptr;
-  for (const TensorPiece& t : pieces) {
-    if (t.server != server) return absl::Span<std::byte>();
+  for (const TensorPiece& t : map.PiecesOfTensor(tensor)) {
     const PushPiece p{.server = server, .chunk = t.chunk, .chunk_offset = t.chunk_offset};
     ZO_ASSIGN_OR_RETURN(const absl::Span<std::byte> place,
                         routes[server]->LendGradientPlace(PushHeader(step, p, 0), t.length));
-    // The tensor's places must follow one another, as its bytes do.
+    // The server keeps them in its local order, as the run's.
     if (place.empty() || (next != nullptr && place.data() != next)) return absl::Span<std::byte>();
     if (first == nullptr) first = place.data();
     next = place.data() + place.size();
@@ -317,7 +316,7 @@ absl::StatusOr<std::vector<absl::Span<std::byte>>> OffloadClient::PushBuffers(
     }
     ZO_ASSIGN_OR_RETURN(absl::Span<std::byte> place, impl.LocalGradientPlace(step, t));
     if (place.empty()) {
-      const std::optional<Impl::RegionRun> run = impl.RegionRunOf(t);
+      const std::optional<Impl::LocalRun> run = impl.RegionRunOf(t);
       if (!run.has_value()) return std::vector<absl::Span<std::byte>>();
       place = {impl.GradientPlace(step, run->server, run->first),
                static_cast<size_t>(run->elems * impl.elem_bytes)};

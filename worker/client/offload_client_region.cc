@@ -97,9 +97,9 @@ void OffloadClient::Impl::AttachRegions() {
   }
 }
 
-std::optional<OffloadClient::Impl::RegionRun> OffloadClient::Impl::RegionRunOf(int tensor) const {
+std::optional<OffloadClient::Impl::LocalRun> OffloadClient::Impl::LocalRunOf(int tensor) const {
   const std::vector<TensorPiece> pieces = map.PiecesOfTensor(tensor);
-  if (pieces.empty() || RegionId(pieces[0].server) == 0) return std::nullopt;
+  if (pieces.empty()) return std::nullopt;
   const int server = pieces[0].server;
   int64_t first = -1;
   int64_t next = -1;
@@ -109,12 +109,18 @@ std::optional<OffloadClient::Impl::RegionRun> OffloadClient::Impl::RegionRunOf(i
     if (first < 0) first = local;
     next = local + p.length;
   }
-  return RegionRun{.server = server, .first = first, .elems = next - first};
+  return LocalRun{.server = server, .first = first, .elems = next - first};
+}
+
+std::optional<OffloadClient::Impl::LocalRun> OffloadClient::Impl::RegionRunOf(int tensor) const {
+  std::optional<LocalRun> run = LocalRunOf(tensor);
+  if (run.has_value() && RegionId(run->server) == 0) run.reset();
+  return run;
 }
 
 std::optional<std::pair<int, absl::Span<std::byte>>> OffloadClient::Impl::RegionPlace(
     int tensor) const {
-  const std::optional<RegionRun> run = RegionRunOf(tensor);
+  const std::optional<LocalRun> run = RegionRunOf(tensor);
   if (!run.has_value()) return std::nullopt;
   const WorkerRegion& r = *regions[run->server];
   return std::make_pair(

@@ -204,14 +204,16 @@ struct OffloadClient::Impl {
   int64_t LocalElement(int64_t chunk, int64_t chunk_offset) const {
     return (chunk / map.num_servers()) * map.chunk_elems() + chunk_offset;
   }
-  // Tensor `tensor` in its server's local order, when one attached region
-  // holds the whole tensor, its chunks one after another.
-  struct RegionRun {
+  // Tensor `tensor` in its server's local order, when one server holds the
+  // whole tensor, its chunks one after another.
+  struct LocalRun {
     int server = 0;
     int64_t first = 0;  // local element
     int64_t elems = 0;
   };
-  std::optional<RegionRun> RegionRunOf(int tensor) const;
+  std::optional<LocalRun> LocalRunOf(int tensor) const;
+  // The same, when that server's gradients and weights take its region.
+  std::optional<LocalRun> RegionRunOf(int tensor) const;
   // Where local element `local` of step `step`'s gradients lies in
   // `server`'s region.
   std::byte* GradientPlace(int64_t step, int server, int64_t local) const {
