@@ -115,7 +115,8 @@ absl::StatusOr<std::optional<InProcessRoute::PullResult>> EmbeddedRoute::TakeFil
   if (job == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("no pull registered as ", id));
   }
-  std::optional<PullResult> filled = job->TakeFilledPull(request.version(), fill);
+  ZO_ASSIGN_OR_RETURN(std::optional<PullResult> filled,
+                      job->TakeFilledPull(request.version(), fill));
   if (filled.has_value())
     job->RecordPull(absl::ZeroDuration(), filled->bytes);  // the update's time
   return filled;

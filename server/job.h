@@ -206,9 +206,11 @@ class Job {
                                                  absl::Span<std::byte> area);
   // Once AwaitVersion said the version is there (or being written): the
   // pull's answer when its update filled it (waiting while it still
-  // writes), nullopt when not (read it with OpenPull then). Removes the
-  // registration.
-  std::optional<InProcessRoute::PullResult> TakeFilledPull(int64_t version, PullFills::Id id);
+  // writes), nullopt when not (read it with OpenPull then: the parts a
+  // dropped speculation wrote ahead hold the version's bytes again, so an
+  // unchanged version leaves true weights). Removes the registration.
+  absl::StatusOr<std::optional<InProcessRoute::PullResult>> TakeFilledPull(int64_t version,
+                                                                           PullFills::Id id);
   // Removes a registration; no write into its places follows.
   void WithdrawPull(PullFills::Id id);
   // A pull served: its time goes into the next step's log line and, with

@@ -131,23 +131,38 @@ absl::StatusOr<PullFills::Id> Job::RegisterCopies(int64_t version,
       });
 }
 
-std::optional<InProcessRoute::PullResult> Job::TakeFilledPull(int64_t version, PullFills::Id id) {
+absl::StatusOr<std::optional<InProcessRoute::PullResult>> Job::TakeFilledPull(int64_t version,
+                                                                              PullFills::Id id) {
   if (fills_ == nullptr || id == 0) return std::nullopt;
   // What the update had done when the pull registered is read here (it is
   // final), while the update fills the rest.
   std::optional<ParamVersions::Lease> lease;
-  const absl::Status read =
-      fills_->ReadDoneBefore(id, [&](int64_t from, int64_t n, std::byte* dst) -> absl::Status {
-        if (!lease.has_value()) {
-          ZO_ASSIGN_OR_RETURN(ParamVersions::Lease acquired, versions_->Acquire(version));
-          lease.emplace(std::move(acquired));
-        }
-        return lease->Read(from, n, dst);
-      });
-  const std::optional<int64_t> bytes = fills_->Take(id);
-  if (!bytes.has_value() || !read.ok()) return std::nullopt;
-  return InProcessRoute::PullResult{
-      .unchanged = false, .loss_scale = position_.ScaleFor(version), .bytes = *bytes};
+  const auto read = [&](int64_t from, int64_t n, std::byte* dst) -> absl::Status {
+    if (!lease.has_value()) {
+      ZO_ASSIGN_OR_RETURN(ParamVersions::Lease acquired, versions_->Acquire(version));
+      lease.emplace(std::move(acquired));
+    }
+    return lease->Read(from, n, dst);
+  };
+  const absl::Status done_before = fills_->ReadDoneBefore(id, read);
+  std::vector<PullFills::Copy> written_ahead;
+  const std::optional<int64_t> bytes = fills_->Take(id, &written_ahead);
+  if (bytes.has_value() && done_before.ok()) {
+    return InProcessRoute::PullResult{
+        .unchanged = false, .loss_scale = position_.ScaleFor(version), .bytes = *bytes};
+  }
+  // Not filled: the places hold what they held before, except where a
+  // dropped speculation wrote ahead. The version's own bytes go back there,
+  // so that a pull that finds the version unchanged leaves true weights.
+  for (const PullFills::Copy& c : written_ahead) {
+    if (absl::Status s = read(c.local_offset, c.n, c.dst); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("the pull of version ", version,
+                                                 " could not read back the weights a dropped "
+                                                 "speculation wrote into it: ",
+                                                 s.message()));
+    }
+  }
+  return std::nullopt;
 }
 
 void Job::WithdrawPull(PullFills::Id id) {

@@ -151,7 +151,10 @@ class JobSpeculationTest : public JobTest {
       if (!want.ok() || !got.ok()) return {};
       EXPECT_TRUE(*got == *want) << "the weights differ";
       // Filled by every update that makes the version (not a skipped step).
-      if ((*speculative)->TakeFilledPull(step, *id).has_value()) {
+      absl::StatusOr<std::optional<InProcessRoute::PullResult>> taken =
+          (*speculative)->TakeFilledPull(step, *id);
+      EXPECT_THAT(taken.status(), IsOk());
+      if (taken.ok() && taken->has_value()) {
         ++filled_pulls_;
         EXPECT_TRUE(area == *want) << "the weights the update wrote into the pull differ";
       }

@@ -50,6 +50,7 @@ void PullFills::FillAhead(
     WriteCopies(r, elem_bytes_, offset, n, round);
     std::lock_guard hold(*r.ahead_mu);
     r.ahead.Add(offset, offset + n);
+    r.written_ahead.Add(offset, offset + n);
   }
 }
 
@@ -127,15 +128,23 @@ absl::Status PullFills::ReadDoneBefore(
   return absl::OkStatus();
 }
 
-std::optional<int64_t> PullFills::Take(Id id) {
+std::optional<int64_t> PullFills::Take(Id id, std::vector<Copy>* written_ahead) {
+  if (written_ahead != nullptr) written_ahead->clear();
   std::unique_lock lock(mu_);
   auto it = registrations_.find(id);
   if (it == registrations_.end()) return std::nullopt;
   update_ended_.wait(lock, [&] { return it->second.state != State::kFilling; });
+  const Registration& r = it->second;
   std::optional<int64_t> bytes;
-  if (it->second.state == State::kFilled) {
+  if (r.state == State::kFilled) {
     bytes = 0;
-    for (const Copy& c : it->second.copies) *bytes += c.n * elem_bytes_;
+    for (const Copy& c : r.copies) *bytes += c.n * elem_bytes_;
+  } else if (written_ahead != nullptr) {
+    for (const Copy& c : r.copies) {
+      r.written_ahead.ForEachIn(c.local_offset, c.local_offset + c.n, [&](int64_t b, int64_t e) {
+        written_ahead->push_back({b, e - b, c.dst + (b - c.local_offset) * elem_bytes_});
+      });
+    }
   }
   registrations_.erase(it);
   return bytes;

@@ -13,7 +13,8 @@
 //
 // A registration is filled only by an update of its version that runs to
 // its end; anything else (a skipped step, a failed update, a restore)
-// leaves it unfilled, and the puller reads as any pull does.
+// leaves it unfilled, and the puller reads as any pull does, and reads
+// again what a speculation wrote ahead into it (Take says which parts).
 //
 // A speculative update (server/job_speculation.cc) writes ahead: the
 // registrations made before it reached a tile get the tile's speculated
@@ -93,8 +94,12 @@ class PullFills {
       const std::function<absl::Status(int64_t from, int64_t n, std::byte* dst)>& read) const;
   // Removes the registration, first waiting while its update is still
   // filling it; the bytes it covers when that update filled it, nullopt
-  // when it did not (then read the pull as any other).
-  std::optional<int64_t> Take(Id id);
+  // when it did not (then read the pull as any other). When it did not,
+  // `written_ahead` (may be null) receives the parts of its copies that a
+  // speculation wrote ahead: they hold weights no version has (a skipped
+  // step dropped them), so the puller must read them again even where the
+  // version equals the one its places held before.
+  std::optional<int64_t> Take(Id id, std::vector<Copy>* written_ahead = nullptr);
   // Removes the registration without waiting for its update: once this
   // returns no Fill writes its copies.
   void Withdraw(Id id);
@@ -108,8 +113,11 @@ class PullFills {
     State state = State::kWaiting;
     std::vector<Copy> copies;  // sorted by local_offset
     RangeSet done_before;
-    // Written by FillAhead (several workers at once: under ahead_mu).
+    // Written by FillAhead (several workers at once: under ahead_mu): what
+    // holds the speculation that may be kept; and all it ever wrote, which
+    // nothing forgets (Take reports it when no update filled the places).
     RangeSet ahead;
+    RangeSet written_ahead;
     std::unique_ptr<std::mutex> ahead_mu = std::make_unique<std::mutex>();
   };
   // round() for the part of [offset, offset + n) that r's copies cover.

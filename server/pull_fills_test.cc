@@ -228,6 +228,41 @@ TEST(PullFillsTest, ADroppedSpeculationIsWrittenAgain) {
   EXPECT_EQ(dst.Holding(2), kElems);
 }
 
+// No update fills the registration (the step is skipped, or its update
+// fails): Take names every part a speculation wrote, forgotten ones too,
+// for the puller to read again.
+TEST(PullFillsTest, AnUnfilledRegistrationSaysWhatWasWrittenAhead) {
+  for (const bool fails : {false, true}) {
+    SCOPED_TRACE(fails ? "a failed update" : "a skipped step");
+    PullFills fills(2);
+    Destination dst(3, 61);
+    const PullFills::Id id = fills.Register(2, dst.Copies(5), nullptr);
+    FillAhead(fills, 2, 7, 0, 12);
+    fills.ForgetAhead();  // a restore dropped it; the next speculation begins
+    FillAhead(fills, 2, 8, 24, 36);
+    FillAhead(fills, 3, 9, 40, 64);  // another version's: not into these places
+    if (fails) {
+      Update update(fills, 2);
+      update.Begin(/*ahead_holds=*/false);
+      update.Tile(0);
+      update.End(/*whole=*/false);
+    }
+    std::vector<PullFills::Copy> written;
+    EXPECT_EQ(fills.Take(id, &written), std::nullopt);
+    // Per copy, in the order of the local elements; the places begin at 3.
+    RangeSet said;
+    int64_t last_end = 0;
+    for (const PullFills::Copy& c : written) {
+      EXPECT_GE(c.local_offset, last_end);
+      last_end = c.local_offset + c.n;
+      said.Add(c.local_offset, c.local_offset + c.n);
+      EXPECT_EQ(c.dst, reinterpret_cast<std::byte*>(dst.data.data() + (c.local_offset - 3)));
+    }
+    EXPECT_EQ(said.size(), 9 + 12);
+    EXPECT_TRUE(said.Contains(3, 12) && said.Contains(24, 36)) << "not the parts written ahead";
+  }
+}
+
 TEST(PullFillsTest, ARegistrationAfterPartOfTheSpeculationGetsThatPartFromTheUpdate) {
   PullFills fills(2);
   Destination dst(0, kElems);

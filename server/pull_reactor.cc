@@ -86,8 +86,17 @@ void PullReactor::Await() {
   }
   serve_start_ = absl::Now();
   // The version is the job's: an update that wrote it has ended (no wait).
-  const bool filled = fill_ != 0 && job_->TakeFilledPull(request_.version(), fill_).has_value();
-  fill_ = 0;
+  bool filled = false;
+  if (fill_ != 0) {
+    absl::StatusOr<std::optional<InProcessRoute::PullResult>> taken =
+        job_->TakeFilledPull(request_.version(), fill_);
+    fill_ = 0;
+    if (!taken.ok()) {
+      FinishWith(taken.status());
+      return;
+    }
+    filled = taken->has_value();
+  }
   absl::StatusOr<PullCursor> cursor = job_->OpenPull(request_);
   if (!cursor.ok()) {
     FinishWith(cursor.status());

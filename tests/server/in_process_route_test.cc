@@ -18,6 +18,7 @@
 #include "server/offload_server.h"
 #include "tests/server/least_squares.h"
 #include "tests/server/lent_buffers.h"
+#include "tests/server/skipped_prefetch.h"
 #include "tests/server/training_harness.h"
 #include "worker/client/offload_client.h"
 
@@ -315,6 +316,21 @@ TEST(InProcessRouteWaitTest, APulledVersionIsTheJobsWhenThePullReturns) {
     ASSERT_EQ(status.version(), step);
     ASSERT_EQ(status.applied_steps(), step);
   }
+  client.reset();
+  server->Shutdown(absl::Seconds(1));
+}
+
+// A prefetch written ahead by a speculation of a step then skipped holds
+// the version when it returns (tests/server/skipped_prefetch.h).
+TEST(InProcessRouteWaitTest, APrefetchWrittenAheadOfASkippedStepHoldsTheVersion) {
+  std::unique_ptr<OffloadServer> server = StartEmbedded();
+  ASSERT_NE(server, nullptr);
+  ClientOptions options = OptionsFor(*server, true);
+  options.job = "skipped";
+  ZO_ASSERT_OK_AND_ASSIGN(auto client,
+                          OffloadClient::Open(options, kSkippedConfig, kSkippedManifest));
+  std::vector<std::byte> w(kSkippedElems * 2);
+  PrefetchAcrossASkippedStep(*client, absl::MakeSpan(w));
   client.reset();
   server->Shutdown(absl::Seconds(1));
 }

@@ -24,6 +24,7 @@
 #include "tests/server/least_squares.h"
 #include "tests/server/lent_buffers.h"
 #include "tests/server/server_process.h"
+#include "tests/server/skipped_prefetch.h"
 #include "tests/server/training_harness.h"
 #include "worker/client/offload_client.h"
 
@@ -274,6 +275,22 @@ TEST(SharedMemoryPullBuffersTest, PullsIntoTheRegionAreTheGrpcRoutesAndNothingEl
   EXPECT_NE(other, version_3);
   ASSERT_THAT(shm.Pull(4, -1, tensors, lent).status(), IsOk());
   EXPECT_EQ(lent_copy(), reference);
+}
+
+// A prefetch into the region written ahead by a speculation of a step then
+// skipped holds the version when it returns (tests/server/skipped_prefetch.h).
+TEST(SharedMemoryPullBuffersTest, APrefetchWrittenAheadOfASkippedStepHoldsTheVersion) {
+  std::vector<ServerProcess> servers = StartServers(1);
+  ASSERT_EQ(servers.size(), 1u);
+  ClientOptions options;
+  options.servers = Addresses(servers);
+  options.job = "skipped";
+  options.shared_memory = true;
+  ZO_ASSERT_OK_AND_ASSIGN(auto client,
+                          OffloadClient::Open(options, kSkippedConfig, kSkippedManifest));
+  const std::vector<absl::Span<std::byte>> lent = client->RegionPullBuffers(std::vector<int>{0});
+  ASSERT_EQ(lent.size(), 1u);
+  PrefetchAcrossASkippedStep(*client, lent[0]);
 }
 
 // Two servers stripe the chunks: a tensor lent must lie whole on one.
