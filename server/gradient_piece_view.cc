@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/stream_copy.h"
 #include "offload/optimizer_kernels.h"
 
 namespace zo {
@@ -219,6 +220,9 @@ void AccumulateSegments(absl::Span<const absl::Span<const char>> data, DType dty
   }
 }
 
+// Below this a segment is copied with plain stores (a gRPC slice).
+constexpr size_t kStreamCopyBytes = 64 << 10;
+
 void CopySegments(absl::Span<const absl::Span<const char>> data, size_t first, size_t n,
                   char* dst) {
   size_t seg_begin = 0;  // payload position where data[seg] starts
@@ -226,7 +230,15 @@ void CopySegments(absl::Span<const absl::Span<const char>> data, size_t first, s
     if (first >= seg_begin + data[seg].size()) continue;
     const size_t in_seg = first - seg_begin;
     const size_t take = std::min(data[seg].size() - in_seg, n);
-    std::memcpy(dst, data[seg].data() + in_seg, take);
+    // A large piece bypasses the cache: one core copies at about twice the
+    // rate (64 MiB in 4 MiB pieces: 3.3-3.7 ms against 6.5-7.4 with plain
+    // stores, which read each destination line first), and the server
+    // reads the gradient once, later, whole chunks at a time.
+    if (take >= kStreamCopyBytes) {
+      StreamCopy(data[seg].data() + in_seg, dst, take);
+    } else {
+      std::memcpy(dst, data[seg].data() + in_seg, take);
+    }
     dst += take;
     first += take;
     n -= take;

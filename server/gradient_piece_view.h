@@ -66,8 +66,9 @@ void AccumulateSegments(absl::Span<const absl::Span<const char>> data, DType dty
                         size_t n, float* acc, bool overwrite = false);
 
 // Copies bytes [first, first + n) of the payload (the segments back to back)
-// to `dst`: how a one-rank job keeps 16-bit gradients as received. Requires
-// first + n payload bytes to be present.
+// to `dst`: how a one-rank job keeps 16-bit gradients as received; large
+// segments bypass the cache (StreamCopy). Requires first + n payload bytes
+// to be present.
 void CopySegments(absl::Span<const absl::Span<const char>> data, size_t first, size_t n, char* dst);
 
 }  // namespace zo

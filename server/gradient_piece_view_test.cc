@@ -206,5 +206,26 @@ TEST(GradientPieceViewTest, AccumulateSegmentsAddsOrStoresEveryElement) {
   }
 }
 
+// A segment of the in-process route is the caller's whole tensor: copied
+// past the cache from any offset, into any destination, the same bytes,
+// and nothing beside them written.
+TEST(CopySegmentsTest, LargeSegmentsAtAnyOffsetKeepTheirBytes) {
+  std::string big(300001, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>((i * 131 + 7) % 251);
+  const std::string small = "tail";
+  const std::vector<absl::Span<const char>> segments = {{big.data(), big.size()},
+                                                        {small.data(), small.size()}};
+  for (const size_t first : {size_t{0}, size_t{1}, size_t{63}, size_t{4099}}) {
+    for (const size_t dst_at : {size_t{0}, size_t{3}, size_t{64}}) {
+      const size_t n = big.size() + small.size() - first;
+      std::string out(dst_at + n + 5, '\x7f');
+      CopySegments(segments, first, n, out.data() + dst_at);
+      EXPECT_EQ(out.substr(dst_at, n), (big + small).substr(first)) << first << " " << dst_at;
+      EXPECT_EQ(out.substr(0, dst_at), std::string(dst_at, '\x7f'));
+      EXPECT_EQ(out.substr(dst_at + n), std::string(5, '\x7f'));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace zo
