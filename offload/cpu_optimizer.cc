@@ -69,8 +69,8 @@ void CpuOptimizer::LionStep(const LionStepConstants& k, SimdLevel level) {
   });
 }
 
-std::vector<GradStats> CpuOptimizer::PerChunkStats(const std::vector<bool>& wanted,
-                                                   SimdLevel level) const {
+std::vector<GradStats> CpuOptimizer::PerChunkStats(const std::vector<bool>& wanted, SimdLevel level,
+                                                   int max_workers) const {
   std::vector<size_t> blocks;
   for (size_t b = 0; b < stats_blocks_.size(); ++b) {
     if (wanted[stats_blocks_[b].chunk]) blocks.push_back(b);
@@ -78,8 +78,9 @@ std::vector<GradStats> CpuOptimizer::PerChunkStats(const std::vector<bool>& want
   // Each block's result goes to its own slot; workers take contiguous runs of
   // blocks, so only the slots at run edges share a cache line.
   std::vector<GradStats> block_stats(blocks.size());
-  const int workers = pool_->size();
+  const int workers = max_workers > 0 ? std::min(max_workers, pool_->size()) : pool_->size();
   pool_->RunOnAll([&](int w) {
+    if (w >= workers) return;
     const size_t end = EvenShareBegin(blocks.size(), workers, w + 1);
     for (size_t i = EvenShareBegin(blocks.size(), workers, w); i < end; ++i) {
       const Segment& s = stats_blocks_[blocks[i]];
@@ -114,10 +115,11 @@ StepGradStats CpuOptimizer::ComputeGradStats(
   return out;
 }
 
-std::vector<GradStats> CpuOptimizer::ComputeChunkGradStats(const std::vector<int>& which) const {
+std::vector<GradStats> CpuOptimizer::ComputeChunkGradStats(const std::vector<int>& which,
+                                                           int max_workers) const {
   std::vector<bool> wanted(chunks_.size(), false);
   for (const int c : which) wanted[static_cast<size_t>(c)] = true;
-  const std::vector<GradStats> per_chunk = PerChunkStats(wanted, ActiveSimdLevel());
+  const std::vector<GradStats> per_chunk = PerChunkStats(wanted, ActiveSimdLevel(), max_workers);
   std::vector<GradStats> out;
   out.reserve(which.size());
   for (const int c : which) out.push_back(per_chunk[static_cast<size_t>(c)]);

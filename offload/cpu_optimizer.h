@@ -91,8 +91,10 @@ class CpuOptimizer {
   // entry per chunk.
   StepGradStats ComputeGradStats(const std::vector<std::optional<GradStats>>& known) const;
   // The statistics of chunks `which` alone (indices, any order), each as
-  // ComputeGradStats gives it, threaded.
-  std::vector<GradStats> ComputeChunkGradStats(const std::vector<int>& which) const;
+  // ComputeGradStats gives it, threaded: with `max_workers` > 0 on only the
+  // first that many workers (the rest leave their cores to other work).
+  std::vector<GradStats> ComputeChunkGradStats(const std::vector<int>& which,
+                                               int max_workers = 0) const;
 
   // The driver behind every step: fn(chunk, begin, end) for each segment of
   // each worker's piece, on that worker, in order; returns when all are done.
@@ -107,7 +109,8 @@ class CpuOptimizer {
 
   // Each chunk's statistics, reading only the blocks of chunks whose
   // `wanted` entry is true (the others stay zero).
-  std::vector<GradStats> PerChunkStats(const std::vector<bool>& wanted, SimdLevel level) const;
+  std::vector<GradStats> PerChunkStats(const std::vector<bool>& wanted, SimdLevel level,
+                                       int max_workers = 0) const;
 };
 
 // `ptr` advanced by `elems` elements of its dtype.

@@ -263,6 +263,13 @@ TEST(CpuOptimizerTest, StatsOfSomeChunksFirstAndTheRestLaterAreTheWholePass) {
   const StepGradStats whole = opt.ComputeGradStats();
   const std::vector<GradStats> first = opt.ComputeChunkGradStats({3, 1});
   ASSERT_EQ(first.size(), 2u);
+  // On one worker (beside the pushes) the same bits.
+  const std::vector<GradStats> alone = opt.ComputeChunkGradStats({3, 1}, /*max_workers=*/1);
+  ASSERT_EQ(alone.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(std::memcmp(&alone[i].sum_squares, &first[i].sum_squares, sizeof(double)), 0);
+    EXPECT_EQ(alone[i].non_finite, first[i].non_finite);
+  }
   std::vector<std::optional<GradStats>> known(4);
   known[3] = first[0];
   known[1] = first[1];

@@ -243,8 +243,9 @@ StepGradStats GradientAccumulator::Stats(const std::vector<std::optional<GradSta
   return view_->ComputeGradStats(known);
 }
 
-std::vector<GradStats> GradientAccumulator::ChunkStats(const std::vector<int>& which) const {
-  return view_->ComputeChunkGradStats(which);
+std::vector<GradStats> GradientAccumulator::ChunkStats(const std::vector<int>& which,
+                                                       bool all_workers) const {
+  return view_->ComputeChunkGradStats(which, all_workers ? 0 : 1);
 }
 
 void GradientAccumulator::Release(size_t begin, size_t end, int64_t step) {

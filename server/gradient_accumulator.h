@@ -131,7 +131,8 @@ class GradientAccumulator {
   StepGradStats Stats() const;
   StepGradStats Stats(const std::vector<std::optional<GradStats>>& known) const;
   // Step thread: the statistics of filled chunks `which` (TakeFilled).
-  std::vector<GradStats> ChunkStats(const std::vector<int>& which) const;
+  // `all_workers` false: on one worker, leaving the others' cores to pushes.
+  std::vector<GradStats> ChunkStats(const std::vector<int>& which, bool all_workers = true) const;
   // Step thread: the whole buffer, local_elems() elements of
   // gradient_dtype().
   TypedConstPtr gradients() const { return {accum_.data(), gradient_dtype()}; }

@@ -287,6 +287,68 @@ TEST(InProcessRouteWaitTest, BigPushesAndPullsInPartsGiveTheGrpcRoutesBits) {
   }
 }
 
+// A chunk that fills while others are still pushed is speculated on one
+// worker a slice at a time, and on every worker from the moment the last
+// gradient is in: the weights are the bits of the job without speculation.
+TEST(InProcessRouteWaitTest, AChunkSpeculatedInSlicesBesideThePushesIsTheUpdateWithoutIt) {
+  constexpr int64_t kChunk = 600000;  // more than two slices of 256 Ki elements
+  std::unique_ptr<OffloadServer> server = StartEmbedded();
+  ASSERT_NE(server, nullptr);
+  std::vector<std::unique_ptr<OffloadClient>> clients;
+  for (const bool speculative : {true, false}) {
+    ClientOptions options = OptionsFor(*server, true);
+    options.job = speculative ? "sliced" : "plain";
+    ZO_ASSERT_OK_AND_ASSIGN(
+        auto c, OffloadClient::Open(
+                    options,
+                    absl::StrCat(R"({"train_batch_size": 1, "bf16": {"enabled": true},
+                      "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.1}},
+                      "zo": {"chunk_elems": )",
+                                 kChunk, R"(, "speculative_update": )",
+                                 speculative ? "true" : "false", "}}"),
+                    {{"a", {kChunk}, DType::kBFloat16}, {"b", {kChunk}, DType::kBFloat16}}));
+    clients.push_back(std::move(c));
+  }
+  OffloadClient& sliced = *clients[0];
+  ZO_ASSERT_OK_AND_ASSIGN(const v1::JobStatus opened, sliced.JobStatus());
+  ASSERT_EQ(opened.no_speculation(), "");
+  std::vector<uint16_t> g(kChunk);
+  const absl::Span<const std::byte> bytes = {reinterpret_cast<const std::byte*>(g.data()),
+                                             g.size() * 2};
+  std::vector<std::vector<std::byte>> w(2, std::vector<std::byte>(kChunk * 2 * 2));
+  for (int step = 1; step <= 3; ++step) {
+    for (size_t c = 0; c < clients.size(); ++c) {
+      ZO_ASSERT_OK_AND_ASSIGN(const v1::JobStatus before, clients[c]->JobStatus());
+      for (int t = 0; t < 2; ++t) {
+        for (int64_t i = 0; i < kChunk; ++i) {
+          g[i] = FloatToBf16Bits(1e-3f * static_cast<float>((i * 17 + t * 5 + step) % 61 - 30));
+        }
+        ASSERT_THAT(clients[c]->Push(step, t, bytes), IsOk());
+        if (c != 0 || t != 0) continue;
+        // Chunk 0 is speculated while chunk 1 is still to come (no clock:
+        // the status calls pace the wait).
+        bool speculated = false;
+        for (int i = 0; i < 200000 && !speculated; ++i) {
+          absl::StatusOr<v1::JobStatus> st = clients[c]->JobStatus();
+          speculated = st.ok() && st->speculated_chunks() > before.speculated_chunks();
+          std::this_thread::yield();
+        }
+        ASSERT_TRUE(speculated) << "step " << step << ": chunk 0 was never speculated";
+      }
+      ASSERT_THAT(clients[c]->FinishStep(step), IsOk());
+      const std::vector<absl::Span<std::byte>> dst = {absl::MakeSpan(w[c]).subspan(0, kChunk * 2),
+                                                      absl::MakeSpan(w[c]).subspan(kChunk * 2)};
+      ASSERT_THAT(clients[c]->Pull(step, -1, {0, 1}, dst).status(), IsOk());
+    }
+    EXPECT_TRUE(w[0] == w[1]) << "version " << step << " differs";
+  }
+  ZO_ASSERT_OK_AND_ASSIGN(const v1::JobStatus after, sliced.JobStatus());
+  EXPECT_EQ(after.confirmed_chunks(), after.speculated_chunks());
+  EXPECT_GE(after.speculated_chunks(), 3);
+  clients.clear();
+  server->Shutdown(absl::Seconds(1));
+}
+
 // The update writes the pulled weights as it goes (or the pull reads them
 // as the update does its tiles), but a pull answers only once its version is
 // the job's: a status asked right after it shows that version.
