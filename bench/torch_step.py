@@ -7,7 +7,10 @@ in-process route) and `same_host` (a zo-server process on this host: the
 data in a shared-memory region, the headers over loopback TCP). The Adam
 alone is `zo-bench adam` over as many parameters with the same threads (it
 also writes a 16-bit copy, which a server serving from its master does
-not: a slightly slower baseline).
+not: a slightly slower baseline). Jobs (--dtypes): fp32 and bf16 over
+parameters of their own dtype, and bf16-over-fp32, an fp32 model with bf16
+in the config (each gradient rounded on its way out, each weight widened
+back); the Adam alone is the job's (bf16 gradients for both bf16 jobs).
 
     PYTHONPATH=build/release/python /usr/bin/python3 bench/torch_step.py --json
 
@@ -49,7 +52,7 @@ def free_port():
 
 
 def adam_alone(zo_bench, params, dtype, threads):
-    grad = "bf16" if dtype == "bf16" else "fp32"
+    grad = DTYPES[dtype][0] or "fp32"
     out = subprocess.run(
         [zo_bench, "--params", str(params), "--threads", str(threads), "--rounds", "5",
          "--grad-dtype", grad, "--json", "adam"],
@@ -61,9 +64,16 @@ def adam_alone(zo_bench, params, dtype, threads):
     raise RuntimeError("zo-bench adam printed no dispatched row")
 
 
+# A job's dtype -> (its config's 16-bit section or None, the parameters' dtype).
+# "bf16-over-fp32": an fp32 model with bf16 in the config, the common way in
+# (each gradient is rounded to bf16 on its way out, each weight widened back).
+DTYPES = {"fp32": (None, torch.float32), "bf16": ("bf16", torch.bfloat16),
+          "bf16-over-fp32": ("bf16", torch.float32)}
+
+
 def time_steps(params, dtype, servers, steps):
     torch.manual_seed(0)
-    tdtype = torch.bfloat16 if dtype == "bf16" else torch.float32
+    section, tdtype = DTYPES[dtype]
     per = params // 16
     weights = [torch.nn.Parameter(torch.randn(per, dtype=tdtype) * 0.02) for _ in range(16)]
     named = [(f"w{i}", w) for i, w in enumerate(weights)]
@@ -71,8 +81,8 @@ def time_steps(params, dtype, servers, steps):
         w.grad = torch.randn_like(w) * 1e-3
     config = {"train_batch_size": 1, "steps_per_print": 1 << 30,
               "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.01}}}
-    if dtype == "bf16":
-        config["bf16"] = {"enabled": True}
+    if section is not None:
+        config[section] = {"enabled": True}
     opt = zo.torch.OffloadOptimizer(named, config=config, servers=servers,
                                     job=f"torch-step-{dtype}-{time.time_ns()}")
     opt.step()  # warm-up: the servers' state first touched
@@ -88,7 +98,8 @@ def time_steps(params, dtype, servers, steps):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--params", type=int, default=32 << 20)
-    ap.add_argument("--dtypes", default="fp32,bf16")
+    ap.add_argument("--dtypes", default="fp32,bf16,bf16-over-fp32",
+                    help=f"jobs to time, of {', '.join(DTYPES)}")
     ap.add_argument("--routes", default="embedded,same_host")
     ap.add_argument("--steps", type=int, default=7, help="timed steps, after one warm-up")
     ap.add_argument("--threads", type=int, default=os.cpu_count(),
@@ -121,13 +132,13 @@ def main():
                        "params": a.params, "step_s": steps[route], "adam_s": adam_s,
                        "ratio": steps[route] / adam_s}
                 print(json.dumps(row) if a.json else
-                      f"{dtype:5} {route:10} step {1e3 * row['step_s']:7.1f} ms   adam "
+                      f"{dtype:14} {route:10} step {1e3 * row['step_s']:7.1f} ms   adam "
                       f"{1e3 * adam_s:6.1f} ms   ratio {row['ratio']:.2f}", flush=True)
             if "embedded" in steps and "same_host" in steps:
                 r = steps["same_host"] / steps["embedded"]
                 print(json.dumps({"bench": "torch_step_routes", "dtype": dtype,
                                   "same_host_over_embedded": r}) if a.json else
-                      f"{dtype:5} same_host / embedded = {r:.2f}", flush=True)
+                      f"{dtype:14} same_host / embedded = {r:.2f}", flush=True)
     finally:
         if server is not None:
             server.terminate()

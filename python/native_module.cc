@@ -18,12 +18,14 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/config.h"
+#include "common/convert.h"
 #include "common/dtype.h"
 #include "common/sharding.h"
 #include "common/status_context.h"
@@ -240,6 +242,32 @@ class Client {
     CheckNoting(pushed);
   }
 
+  // Queues a float32 gradient for a job of another dtype, rounded to it
+  // (to nearest even, as torch's .to()) by this call, with the GIL
+  // released, straight into the place its server reads it where the route
+  // lends one (the embedded server's accumulator, the same-host region;
+  // OffloadClient::PushBuffers), else into a buffer kept for the tensor:
+  // one pass over the values and no staging tensor. The values are not
+  // read once this returns.
+  void PushConverted(int64_t step, int tensor, const py::buffer& values) {
+    if (tensor < 0 || tensor >= static_cast<int>(specs_.size())) {
+      throw py::index_error(absl::StrCat("tensor index ", tensor, " is outside the ",
+                                         specs_.size(), "-tensor manifest"));
+    }
+    const py::buffer_info info = values.request();
+    if (info.itemsize != 4 || info.format != py::format_descriptor<float>::format()) {
+      throw py::value_error("push_converted takes float32 values");
+    }
+    const absl::Span<std::byte> bytes = Bytes(values, false, "gradient");
+    released_->Drain();
+    absl::Status pushed;
+    {
+      py::gil_scoped_release release;
+      pushed = PushConvertedReleased(step, tensor, bytes);
+    }
+    CheckNoting(pushed);
+  }
+
   // The step's learning rate of every parameter group (zo.client_lr).
   void SetStepLr(int64_t step, const std::vector<double>& group_lr) {
     absl::Status sent;
@@ -353,6 +381,42 @@ class Client {
     return absl::OkStatus();
   }
 
+  absl::Status PushConvertedReleased(int64_t step, int tensor, absl::Span<const std::byte> bytes) {
+    const TensorSpec& spec = specs_[static_cast<size_t>(tensor)];
+    const size_t n = bytes.size() / sizeof(float);
+    if (static_cast<int64_t>(n) != NumElements(spec.shape)) {
+      return absl::InvalidArgumentError(absl::StrCat("the gradient of tensor ", tensor, " ('",
+                                                     spec.name, "') has ", n, " elements; it has ",
+                                                     NumElements(spec.shape)));
+    }
+    OffloadClient& client = active();
+    const std::vector<int> one = {tensor};
+    ZO_ASSIGN_OR_RETURN(const std::vector<absl::Span<std::byte>> lent,
+                        client.PushBuffers(step, one));
+    absl::Span<std::byte> dst;
+    std::shared_ptr<const void> owner;
+    if (!lent.empty()) {
+      dst = lent[0];
+      owner = std::shared_ptr<const void>(dst.data(), [](const void*) {});  // the server's
+    } else {
+      // Kept from step to step; a fresh one while a push still sends the
+      // last step's (a delayed update's chunk not yet free).
+      std::shared_ptr<std::vector<std::byte>> buffer;
+      {
+        std::lock_guard lock(converted_mu_);
+        std::shared_ptr<std::vector<std::byte>>& kept = converted_[tensor];
+        if (kept == nullptr || kept.use_count() > 1) {
+          kept = std::make_shared<std::vector<std::byte>>(n * DTypeSize(spec.dtype));
+        }
+        buffer = kept;
+      }
+      dst = absl::MakeSpan(*buffer);
+      owner = std::move(buffer);
+    }
+    FloatToDType(reinterpret_cast<const float*>(bytes.data()), spec.dtype, dst.data(), n);
+    return client.PushShared(step, tensor, std::move(owner), dst);
+  }
+
   // Check, remembering a "the job moved" answer for follow().
   void CheckNoting(const absl::Status& status) {
     if (!status.ok()) move_ = ParseJobMove(status);
@@ -376,6 +440,10 @@ class Client {
   std::vector<TensorSpec> specs_;
   std::optional<JobMove> move_;  // what the last failed call said, if the job moved
   std::shared_ptr<ReleaseQueue> released_ = std::make_shared<ReleaseQueue>();
+  // push_converted's buffers, per tensor, where no place is lent.
+  std::mutex converted_mu_;
+  absl::flat_hash_map<int, std::shared_ptr<std::vector<std::byte>>> converted_
+      ABSL_GUARDED_BY(converted_mu_);
 };
 
 // XXH3 (64 bits) of a buffer's bytes: zo.torch's fingerprint of a model's
@@ -424,6 +492,8 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("loss_scale", &Client::loss_scale)
       .def("init_params", &Client::InitParams)
       .def("push", &Client::Push)
+      .def("push_converted", &Client::PushConverted, py::arg("step"), py::arg("tensor"),
+           py::arg("values"))
       .def("set_step_lr", &Client::SetStepLr, py::arg("step"), py::arg("group_lr"))
       .def("finish_step", &Client::FinishStep)
       .def("pull_for_step", &Client::PullForStep)

@@ -72,6 +72,11 @@ class Client:
     def push(self, step: int, tensor: int, gradient: Buffer, /) -> None:
         """Queues a tensor's gradient for a step, sent from the buffer's own
         memory: leave it unchanged until finish_step(step) returns."""
+    def push_converted(self, step: int, tensor: int, values: Buffer) -> None:
+        """Queues a float32 gradient for a job of another dtype, rounded to
+        it (to nearest even, as torch's .to()) straight into where the
+        tensor's server reads it when the route lends that place; the
+        values are not read once this returns."""
     def set_step_lr(self, step: int, group_lr: Sequence[float]) -> None:
         """With zo.client_lr: every parameter group's learning rate for the
         step, sent to the lead before the step's first push."""

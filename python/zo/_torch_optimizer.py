@@ -311,13 +311,21 @@ class OffloadOptimizer(torch.optim.Optimizer):
                               "weight decay applies), where torch.optim would skip it; freeze "
                               "it (requires_grad=False) before building the optimizer to keep "
                               "it out of the job", stacklevel=3)
+        # An fp32 gradient for a 16-bit job is rounded by the client straight
+        # into where its server reads it (no staging tensor, no GIL held).
+        converted = (grad is not None and not grad.is_cuda and plus is None
+                     and grad.dtype == torch.float32 and self._dtype != torch.float32)
+        if grad is None:
             grad = self._zeros(index)
         elif grad.is_cuda:
             self._stage_from_device(index, grad if plus is None else grad + plus)
-        else:
+        elif not converted:
             grad = self._in_job_dtype(index, grad, plus)
         try:
-            if not grad.is_cuda:  # a CUDA one goes once its copy has arrived
+            if converted:
+                self._client.push_converted(step, index, grad.detach().contiguous().numpy())
+                self._pushed.add(index)
+            elif not grad.is_cuda:  # a CUDA one goes once its copy has arrived
                 self._client.push(step, index, _raw(grad))
                 self._pushed.add(index)
             self._push_arrived(step)
