@@ -251,8 +251,8 @@ class Client {
   // read once this returns.
   void PushConverted(int64_t step, int tensor, const py::buffer& values) {
     if (tensor < 0 || tensor >= static_cast<int>(specs_.size())) {
-      throw py::index_error(absl::StrCat("tensor index ", tensor, " is outside the ",
-                                         specs_.size(), "-tensor manifest"));
+      throw py::index_error(absl::StrCat("tensor index ", tensor, " is outside the ", specs_.size(),
+                                         "-tensor manifest"));
     }
     const py::buffer_info info = values.request();
     if (info.itemsize != 4 || info.format != py::format_descriptor<float>::format()) {
