@@ -117,6 +117,9 @@ struct JobResources {
   // Tests: called on the step thread after a speculative update, with its
   // step and the chunks of it updated so far.
   std::function<void(int64_t step, int64_t chunks)> speculated;
+  // Tests: called on the step thread once a step is decided and about to
+  // be applied, before its update takes the state.
+  std::function<void(int64_t step)> applying;
 };
 
 class Job {

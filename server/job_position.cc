@@ -154,6 +154,11 @@ bool JobPosition::BeginApplying(int64_t generation) {
   return true;
 }
 
+bool JobPosition::AtGeneration(int64_t generation) const {
+  std::lock_guard lock(mu_);
+  return generation == generation_;
+}
+
 void JobPosition::BeginWriting(int64_t step, double scale,
                                const std::function<void()>& under_mutex) {
   std::lock_guard lock(mu_);

@@ -122,6 +122,9 @@ class JobPosition {
   // came since (the step is dropped); else the job reads as applying until
   // the next AwaitWork.
   bool BeginApplying(int64_t generation);
+  // Whether the job is still at `generation`: a restore changes it (under
+  // the state lock) before it touches the state.
+  bool AtGeneration(int64_t generation) const;
   // An update that pulls may follow (versions served from the master)
   // begins writing `step`, whose loss scale is `scale`: `under_mutex` runs
   // (the fills begin), then the step's waiters wake.

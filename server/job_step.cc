@@ -115,9 +115,17 @@ void Job::RunStep(const JobPosition::Work& work) {
   absl::Status applied;
   const int64_t speculated = SpeculatedChunks(step, generation);
   const bool kept = speculated > 0 && SpeculationHolds(commit);
+  if (resources_.applying) resources_.applying(step);
   {
     JobStateLock::ForStep hold(state_lock_);
-    if (kept) {
+    if (!position_.AtGeneration(generation)) {
+      // A restore took the state after the step was decided and replaced
+      // it: the step belongs to the generation the restore undid, and
+      // updating the restored state with it would train on what the
+      // restore dropped (EndUpdate makes no version of it).
+      applied = absl::AbortedError(
+          absl::StrCat("job ", spec_.name, ": step ", step, " was undone by a restore"));
+    } else if (kept) {
       applied = ApplySpeculated(commit);
     } else {
       state_->DiscardSpeculation();

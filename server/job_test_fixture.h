@@ -73,6 +73,7 @@ class JobTest : public ::testing::Test {
     resources.ram_budget_bytes = ram_budget_bytes_;
     resources.nvme_latency = nvme_latency_;
     resources.speculated = speculated_;
+    resources.applying = applying_;
     return Job::Create(std::move(spec), resources);
   }
   // What Open lends a job, for a JobRegistry of the test's own.
@@ -157,6 +158,7 @@ class JobTest : public ::testing::Test {
   std::function<std::optional<int64_t>()> available_ram_;  // JobResources::available_ram
   absl::Duration nvme_latency_;                            // JobResources::nvme_latency
   std::function<void(int64_t, int64_t)> speculated_;       // JobResources::speculated
+  std::function<void(int64_t)> applying_;                  // JobResources::applying
   uint64_t init_fingerprint_ = 0;  // OpenJobRequest.init_fingerprint of the next Open
   // The manifest of the next Open: (elements, parameter group) per tensor,
   // adding up to kElems.
