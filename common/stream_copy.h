@@ -20,6 +20,11 @@ namespace zo {
 
 void StreamCopy(const void* src, void* dst, size_t n);
 
+// Below this a copy goes through the cache (memcpy): a gRPC slice, a small
+// tensor. One core copies 64 MiB in 4 MiB pieces here in 3.3-3.7 ms with
+// StreamCopy and 6.5-7.4 ms with memcpy.
+inline constexpr size_t kStreamCopyMinBytes = size_t{64} << 10;
+
 }  // namespace zo
 
 #endif  // ZO_COMMON_STREAM_COPY_H_

@@ -277,6 +277,67 @@ TEST(SharedMemoryPullBuffersTest, PullsIntoTheRegionAreTheGrpcRoutesAndNothingEl
   EXPECT_EQ(lent_copy(), reference);
 }
 
+// Tensors large enough that the client's copies into the region and out of
+// it bypass the cache (StreamCopy), at odd element counts and offsets: the
+// weights are the gRPC route's, step after step.
+TEST(SharedMemoryPullBuffersTest, LargeTensorsCopiedPastTheCacheAreTheGrpcRoutes) {
+  std::vector<ServerProcess> servers = StartServers(1);
+  ASSERT_EQ(servers.size(), 1u);
+  const std::vector<TensorSpec> manifest = {
+      {.name = "a", .shape = {300001}, .dtype = DType::kBFloat16},
+      {.name = "b", .shape = {3}, .dtype = DType::kBFloat16},
+      {.name = "c", .shape = {170000}, .dtype = DType::kBFloat16}};
+  const std::string config = R"({"train_batch_size": 1, "bf16": {"enabled": true},
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "zo": {"chunk_elems": 131072}})";
+  std::vector<std::unique_ptr<OffloadClient>> clients;
+  for (const bool shm : {true, false}) {
+    ClientOptions options;
+    options.job = shm ? "big-shm" : "big-grpc";
+    options.servers = Addresses(servers);
+    options.shared_memory = shm;
+    ZO_ASSERT_OK_AND_ASSIGN(auto c, OffloadClient::Open(options, config, manifest));
+    clients.push_back(std::move(c));
+  }
+  ASSERT_THAT(clients[0]->routes(), ElementsAre("shared_memory"));
+  std::vector<std::vector<std::vector<std::byte>>> pulled(2);
+  for (int64_t step = 1; step <= 3; ++step) {
+    for (size_t c = 0; c < clients.size(); ++c) {
+      for (int t = 0; t < 3; ++t) {
+        std::vector<uint16_t> g(static_cast<size_t>(NumElements(manifest[t].shape)));
+        for (size_t i = 0; i < g.size(); ++i) {
+          g[i] = FloatToBf16Bits(1e-3f * static_cast<float>((i * 13 + step * 5 + t) % 41 - 20));
+        }
+        ASSERT_THAT(
+            clients[c]->Push(step, t, {reinterpret_cast<const std::byte*>(g.data()), g.size() * 2}),
+            IsOk());
+      }
+      ASSERT_THAT(clients[c]->FinishStep(step), IsOk());
+      // Into the client's own buffers, one byte past an aligned start.
+      std::vector<std::byte> buffer(1 + (300001 + 3 + 170000) * 2);
+      std::vector<absl::Span<std::byte>> dst;
+      size_t at = 1;
+      for (const TensorSpec& t : manifest) {
+        const size_t n = static_cast<size_t>(NumElements(t.shape)) * 2;
+        dst.push_back(absl::MakeSpan(buffer).subspan(at, n));
+        at += n;
+      }
+      ASSERT_THAT(clients[c]->Pull(step, -1, {0, 1, 2}, dst).status(), IsOk());
+      pulled[c].push_back(std::move(buffer));
+    }
+    EXPECT_TRUE(pulled[0].back() == pulled[1].back()) << "version " << step << " differs";
+  }
+  EXPECT_FALSE(pulled[1].front() == pulled[1].back()) << "the weights never moved";
+  // And the bytes where the server wrote them: version 3 pulled into the
+  // region's own places (nothing copied on this side) is what was copied out.
+  const std::vector<absl::Span<std::byte>> lent = clients[0]->RegionPullBuffers({0, 1, 2});
+  ASSERT_EQ(lent.size(), 3u);
+  ASSERT_THAT(clients[0]->Pull(3, -1, {0, 1, 2}, lent).status(), IsOk());
+  std::vector<std::byte> in_region(1);
+  for (const absl::Span<std::byte>& l : lent) in_region.insert(in_region.end(), l.begin(), l.end());
+  in_region[0] = pulled[0].back()[0];
+  EXPECT_TRUE(in_region == pulled[0].back()) << "copied out of the region, version 3 changed";
+}
+
 // A prefetch into the region written ahead by a speculation of a step then
 // skipped holds the version when it returns (tests/server/skipped_prefetch.h).
 TEST(SharedMemoryPullBuffersTest, APrefetchWrittenAheadOfASkippedStepHoldsTheVersion) {

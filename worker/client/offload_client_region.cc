@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "common/stream_copy.h"
 #include "rpc/call_context.h"
 #include "worker/client/internal/offload_client_impl.h"
 #include "worker/client/internal/piece_encoding.h"
@@ -246,9 +247,15 @@ absl::Status OffloadClient::Impl::PushThroughRegions(int64_t step,
     }
   }
   const int threads = static_cast<int>(std::min<int64_t>(parts.size(), CopyThreads()));
+  // Past the cache: the server's core reads the region, not this one, and
+  // one core writes about twice as fast without reading each line first.
   auto copy_every = [&](int first) {
     for (size_t i = first; i < parts.size(); i += threads) {
-      std::memcpy(parts[i].dst, parts[i].src, parts[i].n);
+      if (parts[i].n >= kStreamCopyMinBytes) {
+        StreamCopy(parts[i].src, parts[i].dst, parts[i].n);
+      } else {
+        std::memcpy(parts[i].dst, parts[i].src, parts[i].n);
+      }
     }
   };
   std::vector<std::thread> helpers;
