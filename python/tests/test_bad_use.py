@@ -66,6 +66,17 @@ def test_a_parameter_resized_after_the_job_opened_is_named_and_nothing_is_pushed
     opt.close()
 
 
+def test_a_sparse_gradient_is_named_and_nothing_is_pushed():
+    emb = torch.nn.Embedding(10, 4, sparse=True)
+    cfg = dict(config(), bf16={"enabled": True})
+    opt = open_optimizer(emb.named_parameters(), cfg)
+    emb(torch.tensor([1, 2])).sum().backward()
+    with pytest.raises(RuntimeError, match="parameter 'weight' has a torch.sparse_coo gradient"):
+        opt.step()
+    assert opt._client.job_status()["version"] == 0
+    opt.close()
+
+
 def test_a_module_replaced_after_initialize_is_named():
     model, _ = reference_and_model()
     engine, opt, _, _ = zo.torch.initialize(model=model, config=ds_config(1))

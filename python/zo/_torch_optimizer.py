@@ -300,6 +300,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         to host memory is done (the engine does this from autograd hooks
         during the last backward); step() then pushes only the others."""
         self._check_resumed()
+        self._check_dense(index, grad)
         step = self._step + 1
         self._send_lr(step)
         if grad is None:
@@ -335,6 +336,13 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 raise
             # step() follows the job and pushes the gradients not out again
 
+    def _check_dense(self, index, grad):
+        if grad is not None and grad.layout != torch.strided:
+            raise RuntimeError(
+                f"parameter '{self._names[index]}' has a {grad.layout} gradient (an "
+                "nn.Embedding or EmbeddingBag with sparse=True?): zo's servers take dense "
+                "gradients; build the module with sparse=False")
+
     def _check_unchanged(self):
         """The job's manifest is fixed when it opens: a parameter resized,
         retyped or moved since then cannot be trained by it."""
@@ -352,6 +360,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._check_resumed()
         self._check_unchanged()
         self._check_frozen()
+        for i, p in enumerate(self._params):  # before anything is pushed
+            self._check_dense(i, p.grad)
         loss = None
         if closure is not None:
             with torch.enable_grad():
