@@ -325,15 +325,12 @@ TEST(InProcessRouteWaitTest, AChunkSpeculatedInSlicesBesideThePushesIsTheUpdateW
         }
         ASSERT_THAT(clients[c]->Push(step, t, bytes), IsOk());
         if (c != 0 || t != 0) continue;
-        // Chunk 0 is speculated while chunk 1 is still to come (no clock:
-        // the status calls pace the wait).
-        bool speculated = false;
-        for (int i = 0; i < 200000 && !speculated; ++i) {
-          absl::StatusOr<v1::JobStatus> st = clients[c]->JobStatus();
-          speculated = st.ok() && st->speculated_chunks() > before.speculated_chunks();
-          std::this_thread::yield();
-        }
-        ASSERT_TRUE(speculated) << "step " << step << ": chunk 0 was never speculated";
+        // Chunk 0 is speculated while chunk 1 is still to come.
+        ASSERT_TRUE(JobStatusUntil(*clients[c],
+                                   [&](const v1::JobStatus& st) {
+                                     return st.speculated_chunks() > before.speculated_chunks();
+                                   }))
+            << "step " << step << ": chunk 0 was never speculated";
       }
       ASSERT_THAT(clients[c]->FinishStep(step), IsOk());
       const std::vector<absl::Span<std::byte>> dst = {absl::MakeSpan(w[c]).subspan(0, kChunk * 2),

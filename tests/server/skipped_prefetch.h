@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <limits>
 #include <thread>
 #include <vector>
@@ -22,6 +21,7 @@
 #include "common/fp16.h"
 #include "common/testing/status_matchers.h"
 #include "gtest/gtest.h"
+#include "tests/server/training_harness.h"
 #include "worker/client/offload_client.h"
 
 namespace zo::testing {
@@ -53,15 +53,6 @@ inline void PrefetchAcrossASkippedStep(OffloadClient& client, absl::Span<std::by
     return absl::Span<const std::byte>(reinterpret_cast<const std::byte*>(g.data() + from),
                                        static_cast<size_t>(to - from) * 2);
   };
-  // Asks for the job's status until `done` holds (no clock: the calls pace it).
-  const auto status_until = [&](const std::function<bool(const v1::JobStatus&)>& done) {
-    for (int i = 0; i < 200000; ++i) {
-      absl::StatusOr<v1::JobStatus> st = client.JobStatus();
-      if (st.ok() && done(*st)) return true;
-      std::this_thread::yield();
-    }
-    return false;
-  };
   const std::vector<absl::Span<std::byte>> dst = {w};
   ASSERT_THAT(client.Push(1, 0, bytes(0, kSkippedElems)), IsOk());
   ASSERT_THAT(client.FinishStep(1), IsOk());
@@ -71,15 +62,18 @@ inline void PrefetchAcrossASkippedStep(OffloadClient& client, absl::Span<std::by
   // Step 3's weights (version 2) are prefetched while step 2 is pushed.
   absl::StatusOr<bool> prefetched;
   std::thread prefetch([&] { prefetched = client.PullForStep(3, {0}, dst); });
-  EXPECT_TRUE(status_until([](const v1::JobStatus& st) { return st.waiting_pulls() == 1; }))
-      << "the prefetch never waited for version 2";
+  EXPECT_TRUE(JobStatusUntil(client, [](const v1::JobStatus& st) {
+    return st.waiting_pulls() == 1;
+  })) << "the prefetch never waited for version 2";
   // The first half's chunks are speculated (and written into the
   // prefetch's places) before the second half's infinity skips the step.
   // (No fatal assertion before the join.)
   absl::Status pushed = client.PushRange(2, 0, 0, bytes(0, kSkippedElems / 2));
-  EXPECT_TRUE(pushed.ok() && status_until([&](const v1::JobStatus& st) {
-                return st.speculated_chunks() == before.speculated_chunks() + 2;
-              }))
+  EXPECT_TRUE(pushed.ok() && JobStatusUntil(client,
+                                            [&](const v1::JobStatus& st) {
+                                              return st.speculated_chunks() ==
+                                                     before.speculated_chunks() + 2;
+                                            }))
       << "step 2's first chunks were never speculated";
   g[kSkippedElems - 1] = FloatToHalfBits(std::numeric_limits<float>::infinity());
   if (pushed.ok()) {

@@ -202,6 +202,18 @@ inline std::string FreshTempDir(const std::string& name) {
 }
 
 // `n` zo-server processes with `args`; a failed start fails the test.
+// Asks `client` for its job's status until `done` holds for it; false if it
+// never did within many asks (no clock: the calls themselves pace it).
+inline bool JobStatusUntil(OffloadClient& client,
+                           const std::function<bool(const v1::JobStatus&)>& done) {
+  for (int i = 0; i < 200000; ++i) {
+    absl::StatusOr<v1::JobStatus> st = client.JobStatus();
+    if (st.ok() && done(*st)) return true;
+    std::this_thread::yield();
+  }
+  return false;
+}
+
 inline std::vector<ServerProcess> StartServers(int n, const std::vector<std::string>& args = {}) {
   std::vector<ServerProcess> servers;
   for (int i = 0; i < n; ++i) {
