@@ -92,6 +92,7 @@ absl::StatusOr<std::unique_ptr<OffloadServer>> OffloadServer::Start(const Server
       .available_ram = {},  // /proc/meminfo
       .nvme_latency = options.inject_nvme_latency,
       .speculated = {},
+      .applying = {},
   });
   impl->route = std::make_shared<EmbeddedRoute>(impl->registry.get());
   impl->metrics = std::make_shared<ServerMetrics>(impl->registry.get());
