@@ -1,8 +1,10 @@
 #include "common/cpu_features.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -160,6 +162,11 @@ SimdResolution ResolveSimdLevel(const char* env_value, const CpuFeatures& featur
   return {fallback,
           absl::StrCat("ZO_SIMD=", NameOf(*requested), " is not supported by this CPU (features: ",
                        CpuFeaturesString(features), "); using ", NameOf(fallback))};
+}
+
+int HostThreads() {
+  static const int threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  return threads;
 }
 
 SimdLevel ActiveSimdLevel() {

@@ -51,6 +51,11 @@ CpuFeatures DetectCpuFeatures();
 // DetectCpuFeatures() of this host, computed once. Thread-safe.
 const CpuFeatures& HostCpuFeatures();
 
+// std::thread::hardware_concurrency() (at least 1), read once per process:
+// glibc answers it by opening and reading /sys/devices/system/cpu/online on
+// every call, which cost the data path two system calls a push.
+int HostThreads();
+
 // Pure: whether `features` can run every instruction `level` needs.
 bool SimdLevelSupportedBy(SimdLevel level, const CpuFeatures& features);
 // Pure: the highest level `features` supports.

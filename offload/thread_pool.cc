@@ -6,6 +6,8 @@
 #include <immintrin.h>
 #endif
 
+#include "common/cpu_features.h"
+
 namespace zo {
 namespace {
 
@@ -39,9 +41,7 @@ uint32_t WaitWhileEquals(const std::atomic<uint32_t>& word, uint32_t old) {
 
 }  // namespace
 
-int ThreadPool::DefaultSize() {
-  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-}
+int ThreadPool::DefaultSize() { return HostThreads(); }
 
 ThreadPool::ThreadPool(int num_workers)
     : num_workers_(num_workers > 0 ? num_workers : DefaultSize()) {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/cpu_features.h"
 #include "common/status_macros.h"
 #include "rpc/proto_convert.h"
 
@@ -93,8 +94,7 @@ absl::Status PullCursor::ReadInto(InProcessRoute::Place place) {
   // together they follow an update writing the version (whose reads wait
   // for their ranges) from its first elements to its last.
   const int threads = static_cast<int>(std::clamp<int64_t>(
-      total / kElemsPerReadThread, 1,
-      std::min<int64_t>(kMaxReadThreads, std::max(1u, std::thread::hardware_concurrency()))));
+      total / kElemsPerReadThread, 1, std::min<int64_t>(kMaxReadThreads, HostThreads())));
   const auto* data = static_cast<const std::byte*>(lease_->data());
   auto read_part = [&](int part) -> absl::Status {
     size_t copy = 0;

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "common/counter_rng.h"
+#include "common/cpu_features.h"
 
 namespace zo::model {
 namespace {
@@ -50,8 +51,7 @@ std::vector<float> InitialValues(const Param& param, uint64_t seed) {
   // tensor without changing a bit; a billion-parameter model starts in
   // seconds instead of minutes.
   constexpr int64_t kPerThread = int64_t{1} << 20;
-  const int64_t threads =
-      std::clamp<int64_t>(n / kPerThread, 1, std::max(1u, std::thread::hardware_concurrency()));
+  const int64_t threads = std::clamp<int64_t>(n / kPerThread, 1, HostThreads());
   if (threads == 1) {
     fill(0, n);
     return values;

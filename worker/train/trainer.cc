@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/cpu_features.h"
 #include "common/status_context.h"
 #include "common/status_macros.h"
 #include "common/units.h"
@@ -139,7 +140,7 @@ absl::StatusOr<std::unique_ptr<backend::Backend>> OpenBackend(const TrainOptions
   const int stages_here = o.stage < 0 ? o.pipeline_stages : 1;
   int blas_threads = o.blas_threads;
   if (blas_threads == 0 && stages_here > 1) {
-    blas_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / stages_here);
+    blas_threads = std::max(1, HostThreads() / stages_here);
   }
   std::string backend_why;
   ZO_ASSIGN_OR_RETURN(std::unique_ptr<backend::Backend> backend,

@@ -14,7 +14,6 @@
 #include <optional>
 #include <set>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -23,6 +22,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/config.h"
+#include "common/cpu_features.h"
 #include "common/dtype.h"
 #include "common/sharding.h"
 #include "grpcpp/channel.h"
@@ -46,9 +46,7 @@ namespace client_internal {
 inline constexpr int64_t kMaxCopyThreads = 4;
 inline constexpr int64_t kLocalPartBytes = int64_t{4} << 20;
 
-inline int64_t CopyThreads() {
-  return std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, kMaxCopyThreads);
-}
+inline int64_t CopyThreads() { return std::min<int64_t>(HostThreads(), kMaxCopyThreads); }
 
 }  // namespace client_internal
 
