@@ -268,6 +268,86 @@ class Client {
     CheckNoting(pushed);
   }
 
+  // Queues step `step`'s gradients of `tensors` in one call: gradients[i]
+  // is tensor tensors[i]'s gradient as a contiguous CPU torch tensor (read
+  // through data_ptr(), numel(), element_size(), is_contiguous() and
+  // is_cpu, so no torch headers here). Without `convert` its elements are
+  // in the job's dtype and are sent from its memory, as push does (a
+  // reference is kept until they are written); with `convert` they are
+  // float32 values rounded as push_converted does. Every gradient is
+  // checked before any is pushed, and the GIL is released once for all.
+  void PushTensors(int64_t step, const std::vector<int>& tensors, const py::list& gradients,
+                   bool convert) {
+    if (tensors.size() != gradients.size()) {
+      throw py::value_error(absl::StrCat("push_tensors: ", tensors.size(), " tensor indices for ",
+                                         gradients.size(), " gradients"));
+    }
+    std::vector<Gradient> checked;
+    checked.reserve(tensors.size());
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const int tensor = tensors[i];
+      if (tensor < 0 || tensor >= static_cast<int>(specs_.size())) {
+        throw py::index_error(absl::StrCat("tensor index ", tensor, " is outside the ",
+                                           specs_.size(), "-tensor manifest"));
+      }
+      const TensorSpec& spec = specs_[static_cast<size_t>(tensor)];
+      const py::handle g = gradients[i];
+      const std::string what =
+          absl::StrCat("the gradient of tensor ", tensor, " ('", spec.name, "')");
+      if (!py::hasattr(g, "data_ptr")) {
+        throw py::type_error(absl::StrCat(
+            what, " is a ", py::str(g.get_type().attr("__module__")).cast<std::string>(), ".",
+            py::str(g.get_type().attr("__name__")).cast<std::string>(), ", not a torch tensor"));
+      }
+      if (!g.attr("is_cpu").cast<bool>() || !g.attr("is_contiguous")().cast<bool>()) {
+        throw py::value_error(what + " is not a contiguous CPU tensor");
+      }
+      const auto elems = g.attr("numel")().cast<int64_t>();
+      if (elems != NumElements(spec.shape)) {
+        throw py::value_error(
+            absl::StrCat(what, " has ", elems, " elements; it has ", NumElements(spec.shape)));
+      }
+      const auto elem_bytes = g.attr("element_size")().cast<int64_t>();
+      if (convert ? (elem_bytes != 4 || spec.dtype == DType::kFloat32)
+                  : elem_bytes != static_cast<int64_t>(DTypeSize(spec.dtype))) {
+        throw py::value_error(
+            absl::StrCat(what, " has ", elem_bytes, "-byte elements: push_tensors takes ",
+                         convert ? "float32 values (convert=True) for a 16-bit job"
+                                 : absl::StrCat(std::string(DTypeName(spec.dtype)), " elements")));
+      }
+      if (elems == 0) continue;  // nothing to send
+      checked.push_back(
+          {.tensor = tensor,
+           .data = reinterpret_cast<const std::byte*>(g.attr("data_ptr")().cast<uintptr_t>()),
+           .object = g});
+    }
+    released_->Drain();
+    absl::Status pushed;
+    if (convert) {
+      py::gil_scoped_release release;
+      pushed = RoundAndPushAll(step, checked);
+    } else {
+      // Each push keeps its tensor alive until its bytes are written.
+      std::vector<std::shared_ptr<const void>> owners;
+      owners.reserve(checked.size());
+      for (const Gradient& g : checked) {
+        PyObject* object = g.object.inc_ref().ptr();
+        owners.emplace_back(g.data,
+                            [queue = released_, object](const void*) { queue->Add(object); });
+      }
+      py::gil_scoped_release release;
+      for (size_t i = 0; i < checked.size() && pushed.ok(); ++i) {
+        const TensorSpec& spec = specs_[static_cast<size_t>(checked[i].tensor)];
+        pushed =
+            active().PushShared(step, checked[i].tensor, std::move(owners[i]),
+                                {checked[i].data, static_cast<size_t>(NumElements(spec.shape)) *
+                                                      DTypeSize(spec.dtype)});
+      }
+      owners.clear();  // those not pushed (an error): released_ drops them
+    }
+    CheckNoting(pushed);
+  }
+
   // The step's learning rate of every parameter group (zo.client_lr).
   void SetStepLr(int64_t step, const std::vector<double>& group_lr) {
     absl::Status sent;
@@ -389,14 +469,49 @@ class Client {
                                                      spec.name, "') has ", n, " elements; it has ",
                                                      NumElements(spec.shape)));
     }
-    OffloadClient& client = active();
     const std::vector<int> one = {tensor};
     ZO_ASSIGN_OR_RETURN(const std::vector<absl::Span<std::byte>> lent,
-                        client.PushBuffers(step, one));
+                        active().PushBuffers(step, one));
+    return RoundAndPush(step, tensor, reinterpret_cast<const float*>(bytes.data()),
+                        lent.empty() ? std::nullopt : std::optional(lent[0]));
+  }
+
+  // A gradient push_tensors checked: its tensor, its first byte, the
+  // Python tensor that owns them.
+  struct Gradient {
+    int tensor;
+    const std::byte* data;
+    py::handle object;
+  };
+
+  // RoundAndPush of each of `gradients` (float32 values), into the places
+  // one PushBuffers call lends for them all.
+  absl::Status RoundAndPushAll(int64_t step, const std::vector<Gradient>& gradients) {
+    std::vector<int> tensors;
+    tensors.reserve(gradients.size());
+    for (const Gradient& g : gradients) tensors.push_back(g.tensor);
+    ZO_ASSIGN_OR_RETURN(const std::vector<absl::Span<std::byte>> lent,
+                        active().PushBuffers(step, tensors));
+    for (size_t i = 0; i < gradients.size(); ++i) {
+      ZO_RETURN_IF_ERROR(RoundAndPush(step, gradients[i].tensor,
+                                      reinterpret_cast<const float*>(gradients[i].data),
+                                      lent.empty() ? std::nullopt : std::optional(lent[i])));
+    }
+    return absl::OkStatus();
+  }
+
+  // Rounds tensor `tensor`'s gradient (its element count of float32
+  // values) to its dtype into `lent` (the place its server reads, from
+  // PushBuffers) or, with none, into a buffer kept for the tensor, and
+  // pushes it from there.
+  absl::Status RoundAndPush(int64_t step, int tensor, const float* values,
+                            std::optional<absl::Span<std::byte>> lent) {
+    const TensorSpec& spec = specs_[static_cast<size_t>(tensor)];
+    const auto n = static_cast<size_t>(NumElements(spec.shape));
     absl::Span<std::byte> dst;
     std::shared_ptr<const void> owner;
-    if (!lent.empty()) {
-      dst = lent[0];
+    if (lent.has_value()) {
+      dst = *lent;
       owner = std::shared_ptr<const void>(dst.data(), [](const void*) {});  // the server's
     } else {
       // Kept from step to step; a fresh one while a push still sends the
@@ -413,8 +528,8 @@ class Client {
       dst = absl::MakeSpan(*buffer);
       owner = std::move(buffer);
     }
-    FloatToDType(reinterpret_cast<const float*>(bytes.data()), spec.dtype, dst.data(), n);
-    return client.PushShared(step, tensor, std::move(owner), dst);
+    FloatToDType(values, spec.dtype, dst.data(), n);
+    return active().PushShared(step, tensor, std::move(owner), dst);
   }
 
   // Check, remembering a "the job moved" answer for follow().
@@ -492,6 +607,8 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("loss_scale", &Client::loss_scale)
       .def("init_params", &Client::InitParams)
       .def("push", &Client::Push)
+      .def("push_tensors", &Client::PushTensors, py::arg("step"), py::arg("tensors"),
+           py::arg("gradients"), py::arg("convert") = false)
       .def("push_converted", &Client::PushConverted, py::arg("step"), py::arg("tensor"),
            py::arg("values"))
       .def("set_step_lr", &Client::SetStepLr, py::arg("step"), py::arg("group_lr"))

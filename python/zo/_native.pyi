@@ -7,7 +7,7 @@ raises RuntimeError carrying the absl::Status text (its code first, e.g.
 on the servers release the GIL.
 """
 
-from typing import Sequence, TypedDict
+from typing import Any, Sequence, TypedDict
 
 from typing_extensions import Buffer
 
@@ -77,6 +77,14 @@ class Client:
         it (to nearest even, as torch's .to()) straight into where the
         tensor's server reads it when the route lends that place; the
         values are not read once this returns."""
+    def push_tensors(
+        self, step: int, tensors: Sequence[int], gradients: list[Any], convert: bool = False
+    ) -> None:
+        """Queues the gradients of several tensors in one call: each a
+        contiguous CPU torch tensor, in the job's dtype (sent from its own
+        memory, as push: leave it unchanged until finish_step) or, with
+        convert, float32 values rounded as push_converted does. Every
+        gradient is checked before any is pushed."""
     def set_step_lr(self, step: int, group_lr: Sequence[float]) -> None:
         """With zo.client_lr: every parameter group's learning rate for the
         step, sent to the lead before the step's first push."""
