@@ -96,6 +96,19 @@ def test_trains_like_adamw_fed_the_same_gradients():
     opt.close()
 
 
+def test_a_parameter_given_new_memory_gets_the_next_weights_there():
+    model, ref = reference_and_model()
+    opt = zo.torch.OffloadOptimizer(model.named_parameters(), config=config())
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8,
+                                weight_decay=0.01)
+    step_both(model, ref, opt, ref_opt, 1)
+    model.mix.weight.data = model.mix.weight.data.clone()  # what some scripts do
+    for step in (2, 3):
+        step_both(model, ref, opt, ref_opt, step)
+        assert_same_weights(model, ref, f"step {step}, the weight in new memory")
+    opt.close()
+
+
 def test_with_dpu_each_step_computes_on_weights_one_step_older():
     model, ref = reference_and_model()
     opt = zo.torch.OffloadOptimizer(model.named_parameters(), config=config(dpu=True))

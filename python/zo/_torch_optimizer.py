@@ -144,6 +144,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._downloads = GradientDownloads()  # CUDA gradients not yet in host memory
         self._uploads = WeightUploads()  # CUDA weights still reading self._staging
         self._zero_grads = [None] * len(self._params)
+        self._all = list(range(len(self._params)))
+        self._pulled_into = None  # each parameter's data_ptr() when _buffers were made
+        self._buffers = None
         self.loss_scale = 1.0
         self._pushed = set()  # parameters whose gradient for the next step is out
         self._lr_sent = None  # (step, rates) sent to the servers for that step
@@ -188,19 +191,17 @@ class OffloadOptimizer(torch.optim.Optimizer):
     def _load(self, step, after_step=False):
         """Writes the weights `step` computes on into the parameters;
         `after_step`: each .grad holds what was pushed for step - 1."""
-        buffers = [_raw(p.data if s is None else s) for p, s in zip(self._params, self._staging)]
+        buffers = self._pull_buffers()
         self._uploads.wait()  # the last step's weights are out of the buffers
         try:
-            changed, self.loss_scale = self._client.pull_for_step(
-                step, list(range(len(self._params))), buffers)
+            changed, self.loss_scale = self._client.pull_for_step(step, self._all, buffers)
         except RuntimeError:
             if not self._client.moved():
                 raise
             self._client.follow()  # it moved at the version this step needs: pull it there
             if self._compensation is not None:
                 self._compensation.forget()
-            changed, self.loss_scale = self._client.pull_for_step(
-                step, list(range(len(self._params))), buffers)
+            changed, self.loss_scale = self._client.pull_for_step(step, self._all, buffers)
         if self._compensation is not None:
             self._compensation.apply(self._client, step, self._staging, changed, self._params,
                                      after_step)
@@ -217,6 +218,17 @@ class OffloadOptimizer(torch.optim.Optimizer):
                         if p.is_cuda:
                             devices.add(p.device)
             self._uploads.uploaded(devices)
+
+    def _pull_buffers(self):
+        """The buffers each pull writes: the parameters' own memory (or their
+        staging copies), made again only when a parameter's memory moved
+        (p.data replaced)."""
+        where = [p.data_ptr() for p in self._params]
+        if where != self._pulled_into:
+            self._buffers = [_raw(p.data if s is None else s)
+                             for p, s in zip(self._params, self._staging)]
+            self._pulled_into = where
+        return self._buffers
 
     def _stage_from_device(self, index, grad):
         """Queues a CUDA gradient, cast on the device, for a copy into a
@@ -360,15 +372,17 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._check_resumed()
         self._check_unchanged()
         self._check_frozen()
-        for i, p in enumerate(self._params):  # before anything is pushed
-            self._check_dense(i, p.grad)
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        grads = [p.grad for p in self._params]
+        sparse = [i for i, g in enumerate(grads) if g is not None and g.layout != torch.strided]
+        if sparse:  # before anything is pushed
+            self._check_dense(sparse[0], grads[sparse[0]])
         step = self._step + 1
         self._check_lr(step)
-        while not self._push_step(step):
+        while not self._push_step(step, grads):
             # The job moved (zo-ctl rescale): attach where it went and push
             # this step there again, unless the move already took it.
             version = self._client.follow()
@@ -393,14 +407,12 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._show_server_lr()
         return loss
 
-    def _push_step(self, step):
-        """Pushes the gradients not out yet and finishes the step; False when
-        the job turned out to have moved."""
+    def _push_step(self, step, grads):
+        """Pushes the gradients not out yet (grads: each parameter's) and
+        finishes the step; False when the job turned out to have moved."""
         try:
             self._push_arrived(step, wait=True)  # those the backward staged
-            for i, p in enumerate(self._params):
-                if i not in self._pushed:
-                    self.push_gradient(i, p.grad)
+            self._push_rest(step, grads)
             self._push_arrived(step, wait=True)
             self._client.finish_step(step)
             return True
@@ -409,6 +421,26 @@ class OffloadOptimizer(torch.optim.Optimizer):
             if not self._client.moved():
                 raise
             return False
+
+    def _push_rest(self, step, grads):
+        """Pushes the gradients not pushed yet: contiguous CPU ones of the
+        job's dtype (sent from their memory), and float32 ones of a 16-bit
+        job (rounded into where their servers read them), in one native
+        call each; the others (none, CUDA, another dtype) one by one."""
+        self._send_lr(step)
+        rest = [(i, g) for i, g in enumerate(grads) if i not in self._pushed]
+        plain = [(i, g) for i, g in rest if g is not None and g.is_cpu and g.is_contiguous()]
+        same = [(i, g) for i, g in plain if g.dtype == self._dtype]
+        wide = ([(i, g) for i, g in plain if g.dtype == torch.float32]
+                if self._dtype != torch.float32 else [])
+        for batch, convert in ((same, False), (wide, True)):
+            if batch:
+                indices = [i for i, _ in batch]
+                self._client.push_tensors(step, indices, [g for _, g in batch], convert)
+                self._pushed.update(indices)
+        for i, g in rest:
+            if i not in self._pushed:
+                self.push_gradient(i, g)
 
     def _show_server_lr(self):
         """With the config's scheduler: param_groups' lr is the rate of the
