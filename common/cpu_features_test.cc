@@ -1,6 +1,8 @@
 #include "common/cpu_features.h"
 
+#include <algorithm>
 #include <cstdlib>
+#include <thread>
 
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -130,6 +132,11 @@ TEST(HostCpuFeaturesTest, IsConsistent) {
   EXPECT_TRUE(SimdLevelSupported(ActiveSimdLevel()));
   EXPECT_EQ(ActiveSimdLevel(), ResolveSimdLevel(std::getenv("ZO_SIMD"), f).level);
   EXPECT_TRUE(!f.avx512_bf16 || f.avx512f);
+}
+
+TEST(HostThreadsTest, IsTheHardwareConcurrencyAndAtLeastOne) {
+  EXPECT_EQ(HostThreads(), std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
+  EXPECT_GE(HostThreads(), 1);
 }
 
 #if defined(__x86_64__)
