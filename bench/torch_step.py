@@ -14,7 +14,7 @@ back); the Adam alone is the job's (bf16 gradients for both bf16 jobs).
 
     PYTHONPATH=build/release/python /usr/bin/python3 bench/torch_step.py --json
 
-Rows: {"bench": "torch_step", "route", "dtype", "params", "step_s",
+Rows: {"bench": "torch_step", "route", "dtype", "params", "tensors", "step_s",
 "adam_s", "ratio"} (ratio = step_s / adam_s), then per dtype
 {"bench": "torch_step_routes", "dtype", "same_host_over_embedded"}.
 Targets (issue 34): embedded <= 1.5 x the Adam, same_host <= 1.3 x embedded.
@@ -71,11 +71,12 @@ DTYPES = {"fp32": (None, torch.float32), "bf16": ("bf16", torch.bfloat16),
           "bf16-over-fp32": ("bf16", torch.float32)}
 
 
-def time_steps(params, dtype, servers, steps):
+def time_steps(params, tensors, dtype, servers, steps):
     torch.manual_seed(0)
     section, tdtype = DTYPES[dtype]
-    per = params // 16
-    weights = [torch.nn.Parameter(torch.randn(per, dtype=tdtype) * 0.02) for _ in range(16)]
+    per = params // tensors
+    weights = [torch.nn.Parameter(torch.randn(per, dtype=tdtype) * 0.02)
+               for _ in range(tensors)]
     named = [(f"w{i}", w) for i, w in enumerate(weights)]
     for w in weights:
         w.grad = torch.randn_like(w) * 1e-3
@@ -98,6 +99,8 @@ def time_steps(params, dtype, servers, steps):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--params", type=int, default=32 << 20)
+    ap.add_argument("--tensors", type=int, default=16,
+                    help="the parameters are cut into this many tensors (GPT-2 small has 148)")
     ap.add_argument("--dtypes", default="fp32,bf16,bf16-over-fp32",
                     help=f"jobs to time, of {', '.join(DTYPES)}")
     ap.add_argument("--routes", default="embedded,same_host")
@@ -127,9 +130,9 @@ def main():
             for route in a.routes.split(","):
                 servers = None if route == "embedded" else [address]
                 print(f"torch_step: {dtype} {route}: {a.steps} steps", file=sys.stderr)
-                steps[route] = time_steps(a.params, dtype, servers, a.steps)
+                steps[route] = time_steps(a.params, a.tensors, dtype, servers, a.steps)
                 row = {"bench": "torch_step", "route": route, "dtype": dtype,
-                       "params": a.params, "step_s": steps[route], "adam_s": adam_s,
+                       "params": a.params, "tensors": a.tensors, "step_s": steps[route], "adam_s": adam_s,
                        "ratio": steps[route] / adam_s}
                 print(json.dumps(row) if a.json else
                       f"{dtype:14} {route:10} step {1e3 * row['step_s']:7.1f} ms   adam "
