@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "common/stream_copy.h"
 #include "offload/optimizer_kernels.h"
 
@@ -23,6 +24,9 @@ class SliceReader {
     Advance(1);
     return true;
   }
+
+  // Bytes read so far.
+  size_t consumed() const { return consumed_; }
 
   bool ReadVarint(uint64_t* v) {
     *v = 0;
@@ -53,6 +57,7 @@ class SliceReader {
  private:
   void Advance(size_t n) {
     pos_ += n;
+    consumed_ += n;
     Skip0();
   }
   // Moves past exhausted (or empty) slices.
@@ -66,10 +71,47 @@ class SliceReader {
   const std::vector<grpc::Slice>& slices_;
   size_t slice_ = 0;
   size_t pos_ = 0;
+  size_t consumed_ = 0;
 };
 
 absl::Status Malformed(const char* what) {
   return absl::InvalidArgumentError(absl::StrCat("malformed GradientPiece: ", what));
+}
+
+// A RegionRange message of `len` bytes: varint fields only.
+absl::Status ParseRegionRange(SliceReader& in, uint64_t len, RegionRangeView* range) {
+  const size_t end = in.consumed() + len;
+  while (in.consumed() < end) {
+    uint64_t tag;
+    uint64_t v;
+    if (!in.ReadVarint(&tag)) return Malformed("truncated more_ranges tag");
+    if ((tag & 7) != 0) return Malformed("more_ranges holds a field that is not a varint");
+    if (!in.ReadVarint(&v)) return Malformed("truncated more_ranges varint");
+    switch (tag >> 3) {
+      case v1::RegionRange::kChunkFieldNumber:
+        range->chunk = static_cast<int64_t>(v);
+        break;
+      case v1::RegionRange::kOffsetFieldNumber:
+        range->offset = static_cast<int64_t>(v);
+        break;
+      case v1::RegionRange::kRegionOffsetFieldNumber:
+        range->region_offset = static_cast<int64_t>(v);
+        break;
+      case v1::RegionRange::kRegionBytesFieldNumber:
+        range->region_bytes = static_cast<int64_t>(v);
+        break;
+      case v1::RegionRange::kRegionAckOffsetFieldNumber:
+        range->region_ack_offset = static_cast<int64_t>(v);
+        break;
+      case v1::RegionRange::kRegionAckFieldNumber:
+        range->region_ack = static_cast<uint32_t>(v);
+        break;
+      default:
+        break;  // unknown: ignored, as protobuf would
+    }
+  }
+  if (in.consumed() != end) return Malformed("a more_ranges entry overruns its length");
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -139,6 +181,9 @@ absl::Status ParseGradientPiece(const grpc::ByteBuffer& buffer, std::vector<grpc
           view->data.clear();  // a repeated field: the last one wins, as in protobuf
           if (!in.ReadSpans(len, &view->data)) return Malformed("truncated data");
           view->data_bytes = static_cast<size_t>(len);
+        } else if (field == v1::GradientPiece::kMoreRangesFieldNumber) {
+          if (view->more_ranges.size() >= kMaxMoreRanges) return Malformed("too many more_ranges");
+          ZO_RETURN_IF_ERROR(ParseRegionRange(in, len, &view->more_ranges.emplace_back()));
         } else if (!in.ReadSpans(len, nullptr)) {
           return Malformed("truncated field");
         }
@@ -189,7 +234,37 @@ GradientPieceView ViewOf(const v1::GradientPiece& piece) {
   view.region_ack = piece.region_ack();
   if (!piece.data().empty()) view.data.emplace_back(piece.data().data(), piece.data().size());
   view.data_bytes = piece.data().size();
+  for (const v1::RegionRange& r : piece.more_ranges()) {
+    view.more_ranges.push_back({.chunk = r.chunk(),
+                                .offset = r.offset(),
+                                .region_offset = r.region_offset(),
+                                .region_bytes = r.region_bytes(),
+                                .region_ack_offset = r.region_ack_offset(),
+                                .region_ack = r.region_ack()});
+  }
   return view;
+}
+
+GradientPieceView GradientPieceView::Range(size_t k) const {
+  const RegionRangeView& r = more_ranges[k];
+  GradientPieceView piece{.job = job,
+                          .step = step,
+                          .dp_rank = dp_rank,
+                          .chunk = r.chunk,
+                          .offset = r.offset,
+                          .dtype = dtype,
+                          .resend = resend,
+                          .incarnation = incarnation,
+                          .micro_batch = micro_batch,
+                          .region = region,
+                          .region_offset = r.region_offset,
+                          .region_bytes = r.region_bytes,
+                          .region_ack_offset = r.region_ack_offset,
+                          .region_ack = r.region_ack,
+                          .data = {},
+                          .data_bytes = 0,
+                          .more_ranges = {}};
+  return piece;
 }
 
 void AccumulateSegments(absl::Span<const absl::Span<const char>> data, DType dtype, size_t first,

@@ -19,6 +19,17 @@
 
 namespace zo {
 
+// GradientPiece.more_ranges: one more piece in the same region.
+struct RegionRangeView {
+  int64_t chunk = 0;
+  int64_t offset = 0;
+  int64_t region_offset = 0;
+  int64_t region_bytes = 0;
+  int64_t region_ack_offset = 0;
+  uint32_t region_ack = 0;
+  friend bool operator==(const RegionRangeView&, const RegionRangeView&) = default;
+};
+
 struct GradientPieceView {
   std::string job;
   int64_t step = 0;
@@ -40,7 +51,16 @@ struct GradientPieceView {
   uint32_t region_ack = 0;
   std::vector<absl::Span<const char>> data;  // the payload, in order
   size_t data_bytes = 0;
+  // More pieces of this region, delivered after this one, in order.
+  std::vector<RegionRangeView> more_ranges;
+
+  // This view made into the piece of more_ranges[k] (more_ranges cleared).
+  GradientPieceView Range(size_t k) const;
 };
+
+// The most GradientPiece.more_ranges one message may carry: bounds the
+// work a single message asks of the server.
+inline constexpr size_t kMaxMoreRanges = 4096;
 
 // Parses the protobuf wire format of a GradientPiece. The view's data points
 // into `slices`, which receives the buffer's slices and must outlive it.

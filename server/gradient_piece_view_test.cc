@@ -64,6 +64,15 @@ TEST(GradientPieceViewTest, ParsesWhatProtobufSerialisesHoweverItIsSliced) {
       piece.set_region_bytes(rng() % 100000);
       piece.set_region_ack_offset(8 * (rng() % 512));
       piece.set_region_ack(static_cast<uint32_t>(rng()));
+      for (int k = static_cast<int>(rng() % 4); k > 0; --k) {
+        v1::RegionRange* r = piece.add_more_ranges();
+        r->set_chunk(rng() % 5000);
+        r->set_offset(rng() % 100000);
+        r->set_region_offset(rng() % 100000);
+        r->set_region_bytes(rng() % 100000);
+        r->set_region_ack_offset(8 * (rng() % 512));
+        r->set_region_ack(static_cast<uint32_t>(rng()));
+      }
     }
     std::string data(rng() % 5000, '\0');
     for (char& c : data) c = static_cast<char>(rng());
@@ -89,7 +98,57 @@ TEST(GradientPieceViewTest, ParsesWhatProtobufSerialisesHoweverItIsSliced) {
     EXPECT_EQ(view.region_ack, piece.region_ack());
     EXPECT_EQ(view.data_bytes, data.size());
     EXPECT_EQ(Joined(view), data);
+    ASSERT_EQ(view.more_ranges.size(), static_cast<size_t>(piece.more_ranges_size()));
+    for (int k = 0; k < piece.more_ranges_size(); ++k) {
+      const v1::RegionRange& r = piece.more_ranges(k);
+      EXPECT_EQ(view.more_ranges[k], (RegionRangeView{.chunk = r.chunk(),
+                                                      .offset = r.offset(),
+                                                      .region_offset = r.region_offset(),
+                                                      .region_bytes = r.region_bytes(),
+                                                      .region_ack_offset = r.region_ack_offset(),
+                                                      .region_ack = r.region_ack()}));
+      const GradientPieceView one = view.Range(k);
+      EXPECT_EQ(one.chunk, r.chunk());
+      EXPECT_EQ(one.region_offset, r.region_offset());
+      EXPECT_EQ(one.region_ack, r.region_ack());
+      EXPECT_EQ(one.step, piece.step());
+      EXPECT_EQ(one.region, piece.region());
+      EXPECT_EQ(one.incarnation, piece.incarnation());
+      EXPECT_TRUE(one.more_ranges.empty());
+    }
   }
+}
+
+TEST(GradientPieceViewTest, MalformedOrTooManyMoreRangesAreRejected) {
+  std::mt19937 rng(2);
+  std::vector<grpc::Slice> slices;
+  GradientPieceView view;
+  auto parse = [&](const std::string& bytes) {
+    return ParseGradientPiece(Sliced(bytes, rng, 3), &slices, &view);
+  };
+  v1::GradientPiece piece;
+  piece.set_job("job");
+  piece.set_region(9);
+  piece.add_more_ranges()->set_region_bytes(256);
+  const std::string good = piece.SerializeAsString();
+  ASSERT_THAT(parse(good), IsOk());
+  // An entry whose length runs past the message, and one that ends inside a
+  // varint of its own.
+  EXPECT_THAT(parse(good.substr(0, good.size() - 1)),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("malformed")));
+  std::string overrun = good;
+  overrun[overrun.size() - 4] = 2;  // the entry's length, 3 -> 2: its varint is cut
+  EXPECT_THAT(parse(overrun),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("malformed")));
+  // A field of another wire type inside an entry.
+  std::string nested = good.substr(0, good.size() - 6);  // without the entry
+  nested += std::string("\x82\x01\x03\x0a\x01x", 6);
+  EXPECT_THAT(parse(nested),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("not a varint")));
+  v1::GradientPiece many = piece;
+  for (size_t k = 0; k < kMaxMoreRanges; ++k) many.add_more_ranges();
+  EXPECT_THAT(parse(many.SerializeAsString()),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("too many")));
 }
 
 TEST(GradientPieceViewTest, TruncatedOrGarbageBytesAreRejected) {

@@ -223,6 +223,7 @@ grpc::ServerUnaryReactor* OffloadService::AttachRegion(grpc::CallbackServerConte
     ZO_RETURN_IF_ERROR(registry_->Find(request->job()).status());
     ZO_ASSIGN_OR_RETURN(const uint64_t region, regions_->Attach(*request));
     response->set_region(region);
+    response->set_batched_ranges(true);  // GradientPiece.more_ranges (push_reactor.h)
     return absl::OkStatus();
   });
 }

@@ -1,5 +1,6 @@
 #include "server/push_reactor.h"
 
+#include "common/status_macros.h"
 #include "grpcpp/support/proto_buffer_writer.h"
 #include "proto/zo/v1/gradients.pb.h"
 #include "rpc/rpc_util.h"
@@ -23,19 +24,21 @@ void PushReactor::OnReadDone(bool ok) {
   }
   absl::Status failed;
   {
-    // OnCancel may run meanwhile and reads piece_ and job_.
+    // OnCancel may run meanwhile and reads pieces_ and job_.
     std::lock_guard lock(mu_);
     wait_ = {};
-    failed = ParseGradientPiece(buffer_, &slices_, &piece_);
-    if (failed.ok() && (job_ == nullptr || job_->spec().name != piece_.job)) {
-      absl::StatusOr<std::shared_ptr<Job>> found = registry_->Find(piece_.job);
+    pieces_.clear();
+    at_ = 0;
+    failed = ParseGradientPiece(buffer_, &slices_, &message_);
+    if (failed.ok() && (job_ == nullptr || job_->spec().name != message_.job)) {
+      absl::StatusOr<std::shared_ptr<Job>> found = registry_->Find(message_.job);
       if (found.ok()) {
         job_ = *std::move(found);
       } else {
         failed = found.status();
       }
     }
-    if (failed.ok()) failed = ResolveRegion();
+    if (failed.ok()) failed = ResolvePieces();
   }
   if (!failed.ok()) {
     FinishWith(failed);
@@ -44,58 +47,85 @@ void PushReactor::OnReadDone(bool ok) {
   Attempt();
 }
 
-absl::Status PushReactor::ResolveRegion() {
-  ack_slot_ = nullptr;
-  if (piece_.region == 0) {
+absl::Status PushReactor::ResolvePieces() {
+  if (message_.region == 0 && !message_.more_ranges.empty()) {
+    return absl::InvalidArgumentError(
+        "a gradient piece carries more_ranges but names no shared region");
+  }
+  std::vector<GradientPieceView> pieces;
+  std::vector<uint32_t*> slots(message_.more_ranges.size() + 1, nullptr);
+  pieces.reserve(slots.size());
+  for (size_t k = 0; k < message_.more_ranges.size(); ++k) {
+    pieces.push_back(message_.Range(k));
+  }
+  message_.more_ranges.clear();
+  pieces.insert(pieces.begin(), std::move(message_));
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    ZO_RETURN_IF_ERROR(ResolveRegion(pieces[k], &slots[k]));
+  }
+  pieces_ = std::move(pieces);
+  ack_slots_ = std::move(slots);
+  return absl::OkStatus();
+}
+
+absl::Status PushReactor::ResolveRegion(GradientPieceView& piece, uint32_t** ack_slot) {
+  if (piece.region == 0) {
     region_.reset();
-    if (piece_.region_ack_offset != 0) {
+    if (piece.region_ack_offset != 0) {
       return absl::InvalidArgumentError(
           "a gradient piece names an acknowledgement slot but no shared region");
     }
     return absl::OkStatus();
   }
-  if (!piece_.data.empty()) {
+  if (!piece.data.empty()) {
     return absl::InvalidArgumentError("a gradient piece names a shared region and carries data");
   }
-  if (region_ == nullptr || piece_.region != region_id_) {
-    absl::StatusOr<std::shared_ptr<SharedRegion>> found = regions_->Find(piece_.region, piece_.job);
+  if (region_ == nullptr || piece.region != region_id_) {
+    absl::StatusOr<std::shared_ptr<SharedRegion>> found = regions_->Find(piece.region, piece.job);
     if (!found.ok()) return found.status();
     region_ = *std::move(found);
-    region_id_ = piece_.region;
+    region_id_ = piece.region;
   }
   absl::StatusOr<absl::Span<std::byte>> bytes =
-      region_->Range(piece_.region_offset, piece_.region_bytes);
+      region_->Range(piece.region_offset, piece.region_bytes);
   if (!bytes.ok()) return bytes.status();
-  if (piece_.region_ack_offset != 0) {
-    absl::StatusOr<uint32_t*> slot = region_->AckSlot(piece_.region_ack_offset);
+  if (piece.region_ack_offset != 0) {
+    absl::StatusOr<uint32_t*> slot = region_->AckSlot(piece.region_ack_offset);
     if (!slot.ok()) return slot.status();
-    ack_slot_ = *slot;
+    *ack_slot = *slot;
   }
-  piece_.data = {{reinterpret_cast<const char*>(bytes->data()), bytes->size()}};
-  piece_.data_bytes = bytes->size();
+  piece.data = {{reinterpret_cast<const char*>(bytes->data()), bytes->size()}};
+  piece.data_bytes = bytes->size();
   return absl::OkStatus();
 }
 
 void PushReactor::Attempt() {
   std::unique_lock lock(mu_);
   absl::Status failed;
-  if (cancelled_) {
-    failed = absl::CancelledError("the push was cancelled while its piece waited");
-  } else {
+  while (failed.ok()) {
+    if (cancelled_) {
+      failed = absl::CancelledError("the push was cancelled while its piece waited");
+      break;
+    }
+    if (at_ == pieces_.size()) {
+      lock.unlock();
+      StartRead(&buffer_);
+      return;
+    }
+    const GradientPieceView& piece = pieces_[at_];
     absl::StatusOr<GradientAccumulator::PushOutcome> outcome =
-        job_->TryPushGradient(piece_, &wait_, [this] { Attempt(); });
+        job_->TryPushGradient(piece, &wait_, [this] { Attempt(); });
     if (!outcome.ok()) {
       failed = outcome.status();
     } else if (*outcome == GradientAccumulator::PushOutcome::kWaiting) {
       return;  // the wake calls Attempt again
     } else {
       // Summed: the worker may write the next micro-batch in its place.
-      if (ack_slot_ != nullptr) SharedRegion::Acknowledge(ack_slot_, piece_.region_ack);
-      ++pieces_;
-      bytes_ += static_cast<int64_t>(piece_.data_bytes);
-      lock.unlock();
-      StartRead(&buffer_);
-      return;
+      if (ack_slots_[at_] != nullptr) SharedRegion::Acknowledge(ack_slots_[at_], piece.region_ack);
+      ++pushed_;
+      bytes_ += static_cast<int64_t>(piece.data_bytes);
+      ++at_;
+      wait_ = {};  // the next piece's own
     }
   }
   if (!ClaimFinishLocked()) return;
@@ -108,7 +138,7 @@ void PushReactor::OnCancel() {
   cancelled_ = true;
   // A read in flight ends with ok = false and finishes the call; a kept wake
   // is taken back here, or (already posted) finishes it when it runs.
-  if (wait_.ticket == WaitList::kNone || !job_->CancelPushWait(piece_, wait_)) return;
+  if (wait_.ticket == WaitList::kNone || !job_->CancelPushWait(pieces_[at_], wait_)) return;
   wait_.ticket = WaitList::kNone;
   if (!ClaimFinishLocked()) return;
   lock.unlock();
@@ -129,7 +159,7 @@ void PushReactor::FinishWith(const absl::Status& status) {
   }
   if (status.ok()) {
     v1::PushGradientsResponse response;
-    response.set_pieces(pieces_);
+    response.set_pieces(pushed_);
     response.set_bytes(bytes_);
     bool own_buffer = false;
     const grpc::Status s = grpc::SerializationTraits<v1::PushGradientsResponse>::Serialize(

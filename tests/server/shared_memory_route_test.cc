@@ -653,5 +653,121 @@ TEST(SharedMemoryRegionTest, BadRegionsAndRangesAreRefusedAndChangeNothing) {
   close(unsealed);
 }
 
+// The same-host route's batched messages (GradientPiece.more_ranges), sent
+// by hand: each range is a piece of its own, summed and acknowledged in
+// order; a message with one bad range is refused whole before any of its
+// pieces is summed.
+TEST(SharedMemoryRegionTest, OneMessageCarriesManyPiecesEachSummedAndAcknowledgedInOrder) {
+  std::vector<ServerProcess> servers = StartServers(1);
+  ASSERT_EQ(servers.size(), 1u);
+  constexpr int kElems = 256;
+  auto open = [&](const std::string& job) {
+    ClientOptions options;
+    options.job = job;
+    options.servers = Addresses(servers);
+    options.shared_memory = false;
+    return OffloadClient::Open(options, R"({"train_batch_size": 1,
+        "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}})",
+                               {{.name = "w", .shape = {kElems}, .dtype = DType::kFloat32}});
+  };
+  ZO_ASSERT_OK_AND_ASSIGN(auto batched, open("batched"));
+  ZO_ASSERT_OK_AND_ASSIGN(auto reference, open("reference"));
+  std::vector<float> init(kElems);
+  std::vector<float> g(kElems);
+  for (int i = 0; i < kElems; ++i) {
+    init[i] = 0.01f * static_cast<float>(i % 17) - 0.08f;
+    g[i] = 0.001f * static_cast<float>((i * 7) % 23) - 0.01f;
+  }
+  ASSERT_THAT(batched->InitParams(0, init), IsOk());
+  ASSERT_THAT(reference->InitParams(0, init), IsOk());
+  ASSERT_THAT(reference->Push(1, 0, {reinterpret_cast<const std::byte*>(g.data()), 4 * kElems}),
+              IsOk());
+  ASSERT_THAT(reference->FinishStep(1), IsOk());
+
+  auto stub = v1::Offload::NewStub(
+      grpc::CreateChannel(servers[0].address(), grpc::InsecureChannelCredentials()));
+  const int fd = Memfd(4096, true);
+  constexpr int64_t kAt = 1024;  // where the gradient lies in the region
+  ASSERT_EQ(pwrite(fd, g.data(), 4 * kElems, kAt), 4 * kElems);
+  v1::AttachRegionRequest attach;
+  attach.set_proof("0123456789abcdef");
+  attach.set_job("batched");
+  attach.set_pid(getpid());
+  attach.set_fd(fd);
+  attach.set_bytes(4096);
+  attach.set_boot_id(BootId());
+  v1::AttachRegionResponse attached;
+  {
+    grpc::ClientContext context;
+    ASSERT_THAT(FromGrpcStatus(stub->AttachRegion(&context, attach, &attached)), IsOk());
+  }
+  EXPECT_TRUE(attached.batched_ranges());
+  ZO_ASSERT_OK_AND_ASSIGN(v1::JobStatus status, batched->JobStatus());
+
+  // Four pieces of 64 elements in one message, acknowledged 1, 2, 3, 4 in
+  // the slot at 64 (the last write wins: the slot holds the newest).
+  auto message = [&](uint64_t region, int64_t bad_range_offset) {
+    v1::GradientPiece piece;
+    piece.set_job("batched");
+    piece.set_step(1);
+    piece.set_dtype(v1::DTYPE_FP32);
+    piece.set_incarnation(status.incarnation());
+    piece.set_region(region);
+    piece.set_region_offset(kAt);
+    piece.set_region_bytes(256);
+    piece.set_region_ack_offset(64);
+    piece.set_region_ack(1);
+    for (int k = 1; k < 4; ++k) {
+      v1::RegionRange* r = piece.add_more_ranges();
+      r->set_offset(64 * k);
+      r->set_region_offset(k == 2 && bad_range_offset != 0 ? bad_range_offset : kAt + 256 * k);
+      r->set_region_bytes(256);
+      r->set_region_ack_offset(64);
+      r->set_region_ack(static_cast<uint32_t>(k + 1));
+    }
+    return piece;
+  };
+  auto send = [&](const v1::GradientPiece& piece, v1::PushGradientsResponse* response) {
+    grpc::ClientContext context;
+    auto writer = stub->PushGradients(&context, response);
+    writer->Write(piece);
+    writer->WritesDone();
+    return FromGrpcStatus(writer->Finish());
+  };
+  v1::PushGradientsResponse response;
+  EXPECT_THAT(send(message(attached.region(), 4096 - 128), &response),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not inside")));
+  v1::GradientPiece no_region = message(0, 0);
+  no_region.set_region_ack_offset(0);
+  no_region.set_data(std::string(256, '\0'));
+  EXPECT_THAT(send(no_region, &response),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("more_ranges")));
+  uint32_t ack = 0;
+  ASSERT_EQ(pread(fd, &ack, sizeof(ack), 64), 4);
+  EXPECT_EQ(ack, 0u) << "a refused message acknowledged a piece";
+
+  // Nothing of the refused ones was summed: the whole message is taken now.
+  ASSERT_THAT(send(message(attached.region(), 0), &response), IsOk());
+  EXPECT_EQ(response.pieces(), 4);
+  EXPECT_EQ(response.bytes(), 4 * kElems);
+  ASSERT_EQ(pread(fd, &ack, sizeof(ack), 64), 4);
+  EXPECT_EQ(ack, 4u);
+  std::vector<float> got(kElems);
+  std::vector<float> want(kElems);
+  ZO_ASSERT_OK_AND_ASSIGN(
+      bool changed,
+      batched->Pull(1, 0, std::vector<int>{0},
+                    {absl::MakeSpan(reinterpret_cast<std::byte*>(got.data()), 4 * kElems)}));
+  EXPECT_TRUE(changed);
+  ZO_ASSERT_OK_AND_ASSIGN(
+      changed,
+      reference->Pull(1, 0, std::vector<int>{0},
+                      {absl::MakeSpan(reinterpret_cast<std::byte*>(want.data()), 4 * kElems)}));
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), 4 * kElems), 0)
+      << "the batched pieces did not train as one push of the gradient";
+  EXPECT_NE(got, init);
+  close(fd);
+}
+
 }  // namespace
 }  // namespace zo::testing
