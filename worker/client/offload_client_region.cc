@@ -43,6 +43,7 @@ void OffloadClient::Impl::AttachRegions() {
   if (regions.empty()) {
     regions.resize(num_servers);
     region_ids = std::make_unique<std::atomic<uint64_t>[]>(num_servers);
+    region_batches = std::make_unique<std::atomic<bool>[]>(num_servers);
     region_pull_mu = std::make_unique<std::mutex[]>(num_servers);
     region_push_mu = std::make_unique<std::mutex[]>(num_servers);
     region_lent = std::make_unique<std::atomic<bool>[]>(num_servers);
@@ -92,6 +93,7 @@ void OffloadClient::Impl::AttachRegions() {
                    << attached.status().message() << ")";
       continue;
     }
+    region_batches[s] = attached->batched_ranges();
     region_ids[s] = attached->region();
     ZO_LOG(INFO) << "server " << names[s]
                  << ": gradients and weights go through shared memory (same host)";
@@ -270,7 +272,8 @@ absl::Status OffloadClient::Impl::PushThroughRegions(int64_t step,
     std::shared_ptr<PushCall>& stream = streams[step][p.server];
     if (stream == nullptr) {
       stream = std::make_shared<PushStream>(channels[p.server], names[p.server], step,
-                                            NewCallContext(call.attempt), &budget, &stream_ends);
+                                            NewCallContext(call.attempt), &budget, &stream_ends,
+                                            region_batches[p.server].load());
       region_calls[p.server][step] = stream;
     }
     v1::GradientPiece header = p.header;

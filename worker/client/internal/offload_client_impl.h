@@ -191,6 +191,8 @@ struct OffloadClient::Impl {
   // rollback); an id drops to 0 when the server no longer knows it.
   std::vector<std::unique_ptr<client_internal::WorkerRegion>> regions;
   std::unique_ptr<std::atomic<uint64_t>[]> region_ids;
+  // Per server: it takes GradientPiece.more_ranges (AttachRegionResponse).
+  std::unique_ptr<std::atomic<bool>[]> region_batches;
   // One pull at a time writes a server's weights area.
   std::unique_ptr<std::mutex[]> region_pull_mu;
   // Per server: RegionPullBuffers lent bytes of its weights area, so only

@@ -10,6 +10,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <vector>
 
 #include "grpcpp/support/byte_buffer.h"
 #include "proto/zo/v1/gradients.pb.h"
@@ -20,6 +22,9 @@ struct EncodedPiece {
   grpc::ByteBuffer buffer;
   int64_t payload_bytes = 0;  // what the piece counts against bytes in flight
   bool resend = false;
+  // A piece in the caller's shared region: its header, which a stream may
+  // send as one of a message's more_ranges instead (BatchRegionPieces).
+  std::optional<v1::GradientPiece> region_header;
 };
 
 // `header` has every field but `data`. With an `owner`, the payload is not
@@ -31,6 +36,15 @@ EncodedPiece EncodeGradientPiece(const v1::GradientPiece& header, const std::byt
 // A piece whose bytes lie in the caller's shared region (`header` names
 // where): the header alone, counting nothing against bytes in flight.
 EncodedPiece EncodeRegionPiece(const v1::GradientPiece& header);
+
+// Whether region pieces `a` and `b` may travel in one message (all but
+// where their bytes lie and their acknowledgement agree).
+bool SameRegionMessage(const v1::GradientPiece& a, const v1::GradientPiece& b);
+
+// Region pieces (each region_header set, SameRegionMessage as the first)
+// as one message: the first's header with the others as its more_ranges,
+// in order (the server delivers them so).
+EncodedPiece EncodeRegionPieces(const std::vector<EncodedPiece>& pieces);
 
 }  // namespace zo::client_internal
 

@@ -71,5 +71,60 @@ TEST(PieceEncodingTest, SharedPayloadIsNotCopiedAndHoldsItsOwner) {
   EXPECT_TRUE(watch.expired());
 }
 
+// Region pieces queued together go as one message: the first's header with
+// the others, in order, as more_ranges; pieces of another step, region or
+// micro-batch do not join it.
+TEST(PieceEncodingTest, RegionPiecesGoAsOneMessageInOrder) {
+  std::vector<EncodedPiece> pieces;
+  for (int k = 0; k < 3; ++k) {
+    v1::GradientPiece header;
+    header.set_job("job-1");
+    header.set_step(5);
+    header.set_dtype(v1::DTYPE_BF16);
+    header.set_incarnation(99);
+    header.set_region(42);
+    header.set_chunk(k);
+    header.set_offset(10 * k);
+    header.set_region_offset(1000 * k);
+    header.set_region_bytes(64 + k);
+    header.set_region_ack_offset(64);
+    header.set_region_ack(k + 1);
+    pieces.push_back(EncodeRegionPiece(header));
+    EXPECT_EQ(pieces.back().payload_bytes, 0);
+    ASSERT_TRUE(pieces.back().region_header.has_value());
+  }
+  EXPECT_TRUE(SameRegionMessage(*pieces[0].region_header, *pieces[2].region_header));
+  for (auto change : std::vector<void (*)(v1::GradientPiece&)>{
+           [](v1::GradientPiece& h) { h.set_step(6); },
+           [](v1::GradientPiece& h) { h.set_region(43); },
+           [](v1::GradientPiece& h) { h.set_micro_batch(1); },
+           [](v1::GradientPiece& h) { h.set_resend(true); },
+           [](v1::GradientPiece& h) { h.set_incarnation(98); }}) {
+    v1::GradientPiece other = *pieces[1].region_header;
+    change(other);
+    EXPECT_FALSE(SameRegionMessage(*pieces[0].region_header, other));
+  }
+  v1::GradientPiece no_region = *pieces[1].region_header;
+  no_region.set_region(0);
+  EXPECT_FALSE(SameRegionMessage(no_region, no_region));
+
+  v1::GradientPiece parsed;
+  ASSERT_TRUE(parsed.ParseFromString(Flatten(EncodeRegionPieces(pieces).buffer)));
+  v1::GradientPiece first = *pieces[0].region_header;
+  EXPECT_EQ(parsed.job(), first.job());
+  EXPECT_EQ(parsed.region_offset(), 0);
+  EXPECT_EQ(parsed.region_ack(), 1u);
+  ASSERT_EQ(parsed.more_ranges_size(), 2);
+  for (int k = 1; k < 3; ++k) {
+    const v1::RegionRange& r = parsed.more_ranges(k - 1);
+    EXPECT_EQ(r.chunk(), k);
+    EXPECT_EQ(r.offset(), 10 * k);
+    EXPECT_EQ(r.region_offset(), 1000 * k);
+    EXPECT_EQ(r.region_bytes(), 64 + k);
+    EXPECT_EQ(r.region_ack_offset(), 64);
+    EXPECT_EQ(r.region_ack(), static_cast<uint32_t>(k + 1));
+  }
+}
+
 }  // namespace
 }  // namespace zo::client_internal

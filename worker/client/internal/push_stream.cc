@@ -12,13 +12,14 @@ namespace zo::client_internal {
 
 PushStream::PushStream(std::shared_ptr<grpc::Channel> channel, std::string server, int64_t step,
                        std::unique_ptr<grpc::ClientContext> context, ByteBudget* budget,
-                       StreamEnds* ends)
+                       StreamEnds* ends, bool batch_region_pieces)
     : channel_(std::move(channel)),
       server_(std::move(server)),
       step_(step),
       context_(std::move(context)),
       budget_(budget),
       ends_(ends),
+      batch_region_pieces_(batch_region_pieces),
       thread_([this] { Run(); }) {}
 
 PushStream::~PushStream() {
@@ -82,6 +83,23 @@ void PushStream::DropQueueLocked() {
   queue_.clear();
 }
 
+std::vector<EncodedPiece> PushStream::NextMessage() {
+  std::vector<EncodedPiece> batch;
+  std::unique_lock lock(mu_);
+  work_cv_.wait(lock, [&] { return !queue_.empty() || closing_; });
+  if (queue_.empty()) return batch;
+  batch.push_back(std::move(queue_.front()));
+  queue_.pop_front();
+  if (!batch_region_pieces_ || !batch[0].region_header.has_value()) return batch;
+  while (!queue_.empty() && batch.size() < kMaxRegionPiecesPerMessage &&
+         queue_.front().region_header.has_value() &&
+         SameRegionMessage(*batch.front().region_header, *queue_.front().region_header)) {
+    batch.push_back(std::move(queue_.front()));
+    queue_.pop_front();
+  }
+  return batch;
+}
+
 void PushStream::Run() {
   v1::PushGradientsResponse response;
   // The generated stub's writer takes messages; this call takes the pieces
@@ -92,24 +110,23 @@ void PushStream::Run() {
   bool resend = false;
   bool write_failed = false;
   for (;;) {
-    EncodedPiece piece;
-    {
-      std::unique_lock lock(mu_);
-      work_cv_.wait(lock, [&] { return !queue_.empty() || closing_; });
-      if (queue_.empty()) break;  // closing, and everything is written
-      piece = std::move(queue_.front());
-      queue_.pop_front();
+    std::vector<EncodedPiece> batch = NextMessage();
+    if (batch.empty()) break;  // closing, and everything is written
+    int64_t payload = 0;
+    for (const EncodedPiece& p : batch) {
+      resend = resend || p.resend;
+      payload += p.payload_bytes;
     }
     // Write returns once gRPC has taken the message (flow control allowing);
     // only then do its bytes stop counting against max_bytes_in_flight.
-    resend = resend || piece.resend;
-    const bool ok = call->Write(piece.buffer);
-    budget_->Release(step_, piece.payload_bytes);
+    const bool ok =
+        call->Write(batch.size() == 1 ? batch[0].buffer : EncodeRegionPieces(batch).buffer);
+    budget_->Release(step_, payload);
     if (!ok) {
       write_failed = true;
       break;
     }
-    ++pieces;
+    pieces += static_cast<int64_t>(batch.size());
   }
   absl::Status status = FromGrpcStatus(call->Finish(&response));
   if (status.ok() && write_failed) {

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -32,10 +33,15 @@ class PushStream final : public PushCall {
  public:
   // Starts the call. `budget` and `ends` (notified when the call ends; may be
   // null) must outlive the stream; `context` carries the call's deadline and
-  // token.
+  // token. `batch_region_pieces`: the server takes GradientPiece.more_ranges
+  // (AttachRegionResponse.batched_ranges), so region pieces queued together
+  // go in one message (up to kMaxRegionPiecesPerMessage).
   PushStream(std::shared_ptr<grpc::Channel> channel, std::string server, int64_t step,
              std::unique_ptr<grpc::ClientContext> context, ByteBudget* budget,
-             StreamEnds* ends = nullptr);
+             StreamEnds* ends = nullptr, bool batch_region_pieces = false);
+
+  // Under the server's bound on more_ranges (4096, gradients.proto).
+  static constexpr size_t kMaxRegionPiecesPerMessage = 1024;
   // Cancels the call if it is still open and joins its thread.
   ~PushStream() override;
 
@@ -61,6 +67,10 @@ class PushStream final : public PushCall {
 
  private:
   void Run();
+  // Waits for the next message to write: the queue's first piece and, where
+  // batching, the region pieces queued right behind it. Empty once closing
+  // with nothing left.
+  std::vector<EncodedPiece> NextMessage();
   // Drops every queued piece, releasing its bytes. Requires mu_.
   void DropQueueLocked();
 
@@ -70,6 +80,7 @@ class PushStream final : public PushCall {
   const std::unique_ptr<grpc::ClientContext> context_;
   ByteBudget* const budget_;
   StreamEnds* const ends_;
+  const bool batch_region_pieces_;
 
   mutable std::mutex mu_;
   std::condition_variable work_cv_;  // the thread waits: a piece queued, or closing
