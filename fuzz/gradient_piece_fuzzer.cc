@@ -12,7 +12,8 @@
 // A piece that names a shared region (the same-host route) is resolved the
 // way the push reactor does it: its range checked against a 4 KiB region
 // (server/shared_regions.h), its data then read from there, and its
-// acknowledgement slot checked, then written once the piece is summed.
+// acknowledgement slot checked, then written once the piece is summed; so
+// is each of its more_ranges, every one resolved before any is pushed.
 //
 // Invariant: when protobuf also parses the bytes, both agree on every field.
 #include <sys/mman.h>
@@ -69,6 +70,42 @@ void CompareWithProtobuf(const zo::GradientPieceView& view, const std::string& m
   ZO_FUZZ_CHECK(view.region_ack == piece.region_ack(), "region_ack");
   ZO_FUZZ_CHECK(view.data_bytes == piece.data().size(), "data size");
   ZO_FUZZ_CHECK(Concat(view) == piece.data(), "data");
+  ZO_FUZZ_CHECK(view.more_ranges.size() == static_cast<size_t>(piece.more_ranges_size()),
+                "more_ranges");
+  for (int k = 0; k < piece.more_ranges_size(); ++k) {
+    const zo::v1::RegionRange& r = piece.more_ranges(k);
+    const zo::RegionRangeView& v = view.more_ranges[static_cast<size_t>(k)];
+    ZO_FUZZ_CHECK(v.chunk == r.chunk() && v.offset == r.offset() &&
+                      v.region_offset == r.region_offset() && v.region_bytes == r.region_bytes() &&
+                      v.region_ack_offset == r.region_ack_offset() &&
+                      v.region_ack == r.region_ack(),
+                  "a more_ranges entry");
+  }
+}
+
+// PushReactor::ResolveRegion: points a piece naming the region at its bytes
+// there and finds its acknowledgement slot; false where the reactor refuses.
+bool ResolveRegion(zo::GradientPieceView& view, uint32_t** ack_slot) {
+  *ack_slot = nullptr;
+  if (view.region == 0) return view.region_ack_offset == 0;
+  if (!view.data.empty()) return false;
+  absl::StatusOr<absl::Span<std::byte>> bytes =
+      region->Range(view.region_offset, view.region_bytes);
+  if (!bytes.ok()) return false;
+  ZO_FUZZ_CHECK(bytes->data() >= region->Range(0, 0)->data() && bytes->size() <= 4096 &&
+                    bytes->data() + bytes->size() <= region->Range(0, 0)->data() + 4096,
+                "a region range outside the region");
+  view.data = {{reinterpret_cast<const char*>(bytes->data()), bytes->size()}};
+  view.data_bytes = bytes->size();
+  if (view.region_ack_offset != 0) {
+    absl::StatusOr<uint32_t*> slot = region->AckSlot(view.region_ack_offset);
+    if (!slot.ok()) return false;
+    const auto* begin = reinterpret_cast<const uint32_t*>(region->Range(0, 0)->data());
+    ZO_FUZZ_CHECK(*slot >= begin && *slot + 2 <= begin + 4096 / sizeof(uint32_t),
+                  "an acknowledgement slot outside the region");
+    *ack_slot = *slot;
+  }
+  return true;
 }
 
 // What Job::TryPushGradient does once the chunk and dtype are checked, and
@@ -140,28 +177,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   zo::GradientPieceView view;
   if (!zo::ParseGradientPiece(buffer, &slices, &view).ok()) return 0;
   CompareWithProtobuf(view, message);
-  uint32_t* ack_slot = nullptr;
-  if (view.region != 0) {
-    if (!view.data.empty()) return 0;  // PushReactor::ResolveRegion refuses it
-    absl::StatusOr<absl::Span<std::byte>> bytes =
-        region->Range(view.region_offset, view.region_bytes);
-    if (!bytes.ok()) return 0;
-    ZO_FUZZ_CHECK(bytes->data() >= region->Range(0, 0)->data() && bytes->size() <= 4096 &&
-                      bytes->data() + bytes->size() <= region->Range(0, 0)->data() + 4096,
-                  "a region range outside the region");
-    view.data = {{reinterpret_cast<const char*>(bytes->data()), bytes->size()}};
-    view.data_bytes = bytes->size();
-    if (view.region_ack_offset != 0) {
-      absl::StatusOr<uint32_t*> slot = region->AckSlot(view.region_ack_offset);
-      if (!slot.ok()) return 0;
-      const auto* begin = reinterpret_cast<const uint32_t*>(region->Range(0, 0)->data());
-      ZO_FUZZ_CHECK(*slot >= begin && *slot + 2 <= begin + 4096 / sizeof(uint32_t),
-                    "an acknowledgement slot outside the region");
-      ack_slot = *slot;
-    }
-  } else if (view.region_ack_offset != 0) {
-    return 0;  // PushReactor::ResolveRegion refuses it
+  // PushReactor::ResolvePieces: the message's piece and its more_ranges,
+  // every one resolved before any is pushed.
+  if (view.region == 0 && !view.more_ranges.empty()) return 0;
+  std::vector<zo::GradientPieceView> pieces;
+  for (size_t k = 0; k < view.more_ranges.size(); ++k) pieces.push_back(view.Range(k));
+  pieces.insert(pieces.begin(), view);
+  std::vector<uint32_t*> ack_slots(pieces.size(), nullptr);
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    if (!ResolveRegion(pieces[k], &ack_slots[k])) return 0;
   }
-  Push(view, dp, pushes_per_rank, shift, ack_slot);
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    Push(pieces[k], dp, pushes_per_rank, shift, ack_slots[k]);
+  }
   return 0;
 }

@@ -64,6 +64,16 @@ void GradientPieces() {
   in_region.set_region_ack_offset(8);  // the slot, then the piece's bytes from 64
   in_region.set_region_ack(5);
   Seed("gradient_piece_fuzzer", "fp16_acknowledged_in_a_shared_region", with(0, 0, in_region));
+  for (int k = 1; k <= 3; ++k) {  // three more pieces in the same message
+    zo::v1::RegionRange* r = in_region.add_more_ranges();
+    r->set_chunk(k % 2);
+    r->set_offset(20 * k);
+    r->set_region_offset(64 + 40 * k);
+    r->set_region_bytes(40);
+    r->set_region_ack_offset(8);
+    r->set_region_ack(5 + k);
+  }
+  Seed("gradient_piece_fuzzer", "fp16_four_pieces_in_one_region_message", with(5, 0, in_region));
 }
 
 void OpenJob() {
