@@ -60,11 +60,17 @@ v1::JobStatus StatusOf(const ServerProcess& server, const std::string& job) {
 
 // 2 servers x 2 dp ranks, steps 1..50, fp32: the servers' weights after
 // each run, shared by the tests that compare against an uninterrupted run.
+// Over gRPC, whose pieces come one a message: a chunk is speculated on when
+// it fills before the step's last piece is in, which the same-host route,
+// sending a push's pieces in one message, leaves to chance.
 const std::vector<float>& UninterruptedWeights() {
   static const std::vector<float>* weights = [] {
     const LeastSquares p = Problem();
     std::vector<ServerProcess> servers = StartServers(2);
-    auto workers = OpenWorkers(p, DType::kFloat32, "plain", ConfigJson(), Addresses(servers));
+    ClientOptions grpc_only;
+    grpc_only.shared_memory = false;
+    auto workers =
+        OpenWorkers(p, DType::kFloat32, "plain", ConfigJson(), Addresses(servers), grpc_only);
     EXPECT_THAT(workers.status(), IsOk());
     EXPECT_THAT((*workers)[0]->InitWeights(), IsOk());
     EXPECT_THAT(RunSteps(*workers, 1, kSteps), IsOk());
@@ -124,10 +130,9 @@ TEST(OffloadE2eTest, TheSpeculativeUpdateLeavesTheWeightsOfTheSynchronousOne) {
 
 // With the learning rates from the client (zo.client_lr, as zo.torch sends
 // them), the follower hears them too and speculates as well; the weights
-// are those of the run without speculation. Over gRPC: a chunk is
-// speculated on when it fills before the step's last piece is in, and the
-// same-host route sends a push's pieces in one message, so the follower's
-// two small chunks would fill at once and leave nothing to speculate.
+// are those of the run without speculation. Over gRPC, as
+// UninterruptedWeights says why: on the same-host route the follower's two
+// small chunks would fill at once and leave nothing to speculate.
 TEST(OffloadE2eTest, ClientRatesReachTheFollowerWhichSpeculatesWithThem) {
   const LeastSquares p = Problem();
   const auto run = [&](const std::string& job, bool speculative,
