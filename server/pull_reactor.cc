@@ -116,6 +116,18 @@ void PullReactor::WriteNext() {
       if (!piece.unchanged) {
         header.set_region_offset(request_.region_offset() + at);
         header.set_region_bytes(cursor_->bytes_given() - given_before_);
+        given_before_ = cursor_->bytes_given();
+        // The pieces after it in the same message, where the caller reads
+        // them: one write instead of one per piece.
+        while (request_.batched_ranges() && header.more_ranges_size() < kMaxPullRangesPerMessage &&
+               cursor_->NextInto(area_, &piece, &at)) {
+          v1::ParamRange* r = header.add_more_ranges();
+          r->set_tensor(piece.tensor);
+          r->set_offset(piece.offset);
+          r->set_region_offset(request_.region_offset() + at);
+          r->set_region_bytes(cursor_->bytes_given() - given_before_);
+          given_before_ = cursor_->bytes_given();
+        }
       }
       given_before_ = cursor_->bytes_given();
       piece_ = SerializeWithPayload(header, v1::ParamPiece::kDataFieldNumber, {});

@@ -33,6 +33,10 @@ namespace zo {
 
 class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
+  // With PullParamsRequest.batched_ranges: the most ParamPiece.more_ranges
+  // one message carries (params.proto).
+  static constexpr int kMaxPullRangesPerMessage = 1024;
+
   // `raw_request`: a serialized v1::PullParamsRequest.
   // `regions`: the same-host route's, for a pull into one.
   // `admitted`: the service's verdict on the call (its token); not OK

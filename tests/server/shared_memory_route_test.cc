@@ -14,6 +14,7 @@
 #include <set>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/bf16.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -766,6 +767,93 @@ TEST(SharedMemoryRegionTest, OneMessageCarriesManyPiecesEachSummedAndAcknowledge
   EXPECT_EQ(std::memcmp(got.data(), want.data(), 4 * kElems), 0)
       << "the batched pieces did not train as one push of the gradient";
   EXPECT_NE(got, init);
+  close(fd);
+}
+
+// A pull into a region with batched_ranges, asked by hand: the server
+// describes its pieces in fewer messages than pieces, and the region then
+// holds the bytes a gRPC pull gives; without batched_ranges, one piece a
+// message, as an older client expects.
+TEST(SharedMemoryRegionTest, APullDescribesManyPiecesInOneMessageWhenAsked) {
+  std::vector<ServerProcess> servers = StartServers(1);
+  ASSERT_EQ(servers.size(), 1u);
+  constexpr int kTensors = 8;
+  constexpr int kElems = 64;
+  std::vector<TensorSpec> manifest;
+  for (int t = 0; t < kTensors; ++t) {
+    manifest.push_back({.name = absl::StrCat("w", t), .shape = {kElems}, .dtype = DType::kFloat32});
+  }
+  ClientOptions options;
+  options.job = "batched-pull";
+  options.servers = Addresses(servers);
+  options.shared_memory = false;
+  ZO_ASSERT_OK_AND_ASSIGN(auto client, OffloadClient::Open(options, R"({"train_batch_size": 1,
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}})",
+                                                           manifest));
+  std::vector<float> values(kElems);
+  for (int t = 0; t < kTensors; ++t) {
+    for (int i = 0; i < kElems; ++i) values[i] = 0.01f * static_cast<float>(t * kElems + i);
+    ASSERT_THAT(client->InitParams(t, values), IsOk());
+  }
+  std::vector<float> want(kTensors * kElems);
+  std::vector<absl::Span<std::byte>> dst;
+  std::vector<int> all;
+  for (int t = 0; t < kTensors; ++t) {
+    dst.push_back({reinterpret_cast<std::byte*>(want.data() + t * kElems), 4 * kElems});
+    all.push_back(t);
+  }
+  ASSERT_THAT(client->Pull(0, -1, all, dst).status(), IsOk());
+
+  auto stub = v1::Offload::NewStub(
+      grpc::CreateChannel(servers[0].address(), grpc::InsecureChannelCredentials()));
+  const int fd = Memfd(4096, true);
+  v1::AttachRegionRequest attach;
+  attach.set_proof("0123456789abcdef");
+  attach.set_job("batched-pull");
+  attach.set_pid(getpid());
+  attach.set_fd(fd);
+  attach.set_bytes(4096);
+  attach.set_boot_id(BootId());
+  v1::AttachRegionResponse attached;
+  {
+    grpc::ClientContext context;
+    ASSERT_THAT(FromGrpcStatus(stub->AttachRegion(&context, attach, &attached)), IsOk());
+  }
+  constexpr int64_t kArea = 1024;
+  auto pull = [&](bool batched, int* messages, int* pieces) {
+    std::vector<char> zeros(4096 - kArea, 0);
+    EXPECT_EQ(pwrite(fd, zeros.data(), zeros.size(), kArea), static_cast<ssize_t>(zeros.size()));
+    v1::PullParamsRequest request;
+    request.set_job("batched-pull");
+    request.set_version(0);
+    request.set_have_version(-1);
+    request.set_region(attached.region());
+    request.set_region_offset(kArea);
+    request.set_batched_ranges(batched);
+    grpc::ClientContext context;
+    auto reader = stub->PullParams(&context, request);
+    v1::ParamPiece piece;
+    *messages = 0;
+    *pieces = 0;
+    while (reader->Read(&piece)) {
+      ++*messages;
+      *pieces += 1 + piece.more_ranges_size();
+    }
+    return FromGrpcStatus(reader->Finish());
+  };
+  int messages = 0;
+  int pieces = 0;
+  ASSERT_THAT(pull(false, &messages, &pieces), IsOk());
+  EXPECT_EQ(messages, pieces);
+  EXPECT_GE(pieces, kTensors);
+  const int unbatched_pieces = pieces;
+  ASSERT_THAT(pull(true, &messages, &pieces), IsOk());
+  EXPECT_EQ(pieces, unbatched_pieces);
+  EXPECT_LT(messages, pieces) << "every piece came in a message of its own";
+  std::vector<float> got(kTensors * kElems);
+  ASSERT_EQ(pread(fd, got.data(), 4 * got.size(), kArea), static_cast<ssize_t>(4 * got.size()));
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), 4 * got.size()), 0)
+      << "the region does not hold what a gRPC pull gives";
   close(fd);
 }
 

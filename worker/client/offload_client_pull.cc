@@ -46,6 +46,7 @@ absl::Status OffloadClient::Impl::PullFrom(int server, int64_t version, int64_t 
     // Into the weights area, which one pull at a time may use.
     request.set_region(region);
     request.set_region_offset(regions[server]->WeightsAreaOffset());
+    request.set_batched_ranges(true);  // PullReceiver::AcceptFromRegion reads them
     region_lock = std::unique_lock(region_pull_mu[server]);
   }
   absl::Status pulled = RetryCall(call, names[server], &group, [&](grpc::ClientContext& context) {

@@ -83,6 +83,26 @@ absl::Status PullReceiver::Accept(const v1::ParamPiece& piece) {
 
 absl::Status PullReceiver::AcceptFromRegion(const v1::ParamPiece& piece,
                                             absl::Span<const std::byte> area, int64_t area_offset) {
+  if (piece.more_ranges_size() == 0) return AcceptOneFromRegion(piece, area, area_offset);
+  if (piece.unchanged()) {
+    return absl::InternalError("sent more ranges on a piece that says the weights are unchanged");
+  }
+  v1::ParamPiece one = piece;
+  one.clear_more_ranges();
+  ZO_RETURN_IF_ERROR(AcceptOneFromRegion(one, area, area_offset));
+  for (const v1::ParamRange& r : piece.more_ranges()) {
+    one.set_tensor(r.tensor());
+    one.set_offset(r.offset());
+    one.set_region_offset(r.region_offset());
+    one.set_region_bytes(r.region_bytes());
+    ZO_RETURN_IF_ERROR(AcceptOneFromRegion(one, area, area_offset));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PullReceiver::AcceptOneFromRegion(const v1::ParamPiece& piece,
+                                               absl::Span<const std::byte> area,
+                                               int64_t area_offset) {
   if (piece.region_bytes() == 0) return Accept(piece);  // an unchanged pull's one piece
   if (!piece.data().empty()) {
     return absl::InternalError("sent a piece with data and a range of the shared region");

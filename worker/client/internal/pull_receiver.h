@@ -45,7 +45,8 @@ class PullReceiver {
   // are region bytes [region_offset, +region_bytes), which must lie in
   // `area` (the weights area, at `area_offset` in the region). Nothing is
   // copied when they are where the caller's buffer puts them already
-  // (OffloadClient::RegionPullBuffers).
+  // (OffloadClient::RegionPullBuffers). Each of the piece's more_ranges is
+  // a piece of its own, checked the same way.
   absl::Status AcceptFromRegion(const v1::ParamPiece& piece, absl::Span<const std::byte> area,
                                 int64_t area_offset);
   // The in-process route's two halves of the same checks: the server says
@@ -67,6 +68,9 @@ class PullReceiver {
   double loss_scale() const { return loss_scale_; }
 
  private:
+  // AcceptFromRegion of a piece without more_ranges.
+  absl::Status AcceptOneFromRegion(const v1::ParamPiece& piece, absl::Span<const std::byte> area,
+                                   int64_t area_offset);
   // One requested tensor as this server sees it.
   struct Slot {
     int tensor = 0;

@@ -70,6 +70,48 @@ TEST_F(PullReceiverTest, PlacesWhatEachServerOwns) {
   EXPECT_FALSE(s0.unchanged());
 }
 
+// A piece pulled into the region may describe more pieces (more_ranges):
+// each is placed from where its range says, and one range outside the
+// weights area fails the pull, naming it.
+TEST_F(PullReceiverTest, PlacesEachOfAPiecesMoreRangesFromTheRegion) {
+  // Server 0's elements in its local order: a[0,4), a[8,10), b[0,2).
+  const std::string area = "xxxxxxxxyyyyzzzz";
+  const auto bytes = absl::MakeConstSpan(reinterpret_cast<const std::byte*>(area.data()), 16);
+  auto in_region = [](int tensor, int64_t offset, int64_t at, int64_t n) {
+    v1::ParamRange r;
+    r.set_tensor(tensor);
+    r.set_offset(offset);
+    r.set_region_offset(1000 + at);
+    r.set_region_bytes(n);
+    return r;
+  };
+  v1::ParamPiece piece = Piece(0, 0, 4, 'x');
+  piece.clear_data();
+  piece.set_region_offset(1000);
+  piece.set_region_bytes(8);
+  *piece.add_more_ranges() = in_region(0, 8, 8, 4);
+  *piece.add_more_ranges() = in_region(1, 0, 12, 4);
+  PullReceiver s0 = Receiver(0);
+  ASSERT_THAT(s0.AcceptFromRegion(piece, bytes, 1000), IsOk());
+  EXPECT_THAT(s0.Finish(), IsOk());
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(a_.data()), 8), "xxxxxxxx");
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(a_.data()) + 16, 4), "yyyy");
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(b_.data()), 4), "zzzz");
+
+  *piece.mutable_more_ranges(1) = in_region(1, 0, 14, 4);  // runs past the area's end
+  PullReceiver again = Receiver(0);
+  EXPECT_THAT(again.AcceptFromRegion(piece, bytes, 1000),
+              StatusIs(absl::StatusCode::kInternal, HasSubstr("outside the shared region")));
+  v1::ParamPiece unchanged;
+  unchanged.set_version(5);
+  unchanged.set_unchanged(true);
+  unchanged.set_loss_scale(1);
+  *unchanged.add_more_ranges() = in_region(0, 0, 0, 8);
+  PullReceiver third = Receiver(0, 4);
+  EXPECT_THAT(third.AcceptFromRegion(unchanged, bytes, 1000),
+              StatusIs(absl::StatusCode::kInternal, HasSubstr("unchanged")));
+}
+
 TEST_F(PullReceiverTest, RejectsElementsOwnedByAnotherServer) {
   PullReceiver s0 = Receiver(0);
   EXPECT_THAT(s0.Accept(Piece(0, 4, 1, 'x')),
