@@ -12,10 +12,12 @@
 #include <cstring>
 #include <fstream>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/bf16.h"
+#include "common/status_macros.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -522,6 +524,22 @@ int Memfd(int64_t bytes, bool seal) {
   return fd;
 }
 
+// Attaches the 4 KiB memfd `fd` (Memfd) to `job` as a worker would.
+absl::StatusOr<v1::AttachRegionResponse> AttachByHand(v1::Offload::Stub& stub, int fd,
+                                                      const std::string& job) {
+  v1::AttachRegionRequest request;
+  request.set_proof("0123456789abcdef");
+  request.set_job(job);
+  request.set_pid(getpid());
+  request.set_fd(fd);
+  request.set_bytes(4096);
+  request.set_boot_id(BootId());
+  v1::AttachRegionResponse response;
+  grpc::ClientContext context;
+  ZO_RETURN_IF_ERROR(FromGrpcStatus(stub.AttachRegion(&context, request, &response)));
+  return response;
+}
+
 // Calls made by hand, as a hostile or broken worker would: each is refused
 // with a code that says why, and the job is as it was.
 TEST(SharedMemoryRegionTest, BadRegionsAndRangesAreRefusedAndChangeNothing) {
@@ -690,18 +708,8 @@ TEST(SharedMemoryRegionTest, OneMessageCarriesManyPiecesEachSummedAndAcknowledge
   const int fd = Memfd(4096, true);
   constexpr int64_t kAt = 1024;  // where the gradient lies in the region
   ASSERT_EQ(pwrite(fd, g.data(), 4 * kElems, kAt), 4 * kElems);
-  v1::AttachRegionRequest attach;
-  attach.set_proof("0123456789abcdef");
-  attach.set_job("batched");
-  attach.set_pid(getpid());
-  attach.set_fd(fd);
-  attach.set_bytes(4096);
-  attach.set_boot_id(BootId());
-  v1::AttachRegionResponse attached;
-  {
-    grpc::ClientContext context;
-    ASSERT_THAT(FromGrpcStatus(stub->AttachRegion(&context, attach, &attached)), IsOk());
-  }
+  ZO_ASSERT_OK_AND_ASSIGN(const v1::AttachRegionResponse attached,
+                          AttachByHand(*stub, fd, "batched"));
   EXPECT_TRUE(attached.batched_ranges());
   ZO_ASSERT_OK_AND_ASSIGN(v1::JobStatus status, batched->JobStatus());
 
@@ -807,18 +815,8 @@ TEST(SharedMemoryRegionTest, APullDescribesManyPiecesInOneMessageWhenAsked) {
   auto stub = v1::Offload::NewStub(
       grpc::CreateChannel(servers[0].address(), grpc::InsecureChannelCredentials()));
   const int fd = Memfd(4096, true);
-  v1::AttachRegionRequest attach;
-  attach.set_proof("0123456789abcdef");
-  attach.set_job("batched-pull");
-  attach.set_pid(getpid());
-  attach.set_fd(fd);
-  attach.set_bytes(4096);
-  attach.set_boot_id(BootId());
-  v1::AttachRegionResponse attached;
-  {
-    grpc::ClientContext context;
-    ASSERT_THAT(FromGrpcStatus(stub->AttachRegion(&context, attach, &attached)), IsOk());
-  }
+  ZO_ASSERT_OK_AND_ASSIGN(const v1::AttachRegionResponse attached,
+                          AttachByHand(*stub, fd, "batched-pull"));
   constexpr int64_t kArea = 1024;
   auto pull = [&](bool batched, int* messages, int* pieces) {
     std::vector<char> zeros(4096 - kArea, 0);
