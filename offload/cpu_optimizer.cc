@@ -85,7 +85,11 @@ std::vector<GradStats> CpuOptimizer::PerChunkStats(const std::vector<bool>& want
     for (size_t i = EvenShareBegin(blocks.size(), workers, w); i < end; ++i) {
       const Segment& s = stats_blocks_[blocks[i]];
       const OptimizerChunk& c = chunks_[s.chunk];
-      block_stats[i] = zo::ComputeGradStats(OffsetBy(c.grad, s.begin), s.size(), level);
+      const std::byte* lent =
+          c.lent_blocks == nullptr ? nullptr : c.lent_blocks[s.begin / kStatsBlockElems];
+      const TypedConstPtr grad =
+          lent != nullptr ? TypedConstPtr{lent, c.grad.dtype} : OffsetBy(c.grad, s.begin);
+      block_stats[i] = zo::ComputeGradStats(grad, s.size(), level);
     }
   });
   std::vector<GradStats> per_chunk(chunks_.size());

@@ -37,6 +37,11 @@ struct OptimizerChunk {
   TypedConstPtr grad;      // what the kernel reads, usually the fp32 accumulator
   TypedPtr low_precision;  // the copy served to pulls; data == nullptr: not written
   size_t n = 0;
+  // Read by the statistics alone (a server's accumulator, which lends
+  // blocks: offload/gradient_source.h): per kStatsBlockElems block of the
+  // chunk, where its gradients are kept, or null for those in `grad`. The
+  // steps read `grad`.
+  const std::byte* const* lent_blocks = nullptr;
 };
 
 // Elements per block of the statistics pass: a fixed unit, independent of

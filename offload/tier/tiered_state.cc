@@ -107,18 +107,18 @@ struct TieredOptimizerState::Impl {
   // The step with constants `c` of elements [begin, end), all in RAM, from
   // the state into the bank; with `rounded`, the new weights rounded to it
   // into rounded.data (indexed from `begin`).
-  void UpdateBeside(const RangedConstants<AdamStepConstants>& c, TypedConstPtr grad, int64_t begin,
-                    int64_t end, TypedPtr rounded = {}) const;
+  void UpdateBeside(const RangedConstants<AdamStepConstants>& c, const GradientSource& grad,
+                    int64_t begin, int64_t end, TypedPtr rounded = {}) const;
 };
 
 void TieredOptimizerState::Impl::UpdateBeside(const RangedConstants<AdamStepConstants>& c,
-                                              TypedConstPtr grad, int64_t begin, int64_t end,
-                                              TypedPtr rounded) const {
+                                              const GradientSource& grad, int64_t begin,
+                                              int64_t end, TypedPtr rounded) const {
   c.ForEach(begin, end, [&](int64_t b, int64_t e, const AdamStepConstants& k) {
     const TypedPtr out =
         rounded.data == nullptr ? TypedPtr{} : OffsetBy(rounded, static_cast<size_t>(b - begin));
-    AdamUpdateBeside(k, OffsetBy(grad, static_cast<size_t>(b)), Ram(kStateMaster) + b,
-                     Ram(kStateM) + b, Ram(kStateV) + b,
+    AdamUpdateBeside(k, grad.At(b, e - b), Ram(kStateMaster) + b, Ram(kStateM) + b,
+                     Ram(kStateV) + b,
                      {Bank(kStateMaster) + b, Bank(kStateM) + b, Bank(kStateV) + b}, out,
                      static_cast<size_t>(e - b));
   });
@@ -303,6 +303,10 @@ int64_t TieredOptimizerState::num_sub_groups() const { return impl_->layout.num_
 int64_t TieredOptimizerState::ram_sub_groups() const { return impl_->layout.ram_sub_groups(); }
 int64_t TieredOptimizerState::nvme_sub_groups() const { return impl_->layout.nvme_sub_groups(); }
 int64_t TieredOptimizerState::ram_elems() const { return impl_->layout.ram_elems(); }
+bool TieredOptimizerState::tiles_on_grid() const {
+  const SwapLayout& layout = impl_->layout;
+  return layout.num_sub_groups() <= 1 || layout.sub_group_elems() % kTileElems == 0;
+}
 
 const float* TieredOptimizerState::ram_master() const { return impl_->Ram(kStateMaster); }
 const float* TieredOptimizerState::ram_m() const { return impl_->Ram(kStateM); }
@@ -366,7 +370,7 @@ absl::Status TieredOptimizerState::AdamStep(const AdamStepConstants& c, TypedCon
 }
 
 absl::Status TieredOptimizerState::AdamStep(const RangedConstants<AdamStepConstants>& c,
-                                            TypedConstPtr grad, TypedPtr low_precision,
+                                            const GradientSource& grad, TypedPtr low_precision,
                                             const std::function<void(int64_t end)>& updated,
                                             const StateObserver& before_update,
                                             const TileUpdated& tile_updated,
@@ -374,7 +378,7 @@ absl::Status TieredOptimizerState::AdamStep(const RangedConstants<AdamStepConsta
   Impl& s = *impl_;
   if (!s.error.ok()) return s.NeedsRestore();
   if (s.layout.total_elems() == 0) return absl::OkStatus();
-  if (grad.data == nullptr) return absl::InvalidArgumentError("AdamStep: no gradient");
+  if (grad.empty()) return absl::InvalidArgumentError("AdamStep: no gradient");
   s.speculated.Clear();  // computed from the state this step replaces
   if (old_weights_dtype.has_value() && tile_updated && low_precision.data != nullptr) {
     return absl::InvalidArgumentError(
@@ -400,8 +404,8 @@ absl::Status TieredOptimizerState::AdamStep(const RangedConstants<AdamStepConsta
     };
     if (!tile_updated || !old_weights_dtype.has_value()) {
       each_run([&](const AdamStepConstants& k, size_t flat, int64_t local, size_t, size_t len) {
-        AdamUpdate(k, OffsetBy(grad, flat), p + local, m + local, v + local,
-                   OffsetBy(low_precision, flat), len);
+        AdamUpdate(k, grad.At(static_cast<int64_t>(flat), static_cast<int64_t>(len)), p + local,
+                   m + local, v + local, OffsetBy(low_precision, flat), len);
       });
       if (tile_updated) {
         tile_updated({.offset = static_cast<int64_t>(at),
@@ -418,7 +422,8 @@ absl::Status TieredOptimizerState::AdamStep(const RangedConstants<AdamStepConsta
     thread_local std::vector<float> old_weights;
     old_weights.resize((n * DTypeSize(*old_weights_dtype) + sizeof(float) - 1) / sizeof(float));
     each_run([&](const AdamStepConstants& k, size_t flat, int64_t local, size_t i, size_t len) {
-      AdamUpdate(k, OffsetBy(grad, flat), p + local, m + local, v + local,
+      AdamUpdate(k, grad.At(static_cast<int64_t>(flat), static_cast<int64_t>(len)), p + local,
+                 m + local, v + local,
                  OffsetBy(TypedPtr{old_weights.data(), *old_weights_dtype}, i), len,
                  CopyOf::kOldWeight);
     });
@@ -495,8 +500,8 @@ bool TieredOptimizerState::speculation_reserved() const {
 int64_t TieredOptimizerState::speculated_elems() const { return impl_->speculated.size(); }
 
 absl::Status TieredOptimizerState::SpeculateAdam(const RangedConstants<AdamStepConstants>& c,
-                                                 TypedConstPtr grad, int64_t offset, int64_t n,
-                                                 std::optional<DType> rounded,
+                                                 const GradientSource& grad, int64_t offset,
+                                                 int64_t n, std::optional<DType> rounded,
                                                  const TileRounded& tile_rounded,
                                                  bool all_workers) {
   Impl& s = *impl_;
@@ -506,7 +511,7 @@ absl::Status TieredOptimizerState::SpeculateAdam(const RangedConstants<AdamStepC
   }
   ZO_RETURN_IF_ERROR(s.CheckRange("SpeculateAdam", offset, n));
   if (n == 0) return absl::OkStatus();
-  if (grad.data == nullptr) return absl::InvalidArgumentError("SpeculateAdam: no gradient");
+  if (grad.empty()) return absl::InvalidArgumentError("SpeculateAdam: no gradient");
   // Pieces end on the tile grid, so that all but a range's first are
   // aligned for the kernel's streaming stores.
   const int64_t first = offset / kTileElems;
@@ -535,7 +540,7 @@ absl::Status TieredOptimizerState::SpeculateAdam(const RangedConstants<AdamStepC
 }
 
 absl::Status TieredOptimizerState::CommitSpeculation(const RangedConstants<AdamStepConstants>& c,
-                                                     TypedConstPtr grad,
+                                                     const GradientSource& grad,
                                                      const StateObserver& before_update,
                                                      const TileUpdated& tile_updated) {
   Impl& s = *impl_;
@@ -545,7 +550,7 @@ absl::Status TieredOptimizerState::CommitSpeculation(const RangedConstants<AdamS
     return absl::FailedPreconditionError(
         "CommitSpeculation: no bank reserved (ReserveSpeculation)");
   }
-  if (grad.data == nullptr) return absl::InvalidArgumentError("CommitSpeculation: no gradient");
+  if (grad.empty()) return absl::InvalidArgumentError("CommitSpeculation: no gradient");
   const SwapLayout& layout = s.layout;
   if (before_update) {
     s.ForRamTiles(

@@ -32,6 +32,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "offload/gradient_source.h"
 #include "offload/io/io_engine.h"
 #include "offload/optimizer_kernels.h"
 #include "offload/ranged_constants.h"
@@ -93,6 +94,10 @@ class TieredOptimizerState {
   int64_t num_sub_groups() const;
   int64_t ram_sub_groups() const;  // the first ones; the rest are on NVMe
   int64_t nvme_sub_groups() const;
+  // Whether every tile starts on the kTileElems grid of the flat index
+  // space (one sub-group, or sub-groups a multiple of tiles long), so that
+  // none crosses a lent gradient block (AdamStep).
+  bool tiles_on_grid() const;
   // Elements [0, ram_elems()) are in RAM, the rest on NVMe.
   int64_t ram_elems() const;
   // The fp32 master of elements [0, ram_elems()), where it lies. Readable
@@ -161,7 +166,10 @@ class TieredOptimizerState {
   // The same with constants by element range (parameter groups): a tile
   // that spans runs is updated run by run; each element gets the bits a
   // step with its run's constants alone would give it.
-  absl::Status AdamStep(const RangedConstants<AdamStepConstants>& c, TypedConstPtr grad,
+  // `grad` may be lent block by block (offload/gradient_source.h): the
+  // tiles lie within its blocks wherever sub-groups start on the tile grid
+  // (a multiple of kTileElems, or one sub-group), which the caller sees to.
+  absl::Status AdamStep(const RangedConstants<AdamStepConstants>& c, const GradientSource& grad,
                         TypedPtr low_precision,
                         const std::function<void(int64_t end)>& updated = nullptr,
                         const StateObserver& before_update = nullptr,
@@ -202,8 +210,9 @@ class TieredOptimizerState {
     const void* weights = nullptr;  // n elements of the dtype, valid during the call
   };
   using TileRounded = std::function<void(const RoundedTile&)>;
-  absl::Status SpeculateAdam(const RangedConstants<AdamStepConstants>& c, TypedConstPtr grad,
-                             int64_t offset, int64_t n, std::optional<DType> rounded = std::nullopt,
+  absl::Status SpeculateAdam(const RangedConstants<AdamStepConstants>& c,
+                             const GradientSource& grad, int64_t offset, int64_t n,
+                             std::optional<DType> rounded = std::nullopt,
                              const TileRounded& tile_rounded = nullptr, bool all_workers = false);
   // Elements written into the bank since the last Commit or Discard.
   int64_t speculated_elems() const;
@@ -215,7 +224,8 @@ class TieredOptimizerState {
   // the step, as AdamStep shows it); then, once the bank is the state,
   // `tile_updated` sees every tile of it (old_weights null). Both on the
   // pool's workers, concurrently for disjoint tiles.
-  absl::Status CommitSpeculation(const RangedConstants<AdamStepConstants>& c, TypedConstPtr grad,
+  absl::Status CommitSpeculation(const RangedConstants<AdamStepConstants>& c,
+                                 const GradientSource& grad,
                                  const StateObserver& before_update = nullptr,
                                  const TileUpdated& tile_updated = nullptr);
   // Forgets what the bank holds; the state is unchanged. Also what
