@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -48,10 +49,16 @@ class InProcessRoute {
   // still updating the step before is not added: `wake` is kept and runs
   // once, on a server thread, when the chunk is released (or the job closed,
   // reset or stopped); the caller then calls again with the same `wait`, and
-  // keeps `data` valid until it does. Errors are PushGradients's.
+  // keeps `data` valid until it does. With `lent` (may be null: the bytes
+  // are read before the call returns), the server may read `data` in place
+  // until its update of the step has used it, keeping `lent`, the bytes'
+  // owner, until then (at the latest until the step's version is made, or
+  // the job reset); the caller leaves the bytes unchanged meanwhile.
+  // Errors are PushGradients's.
   virtual absl::StatusOr<PushOutcome> TryPush(const v1::GradientPiece& header,
                                               absl::Span<const std::byte> data, PushWait* wait,
-                                              std::function<void()> wake) = 0;
+                                              std::function<void()> wake,
+                                              std::shared_ptr<const void> lent) = 0;
   // Takes back a kept wake; false when it has already run or is queued to.
   virtual bool CancelPushWait(const v1::GradientPiece& header, const PushWait& wait) = 0;
   // Where the server keeps the `elems` elements `header` names (a push's

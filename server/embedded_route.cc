@@ -25,15 +25,14 @@ absl::StatusOr<std::shared_ptr<Job>> EmbeddedRoute::FindLocked(const std::string
   return registry_->Find(job);
 }
 
-absl::StatusOr<InProcessRoute::PushOutcome> EmbeddedRoute::TryPush(const v1::GradientPiece& header,
-                                                                   absl::Span<const std::byte> data,
-                                                                   PushWait* wait,
-                                                                   std::function<void()> wake) {
+absl::StatusOr<InProcessRoute::PushOutcome> EmbeddedRoute::TryPush(
+    const v1::GradientPiece& header, absl::Span<const std::byte> data, PushWait* wait,
+    std::function<void()> wake, std::shared_ptr<const void> lent) {
   std::shared_lock lock(mu_);
   ZO_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindLocked(header.job()));
   GradientAccumulator::PushWait w{.resets = wait->resets, .ticket = wait->ticket};
   absl::StatusOr<GradientAccumulator::PushOutcome> outcome =
-      job->TryPushGradient(ViewOfSpan(header, data), &w, std::move(wake));
+      job->TryPushGradient(ViewOfSpan(header, data), &w, std::move(wake), std::move(lent));
   *wait = {.resets = w.resets, .ticket = w.ticket};
   if (!outcome.ok()) return outcome.status();
   return *outcome == GradientAccumulator::PushOutcome::kAdded ? PushOutcome::kAdded

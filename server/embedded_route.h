@@ -29,7 +29,8 @@ class EmbeddedRoute final : public InProcessRoute {
 
   absl::StatusOr<PushOutcome> TryPush(const v1::GradientPiece& header,
                                       absl::Span<const std::byte> data, PushWait* wait,
-                                      std::function<void()> wake) override;
+                                      std::function<void()> wake,
+                                      std::shared_ptr<const void> lent) override;
   absl::StatusOr<absl::Span<std::byte>> LendGradientPlace(const v1::GradientPiece& header,
                                                           int64_t elems) override;
   bool CancelPushWait(const v1::GradientPiece& header, const PushWait& wait) override;

@@ -34,6 +34,8 @@ absl::StatusOr<std::unique_ptr<GradientAccumulator>> GradientAccumulator::Create
     OptimizerChunk v;
     v.grad = {a->accum_.as<char>() + c.local_offset * static_cast<int64_t>(gsize), gdtype};
     v.n = static_cast<size_t>(c.elems);
+    if (a->reads_lent_)
+      v.lent_blocks = a->lent_blocks_.data() + c.local_offset / kGradientBlockElems;
     views.push_back(v);
     a->chunk_mu_.push_back(std::make_unique<absl::Mutex>());
   }
@@ -59,6 +61,12 @@ int64_t SumElems(const std::vector<LocalChunk>& chunks) {
   return n;
 }
 
+// A chunk's statistics blocks are the gradient blocks when it starts on one.
+bool ChunksStartOnBlocks(const std::vector<LocalChunk>& chunks) {
+  return std::all_of(chunks.begin(), chunks.end(),
+                     [](const LocalChunk& c) { return c.local_offset % kGradientBlockElems == 0; });
+}
+
 }  // namespace
 
 GradientAccumulator::GradientAccumulator(Options options)
@@ -71,17 +79,26 @@ GradientAccumulator::GradientAccumulator(Options options)
       pool_(options.pool),
       wakes_(options.wakes),
       track_filled_(options.track_filled),
+      reads_lent_(options.reads_lent && dp_world_size_ * pushes_per_rank_ == 1 &&
+                  ChunksStartOnBlocks(chunks_)),
       on_ready_(std::move(options.on_ready)) {
+  if (reads_lent_) {
+    lent_blocks_.assign(
+        static_cast<size_t>((local_elems_ + kGradientBlockElems - 1) / kGradientBlockElems),
+        nullptr);
+  }
   absl::MutexLock lock(&mu_);
   for (const LocalChunk& c : chunks_) coverage_.emplace_back(c.elems, contributors());
   chunk_step_.assign(chunks_.size(), 1);
   chunk_adding_.assign(chunks_.size(), 0);
   chunk_filled_.assign(chunks_.size(), false);
   waiters_.resize(chunks_.size());
+  lent_owners_.resize(chunks_.size());
 }
 
 absl::StatusOr<GradientAccumulator::PushOutcome> GradientAccumulator::TryPush(
-    int index, const GradientPieceView& piece, PushWait* wait, std::function<void()> wake) {
+    int index, const GradientPieceView& piece, PushWait* wait, std::function<void()> wake,
+    std::shared_ptr<const void> lent) {
   if (piece.dp_rank < 0 || piece.dp_rank >= dp_world_size_) {
     return absl::InvalidArgumentError(absl::StrCat("dp_rank ", piece.dp_rank, " is outside [0, ",
                                                    dp_world_size_, ") for job ", job_));
@@ -140,14 +157,21 @@ absl::StatusOr<GradientAccumulator::PushOutcome> GradientAccumulator::TryPush(
     ++adding_;
     ++chunk_adding_[index];
   }
+  bool kept = false;
   if (StoresGradients()) {
     // Coverage gave this rank's elements to this push alone: no lock.
     char* slot = accum_.as<char>() + c.local_offset * static_cast<int64_t>(elem);
+    const bool keeps = reads_lent_ && lent != nullptr && piece.data.size() == 1;
     for (const FlatRange& g : gaps) {
       char* dst = slot + g.begin * static_cast<int64_t>(elem);
       const size_t from = static_cast<size_t>(g.begin - piece.offset) * elem;
       // Written in place (LendPlace): nothing to copy.
       if (piece.data.size() == 1 && piece.data[0].data() + from == dst) continue;
+      if (keeps && KeepLent(c, g.begin, g.end,
+                            reinterpret_cast<const std::byte*>(piece.data[0].data()) + from)) {
+        kept = true;
+        continue;
+      }
       CopySegments(piece.data, from, static_cast<size_t>(g.size()) * elem, dst);
     }
   } else {
@@ -161,6 +185,7 @@ absl::StatusOr<GradientAccumulator::PushOutcome> GradientAccumulator::TryPush(
   bool ready;
   {
     absl::MutexLock lock(&mu_);
+    if (kept) lent_owners_[index].push_back(std::move(lent));
     --adding_;
     bool filled = false;
     if (--chunk_adding_[index] == 0 && track_filled_ && coverage_[index].complete() &&
@@ -253,8 +278,10 @@ void GradientAccumulator::Release(size_t begin, size_t end, int64_t step) {
   if (!StoresGradients()) {
     Zero(chunks_[begin].local_offset, chunks_[end - 1].local_offset + chunks_[end - 1].elems);
   }
+  std::vector<std::shared_ptr<const void>> returned;
   absl::MutexLock lock(&mu_);
   for (size_t i = begin; i < end; ++i) {
+    ForgetLentLocked(i, &returned);
     if (coverage_[i].complete()) --complete_chunks_;
     coverage_[i].Reset();
     if (chunk_filled_[i]) std::erase(filled_, static_cast<int>(i));
@@ -285,12 +312,14 @@ void GradientAccumulator::Reopen() {
 }
 
 void GradientAccumulator::Reset(int64_t step) {
+  std::vector<std::shared_ptr<const void>> returned;
   {
     absl::MutexLock lock(&mu_);
     ++resets_;
     auto idle = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return adding_ == 0; };
     mu_.Await(absl::Condition(&idle));
     for (ChunkCoverage& c : coverage_) c.Reset();
+    for (size_t i = 0; i < chunks_.size(); ++i) ForgetLentLocked(i, &returned);
     complete_chunks_ = 0;
     chunk_filled_.assign(chunks_.size(), false);
     filled_.clear();
@@ -298,6 +327,40 @@ void GradientAccumulator::Reset(int64_t step) {
     for (WaitList& w : waiters_) wakes_->Post(w.TakeAll());
   }
   Zero(0, local_elems_);
+}
+
+bool GradientAccumulator::KeepLent(const LocalChunk& c, int64_t begin, int64_t end,
+                                   const std::byte* src) {
+  const int64_t from = c.local_offset + begin;
+  const int64_t to = c.local_offset + end;
+  const int64_t first = (from + kGradientBlockElems - 1) / kGradientBlockElems;
+  // The last block of all may be short: lent whole when the piece ends it.
+  const int64_t last = to == local_elems_ ? (to + kGradientBlockElems - 1) / kGradientBlockElems
+                                          : to / kGradientBlockElems;
+  if (first >= last) return false;
+  const auto elem = static_cast<int64_t>(DTypeSize(dtype_));
+  std::byte* own = accum_.as<std::byte>();
+  const int64_t head = first * kGradientBlockElems;
+  const int64_t tail = std::min(to, last * kGradientBlockElems);
+  std::memcpy(own + from * elem, src, static_cast<size_t>((head - from) * elem));
+  std::memcpy(own + tail * elem, src + (tail - from) * elem,
+              static_cast<size_t>((to - tail) * elem));
+  for (int64_t b = first; b < last; ++b) {
+    lent_blocks_[static_cast<size_t>(b)] = src + (b * kGradientBlockElems - from) * elem;
+  }
+  return true;
+}
+
+void GradientAccumulator::ForgetLentLocked(size_t index,
+                                           std::vector<std::shared_ptr<const void>>* returned) {
+  std::vector<std::shared_ptr<const void>>& owners = lent_owners_[index];
+  if (owners.empty()) return;
+  const LocalChunk& c = chunks_[index];
+  const int64_t first = c.local_offset / kGradientBlockElems;
+  const int64_t end = (c.local_offset + c.elems + kGradientBlockElems - 1) / kGradientBlockElems;
+  std::fill(lent_blocks_.begin() + first, lent_blocks_.begin() + end, nullptr);
+  for (std::shared_ptr<const void>& o : owners) returned->push_back(std::move(o));
+  owners.clear();
 }
 
 void GradientAccumulator::Zero(int64_t begin, int64_t end) {

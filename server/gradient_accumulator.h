@@ -9,6 +9,8 @@
 //                                   coverage and adds (or stores) it; while
 //                                   the chunk still updates t-1 it keeps a
 //                                   wake callback instead (no thread waits)
+//                                   (or, lent by an in-process worker, keeps
+//                                   the caller's bytes to read in place)
 //   TakeFilled()                 -> the chunks that got every rank's
 //                                   gradients since the last call (a
 //                                   speculative update begins on them)
@@ -42,6 +44,7 @@
 #include "common/wake_queue.h"
 #include "offload/aligned_buffer.h"
 #include "offload/cpu_optimizer.h"
+#include "offload/gradient_source.h"
 #include "offload/thread_pool.h"
 #include "server/chunk_coverage.h"
 #include "server/gradient_piece_view.h"
@@ -71,6 +74,11 @@ class GradientAccumulator {
     WakeQueue* wakes = nullptr;     // borrowed; runs the callbacks of waiting pushes
     // Whether TakeFilled reports anything (a job that speculates).
     bool track_filled = false;
+    // Whether the update reads gradients block by block
+    // (offload/gradient_source.h), so TryPush may keep the whole blocks of
+    // a lent piece rather than copy them. It does only where pushes are
+    // stored as received and every chunk starts on a block.
+    bool reads_lent = false;
     // Called, with no lock of the accumulator held, whenever Ready() may
     // have become true or, with track_filled, a chunk filled.
     std::function<void()> on_ready;
@@ -94,12 +102,18 @@ class GradientAccumulator {
   // step after its chunk's is not added: `wake` is kept and posted to the
   // WakeQueue once the chunk is released, closed or reset, and the result is
   // kWaiting; the caller then retries with the same `wait`.
+  // With `lent` (the owner of the piece's one span of bytes), the whole
+  // gradient blocks of the piece are read where they are, not copied: the
+  // accumulator keeps `lent` until the chunk is released (its update has
+  // read them) or reset, and the caller leaves the bytes unchanged
+  // meanwhile. A piece whose chunk cannot keep it is copied.
   // INVALID_ARGUMENT / OUT_OF_RANGE for a bad rank, size or range;
   // FAILED_PRECONDITION for a step that is not open; ALREADY_EXISTS for a
   // repeated range (ChunkCoverage); ABORTED when a Reset happened since the
   // first try; and the Close status while closed.
   absl::StatusOr<PushOutcome> TryPush(int index, const GradientPieceView& piece, PushWait* wait,
-                                      std::function<void()> wake);
+                                      std::function<void()> wake,
+                                      std::shared_ptr<const void> lent = nullptr);
   // Takes back the wake of a waiting push; false when it was already posted.
   bool CancelWait(int index, const PushWait& wait);
   // Where local chunk `index`'s elements [offset, offset + n) of `step` are
@@ -133,9 +147,14 @@ class GradientAccumulator {
   // Step thread: the statistics of filled chunks `which` (TakeFilled).
   // `all_workers` false: on one worker, leaving the others' cores to pushes.
   std::vector<GradStats> ChunkStats(const std::vector<int>& which, bool all_workers = true) const;
-  // Step thread: the whole buffer, local_elems() elements of
-  // gradient_dtype().
-  TypedConstPtr gradients() const { return {accum_.data(), gradient_dtype()}; }
+  // Step thread: the step's gradients, local_elems() elements of
+  // gradient_dtype(), in the buffer but for the blocks kept lent.
+  GradientSource gradients() const {
+    return GradientSource::WithLent({accum_.data(), gradient_dtype()},
+                                    reads_lent_ ? lent_blocks_.data() : nullptr);
+  }
+  // Whether pieces pushed with `lent` may be read in place.
+  bool reads_lent() const { return reads_lent_; }
   // fp32 with several dp ranks; the pushed dtype with one.
   DType gradient_dtype() const { return StoresGradients() ? dtype_ : DType::kFloat32; }
   // Bytes of the buffer: what this accumulator adds to a server's RAM.
@@ -171,6 +190,14 @@ class GradientAccumulator {
   int contributors() const { return dp_world_size_ * pushes_per_rank_; }
   // Local elements [begin, end), each pool worker its own part.
   void Zero(int64_t begin, int64_t end);
+  // The elements of chunk `c` at [begin, end) from its start, whose bytes
+  // are at `src`: their whole blocks are marked lent, the rest copied.
+  // False, having done nothing, when no block is whole.
+  bool KeepLent(const LocalChunk& c, int64_t begin, int64_t end, const std::byte* src);
+  // Requires mu_: forgets the blocks lent to chunk `index`, moving their
+  // owners into `returned` (dropped unlocked: a deleter may take locks).
+  void ForgetLentLocked(size_t index, std::vector<std::shared_ptr<const void>>* returned)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string job_;
   const std::vector<LocalChunk> chunks_;
@@ -181,10 +208,15 @@ class GradientAccumulator {
   ThreadPool* const pool_;
   WakeQueue* const wakes_;
   const bool track_filled_;
+  const bool reads_lent_;
   const std::function<void()> on_ready_;
 
   AlignedBuffer accum_;                 // local_elems_ of gradient_dtype()
   std::unique_ptr<CpuOptimizer> view_;  // stats and zeroing over accum_, threaded
+  // Per gradient block: where a lent piece keeps it, or null. Written by
+  // the push that claimed the block, read by the step thread once the
+  // chunk filled (as the buffer is), cleared at its release.
+  std::vector<const std::byte*> lent_blocks_;
   // Held while adding into one chunk: two ranks may push the same chunk.
   std::vector<std::unique_ptr<absl::Mutex>> chunk_mu_;
 
@@ -201,6 +233,8 @@ class GradientAccumulator {
   std::vector<int> filled_ ABSL_GUARDED_BY(mu_);
   // Per chunk: the pushes for the step after the chunk's.
   std::vector<WaitList> waiters_ ABSL_GUARDED_BY(mu_);
+  // Per chunk: the owners of the pieces whose blocks it reads in place.
+  std::vector<std::vector<std::shared_ptr<const void>>> lent_owners_ ABSL_GUARDED_BY(mu_);
   int64_t resets_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status closed_ ABSL_GUARDED_BY(mu_);
 };

@@ -66,7 +66,7 @@ struct Fixture {
   }
   // The buffer of an fp32 job.
   std::vector<float> Data() {
-    const float* g = static_cast<const float*>(acc->gradients().data);
+    const float* g = static_cast<const float*>(acc->gradients().own.data);
     return std::vector<float>(g, g + 16);
   }
 
@@ -298,7 +298,7 @@ TEST(GradientAccumulatorTest, OneRankKeepsSixteenBitGradientsAsReceived) {
       ASSERT_THAT(f.acc->Push(index, ViewOf(p), absl::InfiniteFuture()), IsOk());
     }
     ASSERT_TRUE(f.acc->Ready());
-    const auto* kept = static_cast<const uint16_t*>(f.acc->gradients().data);
+    const auto* kept = static_cast<const uint16_t*>(f.acc->gradients().own.data);
     EXPECT_THAT(std::vector<uint16_t>(kept, kept + 16), ElementsAreArray(bits)) << dtype;
     const StepGradStats stats = f.acc->Stats();
     EXPECT_NEAR(stats.per_chunk[0].sum_squares + stats.per_chunk[1].sum_squares, sum_squares,

@@ -185,6 +185,7 @@ absl::Status Job::CreateAccumulator(std::vector<LocalChunk> owned) {
                                   .pool = resources_.pool,
                                   .wakes = resources_.wakes,
                                   .track_filled = no_speculation_.empty(),
+                                  .reads_lent = state_->tiles_on_grid(),
                                   // The step thread waits for Ready() or
                                   // a chunk to speculate on.
                                   .on_ready = [this] { position_.Notify(); },
@@ -393,11 +394,11 @@ absl::StatusOr<int> Job::PushedChunkIndex(const GradientPieceView& piece) const 
 }
 
 absl::StatusOr<GradientAccumulator::PushOutcome> Job::TryPushGradient(
-    const GradientPieceView& piece, GradientAccumulator::PushWait* wait,
-    std::function<void()> wake) {
+    const GradientPieceView& piece, GradientAccumulator::PushWait* wait, std::function<void()> wake,
+    std::shared_ptr<const void> lent) {
   ZO_ASSIGN_OR_RETURN(const int i, PushedChunkIndex(piece));
   absl::StatusOr<GradientAccumulator::PushOutcome> outcome =
-      accum_->TryPush(i, piece, wait, std::move(wake));
+      accum_->TryPush(i, piece, wait, std::move(wake), std::move(lent));
   if (!outcome.ok()) return RestoredSince(piece, outcome.status());
   if (*outcome == GradientAccumulator::PushOutcome::kAdded) {
     counters_.AddGradientBytes(static_cast<int64_t>(piece.data_bytes));

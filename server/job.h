@@ -139,10 +139,11 @@ class Job {
   // Worker calls.
   absl::Status InitParams(const v1::ParamInitPiece& piece);
   // A gradient piece, without blocking: GradientAccumulator::TryPush after
-  // checking the chunk and dtype. A gRPC reactor's way in.
+  // checking the chunk and dtype. A gRPC reactor's way in, and (with
+  // `lent`) the in-process route's.
   absl::StatusOr<GradientAccumulator::PushOutcome> TryPushGradient(
       const GradientPieceView& piece, GradientAccumulator::PushWait* wait,
-      std::function<void()> wake);
+      std::function<void()> wake, std::shared_ptr<const void> lent = nullptr);
   bool CancelPushWait(const GradientPieceView& piece, const GradientAccumulator::PushWait& wait);
   // The in-process route: where the accumulator keeps `piece`'s `elems`
   // elements (GradientAccumulator::LendPlace) after the checks a push of

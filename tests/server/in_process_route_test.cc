@@ -379,6 +379,86 @@ TEST(InProcessRouteWaitTest, APulledVersionIsTheJobsWhenThePullReturns) {
   server->Shutdown(absl::Seconds(1));
 }
 
+// Gradients lent (PushLent) are read where the caller keeps them: kept
+// while their chunk can still be updated, let go by the time the step's
+// version is pulled, and bit for bit the gRPC route's weights. Tensors
+// start and end inside the update's gradient blocks, chunks hold several
+// blocks, and clipping is active on some steps (the statistics read the
+// lent blocks too). With a delayed update the bytes are copied as ever.
+TEST(InProcessLentPushTest, LentGradientsAreTheGrpcRoutesBitsAndLetGoOnceTheVersionIsPulled) {
+  const std::vector<TensorSpec> manifest = {
+      {.name = "a", .shape = {100003}, .dtype = DType::kBFloat16},
+      {.name = "b", .shape = {300000}, .dtype = DType::kBFloat16},
+      {.name = "c", .shape = {70001}, .dtype = DType::kBFloat16}};
+  const std::string config = R"({"train_batch_size": 1, "bf16": {"enabled": true},
+      "gradient_clipping": 2.0, "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+      "zo": {"chunk_elems": 262144}})";
+  std::unique_ptr<OffloadServer> server = StartEmbedded();
+  ASSERT_NE(server, nullptr);
+  std::vector<std::unique_ptr<OffloadClient>> clients;
+  for (const bool route : {true, false}) {
+    ClientOptions options = OptionsFor(*server, route);
+    options.job = route ? "lending" : "grpc";
+    ZO_ASSERT_OK_AND_ASSIGN(clients.emplace_back(), OffloadClient::Open(options, config, manifest));
+  }
+  OffloadClient& lending = *clients[0];
+  OffloadClient& grpc = *clients[1];
+  auto pull = [&](OffloadClient& client, int64_t version) {
+    std::vector<std::vector<std::byte>> bytes;
+    std::vector<absl::Span<std::byte>> dst;
+    for (const TensorSpec& t : manifest) {
+      bytes.emplace_back(static_cast<size_t>(NumElements(t.shape)) * 2);
+      dst.push_back(absl::MakeSpan(bytes.back()));
+    }
+    EXPECT_THAT(client.Pull(version, -1, {0, 1, 2}, dst).status(), IsOk());
+    return bytes;
+  };
+  for (int64_t step = 1; step <= 4; ++step) {
+    SCOPED_TRACE(::testing::Message() << "step " << step);
+    // Large gradients on odd steps: clipped; small ones on even steps.
+    const float scale = step % 2 == 1 ? 1.0f : 1e-4f;
+    std::vector<std::weak_ptr<std::vector<uint16_t>>> kept;
+    for (int t = 0; t < 3; ++t) {
+      auto g = std::make_shared<std::vector<uint16_t>>(
+          static_cast<size_t>(NumElements(manifest[t].shape)));
+      for (size_t i = 0; i < g->size(); ++i) {
+        (*g)[i] = FloatToBf16Bits(scale * static_cast<float>((i * 3 + step * 5 + t) % 29 - 14));
+      }
+      const absl::Span<const std::byte> bytes = {reinterpret_cast<const std::byte*>(g->data()),
+                                                 g->size() * 2};
+      ASSERT_THAT(grpc.Push(step, t, bytes), IsOk());
+      kept.push_back(g);
+      ASSERT_THAT(lending.PushLent(step, t, std::move(g), bytes), IsOk());
+      if (t == 0) {
+        EXPECT_FALSE(kept[0].expired())
+            << "the server reads a's whole blocks in place: its chunk awaits b";
+      }
+    }
+    ASSERT_THAT(lending.FinishStep(step), IsOk());
+    ASSERT_THAT(grpc.FinishStep(step), IsOk());
+    EXPECT_EQ(pull(lending, step), pull(grpc, step));
+    for (int t = 0; t < 3; ++t) EXPECT_TRUE(kept[t].expired()) << "tensor " << t;
+  }
+
+  ClientOptions options = OptionsFor(*server, true);
+  options.job = "delayed";
+  ZO_ASSERT_OK_AND_ASSIGN(
+      auto delayed,
+      OffloadClient::Open(options, R"({"train_batch_size": 1, "bf16": {"enabled": true},
+          "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+          "zo": {"chunk_elems": 262144, "dpu": {"enabled": true}}})",
+                          manifest));
+  auto g = std::make_shared<std::vector<uint16_t>>(100003, FloatToBf16Bits(0.5f));
+  const std::weak_ptr<std::vector<uint16_t>> kept = g;
+  const absl::Span<const std::byte> bytes = {reinterpret_cast<const std::byte*>(g->data()),
+                                             g->size() * 2};
+  ASSERT_THAT(delayed->PushLent(1, 0, std::move(g), bytes), IsOk());
+  EXPECT_TRUE(kept.expired()) << "copied: the worker's next step may write its buffers";
+  clients.clear();
+  delayed.reset();
+  server->Shutdown(absl::Seconds(1));
+}
+
 // A prefetch written ahead by a speculation of a step then skipped holds
 // the version when it returns (tests/server/skipped_prefetch.h).
 TEST(InProcessRouteWaitTest, APrefetchWrittenAheadOfASkippedStepHoldsTheVersion) {
@@ -449,11 +529,17 @@ TEST(InProcessRouteWaitTest, StaleCallsAndAStoppedServerAreRefused) {
   std::vector<float> g(8, 1.0f);
   const absl::Span<const std::byte> bytes = {reinterpret_cast<const std::byte*>(g.data()), 32};
   InProcessRoute::PushWait wait;
-  EXPECT_THAT(route->TryPush(header, bytes, &wait, [] {}).status(),
+  EXPECT_THAT(route
+                  ->TryPush(
+                      header, bytes, &wait, [] {}, nullptr)
+                  .status(),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("moved to servers")));
   header.set_incarnation(status.incarnation());
   header.set_chunk(5);  // the job has one chunk
-  EXPECT_THAT(route->TryPush(header, bytes, &wait, [] {}).status(),
+  EXPECT_THAT(route
+                  ->TryPush(
+                      header, bytes, &wait, [] {}, nullptr)
+                  .status(),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
   ZO_ASSERT_OK_AND_ASSIGN(v1::JobStatus unchanged, client->JobStatus());
   EXPECT_EQ(unchanged.version(), 0);
@@ -462,7 +548,10 @@ TEST(InProcessRouteWaitTest, StaleCallsAndAStoppedServerAreRefused) {
   client.reset();
   server->Shutdown(absl::Seconds(1));
   header.set_chunk(0);
-  EXPECT_THAT(route->TryPush(header, bytes, &wait, [] {}).status(),
+  EXPECT_THAT(route
+                  ->TryPush(
+                      header, bytes, &wait, [] {}, nullptr)
+                  .status(),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("shut down")));
   v1::PullParamsRequest request;
   request.set_job("stale");

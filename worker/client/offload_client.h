@@ -184,6 +184,14 @@ class OffloadClient {
   // step's micro-batches the gradient is from (each is pushed once).
   absl::Status PushShared(int64_t step, int tensor, std::shared_ptr<const void> owner,
                           absl::Span<const std::byte> data, int micro_batch = 0);
+  // PushShared whose bytes an in-process server may read where they are
+  // rather than copy them: it keeps `owner` until its update of `step` has
+  // read them, and the caller leaves them unchanged until then, which it
+  // knows once it has pulled the step's version (after a failed step: once
+  // the job is restored or closed). With a delayed update (zo.dpu), whose
+  // next step may write them sooner, and on other routes, it is PushShared.
+  absl::Status PushLent(int64_t step, int tensor, std::shared_ptr<const void> owner,
+                        absl::Span<const std::byte> data);
   // The same for elements [offset, offset + data.size() / elem size) of a tensor.
   absl::Status PushRange(int64_t step, int tensor, int64_t offset,
                          absl::Span<const std::byte> data);

@@ -211,13 +211,13 @@ absl::Status OffloadClient::Impl::EnqueueOnStream(int64_t step, const PushPiece&
 }
 
 absl::Status OffloadClient::Impl::PushLocal(const std::vector<LocalPiece>& local,
-                                            const std::shared_ptr<const void>& owner) {
-  const int threads = static_cast<int>(std::min<int64_t>(local.size(), CopyThreads()));
+                                            const std::shared_ptr<const void>& owner, bool lend) {
+  const int threads = lend ? 1 : static_cast<int>(std::min<int64_t>(local.size(), CopyThreads()));
   std::vector<absl::Status> results(threads);
   auto push_every = [&](int first) {
     for (size_t i = first; i < local.size() && results[first].ok(); i += threads) {
-      results[first] =
-          static_cast<LocalPushCall&>(*local[i].call).Push(local[i].header, local[i].data, owner);
+      results[first] = static_cast<LocalPushCall&>(*local[i].call)
+                           .Push(local[i].header, local[i].data, owner, lend);
     }
   };
   std::vector<std::thread> helpers;
@@ -230,7 +230,8 @@ absl::Status OffloadClient::Impl::PushLocal(const std::vector<LocalPiece>& local
 
 absl::Status OffloadClient::Impl::PushRange(int64_t step, int tensor, int64_t offset,
                                             absl::Span<const std::byte> data,
-                                            std::shared_ptr<const void> owner, int micro_batch) {
+                                            std::shared_ptr<const void> owner, int micro_batch,
+                                            bool lend) {
   ZO_RETURN_IF_ERROR(CheckState());
   const int64_t bytes = static_cast<int64_t>(data.size());
   ZO_RETURN_IF_ERROR(CheckPushRange(step, tensor, offset, bytes, micro_batch));
@@ -270,7 +271,7 @@ absl::Status OffloadClient::Impl::PushRange(int64_t step, int tensor, int64_t of
     }
   }
   if (!routed.in_region.empty()) ZO_RETURN_IF_ERROR(PushThroughRegions(step, routed.in_region));
-  if (!routed.local.empty()) ZO_RETURN_IF_ERROR(PushLocal(routed.local, owner));
+  if (!routed.local.empty()) ZO_RETURN_IF_ERROR(PushLocal(routed.local, owner, lend));
   pushed_bytes.fetch_add(bytes, std::memory_order_relaxed);
   return absl::OkStatus();
 }
@@ -493,6 +494,18 @@ absl::Status OffloadClient::PushShared(int64_t step, int tensor, std::shared_ptr
   }
   ZO_RETURN_IF_ERROR(impl_->CheckWholeTensor(tensor, data.size()));
   return impl_->PushRange(step, tensor, 0, data, std::move(owner), micro_batch);
+}
+
+absl::Status OffloadClient::PushLent(int64_t step, int tensor, std::shared_ptr<const void> owner,
+                                     absl::Span<const std::byte> data) {
+  if (owner == nullptr) {
+    return absl::InvalidArgumentError("PushLent needs an owner of the pushed bytes");
+  }
+  ZO_RETURN_IF_ERROR(impl_->CheckWholeTensor(tensor, data.size()));
+  // A delayed update's worker computes the next step before the servers
+  // update this one: its gradient buffers may be written meanwhile.
+  return impl_->PushRange(step, tensor, 0, data, std::move(owner), /*micro_batch=*/0,
+                          /*lend=*/!impl_->config.zo.dpu.enabled);
 }
 
 absl::Status OffloadClient::PushRange(int64_t step, int tensor, int64_t offset,

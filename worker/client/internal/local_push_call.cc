@@ -38,7 +38,7 @@ std::function<void()> LocalPushCall::WakeFor(uint64_t id) {
 }
 
 absl::Status LocalPushCall::Push(const v1::GradientPiece& header, absl::Span<const std::byte> data,
-                                 std::shared_ptr<const void> owner) {
+                                 std::shared_ptr<const void> owner, bool lend) {
   const auto bytes = static_cast<int64_t>(data.size());
   budget_->Acquire(step_, bytes);
   uint64_t id = 0;
@@ -51,13 +51,15 @@ absl::Status LocalPushCall::Push(const v1::GradientPiece& header, absl::Span<con
           absl::StrCat("step ", step_, " is being finished; push its gradients before FinishStep"));
     }
     id = next_id_++;
-    kept_.emplace(id, Kept{.header = header, .data = data, .owner = owner, .wait = {}});
+    lend = lend && owner != nullptr;
+    kept_.emplace(id,
+                  Kept{.header = header, .data = data, .owner = owner, .lend = lend, .wait = {}});
   }
   // Unlocked: the server converts or copies the piece here, and pushes of
   // other threads to the same server go on meanwhile.
   InProcessRoute::PushWait wait;
   absl::StatusOr<InProcessRoute::PushOutcome> outcome =
-      route_->TryPush(header, data, &wait, WakeFor(id));
+      route_->TryPush(header, data, &wait, WakeFor(id), lend ? owner : nullptr);
 
   bool ended = false;
   absl::Status result;
@@ -129,7 +131,7 @@ void LocalPushCall::RetryLocked(uint64_t id) {
   // Under mu_: a kept piece is the rare case (its chunk was busy), and
   // the wake runs on a server thread that holds none of the server's locks.
   absl::StatusOr<InProcessRoute::PushOutcome> outcome =
-      route_->TryPush(k.header, k.data, &k.wait, WakeFor(id));
+      route_->TryPush(k.header, k.data, &k.wait, WakeFor(id), k.lend ? k.owner : nullptr);
   if (!outcome.ok()) {
     DropLocked(it);
     FailLocked(ServerError(server_, outcome.status()));

@@ -43,9 +43,11 @@ class LocalPushCall final : public PushCall {
   // Hands one piece (`header`: every field but data) to the server. The
   // call's error once it has failed; FAILED_PRECONDITION after Close.
   // `data` is read before Push returns unless `owner` (may be null) keeps
-  // it valid and unchanged for as long as the call holds the owner.
+  // it valid and unchanged for as long as the call holds the owner. With
+  // `lend` (and an owner) the server may read it in place until its update
+  // of the step has (InProcessRoute::TryPush's `lent`).
   absl::Status Push(const v1::GradientPiece& header, absl::Span<const std::byte> data,
-                    std::shared_ptr<const void> owner);
+                    std::shared_ptr<const void> owner, bool lend = false);
 
   void Close() override;
   void Cancel() override;
@@ -58,6 +60,7 @@ class LocalPushCall final : public PushCall {
     v1::GradientPiece header;
     absl::Span<const std::byte> data;
     std::shared_ptr<const void> owner;  // keeps `data`: the caller's, or a copy
+    bool lend = false;                  // the server may keep `owner`
     InProcessRoute::PushWait wait;
     // Push is still handing it over: its wake may run before Push knows it
     // waits, and then only says so.

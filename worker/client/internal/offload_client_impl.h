@@ -133,9 +133,10 @@ struct OffloadClient::Impl {
   }
   // The error of an earlier push of `step`, if one failed. Requires mu.
   absl::Status StepErrorLocked(int64_t step) const;
-  // `owner` null: the bytes are copied; otherwise they are sent in place.
+  // `owner` null: the bytes are copied; otherwise they are sent in place,
+  // and with `lend` an in-process server may keep them (PushLent).
   absl::Status PushRange(int64_t step, int tensor, int64_t offset, absl::Span<const std::byte> data,
-                         std::shared_ptr<const void> owner, int micro_batch = 0);
+                         std::shared_ptr<const void> owner, int micro_batch = 0, bool lend = false);
   // PushRange's checks of its arguments: INVALID_ARGUMENT naming the first
   // that is wrong.
   absl::Status CheckPushRange(int64_t step, int tensor, int64_t offset, int64_t bytes,
@@ -306,9 +307,9 @@ struct OffloadClient::Impl {
                                absl::Span<const std::byte> data,
                                const std::shared_ptr<const void>& owner);
   // Hands the pieces to their in-process calls, on up to CopyThreads()
-  // threads; the first error.
+  // threads (one with `lend`: nothing much is copied); the first error.
   absl::Status PushLocal(const std::vector<LocalPiece>& local,
-                         const std::shared_ptr<const void>& owner);
+                         const std::shared_ptr<const void>& owner, bool lend);
 
   client_internal::StreamEnds
       stream_ends;  // every push stream tells it when it ends; outlives them
