@@ -274,10 +274,12 @@ class Client {
   // is_cpu, so no torch headers here). Without `convert` its elements are
   // in the job's dtype and are sent from its memory, as push does (a
   // reference is kept until they are written); with `convert` they are
-  // float32 values rounded as push_converted does. Every gradient is
-  // checked before any is pushed, and the GIL is released once for all.
+  // float32 values rounded as push_converted does. With `lend` (and not
+  // `convert`), an embedded server may read them in place until it has
+  // updated the step (OffloadClient::PushLent). Every gradient is checked
+  // before any is pushed, and the GIL is released once for all.
   void PushTensors(int64_t step, const std::vector<int>& tensors, const py::list& gradients,
-                   bool convert) {
+                   bool convert, bool lend) {
     if (tensors.size() != gradients.size()) {
       throw py::value_error(absl::StrCat("push_tensors: ", tensors.size(), " tensor indices for ",
                                          gradients.size(), " gradients"));
@@ -338,10 +340,10 @@ class Client {
       py::gil_scoped_release release;
       for (size_t i = 0; i < checked.size() && pushed.ok(); ++i) {
         const TensorSpec& spec = specs_[static_cast<size_t>(checked[i].tensor)];
-        pushed =
-            active().PushShared(step, checked[i].tensor, std::move(owners[i]),
-                                {checked[i].data, static_cast<size_t>(NumElements(spec.shape)) *
-                                                      DTypeSize(spec.dtype)});
+        const absl::Span<const std::byte> bytes(
+            checked[i].data, static_cast<size_t>(NumElements(spec.shape)) * DTypeSize(spec.dtype));
+        pushed = lend ? active().PushLent(step, checked[i].tensor, std::move(owners[i]), bytes)
+                      : active().PushShared(step, checked[i].tensor, std::move(owners[i]), bytes);
       }
       owners.clear();  // those not pushed (an error): released_ drops them
     }
@@ -608,7 +610,7 @@ PYBIND11_MODULE(_native, m) {
       .def("init_params", &Client::InitParams)
       .def("push", &Client::Push)
       .def("push_tensors", &Client::PushTensors, py::arg("step"), py::arg("tensors"),
-           py::arg("gradients"), py::arg("convert") = false)
+           py::arg("gradients"), py::arg("convert") = false, py::arg("lend") = false)
       .def("push_converted", &Client::PushConverted, py::arg("step"), py::arg("tensor"),
            py::arg("values"))
       .def("set_step_lr", &Client::SetStepLr, py::arg("step"), py::arg("group_lr"))

@@ -11,6 +11,7 @@ a model with every form trains as a client fed one cast push per tensor.
 
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -98,6 +99,58 @@ def test_an_embedded_job_takes_a_batch_as_one_push_per_tensor(dtype, convert, dp
     server = _native.EmbeddedServer()
     clients = open_pair(dtype, dpu, embedded=server)
     assert_same_versions(train_side_by_side(clients, dtype, convert, steps=5))
+    for c in clients.values():
+        c.close()
+    server.shutdown()
+
+
+def test_lent_gradients_are_read_in_place_until_the_version_is_pulled():
+    """push_tensors(lend=True) on an embedded server: a gradient of the job's
+    dtype is kept (a reference held) while its chunk waits for the rest of
+    the step, is let go once the step's version is pulled, and the job
+    trains as with copies. Tensors of 64 Ki-element blocks and more, in
+    chunks that start on a block."""
+    shapes = [[70000], [200000], [3]]
+    cfg = {"train_batch_size": 1, "bf16": {"enabled": True},
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+           "zo": {"chunk_elems": 131072}}
+    server = _native.EmbeddedServer()
+    clients = {name: _native.Client(json.dumps(cfg), [(f"t{i}", s, "bf16")
+                                                      for i, s in enumerate(shapes)],
+                                    job=name, embedded=server)
+               for name in ("copied", "lent")}
+    for c in clients.values():
+        for i, shape in enumerate(shapes):
+            c.init_params(i, np.full(shape, 0.25, dtype=np.float32))
+    g = torch.Generator().manual_seed(3)
+    previous = None
+    for step in range(1, 4):
+        grads = [(torch.randn(s, generator=g) * 1e-3).to(torch.bfloat16) for s in shapes]
+        refs = sys.getrefcount(grads[0])
+        for name, c in clients.items():
+            lend = name == "lent"
+            c.push_tensors(step, [0], [grads[0]], lend=lend)
+            # A call that lets go of the references the pushes are done with.
+            c.push_tensors(step, [2], [grads[2]], lend=lend)
+            # Counted outside the asserts, whose rewriting holds references.
+            now = sys.getrefcount(grads[0])
+            assert now == refs + lend, \
+                "t0 is read in place while its chunk waits for t1" if lend else "t0 was copied"
+            if lend and previous is not None:  # each client lets go of its own
+                before = sys.getrefcount(previous)
+                assert before == 2, "last step's t0 is let go"
+            c.push_tensors(step, [1], [grads[1]], lend=lend)
+            c.finish_step(step)
+        pulled = {}
+        for name, c in clients.items():
+            pulled[name] = [torch.empty(s, dtype=torch.bfloat16) for s in shapes]
+            c.pull_for_step(step + 1, [0, 1, 2], [raw(w) for w in pulled[name]])
+        for i in range(3):
+            assert torch.equal(pulled["lent"][i].view(torch.int16),
+                               pulled["copied"][i].view(torch.int16)), \
+                f"tensor {i} of version {step} differs"
+        previous = grads[0]
+        del grads
     for c in clients.values():
         c.close()
     server.shutdown()

@@ -78,12 +78,20 @@ class Client:
         tensor's server reads it when the route lends that place; the
         values are not read once this returns."""
     def push_tensors(
-        self, step: int, tensors: Sequence[int], gradients: list[Any], convert: bool = False
+        self,
+        step: int,
+        tensors: Sequence[int],
+        gradients: list[Any],
+        convert: bool = False,
+        lend: bool = False,
     ) -> None:
         """Queues the gradients of several tensors in one call: each a
         contiguous CPU torch tensor, in the job's dtype (sent from its own
         memory, as push: leave it unchanged until finish_step) or, with
-        convert, float32 values rounded as push_converted does. Every
+        convert, float32 values rounded as push_converted does. With lend,
+        an embedded server may read the job-dtype ones in place instead of
+        copying them: leave them unchanged until the step's weights are
+        pulled (without a delayed update; with one, lend is ignored). Every
         gradient is checked before any is pushed."""
     def set_step_lr(self, step: int, group_lr: Sequence[float]) -> None:
         """With zo.client_lr: every parameter group's learning rate for the

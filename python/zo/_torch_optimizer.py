@@ -436,7 +436,11 @@ class OffloadOptimizer(torch.optim.Optimizer):
         for batch, convert in ((same, False), (wide, True)):
             if batch:
                 indices = [i for i, _ in batch]
-                self._client.push_tensors(step, indices, [g for _, g in batch], convert)
+                # Lent: step() returns once the step's weights are pulled,
+                # by when the servers have read them (the client copies
+                # under a delayed update, whose step returns sooner).
+                self._client.push_tensors(step, indices, [g for _, g in batch], convert,
+                                          lend=True)
                 self._pushed.update(indices)
         for i, g in rest:
             if i not in self._pushed:
