@@ -30,6 +30,7 @@
 #include "common/sharding.h"
 #include "common/status_context.h"
 #include "common/status_macros.h"
+#include "python/widen_tensors.h"
 #include "rpc/in_process_route.h"
 #include "rpc/job_move.h"
 #include "server/offload_server.h"
@@ -591,6 +592,7 @@ PYBIND11_MODULE(_native, m) {
   m.def("config_warnings", &zo::python::ConfigWarnings, py::arg("config_json"),
         py::arg("dp_world_size") = 1);
   m.def("xxh3_64", &zo::python::Xxh3, py::arg("data"));
+  m.def("widen", &zo::python::Widen, py::arg("sources"), py::arg("destinations"));
   py::class_<EmbeddedServer>(m, "EmbeddedServer")
       .def(py::init<const std::string&, int>(), py::arg("checkpoint_dir") = "",
            py::arg("threads") = 0)

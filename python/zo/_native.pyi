@@ -18,6 +18,11 @@ def config_warnings(config_json: str, dp_world_size: int = 1) -> list[str]:
 def xxh3_64(data: Buffer) -> int:
     """XXH3 (64 bits) of a contiguous buffer's bytes."""
 
+def widen(sources: list[Any], destinations: list[Any]) -> None:
+    """Widens each contiguous CPU bfloat16 or float16 tensor of sources into
+    the float32 tensor of as many elements at the same index of
+    destinations, exactly, on every core with the GIL released."""
+
 class EmbeddedServer:
     """An OffloadServer in this process, reached without a socket."""
 

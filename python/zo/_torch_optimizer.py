@@ -207,16 +207,17 @@ class OffloadOptimizer(torch.optim.Optimizer):
                                      after_step)
             self._uploads.uploaded({p.device for p in self._params if p.is_cuda})
         elif changed:
+            if self._widened[0]:
+                _native.widen(*self._widened)
             devices = set()
             with torch.no_grad():
-                for p, s in zip(self._params, self._staging):
-                    if s is not None:
-                        # From page-locked memory on the compute stream: the
-                        # forward after it reads the new weights, and the CPU
-                        # goes on without waiting for the copy.
-                        p.copy_(s, non_blocking=True)
-                        if p.is_cuda:
-                            devices.add(p.device)
+                for p, s in self._copied:
+                    # From page-locked memory on the compute stream: the
+                    # forward after it reads the new weights, and the CPU
+                    # goes on without waiting for the copy.
+                    p.copy_(s, non_blocking=True)
+                    if p.is_cuda:
+                        devices.add(p.device)
             self._uploads.uploaded(devices)
 
     def _pull_buffers(self):
@@ -227,6 +228,16 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if where != self._pulled_into:
             self._buffers = [_raw(p.data if s is None else s)
                              for p, s in zip(self._params, self._staging)]
+            staged = [(p, s) for p, s in zip(self._params, self._staging) if s is not None]
+            # A 16-bit job's weights into fp32 CPU parameters are widened on
+            # every core in one call (copy_ runs on torch's threads, which a
+            # script leaving the cores to the servers sets to one); the
+            # others are copied.
+            widens = [s.dtype != torch.float32 and p.dtype == torch.float32 and p.is_cpu
+                      and p.is_contiguous() for p, s in staged]
+            self._widened = ([s for (_, s), w in zip(staged, widens) if w],
+                             [p.data for (p, _), w in zip(staged, widens) if w])
+            self._copied = [ps for ps, w in zip(staged, widens) if not w]
             self._pulled_into = where
         return self._buffers
 
