@@ -254,9 +254,13 @@ class OffloadOptimizer(torch.optim.Optimizer):
     def _push_arrived(self, step, wait=False):
         """Hands the client the staged CUDA gradients whose bytes are in host
         memory (with `wait`, all of them once they are)."""
-        for index, buffer in self._downloads.arrived(wait):
-            self._client.push(step, index, _raw(buffer))
-            self._pushed.add(index)
+        arrived = list(self._downloads.arrived(wait))
+        if arrived:
+            # In one call, lent as _push_rest's: each buffer is written again
+            # only by the next step's backward, after this step's pull.
+            indices = [i for i, _ in arrived]
+            self._client.push_tensors(step, indices, [b for _, b in arrived], False, lend=True)
+            self._pushed.update(indices)
 
     def _in_job_dtype(self, index, grad, plus=None):
         """A CPU gradient (plus `plus`, when given) as contiguous elements of
