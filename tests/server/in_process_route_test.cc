@@ -386,10 +386,7 @@ TEST(InProcessRouteWaitTest, APulledVersionIsTheJobsWhenThePullReturns) {
 // blocks, and clipping is active on some steps (the statistics read the
 // lent blocks too). With a delayed update the bytes are copied as ever.
 TEST(InProcessLentPushTest, LentGradientsAreTheGrpcRoutesBitsAndLetGoOnceTheVersionIsPulled) {
-  const std::vector<TensorSpec> manifest = {
-      {.name = "a", .shape = {100003}, .dtype = DType::kBFloat16},
-      {.name = "b", .shape = {300000}, .dtype = DType::kBFloat16},
-      {.name = "c", .shape = {70001}, .dtype = DType::kBFloat16}};
+  const std::vector<TensorSpec>& manifest = kBlockManifest;
   const std::string config = R"({"train_batch_size": 1, "bf16": {"enabled": true},
       "gradient_clipping": 2.0, "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
       "zo": {"chunk_elems": 262144}})";
@@ -403,29 +400,14 @@ TEST(InProcessLentPushTest, LentGradientsAreTheGrpcRoutesBitsAndLetGoOnceTheVers
   }
   OffloadClient& lending = *clients[0];
   OffloadClient& grpc = *clients[1];
-  auto pull = [&](OffloadClient& client, int64_t version) {
-    std::vector<std::vector<std::byte>> bytes;
-    std::vector<absl::Span<std::byte>> dst;
-    for (const TensorSpec& t : manifest) {
-      bytes.emplace_back(static_cast<size_t>(NumElements(t.shape)) * 2);
-      dst.push_back(absl::MakeSpan(bytes.back()));
-    }
-    EXPECT_THAT(client.Pull(version, -1, {0, 1, 2}, dst).status(), IsOk());
-    return bytes;
-  };
   for (int64_t step = 1; step <= 4; ++step) {
     SCOPED_TRACE(::testing::Message() << "step " << step);
     // Large gradients on odd steps: clipped; small ones on even steps.
     const float scale = step % 2 == 1 ? 1.0f : 1e-4f;
     std::vector<std::weak_ptr<std::vector<uint16_t>>> kept;
     for (int t = 0; t < 3; ++t) {
-      auto g = std::make_shared<std::vector<uint16_t>>(
-          static_cast<size_t>(NumElements(manifest[t].shape)));
-      for (size_t i = 0; i < g->size(); ++i) {
-        (*g)[i] = FloatToBf16Bits(scale * static_cast<float>((i * 3 + step * 5 + t) % 29 - 14));
-      }
-      const absl::Span<const std::byte> bytes = {reinterpret_cast<const std::byte*>(g->data()),
-                                                 g->size() * 2};
+      auto g = std::make_shared<std::vector<uint16_t>>(BlockGradient(step, t, scale));
+      const absl::Span<const std::byte> bytes = BytesOf(*g);
       ASSERT_THAT(grpc.Push(step, t, bytes), IsOk());
       kept.push_back(g);
       ASSERT_THAT(lending.PushLent(step, t, std::move(g), bytes), IsOk());
@@ -436,7 +418,7 @@ TEST(InProcessLentPushTest, LentGradientsAreTheGrpcRoutesBitsAndLetGoOnceTheVers
     }
     ASSERT_THAT(lending.FinishStep(step), IsOk());
     ASSERT_THAT(grpc.FinishStep(step), IsOk());
-    EXPECT_EQ(pull(lending, step), pull(grpc, step));
+    EXPECT_EQ(PulledTensors(lending, step, manifest), PulledTensors(grpc, step, manifest));
     for (int t = 0; t < 3; ++t) EXPECT_TRUE(kept[t].expired()) << "tensor " << t;
   }
 
@@ -448,10 +430,9 @@ TEST(InProcessLentPushTest, LentGradientsAreTheGrpcRoutesBitsAndLetGoOnceTheVers
           "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
           "zo": {"chunk_elems": 262144, "dpu": {"enabled": true}}})",
                           manifest));
-  auto g = std::make_shared<std::vector<uint16_t>>(100003, FloatToBf16Bits(0.5f));
+  auto g = std::make_shared<std::vector<uint16_t>>(BlockGradient(1, 0, 1.0f));
   const std::weak_ptr<std::vector<uint16_t>> kept = g;
-  const absl::Span<const std::byte> bytes = {reinterpret_cast<const std::byte*>(g->data()),
-                                             g->size() * 2};
+  const absl::Span<const std::byte> bytes = BytesOf(*g);
   ASSERT_THAT(delayed->PushLent(1, 0, std::move(g), bytes), IsOk());
   EXPECT_TRUE(kept.expired()) << "copied: the worker's next step may write its buffers";
   clients.clear();

@@ -40,16 +40,42 @@ inline absl::Span<const std::byte> BytesOf(const std::vector<uint16_t>& g) {
   return {reinterpret_cast<const std::byte*>(g.data()), g.size() * 2};
 }
 
-// Every tensor of version `version`, pulled into buffers of the test's own.
-inline std::vector<std::vector<std::byte>> PulledWeights(OffloadClient& client, int64_t version) {
+// Every tensor of `manifest` (16-bit) of version `version`, pulled into
+// buffers of the test's own.
+inline std::vector<std::vector<std::byte>> PulledTensors(OffloadClient& client, int64_t version,
+                                                         const std::vector<TensorSpec>& manifest) {
   std::vector<std::vector<std::byte>> bytes;
   std::vector<absl::Span<std::byte>> dst;
-  for (const TensorSpec& t : kLentManifest) {
+  std::vector<int> tensors;
+  for (const TensorSpec& t : manifest) {
+    tensors.push_back(static_cast<int>(tensors.size()));
     bytes.emplace_back(static_cast<size_t>(NumElements(t.shape)) * 2);
     dst.push_back(absl::MakeSpan(bytes.back()));
   }
-  EXPECT_THAT(client.Pull(version, -1, kLentTensors, dst).status(), IsOk());
+  EXPECT_THAT(client.Pull(version, -1, tensors, dst).status(), IsOk());
   return bytes;
+}
+
+inline std::vector<std::vector<std::byte>> PulledWeights(OffloadClient& client, int64_t version) {
+  return PulledTensors(client, version, kLentManifest);
+}
+
+// Tensors that start and end inside the update's gradient blocks (64 Ki
+// elements) in chunks of four blocks: what a lent push
+// (OffloadClient::PushLent) reads in place and what it copies.
+inline const std::vector<TensorSpec> kBlockManifest = {
+    {.name = "a", .shape = {100003}, .dtype = DType::kBFloat16},
+    {.name = "b", .shape = {300000}, .dtype = DType::kBFloat16},
+    {.name = "c", .shape = {70001}, .dtype = DType::kBFloat16}};
+
+// Tensor `t`'s bf16 gradient of `step` in kBlockManifest, `scale` times
+// small integers.
+inline std::vector<uint16_t> BlockGradient(int64_t step, int t, float scale) {
+  std::vector<uint16_t> g(static_cast<size_t>(NumElements(kBlockManifest[t].shape)));
+  for (size_t i = 0; i < g.size(); ++i) {
+    g[i] = FloatToBf16Bits(scale * static_cast<float>((i * 3 + step * 5 + t) % 29 - 14));
+  }
+  return g;
 }
 
 }  // namespace zo::testing
