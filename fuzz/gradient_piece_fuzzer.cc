@@ -68,6 +68,7 @@ void CompareWithProtobuf(const zo::GradientPieceView& view, const std::string& m
   ZO_FUZZ_CHECK(view.region_bytes == piece.region_bytes(), "region_bytes");
   ZO_FUZZ_CHECK(view.region_ack_offset == piece.region_ack_offset(), "region_ack_offset");
   ZO_FUZZ_CHECK(view.region_ack == piece.region_ack(), "region_ack");
+  ZO_FUZZ_CHECK(view.region_lent == piece.region_lent(), "region_lent");
   ZO_FUZZ_CHECK(view.data_bytes == piece.data().size(), "data size");
   ZO_FUZZ_CHECK(Concat(view) == piece.data(), "data");
   ZO_FUZZ_CHECK(view.more_ranges.size() == static_cast<size_t>(piece.more_ranges_size()),

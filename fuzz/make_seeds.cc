@@ -74,6 +74,9 @@ void GradientPieces() {
     r->set_region_ack(5 + k);
   }
   Seed("gradient_piece_fuzzer", "fp16_four_pieces_in_one_region_message", with(5, 0, in_region));
+  in_region.set_region_lent(true);
+  Seed("gradient_piece_fuzzer", "fp16_four_lent_pieces_in_one_region_message",
+       with(5, 0, in_region));
 }
 
 void OpenJob() {

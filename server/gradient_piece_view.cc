@@ -164,6 +164,9 @@ absl::Status ParseGradientPiece(const grpc::ByteBuffer& buffer, std::vector<grpc
           case v1::GradientPiece::kRegionAckFieldNumber:
             view->region_ack = static_cast<uint32_t>(v);
             break;
+          case v1::GradientPiece::kRegionLentFieldNumber:
+            view->region_lent = v != 0;
+            break;
           default:
             break;  // unknown: ignored, as protobuf would
         }
@@ -232,6 +235,7 @@ GradientPieceView ViewOf(const v1::GradientPiece& piece) {
   view.region_bytes = piece.region_bytes();
   view.region_ack_offset = piece.region_ack_offset();
   view.region_ack = piece.region_ack();
+  view.region_lent = piece.region_lent();
   if (!piece.data().empty()) view.data.emplace_back(piece.data().data(), piece.data().size());
   view.data_bytes = piece.data().size();
   for (const v1::RegionRange& r : piece.more_ranges()) {
@@ -261,6 +265,7 @@ GradientPieceView GradientPieceView::Range(size_t k) const {
                           .region_bytes = r.region_bytes,
                           .region_ack_offset = r.region_ack_offset,
                           .region_ack = r.region_ack,
+                          .region_lent = region_lent,
                           .data = {},
                           .data_bytes = 0,
                           .more_ranges = {}};

@@ -49,6 +49,9 @@ struct GradientPieceView {
   // with what (GradientPiece.region_ack_offset, region_ack).
   int64_t region_ack_offset = 0;
   uint32_t region_ack = 0;
+  // The region's bytes stay as they are until the step's version is made
+  // (GradientPiece.region_lent).
+  bool region_lent = false;
   std::vector<absl::Span<const char>> data;  // the payload, in order
   size_t data_bytes = 0;
   // More pieces of this region, delivered after this one, in order.

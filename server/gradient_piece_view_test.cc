@@ -64,6 +64,7 @@ TEST(GradientPieceViewTest, ParsesWhatProtobufSerialisesHoweverItIsSliced) {
       piece.set_region_bytes(rng() % 100000);
       piece.set_region_ack_offset(8 * (rng() % 512));
       piece.set_region_ack(static_cast<uint32_t>(rng()));
+      piece.set_region_lent(rng() % 2 == 0);
       for (int k = static_cast<int>(rng() % 4); k > 0; --k) {
         v1::RegionRange* r = piece.add_more_ranges();
         r->set_chunk(rng() % 5000);
@@ -96,6 +97,7 @@ TEST(GradientPieceViewTest, ParsesWhatProtobufSerialisesHoweverItIsSliced) {
     EXPECT_EQ(view.region_bytes, piece.region_bytes());
     EXPECT_EQ(view.region_ack_offset, piece.region_ack_offset());
     EXPECT_EQ(view.region_ack, piece.region_ack());
+    EXPECT_EQ(view.region_lent, piece.region_lent());
     EXPECT_EQ(view.data_bytes, data.size());
     EXPECT_EQ(Joined(view), data);
     ASSERT_EQ(view.more_ranges.size(), static_cast<size_t>(piece.more_ranges_size()));
@@ -111,6 +113,7 @@ TEST(GradientPieceViewTest, ParsesWhatProtobufSerialisesHoweverItIsSliced) {
       EXPECT_EQ(one.chunk, r.chunk());
       EXPECT_EQ(one.region_offset, r.region_offset());
       EXPECT_EQ(one.region_ack, r.region_ack());
+      EXPECT_EQ(one.region_lent, piece.region_lent()) << "the header's, for every range";
       EXPECT_EQ(one.step, piece.step());
       EXPECT_EQ(one.region, piece.region());
       EXPECT_EQ(one.incarnation, piece.incarnation());

@@ -113,8 +113,10 @@ void PushReactor::Attempt() {
       return;
     }
     const GradientPieceView& piece = pieces_[at_];
-    absl::StatusOr<GradientAccumulator::PushOutcome> outcome =
-        job_->TryPushGradient(piece, &wait_, [this] { Attempt(); });
+    // Lent: the job may keep the region mapped and read the piece there.
+    absl::StatusOr<GradientAccumulator::PushOutcome> outcome = job_->TryPushGradient(
+        piece, &wait_, [this] { Attempt(); },
+        piece.region != 0 && piece.region_lent ? std::shared_ptr<const void>(region_) : nullptr);
     if (!outcome.ok()) {
       failed = outcome.status();
     } else if (*outcome == GradientAccumulator::PushOutcome::kWaiting) {

@@ -8,6 +8,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -462,6 +463,70 @@ TEST(SharedMemoryPushBuffersTest, PushesFromTheLentPlacesAreTheGrpcRoutes) {
   EXPECT_EQ(shm.traffic().pushed_in_place_bytes, lent_bytes_pushed)
       << "the pushes from the lent places were not sent from there";
   EXPECT_EQ(grpc.traffic().pushed_in_place_bytes, 0);
+}
+
+// Gradients lent on the same-host route (OffloadClient::PushLent, whose
+// region pieces say region_lent) give the gRPC route's bits step after
+// step, clipped and not. The server reads them in the region: a lent
+// tensor's bytes changed there after its push (which a worker must not do),
+// while its chunk still waits for the next tensor, are what the update
+// takes. (Blocks: offload/gradient_source.h, 64 Ki elements.)
+TEST(SharedMemoryLentPushTest, LentPiecesAreReadInTheRegionUntilTheUpdate) {
+  std::vector<ServerProcess> servers = StartServers(1);
+  ASSERT_EQ(servers.size(), 1u);
+  const std::vector<TensorSpec>& manifest = kBlockManifest;
+  std::vector<std::unique_ptr<OffloadClient>> clients;
+  for (const bool shm : {true, false}) {
+    ClientOptions options;
+    options.job = shm ? "lent-shm" : "lent-grpc";
+    options.servers = Addresses(servers);
+    options.shared_memory = shm;
+    ZO_ASSERT_OK_AND_ASSIGN(clients.emplace_back(),
+                            OffloadClient::Open(options, R"({"train_batch_size": 1,
+                                "bf16": {"enabled": true}, "gradient_clipping": 2.0,
+                                "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+                                "zo": {"chunk_elems": 262144}})",
+                                                manifest));
+  }
+  OffloadClient& shm = *clients[0];
+  OffloadClient& grpc = *clients[1];
+  ASSERT_THAT(shm.routes(), ElementsAre("shared_memory"));
+  constexpr int64_t kSteps = 4;
+  for (int64_t step = 1; step <= kSteps; ++step) {
+    SCOPED_TRACE(::testing::Message() << "step " << step);
+    const float scale = step % 2 == 1 ? 1.0f : 1e-4f;
+    // The last step pushes a from its place in the region, then changes it.
+    const bool changed_after = step == kSteps;
+    absl::Span<std::byte> place;
+    if (changed_after) {
+      ZO_ASSERT_OK_AND_ASSIGN(const std::vector<absl::Span<std::byte>> lent,
+                              shm.PushBuffers(step, std::vector<int>{0}));
+      ASSERT_EQ(lent.size(), 1u);
+      place = lent[0];
+    }
+    for (int t = 0; t < 3; ++t) {
+      auto g = std::make_shared<std::vector<uint16_t>>(BlockGradient(step, t, scale));
+      absl::Span<const std::byte> bytes = BytesOf(*g);
+      if (t == 0 && changed_after) {
+        std::memcpy(place.data(), g->data(), place.size());
+        bytes = place;
+      }
+      ASSERT_THAT(shm.PushLent(step, t, g, bytes), IsOk());
+      if (t == 0 && changed_after) {
+        // a's first gradient block, which lies wholly in the piece, is read
+        // in place (the rest of the piece is copied as it comes): its chunk
+        // still waits for b, so the server has not read it yet and will
+        // read these bytes.
+        const std::vector<uint16_t> other = BlockGradient(step, t, -2 * scale);
+        std::copy(other.begin(), other.begin() + (64 << 10), g->begin());
+        std::memcpy(place.data(), g->data(), (64 << 10) * sizeof(uint16_t));
+      }
+      ASSERT_THAT(grpc.Push(step, t, BytesOf(*g)), IsOk());
+    }
+    ASSERT_THAT(shm.FinishStep(step), IsOk());
+    ASSERT_THAT(grpc.FinishStep(step), IsOk());
+    EXPECT_EQ(PulledTensors(shm, step, manifest), PulledTensors(grpc, step, manifest));
+  }
 }
 
 // What is not lent: tensors striped over servers, jobs whose micro-batches

@@ -127,12 +127,15 @@ absl::Status OffloadClient::Impl::RoutePushPiece(int64_t step, const PushPiece& 
                                                  v1::GradientPiece header,
                                                  absl::Span<const std::byte> data,
                                                  const std::shared_ptr<const void>& owner,
-                                                 bool in_place, RoutedPush& routed) {
+                                                 bool in_place, bool lend, RoutedPush& routed) {
   if (routes[p.server] != nullptr) {
-    AddLocalParts(LocalPushCallFor(step, p.server), p, header, data, in_place, routed.local);
+    // Lent, little is copied: one part.
+    AddLocalParts(LocalPushCallFor(step, p.server), p, header, data, in_place || lend,
+                  routed.local);
     return absl::OkStatus();
   }
   if (GradientsThroughRegion(p.server)) {
+    if (lend) header.set_region_lent(true);
     routed.in_region.push_back(InRegion(step, p, RegionId(p.server), std::move(header), data));
     return absl::OkStatus();
   }
@@ -260,7 +263,8 @@ absl::Status OffloadClient::Impl::PushRange(int64_t step, int tensor, int64_t of
       ZO_RETURN_IF_ERROR(EnqueueOnStream(step, p, header, data, owner));
       continue;
     }
-    ZO_RETURN_IF_ERROR(RoutePushPiece(step, p, std::move(header), data, owner, in_place, routed));
+    ZO_RETURN_IF_ERROR(
+        RoutePushPiece(step, p, std::move(header), data, owner, in_place, lend, routed));
   }
   if (in_place) {
     // The in-process route's pieces lie where the accumulator keeps them (the

@@ -286,10 +286,11 @@ struct OffloadClient::Impl {
     std::vector<RegionPiece> in_region;
   };
   // Sends piece `p` of `data` over gRPC, or adds it to `routed` for the
-  // route that takes its server's pieces.
+  // route that takes its server's pieces; `lend`: PushLent's (a region
+  // piece says region_lent).
   absl::Status RoutePushPiece(int64_t step, const PushPiece& p, v1::GradientPiece header,
                               absl::Span<const std::byte> data,
-                              const std::shared_ptr<const void>& owner, bool in_place,
+                              const std::shared_ptr<const void>& owner, bool in_place, bool lend,
                               RoutedPush& routed);
   // The in-process push call of `step` to `server`, made by its first piece.
   std::shared_ptr<client_internal::PushCall> LocalPushCallFor(int64_t step, int server);

@@ -32,7 +32,8 @@ bool SameRegionMessage(const v1::GradientPiece& a, const v1::GradientPiece& b) {
   return a.region() != 0 && a.region() == b.region() && a.job() == b.job() &&
          a.step() == b.step() && a.dp_rank() == b.dp_rank() && a.dtype() == b.dtype() &&
          a.resend() == b.resend() && a.incarnation() == b.incarnation() &&
-         a.micro_batch() == b.micro_batch() && a.more_ranges().empty() && b.more_ranges().empty();
+         a.micro_batch() == b.micro_batch() && a.region_lent() == b.region_lent() &&
+         a.more_ranges().empty() && b.more_ranges().empty();
 }
 
 EncodedPiece EncodeRegionPieces(const std::vector<EncodedPiece>& pieces) {

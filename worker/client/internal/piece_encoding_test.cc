@@ -99,7 +99,8 @@ TEST(PieceEncodingTest, RegionPiecesGoAsOneMessageInOrder) {
            [](v1::GradientPiece& h) { h.set_region(43); },
            [](v1::GradientPiece& h) { h.set_micro_batch(1); },
            [](v1::GradientPiece& h) { h.set_resend(true); },
-           [](v1::GradientPiece& h) { h.set_incarnation(98); }}) {
+           [](v1::GradientPiece& h) { h.set_incarnation(98); },
+           [](v1::GradientPiece& h) { h.set_region_lent(true); }}) {
     v1::GradientPiece other = *pieces[1].region_header;
     change(other);
     EXPECT_FALSE(SameRegionMessage(*pieces[0].region_header, other));

@@ -7,7 +7,9 @@
 // next step's are written) and a weights area, each the server's share of
 // the job in its dtype, in the server's local element order. The first page
 // also holds, per gradient area, the slot where the server acknowledges the
-// pieces it has summed (region_credits.h).
+// pieces it has summed (region_credits.h). A lent piece
+// (GradientPiece.region_lent) is read in its area until the server's update
+// of its step: the area is written again only for the step after next.
 #ifndef ZO_WORKER_CLIENT_INTERNAL_WORKER_REGION_H_
 #define ZO_WORKER_CLIENT_INTERNAL_WORKER_REGION_H_
 
