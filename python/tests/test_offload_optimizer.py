@@ -109,6 +109,43 @@ def test_a_parameter_given_new_memory_gets_the_next_weights_there():
     opt.close()
 
 
+class FailingPull:
+    """The client, but its pull fails: a step that raises after its pushes
+    went out, which the real servers cannot be made to do on demand."""
+
+    def __init__(self, client):
+        self._client = client
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+    def pull_for_step(self, *args):
+        raise RuntimeError("UNAVAILABLE: the injected pull failure")
+
+
+def test_a_step_that_fails_after_lending_gives_the_loop_fresh_gradients():
+    """step() lends its gradients to the servers, which may read them until
+    their update ends. When step() raises after the pushes, each lent .grad
+    is replaced by a copy, so what the loop writes into .grad next cannot
+    reach what the servers read."""
+    w = torch.nn.Parameter(torch.zeros(200000, dtype=torch.bfloat16))
+    cfg = dict(config(), bf16={"enabled": True})
+    opt = zo.torch.OffloadOptimizer([("w", w)], config=cfg)
+    w.grad = torch.randn(200000, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    lent = w.grad
+    before = lent.clone()
+    client = opt._client
+    opt._client = FailingPull(client)
+    with pytest.raises(RuntimeError, match="injected"):
+        opt.step()
+    assert w.grad is not lent, "the failed step left the lent tensor in .grad"
+    assert torch.equal(w.grad, before)
+    w.grad.zero_()  # what zero_grad(set_to_none=False) does
+    assert torch.equal(lent, before), "the loop's write reached the lent gradient"
+    opt._client = client
+    opt.close()
+
+
 def test_with_dpu_each_step_computes_on_weights_one_step_older():
     model, ref = reference_and_model()
     opt = zo.torch.OffloadOptimizer(model.named_parameters(), config=config(dpu=True))

@@ -149,6 +149,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._buffers = None
         self.loss_scale = 1.0
         self._pushed = set()  # parameters whose gradient for the next step is out
+        self._lent = []  # (index, tensor) lent for the next step: the servers read them
         self._lr_sent = None  # (step, rates) sent to the servers for that step
         self._warned_no_grad = set()
         self._not_resumed = None  # why step() refuses: a trained job nobody asked to resume
@@ -259,6 +260,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
             # In one call, lent as _push_rest's: each buffer is written again
             # only by the next step's backward, after this step's pull.
             indices = [i for i, _ in arrived]
+            self._lent.extend(arrived)
             self._client.push_tensors(step, indices, [b for _, b in arrived], False, lend=True)
             self._pushed.update(indices)
 
@@ -397,6 +399,16 @@ class OffloadOptimizer(torch.optim.Optimizer):
             self._check_dense(sparse[0], grads[sparse[0]])
         step = self._step + 1
         self._check_lr(step)
+        try:
+            return self._step_on(step, grads, loss)
+        except BaseException:
+            self._let_go_of_lent()
+            raise
+        finally:
+            self._lent = []
+
+    def _step_on(self, step, grads, loss):
+        """step()'s pushes, finish and pull of `step`."""
         while not self._push_step(step, grads):
             # The job moved (zo-ctl rescale): attach where it went and push
             # this step there again, unless the move already took it.
@@ -422,6 +434,17 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._show_server_lr()
         return loss
 
+    def _let_go_of_lent(self):
+        """A step that failed after lending gradients: the servers may read
+        them until their update ends, so the parameters and staging buffers
+        get fresh ones and what the loop writes next cannot reach them."""
+        with torch.no_grad():
+            for index, tensor in self._lent:
+                p = self._params[index]
+                if p.grad is tensor:
+                    p.grad = tensor.clone()
+                if self._grad_staging[index] is tensor:
+                    self._grad_staging[index] = None
     def _push_step(self, step, grads):
         """Pushes the gradients not out yet (grads: each parameter's) and
         finishes the step; False when the job turned out to have moved."""
@@ -454,6 +477,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 # Lent: step() returns once the step's weights are pulled,
                 # by when the servers have read them (the client copies
                 # under a delayed update, whose step returns sooner).
+                if not convert:
+                    self._lent.extend(batch)
                 self._client.push_tensors(step, indices, [g for _, g in batch], convert,
                                           lend=True)
                 self._pushed.update(indices)
