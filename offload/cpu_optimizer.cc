@@ -70,7 +70,8 @@ void CpuOptimizer::LionStep(const LionStepConstants& k, SimdLevel level) {
 }
 
 std::vector<GradStats> CpuOptimizer::PerChunkStats(const std::vector<bool>& wanted, SimdLevel level,
-                                                   int max_workers) const {
+                                                   int max_workers,
+                                                   const GradBlockReader& read) const {
   std::vector<size_t> blocks;
   for (size_t b = 0; b < stats_blocks_.size(); ++b) {
     if (wanted[stats_blocks_[b].chunk]) blocks.push_back(b);
@@ -84,11 +85,8 @@ std::vector<GradStats> CpuOptimizer::PerChunkStats(const std::vector<bool>& want
     const size_t end = EvenShareBegin(blocks.size(), workers, w + 1);
     for (size_t i = EvenShareBegin(blocks.size(), workers, w); i < end; ++i) {
       const Segment& s = stats_blocks_[blocks[i]];
-      const OptimizerChunk& c = chunks_[s.chunk];
-      const std::byte* lent =
-          c.lent_blocks == nullptr ? nullptr : c.lent_blocks[s.begin / kStatsBlockElems];
       const TypedConstPtr grad =
-          lent != nullptr ? TypedConstPtr{lent, c.grad.dtype} : OffsetBy(c.grad, s.begin);
+          read ? read(s.chunk, s.begin, s.size()) : OffsetBy(chunks_[s.chunk].grad, s.begin);
       block_stats[i] = zo::ComputeGradStats(grad, s.size(), level);
     }
   });
@@ -99,19 +97,19 @@ std::vector<GradStats> CpuOptimizer::PerChunkStats(const std::vector<bool>& want
   return per_chunk;
 }
 
-StepGradStats CpuOptimizer::ComputeGradStats(SimdLevel level) const {
+StepGradStats CpuOptimizer::ComputeGradStats(SimdLevel level, const GradBlockReader& read) const {
   StepGradStats out;
-  out.per_chunk = PerChunkStats(std::vector<bool>(chunks_.size(), true), level);
+  out.per_chunk = PerChunkStats(std::vector<bool>(chunks_.size(), true), level, 0, read);
   for (const GradStats& s : out.per_chunk) Combine(out.total, s);
   return out;
 }
 
-StepGradStats CpuOptimizer::ComputeGradStats(
-    const std::vector<std::optional<GradStats>>& known) const {
+StepGradStats CpuOptimizer::ComputeGradStats(const std::vector<std::optional<GradStats>>& known,
+                                             const GradBlockReader& read) const {
   std::vector<bool> wanted(chunks_.size());
   for (size_t c = 0; c < chunks_.size(); ++c) wanted[c] = !known[c].has_value();
   StepGradStats out;
-  out.per_chunk = PerChunkStats(wanted, ActiveSimdLevel());
+  out.per_chunk = PerChunkStats(wanted, ActiveSimdLevel(), 0, read);
   for (size_t c = 0; c < chunks_.size(); ++c) {
     if (known[c].has_value()) out.per_chunk[c] = *known[c];
     Combine(out.total, out.per_chunk[c]);
@@ -120,10 +118,12 @@ StepGradStats CpuOptimizer::ComputeGradStats(
 }
 
 std::vector<GradStats> CpuOptimizer::ComputeChunkGradStats(const std::vector<int>& which,
-                                                           int max_workers) const {
+                                                           int max_workers,
+                                                           const GradBlockReader& read) const {
   std::vector<bool> wanted(chunks_.size(), false);
   for (const int c : which) wanted[static_cast<size_t>(c)] = true;
-  const std::vector<GradStats> per_chunk = PerChunkStats(wanted, ActiveSimdLevel(), max_workers);
+  const std::vector<GradStats> per_chunk =
+      PerChunkStats(wanted, ActiveSimdLevel(), max_workers, read);
   std::vector<GradStats> out;
   out.reserve(which.size());
   for (const int c : which) out.push_back(per_chunk[static_cast<size_t>(c)]);

@@ -37,11 +37,6 @@ struct OptimizerChunk {
   TypedConstPtr grad;      // what the kernel reads, usually the fp32 accumulator
   TypedPtr low_precision;  // the copy served to pulls; data == nullptr: not written
   size_t n = 0;
-  // Read by the statistics alone (a server's accumulator, which lends
-  // blocks: offload/gradient_source.h): per kStatsBlockElems block of the
-  // chunk, where its gradients are kept, or null for those in `grad`. The
-  // steps read `grad`.
-  const std::byte* const* lent_blocks = nullptr;
 };
 
 // Elements per block of the statistics pass: a fixed unit, independent of
@@ -83,23 +78,32 @@ class CpuOptimizer {
   void LionStep(const LionStepConstants& c) { LionStep(c, ActiveSimdLevel()); }
   void LionStep(const LionStepConstants& c, SimdLevel level);
 
-  // Sum of squares and non-finite flag of every chunk's `grad`, threaded.
+  // Where the statistics read chunk `chunk`'s gradients [begin, begin + n),
+  // one kStatsBlockElems block from the chunk's start: for a caller whose
+  // gradients are not all in `grad` (a server's accumulator reads them
+  // through its GradientSource). Unset: the chunk's `grad`.
+  using GradBlockReader = std::function<TypedConstPtr(size_t chunk, size_t begin, size_t n)>;
+
+  // Sum of squares and non-finite flag of every chunk's gradients, threaded.
   // Bit-identical for any worker count: blocks of kStatsBlockElems are
   // reduced independently and combined in order.
-  StepGradStats ComputeGradStats() const { return ComputeGradStats(ActiveSimdLevel()); }
-  StepGradStats ComputeGradStats(SimdLevel level) const;
+  StepGradStats ComputeGradStats(const GradBlockReader& read = {}) const {
+    return ComputeGradStats(ActiveSimdLevel(), read);
+  }
+  StepGradStats ComputeGradStats(SimdLevel level, const GradBlockReader& read = {}) const;
   // The same where some chunks' statistics are known already (a chunk's are
   // final once its gradients are: the server's speculative update takes
   // them as each chunk fills): known[c], where set, is used as chunk c's
   // and the rest are read. Bit for bit ComputeGradStats when each known
   // entry is what ComputeChunkGradStats gave for that chunk. known has one
   // entry per chunk.
-  StepGradStats ComputeGradStats(const std::vector<std::optional<GradStats>>& known) const;
+  StepGradStats ComputeGradStats(const std::vector<std::optional<GradStats>>& known,
+                                 const GradBlockReader& read = {}) const;
   // The statistics of chunks `which` alone (indices, any order), each as
   // ComputeGradStats gives it, threaded: with `max_workers` > 0 on only the
   // first that many workers (the rest leave their cores to other work).
-  std::vector<GradStats> ComputeChunkGradStats(const std::vector<int>& which,
-                                               int max_workers = 0) const;
+  std::vector<GradStats> ComputeChunkGradStats(const std::vector<int>& which, int max_workers = 0,
+                                               const GradBlockReader& read = {}) const;
 
   // The driver behind every step: fn(chunk, begin, end) for each segment of
   // each worker's piece, on that worker, in order; returns when all are done.
@@ -115,7 +119,7 @@ class CpuOptimizer {
   // Each chunk's statistics, reading only the blocks of chunks whose
   // `wanted` entry is true (the others stay zero).
   std::vector<GradStats> PerChunkStats(const std::vector<bool>& wanted, SimdLevel level,
-                                       int max_workers = 0) const;
+                                       int max_workers, const GradBlockReader& read) const;
 };
 
 // `ptr` advanced by `elems` elements of its dtype.

@@ -34,8 +34,6 @@ absl::StatusOr<std::unique_ptr<GradientAccumulator>> GradientAccumulator::Create
     OptimizerChunk v;
     v.grad = {a->accum_.as<char>() + c.local_offset * static_cast<int64_t>(gsize), gdtype};
     v.n = static_cast<size_t>(c.elems);
-    if (a->reads_lent_)
-      v.lent_blocks = a->lent_blocks_.data() + c.local_offset / kGradientBlockElems;
     views.push_back(v);
     a->chunk_mu_.push_back(std::make_unique<absl::Mutex>());
   }
@@ -258,19 +256,28 @@ absl::Span<std::byte> GradientAccumulator::LendPlace(int index, int64_t step, in
   return {accum_.as<std::byte>() + (c.local_offset + offset) * elem, static_cast<size_t>(n * elem)};
 }
 
+CpuOptimizer::GradBlockReader GradientAccumulator::StatsReader() const {
+  if (!reads_lent_) return {};  // every gradient is in the buffer
+  // A chunk starts on a gradient block (reads_lent_), so each statistics
+  // block is one.
+  return [this, g = gradients()](size_t chunk, size_t begin, size_t n) {
+    return g.At(chunks_[chunk].local_offset + static_cast<int64_t>(begin), static_cast<int64_t>(n));
+  };
+}
+
 StepGradStats GradientAccumulator::Stats() const {
   if (chunks_.empty()) return {};
-  return view_->ComputeGradStats();
+  return view_->ComputeGradStats(StatsReader());
 }
 
 StepGradStats GradientAccumulator::Stats(const std::vector<std::optional<GradStats>>& known) const {
   if (chunks_.empty()) return {};
-  return view_->ComputeGradStats(known);
+  return view_->ComputeGradStats(known, StatsReader());
 }
 
 std::vector<GradStats> GradientAccumulator::ChunkStats(const std::vector<int>& which,
                                                        bool all_workers) const {
-  return view_->ComputeChunkGradStats(which, all_workers ? 0 : 1);
+  return view_->ComputeChunkGradStats(which, all_workers ? 0 : 1, StatsReader());
 }
 
 void GradientAccumulator::Release(size_t begin, size_t end, int64_t step) {

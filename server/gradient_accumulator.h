@@ -81,7 +81,7 @@ class GradientAccumulator {
     bool reads_lent = false;
     // Called, with no lock of the accumulator held, whenever Ready() may
     // have become true or, with track_filled, a chunk filled.
-    std::function<void()> on_ready;
+    std::function<void()> on_ready = {};
   };
 
   static absl::StatusOr<std::unique_ptr<GradientAccumulator>> Create(Options options);
@@ -190,6 +190,9 @@ class GradientAccumulator {
   int contributors() const { return dp_world_size_ * pushes_per_rank_; }
   // Local elements [begin, end), each pool worker its own part.
   void Zero(int64_t begin, int64_t end);
+  // Where the statistics read each block: through gradients() when blocks
+  // may be lent.
+  CpuOptimizer::GradBlockReader StatsReader() const;
   // The elements of chunk `c` at [begin, end) from its start, whose bytes
   // are at `src`: their whole blocks are marked lent, the rest copied.
   // False, having done nothing, when no block is whole.
@@ -211,8 +214,9 @@ class GradientAccumulator {
   const bool reads_lent_;
   const std::function<void()> on_ready_;
 
-  AlignedBuffer accum_;                 // local_elems_ of gradient_dtype()
-  std::unique_ptr<CpuOptimizer> view_;  // stats and zeroing over accum_, threaded
+  AlignedBuffer accum_;  // local_elems_ of gradient_dtype()
+  // Statistics (through StatsReader) and zeroing over accum_, threaded.
+  std::unique_ptr<CpuOptimizer> view_;
   // Per gradient block: where a lent piece keeps it, or null. Written by
   // the push that claimed the block, read by the step thread once the
   // chunk filled (as the buffer is), cleared at its release.
