@@ -30,6 +30,7 @@
 #include "common/sharding.h"
 #include "common/status_context.h"
 #include "common/status_macros.h"
+#include "python/parallel_elements.h"
 #include "python/widen_tensors.h"
 #include "rpc/in_process_route.h"
 #include "rpc/job_move.h"
@@ -472,11 +473,7 @@ class Client {
                                                      spec.name, "') has ", n, " elements; it has ",
                                                      NumElements(spec.shape)));
     }
-    const std::vector<int> one = {tensor};
-    ZO_ASSIGN_OR_RETURN(const std::vector<absl::Span<std::byte>> lent,
-                        active().PushBuffers(step, one));
-    return RoundAndPush(step, tensor, reinterpret_cast<const float*>(bytes.data()),
-                        lent.empty() ? std::nullopt : std::optional(lent[0]));
+    return RoundAndPushAll(step, {{.tensor = tensor, .data = bytes.data(), .object = {}}});
   }
 
   // A gradient push_tensors checked: its tensor, its first byte, the
@@ -487,52 +484,81 @@ class Client {
     py::handle object;
   };
 
-  // RoundAndPush of each of `gradients` (float32 values), into the places
-  // one PushBuffers call lends for them all.
+  // Rounds each of `gradients` (float32 values, its tensor's element
+  // count) to its tensor's dtype, into the places one PushBuffers call
+  // lends for them all or, with none, into buffers kept per tensor, and
+  // pushes it from there. The rounding runs on every core, a batch of about
+  // kRoundBatchElems at a time, and a batch is pushed once it is rounded,
+  // so the server's work on it overlaps the rounding of the next.
   absl::Status RoundAndPushAll(int64_t step, const std::vector<Gradient>& gradients) {
     std::vector<int> tensors;
     tensors.reserve(gradients.size());
     for (const Gradient& g : gradients) tensors.push_back(g.tensor);
     ZO_ASSIGN_OR_RETURN(const std::vector<absl::Span<std::byte>> lent,
                         active().PushBuffers(step, tensors));
+    struct Rounding {
+      int tensor;
+      const float* src;
+      DType dtype;
+      absl::Span<std::byte> dst = {};
+      std::shared_ptr<const void> owner = nullptr;
+    };
+    std::vector<Rounding> batch;
+    std::vector<int64_t> batch_elems;
+    auto round_and_push = [&]() -> absl::Status {
+      ForElementsInParallel(batch_elems, [&](size_t i, int64_t begin, int64_t end) {
+        const Rounding& r = batch[i];
+        FloatToDType(r.src + begin, r.dtype, r.dst.data() + begin * DTypeSize(r.dtype),
+                     static_cast<size_t>(end - begin));
+      });
+      for (Rounding& r : batch) {
+        ZO_RETURN_IF_ERROR(active().PushShared(step, r.tensor, std::move(r.owner), r.dst));
+      }
+      batch.clear();
+      batch_elems.clear();
+      return absl::OkStatus();
+    };
+    int64_t elems_in_batch = 0;
     for (size_t i = 0; i < gradients.size(); ++i) {
-      ZO_RETURN_IF_ERROR(RoundAndPush(step, gradients[i].tensor,
-                                      reinterpret_cast<const float*>(gradients[i].data),
-                                      lent.empty() ? std::nullopt : std::optional(lent[i])));
+      const int tensor = gradients[i].tensor;
+      const TensorSpec& spec = specs_[static_cast<size_t>(tensor)];
+      const int64_t n = NumElements(spec.shape);
+      Rounding r{.tensor = tensor,
+                 .src = reinterpret_cast<const float*>(gradients[i].data),
+                 .dtype = spec.dtype};
+      if (!lent.empty()) {
+        r.dst = lent[i];
+        r.owner = std::shared_ptr<const void>(r.dst.data(), [](const void*) {});  // the server's
+      } else {
+        std::shared_ptr<std::vector<std::byte>> buffer = ConvertedBuffer(tensor, n, spec.dtype);
+        r.dst = absl::MakeSpan(*buffer);
+        r.owner = std::move(buffer);
+      }
+      batch.push_back(std::move(r));
+      batch_elems.push_back(n);
+      elems_in_batch += n;
+      if (elems_in_batch >= kRoundBatchElems || i + 1 == gradients.size()) {
+        ZO_RETURN_IF_ERROR(round_and_push());
+        elems_in_batch = 0;
+      }
     }
     return absl::OkStatus();
   }
 
-  // Rounds tensor `tensor`'s gradient (its element count of float32
-  // values) to its dtype into `lent` (the place its server reads, from
-  // PushBuffers) or, with none, into a buffer kept for the tensor, and
-  // pushes it from there.
-  absl::Status RoundAndPush(int64_t step, int tensor, const float* values,
-                            std::optional<absl::Span<std::byte>> lent) {
-    const TensorSpec& spec = specs_[static_cast<size_t>(tensor)];
-    const auto n = static_cast<size_t>(NumElements(spec.shape));
-    absl::Span<std::byte> dst;
-    std::shared_ptr<const void> owner;
-    if (lent.has_value()) {
-      dst = *lent;
-      owner = std::shared_ptr<const void>(dst.data(), [](const void*) {});  // the server's
-    } else {
-      // Kept from step to step; a fresh one while a push still sends the
-      // last step's (a delayed update's chunk not yet free).
-      std::shared_ptr<std::vector<std::byte>> buffer;
-      {
-        std::lock_guard lock(converted_mu_);
-        std::shared_ptr<std::vector<std::byte>>& kept = converted_[tensor];
-        if (kept == nullptr || kept.use_count() > 1) {
-          kept = std::make_shared<std::vector<std::byte>>(n * DTypeSize(spec.dtype));
-        }
-        buffer = kept;
-      }
-      dst = absl::MakeSpan(*buffer);
-      owner = std::move(buffer);
+  // Rounded gradients in a batch (RoundAndPushAll): 8 MiB of 16-bit values.
+  static constexpr int64_t kRoundBatchElems = int64_t{4} << 20;
+
+  // The buffer kept for tensor `tensor`'s rounded gradient (n elements of
+  // dtype) where no place is lent: kept from step to step, a fresh one
+  // while a push still sends the last step's (a delayed update's chunk not
+  // yet free).
+  std::shared_ptr<std::vector<std::byte>> ConvertedBuffer(int tensor, int64_t n, DType dtype) {
+    std::lock_guard lock(converted_mu_);
+    std::shared_ptr<std::vector<std::byte>>& kept = converted_[tensor];
+    if (kept == nullptr || kept.use_count() > 1) {
+      kept = std::make_shared<std::vector<std::byte>>(static_cast<size_t>(n) * DTypeSize(dtype));
     }
-    FloatToDType(values, spec.dtype, dst.data(), n);
-    return active().PushShared(step, tensor, std::move(owner), dst);
+    return kept;
   }
 
   // Check, remembering a "the job moved" answer for follow().

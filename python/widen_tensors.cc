@@ -4,12 +4,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/convert.h"
-#include "common/cpu_features.h"
+#include "python/parallel_elements.h"
 
 namespace py = pybind11;
 
@@ -32,9 +31,6 @@ void CheckTensor(const py::handle& t, const std::string& what) {
     throw py::value_error(what + " is not a contiguous CPU tensor");
   }
 }
-
-// Elements per piece a thread widens at a time: the work is shared in these.
-constexpr int64_t kPieceElems = int64_t{1} << 16;
 
 }  // namespace
 
@@ -67,37 +63,19 @@ void Widen(const py::list& sources, const py::list& destinations) {
                      reinterpret_cast<float*>(d.attr("data_ptr")().cast<uintptr_t>()), n,
                      sd == "torch.bfloat16"});
   }
-  // The pieces of every pair, shared out in turn.
-  struct Piece {
-    size_t pair;
-    int64_t begin;
-    int64_t end;
-  };
-  std::vector<Piece> pieces;
-  for (size_t p = 0; p < pairs.size(); ++p) {
-    for (int64_t b = 0; b < pairs[p].elems; b += kPieceElems) {
-      pieces.push_back({p, b, std::min(pairs[p].elems, b + kPieceElems)});
-    }
-  }
+  std::vector<int64_t> elems;
+  elems.reserve(pairs.size());
+  for (const Pair& p : pairs) elems.push_back(p.elems);
   py::gil_scoped_release release;
-  const int threads = static_cast<int>(std::min<size_t>(pieces.size(), HostThreads()));
-  auto widen_every = [&](int first) {
-    for (size_t i = static_cast<size_t>(first); i < pieces.size();
-         i += static_cast<size_t>(threads)) {
-      const Piece& piece = pieces[i];
-      const Pair& p = pairs[piece.pair];
-      const auto n = static_cast<size_t>(piece.end - piece.begin);
-      if (p.bf16) {
-        Bf16ToFloat(p.src + piece.begin, p.dst + piece.begin, n);
-      } else {
-        HalfToFloat(p.src + piece.begin, p.dst + piece.begin, n);
-      }
+  ForElementsInParallel(elems, [&](size_t pair, int64_t begin, int64_t end) {
+    const Pair& p = pairs[pair];
+    const auto n = static_cast<size_t>(end - begin);
+    if (p.bf16) {
+      Bf16ToFloat(p.src + begin, p.dst + begin, n);
+    } else {
+      HalfToFloat(p.src + begin, p.dst + begin, n);
     }
-  };
-  std::vector<std::thread> helpers;
-  for (int t = 1; t < threads; ++t) helpers.emplace_back(widen_every, t);
-  if (threads > 0) widen_every(0);
-  for (std::thread& t : helpers) t.join();
+  });
 }
 
 }  // namespace zo::python

@@ -35,38 +35,38 @@ def job_config(dtype, dpu=False):
     return cfg
 
 
-def manifest(dtype):
-    return [(f"t{i}", shape, dtype) for i, shape in enumerate(SHAPES)]
+def manifest(dtype, shapes=SHAPES):
+    return [(f"t{i}", shape, dtype) for i, shape in enumerate(shapes)]
 
 
-def gradients(step):
+def gradients(step, shapes=SHAPES):
     g = torch.Generator().manual_seed(step)
-    return [torch.randn(shape, generator=g) * 1e-3 for shape in SHAPES]
+    return [torch.randn(shape, generator=g) * 1e-3 for shape in shapes]
 
 
 def raw(t):
     return (t.view(torch.int16) if t.element_size() == 2 else t).numpy()
 
 
-def open_pair(dtype, dpu, **where):
-    clients = {name: _native.Client(json.dumps(job_config(dtype, dpu)), manifest(dtype),
+def open_pair(dtype, dpu, shapes=SHAPES, **where):
+    clients = {name: _native.Client(json.dumps(job_config(dtype, dpu)), manifest(dtype, shapes),
                                     job=name, **where)
                for name in ("batch", "one_by_one")}
     g = torch.Generator().manual_seed(0)
-    init = [torch.randn(shape, generator=g) * 0.1 for shape in SHAPES]
+    init = [torch.randn(shape, generator=g) * 0.1 for shape in shapes]
     for c in clients.values():
         for i, values in enumerate(init):
             c.init_params(i, values.numpy())
     return clients
 
 
-def train_side_by_side(clients, dtype, convert, steps):
+def train_side_by_side(clients, dtype, convert, steps, shapes=SHAPES):
     """Steps both jobs; returns each version's weights of both, as bytes."""
     tdtype = TORCH[dtype]
     versions = []
-    everything = list(range(len(SHAPES)))
+    everything = list(range(len(shapes)))
     for step in range(1, steps + 1):
-        grads = gradients(step)
+        grads = gradients(step, shapes)
         batch = [g.clone() if convert else g.to(tdtype) for g in grads]
         clients["batch"].push_tensors(step, everything, batch, convert)
         if convert:
@@ -77,7 +77,7 @@ def train_side_by_side(clients, dtype, convert, steps):
         pulled = {}
         for name, c in clients.items():
             c.finish_step(step)
-            pulled[name] = [torch.empty(shape, dtype=tdtype) for shape in SHAPES]
+            pulled[name] = [torch.empty(shape, dtype=tdtype) for shape in shapes]
             c.pull_for_step(step + 1, everything, [raw(w) for w in pulled[name]])
         versions.append(pulled)
     return versions
@@ -90,6 +90,19 @@ def assert_same_versions(versions):
                 f"tensor {i} of version {step} differs"
     first, last = versions[0]["one_by_one"][0], versions[-1]["one_by_one"][0]
     assert not torch.equal(first, last), "the weights never moved"
+
+
+def test_a_batch_larger_than_a_rounding_batch_is_rounded_as_torch_rounds():
+    """push_tensors rounds float32 values on every core, about 4 Mi elements
+    at a time, each batch pushed once rounded: tensors that end batches and
+    pieces mid-way must still arrive as torch's .to() rounds them."""
+    shapes = [[3, 1 << 20], [70001], [(1 << 21) + 3], [5]]
+    server = _native.EmbeddedServer()
+    clients = open_pair("bf16", False, shapes, embedded=server)
+    assert_same_versions(train_side_by_side(clients, "bf16", True, steps=2, shapes=shapes))
+    for c in clients.values():
+        c.close()
+    server.shutdown()
 
 
 @pytest.mark.parametrize("dtype,convert", [("fp32", False), ("bf16", False), ("bf16", True),
