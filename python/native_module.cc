@@ -136,6 +136,14 @@ class EmbeddedServer {
 // (name, shape, dtype name) per tensor, in the job's order.
 using ManifestEntry = std::tuple<std::string, std::vector<int64_t>, std::string>;
 
+// A place in a same-host route's shared region (Client.region_pull_places):
+// its bytes as a writable Python buffer, which keeps the region mapped
+// while it lives, even after its client closed.
+struct RegionPlace {
+  absl::Span<std::byte> bytes;
+  std::shared_ptr<const void> keeper;
+};
+
 class Client {
  public:
   Client(const std::string& config_json, const std::vector<ManifestEntry>& manifest,
@@ -350,6 +358,31 @@ class Client {
       owners.clear();  // those not pushed (an error): released_ drops them
     }
     CheckNoting(pushed);
+  }
+
+  // The same-host route's places of `tensors`' pulled weights: a
+  // RegionPlace each (None for a tensor with no elements), or [] where
+  // some tensor has none (OffloadClient::RegionPullBuffers). From now on
+  // a pull into these places copies nothing, and a pull into other
+  // buffers takes gRPC for their servers.
+  py::list RegionPullPlaces(const std::vector<int>& tensors) {
+    for (const int t : tensors) {
+      if (t < 0 || t >= static_cast<int>(specs_.size())) {
+        throw py::index_error(absl::StrCat("tensor index ", t, " is outside the ", specs_.size(),
+                                           "-tensor manifest"));
+      }
+    }
+    std::shared_ptr<const void> keeper;
+    const std::vector<absl::Span<std::byte>> places = active().RegionPullBuffers(tensors, &keeper);
+    py::list out;
+    for (const absl::Span<std::byte> place : places) {
+      if (place.empty()) {
+        out.append(py::none());
+      } else {
+        out.append(py::cast(RegionPlace{place, keeper}));
+      }
+    }
+    return out;
   }
 
   // The step's learning rate of every parameter group (zo.client_lr).
@@ -614,6 +647,7 @@ PYBIND11_MODULE(_native, m) {
   using zo::python::Client;
   using zo::python::EmbeddedServer;
   using zo::python::ManifestEntry;
+  using zo::python::RegionPlace;
   m.doc() = "zo's offload client and embedded server (use zo.torch)";
   m.def("config_warnings", &zo::python::ConfigWarnings, py::arg("config_json"),
         py::arg("dp_world_size") = 1);
@@ -623,6 +657,12 @@ PYBIND11_MODULE(_native, m) {
       .def(py::init<const std::string&, int>(), py::arg("checkpoint_dir") = "",
            py::arg("threads") = 0)
       .def("shutdown", &EmbeddedServer::Shutdown, py::call_guard<py::gil_scoped_release>());
+  py::class_<RegionPlace>(m, "RegionPlace", py::buffer_protocol())
+      .def_buffer([](RegionPlace& p) {
+        return py::buffer_info(p.bytes.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(p.bytes.size())}, {1});
+      })
+      .def("__len__", [](const RegionPlace& p) { return p.bytes.size(); });
   py::class_<Client>(m, "Client")
       .def(py::init<const std::string&, const std::vector<ManifestEntry>&,
                     const std::vector<std::string>&, EmbeddedServer*, const std::string&, int, int,
@@ -642,6 +682,7 @@ PYBIND11_MODULE(_native, m) {
       .def("push_converted", &Client::PushConverted, py::arg("step"), py::arg("tensor"),
            py::arg("values"))
       .def("set_step_lr", &Client::SetStepLr, py::arg("step"), py::arg("group_lr"))
+      .def("region_pull_places", &Client::RegionPullPlaces, py::arg("tensors"))
       .def("finish_step", &Client::FinishStep)
       .def("pull_for_step", &Client::PullForStep)
       .def_property_readonly("last_pulled_version", &Client::LastPulledVersion)

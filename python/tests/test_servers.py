@@ -289,3 +289,60 @@ def test_a_fresh_run_never_lands_on_another_runs_job():
         zero.close()
         named.close()
         first.close()
+
+
+@pytest.mark.parametrize("job,model,dpu", [("fp32", torch.float32, False),
+                                           ("bf16", torch.float32, False),
+                                           ("bf16", torch.bfloat16, False),
+                                           ("bf16", torch.bfloat16, True)],
+                         ids=["fp32", "bf16_over_fp32", "bf16", "bf16_dpu"])
+def test_a_cpu_model_moves_into_the_region_and_trains_as_with_an_embedded_server(job, model, dpu):
+    # On the same-host route the parameters of the job's dtype move, once,
+    # into the shared region the server writes pulled weights to (an fp32
+    # model's bf16 staging buffers are made there); every pull after that
+    # writes them in place. The weights must be those of the embedded run,
+    # bit for bit, and stay readable after the server and client are gone.
+    embedded, initial = reference_and_model()
+    embedded.to(model)
+    initial.to(model)
+    same_host = copy.deepcopy(embedded)
+    cfg = config(dpu)
+    if job == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    opt = zo.torch.OffloadOptimizer(embedded.named_parameters(), config=cfg)
+    train(opt, embedded, 10)
+    opt.close()
+    before = [p.data_ptr() for p in same_host.parameters()]
+    with zo_servers(1) as (address,):
+        opt = zo.torch.OffloadOptimizer(same_host.named_parameters(), config=cfg,
+                                        servers=[address], job="region")
+        moved = [p.data_ptr() for p in same_host.parameters()]
+        if model == torch.float32 and job != "fp32":
+            assert moved == before, "an fp32 parameter of a bf16 job moved"
+        else:
+            assert all(a != b for a, b in zip(before, moved)), "the parameters stayed put"
+        train(opt, same_host, 10)
+        assert [p.data_ptr() for p in same_host.parameters()] == moved, \
+            "a pull wrote the weights somewhere else"
+        opt.close()
+    for (name, a), b in zip(embedded.named_parameters(), same_host.parameters()):
+        assert torch.equal(a.detach(), b.detach()), name
+    assert any(not torch.equal(a.detach(), b.detach())
+               for a, b in zip(embedded.parameters(), initial.parameters())), "nothing trained"
+
+
+def test_a_parameter_viewing_a_larger_buffer_stays_in_it():
+    # A script that keeps its weights in one flat buffer reads them there:
+    # such a parameter is not moved into the region, and its pulls copy.
+    flat = torch.zeros(300)
+    weight = torch.nn.Parameter(flat[:200].view(20, 10))
+    bias = torch.nn.Parameter(torch.zeros(20))
+    weight.grad, bias.grad = torch.ones(20, 10), torch.ones(20)
+    with zo_servers(1) as (address,):
+        opt = zo.torch.OffloadOptimizer([("weight", weight), ("bias", bias)], config=config(),
+                                        servers=[address], job="views")
+        at = weight.data_ptr()
+        opt.step()
+        assert weight.data_ptr() == at == flat.data_ptr()
+        assert torch.equal(flat[:200], weight.detach().flatten()) and flat[0] != 0
+        opt.close()

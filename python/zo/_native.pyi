@@ -31,6 +31,13 @@ class EmbeddedServer:
     def shutdown(self) -> None:
         """Stops the server (waits up to a second for calls in flight)."""
 
+class RegionPlace:
+    """A place in a same-host route's shared region (Client.region_pull_places):
+    its bytes as a writable buffer (torch.frombuffer), which keeps the region
+    mapped while it lives, even after its client closed."""
+
+    def __len__(self) -> int: ...
+
 class _JobStatus(TypedDict):
     """What Client.job_status() returns (a plain dict; for type checkers only)."""
 
@@ -101,6 +108,11 @@ class Client:
     def set_step_lr(self, step: int, group_lr: Sequence[float]) -> None:
         """With zo.client_lr: every parameter group's learning rate for the
         step, sent to the lead before the step's first push."""
+    def region_pull_places(self, tensors: Sequence[int]) -> list[RegionPlace | None]:
+        """On the same-host route: where the server writes each tensor's
+        pulled weights (None for a tensor with no elements), or [] where some
+        tensor has no such place. From then on a pull into these places
+        copies nothing, and a pull into other buffers takes gRPC."""
     def finish_step(self, step: int, /) -> None:
         """Waits until every gradient of the step is acknowledged."""
     def pull_for_step(

@@ -20,6 +20,13 @@ def _raw(t):
     return t.numpy()
 
 
+def _owns_its_storage(t):
+    """Whether `t` is the whole of its storage (not a view of a larger
+    buffer that something else may read), so its memory may move."""
+    storage = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
+    return t.storage_offset() == 0 and storage.nbytes() == t.numel() * t.element_size()
+
+
 def _default_job_name(dp_world_size):
     """A job name of this run's own: a fresh run never lands on another's job.
     dp ranks in separate processes must agree, so theirs comes from the

@@ -14,7 +14,7 @@ from zo._torch_compensation import DelayedStepCompensation
 from zo._torch_config import _JOB_DTYPES, _job_dtype, _load_config, _optimizer_defaults
 from zo._torch_device_copies import GradientDownloads, WeightUploads
 from zo._torch_groups import _lr_value, _named_groups
-from zo._torch_job import _default_job_name, _fingerprint, _raw
+from zo._torch_job import _default_job_name, _fingerprint, _owns_its_storage, _raw
 
 
 class OffloadOptimizer(torch.optim.Optimizer):
@@ -168,6 +168,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 "engine.load_checkpoint), or give another job= name (the default is a new one "
                 "per run)")
         self._step = version
+        if not compensated:
+            self._move_into_region()
         if self._not_resumed is None:
             self._load(self._step + 1)
         self._shown_lr = None
@@ -180,6 +182,31 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 "servers shard them); give every parameter group to the constructor, or open a "
                 "new optimizer (another job= name) for the larger model")
         super().add_param_group(param_group)
+
+    def _move_into_region(self):
+        """On the same-host route, a CPU model's weights in the job's dtype
+        move into the shared region where its server writes pulled weights
+        (p.data replaced, once, here), and an fp32 model's staging buffers
+        are made there: each pull then writes them in place, with no copy
+        out of the region. Only where every parameter can (one server per
+        tensor, all on the CPU): a pull into other buffers would take gRPC.
+        A parameter that is a view of a larger storage (a flat buffer the
+        script keeps) stays where it is."""
+        if not all(p.is_cpu for p in self._params):
+            return
+        places = self._client.region_pull_places(self._all)
+        if not places:
+            return
+        with torch.no_grad():
+            for i, (p, place) in enumerate(zip(self._params, places)):
+                if place is None:  # no elements
+                    continue
+                there = torch.frombuffer(place, dtype=self._dtype).view(p.shape)
+                if self._staging[i] is not None:
+                    self._staging[i] = there
+                elif _owns_its_storage(p):  # else a view of more: its pulls copy
+                    there.copy_(p.data)
+                    p.data = there
 
     def _direct(self, p):
         return p.device.type == "cpu" and p.dtype == self._dtype and p.is_contiguous()

@@ -358,6 +358,38 @@ TEST(SharedMemoryPullBuffersTest, APrefetchWrittenAheadOfASkippedStepHoldsTheVer
   PrefetchAcrossASkippedStep(*client, lent[0]);
 }
 
+// With a keeper, the lent buffers stay mapped, holding the last pull, after
+// the client (which made the region) is gone: zo.torch's parameters live
+// there.
+TEST(SharedMemoryPullBuffersTest, AKeeperKeepsTheLentBuffersAfterTheClientCloses) {
+  std::vector<ServerProcess> servers = StartServers(1);
+  ASSERT_EQ(servers.size(), 1u);
+  ClientOptions options;
+  options.servers = Addresses(servers);
+  options.job = "kept";
+  options.shared_memory = true;
+  const std::vector<TensorSpec> manifest = {
+      {.name = "a", .shape = {3000}, .dtype = DType::kBFloat16}};
+  ZO_ASSERT_OK_AND_ASSIGN(auto client, OffloadClient::Open(options, kLentConfig, manifest));
+  std::shared_ptr<const void> keeper;
+  const std::vector<absl::Span<std::byte>> lent =
+      client->RegionPullBuffers(std::vector<int>{0}, &keeper);
+  ASSERT_EQ(lent.size(), 1u);
+  ASSERT_NE(keeper, nullptr);
+  std::vector<float> init(3000);
+  std::vector<uint16_t> w(init.size());
+  for (size_t i = 0; i < w.size(); ++i) {
+    init[i] = static_cast<float>(i % 11) - 5;  // exact in bf16
+    w[i] = FloatToBf16Bits(init[i]);
+  }
+  ASSERT_THAT(client->InitParams(0, init), IsOk());
+  ASSERT_THAT(client->Pull(0, -1, std::vector<int>{0}, lent).status(), IsOk());
+  client.reset();
+  ASSERT_EQ(lent[0].size(), w.size() * 2);
+  EXPECT_EQ(std::memcmp(lent[0].data(), w.data(), lent[0].size()), 0);
+  lent[0][0] = std::byte{1};  // still writable memory of this process
+}
+
 // Two servers stripe the chunks: a tensor lent must lie whole on one.
 TEST(SharedMemoryPullBuffersTest, OnlyTensorsWholeOnOneServerAreLent) {
   std::vector<ServerProcess> servers = StartServers(2);

@@ -276,9 +276,12 @@ class OffloadClient {
   // PullForStep as dst: a pull into them copies nothing more. Empty when
   // some tensor has no such place (gRPC or the in-process route carries its
   // server's weights, or several servers hold parts of it). Valid while the
-  // client lives; they change only with pulls into them: from now on a
-  // pull into other buffers takes gRPC for their servers.
-  std::vector<absl::Span<std::byte>> RegionPullBuffers(absl::Span<const int> tensors);
+  // client lives, or with `keeper` while *keeper does (it keeps their
+  // regions mapped, so a caller's tensors may live there: zo.torch's
+  // parameters); they change only with pulls into them: from now on a pull
+  // into other buffers takes gRPC for their servers.
+  std::vector<absl::Span<std::byte>> RegionPullBuffers(
+      absl::Span<const int> tensors, std::shared_ptr<const void>* keeper = nullptr);
   // The other direction: one buffer per tensor of `tensors`, where its
   // server reads the tensor's gradient of step `step` (its place in the
   // step's gradient area of the shared region; for an embedded server on

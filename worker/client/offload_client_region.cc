@@ -140,7 +140,8 @@ bool OffloadClient::Impl::PullsIntoRegionPlaces(
   return true;
 }
 
-std::vector<absl::Span<std::byte>> OffloadClient::RegionPullBuffers(absl::Span<const int> tensors) {
+std::vector<absl::Span<std::byte>> OffloadClient::RegionPullBuffers(
+    absl::Span<const int> tensors, std::shared_ptr<const void>* keeper) {
   Impl& impl = *impl_;
   std::vector<absl::Span<std::byte>> buffers;
   std::vector<int> servers;
@@ -155,7 +156,12 @@ std::vector<absl::Span<std::byte>> OffloadClient::RegionPullBuffers(absl::Span<c
     buffers.push_back(place->second);
     servers.push_back(place->first);
   }
-  for (int s : servers) impl.region_lent[s] = true;
+  auto mapped = std::make_shared<std::vector<std::shared_ptr<const WorkerRegion>>>();
+  for (int s : servers) {
+    impl.region_lent[s] = true;
+    mapped->push_back(impl.regions[s]);
+  }
+  if (keeper != nullptr) *keeper = std::move(mapped);
   return buffers;
 }
 

@@ -190,7 +190,9 @@ struct OffloadClient::Impl {
   // The same-host route, per server: this worker's region and its id on
   // that server (0: gRPC carries the data). Set at Open (and again after a
   // rollback); an id drops to 0 when the server no longer knows it.
-  std::vector<std::unique_ptr<client_internal::WorkerRegion>> regions;
+  // Shared: RegionPullBuffers' `keeper` may keep a region mapped after
+  // the client is gone.
+  std::vector<std::shared_ptr<client_internal::WorkerRegion>> regions;
   std::unique_ptr<std::atomic<uint64_t>[]> region_ids;
   // Per server: it takes GradientPiece.more_ranges (AttachRegionResponse).
   std::unique_ptr<std::atomic<bool>[]> region_batches;
