@@ -342,17 +342,22 @@ TEST(SharedMemoryPullBuffersTest, LargeTensorsCopiedPastTheCacheAreTheGrpcRoutes
   EXPECT_TRUE(in_region == pulled[0].back()) << "copied out of the region, version 3 changed";
 }
 
+// A client of job `job` on `servers` that takes the same-host route.
+ClientOptions SharedMemoryOptions(const std::vector<ServerProcess>& servers, std::string job) {
+  ClientOptions options;
+  options.servers = Addresses(servers);
+  options.job = std::move(job);
+  options.shared_memory = true;
+  return options;
+}
+
 // A prefetch into the region written ahead by a speculation of a step then
 // skipped holds the version when it returns (tests/server/skipped_prefetch.h).
 TEST(SharedMemoryPullBuffersTest, APrefetchWrittenAheadOfASkippedStepHoldsTheVersion) {
   std::vector<ServerProcess> servers = StartServers(1);
   ASSERT_EQ(servers.size(), 1u);
-  ClientOptions options;
-  options.servers = Addresses(servers);
-  options.job = "skipped";
-  options.shared_memory = true;
-  ZO_ASSERT_OK_AND_ASSIGN(auto client,
-                          OffloadClient::Open(options, kSkippedConfig, kSkippedManifest));
+  ZO_ASSERT_OK_AND_ASSIGN(auto client, OffloadClient::Open(SharedMemoryOptions(servers, "skipped"),
+                                                           kSkippedConfig, kSkippedManifest));
   const std::vector<absl::Span<std::byte>> lent = client->RegionPullBuffers(std::vector<int>{0});
   ASSERT_EQ(lent.size(), 1u);
   PrefetchAcrossASkippedStep(*client, lent[0]);
@@ -364,13 +369,10 @@ TEST(SharedMemoryPullBuffersTest, APrefetchWrittenAheadOfASkippedStepHoldsTheVer
 TEST(SharedMemoryPullBuffersTest, AKeeperKeepsTheLentBuffersAfterTheClientCloses) {
   std::vector<ServerProcess> servers = StartServers(1);
   ASSERT_EQ(servers.size(), 1u);
-  ClientOptions options;
-  options.servers = Addresses(servers);
-  options.job = "kept";
-  options.shared_memory = true;
   const std::vector<TensorSpec> manifest = {
       {.name = "a", .shape = {3000}, .dtype = DType::kBFloat16}};
-  ZO_ASSERT_OK_AND_ASSIGN(auto client, OffloadClient::Open(options, kLentConfig, manifest));
+  ZO_ASSERT_OK_AND_ASSIGN(auto client, OffloadClient::Open(SharedMemoryOptions(servers, "kept"),
+                                                           kLentConfig, manifest));
   std::shared_ptr<const void> keeper;
   const std::vector<absl::Span<std::byte>> lent =
       client->RegionPullBuffers(std::vector<int>{0}, &keeper);
