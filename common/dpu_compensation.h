@@ -13,7 +13,10 @@
 // Adam's count after step s-2; exact but for eps); its gradient part is
 // g times C = multiplier lr_{s-1} (1 - beta1) / (c1(n+1) (sqrt(mean v /
 // c2(n+1)) + eps)), v's mean over the tensor after step s-2 and the
-// multiplier the lead decided for step s-1 (clip / (dp x loss scale)).
+// multiplier the lead decided for step s-1 (clip / (dp x loss scale)) times
+// dp: with several dp ranks each worker adds its own rank's gradient, which
+// stands for the mean of theirs (its weights then differ from the other
+// ranks' for that one step; the versions stay common).
 // A skipped step s-1 gives A 1, B and C 0: w_{s-2} is w_{s-1}.
 //
 // Each server sends, per tensor it holds a part of, the terms below; the

@@ -43,7 +43,9 @@ class CompensationRecord {
   explicit CompensationRecord(std::vector<Part> parts);
 
   // ---- the step thread
-  // Step `step` was decided: `group_lr` one per group; `applied_steps`
+  // Step `step` was decided: `grad_multiplier` is what one rank's
+  // gradient is multiplied by (the step's, times the dp ranks: a worker
+  // compensates with its own); `group_lr` one per group; `applied_steps`
   // counts it when it is applied (StepCommit's).
   void Decided(int64_t step, bool skipped, double grad_multiplier, int64_t applied_steps,
                std::vector<double> group_lr);

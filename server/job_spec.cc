@@ -102,12 +102,6 @@ absl::StatusOr<JobSpec> JobSpecFromRequest(const v1::OpenJobRequest& request) {
   // (zo.torch, tests) pushes once per step, which is "device".
   GradientAccumulation& policy = spec.config.zo.gradient_accumulation;
   if (policy == GradientAccumulation::kAuto) policy = GradientAccumulation::kDevice;
-  if (spec.config.zo.dpu.compensation != DpuCompensation::kNone && spec.dp_world_size > 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config_json: zo.dpu.compensation \"",
-        std::string(EnumName(spec.config.zo.dpu.compensation)), "\" needs dp_world_size 1 (it is ",
-        spec.dp_world_size, "): a worker holds only its own rank's gradient, not the step's"));
-  }
   const OptimizerType opt = spec.config.optimizer.type;
   if (opt != OptimizerType::kAdam && opt != OptimizerType::kAdamW) {
     return absl::UnimplementedError(

@@ -106,9 +106,12 @@ void Job::RunStep(const JobPosition::Work& work) {
   if (!decided.has_value() || !position_.BeginApplying(generation)) return;
   const v1::StepCommit& commit = *decided;
   if (compensation_ != nullptr) {
+    // A worker adds its own rank's gradient, which stands for the mean of
+    // the ranks' that the step sums: the multiplier of one rank's is dp
+    // times the step's.
     const StepInputs inputs = InputsOf(commit);
-    compensation_->Decided(step, commit.skip(), inputs.grad_multiplier, inputs.applied_steps,
-                           GroupLrOf(inputs));
+    compensation_->Decided(step, commit.skip(), inputs.grad_multiplier * spec_.dp_world_size,
+                           inputs.applied_steps, GroupLrOf(inputs));
   }
 
   const absl::Time update_start = absl::Now();

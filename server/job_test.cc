@@ -570,12 +570,37 @@ TEST_F(JobTest, DpuCompensationTermsFollowTheStepsAndV) {
               testing::StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
 }
 
-TEST_F(JobTest, DpuCompensationIsRefusedWithManyRanksAndAbsentWithout) {
-  EXPECT_THAT(
-      TryOpen(R"("zo": {"dpu": {"enabled": true, "compensation": "worker"}})", v1::DTYPE_FP32, 2)
-          .status(),
-      testing::StatusIs(absl::StatusCode::kInvalidArgument,
-                        ::testing::HasSubstr("needs dp_world_size 1")));
+// With two dp ranks the step sums both ranks' gradients at half the
+// multiplier; a worker compensates with its own rank's, which stands for
+// their mean: its gain is the one-rank job's (multiplier 1), not half.
+TEST_F(JobTest, DpuCompensationWithManyRanksScalesOneRanksGradientToTheMean) {
+  std::unique_ptr<Job> job = Open(
+      R"("optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.1}},
+         "zo": {"chunk_elems": 64, "dpu": {"enabled": true, "warmup_steps": 0,
+                                           "compensation": "worker"}})",
+      v1::DTYPE_FP32, 2);
+  ASSERT_NE(job, nullptr);
+  for (int64_t step = 1; step <= 3; ++step) {
+    const float g = 0.25f * static_cast<float>(step);
+    ASSERT_THAT(Push(*job, step, g, 0), IsOk());
+    ASSERT_THAT(Push(*job, step, g, 1), IsOk());
+    ZO_ASSERT_OK_AND_ASSIGN(const v1::StepCompensation got,
+                            job->StepCompensation(step, absl::InfiniteFuture()));
+    ASSERT_EQ(got.tensors_size(), 2);
+    CompensationHyperParams hp;
+    hp.weight_decay = 0.1;
+    CompensatedStep s;
+    s.grad_multiplier = 1;
+    s.lr = 0.01;
+    s.applied_before = step - 1;
+    if (step > 1) s.previous_lr = 0.01;
+    EXPECT_EQ(CompensationTermsFromProto(got.tensors(0)).gain, TermsFor(hp, s, 0, kElems, 0).gain)
+        << "step " << step;
+    ASSERT_THAT(WaitForVersion(*job, step), IsOk());
+  }
+}
+
+TEST_F(JobTest, DpuCompensationIsAbsentWithoutItsSetting) {
   EXPECT_THAT(TryOpen(R"("zo": {"dpu": {"compensation": "worker"}})").status(),
               testing::StatusIs(absl::StatusCode::kInvalidArgument,
                                 ::testing::HasSubstr("needs zo.dpu.enabled true")));
