@@ -528,6 +528,18 @@ TEST_F(JobTest, AnAppliedStepInBetweenStartsTheCountAgain) {
 namespace zo {
 namespace {
 
+// The compensated jobs below: AdamW, lr 0.01, weight decay 0.1, no
+// clipping, loss scale 1, every step applied.
+const CompensationHyperParams kCompensatedHp = {.weight_decay = 0.1};
+CompensatedStep CompensatedStepOf(int64_t step) {
+  CompensatedStep s;
+  s.grad_multiplier = 1;
+  s.lr = 0.01;
+  s.applied_before = step - 1;
+  if (step > 1) s.previous_lr = 0.01;
+  return s;
+}
+
 // zo.dpu.compensation "worker": each decided step's terms carry the
 // decision and v summed over the update before it, as a double-precision
 // Adam of the same gradients gives them.
@@ -549,15 +561,9 @@ TEST_F(JobTest, DpuCompensationTermsFollowTheStepsAndV) {
       EXPECT_EQ(t.tensor(), 0);
       parts.push_back(CompensationTermsFromProto(t));
     }
-    CompensationHyperParams hp;
-    hp.weight_decay = 0.1;
-    CompensatedStep s;
-    s.grad_multiplier = 1;
-    s.lr = 0.01;
-    s.applied_before = step - 1;
-    if (step > 1) s.previous_lr = 0.01;
     // Step 1 follows no update: no v is known yet.
-    const CompensationTerms want = TermsFor(hp, s, 0, step == 1 ? 0 : kElems, 0);
+    const CompensationTerms want =
+        TermsFor(kCompensatedHp, CompensatedStepOf(step), 0, step == 1 ? 0 : kElems, 0);
     EXPECT_EQ(parts[0].elems + parts[1].elems, want.elems) << "step " << step;
     EXPECT_NEAR(parts[0].v_sum + parts[1].v_sum, kElems * v, 1e-6 * kElems * v) << "step " << step;
     EXPECT_EQ(parts[0].keep, want.keep);
@@ -587,14 +593,8 @@ TEST_F(JobTest, DpuCompensationWithManyRanksScalesOneRanksGradientToTheMean) {
     ZO_ASSERT_OK_AND_ASSIGN(const v1::StepCompensation got,
                             job->StepCompensation(step, absl::InfiniteFuture()));
     ASSERT_EQ(got.tensors_size(), 2);
-    CompensationHyperParams hp;
-    hp.weight_decay = 0.1;
-    CompensatedStep s;
-    s.grad_multiplier = 1;
-    s.lr = 0.01;
-    s.applied_before = step - 1;
-    if (step > 1) s.previous_lr = 0.01;
-    EXPECT_EQ(CompensationTermsFromProto(got.tensors(0)).gain, TermsFor(hp, s, 0, kElems, 0).gain)
+    EXPECT_EQ(CompensationTermsFromProto(got.tensors(0)).gain,
+              TermsFor(kCompensatedHp, CompensatedStepOf(step), 0, kElems, 0).gain)
         << "step " << step;
     ASSERT_THAT(WaitForVersion(*job, step), IsOk());
   }
