@@ -260,10 +260,7 @@ class Client {
   // one pass over the values and no staging tensor. The values are not
   // read once this returns.
   void PushConverted(int64_t step, int tensor, const py::buffer& values) {
-    if (tensor < 0 || tensor >= static_cast<int>(specs_.size())) {
-      throw py::index_error(absl::StrCat("tensor index ", tensor, " is outside the ", specs_.size(),
-                                         "-tensor manifest"));
-    }
+    CheckTensorIndex(tensor);
     const py::buffer_info info = values.request();
     if (info.itemsize != 4 || info.format != py::format_descriptor<float>::format()) {
       throw py::value_error("push_converted takes float32 values");
@@ -298,10 +295,7 @@ class Client {
     checked.reserve(tensors.size());
     for (size_t i = 0; i < tensors.size(); ++i) {
       const int tensor = tensors[i];
-      if (tensor < 0 || tensor >= static_cast<int>(specs_.size())) {
-        throw py::index_error(absl::StrCat("tensor index ", tensor, " is outside the ",
-                                           specs_.size(), "-tensor manifest"));
-      }
+      CheckTensorIndex(tensor);
       const TensorSpec& spec = specs_[static_cast<size_t>(tensor)];
       const py::handle g = gradients[i];
       const std::string what =
@@ -366,12 +360,7 @@ class Client {
   // a pull into these places copies nothing, and a pull into other
   // buffers takes gRPC for their servers.
   py::list RegionPullPlaces(const std::vector<int>& tensors) {
-    for (const int t : tensors) {
-      if (t < 0 || t >= static_cast<int>(specs_.size())) {
-        throw py::index_error(absl::StrCat("tensor index ", t, " is outside the ", specs_.size(),
-                                           "-tensor manifest"));
-      }
-    }
+    for (const int t : tensors) CheckTensorIndex(t);
     std::shared_ptr<const void> keeper;
     const std::vector<absl::Span<std::byte>> places = active().RegionPullBuffers(tensors, &keeper);
     py::list out;
@@ -592,6 +581,14 @@ class Client {
       kept = std::make_shared<std::vector<std::byte>>(static_cast<size_t>(n) * DTypeSize(dtype));
     }
     return kept;
+  }
+
+  // IndexError for an index outside the manifest.
+  void CheckTensorIndex(int tensor) const {
+    if (tensor < 0 || tensor >= static_cast<int>(specs_.size())) {
+      throw py::index_error(absl::StrCat("tensor index ", tensor, " is outside the ", specs_.size(),
+                                         "-tensor manifest"));
+    }
   }
 
   // Check, remembering a "the job moved" answer for follow().
