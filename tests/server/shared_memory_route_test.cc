@@ -392,6 +392,33 @@ TEST(SharedMemoryPullBuffersTest, AKeeperKeepsTheLentBuffersAfterTheClientCloses
   lent[0][0] = std::byte{1};  // still writable memory of this process
 }
 
+// The same for the gradients' places: with a keeper, the places PushBuffers
+// lends stay mapped, holding what was pushed from them, once the client is
+// gone (zo.torch's engine keeps its .grad there).
+TEST(SharedMemoryPushBuffersTest, AKeeperKeepsTheLentPlacesAfterTheClientCloses) {
+  std::vector<ServerProcess> servers = StartServers(1);
+  ASSERT_EQ(servers.size(), 1u);
+  const std::vector<TensorSpec> manifest = {
+      {.name = "a", .shape = {3000}, .dtype = DType::kBFloat16}};
+  ZO_ASSERT_OK_AND_ASSIGN(auto client, OffloadClient::Open(SharedMemoryOptions(servers, "kept"),
+                                                           kLentConfig, manifest));
+  std::shared_ptr<const void> keeper;
+  ZO_ASSERT_OK_AND_ASSIGN(const std::vector<absl::Span<std::byte>> lent,
+                          client->PushBuffers(1, std::vector<int>{0}, &keeper));
+  ASSERT_EQ(lent.size(), 1u);
+  ASSERT_NE(keeper, nullptr);
+  std::vector<uint16_t> g(3000);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = FloatToBf16Bits(static_cast<float>(i % 7) - 3);
+  ASSERT_EQ(lent[0].size(), g.size() * 2);
+  std::memcpy(lent[0].data(), g.data(), lent[0].size());
+  ASSERT_THAT(client->PushShared(1, 0, std::make_shared<int>(0), lent[0]), IsOk());
+  ASSERT_THAT(client->FinishStep(1), IsOk());
+  EXPECT_EQ(client->traffic().pushed_in_place_bytes, static_cast<int64_t>(lent[0].size()));
+  client.reset();
+  EXPECT_EQ(std::memcmp(lent[0].data(), g.data(), lent[0].size()), 0);
+  lent[0][0] = std::byte{1};  // still writable memory of this process
+}
+
 // Two servers stripe the chunks: a tensor lent must lie whole on one.
 TEST(SharedMemoryPullBuffersTest, OnlyTensorsWholeOnOneServerAreLent) {
   std::vector<ServerProcess> servers = StartServers(2);

@@ -298,9 +298,13 @@ class OffloadClient {
   // these tensors in that step from other bytes takes gRPC on the
   // same-host route (nothing else writes the lent bytes there).
   // FAILED_PRECONDITION while places in a region lent for step - 2 or
-  // earlier are not finished, or at the deadline of that wait.
-  absl::StatusOr<std::vector<absl::Span<std::byte>>> PushBuffers(int64_t step,
-                                                                 absl::Span<const int> tensors);
+  // earlier are not finished, or at the deadline of that wait. With
+  // `keeper`, only places in shared regions are lent (empty where some
+  // tensor's would be an embedded server's buffer), and *keeper keeps their
+  // regions mapped as RegionPullBuffers' does: zo.torch's engine keeps its
+  // parameters' .grad there.
+  absl::StatusOr<std::vector<absl::Span<std::byte>>> PushBuffers(
+      int64_t step, absl::Span<const int> tensors, std::shared_ptr<const void>* keeper = nullptr);
 
   // Per server, the route its gradients and weights take: "in_process",
   // "shared_memory" or "grpc".

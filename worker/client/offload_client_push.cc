@@ -300,7 +300,7 @@ absl::StatusOr<absl::Span<std::byte>> OffloadClient::Impl::LocalGradientPlace(in
 }
 
 absl::StatusOr<std::vector<absl::Span<std::byte>>> OffloadClient::PushBuffers(
-    int64_t step, absl::Span<const int> tensors) {
+    int64_t step, absl::Span<const int> tensors, std::shared_ptr<const void>* keeper) {
   Impl& impl = *impl_;
   ZO_RETURN_IF_ERROR(impl.CheckState());
   if (step < 1) {
@@ -312,6 +312,13 @@ absl::StatusOr<std::vector<absl::Span<std::byte>>> OffloadClient::PushBuffers(
   // another: each copy waits there for the server to have summed the one
   // before, which a buffer written before its push could not.
   if (PushesPerRank(impl.config) > 1) return std::vector<absl::Span<std::byte>>();
+  if (keeper != nullptr) {
+    for (int t : tensors) {
+      if (impl.map.TensorRange(t).size() > 0 && !impl.RegionRunOf(t).has_value()) {
+        return std::vector<absl::Span<std::byte>>();
+      }
+    }
+  }
   std::vector<absl::Span<std::byte>> buffers;
   std::set<int> region_servers;
   for (int t : tensors) {
@@ -346,6 +353,12 @@ absl::StatusOr<std::vector<absl::Span<std::byte>>> OffloadClient::PushBuffers(
     // before its copy, this waits for before lending them.
     ZO_RETURN_IF_ERROR(
         impl.AwaitOlderRegionCalls(step, region_servers, absl::Now() + impl.call_timeout()));
+  }
+  if (keeper != nullptr) {
+    auto mapped =
+        std::make_shared<std::vector<std::shared_ptr<const client_internal::WorkerRegion>>>();
+    for (int s : region_servers) mapped->push_back(impl.regions[s]);
+    *keeper = std::move(mapped);
   }
   std::lock_guard lock(impl.mu);
   for (size_t i = 0; i < tensors.size(); ++i) {
