@@ -136,9 +136,9 @@ class EmbeddedServer {
 // (name, shape, dtype name) per tensor, in the job's order.
 using ManifestEntry = std::tuple<std::string, std::vector<int64_t>, std::string>;
 
-// A place in a same-host route's shared region (Client.region_pull_places):
-// its bytes as a writable Python buffer, which keeps the region mapped
-// while it lives, even after its client closed.
+// A place in a same-host route's shared region (Client.region_pull_places,
+// region_push_places): its bytes as a writable Python buffer, which keeps
+// the region mapped while it lives, even after its client closed.
 struct RegionPlace {
   absl::Span<std::byte> bytes;
   std::shared_ptr<const void> keeper;
@@ -365,6 +365,31 @@ class Client {
     const std::vector<absl::Span<std::byte>> places = active().RegionPullBuffers(tensors, &keeper);
     py::list out;
     for (const absl::Span<std::byte> place : places) {
+      if (place.empty()) {
+        out.append(py::none());
+      } else {
+        out.append(py::cast(RegionPlace{place, keeper}));
+      }
+    }
+    return out;
+  }
+
+  // The same-host route's places of `tensors`' gradients for `step` (in the
+  // step's gradient area of the shared region), as region_pull_places gives
+  // the weights': lent until finish_step(step), so that a push of a tensor
+  // from its place copies nothing, and one from other bytes takes gRPC. []
+  // where some tensor has none (OffloadClient::PushBuffers with a keeper).
+  py::list RegionPushPlaces(int64_t step, const std::vector<int>& tensors) {
+    for (const int t : tensors) CheckTensorIndex(t);
+    std::shared_ptr<const void> keeper;
+    absl::StatusOr<std::vector<absl::Span<std::byte>>> places;
+    {
+      py::gil_scoped_release release;
+      places = active().PushBuffers(step, tensors, &keeper);
+    }
+    CheckNoting(places.status());
+    py::list out;
+    for (const absl::Span<std::byte> place : *places) {
       if (place.empty()) {
         out.append(py::none());
       } else {
@@ -680,6 +705,7 @@ PYBIND11_MODULE(_native, m) {
            py::arg("values"))
       .def("set_step_lr", &Client::SetStepLr, py::arg("step"), py::arg("group_lr"))
       .def("region_pull_places", &Client::RegionPullPlaces, py::arg("tensors"))
+      .def("region_push_places", &Client::RegionPushPlaces, py::arg("step"), py::arg("tensors"))
       .def("finish_step", &Client::FinishStep)
       .def("pull_for_step", &Client::PullForStep)
       .def_property_readonly("last_pulled_version", &Client::LastPulledVersion)

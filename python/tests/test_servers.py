@@ -17,6 +17,7 @@ import torch
 import zo.torch
 from dp_rank_worker import STEPS as DP_STEPS
 from dp_rank_worker import rank_batch
+from test_engine import ds_config
 from test_offload_optimizer import LR, assert_same_weights, batch, config, reference_and_model
 
 ZO_SERVER = os.environ.get("ZO_SERVER_PATH", "")
@@ -329,6 +330,89 @@ def test_a_cpu_model_moves_into_the_region_and_trains_as_with_an_embedded_server
         assert torch.equal(a.detach(), b.detach()), name
     assert any(not torch.equal(a.detach(), b.detach())
                for a, b in zip(embedded.parameters(), initial.parameters())), "nothing trained"
+
+
+@pytest.mark.parametrize("job,dpu", [("fp32", False), ("bf16", False), ("bf16", True)],
+                         ids=["fp32", "bf16", "bf16_dpu"])
+def test_the_engines_gradients_live_in_the_region_and_train_as_with_an_embedded_server(job, dpu):
+    # The engine keeps .grad between steps (zeroed, not freed). On the
+    # same-host route, with torch's post-accumulate hook, those buffers are
+    # the server's places in the region's two gradient areas, the next
+    # step's taken in turn after each step: backward sums two micro-batches
+    # there and no push copies them. The weights must be the embedded run's
+    # bit for bit, and the gradients stay readable once all is closed.
+    dtype = torch.float32 if job == "fp32" else torch.bfloat16
+    embedded, _ = reference_and_model()
+    embedded.to(dtype)
+    same_host = copy.deepcopy(embedded)
+    cfg = ds_config(2)
+    cfg["zo"] = {"dpu": {"enabled": dpu, "warmup_steps": 0}}
+    if job == "bf16":
+        cfg["bf16"] = {"enabled": True}
+
+    def train_engine(model, servers):
+        engine, opt, _, _ = zo.torch.initialize(model=model, config=cfg, servers=servers,
+                                                job="engine-grads")
+        places = []
+        for step in range(1, 8):
+            for m in range(2):
+                engine.backward(engine(batch(10 * step + m)))
+                engine.step()
+            assert all(not p.grad.any() for p in model.parameters()), f"step {step}"
+            places.append([p.grad.data_ptr() for p in model.parameters()])
+        return opt, places
+
+    opt, _ = train_engine(embedded, None)
+    assert opt._client.region_push_places(opt.global_steps + 1, [0]) == [], \
+        "the embedded server's own buffers were lent as region places"
+    opt.close()
+    with zo_servers(1) as (address,):
+        opt, places = train_engine(same_host, [address])
+        if opt._grads_in_region:
+            assert places[0] != places[1] and places[2:] == (places[:2] * 3)[:len(places) - 2], \
+                "the gradients did not take the two areas in turn"
+            weights = [p.data_ptr() for p in same_host.parameters()]
+            assert not set(weights) & set(places[0] + places[1])
+        else:  # torch < 2.1: the engine pushes .grad + the new part from a buffer
+            assert not hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
+            assert all(p == places[0] for p in places)
+        opt.close()
+    for (name, a), b in zip(embedded.named_parameters(), same_host.parameters()):
+        assert torch.equal(a.detach(), b.detach()), name
+        assert not b.grad.any(), name  # readable with the client and server gone
+
+
+def test_the_engine_back_at_a_checkpoint_retakes_its_steps_with_its_gradients_in_the_region(
+        tmp_path):
+    # Back at step 2 from step 5, the gradients placed for step 6 leave the
+    # region (the next step is 3, whose places are elsewhere) and are placed
+    # again after it; the steps taken again are those taken the first time.
+    model, _ = reference_and_model()
+    with zo_servers(1, "--checkpoint-dir", str(tmp_path / "server-ckpt")) as (address,):
+        engine, opt, _, _ = zo.torch.initialize(model=model, config=ds_config(1),
+                                                servers=[address], job="engine-back")
+
+        def train_engine(steps):
+            for _ in range(steps):
+                engine.backward(engine(batch(engine.global_steps + 1)))
+                engine.step()
+
+        train_engine(2)
+        engine.save_checkpoint(str(tmp_path / "engine"))
+        train_engine(3)
+        after = [p.detach().clone() for p in model.parameters()]
+        placed = {p.grad.data_ptr() for p in model.parameters()}
+        engine.load_checkpoint(str(tmp_path / "engine"))
+        assert engine.global_steps == 2
+        if opt._grads_in_region:
+            assert not placed & {p.grad.data_ptr() for p in model.parameters()}, \
+                "a gradient stayed in the place of a step not taken next"
+        train_engine(3)
+        for (name, p), a in zip(model.named_parameters(), after):
+            assert torch.equal(p.detach(), a), name
+        if opt._grads_in_region:
+            assert {p.grad.data_ptr() for p in model.parameters()} == placed
+        opt.close()
 
 
 def test_a_parameter_viewing_a_larger_buffer_stays_in_it():

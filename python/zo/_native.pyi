@@ -32,9 +32,10 @@ class EmbeddedServer:
         """Stops the server (waits up to a second for calls in flight)."""
 
 class RegionPlace:
-    """A place in a same-host route's shared region (Client.region_pull_places):
-    its bytes as a writable buffer (torch.frombuffer), which keeps the region
-    mapped while it lives, even after its client closed."""
+    """A place in a same-host route's shared region (Client.region_pull_places,
+    Client.region_push_places): its bytes as a writable buffer
+    (torch.frombuffer), which keeps the region mapped while it lives, even
+    after its client closed."""
 
     def __len__(self) -> int: ...
 
@@ -113,6 +114,12 @@ class Client:
         pulled weights (None for a tensor with no elements), or [] where some
         tensor has no such place. From then on a pull into these places
         copies nothing, and a pull into other buffers takes gRPC."""
+    def region_push_places(self, step: int, tensors: Sequence[int]) -> list[RegionPlace | None]:
+        """On the same-host route: where the server reads each tensor's
+        gradient of the step (None for a tensor with no elements), or []
+        where some tensor has no such place. Lent until finish_step(step): a
+        push from these places copies nothing, one from other bytes takes
+        gRPC. RuntimeError while the places of step - 2 are still lent."""
     def finish_step(self, step: int, /) -> None:
         """Waits until every gradient of the step is acknowledged."""
     def pull_for_step(

@@ -46,6 +46,8 @@ class OffloadEngine:
         # the buffers), so a step allocates nothing: with torch >= 2.1 a hook
         # after accumulation pushes .grad itself; before, a hook sees the new
         # part and pushes .grad + it, summed into a buffer kept per parameter.
+        # On the same-host route the kept .grad lie in the server's region
+        # (OffloadOptimizer._keep_grads_in_region): those pushes copy nothing.
         self._push_in_backward = False
         self._trained = {id(p) for p in optimizer._params}
         # Parameters left out of the job on purpose (model_parameters=) or frozen.
@@ -55,6 +57,7 @@ class OffloadEngine:
                 p.register_post_accumulate_grad_hook(self._accumulated_gradient_hook(i))
             else:
                 p.register_hook(self._final_gradient_hook(i, p))
+        optimizer._keep_grads_in_region()
 
     def _accumulated_gradient_hook(self, index):
         def hook(param):
@@ -124,12 +127,12 @@ class OffloadEngine:
     def step(self):
         if self._micro_steps > 0 and self.is_gradient_accumulation_boundary():
             self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=False)
+            self.optimizer._zero_grads_kept()
             if self._client_scheduler:
                 self.lr_scheduler.step()
 
     def zero_grad(self):
-        self.optimizer.zero_grad(set_to_none=False)
+        self.optimizer._zero_grads_kept()
 
     @property
     def global_steps(self):

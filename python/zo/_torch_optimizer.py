@@ -168,6 +168,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 "engine.load_checkpoint), or give another job= name (the default is a new one "
                 "per run)")
         self._step = version
+        self._moved_into_region = False
+        self._grads_in_region = False  # the engine's .grad in the region (_keep_grads_in_region)
+        self._grads_placed = False  # some .grad is a region place (_zero_grads_kept)
         if not compensated:
             self._move_into_region()
         if self._not_resumed is None:
@@ -207,6 +210,63 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 elif _owns_its_storage(p):  # else a view of more: its pulls copy
                     there.copy_(p.data)
                     p.data = there
+        self._moved_into_region = True
+
+    def _keep_grads_in_region(self):
+        """For the engine, whose gradients stay in .grad between steps (zeroed,
+        not freed) and are pushed from it by a hook after accumulation: where
+        the weights moved into the shared region and every parameter is of
+        the job's dtype, the gradients live in the region's gradient areas
+        too, so that backward sums them where the server reads them and no
+        push copies them. Needs torch's post-accumulate hook (2.1); before
+        it, the engine pushes .grad + the new part from a buffer."""
+        self._grads_in_region = (
+            self._moved_into_region
+            and all(p.dtype == self._dtype for p in self._params)
+            and hasattr(torch.Tensor, "register_post_accumulate_grad_hook"))
+
+    def _zero_grads_kept(self):
+        """zero_grad(set_to_none=False), as the engine calls it. With the
+        gradients in the region, each that exists moves, zeroed, to its place
+        for the next step instead (the region's two gradient areas alternate
+        by step, so that a server may still read the last step's); one with
+        none stays without."""
+        self._downloads.settle()
+        indices = [i for i, p in enumerate(self._params) if p.grad is not None]
+        places = []
+        if self._grads_in_region and indices:
+            try:
+                places = self._client.region_push_places(self._step + 1, indices)
+            except RuntimeError:
+                # A failed step's places still lent, or the job moved (the
+                # step finds out): the gradients stay out of the region.
+                places = []
+        if not places:
+            self._grads_out_of_region()
+            self.zero_grad(set_to_none=False)
+            return
+        with torch.no_grad():
+            for i, place in zip(indices, places):
+                p = self._params[i]
+                if place is None:  # no elements
+                    continue
+                grad = torch.frombuffer(place, dtype=self._dtype).view(p.shape)
+                grad.zero_()
+                p.grad = grad
+        self._grads_placed = True
+
+    def _grads_out_of_region(self):
+        """Gradients placed in the region for a step that will not be pushed
+        next (the job went back, or the next step's places were refused)
+        move to memory of their own, until _zero_grads_kept places them
+        again: a push copies them from there."""
+        if not self._grads_placed:
+            return
+        self._grads_placed = False
+        with torch.no_grad():
+            for p in self._params:
+                if p.grad is not None:
+                    p.grad = p.grad.clone()
 
     def _direct(self, p):
         return p.device.type == "cpu" and p.dtype == self._dtype and p.is_contiguous()
@@ -450,6 +510,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 warnings.warn(f"zo: the job moved back to version {version}: "
                               f"steps {version + 1}..{step - 1} are taken again", stacklevel=2)
                 self._step = version
+                self._grads_out_of_region()
                 if self._compensation is not None:
                     self._compensation.forget()
                 self._load(version + 1)
@@ -539,6 +600,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if not zo_state or "checkpoint" not in zo_state:
             raise ValueError("not a zo OffloadOptimizer state_dict (no 'zo' checkpoint entry)")
         self._step = self._client.restore(zo_state["checkpoint"])
+        self._grads_out_of_region()
         self._not_resumed = None  # rolled back: the weights are the checkpoint's
         self._lr_sent = None
         if self._compensation is not None:
