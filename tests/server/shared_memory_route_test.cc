@@ -363,60 +363,50 @@ TEST(SharedMemoryPullBuffersTest, APrefetchWrittenAheadOfASkippedStepHoldsTheVer
   PrefetchAcrossASkippedStep(*client, lent[0]);
 }
 
-// With a keeper, the lent buffers stay mapped, holding the last pull, after
-// the client (which made the region) is gone: zo.torch's parameters live
-// there.
-TEST(SharedMemoryPullBuffersTest, AKeeperKeepsTheLentBuffersAfterTheClientCloses) {
+// With a keeper, the buffers RegionPullBuffers and PushBuffers lend stay
+// mapped, holding the last pull and what was pushed from them, after the
+// client (which made the region) is gone: zo.torch's parameters and its
+// engine's .grad live there. Each call's keeper alone keeps the region.
+TEST(SharedMemoryKeeperTest, EitherCallsKeeperKeepsTheLentBuffersAfterTheClientCloses) {
   std::vector<ServerProcess> servers = StartServers(1);
   ASSERT_EQ(servers.size(), 1u);
   const std::vector<TensorSpec> manifest = {
       {.name = "a", .shape = {3000}, .dtype = DType::kBFloat16}};
-  ZO_ASSERT_OK_AND_ASSIGN(auto client, OffloadClient::Open(SharedMemoryOptions(servers, "kept"),
-                                                           kLentConfig, manifest));
-  std::shared_ptr<const void> keeper;
-  const std::vector<absl::Span<std::byte>> lent =
-      client->RegionPullBuffers(std::vector<int>{0}, &keeper);
-  ASSERT_EQ(lent.size(), 1u);
-  ASSERT_NE(keeper, nullptr);
   std::vector<float> init(3000);
-  std::vector<uint16_t> w(init.size());
+  std::vector<uint16_t> w(init.size()), g(init.size());
   for (size_t i = 0; i < w.size(); ++i) {
     init[i] = static_cast<float>(i % 11) - 5;  // exact in bf16
     w[i] = FloatToBf16Bits(init[i]);
+    g[i] = FloatToBf16Bits(static_cast<float>(i % 7) - 3);
   }
-  ASSERT_THAT(client->InitParams(0, init), IsOk());
-  ASSERT_THAT(client->Pull(0, -1, std::vector<int>{0}, lent).status(), IsOk());
-  client.reset();
-  ASSERT_EQ(lent[0].size(), w.size() * 2);
-  EXPECT_EQ(std::memcmp(lent[0].data(), w.data(), lent[0].size()), 0);
-  lent[0][0] = std::byte{1};  // still writable memory of this process
-}
-
-// The same for the gradients' places: with a keeper, the places PushBuffers
-// lends stay mapped, holding what was pushed from them, once the client is
-// gone (zo.torch's engine keeps its .grad there).
-TEST(SharedMemoryPushBuffersTest, AKeeperKeepsTheLentPlacesAfterTheClientCloses) {
-  std::vector<ServerProcess> servers = StartServers(1);
-  ASSERT_EQ(servers.size(), 1u);
-  const std::vector<TensorSpec> manifest = {
-      {.name = "a", .shape = {3000}, .dtype = DType::kBFloat16}};
-  ZO_ASSERT_OK_AND_ASSIGN(auto client, OffloadClient::Open(SharedMemoryOptions(servers, "kept"),
-                                                           kLentConfig, manifest));
-  std::shared_ptr<const void> keeper;
-  ZO_ASSERT_OK_AND_ASSIGN(const std::vector<absl::Span<std::byte>> lent,
-                          client->PushBuffers(1, std::vector<int>{0}, &keeper));
-  ASSERT_EQ(lent.size(), 1u);
-  ASSERT_NE(keeper, nullptr);
-  std::vector<uint16_t> g(3000);
-  for (size_t i = 0; i < g.size(); ++i) g[i] = FloatToBf16Bits(static_cast<float>(i % 7) - 3);
-  ASSERT_EQ(lent[0].size(), g.size() * 2);
-  std::memcpy(lent[0].data(), g.data(), lent[0].size());
-  ASSERT_THAT(client->PushShared(1, 0, std::make_shared<int>(0), lent[0]), IsOk());
-  ASSERT_THAT(client->FinishStep(1), IsOk());
-  EXPECT_EQ(client->traffic().pushed_in_place_bytes, static_cast<int64_t>(lent[0].size()));
-  client.reset();
-  EXPECT_EQ(std::memcmp(lent[0].data(), g.data(), lent[0].size()), 0);
-  lent[0][0] = std::byte{1};  // still writable memory of this process
+  for (const bool push_keeps : {false, true}) {
+    SCOPED_TRACE(push_keeps ? "PushBuffers' keeper" : "RegionPullBuffers' keeper");
+    ZO_ASSERT_OK_AND_ASSIGN(
+        auto client, OffloadClient::Open(SharedMemoryOptions(servers, push_keeps ? "push" : "pull"),
+                                         kLentConfig, manifest));
+    std::shared_ptr<const void> keeper;
+    const std::vector<absl::Span<std::byte>> pulled =
+        client->RegionPullBuffers(std::vector<int>{0}, push_keeps ? nullptr : &keeper);
+    ZO_ASSERT_OK_AND_ASSIGN(
+        const std::vector<absl::Span<std::byte>> pushed,
+        client->PushBuffers(1, std::vector<int>{0}, push_keeps ? &keeper : nullptr));
+    ASSERT_EQ(pulled.size(), 1u);
+    ASSERT_EQ(pushed.size(), 1u);
+    ASSERT_NE(keeper, nullptr);
+    ASSERT_THAT(client->InitParams(0, init), IsOk());
+    ASSERT_THAT(client->Pull(0, -1, std::vector<int>{0}, pulled).status(), IsOk());
+    ASSERT_EQ(pushed[0].size(), g.size() * 2);
+    std::memcpy(pushed[0].data(), g.data(), pushed[0].size());
+    ASSERT_THAT(client->PushShared(1, 0, std::make_shared<int>(0), pushed[0]), IsOk());
+    ASSERT_THAT(client->FinishStep(1), IsOk());
+    EXPECT_EQ(client->traffic().pushed_in_place_bytes, static_cast<int64_t>(pushed[0].size()));
+    client.reset();
+    ASSERT_EQ(pulled[0].size(), w.size() * 2);
+    EXPECT_EQ(std::memcmp(pulled[0].data(), w.data(), pulled[0].size()), 0);
+    EXPECT_EQ(std::memcmp(pushed[0].data(), g.data(), pushed[0].size()), 0);
+    pulled[0][0] = std::byte{1};  // still writable memory of this process
+    pushed[0][0] = std::byte{1};
+  }
 }
 
 // Two servers stripe the chunks: a tensor lent must lie whole on one.
