@@ -358,11 +358,13 @@ class Client {
   // RegionPlace each (None for a tensor with no elements), or [] where
   // some tensor has none (OffloadClient::RegionPullBuffers). From now on
   // a pull into these places copies nothing, and a pull into other
-  // buffers takes gRPC for their servers.
+  // buffers takes gRPC for their servers. They are the lasting client's:
+  // the resend client that a restarted worker's first step goes through
+  // has a region of its own, gone after that step (its pulls copy).
   py::list RegionPullPlaces(const std::vector<int>& tensors) {
     for (const int t : tensors) CheckTensorIndex(t);
     std::shared_ptr<const void> keeper;
-    const std::vector<absl::Span<std::byte>> places = active().RegionPullBuffers(tensors, &keeper);
+    const std::vector<absl::Span<std::byte>> places = open().RegionPullBuffers(tensors, &keeper);
     py::list out;
     for (const absl::Span<std::byte> place : places) {
       if (place.empty()) {

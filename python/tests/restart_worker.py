@@ -45,6 +45,13 @@ def main():
         if opt.global_steps == a.pause_after:
             print("paused", flush=True)
             sys.stdin.readline()
+    # Where the weights are: in the region of the server that serves them
+    # (test_servers.py checks it after a move).
+    places = opt._client.region_pull_places(opt._all)
+    in_region = bool(places) and all(
+        place is None or torch.frombuffer(place, dtype=p.dtype).data_ptr() == p.data_ptr()
+        for p, place in zip(opt._params, places))
+    print(f"weights in the region: {in_region}", flush=True)
     if a.out:
         torch.save({n: p.detach().clone() for n, p in model.named_parameters()}, a.out)
     opt.close()

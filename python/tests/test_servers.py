@@ -149,6 +149,9 @@ def test_a_worker_killed_mid_step_reattaches_and_continues(tmp_path):
                              capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr
         assert "attached at 3" in out.stdout and "step 4 done" in out.stdout
+        # Its first step went through a client of its own (which re-sends only
+        # what the servers lack); the weights live in the lasting one's region.
+        assert "weights in the region: True" in out.stdout, out.stdout
     whole, resumed = torch.load(tmp_path / "whole.pt"), torch.load(tmp_path / "resumed.pt")
     for name in whole:
         assert torch.equal(whole[name], resumed[name]), name
