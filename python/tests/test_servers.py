@@ -233,6 +233,7 @@ def test_a_worker_follows_its_job_to_the_servers_it_was_rescaled_onto(tmp_path):
         rest = p.stdout.read()
         assert p.wait(timeout=300) == 0
         assert "step 8 done" in rest, rest
+        assert "weights in the region: True" in rest, "the weights stayed in the old region"
         status = subprocess.run([ZO_CTL, "status", "--server", c, "--job", "restarted"],
                                 capture_output=True, text=True, timeout=60)
         assert status.returncode == 0 and re.search(r"version +8 ", status.stdout), status.stdout

@@ -212,6 +212,17 @@ class OffloadOptimizer(torch.optim.Optimizer):
                     p.data = there
         self._moved_into_region = True
 
+    def _follow(self):
+        """Attaches where the job moved (zo-ctl rescale); returns its version.
+        Weights that lived in the old server's region (and an fp32 model's
+        staging buffers) move into the new one's, where its pulls write."""
+        version = self._client.follow()
+        if self._moved_into_region:
+            self._moved_into_region = False
+            self._move_into_region()
+            self._pulled_into = None  # staging buffers moved too: make the pull buffers again
+        return version
+
     def _keep_grads_in_region(self):
         """For the engine, whose gradients stay in .grad between steps (zeroed,
         not freed) and are pushed from it by a hook after accumulation: where
@@ -286,9 +297,10 @@ class OffloadOptimizer(torch.optim.Optimizer):
         except RuntimeError:
             if not self._client.moved():
                 raise
-            self._client.follow()  # it moved at the version this step needs: pull it there
+            self._follow()  # it moved at the version this step needs: pull it there
             if self._compensation is not None:
                 self._compensation.forget()
+            buffers = self._pull_buffers()
             changed, self.loss_scale = self._client.pull_for_step(step, self._all, buffers)
         if self._compensation is not None:
             self._compensation.apply(self._client, step, self._staging, changed, self._params,
@@ -499,7 +511,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         while not self._push_step(step, grads):
             # The job moved (zo-ctl rescale): attach where it went and push
             # this step there again, unless the move already took it.
-            version = self._client.follow()
+            version = self._follow()
             self._pushed.clear()
             self._lr_sent = None  # the new lead has not heard them
             if version >= step:
