@@ -68,6 +68,38 @@ def test_save_and_load_checkpoint_resume_the_same_trajectory(tmp_path):
     opt.close()
 
 
+def test_a_gradient_changed_between_backward_and_step_is_refused_naming_it():
+    # backward pushed the gradients as it made them: a clip (or any change)
+    # after it would not reach the servers, so step() refuses it. Reading
+    # them is fine.
+    model, _ = reference_and_model()
+    engine, opt, _, _ = zo.torch.initialize(model=model, config=ds_config(1))
+    engine.backward(engine(batch(1)))
+    norm = torch.norm(torch.stack([p.grad.norm() for p in model.parameters()]))
+    engine.step()
+    assert engine.global_steps == 1 and norm > 0
+    engine.backward(engine(batch(2)))
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-6)
+    with pytest.raises(RuntimeError, match=r"parameter '[a-z_.]+': its \.grad changed between "
+                                           r"engine\.backward\(\) and engine\.step\(\)"):
+        engine.step()
+    assert engine.global_steps == 1
+    opt.close()
+
+    model, _ = reference_and_model()
+    engine, opt, _, _ = zo.torch.initialize(model=model, config=ds_config(2))
+    engine.backward(engine(batch(1)))
+    for p in model.parameters():  # between micro-batches: summed in .grad, as torch does
+        p.grad.mul_(0.5)
+    engine.step()
+    engine.backward(engine(batch(2)))
+    first = next(model.parameters())
+    first.grad = first.grad.clone()  # another tensor counts as a change too
+    with pytest.raises(RuntimeError, match="its .grad changed"):
+        engine.step()
+    opt.close()
+
+
 def test_what_the_engine_does_not_offer_is_named():
     model, _ = reference_and_model()
     with pytest.raises(NotImplementedError, match="optimizer"):

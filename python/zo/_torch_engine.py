@@ -49,6 +49,11 @@ class OffloadEngine:
         # On the same-host route the kept .grad lie in the server's region
         # (OffloadOptimizer._keep_grads_in_region): those pushes copy nothing.
         self._push_in_backward = False
+        # The last backward's pushed gradients and their version counters:
+        # engine.step() refuses a .grad changed since then, which the servers
+        # would not see (or, read where it lies in a shared region, in part).
+        self._pushed_grads = {}
+        self._sent_in_backward = set()  # the hooks' pushes in the backward running now
         self._trained = {id(p) for p in optimizer._params}
         # Parameters left out of the job on purpose (model_parameters=) or frozen.
         self._frozen = {n for n, p in model.named_parameters() if id(p) not in self._trained}
@@ -63,12 +68,14 @@ class OffloadEngine:
         def hook(param):
             if self._push_in_backward:
                 self.optimizer.push_gradient(index, param.grad)
+                self._sent_in_backward.add(index)
         return hook
 
     def _final_gradient_hook(self, index, param):
         def hook(grad):
             if self._push_in_backward:
                 self.optimizer.push_gradient(index, grad, plus=param.grad)
+                self._sent_in_backward.add(index)
         return hook
 
     def __call__(self, *args, **kwargs):
@@ -113,19 +120,39 @@ class OffloadEngine:
     def backward(self, loss):
         self.optimizer._check_resumed()
         self._check_same_parameters()
-        self._push_in_backward = (self._micro_steps + 1) % self._gas == 0
+        last = (self._micro_steps + 1) % self._gas == 0
+        self._push_in_backward = last
+        self._sent_in_backward = set()
         try:
             (loss * (self.optimizer.loss_scale / self._gas)).backward()
         finally:
             self._push_in_backward = False
         self._micro_steps += 1
+        if last:
+            params = self.optimizer._params
+            self._pushed_grads = {
+                i: (params[i].grad, params[i].grad._version)
+                for i in self._sent_in_backward if params[i].grad is not None}
         return loss
+
+    def _check_pushed_grads_unchanged(self):
+        pushed, self._pushed_grads = self._pushed_grads, {}
+        for i, (grad, version) in pushed.items():
+            now = self.optimizer._params[i].grad
+            if now is not grad or grad._version != version:
+                raise RuntimeError(
+                    f"parameter '{self.optimizer._names[i]}': its .grad changed between "
+                    "engine.backward() and engine.step(), but backward had already sent it to "
+                    "the servers, which would not see the change, or only part of it "
+                    "(torch.nn.utils.clip_grad_norm_, for one): clip with the config's "
+                    "gradient_clipping, and leave .grad as backward left it until engine.step()")
 
     def is_gradient_accumulation_boundary(self):
         return self._micro_steps % self._gas == 0
 
     def step(self):
         if self._micro_steps > 0 and self.is_gradient_accumulation_boundary():
+            self._check_pushed_grads_unchanged()
             self.optimizer.step()
             self.optimizer._zero_grads_kept()
             if self._client_scheduler:
