@@ -364,16 +364,7 @@ class Client {
   py::list RegionPullPlaces(const std::vector<int>& tensors) {
     for (const int t : tensors) CheckTensorIndex(t);
     std::shared_ptr<const void> keeper;
-    const std::vector<absl::Span<std::byte>> places = open().RegionPullBuffers(tensors, &keeper);
-    py::list out;
-    for (const absl::Span<std::byte> place : places) {
-      if (place.empty()) {
-        out.append(py::none());
-      } else {
-        out.append(py::cast(RegionPlace{place, keeper}));
-      }
-    }
-    return out;
+    return PlacesOf(open().RegionPullBuffers(tensors, &keeper), keeper);
   }
 
   // The same-host route's places of `tensors`' gradients for `step` (in the
@@ -390,15 +381,7 @@ class Client {
       places = active().PushBuffers(step, tensors, &keeper);
     }
     CheckNoting(places.status());
-    py::list out;
-    for (const absl::Span<std::byte> place : *places) {
-      if (place.empty()) {
-        out.append(py::none());
-      } else {
-        out.append(py::cast(RegionPlace{place, keeper}));
-      }
-    }
-    return out;
+    return PlacesOf(*places, keeper);
   }
 
   // The step's learning rate of every parameter group (zo.client_lr).
@@ -608,6 +591,21 @@ class Client {
       kept = std::make_shared<std::vector<std::byte>>(static_cast<size_t>(n) * DTypeSize(dtype));
     }
     return kept;
+  }
+
+  // A region's places as Python: a RegionPlace holding `keeper` each, None
+  // for an empty one (a tensor with no elements).
+  static py::list PlacesOf(const std::vector<absl::Span<std::byte>>& places,
+                           const std::shared_ptr<const void>& keeper) {
+    py::list out;
+    for (const absl::Span<std::byte> place : places) {
+      if (place.empty()) {
+        out.append(py::none());
+      } else {
+        out.append(py::cast(RegionPlace{place, keeper}));
+      }
+    }
+    return out;
   }
 
   // IndexError for an index outside the manifest.
