@@ -134,6 +134,9 @@ void JobRequests() {
   step += Record(0, pull);
   Seed("job_requests_fuzzer", "init_pull_step", step);
   Seed("job_requests_fuzzer", "pull_all", Record(0, pull));
+  pull.set_stripe(1);
+  pull.set_stripes(2);
+  Seed("job_requests_fuzzer", "pull_stripe", Record(0, pull));
 }
 
 void Checkpoint() {

@@ -163,8 +163,11 @@ class Job {
   // again, or restored, since the caller's client opened it. 0: unchecked.
   absl::Status CheckIncarnation(uint64_t incarnation) const;
   // The parts of PullParams, for a caller that writes asynchronously.
-  // INVALID_ARGUMENT for tensors outside the manifest or a negative version.
+  // INVALID_ARGUMENT for tensors outside the manifest, a negative version
+  // or a stripe out of range.
   absl::Status CheckPullRequest(const v1::PullParamsRequest& request) const;
+  // PullParamsRequest.stripes' bound (a worker's connections to a server).
+  static constexpr int kMaxPullStripes = 64;
   // Without blocking: true when the job has `version`, or with
   // `while_written` when its update is writing it (served from the master:
   // OpenPull's reads then follow the update range by range). Otherwise

@@ -1,6 +1,7 @@
 // Job's pulls (server/job.h): a request checked, the wait for its version,
 // the cursor that serves it, and the in-process and same-host routes'
 // registrations that the update writes as it goes (server/pull_fills.h).
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -23,6 +24,12 @@ absl::Status Job::CheckPullRequest(const v1::PullParamsRequest& request) const {
   }
   if (request.version() < 0) {
     return absl::InvalidArgumentError(absl::StrCat("version ", request.version(), " < 0"));
+  }
+  if (request.stripes() < 0 || request.stripes() > kMaxPullStripes || request.stripe() < 0 ||
+      request.stripe() >= std::max(request.stripes(), 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("stripe ", request.stripe(), " of ",
+                                                   request.stripes(), ": stripes are 0 to ",
+                                                   kMaxPullStripes, ", a stripe below them"));
   }
   return absl::OkStatus();
 }
@@ -81,11 +88,14 @@ std::vector<PullCursor::Range> Job::PullRanges(const v1::PullParamsRequest& requ
   if (tensors.empty()) {
     for (int t = 0; t < static_cast<int>(map_.tensors().size()); ++t) tensors.push_back(t);
   }
+  const int stripes = std::max(request.stripes(), 1);
   std::vector<PullCursor::Range> ranges;
   for (int t : tensors) {
     for (const TensorPiece& p : map_.PiecesOfTensor(t)) {
       if (p.server != spec_.server_index) continue;
-      const int64_t local = chunks()[p.chunk / map_.num_servers()].local_offset + p.chunk_offset;
+      const int64_t own_chunk = p.chunk / map_.num_servers();
+      if (own_chunk % stripes != request.stripe()) continue;
+      const int64_t local = chunks()[own_chunk].local_offset + p.chunk_offset;
       ranges.push_back({t, p.tensor_offset, local, p.length});
     }
   }

@@ -114,6 +114,7 @@ grpc::ServerUnaryReactor* OffloadService::OpenJob(grpc::CallbackServerContext* c
         JobRegistry::Opened opened,
         registry_->Open(std::move(spec), request->attach_only(), request->by_lead()));
     response->set_attached(opened.attached);
+    response->set_pull_stripes(true);
     *response->mutable_status() =
         opened.attached ? opened.job->StatusForAttach() : opened.job->Status();
     ZO_LOG(INFO) << (opened.attached ? "attached to job " : "opened job ") << request->job()

@@ -296,6 +296,50 @@ TEST_F(OffloadServiceTest, AStepThroughTheWireAndItsStatusSurviveARestore) {
   EXPECT_EQ(back, v1);
 }
 
+// A worker with several connections pulls a stripe of the server's chunks
+// on each (PullParamsRequest.stripe/stripes): chunk 0 holds elements
+// [0, 32), chunk 1 [32, 48). Stripes out of range are refused.
+TEST_F(OffloadServiceTest, AStripedPullServesItsChunksAlone) {
+  ZO_ASSERT_OK_AND_ASSIGN(const v1::OpenJobResponse opened, Open(OpenRequest(kConfig)));
+  EXPECT_TRUE(opened.pull_stripes());
+  ASSERT_THAT(Init(1.0f), IsOk());
+  auto pull = [&](int stripe, int stripes) -> absl::StatusOr<std::vector<int64_t>> {
+    v1::PullParamsRequest r;
+    r.set_job("svc");
+    r.set_version(0);
+    r.set_have_version(-1);
+    r.set_stripe(stripe);
+    r.set_stripes(stripes);
+    auto context = Context();
+    auto reader = stub_->PullParams(context.get(), r);
+    std::vector<int64_t> elements;
+    v1::ParamPiece piece;
+    while (reader->Read(&piece)) {
+      for (int64_t i = 0; i < static_cast<int64_t>(piece.data().size() / 4); ++i) {
+        elements.push_back(piece.offset() + i);
+      }
+    }
+    ZO_RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
+    return elements;
+  };
+  ZO_ASSERT_OK_AND_ASSIGN(const std::vector<int64_t> first, pull(0, 2));
+  ZO_ASSERT_OK_AND_ASSIGN(const std::vector<int64_t> second, pull(1, 2));
+  ASSERT_EQ(first.size(), 32u);
+  EXPECT_EQ(first.front(), 0);
+  EXPECT_EQ(first.back(), 31);
+  ASSERT_EQ(second.size(), 16u);
+  EXPECT_EQ(second.front(), 32);
+  ZO_ASSERT_OK_AND_ASSIGN(const std::vector<int64_t> third_of_three, pull(2, 3));
+  EXPECT_TRUE(third_of_three.empty());
+  ZO_ASSERT_OK_AND_ASSIGN(const std::vector<int64_t> all, pull(0, 0));
+  EXPECT_EQ(all.size(), static_cast<size_t>(kElems));
+  for (const auto& [stripe, stripes] : {std::pair{2, 2}, {-1, 2}, {0, 65}, {0, -1}, {1, 0}}) {
+    EXPECT_THAT(pull(stripe, stripes),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("stripe")))
+        << stripe << " of " << stripes;
+  }
+}
+
 // A waiting pull is a callback the job keeps, not a server thread: 64 pulls
 // of a version to come add (almost) no threads, and all are served once it
 // exists. A thread-per-call server would hold 64 more threads here.
