@@ -273,6 +273,8 @@ void VisitZo(V& v, ZoConfig& z, const OptimizerParams& defaults) {
       VisitParamGroup<V>);
   v.Field("client_lr", z.client_lr);
   v.Field("speculative_update", z.speculative_update);
+  v.Field("connections_per_server", z.connections_per_server,
+          InRange(1, ZoConfig::kMaxConnectionsPerServer));
 }
 
 template <typename V>

@@ -212,6 +212,12 @@ struct ZoConfig {
   // Bit for bit the same either way; on where the job can do it exactly
   // (server/job.h), and false turns it off.
   bool speculative_update = true;
+  // TCP connections a worker opens to each server it reaches over gRPC,
+  // its pushes and pulls striped over them by chunk. The worker's own
+  // choice: not part of the job (JobSpecFromRequest drops it).
+  int64_t connections_per_server = kDefaultConnectionsPerServer;
+  static constexpr int64_t kDefaultConnectionsPerServer = 2;
+  static constexpr int64_t kMaxConnectionsPerServer = 16;
   friend bool operator==(const ZoConfig&, const ZoConfig&) = default;
 };
 

@@ -387,6 +387,10 @@ TEST(ConfigTest, BadValuesAreErrorsNamingKeyAndValue) {
             "zo.param_groups[0].lr = 0.1: a group's learning rate is not part of the config"},
            {R"("zo": {"client_lr": true}, "scheduler": {"type": "WarmupLR"})",
             "zo.client_lr is true and a scheduler section is given"},
+           {R"("zo": {"connections_per_server": 0})",
+            "zo.connections_per_server = 0: must be in [1, 16]"},
+           {R"("zo": {"connections_per_server": 17})",
+            "zo.connections_per_server = 17: must be in [1, 16]"},
            {R"("optimizer": {"type": "Lion"}, "zo": {"param_groups": [{}]})",
             "zo.param_groups: per-group hyper-parameters are for Adam and AdamW, not Lion"},
        }) {

@@ -98,6 +98,9 @@ absl::StatusOr<JobSpec> JobSpecFromRequest(const v1::OpenJobRequest& request) {
     return absl::InvalidArgumentError(absl::StrCat("config_json: ", loaded.status().message()));
   }
   spec.config = std::move(loaded->config);
+  // How many connections a worker opens is its own affair: workers of one
+  // job may differ, and a restarted one may choose again.
+  spec.config.zo.connections_per_server = ZoConfig::kDefaultConnectionsPerServer;
   // A worker resolves "auto" before it opens a job; a client that does not
   // (zo.torch, tests) pushes once per step, which is "device".
   GradientAccumulation& policy = spec.config.zo.gradient_accumulation;

@@ -70,6 +70,15 @@ TEST(JobSpecMismatchTest, EqualSpecsAttach) {
             "");
 }
 
+// How many connections a worker opens to each server is its own: workers
+// of one job may open different numbers, and a restarted one may change it.
+TEST(JobSpecMismatchTest, AWorkersConnectionsAreNotPartOfTheJob) {
+  const JobSpec one = Spec(R"({"train_micro_batch_size_per_gpu": 2})");
+  const JobSpec four =
+      Spec(R"({"train_micro_batch_size_per_gpu": 2, "zo": {"connections_per_server": 4}})");
+  EXPECT_EQ(JobSpecMismatch(one, four), "");
+}
+
 // The batch size follows from dp_world_size: the width, not the derived
 // train_batch_size, is what the message names.
 TEST(JobSpecMismatchTest, DpWorldSizeIsNamedWithBothValues) {

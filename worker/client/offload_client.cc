@@ -22,20 +22,20 @@ constexpr absl::Duration kCloseGrace = absl::Seconds(5);
 }  // namespace
 
 OffloadClient::Impl::~Impl() {
-  std::map<int64_t, std::map<int, std::shared_ptr<PushCall>>> open;
+  std::map<int64_t, std::map<PushLane, std::shared_ptr<PushCall>>> open;
   {
     std::lock_guard lock(mu);
     open.swap(streams);
   }
-  for (auto& [step, by_server] : open) {
-    for (auto& [server, stream] : by_server) stream->Close();
+  for (auto& [step, by_lane] : open) {
+    for (auto& [lane, stream] : by_lane) stream->Close();
   }
   const absl::Time give_up = absl::Now() + kCloseGrace;
-  for (auto& [step, by_server] : open) {
-    for (auto& [server, stream] : by_server) {
+  for (auto& [step, by_lane] : open) {
+    for (auto& [lane, stream] : by_lane) {
       if (!stream->WaitFor(std::max(give_up - absl::Now(), absl::ZeroDuration()))) {
         ZO_LOG(WARNING) << "cancelling the unfinished gradient push of step " << step
-                        << " to server " << names[server];
+                        << " to server " << names[lane.first];
         stream->Cancel();
       } else if (absl::Status s = stream->status(); !s.ok()) {
         ZO_LOG(WARNING) << "gradient push of step " << step << " was never finished: " << s;

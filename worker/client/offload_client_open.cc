@@ -43,15 +43,18 @@ absl::Status CheckManifestDType(const std::vector<TensorSpec>& manifest, DType d
   return absl::OkStatus();
 }
 
-// The job's servers: per server, its name and the channel to it.
+// The job's servers: per server, its name, the channel to it and the
+// `connections` - 1 more that only its pushes and pulls take.
 struct Servers {
   std::vector<std::string> names;
   std::vector<std::shared_ptr<grpc::Channel>> channels;
+  std::vector<std::vector<std::shared_ptr<grpc::Channel>>> more_channels;
 };
 
-// The channels the options give, named "inproc:<i>", or one to each
-// address they list.
-absl::StatusOr<Servers> Connect(const ClientOptions& options) {
+// The channels the options give, named "inproc:<i>", or `connections` to
+// each address they list (a channel is a TCP connection of its own,
+// NewChannel; none is made before its first call).
+absl::StatusOr<Servers> Connect(const ClientOptions& options, int64_t connections) {
   Servers servers;
   servers.channels = options.channels;
   if (!servers.channels.empty()) {
@@ -65,6 +68,12 @@ absl::StatusOr<Servers> Connect(const ClientOptions& options) {
     ZO_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
                         NewChannel(address, {.tls_root_certs = options.tls_root_certs}));
     servers.channels.push_back(std::move(channel));
+    servers.more_channels.emplace_back();
+    for (int64_t c = 1; c < connections; ++c) {
+      ZO_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> more,
+                          NewChannel(address, {.tls_root_certs = options.tls_root_certs}));
+      servers.more_channels.back().push_back(std::move(more));
+    }
   }
   return servers;
 }
@@ -150,8 +159,18 @@ void OffloadClient::Impl::TakeOnOpened(const std::vector<v1::OpenJobResponse>& r
   SetStatus(lead);
   incarnation = std::make_unique<std::atomic<uint64_t>[]>(num_servers);
   for (int i = 0; i < num_servers; ++i) incarnation[i] = replies[i].status().incarnation();
+  for (int i = 0; i < num_servers; ++i) pull_stripes[i] = replies[i].pull_stripes();
   // Servers given by address may be on this host: the same-host route.
   if (options.shared_memory && options.channels.empty()) AttachRegions();
+  for (int i = 0; i < num_servers; ++i) {
+    const size_t connections = data_channels[i].size();
+    if (connections > 1 && routes[i] == nullptr && RegionId(i) == 0) {
+      ZO_LOG(INFO) << "server " << names[i] << ": gradients and weights over gRPC on "
+                   << connections << " TCP connections (zo.connections_per_server)"
+                   << (pull_stripes[i] ? ""
+                                       : "; its pulls on one (it is older than striped pulls)");
+    }
+  }
   RefuseStepsIfStateLost(replies);
   ZO_LOG(INFO) << (replies[0].attached() ? "attached to" : "opened") << " job " << options.job
                << " on " << num_servers << " server(s) at version " << lead.version()
@@ -200,13 +219,13 @@ absl::StatusOr<std::unique_ptr<OffloadClient>> OffloadClient::Open(
   ZO_RETURN_IF_ERROR(ValidateOptions(options, static_cast<int64_t>(DTypeSize(dtype))));
   ZO_RETURN_IF_ERROR(CheckManifestDType(manifest, dtype, dtype_reason));
   const v1::Manifest wire_manifest = ManifestToProto(manifest);
-  ZO_ASSIGN_OR_RETURN(Servers servers, Connect(options));
+  ZO_ASSIGN_OR_RETURN(Servers servers, Connect(options, loaded.config.zo.connections_per_server));
   ZO_ASSIGN_OR_RETURN(ShardMap map,
                       ShardMap::Create(std::move(manifest), loaded.config.zo.chunk_elems,
                                        static_cast<int>(servers.channels.size())));
-  auto impl =
-      std::make_unique<Impl>(options, std::move(loaded.config), dtype, std::move(map),
-                             std::move(servers.names), std::move(servers.channels), options.routes);
+  auto impl = std::make_unique<Impl>(options, std::move(loaded.config), dtype, std::move(map),
+                                     std::move(servers.names), std::move(servers.channels),
+                                     std::move(servers.more_channels), options.routes);
   ZO_ASSIGN_OR_RETURN(const std::vector<v1::OpenJobResponse> replies,
                       impl->OpenJob(config_json, wire_manifest));
   impl->TakeOnOpened(replies);

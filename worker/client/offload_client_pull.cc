@@ -28,14 +28,19 @@ using client_internal::RunInParallel;
 
 }  // namespace
 
-absl::Status OffloadClient::Impl::PullFrom(int server, int64_t version, int64_t have_version,
-                                           PullReceiver& receiver, CallGroup& group) {
+absl::Status OffloadClient::Impl::PullFrom(int server, int stripe, int stripes, int64_t version,
+                                           int64_t have_version, PullReceiver& receiver,
+                                           CallGroup& group) {
   v1::PullParamsRequest request;
   request.set_job(options.job);
   request.set_version(version);
   request.set_have_version(have_version);
   request.set_incarnation(incarnation[server].load(std::memory_order_relaxed));
   for (int t : receiver.tensors()) request.add_tensors(t);
+  if (stripes > 1) {
+    request.set_stripe(stripe);
+    request.set_stripes(stripes);
+  }
   if (routes[server] != nullptr) return PullLocal(server, request, receiver, group);
   // Once RegionPullBuffers lent the weights area's bytes, a pull into other
   // buffers takes gRPC: the region would change what the lent ones hold.
@@ -52,7 +57,7 @@ absl::Status OffloadClient::Impl::PullFrom(int server, int64_t version, int64_t 
   absl::Status pulled = RetryCall(call, names[server], &group, [&](grpc::ClientContext& context) {
     receiver.Reset();
     std::unique_ptr<grpc::ClientReader<v1::ParamPiece>> reader =
-        stubs[server]->PullParams(&context, request);
+        data_stubs[server][static_cast<size_t>(stripe)]->PullParams(&context, request);
     v1::ParamPiece piece;
     while (reader->Read(&piece)) {
       absl::Status s = region == 0
@@ -72,7 +77,7 @@ absl::Status OffloadClient::Impl::PullFrom(int server, int64_t version, int64_t 
     // The server lost this worker's region (it restarted): over gRPC.
     DropRegion(server, pulled);
     region_lock.unlock();
-    return PullFrom(server, version, have_version, receiver, group);
+    return PullFrom(server, stripe, stripes, version, have_version, receiver, group);
   }
   return pulled;
 }
@@ -206,14 +211,22 @@ absl::StatusOr<bool> OffloadClient::Impl::Pull(int64_t version, int64_t have_ver
     }
   }
 
-  std::vector<int> servers;
+  // Per server, one call per stripe (PullStripes: one per connection).
+  struct Part {
+    int server, stripe, stripes;
+  };
+  std::vector<Part> parts;
   std::vector<std::unique_ptr<PullReceiver>> receivers;
   for (int s = 0; s < map.num_servers(); ++s) {
-    auto receiver =
-        std::make_unique<PullReceiver>(map, dtype, s, version, have_version, tensors, dst);
-    if (receiver->tensors().empty()) continue;  // owns nothing of these tensors
-    servers.push_back(s);
-    receivers.push_back(std::move(receiver));
+    const int stripes = PullStripes(s);
+    for (int stripe = 0; stripe < stripes; ++stripe) {
+      auto receiver =
+          std::make_unique<PullReceiver>(map, dtype, s, version, have_version, tensors, dst,
+                                         client_internal::PullStripe{stripe, stripes});
+      if (receiver->tensors().empty()) continue;  // owns nothing of these tensors
+      parts.push_back({s, stripe, stripes});
+      receivers.push_back(std::move(receiver));
+    }
   }
   if (receivers.empty()) return true;  // only empty tensors: dst holds any version
 
@@ -222,7 +235,8 @@ absl::StatusOr<bool> OffloadClient::Impl::Pull(int64_t version, int64_t have_ver
     return absl::CancelledError(absl::StrCat("the pull of version ", version, " was cancelled"));
   }
   absl::Status pulled = RunInParallel(receivers.size(), group, [&](size_t i) {
-    return PullFrom(servers[i], version, have_version, *receivers[i], group);
+    return PullFrom(parts[i].server, parts[i].stripe, parts[i].stripes, version, have_version,
+                    *receivers[i], group);
   });
   if (cancel != nullptr) cancel->RemoveChild(&group);
   if (!pulled.ok()) return WithStuckPeer(std::move(pulled));

@@ -65,7 +65,7 @@ std::vector<PushPiece> PlanPush(const ShardMap& map, int tensor, int64_t offset,
 absl::Status OffloadClient::Impl::StepErrorLocked(int64_t step) const {
   auto it = streams.find(step);
   if (it == streams.end()) return absl::OkStatus();
-  for (const auto& [server, stream] : it->second) {
+  for (const auto& [lane, stream] : it->second) {
     if (absl::Status s = stream->status(); !s.ok()) return s;
   }
   return absl::OkStatus();
@@ -147,7 +147,7 @@ std::shared_ptr<PushCall> OffloadClient::Impl::LocalPushCallFor(int64_t step, in
   // threads convert in parallel. A FinishStep meanwhile closes the
   // call, and this push then fails as a late one.
   std::lock_guard lock(mu);
-  std::shared_ptr<PushCall>& slot = streams[step][server];
+  std::shared_ptr<PushCall>& slot = streams[step][{server, 0}];
   if (slot == nullptr) {
     slot = std::make_shared<LocalPushCall>(routes[server], names[server], step,
                                            absl::Now() + call_timeout(), &budget, &stream_ends);
@@ -205,10 +205,12 @@ absl::Status OffloadClient::Impl::EnqueueOnStream(int64_t step, const PushPiece&
   // Enqueue under mu, so that FinishStep cannot take the stream away
   // between finding it and queuing on it.
   std::lock_guard lock(mu);
-  std::shared_ptr<PushCall>& stream = streams[step][p.server];
+  const int connection = ConnectionOf(p.server, p.chunk);
+  std::shared_ptr<PushCall>& stream = streams[step][{p.server, connection}];
   if (stream == nullptr) {
-    stream = std::make_shared<PushStream>(channels[p.server], names[p.server], step,
-                                          NewCallContext(call.attempt), &budget, &stream_ends);
+    stream =
+        std::make_shared<PushStream>(data_channels[p.server][connection], names[p.server], step,
+                                     NewCallContext(call.attempt), &budget, &stream_ends);
   }
   return static_cast<PushStream&>(*stream).Enqueue(std::move(piece));
 }
@@ -369,7 +371,7 @@ absl::StatusOr<std::vector<absl::Span<std::byte>>> OffloadClient::PushBuffers(
 
 absl::Status OffloadClient::Impl::FinishStep(int64_t step) {
   ZO_RETURN_IF_ERROR(CheckState());
-  std::map<int, std::shared_ptr<PushCall>> open;
+  std::map<PushLane, std::shared_ptr<PushCall>> open;
   {
     std::lock_guard lock(mu);
     push_lent.erase(step);
@@ -379,7 +381,7 @@ absl::Status OffloadClient::Impl::FinishStep(int64_t step) {
     streams.erase(it);
   }
   absl::Time look_again = absl::InfiniteFuture();
-  for (auto& [server, stream] : open) {
+  for (auto& [lane, stream] : open) {
     stream->Close();
     look_again = std::min(look_again, stream->deadline());
   }
@@ -391,7 +393,7 @@ absl::Status OffloadClient::Impl::FinishStep(int64_t step) {
     std::unique_lock lock(stream_ends.mu);
     auto ended = [&] {
       bool all_done = true;
-      for (auto& [server, stream] : open) {
+      for (auto& [lane, stream] : open) {
         if (!stream->WaitFor(absl::ZeroDuration())) {
           all_done = false;
         } else if (absl::Status s = stream->status(); !s.ok()) {
@@ -413,10 +415,10 @@ absl::Status OffloadClient::Impl::FinishStep(int64_t step) {
   // A server that lost this worker's region (it restarted): the step's
   // pushes go again, over gRPC.
   if (ReasonOf(failed) == v1::ErrorDetail::UNKNOWN_REGION) {
-    for (auto& [server, stream] : open) {
+    for (auto& [lane, stream] : open) {
       if (stream->WaitFor(absl::ZeroDuration()) &&
           ReasonOf(stream->status()) == v1::ErrorDetail::UNKNOWN_REGION) {
-        DropRegion(server, failed);
+        DropRegion(lane.first, failed);
       }
     }
   }
@@ -424,10 +426,10 @@ absl::Status OffloadClient::Impl::FinishStep(int64_t step) {
   // than at their deadline. (A server that lost its lead keeps a push for
   // the next step waiting until then, and the worker would wait with it
   // before it could go and look for the job again.)
-  for (auto& [server, stream] : open) {
+  for (auto& [lane, stream] : open) {
     if (!stream->WaitFor(absl::ZeroDuration())) stream->Cancel();
   }
-  for (auto& [server, stream] : open) stream->WaitFor(absl::InfiniteDuration());
+  for (auto& [lane, stream] : open) stream->WaitFor(absl::InfiniteDuration());
   return failed;
 }
 

@@ -275,7 +275,7 @@ absl::Status OffloadClient::Impl::PushThroughRegions(int64_t step,
   // between finding it and queuing on it.
   std::lock_guard lock(mu);
   for (const RegionPiece& p : pieces) {
-    std::shared_ptr<PushCall>& stream = streams[step][p.server];
+    std::shared_ptr<PushCall>& stream = streams[step][{p.server, 0}];
     if (stream == nullptr) {
       stream = std::make_shared<PushStream>(channels[p.server], names[p.server], step,
                                             NewCallContext(call.attempt), &budget, &stream_ends,

@@ -57,6 +57,7 @@ inline int64_t CopyThreads() { return std::min<int64_t>(HostThreads(), kMaxCopyT
 struct OffloadClient::Impl {
   Impl(const ClientOptions& options_in, Config config_in, DType dtype_in, ShardMap map_in,
        std::vector<std::string> names_in, std::vector<std::shared_ptr<grpc::Channel>> channels_in,
+       std::vector<std::vector<std::shared_ptr<grpc::Channel>>> more_channels_in,
        std::vector<std::shared_ptr<InProcessRoute>> routes_in)
       : options(options_in),
         call{.attempt = {.timeout = options_in.call_timeout, .auth_token = options_in.auth_token},
@@ -71,6 +72,14 @@ struct OffloadClient::Impl {
         budget(options_in.max_bytes_in_flight) {
     routes.resize(channels.size());
     for (const auto& channel : channels) stubs.push_back(v1::Offload::NewStub(channel));
+    more_channels_in.resize(channels.size());
+    data_stubs.resize(channels.size());
+    for (size_t s = 0; s < channels.size(); ++s) {
+      data_channels.push_back({channels[s]});
+      for (auto& c : more_channels_in[s]) data_channels[s].push_back(std::move(c));
+      for (const auto& c : data_channels[s]) data_stubs[s].push_back(v1::Offload::NewStub(c));
+    }
+    pull_stripes = std::make_unique<std::atomic<bool>[]>(channels.size());
   }
 
   ~Impl();
@@ -156,8 +165,9 @@ struct OffloadClient::Impl {
   absl::StatusOr<bool> Pull(int64_t version, int64_t have_version, absl::Span<const int> tensors,
                             absl::Span<const absl::Span<std::byte>> dst, double* loss_scale,
                             client_internal::CallGroup* cancel);
-  // One server's part of a Pull, retried.
-  absl::Status PullFrom(int server, int64_t version, int64_t have_version,
+  // One server's part of a Pull (stripe `stripe` of `stripes`, over
+  // connection `stripe`), retried.
+  absl::Status PullFrom(int server, int stripe, int stripes, int64_t version, int64_t have_version,
                         client_internal::PullReceiver& receiver, client_internal::CallGroup& group);
   // The same over server `server`'s in-process route.
   absl::Status PullLocal(int server, const v1::PullParamsRequest& request,
@@ -185,6 +195,27 @@ struct OffloadClient::Impl {
   // data). Fixed after construction.
   std::vector<std::shared_ptr<InProcessRoute>> routes;
   std::vector<std::unique_ptr<v1::Offload::Stub>> stubs;  // fixed after construction
+  // Per server, the connections its gRPC pushes and pulls are striped
+  // over (zo.connections_per_server): channels[server] first, then those
+  // made for it alone. A chunk's pieces all take one of them (ConnectionOf),
+  // so pieces that a server sums in order arrive in order. Fixed after
+  // construction.
+  std::vector<std::vector<std::shared_ptr<grpc::Channel>>> data_channels;
+  std::vector<std::vector<std::unique_ptr<v1::Offload::Stub>>> data_stubs;
+  int ConnectionOf(int server, int64_t chunk) const {
+    return static_cast<int>((chunk / map.num_servers()) %
+                            static_cast<int64_t>(data_channels[server].size()));
+  }
+  // Per server: it pulls stripes (OpenJobResponse.pull_stripes). Set at Open.
+  std::unique_ptr<std::atomic<bool>[]> pull_stripes;
+  // The stripes a gRPC pull from `server` is cut into: one per connection
+  // where the server takes them and the data is not on another route.
+  int PullStripes(int server) const {
+    const bool grpc_data = routes[server] == nullptr && RegionId(server) == 0;
+    return grpc_data && pull_stripes[server].load(std::memory_order_relaxed)
+               ? static_cast<int>(data_channels[server].size())
+               : 1;
+  }
   client_internal::ByteBudget budget;
 
   // The same-host route, per server: this worker's region and its id on
@@ -316,10 +347,12 @@ struct OffloadClient::Impl {
 
   client_internal::StreamEnds
       stream_ends;  // every push stream tells it when it ends; outlives them
-  // Open push calls by step, then server. A stream is added by the first
-  // piece of its (server, step) and removed by FinishStep.
+  // Open push calls by step, then (server, connection). A stream is added
+  // by the first piece of its (server, connection, step) and removed by
+  // FinishStep.
+  using PushLane = std::pair<int, int>;
   std::mutex mu;
-  std::map<int64_t, std::map<int, std::shared_ptr<client_internal::PushCall>>>
+  std::map<int64_t, std::map<PushLane, std::shared_ptr<client_internal::PushCall>>>
       streams;  // guarded by mu
   // Push calls whose pieces lie in a region, by server and step: step s's
   // bytes go into the area step s - 2's used once that step's call ended.

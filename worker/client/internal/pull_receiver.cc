@@ -13,7 +13,7 @@ namespace zo::client_internal {
 
 PullReceiver::PullReceiver(const ShardMap& map, DType dtype, int server, int64_t version,
                            int64_t have_version, absl::Span<const int> tensors,
-                           absl::Span<const absl::Span<std::byte>> dst)
+                           absl::Span<const absl::Span<std::byte>> dst, PullStripe stripe)
     : map_(map), dtype_(dtype), version_(version), have_version_(have_version) {
   for (size_t i = 0; i < tensors.size(); ++i) {
     Slot slot;
@@ -21,6 +21,7 @@ PullReceiver::PullReceiver(const ShardMap& map, DType dtype, int server, int64_t
     slot.dst = dst[i];
     for (const TensorPiece& p : map.PiecesOfTensor(tensors[i])) {
       if (p.server != server) continue;
+      if ((p.chunk / map.num_servers()) % stripe.stripes != stripe.stripe) continue;
       const int64_t begin = p.tensor_offset;
       const int64_t end = p.tensor_offset + p.length;
       if (!slot.owned.empty() && slot.owned.back().second == begin) {

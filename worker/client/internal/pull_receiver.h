@@ -1,4 +1,5 @@
-// Checks and places the ParamPieces one server sends for one Pull. A server
+// Checks and places the ParamPieces one server sends for one Pull (or one
+// stripe of its chunks, pulled on one of several connections). A server
 // is trusted with nothing: every piece must lie inside the part of a
 // requested tensor that the ShardMap gives that server, in the job's dtype
 // and the version asked for, before a byte is copied into the caller's
@@ -22,6 +23,13 @@
 
 namespace zo::client_internal {
 
+// The chunks a pull asks for (PullParamsRequest.stripe/stripes): those
+// whose index among the server's own, k, has k % stripes == stripe.
+struct PullStripe {
+  int stripe = 0;
+  int stripes = 1;
+};
+
 // Not thread-safe: one per server and Pull, used by one thread. Receivers of
 // different servers write disjoint bytes of the same buffers.
 class PullReceiver {
@@ -30,7 +38,8 @@ class PullReceiver {
   // `map`, `tensors` and `dst` must outlive the receiver. `have_version` is
   // -1 when the caller holds no version.
   PullReceiver(const ShardMap& map, DType dtype, int server, int64_t version, int64_t have_version,
-               absl::Span<const int> tensors, absl::Span<const absl::Span<std::byte>> dst);
+               absl::Span<const int> tensors, absl::Span<const absl::Span<std::byte>> dst,
+               PullStripe stripe = {});
 
   // The requested tensors this server owns a part of, ascending: what to ask
   // it for. Empty: the server has nothing to send.

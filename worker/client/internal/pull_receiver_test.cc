@@ -112,6 +112,29 @@ TEST_F(PullReceiverTest, PlacesEachOfAPiecesMoreRangesFromTheRegion) {
               StatusIs(absl::StatusCode::kInternal, HasSubstr("unchanged")));
 }
 
+// Server 0's own chunks are 0 (local 0) and 2 (local 1): a pull of stripe
+// 1 of 2 takes chunk 2's elements alone, and a piece of chunk 0 is another
+// stripe's.
+TEST_F(PullReceiverTest, AStripeTakesOnlyItsChunks) {
+  PullReceiver stripe1(map_, DType::kFloat16, 0, /*version=*/5, -1, tensors_, dst_,
+                       PullStripe{.stripe = 1, .stripes = 2});
+  EXPECT_THAT(stripe1.tensors(), ::testing::ElementsAre(0, 1));
+  EXPECT_THAT(stripe1.Accept(Piece(0, 0, 4, 'x')),
+              StatusIs(absl::StatusCode::kInternal, HasSubstr("tensor #0 'a'")));
+  ASSERT_THAT(stripe1.Accept(Piece(0, 8, 2, 'y')), IsOk());
+  EXPECT_THAT(stripe1.Finish(), StatusIs(absl::StatusCode::kDataLoss, ::testing::_));
+  ASSERT_THAT(stripe1.Accept(Piece(1, 0, 2, 'z')), IsOk());
+  EXPECT_THAT(stripe1.Finish(), IsOk());
+  // Stripe 0 of 2 owns chunk 0 only, which holds nothing of b.
+  PullReceiver stripe0(map_, DType::kFloat16, 0, /*version=*/5, -1, tensors_, dst_,
+                       PullStripe{.stripe = 0, .stripes = 2});
+  EXPECT_THAT(stripe0.tensors(), ::testing::ElementsAre(0));
+  // A stripe with no chunk of the server (its third of three) asks nothing.
+  PullReceiver none(map_, DType::kFloat16, 0, /*version=*/5, -1, tensors_, dst_,
+                    PullStripe{.stripe = 2, .stripes = 3});
+  EXPECT_TRUE(none.tensors().empty());
+}
+
 TEST_F(PullReceiverTest, RejectsElementsOwnedByAnotherServer) {
   PullReceiver s0 = Receiver(0);
   EXPECT_THAT(s0.Accept(Piece(0, 4, 1, 'x')),
