@@ -25,6 +25,7 @@
 #include "absl/types/span.h"
 #include "bench/internal/bench_stats.h"
 #include "bench/internal/fork_check.h"
+#include "common/config.h"
 #include "common/dtype.h"
 #include "common/fp16.h"
 #include "common/status_macros.h"
@@ -57,14 +58,17 @@ std::shared_ptr<const std::vector<uint16_t>> MakeGradient(int64_t elems) {
   return g;
 }
 
-std::string JobConfig(const ScaleBenchOptions& o) {
+std::string JobConfig(const ScaleBenchOptions& o, int connections) {
   const nlohmann::json config = {
       {"train_batch_size", 1},
       {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-4}}}}},
       {"gradient_clipping", 1.0},
       {"fp16", {{"enabled", true}}},
       {"zero_optimization", {{"stage", 2}, {"offload_optimizer", {{"device", "cpu"}}}}},
-      {"zo", {{"chunk_elems", o.chunk_elems}, {"dpu", {{"enabled", o.dpu}, {"warmup_steps", 0}}}}},
+      {"zo",
+       {{"chunk_elems", o.chunk_elems},
+        {"connections_per_server", connections},
+        {"dpu", {{"enabled", o.dpu}, {"warmup_steps", 0}}}}},
   };
   return config.dump();
 }
@@ -74,7 +78,7 @@ std::string JobConfig(const ScaleBenchOptions& o) {
 // then `rounds` timed ones of push, acknowledgement and pull.
 absl::StatusOr<std::vector<double>> WorkerSteps(const ScaleBenchOptions& o,
                                                 const std::vector<std::string>& servers,
-                                                const std::string& job) {
+                                                const std::string& job, int connections) {
   ClientOptions options;
   options.job = job;
   options.servers = servers;
@@ -83,7 +87,7 @@ absl::StatusOr<std::vector<double>> WorkerSteps(const ScaleBenchOptions& o,
   options.shared_memory = false;
   std::vector<TensorSpec> manifest = {{.name = "w", .shape = {o.params}, .dtype = DType::kFloat16}};
   ZO_ASSIGN_OR_RETURN(std::unique_ptr<OffloadClient> client,
-                      OffloadClient::Open(options, JobConfig(o), std::move(manifest)));
+                      OffloadClient::Open(options, JobConfig(o, connections), std::move(manifest)));
   const std::shared_ptr<const std::vector<uint16_t>> grad = MakeGradient(o.params);
   const auto data = absl::MakeConstSpan(reinterpret_cast<const std::byte*>(grad->data()),
                                         static_cast<size_t>(o.params * 2));
@@ -99,8 +103,8 @@ absl::StatusOr<std::vector<double>> WorkerSteps(const ScaleBenchOptions& o,
     const int64_t version = o.dpu ? step - 1 : step;
     ZO_RETURN_IF_ERROR(client->Pull(version, version - 1, tensors, dst).status());
     if (step > 1) step_s.push_back(SecondsSince(start));
-    std::cerr << absl::StrFormat("scale: %d server(s), step %d: %.3f s\n", servers.size(), step,
-                                 SecondsSince(start));
+    std::cerr << absl::StrFormat("scale: %d server(s), %d connection(s) each, step %d: %.3f s\n",
+                                 servers.size(), connections, step, SecondsSince(start));
   }
   return step_s;
 }
@@ -109,7 +113,7 @@ absl::StatusOr<std::vector<double>> WorkerSteps(const ScaleBenchOptions& o,
 // pipe as text ("ok t1 t2 ..." or "error <message>").
 absl::StatusOr<std::vector<double>> RunWorker(const ScaleBenchOptions& o, const std::string& netns,
                                               const std::vector<std::string>& servers,
-                                              const std::string& job) {
+                                              const std::string& job, int connections) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) return absl::InternalError("pipe failed");
   const pid_t pid = fork();
@@ -122,7 +126,7 @@ absl::StatusOr<std::vector<double>> RunWorker(const ScaleBenchOptions& o, const 
     if (ns < 0 || setns(ns, CLONE_NEWNET) != 0) {
       report = absl::StrCat("error entering ", netns, ": ", strerror(errno));
     } else {
-      absl::StatusOr<std::vector<double>> steps = WorkerSteps(o, servers, job);
+      absl::StatusOr<std::vector<double>> steps = WorkerSteps(o, servers, job, connections);
       report = steps.ok() ? absl::StrCat("ok ", absl::StrJoin(*steps, " "))
                           : absl::StrCat("error ", steps.status().message());
     }
@@ -156,8 +160,18 @@ absl::Status ValidateScaleBenchOptions(const ScaleBenchOptions& o) {
       return absl::InvalidArgumentError(absl::StrCat("--servers: counts 1..64, got ", k));
     }
   }
-  if (o.link_mbit < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--link-mbit must be >= 1, got ", o.link_mbit));
+  if (o.link_mbit < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--link-mbit must be >= 0 (0: uncapped), got ", o.link_mbit));
+  }
+  if (o.connections.empty()) {
+    return absl::InvalidArgumentError("--connections: name at least one count");
+  }
+  for (int c : o.connections) {
+    if (c < 1 || c > ZoConfig::kMaxConnectionsPerServer) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--connections: counts 1..", ZoConfig::kMaxConnectionsPerServer, ", got ", c));
+    }
   }
   if (o.params < 1 || o.chunk_elems < 1 || o.rounds < 1) {
     return absl::InvalidArgumentError("--params, --chunk-elems and --rounds must be positive");
@@ -192,47 +206,53 @@ absl::Status RunScaleBench(const ScaleBenchOptions& o, std::ostream& out) {
   const int most = *std::max_element(o.servers.begin(), o.servers.end());
   for (int s = 0; s < most; ++s) {
     ZO_ASSIGN_OR_RETURN(const int host, hosts->AddHost(absl::StrCat("srv", s)));
-    ZO_RETURN_IF_ERROR(hosts->LimitLink(host, o.link_mbit));
+    if (o.link_mbit > 0) ZO_RETURN_IF_ERROR(hosts->LimitLink(host, o.link_mbit));
     server_hosts.push_back(host);
   }
 
   const int64_t bytes_per_step = 2 * o.params * 2;  // fp16 gradients out, fp16 weights back
-  double baseline = 0;
-  for (int k : o.servers) {
-    std::vector<std::string> addresses;
-    std::vector<testing::ChildProcess*> servers;
-    for (int s = 0; s < k; ++s) {
-      ZO_ASSIGN_OR_RETURN(cluster::HostServer server,
-                          cluster::StartServerOnHost(*hosts, server_hosts[s], binary, dir));
-      addresses.push_back(server.address);
-      servers.push_back(server.process);
-    }
-    absl::StatusOr<std::vector<double>> steps =
-        RunWorker(o, hosts->netns(worker), addresses, absl::StrCat("scale", k));
-    for (testing::ChildProcess* s : servers) s->Kill();  // a fresh tier for the next count
-    if (!steps.ok()) return steps.status();
-    const double step_s = Median(*steps);
-    if (baseline == 0) baseline = step_s * o.servers.front();
-    const double efficiency = baseline / (k * step_s);
-    const double bytes_per_s = bytes_per_step / step_s;
-    if (o.json) {
-      out << nlohmann::json{{"bench", "scale"},
-                            {"servers", k},
-                            {"link_mbit", o.link_mbit},
-                            {"step_s", step_s},
-                            {"bytes_per_s", bytes_per_s},
-                            {"efficiency", efficiency},
-                            {"dpu", o.dpu}}
-                 .dump()
-          << std::endl;
-    } else {
-      out << absl::StrFormat(
-                 "scale: %d server host(s) at %d Mbit/s each: step %.3f s (median of %d), "
-                 "%.1f MB/s pushed + pulled (%.0f%% of the links one way), efficiency %.2f%s\n",
-                 k, o.link_mbit, step_s, steps->size(), bytes_per_s / 1e6,
-                 100.0 * bytes_per_s * 8 / (1.0 * k * o.link_mbit * 1e6), efficiency,
-                 o.dpu ? " (DPU)" : "")
-          << std::flush;
+  const std::string link =
+      o.link_mbit > 0 ? absl::StrFormat("%d Mbit/s", o.link_mbit) : std::string("uncapped links");
+  for (int connections : o.connections) {
+    double baseline = 0;
+    for (int k : o.servers) {
+      std::vector<std::string> addresses;
+      std::vector<testing::ChildProcess*> servers;
+      for (int s = 0; s < k; ++s) {
+        ZO_ASSIGN_OR_RETURN(cluster::HostServer server,
+                            cluster::StartServerOnHost(*hosts, server_hosts[s], binary, dir));
+        addresses.push_back(server.address);
+        servers.push_back(server.process);
+      }
+      absl::StatusOr<std::vector<double>> steps =
+          RunWorker(o, hosts->netns(worker), addresses, absl::StrCat("scale", k, "x", connections),
+                    connections);
+      for (testing::ChildProcess* s : servers) s->Kill();  // a fresh tier for the next count
+      if (!steps.ok()) return steps.status();
+      const double step_s = Median(*steps);
+      if (baseline == 0) baseline = step_s * o.servers.front();
+      const double efficiency = baseline / (k * step_s);
+      const double bytes_per_s = bytes_per_step / step_s;
+      if (o.json) {
+        out << nlohmann::json{{"bench", "scale"},           {"servers", k},
+                              {"connections", connections}, {"link_mbit", o.link_mbit},
+                              {"step_s", step_s},           {"bytes_per_s", bytes_per_s},
+                              {"efficiency", efficiency},   {"dpu", o.dpu}}
+                   .dump()
+            << std::endl;
+      } else {
+        const std::string share =
+            o.link_mbit > 0
+                ? absl::StrFormat(" (%.0f%% of the links one way)",
+                                  100.0 * bytes_per_s * 8 / (1.0 * k * o.link_mbit * 1e6))
+                : "";
+        out << absl::StrFormat(
+                   "scale: %d server host(s) at %s, %d connection(s) each: step %.3f s (median "
+                   "of %d), %.1f MB/s pushed + pulled%s, efficiency %.2f%s\n",
+                   k, link, connections, step_s, steps->size(), bytes_per_s / 1e6, share,
+                   efficiency, o.dpu ? " (DPU)" : "")
+            << std::flush;
+      }
     }
   }
   return absl::OkStatus();

@@ -23,13 +23,17 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/config.h"
 
 namespace zo::bench {
 
 struct ScaleBenchOptions {
   std::vector<int> servers = {1, 2, 4};  // server host counts, the first is the baseline
-  int64_t link_mbit = 1000;              // cap of each server host's link, each way
-  int64_t params = int64_t{32} << 20;    // fp16 elements pushed and pulled per step
+  int64_t link_mbit = 1000;              // cap of each server host's link, each way; 0: none
+  // zo.connections_per_server counts to time each server count with; the
+  // efficiency of each is against its own first server count.
+  std::vector<int> connections = {ZoConfig::kDefaultConnectionsPerServer};
+  int64_t params = int64_t{32} << 20;  // fp16 elements pushed and pulled per step
   int64_t chunk_elems = int64_t{1} << 20;
   // Steps as a worker with the delayed parameter update takes them: after
   // pushing step t it pulls v(t-1), which the servers computed while step
@@ -43,7 +47,8 @@ struct ScaleBenchOptions {
 
 absl::Status ValidateScaleBenchOptions(const ScaleBenchOptions& options);
 
-// Runs the bench, one row per server count to `out`, progress to stderr.
+// Runs the bench, one row per server count and connection count to `out`,
+// progress to stderr.
 // FAILED_PRECONDITION when network namespaces cannot be made here, or when
 // this process runs threads of its own (the worker is forked).
 absl::Status RunScaleBench(const ScaleBenchOptions& options, std::ostream& out);

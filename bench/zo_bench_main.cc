@@ -142,7 +142,11 @@ ABSL_FLAG(std::string, largest_device_memory_budget, "",
 ABSL_FLAG(std::string, largest_nvme, "",
           "gpu: gpu_largest keeps its optimizer state on NVMe in this directory, and with "
           "--largest-device-memory-budget its streamed weights too; empty: in RAM");
-ABSL_FLAG(int64_t, link_mbit, 1000, "scale: each server host's link cap, Mbit/s each way");
+ABSL_FLAG(int64_t, link_mbit, 1000,
+          "scale: each server host's link cap, Mbit/s each way; 0: uncapped");
+ABSL_FLAG(std::string, connections, "2",
+          "scale: zo.connections_per_server counts to time, comma-separated (each server count "
+          "with each)");
 ABSL_FLAG(std::string, server_hosts, "1,2,4",
           "scale: server host counts, comma-separated; the first is the efficiency baseline");
 ABSL_FLAG(bool, scale_dpu, false,
@@ -219,11 +223,13 @@ constexpr char kUsage[] =
     "         pushed; ratio = median step / max(X, the route's step alone); synchronous\n"
     "         it is about 2 at auto by construction (target speculative: <= 1.2).\n"
     "  scale  network namespaces as hosts: a worker host and --server-hosts server hosts\n"
-    "         whose links tc caps at --link-mbit each way; per count k, k zo-servers hold\n"
-    "         a job of --scale-params fp16 elements (chunks of --chunk-elems) and the\n"
-    "         worker times --rounds steps of push, acknowledgement and pull after one\n"
-    "         warm-up (--scale-dpu: pulling the step before's weights, as with DPU);\n"
-    "         efficiency = T(1) / (k T(k)) (target >= 0.9 at 4). The hosts share this\n"
+    "         whose links tc caps at --link-mbit each way (0: uncapped); per count k, k\n"
+    "         zo-servers hold a job of --scale-params fp16 elements (chunks of\n"
+    "         --chunk-elems) and the worker, over --connections TCP connections to each\n"
+    "         (zo.connections_per_server; a list times each), times --rounds steps of\n"
+    "         push, acknowledgement and pull after one warm-up (--scale-dpu: pulling the\n"
+    "         step before's weights, as with DPU); efficiency = T(1) / (k T(k)) (target\n"
+    "         >= 0.9 at 4). The hosts share this\n"
     "         machine's cores, so without DPU the servers' update does not shrink with k.\n"
     "         Needs root; run it on its own (it forks before starting threads).\n"
     "  checkpoint  an in-process server on loopback with a checkpoint directory under\n"
@@ -388,6 +394,15 @@ absl::StatusOr<bench::ScaleBenchOptions> ScaleOptionsFromFlags() {
     o.servers.push_back(n);
   }
   o.link_mbit = absl::GetFlag(FLAGS_link_mbit);
+  o.connections.clear();
+  for (const std::string& c :
+       std::vector<std::string>(absl::StrSplit(absl::GetFlag(FLAGS_connections), ','))) {
+    int n = 0;
+    if (!absl::SimpleAtoi(c, &n)) {
+      return absl::InvalidArgumentError("--connections wants counts like 1,2,4, got '" + c + "'");
+    }
+    o.connections.push_back(n);
+  }
   o.dpu = absl::GetFlag(FLAGS_scale_dpu);
   ZO_ASSIGN_OR_RETURN(o.params, ParseCount(absl::GetFlag(FLAGS_scale_params)));
   ZO_ASSIGN_OR_RETURN(o.chunk_elems, ParseCount(absl::GetFlag(FLAGS_chunk_elems)));
