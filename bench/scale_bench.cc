@@ -154,10 +154,11 @@ absl::StatusOr<std::vector<double>> RunWorker(const ScaleBenchOptions& o, const 
 }  // namespace
 
 absl::Status ValidateScaleBenchOptions(const ScaleBenchOptions& o) {
-  if (o.servers.empty()) return absl::InvalidArgumentError("--servers: name at least one count");
+  if (o.servers.empty())
+    return absl::InvalidArgumentError("--server-hosts: name at least one count");
   for (int k : o.servers) {
     if (k < 1 || k > 64) {
-      return absl::InvalidArgumentError(absl::StrCat("--servers: counts 1..64, got ", k));
+      return absl::InvalidArgumentError(absl::StrCat("--server-hosts: counts 1..64, got ", k));
     }
   }
   if (o.link_mbit < 0) {

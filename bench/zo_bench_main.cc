@@ -382,27 +382,25 @@ absl::StatusOr<bench::WireBenchOptions> WireOptionsFromFlags() {
 
 int RunWire() { return RunWorkload("wire", WireOptionsFromFlags(), &bench::RunWireBench); }
 
+// "1,2,4" -> {1, 2, 4}; `flag` names the flag in the error.
+absl::StatusOr<std::vector<int>> ParseIntList(const std::string& flag, const std::string& text) {
+  std::vector<int> out;
+  for (const std::string& item : std::vector<std::string>(absl::StrSplit(text, ','))) {
+    int n = 0;
+    if (!absl::SimpleAtoi(item, &n)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, " wants counts like 1,2,4, got '", item, "'"));
+    }
+    out.push_back(n);
+  }
+  return out;
+}
+
 absl::StatusOr<bench::ScaleBenchOptions> ScaleOptionsFromFlags() {
   bench::ScaleBenchOptions o;
-  o.servers.clear();
-  for (const std::string& k :
-       std::vector<std::string>(absl::StrSplit(absl::GetFlag(FLAGS_server_hosts), ','))) {
-    int n = 0;
-    if (!absl::SimpleAtoi(k, &n)) {
-      return absl::InvalidArgumentError("--server-hosts wants counts like 1,2,4, got '" + k + "'");
-    }
-    o.servers.push_back(n);
-  }
+  ZO_ASSIGN_OR_RETURN(o.servers, ParseIntList("server-hosts", absl::GetFlag(FLAGS_server_hosts)));
   o.link_mbit = absl::GetFlag(FLAGS_link_mbit);
-  o.connections.clear();
-  for (const std::string& c :
-       std::vector<std::string>(absl::StrSplit(absl::GetFlag(FLAGS_connections), ','))) {
-    int n = 0;
-    if (!absl::SimpleAtoi(c, &n)) {
-      return absl::InvalidArgumentError("--connections wants counts like 1,2,4, got '" + c + "'");
-    }
-    o.connections.push_back(n);
-  }
+  ZO_ASSIGN_OR_RETURN(o.connections, ParseIntList("connections", absl::GetFlag(FLAGS_connections)));
   o.dpu = absl::GetFlag(FLAGS_scale_dpu);
   ZO_ASSIGN_OR_RETURN(o.params, ParseCount(absl::GetFlag(FLAGS_scale_params)));
   ZO_ASSIGN_OR_RETURN(o.chunk_elems, ParseCount(absl::GetFlag(FLAGS_chunk_elems)));
