@@ -52,19 +52,20 @@ struct UpdateMode {
 
 // `micro_batches` > 1: each step pushes that many gradients per tensor,
 // summed on the servers (zo.gradient_accumulation "servers").
-std::string JobConfig(DType dtype, int64_t chunk_elems, UpdateMode mode, int micro_batches) {
+std::string JobConfig(DType dtype, int64_t chunk_elems, UpdateMode mode, int micro_batches,
+                      int connections) {
   const char* precision = dtype == DType::kFloat16    ? R"("fp16": {"enabled": true},)"
                           : dtype == DType::kBFloat16 ? R"("bf16": {"enabled": true},)"
                                                       : "";
-  return absl::StrCat(R"({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": )",
-                      micro_batches, ", ", precision, R"(
+  return absl::StrCat(
+      R"({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": )", micro_batches,
+      ", ", precision, R"(
       "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.01}},
       "zo": {)",
-                      micro_batches > 1 ? R"("gradient_accumulation": "servers", )" : "",
-                      R"("chunk_elems": )", chunk_elems, R"(, "speculative_update": )",
-                      mode.speculative ? "true" : "false", R"(, "dpu": {"enabled": )",
-                      mode.dpu ? "true" : "false", R"(, "warmup_steps": 0, "compensation": ")",
-                      mode.compensated ? "worker" : "none", R"("}}})");
+      micro_batches > 1 ? R"("gradient_accumulation": "servers", )" : "", R"("chunk_elems": )",
+      chunk_elems, R"(, "connections_per_server": )", connections, R"(, "speculative_update": )",
+      mode.speculative ? "true" : "false", R"(, "dpu": {"enabled": )", mode.dpu ? "true" : "false",
+      R"(, "warmup_steps": 0, "compensation": ")", mode.compensated ? "worker" : "none", R"("}}})");
 }
 
 // The server's update alone: the fused Adam over the same number of
@@ -149,10 +150,10 @@ class BenchJob {
                                 .shape = {std::min(per_tensor, o.params - begin)},
                                 .dtype = o.dtype});
     }
-    ZO_ASSIGN_OR_RETURN(
-        job->client_,
-        OffloadClient::Open(options, JobConfig(o.dtype, o.chunk_elems, mode, o.micro_batches),
-                            job->manifest_));
+    ZO_ASSIGN_OR_RETURN(job->client_, OffloadClient::Open(options,
+                                                          JobConfig(o.dtype, o.chunk_elems, mode,
+                                                                    o.micro_batches, o.connections),
+                                                          job->manifest_));
     if (route == "same_host" && job->client_->routes()[0] != "shared_memory") {
       return absl::FailedPreconditionError(
           "offload: same_host: the server did not map the shared region (see the log)");
@@ -454,6 +455,7 @@ absl::Status ReportOverlap(const OffloadBenchOptions& o, const std::string& rout
                             {"params", o.params},
                             {"threads", o.threads},
                             {"micro_batches", o.micro_batches},
+                            {"connections", o.connections},
                             {"speculative", r.mode.speculative},
                             {"dpu", r.mode.dpu},
                             {"compensated", r.mode.compensated},
@@ -524,7 +526,8 @@ absl::Status RunOffloadBench(const OffloadBenchOptions& options, std::ostream& o
                             {"adam_s", r.adam_s},
                             {"ratio", r.ratio},
                             {"speculative", true},
-                            {"micro_batches", o.micro_batches}}
+                            {"micro_batches", o.micro_batches},
+                            {"connections", o.connections}}
                  .dump()
           << "\n";
     } else {

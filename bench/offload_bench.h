@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/config.h"
 #include "common/dtype.h"
 
 namespace zo::bench {
@@ -35,6 +36,9 @@ struct OffloadBenchOptions {
   // the servers (zo.gradient_accumulation "servers"); 1: summed on the
   // worker.
   int micro_batches = 1;
+  // zo.connections_per_server: the TCP connections of the tcp route (the
+  // same-host route's headers take the first).
+  int connections = ZoConfig::kDefaultConnectionsPerServer;
   // Rows `overlap` after each route's step row: the step with a worker's
   // compute in it (a GPU's forward and backward, the CPU idle meanwhile),
   // without and with DPU, against max(compute, the route's step alone).

@@ -145,8 +145,8 @@ ABSL_FLAG(std::string, largest_nvme, "",
 ABSL_FLAG(int64_t, link_mbit, 1000,
           "scale: each server host's link cap, Mbit/s each way; 0: uncapped");
 ABSL_FLAG(std::string, connections, "2",
-          "scale: zo.connections_per_server counts to time, comma-separated (each server count "
-          "with each)");
+          "zo.connections_per_server: scale, the counts to time, comma-separated (each server "
+          "count with each); offload, the one count of its tcp route");
 ABSL_FLAG(std::string, server_hosts, "1,2,4",
           "scale: server host counts, comma-separated; the first is the efficiency baseline");
 ABSL_FLAG(bool, scale_dpu, false,
@@ -208,9 +208,11 @@ constexpr char kUsage[] =
     "         alternating, --rounds each (default 5) after a warm-up; ratio = median step /\n"
     "         median adam (targets: in_process <= 1.3, same_host <= 1.5); the server\n"
     "         speculates, as by default. --micro-batches N pushes every gradient N times\n"
-    "         a step, summed on the servers (zo.gradient_accumulation \"servers\"). Rows\n"
-    "         {bench, row: step, route, dtype, params, step_s, push_s, update_pull_s,\n"
-    "         adam_s, ratio, speculative, micro_batches} with --json.\n"
+    "         a step, summed on the servers (zo.gradient_accumulation \"servers\");\n"
+    "         --connections N: the tcp route's TCP connections (zo.connections_per_server,\n"
+    "         default 2). Rows {bench, row: step, route, dtype, params, step_s, push_s,\n"
+    "         update_pull_s, adam_s, ratio, speculative, micro_batches, connections} with\n"
+    "         --json.\n"
     "         --compute-ms X (ms, or auto: the route's step) adds rows overlap per route:\n"
     "         synchronous, speculative (each chunk updated as its gradients come in),\n"
     "         DPU, and DPU compensated (each delayed step also waits for the step\n"
@@ -423,6 +425,15 @@ absl::StatusOr<bench::OffloadBenchOptions> OffloadOptionsFromFlags() {
   o.dtype = *parsed;
   o.routes = absl::StrSplit(absl::GetFlag(FLAGS_routes), ',', absl::SkipEmpty());
   o.micro_batches = absl::GetFlag(FLAGS_micro_batches);
+  ZO_ASSIGN_OR_RETURN(const std::vector<int> connections,
+                      ParseIntList("connections", absl::GetFlag(FLAGS_connections)));
+  if (connections.size() != 1 || connections[0] < 1 ||
+      connections[0] > ZoConfig::kMaxConnectionsPerServer) {
+    return absl::InvalidArgumentError(absl::StrCat("--connections takes one count, 1 to ",
+                                                   ZoConfig::kMaxConnectionsPerServer, ", got '",
+                                                   absl::GetFlag(FLAGS_connections), "'"));
+  }
+  o.connections = connections[0];
   const std::string threads = absl::GetFlag(FLAGS_threads);
   if (!threads.empty() && (!absl::SimpleAtoi(threads, &o.threads) || o.threads < 1)) {
     return absl::InvalidArgumentError("offload: --threads wants one count >= 1, got '" + threads +
