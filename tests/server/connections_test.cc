@@ -74,13 +74,18 @@ int PortOf(const std::string& address) {
 }
 
 // The reference problem's job (5 chunks of 128 elements: 3 on server 0,
-// 2 on server 1), 2 dp ranks, over `connections` connections per server.
+// 2 on server 1) over `connections` connections per server.
+std::string Config(int connections) {
+  return ReferenceJobConfig(absl::StrCat(
+      R"("steps_per_print": 100, "zo": {"chunk_elems": 128, "connections_per_server": )",
+      connections, "}"));
+}
+
+// That job trained with 2 dp ranks for kSteps steps; its weights.
 std::vector<float> Train(const std::vector<ServerProcess>& servers, int connections,
                          std::vector<int>* counted = nullptr) {
   const LeastSquares p = ReferenceProblem();
-  const std::string config = ReferenceJobConfig(absl::StrCat(
-      R"("steps_per_print": 100, "zo": {"chunk_elems": 128, "connections_per_server": )",
-      connections, "}"));
+  const std::string config = Config(connections);
   ClientOptions grpc_only;
   grpc_only.shared_memory = false;
   auto workers = OpenWorkers(p, DType::kFloat32, absl::StrCat("conn", connections), config,
@@ -121,6 +126,52 @@ TEST(ConnectionsTest, SeveralConnectionsPerServerTrainTheBitsOfOne) {
     if (connections == 3) EXPECT_THAT(counted, ElementsAre(6, 4));
     if (connections == 2) EXPECT_THAT(counted, ElementsAre(4, 4));
   }
+}
+
+// A follower killed while its pushes are out on three connections fails
+// the step on every rank at once (no call waits out its deadline), and
+// once it is back the job rolls back to its checkpoint and goes on to the
+// weights of the run that never failed.
+TEST(ConnectionsTest, AServerKilledMidStepFailsItAndTheRunResumesExactly) {
+  std::vector<float> uninterrupted;
+  {
+    std::vector<ServerProcess> servers = StartServers(2);
+    uninterrupted = Train(servers, 1);
+  }
+  ASSERT_FALSE(uninterrupted.empty());
+  const LeastSquares p = ReferenceProblem();
+  const std::string ckpt = FreshTempDir("connections_kill");
+  std::vector<ServerProcess> servers = StartServers(2, {"--checkpoint-dir", ckpt});
+  const std::vector<std::string> addresses = Addresses(servers);
+  ClientOptions options;
+  options.shared_memory = false;
+  options.call_timeout = absl::Seconds(10);
+  options.retry_for = absl::Seconds(2);
+  {
+    ZO_ASSERT_OK_AND_ASSIGN(auto workers,
+                            OpenWorkers(p, DType::kFloat32, "kill", Config(3), addresses, options));
+    ASSERT_THAT(workers[0]->InitWeights(), IsOk());
+    ASSERT_THAT(RunSteps(workers, 1, 6), IsOk());
+    ASSERT_THAT(workers[0]->client().Checkpoint(6).status(), IsOk());
+    ASSERT_THAT(RunSteps(workers, 7, 8), IsOk());
+    workers[0]->set_after_push([&](int64_t step) {
+      if (step == 9) servers[1].Kill();
+    });
+    const absl::Status run = RunSteps(workers, 9, kSteps);
+    workers[0]->set_after_push(nullptr);
+    EXPECT_FALSE(run.ok());
+    EXPECT_THAT(std::string(run.message()), ::testing::ContainsRegex("rank 0 step (9|10): "));
+  }
+  ZO_ASSERT_OK_AND_ASSIGN(servers[1],
+                          ServerProcess::Start({"--checkpoint-dir", ckpt}, servers[1].port()));
+  options.retry_for = absl::Minutes(1);
+  ZO_ASSERT_OK_AND_ASSIGN(auto workers,
+                          OpenWorkers(p, DType::kFloat32, "kill", Config(3), addresses, options));
+  EXPECT_EQ(workers[0]->client().version(), 6);
+  ASSERT_THAT(RunSteps(workers, 7, kSteps), IsOk());
+  ZO_ASSERT_OK_AND_ASSIGN(const std::vector<float> x, workers[0]->PullAll(kSteps));
+  ASSERT_EQ(x.size(), uninterrupted.size());
+  EXPECT_EQ(std::memcmp(x.data(), uninterrupted.data(), x.size() * sizeof(float)), 0);
 }
 
 // zo.gradient_accumulation "servers": each micro-batch's pieces are summed
