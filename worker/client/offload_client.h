@@ -70,7 +70,9 @@ class PullCancellation {
 struct ClientOptions {
   std::string job;
   // Every server of the job as "host:port", in striping order. Ignored when
-  // `channels` is given.
+  // `channels` is given. The client opens the config's
+  // zo.connections_per_server TCP connections to each (those whose data
+  // takes gRPC use them all; the others only the first).
   std::vector<std::string> servers;
   // Ready channels, one per server in striping order (the embedded default
   // passes one in-process channel). Non-empty: used instead of `servers`.
