@@ -84,6 +84,12 @@ class ShardMap {
   // Flat range of chunk `c` (the last chunk may be short).
   FlatRange ChunkRange(int64_t c) const;
   int ServerOfChunk(int64_t c) const { return static_cast<int>(c % num_servers_); }
+  // Which of `stripes` stripes chunk `c` is in: its index among its
+  // server's own chunks, modulo stripes. A worker's connections to a
+  // server each push and pull one stripe (PullParamsRequest.stripe).
+  int StripeOfChunk(int64_t c, int stripes) const {
+    return static_cast<int>((c / num_servers_) % stripes);
+  }
 
   // The pieces that tile tensor `t`, in order of tensor offset.
   std::vector<TensorPiece> PiecesOfTensor(int t) const;

@@ -93,9 +93,8 @@ std::vector<PullCursor::Range> Job::PullRanges(const v1::PullParamsRequest& requ
   for (int t : tensors) {
     for (const TensorPiece& p : map_.PiecesOfTensor(t)) {
       if (p.server != spec_.server_index) continue;
-      const int64_t own_chunk = p.chunk / map_.num_servers();
-      if (own_chunk % stripes != request.stripe()) continue;
-      const int64_t local = chunks()[own_chunk].local_offset + p.chunk_offset;
+      if (map_.StripeOfChunk(p.chunk, stripes) != request.stripe()) continue;
+      const int64_t local = chunks()[p.chunk / map_.num_servers()].local_offset + p.chunk_offset;
       ranges.push_back({t, p.tensor_offset, local, p.length});
     }
   }

@@ -164,7 +164,7 @@ void OffloadClient::Impl::TakeOnOpened(const std::vector<v1::OpenJobResponse>& r
   if (options.shared_memory && options.channels.empty()) AttachRegions();
   for (int i = 0; i < num_servers; ++i) {
     const size_t connections = data_channels[i].size();
-    if (connections > 1 && routes[i] == nullptr && RegionId(i) == 0) {
+    if (connections > 1 && DataOverGrpc(i)) {
       ZO_LOG(INFO) << "server " << names[i] << ": gradients and weights over gRPC on "
                    << connections << " TCP connections (zo.connections_per_server)"
                    << (pull_stripes[i] ? ""

@@ -203,16 +203,17 @@ struct OffloadClient::Impl {
   std::vector<std::vector<std::shared_ptr<grpc::Channel>>> data_channels;
   std::vector<std::vector<std::unique_ptr<v1::Offload::Stub>>> data_stubs;
   int ConnectionOf(int server, int64_t chunk) const {
-    return static_cast<int>((chunk / map.num_servers()) %
-                            static_cast<int64_t>(data_channels[server].size()));
+    return map.StripeOfChunk(chunk, static_cast<int>(data_channels[server].size()));
   }
+  // Whether `server`'s gradients and weights go over gRPC (no in-process
+  // route, no region).
+  bool DataOverGrpc(int server) const { return routes[server] == nullptr && RegionId(server) == 0; }
   // Per server: it pulls stripes (OpenJobResponse.pull_stripes). Set at Open.
   std::unique_ptr<std::atomic<bool>[]> pull_stripes;
   // The stripes a gRPC pull from `server` is cut into: one per connection
   // where the server takes them and the data is not on another route.
   int PullStripes(int server) const {
-    const bool grpc_data = routes[server] == nullptr && RegionId(server) == 0;
-    return grpc_data && pull_stripes[server].load(std::memory_order_relaxed)
+    return DataOverGrpc(server) && pull_stripes[server].load(std::memory_order_relaxed)
                ? static_cast<int>(data_channels[server].size())
                : 1;
   }

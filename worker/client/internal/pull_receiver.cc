@@ -21,7 +21,7 @@ PullReceiver::PullReceiver(const ShardMap& map, DType dtype, int server, int64_t
     slot.dst = dst[i];
     for (const TensorPiece& p : map.PiecesOfTensor(tensors[i])) {
       if (p.server != server) continue;
-      if ((p.chunk / map.num_servers()) % stripe.stripes != stripe.stripe) continue;
+      if (map.StripeOfChunk(p.chunk, stripe.stripes) != stripe.stripe) continue;
       const int64_t begin = p.tensor_offset;
       const int64_t end = p.tensor_offset + p.length;
       if (!slot.owned.empty() && slot.owned.back().second == begin) {
