@@ -5,6 +5,7 @@
 
 #include "common/status_macros.h"
 #include "rpc/proto_convert.h"
+#include "worker/client/internal/call.h"
 #include "worker/client/internal/offload_client_impl.h"
 #include "worker/client/offload_client.h"
 
@@ -23,21 +24,26 @@ absl::Status OffloadClient::SetStepLr(int64_t step, absl::Span<const double> gro
   request.set_step(step);
   request.set_dp_rank(impl_->options.dp_rank);
   for (double lr : group_lr) request.add_group_lr(lr);
-  request.set_incarnation(impl_->incarnation[0].load(std::memory_order_relaxed));
-  const auto call = [&](v1::Offload::Stub& stub, grpc::ClientContext& context,
-                        v1::StepLrResponse& r) { return stub.SetStepLr(&context, request, &r); };
-  ZO_RETURN_IF_ERROR(impl_->Unary<v1::StepLrResponse>(0, call).status());
   // The followers decide nothing with the rates; they guess the step with
   // them and update each chunk as its gradients come (the speculative
-  // update). One short attempt each: one that misses them updates later.
+  // update). One short attempt each, beside the lead's call: one that
+  // misses them updates later, so their errors are dropped.
   client_internal::CallSettings once = impl_->call;
   once.attempt.timeout = absl::Seconds(2);
   once.retry_for = absl::ZeroDuration();
-  for (int server = 1; server < static_cast<int>(impl_->stubs.size()); ++server) {
-    request.set_incarnation(impl_->incarnation[server].load(std::memory_order_relaxed));
+  client_internal::CallGroup group;
+  return client_internal::RunInParallel(impl_->stubs.size(), group, [&](size_t i) -> absl::Status {
+    const int server = static_cast<int>(i);
+    v1::StepLrRequest to_server = request;
+    to_server.set_incarnation(impl_->incarnation[i].load(std::memory_order_relaxed));
+    const auto call = [&](v1::Offload::Stub& stub, grpc::ClientContext& context,
+                          v1::StepLrResponse& r) {
+      return stub.SetStepLr(&context, to_server, &r);
+    };
+    if (server == 0) return impl_->Unary<v1::StepLrResponse>(0, call).status();
     (void)impl_->Unary<v1::StepLrResponse>(once, server, call, nullptr);
-  }
-  return absl::OkStatus();
+    return absl::OkStatus();
+  });
 }
 
 absl::StatusOr<std::vector<WeightsCompensation>> OffloadClient::StepCompensation(int64_t step,
