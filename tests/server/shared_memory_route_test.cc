@@ -516,9 +516,52 @@ TEST(SharedMemoryPushBuffersTest, PushesFromTheLentPlacesAreTheGrpcRoutes) {
   EXPECT_EQ(grpc.traffic().pushed_in_place_bytes, 0);
 }
 
-// Gradients lent on the same-host route (OffloadClient::PushLent, whose
-// region pieces say region_lent) give the gRPC route's bits step after
-// step, clipped and not. The server reads them in the region: a lent
+// The server reads every piece in the region until its step's update ends,
+// so a gradient area is written again only after a pull has shown that
+// update over. A worker that pushes a third step without pulling the first
+// gets no places in the first's area, and its pushes take gRPC; the
+// weights stay the gRPC route's, and the places come back after a pull.
+TEST(SharedMemoryPushBuffersTest, AnAreaIsWrittenAgainOnlyAfterAPullOfItsStep) {
+  std::vector<ServerProcess> servers = StartServers(1);
+  ASSERT_EQ(servers.size(), 1u);
+  const std::vector<int>& tensors = kLentTensors;
+  const std::vector<std::unique_ptr<OffloadClient>> clients =
+      OpenBothRoutes(servers, "area-reuse-shm", "area-reuse-grpc");
+  ASSERT_EQ(clients.size(), 2u);
+  OffloadClient& shm = *clients[0];
+  OffloadClient& grpc = *clients[1];
+  int64_t in_place = 0;
+  for (int64_t step = 1; step <= 5; ++step) {
+    SCOPED_TRACE(::testing::Message() << "step " << step);
+    ZO_ASSERT_OK_AND_ASSIGN(const std::vector<absl::Span<std::byte>> lent,
+                            shm.PushBuffers(step, tensors));
+    // Step 3 reuses step 1's area, which no pull has shown read yet; step 4
+    // reuses step 2's, pulled after step 3.
+    EXPECT_EQ(lent.empty(), step == 3);
+    for (int t = 0; t < 3; ++t) {
+      const std::vector<uint16_t> g = LentGradient(step, t);
+      ASSERT_THAT(grpc.Push(step, t, BytesOf(g)), IsOk());
+      if (lent.empty() || lent[t].empty()) {
+        ASSERT_THAT(shm.Push(step, t, BytesOf(g)), IsOk());
+        continue;
+      }
+      std::memcpy(lent[t].data(), g.data(), lent[t].size());
+      ASSERT_THAT(shm.PushShared(step, t, std::make_shared<int>(0), lent[t]), IsOk());
+      in_place += static_cast<int64_t>(lent[t].size());
+    }
+    ASSERT_THAT(shm.FinishStep(step), IsOk());
+    ASSERT_THAT(grpc.FinishStep(step), IsOk());
+    if (step >= 3) {
+      EXPECT_EQ(PulledWeights(shm, step), PulledWeights(grpc, step)) << "version " << step;
+    }
+  }
+  EXPECT_EQ(shm.traffic().pushed_in_place_bytes, in_place);
+  EXPECT_EQ(in_place, 4 * (5000 + 9000) * 2) << "steps 1, 2, 4 and 5 from their places";
+}
+
+// Gradients pushed on the same-host route (every region piece says
+// region_lent, by PushLent and PushShared alike) give the gRPC route's bits
+// step after step, clipped and not. The server reads them in the region: a
 // tensor's bytes changed there after its push (which a worker must not do),
 // while its chunk still waits for the next tensor, are what the update
 // takes. (Blocks: offload/gradient_source.h, 64 Ki elements.)
@@ -546,8 +589,9 @@ TEST(SharedMemoryLentPushTest, LentPiecesAreReadInTheRegionUntilTheUpdate) {
   for (int64_t step = 1; step <= kSteps; ++step) {
     SCOPED_TRACE(::testing::Message() << "step " << step);
     const float scale = step % 2 == 1 ? 1.0f : 1e-4f;
-    // The last step pushes a from its place in the region, then changes it.
-    const bool changed_after = step == kSteps;
+    // The last two steps push a from its place in the region, then change
+    // it: step 3 by PushShared, step 4 by PushLent.
+    const bool changed_after = step >= kSteps - 1;
     absl::Span<std::byte> place;
     if (changed_after) {
       ZO_ASSERT_OK_AND_ASSIGN(const std::vector<absl::Span<std::byte>> lent,
@@ -562,7 +606,11 @@ TEST(SharedMemoryLentPushTest, LentPiecesAreReadInTheRegionUntilTheUpdate) {
         std::memcpy(place.data(), g->data(), place.size());
         bytes = place;
       }
-      ASSERT_THAT(shm.PushLent(step, t, g, bytes), IsOk());
+      if (step == kSteps - 1) {
+        ASSERT_THAT(shm.PushShared(step, t, g, bytes), IsOk());
+      } else {
+        ASSERT_THAT(shm.PushLent(step, t, g, bytes), IsOk());
+      }
       if (t == 0 && changed_after) {
         // a's first gradient block, which lies wholly in the piece, is read
         // in place (the rest of the piece is copied as it comes): its chunk

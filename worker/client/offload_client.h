@@ -186,16 +186,16 @@ class OffloadClient {
   // step's micro-batches the gradient is from (each is pushed once).
   absl::Status PushShared(int64_t step, int tensor, std::shared_ptr<const void> owner,
                           absl::Span<const std::byte> data, int micro_batch = 0);
-  // PushShared whose bytes the server may read where they are rather than
-  // copy them, until its update of `step` has read them: an in-process
-  // server reads the caller's bytes and keeps `owner` until then; a
-  // same-host one reads the copy in the client's region
-  // (GradientPiece.region_lent), which the client writes again only for
-  // step + 2. The caller leaves the bytes unchanged, and pushes no step
-  // after step + 1, until it has pulled the step's version (after a failed
-  // step: until the job is restored or closed). With a delayed update
-  // (zo.dpu), whose next step may write them sooner, and over gRPC, it is
-  // PushShared.
+  // PushShared whose bytes an in-process server may read where they are
+  // rather than copy them, until its update of `step` has read them: it
+  // keeps `owner` until then. The caller leaves the bytes unchanged until
+  // it has pulled the step's version (after a failed step: until the job is
+  // restored or closed). With a delayed update (zo.dpu), whose next step may
+  // write them sooner, it is PushShared. On the same-host route every push
+  // is read in place: the server reads the region's copy
+  // (GradientPiece.region_lent), and the client writes that area again, for
+  // step + 2, only once a pull has shown the step's update over (until
+  // then step + 2's pieces take gRPC and PushBuffers lends nothing).
   absl::Status PushLent(int64_t step, int tensor, std::shared_ptr<const void> owner,
                         absl::Span<const std::byte> data);
   // The same for elements [offset, offset + data.size() / elem size) of a tensor.

@@ -250,6 +250,16 @@ absl::StatusOr<bool> OffloadClient::Impl::Pull(int64_t version, int64_t have_ver
   }
   if (loss_scale != nullptr) *loss_scale = receivers.front()->loss_scale();
   {
+    // A server answers a pull once the update that made the version has
+    // ended: it reads no gradient of that step or before any more.
+    std::lock_guard lock(mu);
+    for (const Part& part : parts) {
+      if (static_cast<size_t>(part.server) < pulled_through.size()) {
+        pulled_through[part.server] = std::max(pulled_through[part.server], version);
+      }
+    }
+  }
+  {
     std::lock_guard lock(state_mu);
     if (version >= this->version) {
       this->version = version;

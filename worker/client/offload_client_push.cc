@@ -135,7 +135,18 @@ absl::Status OffloadClient::Impl::RoutePushPiece(int64_t step, const PushPiece& 
     return absl::OkStatus();
   }
   if (GradientsThroughRegion(p.server)) {
-    if (lend) header.set_region_lent(true);
+    bool area_free = false;
+    {
+      std::lock_guard lock(mu);
+      area_free = RegionAreaFreeLocked(p.server, step);
+      if (area_free) region_area_step[p.server][step % 2] = step;
+    }
+    // Else the server may still read the step two before there: no pull
+    // has shown its update over (a worker that pushes without pulling).
+    if (!area_free) return EnqueueOnStream(step, p, header, data, owner);
+    // The server reads the piece where it lies, not copying it: the area
+    // is written again only once the step's update is over (above).
+    header.set_region_lent(true);
     routed.in_region.push_back(InRegion(step, p, RegionId(p.server), std::move(header), data));
     return absl::OkStatus();
   }
@@ -332,6 +343,12 @@ absl::StatusOr<std::vector<absl::Span<std::byte>>> OffloadClient::PushBuffers(
     if (place.empty()) {
       const std::optional<Impl::LocalRun> run = impl.RegionRunOf(t);
       if (!run.has_value()) return std::vector<absl::Span<std::byte>>();
+      {
+        std::lock_guard lock(impl.mu);
+        if (!impl.RegionAreaFreeLocked(run->server, step)) {
+          return std::vector<absl::Span<std::byte>>();  // its pushes take gRPC
+        }
+      }
       place = {impl.GradientPlace(step, run->server, run->first),
                static_cast<size_t>(run->elems * impl.elem_bytes)};
       region_servers.insert(run->server);

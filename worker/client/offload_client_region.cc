@@ -48,6 +48,8 @@ void OffloadClient::Impl::AttachRegions() {
     region_push_mu = std::make_unique<std::mutex[]>(num_servers);
     region_lent = std::make_unique<std::atomic<bool>[]>(num_servers);
     region_credits.resize(num_servers);
+    region_area_step.assign(num_servers, {0, 0});
+    pulled_through.assign(num_servers, 0);
     for (int s = 0; s < num_servers; ++s) {
       const int64_t area = map.ElemsOnServer(s) * elem_bytes;
       if (area == 0) continue;

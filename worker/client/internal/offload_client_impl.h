@@ -5,6 +5,7 @@
 #define ZO_WORKER_CLIENT_INTERNAL_OFFLOAD_CLIENT_IMPL_H_
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -268,6 +269,19 @@ struct OffloadClient::Impl {
   // Per server: which piece last wrote where in its gradient areas.
   // Guarded by mu.
   std::vector<client_internal::RegionCredits> region_credits;
+  // Every piece through a region is the server's to read in place
+  // (GradientPiece.region_lent) until its update of that step ends, so an
+  // area is written again only once a pull has shown that. Per server: the
+  // last step each gradient area (step % 2) carried, and the latest version
+  // pulled from it (its update of every step up to it is over). Guarded by mu.
+  std::vector<std::array<int64_t, 2>> region_area_step;
+  std::vector<int64_t> pulled_through;
+  // Whether `step` may write `server`'s gradient area: it already does, or
+  // the step it last carried has been pulled since. Requires mu.
+  bool RegionAreaFreeLocked(int server, int64_t step) const {
+    const int64_t last = region_area_step[server][step % 2];
+    return last == step || last <= pulled_through[server];
+  }
   // Makes the regions (first call) and attaches them to their servers; a
   // server that refuses gets gRPC, with a log line saying why.
   void AttachRegions();
