@@ -559,6 +559,62 @@ TEST(SharedMemoryPushBuffersTest, AnAreaIsWrittenAgainOnlyAfterAPullOfItsStep) {
   EXPECT_EQ(in_place, 4 * (5000 + 9000) * 2) << "steps 1, 2, 4 and 5 from their places";
 }
 
+// A restore takes the job back: it ended the server's reads of both areas,
+// and the steps retaken reuse an area only once a pull of their own has
+// shown its update over, however far the steps before the restore got.
+TEST(SharedMemoryPushBuffersTest, StepsRetakenAfterARestoreReuseAnAreaOnlyAfterTheirPull) {
+  const std::string ckpt = FreshTempDir("shm_area_restore");
+  std::vector<ServerProcess> servers = StartServers(1, {"--checkpoint-dir", ckpt});
+  ASSERT_EQ(servers.size(), 1u);
+  const std::vector<std::unique_ptr<OffloadClient>> clients =
+      OpenBothRoutes(servers, "area-restore-shm", "area-restore-grpc");
+  ASSERT_EQ(clients.size(), 2u);
+  OffloadClient& shm = *clients[0];
+  OffloadClient& grpc = *clients[1];
+  // One step on both jobs, shm's from the places PushBuffers lends when it
+  // does; whether it did.
+  auto step_both = [&](int64_t step) -> bool {
+    absl::StatusOr<std::vector<absl::Span<std::byte>>> lent = shm.PushBuffers(step, kLentTensors);
+    EXPECT_THAT(lent.status(), IsOk());
+    if (!lent.ok()) return false;
+    for (int t = 0; t < 3; ++t) {
+      const std::vector<uint16_t> g = LentGradient(step, t);
+      EXPECT_THAT(grpc.Push(step, t, BytesOf(g)), IsOk());
+      if (lent->empty() || (*lent)[t].empty()) {
+        EXPECT_THAT(shm.Push(step, t, BytesOf(g)), IsOk());
+      } else {
+        std::memcpy((*lent)[t].data(), g.data(), (*lent)[t].size());
+        EXPECT_THAT(shm.PushShared(step, t, std::make_shared<int>(0), (*lent)[t]), IsOk());
+      }
+    }
+    EXPECT_THAT(shm.FinishStep(step), IsOk());
+    EXPECT_THAT(grpc.FinishStep(step), IsOk());
+    return !lent->empty();
+  };
+  std::vector<std::string> paths;
+  for (int64_t step = 1; step <= 6; ++step) {
+    EXPECT_TRUE(step_both(step)) << "step " << step;
+    EXPECT_EQ(PulledWeights(shm, step), PulledWeights(grpc, step)) << "version " << step;
+    if (step == 2) {
+      ZO_ASSERT_OK_AND_ASSIGN(const std::string shm_path, shm.Checkpoint(2));
+      ZO_ASSERT_OK_AND_ASSIGN(const std::string grpc_path, grpc.Checkpoint(2));
+      paths = {shm_path, grpc_path};
+    }
+  }
+  ASSERT_EQ(paths.size(), 2u);
+  EXPECT_THAT(shm.Restore(paths[0]), IsOkAndHolds(2));
+  EXPECT_THAT(grpc.Restore(paths[1]), IsOkAndHolds(2));
+  // Steps 3 and 4 again, with no pull: step 5 would write step 3's area,
+  // whose update no pull has shown over (the pulls of version 6 before the
+  // restore say nothing of it).
+  EXPECT_TRUE(step_both(3));
+  EXPECT_TRUE(step_both(4));
+  EXPECT_FALSE(step_both(5)) << "step 5 took step 3's area before a pull of version 3";
+  EXPECT_EQ(PulledWeights(shm, 5), PulledWeights(grpc, 5));
+  EXPECT_TRUE(step_both(6));
+  EXPECT_EQ(PulledWeights(shm, 6), PulledWeights(grpc, 6));
+}
+
 // Gradients pushed on the same-host route (every region piece says
 // region_lent, by PushLent and PushShared alike) give the gRPC route's bits
 // step after step, clipped and not. The server reads them in the region: a

@@ -277,9 +277,16 @@ struct OffloadClient::Impl {
   std::vector<std::array<int64_t, 2>> region_area_step;
   std::vector<int64_t> pulled_through;
   // Whether `step` may write `server`'s gradient area: it already does, or
-  // the step it last carried has been pulled since. Requires mu.
-  bool RegionAreaFreeLocked(int server, int64_t step) const {
-    const int64_t last = region_area_step[server][step % 2];
+  // the step it last carried has been pulled since. A step below one the
+  // areas carried follows a restore, which ended every read of them and
+  // left the job at version step - 1. Requires mu.
+  bool RegionAreaFreeLocked(int server, int64_t step) {
+    std::array<int64_t, 2>& area = region_area_step[server];
+    if (step < std::max(area[0], area[1])) {
+      area = {0, 0};
+      pulled_through[server] = std::min(pulled_through[server], step - 1);
+    }
+    const int64_t last = area[step % 2];
     return last == step || last <= pulled_through[server];
   }
   // Makes the regions (first call) and attaches them to their servers; a
