@@ -41,8 +41,11 @@ void KillAndRestartMidRun(ServerLossTest& t, int victim) {
   std::vector<ServerProcess> servers;
   for (int i = 0; i < 2; ++i) servers.push_back(t.StartServer());
   ChildProcess train = t.StartTrain(Join(servers, {0, 1}), {"--checkpoint-every", "5"});
-  // Past the checkpoint of step 10, inside the next interval.
+  // Past the checkpoint of step 10, inside the next interval. Written, not
+  // only begun: on a loaded machine it can take several steps, and a kill
+  // while it is in flight fails it (the job then goes back to step 5).
   ASSERT_TRUE(WaitForSteps(t.metrics(), 13, train)) << train.ReadLog();
+  ASSERT_TRUE(WaitForLog(t.dir(), "mv/step-00000010", train)) << train.ReadLog();
   const int port = servers[victim].port();
   servers[victim].Kill();
   servers[victim] = t.StartServer(port);

@@ -50,6 +50,15 @@ inline bool WaitForSteps(const std::string& path, size_t steps, ChildProcess& tr
   return reached.ok();
 }
 
+// Until `train`'s log (in `dir`) holds `text`.
+inline bool WaitForLog(const std::string& dir, const std::string& text, ChildProcess& train) {
+  const absl::Status reached = cluster::WaitUntil(
+      absl::StrCat("\"", text, "\" in the log"),
+      [&] { return train.ReadLog().find(text) != std::string::npos; }, dir, {&train},
+      std::chrono::minutes(3));
+  return reached.ok();
+}
+
 inline std::string Join(const std::vector<ServerProcess>& servers, std::vector<int> which) {
   std::vector<std::string> a;
   for (int i : which) a.push_back(servers[i].address());
@@ -94,6 +103,7 @@ class RunningJobTest : public ::testing::Test {
   }
 
   std::string metrics() const { return dir_ + "/train.jsonl"; }
+  const std::string& dir() const { return dir_; }
 
   // The first 40 steps, then the worker stops; they must be the reference's.
   void ExpectTheReferenceTrajectory(ChildProcess& train) {
