@@ -516,6 +516,29 @@ TEST(SharedMemoryPushBuffersTest, PushesFromTheLentPlacesAreTheGrpcRoutes) {
   EXPECT_EQ(grpc.traffic().pushed_in_place_bytes, 0);
 }
 
+// One step of kLentManifest's gradients on both jobs, shm's from the places
+// PushBuffers lends when it lends any (adding their bytes to *in_place),
+// else from the gradients' own bytes; whether it lent them.
+bool StepBothFromPlaces(OffloadClient& shm, OffloadClient& grpc, int64_t step, int64_t* in_place) {
+  absl::StatusOr<std::vector<absl::Span<std::byte>>> lent = shm.PushBuffers(step, kLentTensors);
+  EXPECT_THAT(lent.status(), IsOk());
+  if (!lent.ok()) return false;
+  for (int t = 0; t < 3; ++t) {
+    const std::vector<uint16_t> g = LentGradient(step, t);
+    EXPECT_THAT(grpc.Push(step, t, BytesOf(g)), IsOk());
+    if (lent->empty() || (*lent)[t].empty()) {
+      EXPECT_THAT(shm.Push(step, t, BytesOf(g)), IsOk());
+      continue;
+    }
+    std::memcpy((*lent)[t].data(), g.data(), (*lent)[t].size());
+    EXPECT_THAT(shm.PushShared(step, t, std::make_shared<int>(0), (*lent)[t]), IsOk());
+    *in_place += static_cast<int64_t>((*lent)[t].size());
+  }
+  EXPECT_THAT(shm.FinishStep(step), IsOk());
+  EXPECT_THAT(grpc.FinishStep(step), IsOk());
+  return !lent->empty();
+}
+
 // The server reads every piece in the region until its step's update ends,
 // so a gradient area is written again only after a pull has shown that
 // update over. A worker that pushes a third step without pulling the first
@@ -524,7 +547,6 @@ TEST(SharedMemoryPushBuffersTest, PushesFromTheLentPlacesAreTheGrpcRoutes) {
 TEST(SharedMemoryPushBuffersTest, AnAreaIsWrittenAgainOnlyAfterAPullOfItsStep) {
   std::vector<ServerProcess> servers = StartServers(1);
   ASSERT_EQ(servers.size(), 1u);
-  const std::vector<int>& tensors = kLentTensors;
   const std::vector<std::unique_ptr<OffloadClient>> clients =
       OpenBothRoutes(servers, "area-reuse-shm", "area-reuse-grpc");
   ASSERT_EQ(clients.size(), 2u);
@@ -532,25 +554,9 @@ TEST(SharedMemoryPushBuffersTest, AnAreaIsWrittenAgainOnlyAfterAPullOfItsStep) {
   OffloadClient& grpc = *clients[1];
   int64_t in_place = 0;
   for (int64_t step = 1; step <= 5; ++step) {
-    SCOPED_TRACE(::testing::Message() << "step " << step);
-    ZO_ASSERT_OK_AND_ASSIGN(const std::vector<absl::Span<std::byte>> lent,
-                            shm.PushBuffers(step, tensors));
     // Step 3 reuses step 1's area, which no pull has shown read yet; step 4
     // reuses step 2's, pulled after step 3.
-    EXPECT_EQ(lent.empty(), step == 3);
-    for (int t = 0; t < 3; ++t) {
-      const std::vector<uint16_t> g = LentGradient(step, t);
-      ASSERT_THAT(grpc.Push(step, t, BytesOf(g)), IsOk());
-      if (lent.empty() || lent[t].empty()) {
-        ASSERT_THAT(shm.Push(step, t, BytesOf(g)), IsOk());
-        continue;
-      }
-      std::memcpy(lent[t].data(), g.data(), lent[t].size());
-      ASSERT_THAT(shm.PushShared(step, t, std::make_shared<int>(0), lent[t]), IsOk());
-      in_place += static_cast<int64_t>(lent[t].size());
-    }
-    ASSERT_THAT(shm.FinishStep(step), IsOk());
-    ASSERT_THAT(grpc.FinishStep(step), IsOk());
+    EXPECT_EQ(StepBothFromPlaces(shm, grpc, step, &in_place), step != 3) << "step " << step;
     if (step >= 3) {
       EXPECT_EQ(PulledWeights(shm, step), PulledWeights(grpc, step)) << "version " << step;
     }
@@ -571,26 +577,8 @@ TEST(SharedMemoryPushBuffersTest, StepsRetakenAfterARestoreReuseAnAreaOnlyAfterT
   ASSERT_EQ(clients.size(), 2u);
   OffloadClient& shm = *clients[0];
   OffloadClient& grpc = *clients[1];
-  // One step on both jobs, shm's from the places PushBuffers lends when it
-  // does; whether it did.
-  auto step_both = [&](int64_t step) -> bool {
-    absl::StatusOr<std::vector<absl::Span<std::byte>>> lent = shm.PushBuffers(step, kLentTensors);
-    EXPECT_THAT(lent.status(), IsOk());
-    if (!lent.ok()) return false;
-    for (int t = 0; t < 3; ++t) {
-      const std::vector<uint16_t> g = LentGradient(step, t);
-      EXPECT_THAT(grpc.Push(step, t, BytesOf(g)), IsOk());
-      if (lent->empty() || (*lent)[t].empty()) {
-        EXPECT_THAT(shm.Push(step, t, BytesOf(g)), IsOk());
-      } else {
-        std::memcpy((*lent)[t].data(), g.data(), (*lent)[t].size());
-        EXPECT_THAT(shm.PushShared(step, t, std::make_shared<int>(0), (*lent)[t]), IsOk());
-      }
-    }
-    EXPECT_THAT(shm.FinishStep(step), IsOk());
-    EXPECT_THAT(grpc.FinishStep(step), IsOk());
-    return !lent->empty();
-  };
+  int64_t in_place = 0;
+  auto step_both = [&](int64_t step) { return StepBothFromPlaces(shm, grpc, step, &in_place); };
   std::vector<std::string> paths;
   for (int64_t step = 1; step <= 6; ++step) {
     EXPECT_TRUE(step_both(step)) << "step " << step;
