@@ -294,7 +294,8 @@ class OffloadClient {
   // two before, which used the same area, has all its pieces summed.
   // Empty where some tensor has no such place: several servers hold parts
   // of it, gRPC carries its server's gradients, its embedded server sums
-  // several contributors or still updates the step before; and with
+  // several contributors or still updates the step before, its server may
+  // still read the area (no pull since its step two before: PushLent); and with
   // micro-batches summed on the servers (each one's copy waits for the one
   // before to be summed). Lent until FinishStep(step): a push of one of
   // these tensors in that step from other bytes takes gRPC on the

@@ -277,7 +277,8 @@ struct OffloadClient::Impl {
   std::vector<std::array<int64_t, 2>> region_area_step;
   std::vector<int64_t> pulled_through;
   // Whether `step` may write `server`'s gradient area: it already does, or
-  // the step it last carried has been pulled since. A step below one the
+  // the step it last carried has been pulled since. A client's steps come
+  // in order (FinishStep ends a step's pushes), so a step below one the
   // areas carried follows a restore, which ended every read of them and
   // left the job at version step - 1. Requires mu.
   bool RegionAreaFreeLocked(int server, int64_t step) {
