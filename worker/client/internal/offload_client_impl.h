@@ -342,8 +342,10 @@ struct OffloadClient::Impl {
     std::vector<RegionPiece> in_region;
   };
   // Sends piece `p` of `data` over gRPC, or adds it to `routed` for the
-  // route that takes its server's pieces; `lend`: PushLent's (a region
-  // piece says region_lent).
+  // route that takes its server's pieces; `lend`: PushLent's (an
+  // in-process server may keep the bytes). A region piece always says
+  // region_lent, and goes over gRPC while its area may still be read
+  // (RegionAreaFreeLocked).
   absl::Status RoutePushPiece(int64_t step, const PushPiece& p, v1::GradientPiece header,
                               absl::Span<const std::byte> data,
                               const std::shared_ptr<const void>& owner, bool in_place, bool lend,
