@@ -45,6 +45,13 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> NewChannel(const std::string& add
   // backoff so that a retry window covers a server restart.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  // Keepalive sets TCP_USER_TIMEOUT to its timeout as well. Without calls
+  // open nothing waits, so nothing pings; with them, every ping counts
+  // (gRPC's default stops after two pings without data).
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kPingEveryMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kPingAnsweredWithinMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   std::shared_ptr<grpc::ChannelCredentials> credentials =
       options.tls_root_certs.empty() ? grpc::InsecureChannelCredentials()
                                      : grpc::SslCredentials(grpc::SslCredentialsOptions{

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
@@ -328,7 +329,8 @@ TEST_F(MultiHostTest, ServerCableOutForSecondsStallsOneStepAndTrainingCarriesOn)
 
 // Longer than the TCP_USER_TIMEOUT (20 s) gRPC puts on server sockets: a
 // server with bytes unacknowledged all that time drops the connection, and
-// the worker learns it when its next retransmission meets the reset. A
+// the worker learns it when its next retransmission meets the reset, or
+// when its own pings go unanswered (rpc/channel.h). A
 // worker must then fail naming server 1 (not the lead that waits on it, not
 // server 2), and started again with the same command it resumes the job
 // (README: a worker that dies re-attaches); or, where no connection was
@@ -419,6 +421,60 @@ TEST_F(MultiHostTest, ServerCableOutPastTheTcpTimeoutFailsNamingThatServerAndRes
     }
     EXPECT_GE(cut.size(), static_cast<size_t>(kSteps - 2)) << "rank " << w;
     EXPECT_EQ(cut.rbegin()->first, kSteps) << "rank " << w;
+  }
+}
+
+// A server host that goes silent for long (its cable out, as when the host
+// lost power): no reset reaches a worker, and one waiting for that server's
+// reply sends nothing for TCP to miss. The channel's pings (rpc/channel.h)
+// must tell every worker, which names server 1 and waits for it (zo-train
+// waits up to 5 minutes for a lost server); once it is back the job ends on
+// the uninterrupted trajectory.
+TEST_F(MultiHostTest, ServerGoneSilentIsNoticedByEveryWorkerWhichWaitsForIt) {
+  constexpr int kSteps = 60;
+  constexpr int kCutAfter = 15;
+  const Placement p = MultiHost();
+  const std::vector<std::string> servers = StartServers(p, dir_ + "/ckpt");
+  ASSERT_EQ(servers.size(), static_cast<size_t>(kServers));
+  ExpectAllSucceed(StartJob(Parallelism::kData, p, servers, "whole", "whole", kSteps), 60s);
+
+  const std::vector<ChildProcess*> workers =
+      StartJob(Parallelism::kData, p, servers, "silent", "silent", kSteps);
+  ASSERT_TRUE(WaitUntil(
+                  absl::StrCat("step ", kCutAfter, " in rank 0's metrics"),
+                  [&] { return StepsReported(Metrics("silent", 0)) >= kCutAfter; }, dir_,
+                  {workers.begin(), workers.end()}, 60s)
+                  .ok());
+  ASSERT_TRUE(hosts_->SetLink(p.server_hosts[1], false).ok());
+  // Pings go every 10 s and are given 20 s: the bound only tells a hang.
+  const std::string noticed = "server " + servers[1] + ": ";
+  const absl::Status told = WaitUntil(
+      "every worker noticing server 1",
+      [&] {
+        return std::all_of(workers.begin(), workers.end(), [&](ChildProcess* w) {
+          const std::string log = w->ReadLog();
+          return absl::StrContains(log, noticed) &&
+                 absl::StrContains(log, "waiting for the servers");
+        });
+      },
+      dir_, {workers.begin(), workers.end()}, 120s);
+  ASSERT_TRUE(hosts_->SetLink(p.server_hosts[1], true).ok());
+  ASSERT_TRUE(told.ok()) << told << "\n" << workers[0]->ReadLog() << "\n" << workers[1]->ReadLog();
+  for (int w = 0; w < kWorkers; ++w) {
+    const std::string log = workers[w]->ReadLog();
+    EXPECT_THAT(log, Not(HasSubstr("server " + servers[0] + ": "))) << "rank " << w;
+    EXPECT_THAT(log, Not(HasSubstr("server " + servers[2] + ": "))) << "rank " << w;
+  }
+  ExpectAllSucceed(workers, 120s);
+
+  for (int w = 0; w < kWorkers; ++w) {
+    const std::map<int64_t, double> whole = ReadLosses(Metrics("whole", w));
+    const std::map<int64_t, double> silent = ReadLosses(Metrics("silent", w));
+    for (const auto& [step, loss] : silent) {
+      ASSERT_TRUE(whole.contains(step));
+      EXPECT_EQ(loss, whole.at(step)) << "rank " << w << " step " << step;
+    }
+    EXPECT_EQ(silent.rbegin()->first, kSteps) << "rank " << w;
   }
 }
 
