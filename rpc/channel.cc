@@ -1,5 +1,7 @@
 #include "rpc/channel.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <mutex>
 
@@ -21,6 +23,15 @@ void SeeConnectsPromptly() {
   });
 }
 
+namespace {
+
+// gRPC's channel arguments are ints.
+int CappedMs(absl::Duration d) {
+  return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(d), INT32_MAX));
+}
+
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<grpc::Channel>> NewChannel(const std::string& address,
                                                           const ChannelOptions& options) {
   SeeConnectsPromptly();
@@ -28,6 +39,13 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> NewChannel(const std::string& add
   if (options.max_message_bytes < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_message_bytes must be >= 1, got ", options.max_message_bytes));
+  }
+  if (options.ping_every < absl::Milliseconds(1) ||
+      options.ping_answered_within < absl::Milliseconds(1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pings must be at least 1 ms apart and given at least 1 ms, got every ",
+                     absl::FormatDuration(options.ping_every), ", answered within ",
+                     absl::FormatDuration(options.ping_answered_within)));
   }
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(options.max_message_bytes);
@@ -48,8 +66,8 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> NewChannel(const std::string& add
   // Keepalive sets TCP_USER_TIMEOUT to its timeout as well. Without calls
   // open nothing waits, so nothing pings; with them, every ping counts
   // (gRPC's default stops after two pings without data).
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kPingEveryMs);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kPingAnsweredWithinMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, CappedMs(options.ping_every));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, CappedMs(options.ping_answered_within));
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   std::shared_ptr<grpc::ChannelCredentials> credentials =

@@ -15,7 +15,9 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "grpcpp/channel.h"
+#include "rpc/pings.h"
 
 namespace zo {
 
@@ -29,23 +31,10 @@ struct ChannelOptions {
   std::string tls_root_certs = "";
   // Largest message sent or received, either way.
   int max_message_bytes = kMaxMessageBytes;
+  // rpc/pings.h; shorter only in tests, against a server that accepts it.
+  absl::Duration ping_every = kPingEvery;
+  absl::Duration ping_answered_within = kPingAnsweredWithin;
 };
-
-// How a peer that stopped answering is noticed. A caller waiting for a reply
-// sends nothing, so TCP alone never learns that the server's host went down,
-// or that the server dropped the connection while a cable was out (its side
-// gives up on unacknowledged bytes after 20 s, gRPC's TCP_USER_TIMEOUT, and
-// the reset it sends is lost): the call would wait forever. While calls are
-// open, a channel therefore pings every kPingEveryMs and closes the
-// connection when a ping (or any byte it sent) is not acknowledged within
-// kPingAnsweredWithinMs; the calls then fail UNAVAILABLE. A live server
-// answers a ping from its transport, whatever its optimizer is doing.
-inline constexpr int kPingEveryMs = 10'000;
-inline constexpr int kPingAnsweredWithinMs = 20'000;
-// What a server accepts: pings this often without data between them. gRPC's
-// default (one per 5 min, two strikes) would answer a worker's third ping
-// during one long wait with GOAWAY "too_many_pings".
-inline constexpr int kPingsAcceptedEveryMs = kPingEveryMs / 2;
 
 // gRPC learns that a connect attempt ended only while some thread polls the
 // channel. A call on a channel whose last connect failed fails at once and
@@ -59,9 +48,10 @@ void SeeConnectsPromptly();
 // A channel to `address` ("host:port", "[v6]:port", the port in
 // [1, 65535]; common/host_port.h), with a connection of its own rather than
 // one shared with every channel of the process to the same address,
-// reconnect backoff capped at 2 s, and the pings above. INVALID_ARGUMENT naming `address` when it
-// is not host:port or max_message_bytes < 1. Connects lazily: an unreachable
-// server shows as UNAVAILABLE on the first call.
+// reconnect backoff capped at 2 s, and pings while calls are open
+// (rpc/pings.h). INVALID_ARGUMENT naming `address` when it is not host:port,
+// or when max_message_bytes < 1 or a ping duration is under 1 ms. Connects
+// lazily: an unreachable server shows as UNAVAILABLE on the first call.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> NewChannel(const std::string& address,
                                                           const ChannelOptions& options);
 

@@ -41,6 +41,10 @@ TEST(ChannelTest, RefusesWhatIsNotAnAddressToConnectTo) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'zo-server' is not")));
   EXPECT_THAT(NewChannel("127.0.0.1:7070", {.max_message_bytes = 0}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_message_bytes")));
+  EXPECT_THAT(NewChannel("127.0.0.1:7070", {.ping_every = absl::ZeroDuration()}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pings must be")));
+  EXPECT_THAT(NewChannel("127.0.0.1:7070", {.ping_answered_within = absl::Microseconds(10)}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("answered within 10us")));
 }
 
 TEST(ChannelTest, CarriesMessagesAboveGrpcsDefaultLimit) {

@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "rpc/pings.h"
 
 namespace grpc {
 class Channel;
@@ -48,6 +49,9 @@ struct ServerOptions {
   // Map the shared-memory regions of workers on this host (the same-host
   // route); false: they push and pull over gRPC.
   bool shared_memory = true;
+  // Pings a client may send without data between them (rpc/channel.h);
+  // more often is answered with GOAWAY "too_many_pings" after two.
+  absl::Duration accept_pings_every = kPingsAcceptedEvery;
   // Testing: every NVMe swap read and write takes at least this long.
   absl::Duration inject_nvme_latency;
 };
