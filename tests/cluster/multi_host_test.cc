@@ -231,6 +231,43 @@ class MultiHostTest : public ::testing::Test {
     }
   }
 
+  // The cable tests' start, dp ranks placed by `p`: the servers, an
+  // uninterrupted run "whole" of kCableSteps, then job "cut" trained to
+  // step kCutAfter, when server 1's cable is pulled. Out: the servers and
+  // the cut run's workers.
+  static constexpr int kCableSteps = 60;
+  static constexpr int kCutAfter = 15;
+  void TrainWholeThenCutServer1(const Placement& p, std::vector<std::string>& servers,
+                                std::vector<ChildProcess*>& workers) {
+    servers = StartServers(p, dir_ + "/ckpt");
+    ASSERT_EQ(servers.size(), static_cast<size_t>(kServers));
+    ExpectAllSucceed(StartJob(Parallelism::kData, p, servers, "whole", "whole", kCableSteps), 60s);
+    workers = StartJob(Parallelism::kData, p, servers, "cut", "cut", kCableSteps);
+    ASSERT_TRUE(WaitUntil(
+                    absl::StrCat("step ", kCutAfter, " in rank 0's metrics"),
+                    [&] { return StepsReported(Metrics("cut", 0)) >= kCutAfter; }, dir_,
+                    {workers.begin(), workers.end()}, 60s)
+                    .ok());
+    ASSERT_TRUE(hosts_->SetLink(p.server_hosts[1], false).ok());
+  }
+
+  // Every step the cut run reported has the whole run's loss, and each rank
+  // reached kCableSteps. A worker that failed or followed the job re-sends
+  // the step it was in; that step's line may be missing.
+  void ExpectCutRunOnTheWholeRunsTrajectory() {
+    for (int w = 0; w < kWorkers; ++w) {
+      const std::map<int64_t, double> whole = ReadLosses(Metrics("whole", w));
+      const std::map<int64_t, double> cut = ReadLosses(Metrics("cut", w));
+      for (const auto& [step, loss] : cut) {
+        ASSERT_TRUE(whole.contains(step));
+        EXPECT_EQ(loss, whole.at(step)) << "rank " << w << " step " << step;
+      }
+      EXPECT_GE(cut.size(), static_cast<size_t>(kCableSteps - 2)) << "rank " << w;
+      ASSERT_FALSE(cut.empty()) << "rank " << w;
+      EXPECT_EQ(cut.rbegin()->first, kCableSteps) << "rank " << w;
+    }
+  }
+
   // Trains job "cluster" to `steps` with processes placed by `p`, then
   // checkpoints it with zo-ctl from the first worker's host and exports the
   // fp32 master weights: each worker's losses and the safetensors bytes.
@@ -295,22 +332,11 @@ TEST_F(MultiHostTest, PipelineStagesOnTwoHostsTrainAsOnOneHost) {
 // and plugged back: TCP carries the connections over the gap, the step in
 // flight stalls for it, and the job trains on exactly as it would have.
 TEST_F(MultiHostTest, ServerCableOutForSecondsStallsOneStepAndTrainingCarriesOn) {
-  constexpr int kSteps = 60;
-  constexpr int kCutAfter = 15;
   constexpr auto kCut = 3s;
   const Placement p = MultiHost();
-  const std::vector<std::string> servers = StartServers(p, dir_ + "/ckpt");
-  ASSERT_EQ(servers.size(), static_cast<size_t>(kServers));
-  ExpectAllSucceed(StartJob(Parallelism::kData, p, servers, "whole", "whole", kSteps), 60s);
-
-  const std::vector<ChildProcess*> workers =
-      StartJob(Parallelism::kData, p, servers, "cut", "cut", kSteps);
-  ASSERT_TRUE(WaitUntil(
-                  absl::StrCat("step ", kCutAfter, " in rank 0's metrics"),
-                  [&] { return StepsReported(Metrics("cut", 0)) >= kCutAfter; }, dir_,
-                  {workers.begin(), workers.end()}, 60s)
-                  .ok());
-  ASSERT_TRUE(hosts_->SetLink(p.server_hosts[1], false).ok());
+  std::vector<std::string> servers;
+  std::vector<ChildProcess*> workers;
+  ASSERT_NO_FATAL_FAILURE(TrainWholeThenCutServer1(p, servers, workers));
   // The outage itself lasts kCut; a worker that ends meanwhile cuts it short.
   const absl::Status outage = WaitUntil(
       "the outage", [] { return false; }, dir_, {workers.begin(), workers.end()}, kCut);
@@ -320,7 +346,7 @@ TEST_F(MultiHostTest, ServerCableOutForSecondsStallsOneStepAndTrainingCarriesOn)
 
   for (int w = 0; w < kWorkers; ++w) {
     EXPECT_EQ(ReadLosses(Metrics("cut", w)), ReadLosses(Metrics("whole", w))) << "rank " << w;
-    EXPECT_EQ(StepsReported(Metrics("cut", w)), kSteps);
+    EXPECT_EQ(StepsReported(Metrics("cut", w)), kCableSteps);
     // The cut hit a step in flight, which waited for the cable.
     EXPECT_GE(LongestStepSeconds(Metrics("cut", w)), 0.9 * std::chrono::seconds(kCut).count())
         << "rank " << w;
@@ -337,22 +363,11 @@ TEST_F(MultiHostTest, ServerCableOutForSecondsStallsOneStepAndTrainingCarriesOn)
 // dropped, train on. Either way the job ends with the uninterrupted
 // trajectory, and nothing hangs.
 TEST_F(MultiHostTest, ServerCableOutPastTheTcpTimeoutFailsNamingThatServerAndResumes) {
-  constexpr int kSteps = 60;
-  constexpr int kCutAfter = 15;
   constexpr auto kCut = 22s;
   const Placement p = MultiHost();
-  const std::vector<std::string> servers = StartServers(p, dir_ + "/ckpt");
-  ASSERT_EQ(servers.size(), static_cast<size_t>(kServers));
-  ExpectAllSucceed(StartJob(Parallelism::kData, p, servers, "whole", "whole", kSteps), 60s);
-
-  std::vector<ChildProcess*> workers =
-      StartJob(Parallelism::kData, p, servers, "cut", "cut", kSteps);
-  ASSERT_TRUE(WaitUntil(
-                  absl::StrCat("step ", kCutAfter, " in rank 0's metrics"),
-                  [&] { return StepsReported(Metrics("cut", 0)) >= kCutAfter; }, dir_,
-                  {workers.begin(), workers.end()}, 60s)
-                  .ok());
-  ASSERT_TRUE(hosts_->SetLink(p.server_hosts[1], false).ok());
+  std::vector<std::string> servers;
+  std::vector<ChildProcess*> workers;
+  ASSERT_NO_FATAL_FAILURE(TrainWholeThenCutServer1(p, servers, workers));
   const auto cut_at = std::chrono::steady_clock::now();
   const absl::Status outage = WaitUntil(
       "the outage", [] { return false; }, dir_, {workers.begin(), workers.end()}, kCut);
@@ -400,7 +415,7 @@ TEST_F(MultiHostTest, ServerCableOutPastTheTcpTimeoutFailsNamingThatServerAndRes
       EXPECT_THAT(log, Not(HasSubstr("server " + servers[2] + ": "))) << "rank " << w;
       ASSERT_EQ(restarts[w]++, 0) << "rank " << w << " failed again after its restart";
       workers[w] =
-          StartWorker(p, w, TrainArgs(Parallelism::kData, p, w, servers, "cut", "cut", kSteps),
+          StartWorker(p, w, TrainArgs(Parallelism::kData, p, w, servers, "cut", "cut", kCableSteps),
                       absl::StrCat(dir_, "/cut_worker", w, "_restarted.log"));
       ASSERT_NE(workers[w], nullptr);
     }
@@ -410,18 +425,7 @@ TEST_F(MultiHostTest, ServerCableOutPastTheTcpTimeoutFailsNamingThatServerAndRes
         << workers[1]->ReadLog();
   }
 
-  for (int w = 0; w < kWorkers; ++w) {
-    const std::map<int64_t, double> whole = ReadLosses(Metrics("whole", w));
-    const std::map<int64_t, double> cut = ReadLosses(Metrics("cut", w));
-    // A restarted worker re-sends the step it died in; that step's line may
-    // be missing, but every reported step is the uninterrupted one.
-    for (const auto& [step, loss] : cut) {
-      ASSERT_TRUE(whole.contains(step));
-      EXPECT_EQ(loss, whole.at(step)) << "rank " << w << " step " << step;
-    }
-    EXPECT_GE(cut.size(), static_cast<size_t>(kSteps - 2)) << "rank " << w;
-    EXPECT_EQ(cut.rbegin()->first, kSteps) << "rank " << w;
-  }
+  ExpectCutRunOnTheWholeRunsTrajectory();
 }
 
 // A server host that goes silent for long (its cable out, as when the host
@@ -431,21 +435,10 @@ TEST_F(MultiHostTest, ServerCableOutPastTheTcpTimeoutFailsNamingThatServerAndRes
 // waits up to 5 minutes for a lost server); once it is back the job ends on
 // the uninterrupted trajectory.
 TEST_F(MultiHostTest, ServerGoneSilentIsNoticedByEveryWorkerWhichWaitsForIt) {
-  constexpr int kSteps = 60;
-  constexpr int kCutAfter = 15;
   const Placement p = MultiHost();
-  const std::vector<std::string> servers = StartServers(p, dir_ + "/ckpt");
-  ASSERT_EQ(servers.size(), static_cast<size_t>(kServers));
-  ExpectAllSucceed(StartJob(Parallelism::kData, p, servers, "whole", "whole", kSteps), 60s);
-
-  const std::vector<ChildProcess*> workers =
-      StartJob(Parallelism::kData, p, servers, "silent", "silent", kSteps);
-  ASSERT_TRUE(WaitUntil(
-                  absl::StrCat("step ", kCutAfter, " in rank 0's metrics"),
-                  [&] { return StepsReported(Metrics("silent", 0)) >= kCutAfter; }, dir_,
-                  {workers.begin(), workers.end()}, 60s)
-                  .ok());
-  ASSERT_TRUE(hosts_->SetLink(p.server_hosts[1], false).ok());
+  std::vector<std::string> servers;
+  std::vector<ChildProcess*> workers;
+  ASSERT_NO_FATAL_FAILURE(TrainWholeThenCutServer1(p, servers, workers));
   // Pings go every 10 s and are given 20 s: the bound only tells a hang.
   const std::string noticed = "server " + servers[1] + ": ";
   const absl::Status told = WaitUntil(
@@ -467,15 +460,7 @@ TEST_F(MultiHostTest, ServerGoneSilentIsNoticedByEveryWorkerWhichWaitsForIt) {
   }
   ExpectAllSucceed(workers, 120s);
 
-  for (int w = 0; w < kWorkers; ++w) {
-    const std::map<int64_t, double> whole = ReadLosses(Metrics("whole", w));
-    const std::map<int64_t, double> silent = ReadLosses(Metrics("silent", w));
-    for (const auto& [step, loss] : silent) {
-      ASSERT_TRUE(whole.contains(step));
-      EXPECT_EQ(loss, whole.at(step)) << "rank " << w << " step " << step;
-    }
-    EXPECT_EQ(silent.rbegin()->first, kSteps) << "rank " << w;
-  }
+  ExpectCutRunOnTheWholeRunsTrajectory();
 }
 
 }  // namespace
