@@ -19,7 +19,9 @@ cd "$(dirname "$0")/.."
 # writes the state's second bank while pushes fill the accumulator; the
 # DPU compensation's record, which the pool's workers fill tile by tile;
 # the offload link, whose prefetch thread pulls and queues uploads that
-# complete while the stage computes on the first of them.
+# complete while the stage computes on the first of them; the in-process
+# and same-host routes, whose servers read and write the worker's memory
+# (lent gradients, a shared region) while the worker goes on.
 tests=(
   server/gradient_piece_view_test offload/checkpoint_part_test offload/block_io_engine_test
   offload/swap_layout_test offload/tiered_state_test offload/thread_pool_test
@@ -33,6 +35,7 @@ tests=(
   rpc/byte_stream_call_test
   worker/model/param_window_test worker/model/param_streaming_test
   worker/train/offload_link_test worker/client/region_credits_test
+  tests/in_process_route_test tests/shared_memory_route_test
 )
 [ $# -gt 0 ] && tests=("$@")
 
