@@ -1,7 +1,5 @@
 #include "rpc/channel.h"
 
-#include <algorithm>
-#include <cstdint>
 #include <cstdlib>
 #include <mutex>
 
@@ -22,15 +20,6 @@ void SeeConnectsPromptly() {
     setenv("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "100", /*overwrite=*/0);
   });
 }
-
-namespace {
-
-// gRPC's channel arguments are ints.
-int CappedMs(absl::Duration d) {
-  return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(d), INT32_MAX));
-}
-
-}  // namespace
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> NewChannel(const std::string& address,
                                                           const ChannelOptions& options) {
@@ -66,8 +55,8 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> NewChannel(const std::string& add
   // Keepalive sets TCP_USER_TIMEOUT to its timeout as well. Without calls
   // open nothing waits, so nothing pings; with them, every ping counts
   // (gRPC's default stops after two pings without data).
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, CappedMs(options.ping_every));
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, CappedMs(options.ping_answered_within));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, PingArgMs(options.ping_every));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, PingArgMs(options.ping_answered_within));
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   std::shared_ptr<grpc::ChannelCredentials> credentials =

@@ -4,6 +4,9 @@
 #ifndef ZO_RPC_PINGS_H_
 #define ZO_RPC_PINGS_H_
 
+#include <algorithm>
+#include <cstdint>
+
 #include "absl/time/time.h"
 
 namespace zo {
@@ -24,6 +27,11 @@ inline constexpr absl::Duration kPingAnsweredWithin = absl::Seconds(20);
 // gRPC's default (one per 5 min, two strikes) a worker's wait would end
 // after a few pings in GOAWAY "too many pings" (server/pings_test.cc).
 inline constexpr absl::Duration kPingsAcceptedEvery = absl::Seconds(5);  // kPingEvery / 2
+
+// One of the durations above as gRPC's channel arguments take it: int ms.
+inline int PingArgMs(absl::Duration d) {
+  return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(d), INT32_MAX));
+}
 
 }  // namespace zo
 

@@ -1,7 +1,5 @@
 #include "server/offload_server.h"
 
-#include <algorithm>
-#include <cstdint>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
@@ -124,10 +122,8 @@ absl::StatusOr<std::unique_ptr<OffloadServer>> OffloadServer::Start(const Server
   // would start and take half the connections. Without it, its bind fails.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // Clients ping while they wait (rpc/pings.h); take their pings.
-  builder.AddChannelArgument(
-      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
-      static_cast<int>(
-          std::min<int64_t>(absl::ToInt64Milliseconds(options.accept_pings_every), INT32_MAX)));
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             PingArgMs(options.accept_pings_every));
   builder.RegisterService(impl->service.get());
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(impl->metrics->CallCounter());
