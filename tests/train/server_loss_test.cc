@@ -143,7 +143,13 @@ void KillAServerUnderStageProcesses(int victim, bool followers_silent = false) {
   };
   // The last stage has the loss; its metrics lines are the steps done.
   std::vector<ChildProcess> first = start_stages("first");
-  ASSERT_TRUE(WaitForSteps(dir + "/first1.jsonl", 13, first[1])) << first[1].ReadLog();
+  // Step 10's checkpoint written, not only begun (a kill while it is in
+  // flight fails it, and the job would go back to step 5); stage 0 takes
+  // them. Then the last stage past step 15, so that the steps after
+  // whichever checkpoint the job goes back to (10, or 15 if written by the
+  // kill) are in the first run's metrics.
+  ASSERT_TRUE(WaitForLog(dir, "stages/step-00000010", first[0])) << first[0].ReadLog();
+  ASSERT_TRUE(WaitForSteps(dir + "/first1.jsonl", 16, first[1])) << first[1].ReadLog();
   const int port = servers[victim].port();
   servers[victim].Kill();
   const auto restart = [&] {
