@@ -1,6 +1,7 @@
 """What a torch.optim training loop says, OffloadOptimizer does: parameter
 groups with their own weight decay, betas and eps; the lr a loop or a torch
-lr_scheduler writes into param_groups; frozen parameters left alone. Each
+lr_scheduler writes into param_groups (and a write to what the servers keep,
+such as OneCycleLR's cycled betas, refused); frozen parameters left alone. Each
 against torch.optim.AdamW given the same gradients and the same writes,
 at the tolerances of test_offload_optimizer.py (rtol 2e-5, atol 1e-6), with
 an embedded server and with two zo-server processes."""
@@ -98,6 +99,131 @@ def test_named_groups_and_a_torch_lr_scheduler_match_adamw(servers):
     assert [g["lr"] for g in opt.param_groups] == pytest.approx(
         [g["lr"] for g in ref_opt.param_groups], rel=0, abs=0)
     opt.close()
+
+
+def test_a_one_cycle_schedule_that_cycles_betas_is_refused_and_one_that_does_not_matches():
+    """OneCycleLR cycles betas[0] by default (cycle_momentum=True); the
+    servers keep the betas the job opened with, so that is refused before
+    anything is sent. Without it, the schedule's lr is honoured."""
+    model, ref = reference_and_model()
+    opt = zo.torch.OffloadOptimizer(model.named_parameters(), plain_config(), job="one-cycle")
+    torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=2e-2, total_steps=STEPS)
+    model(batch(1)).backward()
+    with pytest.raises(RuntimeError, match=r"param_groups\[0\]\['betas'\] was set to "
+                                           r"\(0.95, 0.999\), but the job opened with "
+                                           r"\(0.9, 0.999\) .*cycle_momentum=False"):
+        opt.step()
+    assert opt._client.job_status()["version"] == 0
+    opt.close()
+    model.zero_grad()
+    opt = zo.torch.OffloadOptimizer(model.named_parameters(), plain_config(), job="one-cycle-lr")
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.0)
+    schedulers = [torch.optim.lr_scheduler.OneCycleLR(o, max_lr=2e-2, total_steps=STEPS,
+                                                      cycle_momentum=False)
+                  for o in (opt, ref_opt)]
+    train_both(model, ref, opt, ref_opt, schedulers=schedulers)
+    assert_same_weights(model, ref, "OneCycleLR without cycle_momentum")
+    opt.close()
+
+
+def test_weight_decay_eps_or_a_default_only_key_written_later_is_refused_and_changes_nothing():
+    model, _ = reference_and_model()
+    opt = zo.torch.OffloadOptimizer(nanogpt_groups(model), plain_config(), model=model)
+    model(batch(1)).backward()
+    opt.step()
+    opt.zero_grad()
+    after_one = {n: p.detach().clone() for n, p in model.named_parameters()}
+    model(batch(2)).backward()
+    for g, key, value, opened in ((0, "weight_decay", 0.05, "0.1"), (1, "eps", 1e-5, "1e-06"),
+                                  (1, "maximize", True, "False")):
+        before = opt.param_groups[g].get(key)
+        opt.param_groups[g][key] = value
+        with pytest.raises(RuntimeError, match=rf"param_groups\[{g}\]\['{key}'\] was set to "
+                                               rf"{value}, but the job opened with {opened}: "):
+            opt.step()
+        if before is None:
+            del opt.param_groups[g][key]
+        else:
+            opt.param_groups[g][key] = before
+        assert opt._client.job_status()["version"] == 1
+        for n, p in model.named_parameters():
+            assert torch.equal(p, after_one[n]), n
+    opt.step()  # as opened again: taken
+    assert opt._client.job_status()["version"] == 2
+    opt.close()
+
+
+def cpu_grad_scaler(**kwargs):
+    if not hasattr(torch.amp, "GradScaler"):
+        pytest.skip(f"torch {torch.__version__} has no CPU GradScaler (torch.amp.GradScaler)")
+    return torch.amp.GradScaler("cpu", **kwargs)
+
+
+def test_a_grad_scaler_over_an_fp16_job_is_refused_naming_both_scalers():
+    """An fp16 job's loss scale is zo's: a GradScaler would unscale twice."""
+    scaler = cpu_grad_scaler()
+    model, _ = reference_and_model()
+    opt = zo.torch.OffloadOptimizer(model.named_parameters(),
+                                    plain_config(fp16={"enabled": True}))
+    scaler.scale(model(batch(1))).backward()
+    with pytest.raises(RuntimeError, match="a torch GradScaler is stepping this optimizer, but "
+                                           "the job is fp16"):
+        scaler.step(opt)
+    assert opt._client.job_status()["version"] == 0
+    assert not hasattr(opt, "found_inf")
+    opt.close()
+
+
+def test_a_grad_scaler_over_an_fp32_job_unscales_and_skips_as_with_adamw():
+    """Without fp16 in the config, a GradScaler works as over torch.optim:
+    it unscales before step() and skips the step on an inf."""
+    model, ref = reference_and_model()
+    opt = zo.torch.OffloadOptimizer(model.named_parameters(), plain_config())
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.0)
+    scalers = [cpu_grad_scaler(init_scale=2.0 ** 10), cpu_grad_scaler(init_scale=2.0 ** 10)]
+    for step in range(1, 7):
+        for m, o, scaler in ((model, opt, scalers[0]), (ref, ref_opt, scalers[1])):
+            scaler.scale(m(batch(step))).backward()
+            if step == 3:  # an overflow: both scalers skip the step
+                next(m.parameters()).grad[0] = math.inf
+            scaler.step(o)
+            scaler.update()
+            o.zero_grad()
+    assert opt._client.job_status()["version"] == 5
+    assert scalers[0].get_scale() == scalers[1].get_scale()
+    assert_same_weights(model, ref, "a GradScaler over an fp32 job")
+    opt.close()
+
+
+def test_weights_loaded_into_the_model_after_the_optimizer_opened_are_refused_not_replaced():
+    """torch.optim steps whatever the parameters hold; zo's servers hold the
+    master weights, and a pull would replace weights loaded into the model
+    since. Refused at the next step (and at an engine's first push), with
+    the loaded weights and the job left as they are."""
+    model, _ = reference_and_model()
+    opt = zo.torch.OffloadOptimizer(model.named_parameters(), plain_config())
+    model(batch(1)).backward()
+    opt.step()
+    opt.zero_grad()
+    torch.manual_seed(1)
+    loaded = {n: t.clone() for n, t in type(model)().state_dict().items()}
+    model.load_state_dict(loaded)
+    model(batch(2)).backward()
+    with pytest.raises(RuntimeError, match="parameter 'embed.weight' was written in place since "
+                                           "zo last wrote it"):
+        opt.step()
+    assert opt._client.job_status()["version"] == 1
+    for n, p in model.named_parameters():
+        assert torch.equal(p, loaded[n]), n
+    opt.close()
+
+    cfg = dict(plain_config(), train_batch_size=1, train_micro_batch_size_per_gpu=1)
+    engine, _, _, _ = zo.torch.initialize(model=model, config=cfg)
+    with torch.no_grad():
+        model.norm.bias.add_(1.0)
+    with pytest.raises(RuntimeError, match="parameter 'norm.bias' was written in place"):
+        engine.backward(engine(batch(3)))
+    engine.optimizer.close()
 
 
 def test_a_zero_lr_group_does_not_move_and_the_other_does():

@@ -16,6 +16,22 @@ _GROUP_DEFAULT_ONLY = {"amsgrad": False, "maximize": False, "foreach": None, "ca
                        "differentiable": False, "fused": None, "decoupled_weight_decay": None}
 
 
+def _fixed_hyper(group):
+    """The values of a group's keys that the servers take when the job opens
+    and keep (OffloadOptimizer refuses a later write): betas, eps and
+    weight_decay, and the keys zo runs only at their default (absent: that
+    default). Betas as a tuple of floats, however a scheduler wrote them."""
+    fixed = {}
+    for key in ("betas", "eps", "weight_decay", *_GROUP_DEFAULT_ONLY):
+        value = group.get(key, _GROUP_DEFAULT_ONLY.get(key))
+        if isinstance(value, (list, tuple)):
+            value = tuple(float(v) for v in value)
+        elif isinstance(value, torch.Tensor):
+            value = value.tolist()
+        fixed[key] = value
+    return fixed
+
+
 def _check_parameter(name, p):
     """Refuses a trainable parameter zo cannot train, naming it: the job's
     manifest is made of them, and pulled weights are written into their

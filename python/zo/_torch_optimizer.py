@@ -13,7 +13,7 @@ from zo import _native
 from zo._torch_compensation import DelayedStepCompensation
 from zo._torch_config import _JOB_DTYPES, _job_dtype, _load_config, _optimizer_defaults
 from zo._torch_device_copies import GradientDownloads, WeightUploads
-from zo._torch_groups import _lr_value, _named_groups
+from zo._torch_groups import _fixed_hyper, _lr_value, _named_groups
 from zo._torch_job import _default_job_name, _fingerprint, _owns_its_storage, _raw
 
 
@@ -47,7 +47,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
     step uses param_groups[i]["lr"] as the loop (or a torch lr_scheduler)
     last set it, as torch.optim does. With one, the servers' schedule sets
     it, param_groups shows it after each step, and a loop that writes it
-    is refused.
+    is refused. A group's betas, eps and weight_decay are fixed when the
+    job opens: a later write (OneCycleLR's cycled betas) is refused.
     """
 
     def __init__(self, params, config, servers=None, job=None, dp_rank=0,
@@ -105,6 +106,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
             job_cfg["zo"]["client_lr"] = True
         group_hyper = [{"betas": list(g["betas"]), "eps": g["eps"],
                         "weight_decay": g["weight_decay"]} for g in self.param_groups]
+        # What each group opened the job with: the servers keep it, so a
+        # later write (a scheduler cycling betas) is refused, not ignored.
+        self._opened_hyper = [_fixed_hyper(g) for g in self.param_groups]
         default_hyper = {"betas": list(defaults["betas"]), "eps": defaults["eps"],
                          "weight_decay": defaults["weight_decay"]}
         if any(h != default_hyper for h in group_hyper) or len(group_hyper) > 1:
@@ -168,6 +172,12 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 "engine.load_checkpoint), or give another job= name (the default is a new one "
                 "per run)")
         self._step = version
+        # An fp16 job's loss scale is the servers' (self.loss_scale). Claiming
+        # torch's amp-scaling hook makes a GradScaler call step() with its
+        # found_inf set, instead of unscaling and skipping on its own, so
+        # that step() sees the second scaler and refuses it.
+        if self._dtype_name == "fp16":
+            self._step_supports_amp_scaling = True
         self._moved_into_region = False
         self._grads_in_region = False  # the engine's .grad in the region (_keep_grads_in_region)
         self._grads_placed = False  # some .grad is a region place (_zero_grads_kept)
@@ -175,6 +185,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
             self._move_into_region()
         if self._not_resumed is None:
             self._load(self._step + 1)
+        self._note_written()
         self._shown_lr = None
         self._show_server_lr()
 
@@ -319,6 +330,27 @@ class OffloadOptimizer(torch.optim.Optimizer):
                     if p.is_cuda:
                         devices.add(p.device)
             self._uploads.uploaded(devices)
+        self._note_written()
+
+    def _note_written(self):
+        """Each parameter's version counter once zo has written it: an
+        in-place write since then (model.load_state_dict, an init under
+        no_grad) bumps it, and step() refuses it (_check_not_written)."""
+        self._written = [p._version for p in self._params]
+
+    def _check_not_written(self):
+        """A parameter written in place since zo last wrote it: the servers
+        hold its master weights, so the step's pull would silently replace
+        what was written. (A write through .data bumps no counter and is
+        not seen.)"""
+        for name, p, version in zip(self._names, self._params, self._written):
+            if p._version != version:
+                raise RuntimeError(
+                    f"parameter '{name}' was written in place since zo last wrote it (a "
+                    "model.load_state_dict or an in-place init after the optimizer was built?): "
+                    "the servers hold its master weights, and the step's pull would replace "
+                    "what was written. Load or set the weights before building the optimizer, "
+                    "or roll the job back with optimizer.load_state_dict()")
 
     def _pull_buffers(self):
         """The buffers each pull writes: the parameters' own memory (or their
@@ -413,6 +445,40 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if self._not_resumed is not None:
             raise RuntimeError(self._not_resumed)
 
+    def _check_no_grad_scaler(self):
+        """torch's GradScaler.step() sets found_inf (and grad_scale) on an
+        optimizer that claims _step_supports_amp_scaling: an fp16 job's."""
+        if getattr(self, "found_inf", None) is None:
+            return
+        del self.found_inf  # as the scaler leaves them after a step
+        if hasattr(self, "grad_scale"):
+            del self.grad_scale
+        raise RuntimeError(
+            "a torch GradScaler is stepping this optimizer, but the job is fp16 (the config's "
+            "fp16 section), whose loss scale zo's servers keep (opt.loss_scale): two scalers "
+            "would unscale the gradients twice. Use one: drop the GradScaler and call "
+            "(loss * opt.loss_scale).backward(), as DeepSpeed's fp16 does, or keep the "
+            "GradScaler with a bf16 or fp32 job (remove the config's fp16 section)")
+
+    def _check_fixed_hyper(self):
+        """A group's betas, eps and weight_decay (and the keys zo runs only at
+        their default) are the job's from when it opened: the servers hold
+        them. A write since then would be silently ignored, so it is refused
+        before anything of the step is sent."""
+        for g, (group, opened) in enumerate(zip(self.param_groups, self._opened_hyper)):
+            now = _fixed_hyper(group)
+            for key, value in opened.items():
+                if now[key] == value:
+                    continue
+                cycled = (" (torch's OneCycleLR and CyclicLR cycle betas[0] unless built with "
+                          "cycle_momentum=False)" if key == "betas" else "")
+                raise RuntimeError(
+                    f"param_groups[{g}]['{key}'] was set to {group.get(key)}, but the job opened "
+                    f"with {value}{cycled}: zo's servers keep each group's betas, eps "
+                    "and weight_decay as the optimizer opened the job and cannot change them "
+                    "between steps; leave them as they were, or open a new job (another job= "
+                    "name) with the new values")
+
     def _check_frozen(self):
         for name, p in self._frozen:
             if p.requires_grad:
@@ -429,6 +495,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
         during the last backward); step() then pushes only the others."""
         self._check_resumed()
         self._check_dense(index, grad)
+        self._check_fixed_hyper()
+        self._check_not_written()
         step = self._step + 1
         self._send_lr(step)
         if grad is None:
@@ -485,6 +553,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
+        self._check_no_grad_scaler()
         self._check_resumed()
         self._check_unchanged()
         self._check_frozen()
@@ -498,6 +567,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
             self._check_dense(sparse[0], grads[sparse[0]])
         step = self._step + 1
         self._check_lr(step)
+        self._check_fixed_hyper()
+        self._check_not_written()
         try:
             return self._step_on(step, grads, loss)
         except BaseException:
