@@ -3,9 +3,11 @@
 #ifndef ZO_TESTS_TRAIN_TRAIN_RUN_H_
 #define ZO_TESTS_TRAIN_TRAIN_RUN_H_
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -56,6 +58,34 @@ inline bool WaitForLog(const std::string& dir, const std::string& text, ChildPro
       absl::StrCat("\"", text, "\" in the log"),
       [&] { return train.ReadLog().find(text) != std::string::npos; }, dir, {&train},
       std::chrono::minutes(3));
+  return reached.ok();
+}
+
+// The versions of `job`'s checkpoints a zo-train log says were written
+// ("checkpoint written: <dir>/<job>/step-NNNNNNNN"), in the log's order. A
+// checkpoint asked for at step N holds N or a later version (the lead takes
+// it between steps, after one still being written), so tests read the
+// versions here rather than assume the steps they asked at.
+inline std::vector<int64_t> CheckpointsWritten(const std::string& log, const std::string& job) {
+  static const std::regex written(R"(checkpoint written: \S*/([^/\s]+)/step-(\d+))");
+  std::vector<int64_t> versions;
+  for (std::sregex_iterator it(log.begin(), log.end(), written), end; it != end; ++it) {
+    if ((*it)[1] == job) versions.push_back(std::stoll((*it)[2]));
+  }
+  return versions;
+}
+
+// Until `train`'s log (in `dir`) says a checkpoint of `job` holding
+// `min_version` or later was written.
+inline bool WaitForCheckpoint(const std::string& dir, const std::string& job, int64_t min_version,
+                              ChildProcess& train) {
+  const absl::Status reached = cluster::WaitUntil(
+      absl::StrCat("a checkpoint of ", job, " at version ", min_version, " or later"),
+      [&] {
+        const std::vector<int64_t> v = CheckpointsWritten(train.ReadLog(), job);
+        return !v.empty() && *std::max_element(v.begin(), v.end()) >= min_version;
+      },
+      dir, {&train}, std::chrono::minutes(3));
   return reached.ok();
 }
 

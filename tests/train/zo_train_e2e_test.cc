@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -21,6 +22,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/testing/free_port.h"
 #include "common/testing/small_tmpfs.h"
 #include "gmock/gmock.h"
@@ -231,21 +233,33 @@ TEST(ZoTrainE2eTest, EmbeddedGptLearnsFarBelowTheUnigramEntropy) {
   double last10 = 0;
   for (size_t i = 140; i < 150; ++i) last10 += *lines[i].loss / 10;
   EXPECT_LT(last10, unigram_nats - 0.5) << "unigram entropy " << unigram_nats << " nats";
-  // --checkpoint-every asked the embedded server for committed checkpoints.
-  for (const char* step : {"step-00000075", "step-00000150"}) {
-    EXPECT_TRUE(std::filesystem::exists(dir + "/ckpt/zo-train/" + step + "/checkpoint.json"))
-        << step;
+  // --checkpoint-every asked the embedded server for committed checkpoints
+  // at steps 75 and 150. One asked for at step N holds N or a later version
+  // (the lead takes it between steps, when the request has come), so the
+  // first may hold a step after 75; the last is of step 150, the last step.
+  std::vector<int64_t> written;
+  for (const auto& entry : std::filesystem::directory_iterator(dir + "/ckpt/zo-train")) {
+    const std::string name = entry.path().filename().string();
+    ASSERT_TRUE(absl::StartsWith(name, "step-")) << name;
+    EXPECT_TRUE(std::filesystem::exists(entry.path() / "checkpoint.json")) << name;
+    written.push_back(std::stoll(name.substr(5)));
   }
+  std::sort(written.begin(), written.end());
+  ASSERT_EQ(written.size(), 2u);
+  EXPECT_GE(written[0], 75);
+  EXPECT_LT(written[0], 150);
+  EXPECT_EQ(written[1], 150);
 
-  // A new process restores the step-75 checkpoint into its own embedded
-  // server and trains steps 76..80 exactly as the first run did.
+  // A new process restores the first checkpoint (step v) into its own
+  // embedded server and trains steps v+1..v+5 exactly as the first run did.
+  const int64_t v = written[0];
   const std::string resumed = dir + "/resumed.jsonl";
   std::vector<std::string> again = args;
   for (size_t i = 0; i + 1 < again.size(); ++i) {
-    if (again[i] == "--steps") again[i + 1] = "80";
+    if (again[i] == "--steps") again[i + 1] = std::to_string(v + 5);
     if (again[i] == "--metrics-out") again[i + 1] = resumed;
   }
-  again = Concat(again, {"--restore", dir + "/ckpt/zo-train/step-00000075"});
+  again = Concat(again, {"--restore", absl::StrFormat("%s/ckpt/zo-train/step-%08d", dir, v)});
   RunTrain(again, dir + "/resumed.log");
   const std::vector<StepLine> after = ReadMetrics(resumed);
   ASSERT_EQ(after.size(), 5u);
@@ -253,7 +267,7 @@ TEST(ZoTrainE2eTest, EmbeddedGptLearnsFarBelowTheUnigramEntropy) {
     ASSERT_TRUE(l.loss.has_value());
     EXPECT_EQ(*l.loss, *lines[l.step - 1].loss) << "step " << l.step;
   }
-  EXPECT_EQ(after.front().step, 76);
+  EXPECT_EQ(after.front().step, v + 1);
 }
 
 TEST(ZoTrainE2eTest, TwoStageProcessesOverTcpFollowTheEmbeddedRun) {
