@@ -195,34 +195,45 @@ def test_a_grad_scaler_over_an_fp32_job_unscales_and_skips_as_with_adamw():
     opt.close()
 
 
-def test_weights_loaded_into_the_model_after_the_optimizer_opened_are_refused_not_replaced():
+@pytest.mark.parametrize("job", ["fp32", "bf16 over fp32 parameters"])
+def test_weights_loaded_into_the_model_after_the_optimizer_opened_are_refused_not_replaced(job):
     """torch.optim steps whatever the parameters hold; zo's servers hold the
     master weights, and a pull would replace weights loaded into the model
     since. Refused at the next step (and at an engine's first push), with
-    the loaded weights and the job left as they are."""
+    the loaded weights and the job left as they are. A write of the values
+    they already hold (DistributedDataParallel's broadcast, when the model
+    is wrapped after the optimizer was built, as nanoGPT does) is not."""
     model, _ = reference_and_model()
-    opt = zo.torch.OffloadOptimizer(model.named_parameters(), plain_config())
+    extra = {"bf16": {"enabled": True}} if job.startswith("bf16") else {}
+    opt = zo.torch.OffloadOptimizer(model.named_parameters(), plain_config(**extra))
     model(batch(1)).backward()
     opt.step()
     opt.zero_grad()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.clone())  # bumps every version counter, changes nothing
+    model(batch(2)).backward()
+    opt.step()
+    opt.zero_grad()
+    assert opt._client.job_status()["version"] == 2
     torch.manual_seed(1)
     loaded = {n: t.clone() for n, t in type(model)().state_dict().items()}
     model.load_state_dict(loaded)
-    model(batch(2)).backward()
+    model(batch(3)).backward()
     with pytest.raises(RuntimeError, match="parameter 'embed.weight' was written in place since "
                                            "zo last wrote it"):
         opt.step()
-    assert opt._client.job_status()["version"] == 1
+    assert opt._client.job_status()["version"] == 2
     for n, p in model.named_parameters():
         assert torch.equal(p, loaded[n]), n
     opt.close()
 
-    cfg = dict(plain_config(), train_batch_size=1, train_micro_batch_size_per_gpu=1)
+    cfg = dict(plain_config(**extra), train_batch_size=1, train_micro_batch_size_per_gpu=1)
     engine, _, _, _ = zo.torch.initialize(model=model, config=cfg)
     with torch.no_grad():
         model.norm.bias.add_(1.0)
     with pytest.raises(RuntimeError, match="parameter 'norm.bias' was written in place"):
-        engine.backward(engine(batch(3)))
+        engine.backward(engine(batch(4)))
     engine.optimizer.close()
 
 

@@ -145,6 +145,11 @@ class OffloadOptimizer(torch.optim.Optimizer):
         # Gradients in the job's dtype when the parameter's is another, made
         # once when first needed (page-locked for CUDA gradients).
         self._grad_staging = [None] * len(self._params)
+        # What zo last wrote into each parameter, to tell a later write that
+        # changed it from one that did not (_check_not_written): the staging
+        # buffer holds it, else a few elements are kept (_written_sample).
+        self._sampled = [s is None or compensated for s in self._staging]
+        self._sample_at = [None] * len(self._params)
         self._downloads = GradientDownloads()  # CUDA gradients not yet in host memory
         self._uploads = WeightUploads()  # CUDA weights still reading self._staging
         self._zero_grads = [None] * len(self._params)
@@ -333,24 +338,53 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._note_written()
 
     def _note_written(self):
-        """Each parameter's version counter once zo has written it: an
-        in-place write since then (model.load_state_dict, an init under
-        no_grad) bumps it, and step() refuses it (_check_not_written)."""
+        """Each parameter's version counter once zo has written it (an
+        in-place write since then, model.load_state_dict or an init under
+        no_grad, bumps it: _check_not_written), and a sample of what was
+        written where no staging buffer keeps it."""
         self._written = [p._version for p in self._params]
+        self._written_sample = [self._sample(i) if sampled else None
+                                for i, sampled in enumerate(self._sampled)]
+
+    def _sample(self, index):
+        """Up to 16 elements of parameter `index`, spread over it."""
+        p = self._params[index]
+        at = self._sample_at[index]
+        if at is None or at.device != p.device:
+            n = p.numel()
+            at = torch.linspace(0, max(n - 1, 0), steps=min(n, 16), device=p.device).long()
+            self._sample_at[index] = at
+        return p.detach().reshape(-1).index_select(0, at)
+
+    def _still_as_written(self, index):
+        """Whether parameter `index` holds what zo last wrote, as far as its
+        staging buffer or its sample tells."""
+        p = self._params[index]
+        if self._sampled[index]:
+            return torch.equal(self._sample(index), self._written_sample[index])
+        staged = self._staging[index]
+        return torch.equal(p.detach(), staged.to(device=p.device, dtype=p.dtype))
 
     def _check_not_written(self):
-        """A parameter written in place since zo last wrote it: the servers
-        hold its master weights, so the step's pull would silently replace
-        what was written. (A write through .data bumps no counter and is
-        not seen.)"""
-        for name, p, version in zip(self._names, self._params, self._written):
-            if p._version != version:
-                raise RuntimeError(
-                    f"parameter '{name}' was written in place since zo last wrote it (a "
-                    "model.load_state_dict or an in-place init after the optimizer was built?): "
-                    "the servers hold its master weights, and the step's pull would replace "
-                    "what was written. Load or set the weights before building the optimizer, "
-                    "or roll the job back with optimizer.load_state_dict()")
+        """A parameter written in place since zo last wrote it, with other
+        values: the servers hold its master weights, so the step's pull
+        would silently replace them. A write of the same values (the
+        broadcast of DistributedDataParallel wrapped after the optimizer
+        was built) is let through. A write through .data bumps no counter
+        and is not seen."""
+        for index, (name, p, version) in enumerate(zip(self._names, self._params,
+                                                       self._written)):
+            if p._version == version:
+                continue
+            if self._still_as_written(index):
+                self._written[index] = p._version
+                continue
+            raise RuntimeError(
+                f"parameter '{name}' was written in place since zo last wrote it (a "
+                "model.load_state_dict or an in-place init after the optimizer was built?): "
+                "the servers hold its master weights, and the step's pull would replace "
+                "what was written. Load or set the weights before building the optimizer, "
+                "or roll the job back with optimizer.load_state_dict()")
 
     def _pull_buffers(self):
         """The buffers each pull writes: the parameters' own memory (or their
