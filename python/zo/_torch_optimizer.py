@@ -150,6 +150,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         # buffer holds it, else a few elements are kept (_written_sample).
         self._sampled = [s is None or compensated for s in self._staging]
         self._sample_at = [None] * len(self._params)
+        self._checked_for = None  # the step whose first push checked them
         self._downloads = GradientDownloads()  # CUDA gradients not yet in host memory
         self._uploads = WeightUploads()  # CUDA weights still reading self._staging
         self._zero_grads = [None] * len(self._params)
@@ -529,9 +530,11 @@ class OffloadOptimizer(torch.optim.Optimizer):
         during the last backward); step() then pushes only the others."""
         self._check_resumed()
         self._check_dense(index, grad)
-        self._check_fixed_hyper()
-        self._check_not_written()
         step = self._step + 1
+        if self._checked_for != step:  # once per step, not once per tensor
+            self._check_fixed_hyper()
+            self._check_not_written()
+            self._checked_for = step
         self._send_lr(step)
         if grad is None:
             name = self._names[index]
