@@ -75,6 +75,22 @@ inline std::vector<int64_t> CheckpointsWritten(const std::string& log, const std
   return versions;
 }
 
+// The versions of `job`'s committed checkpoints under `root` (the servers'
+// --checkpoint-dir): what a job can go back to, whether or not the worker
+// that asked for one lived to log it.
+inline std::vector<int64_t> CheckpointsOnDisk(const std::string& root, const std::string& job) {
+  std::vector<int64_t> versions;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(root + "/" + job, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("step-", 0) == 0 && std::filesystem::exists(entry.path() / "checkpoint.json")) {
+      versions.push_back(std::stoll(name.substr(5)));
+    }
+  }
+  std::sort(versions.begin(), versions.end());
+  return versions;
+}
+
 // Until `train`'s log (in `dir`) says a checkpoint of `job` holding
 // `min_version` or later was written.
 inline bool WaitForCheckpoint(const std::string& dir, const std::string& job, int64_t min_version,
