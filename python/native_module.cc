@@ -457,6 +457,17 @@ class Client {
     return d;
   }
 
+  // The lasting client's gradient and weight bytes so far
+  // (OffloadClient::Traffic): what a push took from where its server reads.
+  py::dict Traffic() const {
+    const OffloadClient::Traffic t = open().traffic();
+    py::dict d;
+    d["pushed_bytes"] = t.pushed_bytes;
+    d["pulled_bytes"] = t.pulled_bytes;
+    d["pushed_in_place_bytes"] = t.pushed_in_place_bytes;
+    return d;
+  }
+
   std::string Checkpoint(int64_t min_version) {
     py::gil_scoped_release release;
     return Check(open().Checkpoint(min_version));
@@ -711,6 +722,7 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("last_pulled_version", &Client::LastPulledVersion)
       .def("step_compensation", &Client::StepCompensation, py::arg("step"), py::arg("have_before"))
       .def("job_status", &Client::JobStatus)
+      .def("traffic", &Client::Traffic)
       .def("checkpoint", &Client::Checkpoint, py::arg("min_version") = 0)
       .def("restore", &Client::Restore, py::arg("path") = "")
       .def("moved", &Client::moved)

@@ -50,6 +50,13 @@ class _JobStatus(TypedDict):
     last_lr: float
     init_fingerprint: int
 
+class _Traffic(TypedDict):
+    """What Client.traffic() returns (a plain dict; for type checkers only)."""
+
+    pushed_bytes: int
+    pulled_bytes: int
+    pushed_in_place_bytes: int
+
 class Client:
     """One worker's connection to a job on zo's servers: opens (or attaches
     to) the job, pushes gradients and pulls weights by step."""
@@ -141,6 +148,10 @@ class Client:
         version before the last one pulled."""
     def job_status(self) -> _JobStatus:
         """The lead server's view of the job."""
+    def traffic(self) -> _Traffic:
+        """Gradient bytes pushed and weight bytes pulled by this client so
+        far, and of the pushed, those taken from where their server reads
+        them (no copy)."""
     def checkpoint(self, min_version: int = 0) -> str:
         """Checkpoints the job at its current version, or once it reaches
         min_version (a step just pushed); returns the committed directory."""
