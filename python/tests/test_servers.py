@@ -386,6 +386,69 @@ def test_the_engines_gradients_live_in_the_region_and_train_as_with_an_embedded_
         assert not b.grad.any(), name  # readable with the client and server gone
 
 
+@pytest.mark.parametrize("job,dpu,replaced", [("fp32", False, False), ("bf16", False, False),
+                                              ("bf16", True, False), ("fp32", False, True)],
+                         ids=["fp32", "bf16", "bf16_dpu", "fp32_replaced"])
+def test_zero_grad_keeping_the_gradients_puts_them_in_the_region(job, dpu, replaced):
+    # A loop that zeroes .grad instead of freeing it (zero_grad(set_to_none=
+    # False)) gets, on the same-host route, gradients in the places the
+    # server reads, the region's two areas in turn: backward sums two
+    # micro-batches there and step() copies nothing. The weights must be
+    # the embedded run's bit for bit (there .grad stays where it is), and,
+    # for fp32, torch.optim.AdamW's run with the same loop. `replaced`: the
+    # loop puts another tensor in .grad after backward (as DDP's
+    # gradient_as_bucket_view does); step() copies it into the place, so
+    # that it is still pushed from there.
+    dtype = torch.float32 if job == "fp32" else torch.bfloat16
+    embedded, ref = reference_and_model()
+    embedded.to(dtype)
+    same_host = copy.deepcopy(embedded)
+    cfg = config(dpu)
+    if job == "bf16":
+        cfg["bf16"] = {"enabled": True}
+
+    def train_keeping(model, opt, steps=7):
+        places = []
+        for step in range(1, steps + 1):
+            for m in range(2):
+                model(batch(10 * step + m)).backward()
+            if replaced:
+                for p in model.parameters():
+                    p.grad = p.grad.clone()
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+            assert all(not p.grad.any() for p in model.parameters()), f"step {step}"
+            places.append([p.grad.data_ptr() for p in model.parameters()])
+        return places
+
+    opt = zo.torch.OffloadOptimizer(embedded.named_parameters(), config=cfg)
+    kept = train_keeping(embedded, opt)
+    assert replaced or all(p == kept[0] for p in kept), "an embedded run's .grad moved"
+    opt.close()
+    with zo_servers(1) as (address,):
+        opt = zo.torch.OffloadOptimizer(same_host.named_parameters(), config=cfg,
+                                        servers=[address], job="kept-grads")
+        places = train_keeping(same_host, opt)
+        # Each step's gradients but the first's (made by backward, before
+        # any zero_grad) were pushed from where the server reads them.
+        traffic = opt._client.traffic()
+        assert traffic["pushed_in_place_bytes"] == traffic["pushed_bytes"] * 6 // 7, traffic
+        lent = opt._client.region_push_places(opt.global_steps + 1, opt._all)
+        assert [torch.frombuffer(p, dtype=dtype).data_ptr() for p in lent] == places[-1], \
+            "the gradients are not in the next step's places"
+        assert places[0] != places[1] and places[2:] == (places[:2] * 4)[:len(places) - 2], \
+            "the gradients did not take the two areas in turn"
+        opt.close()
+    for (name, a), b in zip(embedded.named_parameters(), same_host.parameters()):
+        assert torch.equal(a.detach(), b.detach()), name
+        assert not b.grad.any(), name  # readable with the client and server gone
+    if job == "fp32" and not dpu:
+        ref_opt = torch.optim.AdamW(ref.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8,
+                                    weight_decay=0.01)
+        train_keeping(ref, ref_opt)
+        assert_same_weights(same_host, ref, "zero_grad(set_to_none=False) against AdamW")
+
+
 def test_the_engine_back_at_a_checkpoint_retakes_its_steps_with_its_gradients_in_the_region(
         tmp_path):
     # Back at step 2 from step 5, the gradients placed for step 6 leave the

@@ -4,6 +4,7 @@ parameter groups and the config, pushes each step's gradients in the job's
 dtype, writes the next weights into the parameters in place, follows a job
 that moved, and checkpoints and restores through the servers."""
 
+import inspect
 import json
 import warnings
 
@@ -15,6 +16,10 @@ from zo._torch_config import _JOB_DTYPES, _job_dtype, _load_config, _optimizer_d
 from zo._torch_device_copies import GradientDownloads, WeightUploads
 from zo._torch_groups import _fixed_hyper, _lr_value, _named_groups
 from zo._torch_job import _default_job_name, _fingerprint, _owns_its_storage, _raw
+
+
+# torch.optim's zero_grad default: set_to_none True since torch 2.0, False before.
+_SET_TO_NONE = inspect.signature(torch.optim.Optimizer.zero_grad).parameters["set_to_none"].default
 
 
 class OffloadOptimizer(torch.optim.Optimizer):
@@ -185,8 +190,13 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if self._dtype_name == "fp16":
             self._step_supports_amp_scaling = True
         self._moved_into_region = False
-        self._grads_in_region = False  # the engine's .grad in the region (_keep_grads_in_region)
-        self._grads_placed = False  # some .grad is a region place (_zero_grads_kept)
+        # Whether zero_grad(set_to_none=False) may keep .grad in the region
+        # (_zero_grads_kept): the weights moved there and every parameter is
+        # of the job's dtype; the engine also needs a hook (_keep_grads_in_region).
+        self._grads_in_region = all(p.dtype == self._dtype for p in self._params)
+        # (step, {index: the .grad placed in the region for that step}), or
+        # None: where _zero_grads_kept put the gradients.
+        self._placed = None
         if not compensated:
             self._move_into_region()
         if self._not_resumed is None:
@@ -234,6 +244,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         Weights that lived in the old server's region (and an fp32 model's
         staging buffers) move into the new one's, where its pulls write."""
         version = self._client.follow()
+        self._placed = None  # lent by the servers left behind
         if self._moved_into_region:
             self._moved_into_region = False
             self._move_into_region()
@@ -249,20 +260,19 @@ class OffloadOptimizer(torch.optim.Optimizer):
         push copies them. Needs torch's post-accumulate hook (2.1); before
         it, the engine pushes .grad + the new part from a buffer."""
         self._grads_in_region = (
-            self._moved_into_region
-            and all(p.dtype == self._dtype for p in self._params)
+            self._grads_in_region
             and hasattr(torch.Tensor, "register_post_accumulate_grad_hook"))
 
     def _zero_grads_kept(self):
-        """zero_grad(set_to_none=False), as the engine calls it. With the
-        gradients in the region, each that exists moves, zeroed, to its place
-        for the next step instead (the region's two gradient areas alternate
-        by step, so that a server may still read the last step's); one with
-        none stays without."""
+        """zero_grad(set_to_none=False), the loop's or the engine's. Where
+        the gradients may live in the region, each that exists moves, zeroed,
+        to its place for the next step instead (the region's two gradient
+        areas alternate by step, so that a server may still read the last
+        step's); one with none stays without."""
         self._downloads.settle()
         indices = [i for i, p in enumerate(self._params) if p.grad is not None]
         places = []
-        if self._grads_in_region and indices:
+        if self._grads_in_region and self._moved_into_region and indices:
             try:
                 places = self._client.region_push_places(self._step + 1, indices)
             except RuntimeError:
@@ -271,8 +281,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 places = []
         if not places:
             self._grads_out_of_region()
-            self.zero_grad(set_to_none=False)
+            torch.optim.Optimizer.zero_grad(self, set_to_none=False)
             return
+        placed = {}
         with torch.no_grad():
             for i, place in zip(indices, places):
                 p = self._params[i]
@@ -281,20 +292,35 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 grad = torch.frombuffer(place, dtype=self._dtype).view(p.shape)
                 grad.zero_()
                 p.grad = grad
-        self._grads_placed = True
+                placed[i] = grad
+        self._placed = (self._step + 1, placed)
 
     def _grads_out_of_region(self):
         """Gradients placed in the region for a step that will not be pushed
         next (the job went back, or the next step's places were refused)
         move to memory of their own, until _zero_grads_kept places them
         again: a push copies them from there."""
-        if not self._grads_placed:
+        if self._placed is None:
             return
-        self._grads_placed = False
+        self._placed = None
         with torch.no_grad():
             for p in self._params:
                 if p.grad is not None:
                     p.grad = p.grad.clone()
+
+    def _at_place(self, step, index, grad):
+        """The gradient to push for parameter `index` at `step`: where its
+        place in the region was lent for the step but .grad was replaced
+        since (DistributedDataParallel's gradient_as_bucket_view, a backward
+        with create_graph=True), copied into the place, which is pushed
+        without a copy; a push from other bytes would take gRPC."""
+        if self._placed is None or self._placed[0] != step:
+            return grad
+        place = self._placed[1].get(index)
+        if place is None or grad.data_ptr() == place.data_ptr():
+            return grad
+        place.copy_(grad)
+        return place
 
     def _direct(self, p):
         return p.device.type == "cpu" and p.dtype == self._dtype and p.is_contiguous()
@@ -554,7 +580,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         elif grad.is_cuda:
             self._stage_from_device(index, grad if plus is None else grad + plus)
         elif not converted:
-            grad = self._in_job_dtype(index, grad, plus)
+            grad = self._at_place(step, index, self._in_job_dtype(index, grad, plus))
         try:
             if converted:
                 self._client.push_converted(step, index, grad.detach().contiguous().numpy())
@@ -645,7 +671,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
     def _let_go_of_lent(self):
         """A step that failed after lending gradients: the servers may read
         them until their update ends, so the parameters and staging buffers
-        get fresh ones and what the loop writes next cannot reach them."""
+        get fresh ones and what the loop writes next cannot reach them
+        (nor _at_place: the places are not written again this step)."""
+        self._placed = None
         with torch.no_grad():
             for index, tensor in self._lent:
                 p = self._params[index]
@@ -676,7 +704,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._send_lr(step)
         rest = [(i, g) for i, g in enumerate(grads) if i not in self._pushed]
         plain = [(i, g) for i, g in rest if g is not None and g.is_cpu and g.is_contiguous()]
-        same = [(i, g) for i, g in plain if g.dtype == self._dtype]
+        same = [(i, self._at_place(step, i, g)) for i, g in plain if g.dtype == self._dtype]
         wide = ([(i, g) for i, g in plain if g.dtype == torch.float32]
                 if self._dtype != torch.float32 else [])
         for batch, convert in ((same, False), (wide, True)):
@@ -732,10 +760,17 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if self._schedule_on_servers:
             self._shown_lr = [g["lr"] for g in self.param_groups]
 
-    def zero_grad(self, *args, **kwargs):
+    def zero_grad(self, set_to_none=_SET_TO_NONE):
+        """As torch.optim's. With set_to_none=False on the same-host route,
+        each gradient is zeroed in the place of the shared region its server
+        reads (a new tensor there, not the old one zeroed): backward sums
+        into it and step() copies nothing (_zero_grads_kept)."""
+        if not set_to_none:
+            self._zero_grads_kept()
+            return
         # A gradient still being copied out is read by that copy.
         self._downloads.settle()
-        super().zero_grad(*args, **kwargs)
+        super().zero_grad(set_to_none=True)
 
     def close(self):
         """Ends the client (and the embedded server); the optimizer is unusable after."""
