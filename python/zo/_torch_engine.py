@@ -67,14 +67,14 @@ class OffloadEngine:
     def _accumulated_gradient_hook(self, index):
         def hook(param):
             if self._push_in_backward:
-                self.optimizer.push_gradient(index, param.grad)
+                self.optimizer.push_gradient(index, param.grad, lend=True)
                 self._sent_in_backward.add(index)
         return hook
 
     def _final_gradient_hook(self, index, param):
         def hook(grad):
             if self._push_in_backward:
-                self.optimizer.push_gradient(index, grad, plus=param.grad)
+                self.optimizer.push_gradient(index, grad, plus=param.grad, lend=True)
                 self._sent_in_backward.add(index)
         return hook
 

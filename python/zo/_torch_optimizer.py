@@ -549,11 +549,14 @@ class OffloadOptimizer(torch.optim.Optimizer):
                     "a new optimizer (another job= name) to train it")
 
     @torch.no_grad()
-    def push_gradient(self, index, grad, plus=None):
+    def push_gradient(self, index, grad, plus=None, lend=False):
         """Pushes parameter `index`'s final gradient (grad + plus, when plus
         is given) for the next step now, or for a CUDA gradient once its copy
         to host memory is done (the engine does this from autograd hooks
-        during the last backward); step() then pushes only the others."""
+        during the last backward); step() then pushes only the others.
+        `lend`: a CPU gradient is not written again before step() returns
+        (the engine's .grad, zeroed only after it), so an embedded server
+        reads it where it lies instead of copying it."""
         self._check_resumed()
         self._check_dense(index, grad)
         step = self._step + 1
@@ -584,6 +587,10 @@ class OffloadOptimizer(torch.optim.Optimizer):
         try:
             if converted:
                 self._client.push_converted(step, index, grad.detach().contiguous().numpy())
+                self._pushed.add(index)
+            elif not grad.is_cuda and lend:
+                self._lent.append((index, grad))
+                self._client.push_tensors(step, [index], [grad], False, lend=True)
                 self._pushed.add(index)
             elif not grad.is_cuda:  # a CUDA one goes once its copy has arrived
                 self._client.push(step, index, _raw(grad))
