@@ -14,10 +14,18 @@ back); the Adam alone is the job's (bf16 gradients for both bf16 jobs).
 
     PYTHONPATH=build/release/python /usr/bin/python3 bench/torch_step.py --json
 
-Rows: {"bench": "torch_step", "api", "route", "dtype", "params", "tensors",
-"step_s", "adam_s", "ratio"} (ratio = step_s / adam_s), then per dtype
-{"bench": "torch_step_routes", "api", "dtype", "same_host_over_embedded"}.
-Targets (issue 34): embedded <= 1.5 x the Adam, same_host <= 1.3 x embedded.
+--grads (optimizer API): `fresh`, .grad in memory of its own each step, as
+after zero_grad() (set_to_none=True, torch's default) and a backward; and
+`kept`, the loop zeroes .grad with zero_grad(set_to_none=False) and the
+backward sums into it, which on the same-host route puts .grad in the
+shared region where the server reads it. The backward is a copy of the
+step's gradient into .grad (fresh) or added to it (kept), outside the time.
+
+Rows: {"bench": "torch_step", "api", "grads", "route", "dtype", "params",
+"tensors", "step_s", "adam_s", "ratio"} (ratio = step_s / adam_s), then per
+dtype and grads {"bench": "torch_step_routes", "api", "grads", "dtype",
+"same_host_over_embedded"}. Targets (issue 34): embedded <= 1.5 x the Adam,
+same_host <= 1.3 x embedded.
 
 --api engine times zo.torch.initialize's engine instead: a whole iteration
 (a forward of one multiply-and-sum per tensor, engine.backward, whose hooks
@@ -77,24 +85,41 @@ DTYPES = {"fp32": (None, torch.float32), "bf16": ("bf16", torch.bfloat16),
           "bf16-over-fp32": ("bf16", torch.float32)}
 
 
-def time_steps(params, tensors, dtype, servers, steps):
+def time_steps(params, tensors, dtype, servers, steps, grads="fresh"):
     torch.manual_seed(0)
     section, tdtype = DTYPES[dtype]
     per = params // tensors
     weights = [torch.nn.Parameter(torch.randn(per, dtype=tdtype) * 0.02)
                for _ in range(tensors)]
     named = [(f"w{i}", w) for i, w in enumerate(weights)]
-    for w in weights:
-        w.grad = torch.randn_like(w) * 1e-3
+    computed = [torch.randn_like(w) * 1e-3 for w in weights]
+    fresh = [torch.empty_like(w) for w in weights]
+
+    def backward():
+        for w, g, f in zip(weights, computed, fresh):
+            if grads == "kept" and w.grad is not None:
+                w.grad.add_(g)  # summed into the zeroed .grad, where it lies
+            else:
+                w.grad = f.copy_(g)  # memory of its own (the same each step)
     config = {"train_batch_size": 1, "steps_per_print": 1 << 30,
               "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.01}}}
     if section is not None:
         config[section] = {"enabled": True}
     opt = zo.torch.OffloadOptimizer(named, config=config, servers=servers,
                                     job=f"torch-step-{dtype}-{time.time_ns()}")
+    backward()
     opt.step()  # warm-up: the servers' state first touched
+
+    def zero_grad():
+        if grads == "kept":
+            opt.zero_grad(set_to_none=False)
+        else:
+            opt.zero_grad()
+
     times = []
     for _ in range(steps):
+        zero_grad()
+        backward()
         start = time.perf_counter()
         opt.step()
         times.append(time.perf_counter() - start)
@@ -159,6 +184,9 @@ def main():
     ap.add_argument("--api", choices=("optimizer", "engine"), default="optimizer",
                     help="time OffloadOptimizer.step() (default), or a whole iteration of "
                          "zo.torch.initialize's engine")
+    ap.add_argument("--grads", default="fresh,kept",
+                    help="optimizer API: .grad made fresh each step (zero_grad()), kept and "
+                         "zeroed (zero_grad(set_to_none=False)), or both")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     zo_bench = binary("zo-bench", a.zo_bench)
@@ -174,25 +202,36 @@ def main():
         server = subprocess.Popen([zo_server, "--listen", address, "--threads", str(a.threads)],
                                   stderr=subprocess.DEVNULL)
     try:
+        # The engine keeps .grad (zeroed) between its steps.
+        grad_modes = ["kept"] if a.api == "engine" else a.grads.split(",")
         for dtype in a.dtypes.split(","):
             adam_s = adam_alone(zo_bench, a.params, dtype, a.threads)
-            steps = {}
-            for route in a.routes.split(","):
-                servers = None if route == "embedded" else [address]
-                print(f"torch_step: {a.api} {dtype} {route}: {a.steps} steps", file=sys.stderr)
-                timed = time_engine_steps if a.api == "engine" else time_steps
-                steps[route] = timed(a.params, a.tensors, dtype, servers, a.steps)
-                row = {"bench": "torch_step", "api": a.api, "route": route, "dtype": dtype,
-                       "params": a.params, "tensors": a.tensors, "step_s": steps[route], "adam_s": adam_s,
-                       "ratio": steps[route] / adam_s}
-                print(json.dumps(row) if a.json else
-                      f"{a.api:9} {dtype:14} {route:10} step {1e3 * row['step_s']:7.1f} ms   adam "
-                      f"{1e3 * adam_s:6.1f} ms   ratio {row['ratio']:.2f}", flush=True)
-            if "embedded" in steps and "same_host" in steps:
-                r = steps["same_host"] / steps["embedded"]
-                print(json.dumps({"bench": "torch_step_routes", "api": a.api, "dtype": dtype,
-                                  "same_host_over_embedded": r}) if a.json else
-                      f"{a.api:9} {dtype:14} same_host / embedded = {r:.2f}", flush=True)
+            for grads in grad_modes:
+                steps = {}
+                for route in a.routes.split(","):
+                    servers = None if route == "embedded" else [address]
+                    print(f"torch_step: {a.api} {dtype} {grads} {route}: {a.steps} steps",
+                          file=sys.stderr)
+                    if a.api == "engine":
+                        steps[route] = time_engine_steps(a.params, a.tensors, dtype, servers,
+                                                         a.steps)
+                    else:
+                        steps[route] = time_steps(a.params, a.tensors, dtype, servers, a.steps,
+                                                  grads)
+                    row = {"bench": "torch_step", "api": a.api, "grads": grads, "route": route,
+                           "dtype": dtype, "params": a.params, "tensors": a.tensors,
+                           "step_s": steps[route], "adam_s": adam_s,
+                           "ratio": steps[route] / adam_s}
+                    print(json.dumps(row) if a.json else
+                          f"{a.api:9} {dtype:14} {grads:5} {route:10} step "
+                          f"{1e3 * row['step_s']:7.1f} ms   adam {1e3 * adam_s:6.1f} ms   "
+                          f"ratio {row['ratio']:.2f}", flush=True)
+                if "embedded" in steps and "same_host" in steps:
+                    r = steps["same_host"] / steps["embedded"]
+                    print(json.dumps({"bench": "torch_step_routes", "api": a.api, "grads": grads,
+                                      "dtype": dtype, "same_host_over_embedded": r}) if a.json else
+                          f"{a.api:9} {dtype:14} {grads:5} same_host / embedded = {r:.2f}",
+                          flush=True)
     finally:
         if server is not None:
             server.terminate()
