@@ -46,14 +46,34 @@ double RateOf(int group, int64_t step) { return group == 0 ? 0.01 * step : 0.003
 float GradientOf(int64_t step) { return 0.25f * static_cast<float>(step % 3) - 0.3f; }
 float InitialWeight(int64_t i) { return 0.37f * static_cast<float>(i % 17) - 3.1f; }
 
-absl::Status SendRates(Job& job, int64_t step, std::vector<double> rates, int rank = 0) {
+// Betas, eps and weight decay a worker sends for a step (a scheduler
+// cycling beta1, a loop writing weight_decay): each differs per step.
+GroupParams HyperOf(int group, int64_t step) {
+  const GroupParams& g = kGroups[group];
+  return {.beta1 = g.beta1 - 0.02 * static_cast<double>(step),
+          .beta2 = g.beta2 - 0.001 * static_cast<double>(step),
+          .eps = g.eps * static_cast<double>(1 + step),
+          .weight_decay = g.weight_decay + 0.01 * static_cast<double>(step)};
+}
+
+absl::Status SendRates(Job& job, int64_t step, std::vector<double> rates, int rank = 0,
+                       const std::vector<GroupParams>& hyper = {}) {
   v1::StepLrRequest request;
   request.set_job("job");
   request.set_step(step);
   request.set_dp_rank(rank);
   for (double r : rates) request.add_group_lr(r);
+  for (const GroupParams& g : hyper) {
+    v1::GroupHyper& h = *request.add_group_hyper();
+    h.set_beta1(g.beta1);
+    h.set_beta2(g.beta2);
+    h.set_eps(g.eps);
+    h.set_weight_decay(g.weight_decay);
+  }
   return job.OnStepLr(request);
 }
+
+std::vector<GroupParams> BothHyperOf(int64_t step) { return {HyperOf(0, step), HyperOf(1, step)}; }
 
 absl::Status Init(Job& job) {
   for (int64_t chunk = 0; chunk < 2; ++chunk) {
@@ -75,6 +95,7 @@ absl::Status Init(Job& job) {
 class JobParamGroupsTest : public JobTest {
  protected:
   JobParamGroupsTest() { tensors_ = kTensors; }
+  void ExpectDpuUndoesGroupByGroup(bool send_hyper);
 };
 
 TEST_F(JobParamGroupsTest, EachTensorStepsWithItsGroupsConstantsAndTheWorkersRate) {
@@ -111,6 +132,85 @@ TEST_F(JobParamGroupsTest, EachTensorStepsWithItsGroupsConstantsAndTheWorkersRat
     }
     at += elems;
   }
+}
+
+// torch.optim takes each step with the betas, eps and weight decay its
+// param_groups hold then (Adam's bias corrections with that step's betas):
+// so does the job, told them with the rates.
+TEST_F(JobParamGroupsTest, EachStepTakesTheBetasEpsAndWeightDecayTheWorkersSent) {
+  std::unique_ptr<Job> job = Open(TwoGroups());
+  ASSERT_NE(job, nullptr);
+  ASSERT_THAT(Init(*job), IsOk());
+  constexpr int64_t kSteps = 4;
+  for (int64_t step = 1; step <= kSteps; ++step) {
+    // Step 3 sends none: the groups' own.
+    const std::vector<GroupParams> hyper =
+        step == 3 ? std::vector<GroupParams>{} : BothHyperOf(step);
+    ASSERT_THAT(SendRates(*job, step, {RateOf(0, step), RateOf(1, step)}, 0, hyper), IsOk());
+    ASSERT_THAT(Push(*job, step, GradientOf(step)), IsOk());
+    ASSERT_THAT(WaitForVersion(*job, step), IsOk());
+  }
+  ZO_ASSERT_OK_AND_ASSIGN(const std::string served, Weights(*job, kSteps));
+  int64_t at = 0;
+  for (const auto& [elems, group] : kTensors) {
+    for (int64_t i = at; i < at + elems; ++i) {
+      double p = InitialWeight(i), m = 0, v = 0;
+      for (int64_t t = 1; t <= kSteps; ++t) {
+        const GroupParams g = t == 3 ? kGroups[group] : HyperOf(group, t);
+        const double lr = RateOf(group, t);
+        const double grad = GradientOf(t);
+        p *= 1 - lr * g.weight_decay;
+        m = g.beta1 * m + (1 - g.beta1) * grad;
+        v = g.beta2 * v + (1 - g.beta2) * grad * grad;
+        const double denom = std::sqrt(v) / std::sqrt(1 - std::pow(g.beta2, t)) + g.eps;
+        p -= lr / (1 - std::pow(g.beta1, t)) * m / denom;
+      }
+      float got = 0;
+      std::memcpy(&got, served.data() + i * 4, 4);
+      EXPECT_NEAR(got, p, 2e-6 * std::abs(p) + 1e-7) << "element " << i << ", group " << group;
+    }
+    at += elems;
+  }
+}
+
+TEST_F(JobParamGroupsTest, StepSettingsThatDoNotFitTheJobAreRefusedNamingWhy) {
+  std::unique_ptr<Job> job = Open(TwoGroups(), v1::DTYPE_FP32, /*dp=*/2);
+  ASSERT_NE(job, nullptr);
+  const std::vector<double> rates = {0.01, 0.02};
+  EXPECT_THAT(SendRates(*job, 1, rates, 0, {kGroups[0]}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("1 groups' betas, eps and weight decay for job job, which has 2 "
+                                 "parameter groups")));
+  const auto with = [&](GroupParams g) { return std::vector<GroupParams>{kGroups[0], g}; };
+  EXPECT_THAT(SendRates(*job, 1, rates, 0, with({1.0, 0.999, 1e-8, 0})),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("beta1 of parameter group 1 is 1: must be in [0, 1)")));
+  EXPECT_THAT(
+      SendRates(*job, 1, rates, 0, with({0.9, -0.5, 1e-8, 0})),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("beta2 of parameter group 1")));
+  EXPECT_THAT(SendRates(*job, 1, rates, 0, with({0.9, 0.999, 0, 0})),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("eps of parameter group 1 is 0: must be finite and > 0")));
+  EXPECT_THAT(SendRates(*job, 1, rates, 0, with({0.9, 0.999, std::nan(""), 0})),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("eps of parameter group 1")));
+  EXPECT_THAT(SendRates(*job, 1, rates, 0, with({0.9, 0.999, 1e-8, -0.1})),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("weight_decay of parameter group 1 is -0.1")));
+  ASSERT_THAT(SendRates(*job, 1, rates, 0, BothHyperOf(1)), IsOk());
+  EXPECT_THAT(SendRates(*job, 1, rates, 1, BothHyperOf(2)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("dp rank 1 sent other betas, eps or weight decay for step 1")));
+  EXPECT_THAT(SendRates(*job, 1, rates, 1), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                     HasSubstr("every rank must set the same")));
+  ASSERT_THAT(SendRates(*job, 1, rates, 1, BothHyperOf(1)), IsOk());
+
+  std::unique_ptr<Job> compensated =
+      Open(TwoGroups(R"(, "dpu": {"enabled": true, "warmup_steps": 0, "compensation": "worker"})"));
+  ASSERT_NE(compensated, nullptr);
+  EXPECT_THAT(SendRates(*compensated, 1, rates, 0, BothHyperOf(1)),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("has zo.dpu.compensation, whose terms take the job's own betas")));
+  EXPECT_THAT(SendRates(*compensated, 1, rates), IsOk());
 }
 
 TEST_F(JobParamGroupsTest, RatesThatDoNotFitTheJobAreRefusedNamingWhy) {
@@ -172,8 +272,12 @@ TEST_F(JobParamGroupsTest, AStepWithoutRatesFailsTheJobSayingWhy) {
 
 // With DPU the previous version is the latest undone; with groups, each
 // run of elements is undone with its own group's constants, and a restore
-// undoes with the rates the checkpoint recorded.
-TEST_F(JobParamGroupsTest, WithDpuThePreviousVersionIsUndoneGroupByGroup) {
+// undoes with the rates (and the betas, eps and weight decay, where the
+// workers sent them: `send_hyper`) the checkpoint recorded.
+void JobParamGroupsTest::ExpectDpuUndoesGroupByGroup(bool send_hyper) {
+  const auto hyper = [&](int64_t step) {
+    return send_hyper ? BothHyperOf(step) : std::vector<GroupParams>{};
+  };
   std::unique_ptr<Job> job =
       Open(absl::StrCat(R"("fp16": {"enabled": true}, )",
                         TwoGroups(R"(, "dpu": {"enabled": true, "warmup_steps": 0})")),
@@ -182,7 +286,7 @@ TEST_F(JobParamGroupsTest, WithDpuThePreviousVersionIsUndoneGroupByGroup) {
   ASSERT_THAT(Init(*job), IsOk());
   ZO_ASSERT_OK_AND_ASSIGN(std::string served, Weights(*job, 0));
   for (int64_t step = 1; step <= 6; ++step) {
-    ASSERT_THAT(SendRates(*job, step, {RateOf(0, step), RateOf(1, step)}), IsOk());
+    ASSERT_THAT(SendRates(*job, step, {RateOf(0, step), RateOf(1, step)}, 0, hyper(step)), IsOk());
     ASSERT_THAT(Push(*job, step, GradientOf(step)), IsOk());
     ASSERT_THAT(WaitForVersion(*job, step), IsOk());
     ZO_ASSERT_OK_AND_ASSIGN(std::string previous, Weights(*job, step - 1));
@@ -195,7 +299,7 @@ TEST_F(JobParamGroupsTest, WithDpuThePreviousVersionIsUndoneGroupByGroup) {
   ZO_ASSERT_OK_AND_ASSIGN(const std::string v5, Weights(*job, 5));
   ZO_ASSERT_OK_AND_ASSIGN(const v1::CheckpointResponse at6,
                           job->Checkpoint(6, absl::InfiniteFuture()));
-  ASSERT_THAT(SendRates(*job, 7, {0.5, 0.5}), IsOk());
+  ASSERT_THAT(SendRates(*job, 7, {0.5, 0.5}, 0, hyper(7)), IsOk());
   ASSERT_THAT(Push(*job, 7, 0.1f), IsOk());
   ASSERT_THAT(WaitForVersion(*job, 7), IsOk());
   const int64_t before_restore = job->Status().ram_bytes();
@@ -206,6 +310,14 @@ TEST_F(JobParamGroupsTest, WithDpuThePreviousVersionIsUndoneGroupByGroup) {
   EXPECT_THAT(Weights(*job, 6), IsOkAndHolds(served));
   EXPECT_LT(job->Status().ram_bytes(), before_restore + kElems / 2) << "after the restore";
   EXPECT_DOUBLE_EQ(job->Status().last_lr(), RateOf(0, 6));
+}
+
+TEST_F(JobParamGroupsTest, WithDpuThePreviousVersionIsUndoneGroupByGroup) {
+  ExpectDpuUndoesGroupByGroup(/*send_hyper=*/false);
+}
+
+TEST_F(JobParamGroupsTest, WithDpuAStepsOwnBetasEpsAndWeightDecayAreUndone) {
+  ExpectDpuUndoesGroupByGroup(/*send_hyper=*/true);
 }
 
 }  // namespace

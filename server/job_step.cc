@@ -20,6 +20,7 @@
 #include "offload/adam_undo.h"
 #include "offload/optimizer_kernels.h"
 #include "rpc/proto_convert.h"
+#include "server/group_hyper.h"
 #include "server/job.h"
 #include "server/state_checkpoint.h"
 
@@ -170,7 +171,8 @@ std::vector<double> Job::GroupLrOf(const StepInputs& inputs) const {
 }
 
 RangedConstants<AdamStepConstants> Job::ConstantsOf(const StepInputs& inputs) const {
-  return groups_->StepConstants(GroupLrOf(inputs), inputs.applied_steps, inputs.grad_multiplier);
+  return groups_->StepConstants(GroupLrOf(inputs), inputs.group_hyper, inputs.applied_steps,
+                                inputs.grad_multiplier);
 }
 
 RangedConstants<AdamStepConstants> Job::RestoredStepConstants(const CheckpointMeta& meta) const {
@@ -179,7 +181,9 @@ RangedConstants<AdamStepConstants> Job::RestoredStepConstants(const CheckpointMe
   if (static_cast<int>(lr.size()) != groups_->num_groups()) {
     lr.assign(static_cast<size_t>(groups_->num_groups()), LastStepOf(meta, spec_.config).lr);
   }
-  return groups_->StepConstants(lr, meta.applied_steps, 1.0);
+  std::vector<ParamGroupConfig> hyper = meta.last_group_hyper;
+  if (static_cast<int>(hyper.size()) != groups_->num_groups()) hyper.clear();
+  return groups_->StepConstants(lr, hyper, meta.applied_steps, 1.0);
 }
 
 void Job::FillPulls(const TieredOptimizerState::UpdatedTile& t) const {
@@ -325,7 +329,10 @@ absl::Status Job::OnStepStats(const v1::StepStats& stats) {
 absl::Status Job::OnCommit(const v1::StepCommit& commit) { return coordinator_->OnCommit(commit); }
 
 absl::Status Job::OnStepLr(const v1::StepLrRequest& request) {
-  return coordinator_->OnStepLr(request.step(), request.dp_rank(), request.group_lr());
+  std::vector<ParamGroupConfig> hyper;
+  hyper.reserve(static_cast<size_t>(request.group_hyper_size()));
+  for (const v1::GroupHyper& g : request.group_hyper()) hyper.push_back(GroupHyperOf(g));
+  return coordinator_->OnStepLr(request.step(), request.dp_rank(), request.group_lr(), hyper);
 }
 
 absl::StatusOr<v1::StepCompensation> Job::StepCompensation(int64_t step, absl::Time deadline) {

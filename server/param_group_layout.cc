@@ -21,8 +21,9 @@ ParamGroupLayout::ParamGroupLayout(const Config& config, const ShardMap& map, in
   if (runs_.empty()) runs_.push_back({0, 0});
 }
 
-AdamHyperParams ParamGroupLayout::HyperParams(int group, double lr) const {
-  const ParamGroupConfig& g = groups_[static_cast<size_t>(group)];
+AdamHyperParams ParamGroupLayout::HyperParams(int group, double lr,
+                                              const ParamGroupConfig* step) const {
+  const ParamGroupConfig& g = step != nullptr ? *step : groups_[static_cast<size_t>(group)];
   AdamHyperParams hp;
   hp.lr = lr;
   hp.beta1 = g.betas[0];
@@ -35,12 +36,15 @@ AdamHyperParams ParamGroupLayout::HyperParams(int group, double lr) const {
 }
 
 RangedConstants<AdamStepConstants> ParamGroupLayout::StepConstants(
-    absl::Span<const double> group_lr, int64_t applied_steps, double grad_multiplier) const {
+    absl::Span<const double> group_lr, absl::Span<const ParamGroupConfig> group_hyper,
+    int64_t applied_steps, double grad_multiplier) const {
   std::vector<AdamStepConstants> by_group;
   by_group.reserve(groups_.size());
   for (int g = 0; g < num_groups(); ++g) {
-    by_group.push_back(MakeAdamStepConstants(HyperParams(g, group_lr[static_cast<size_t>(g)]),
-                                             applied_steps, grad_multiplier));
+    const auto at = static_cast<size_t>(g);
+    const ParamGroupConfig* step = group_hyper.empty() ? nullptr : &group_hyper[at];
+    by_group.push_back(
+        MakeAdamStepConstants(HyperParams(g, group_lr[at], step), applied_steps, grad_multiplier));
   }
   std::vector<RangedConstants<AdamStepConstants>::Run> runs;
   for (const Run& r : runs_) {

@@ -27,14 +27,17 @@ class ParamGroupLayout {
 
   int num_groups() const { return static_cast<int>(groups_.size()); }
 
-  // Adam's hyper-parameters of group `group` at learning rate `lr`.
-  AdamHyperParams HyperParams(int group, double lr) const;
+  // Adam's hyper-parameters of group `group` at learning rate `lr`, with
+  // the group's own betas, eps and weight decay, or `step`'s where given.
+  AdamHyperParams HyperParams(int group, double lr, const ParamGroupConfig* step = nullptr) const;
 
   // The constants of a step for every local element: group g at rate
-  // group_lr[g] (one rate per group), Adam's step count `applied_steps`,
-  // gradients times `grad_multiplier`. Adjacent elements of groups whose
-  // constants are equal share a run.
+  // group_lr[g] (one rate per group) with group_hyper[g]'s betas, eps and
+  // weight decay (empty: the groups' own), Adam's step count
+  // `applied_steps`, gradients times `grad_multiplier`. Adjacent elements
+  // of groups whose constants are equal share a run.
   RangedConstants<AdamStepConstants> StepConstants(absl::Span<const double> group_lr,
+                                                   absl::Span<const ParamGroupConfig> group_hyper,
                                                    int64_t applied_steps,
                                                    double grad_multiplier) const;
 

@@ -3,20 +3,26 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
+#include "server/group_hyper.h"
 
 namespace zo {
 
 StepInputs InputsOf(const v1::StepCommit& commit) {
-  return {.grad_multiplier = commit.grad_multiplier(),
-          .lr = commit.lr(),
-          .group_lr = {commit.group_lr().begin(), commit.group_lr().end()},
-          .applied_steps = commit.applied_steps()};
+  StepInputs in = {.grad_multiplier = commit.grad_multiplier(),
+                   .lr = commit.lr(),
+                   .group_lr = {commit.group_lr().begin(), commit.group_lr().end()},
+                   .group_hyper = {},
+                   .applied_steps = commit.applied_steps()};
+  for (const v1::GroupHyper& g : commit.group_hyper()) in.group_hyper.push_back(GroupHyperOf(g));
+  return in;
 }
 
 StepCoordinator::StepCoordinator(Options options)
@@ -44,8 +50,9 @@ std::optional<StepInputs> StepCoordinator::GuessUnclipped(double loss_scale_used
   if (guess.has_value() && options_.config != nullptr && options_.config->zo.client_lr) {
     auto it = client_lr_.find(open_step_);
     if (it == client_lr_.end()) return std::nullopt;
-    guess->lr = it->second.front();
-    guess->group_lr = it->second;
+    guess->lr = it->second.lr.front();
+    guess->group_lr = it->second.lr;
+    guess->group_hyper = it->second.hyper;
   }
   return guess;
 }
@@ -90,12 +97,12 @@ std::optional<v1::StepCommit> StepCoordinator::LeadRound(const v1::StepStats& ow
     std::vector<double> sums;
     sums.reserve(by_chunk.size());
     for (const auto& [chunk, sum] : by_chunk) sums.push_back(sum);
-    std::optional<std::vector<double>> group_lr;
+    std::optional<ClientRates> rates;
     if (options_.config->zo.client_lr) {
-      if (auto it = client_lr_.find(step); it != client_lr_.end()) group_lr = it->second;
+      if (auto it = client_lr_.find(step); it != client_lr_.end()) rates = it->second;
       client_lr_.erase(client_lr_.begin(), client_lr_.upper_bound(step));
     }
-    if (options_.config->zo.client_lr && !group_lr.has_value()) {
+    if (options_.config->zo.client_lr && !rates.has_value()) {
       // A skip that fails the job: no step is applied with rates nobody gave.
       commit.set_skip(true);
       commit.set_applied_steps(decider_->applied_steps());
@@ -116,9 +123,12 @@ std::optional<v1::StepCommit> StepCoordinator::LeadRound(const v1::StepStats& ow
       if (!d.failure.ok()) {
         commit.set_failure(absl::StrCat("job ", job_, ": ", d.failure.message()));
       }
-      if (group_lr.has_value() && !d.skip) {
-        commit.set_lr(group_lr->front());
-        for (double lr : *group_lr) commit.add_group_lr(lr);
+      if (rates.has_value() && !d.skip) {
+        commit.set_lr(rates->lr.front());
+        for (double lr : rates->lr) commit.add_group_lr(lr);
+        for (const ParamGroupConfig& g : rates->hyper) {
+          *commit.add_group_hyper() = GroupHyperProto(g);
+        }
       }
     }
     commit.set_job(job_);
@@ -133,8 +143,8 @@ std::optional<v1::StepCommit> StepCoordinator::LeadRound(const v1::StepStats& ow
   return commit;
 }
 
-absl::Status StepCoordinator::OnStepLr(int64_t step, int dp_rank,
-                                       absl::Span<const double> group_lr) {
+absl::Status StepCoordinator::OnStepLr(int64_t step, int dp_rank, absl::Span<const double> group_lr,
+                                       absl::Span<const ParamGroupConfig> group_hyper) {
   if (!options_.config->zo.client_lr) {
     return absl::FailedPreconditionError(
         absl::StrCat("job ", job_,
@@ -156,18 +166,66 @@ absl::Status StepCoordinator::OnStepLr(int64_t step, int dp_rank,
                                                      group_lr[g], ": must be finite and >= 0"));
     }
   }
+  ZO_RETURN_IF_ERROR(CheckGroupHyper(group_hyper));
   absl::MutexLock lock(&mu_);
   if (step < open_step_) return absl::OkStatus();  // decided already: a re-sent step
   if (step > open_step_ + 2) {
     return absl::FailedPreconditionError(
         absl::StrCat("learning rates for step ", step, " while step ", open_step_, " is open"));
   }
-  auto [it, first] = client_lr_.try_emplace(step, group_lr.begin(), group_lr.end());
-  if (!first && !std::equal(it->second.begin(), it->second.end(), group_lr.begin())) {
+  ClientRates sent = {.lr = {group_lr.begin(), group_lr.end()},
+                      .hyper = {group_hyper.begin(), group_hyper.end()}};
+  auto [it, first] = client_lr_.try_emplace(step, sent);
+  if (!first && it->second.lr != sent.lr) {
     return absl::InvalidArgumentError(
         absl::StrCat("dp rank ", dp_rank, " sent learning rates [", absl::StrJoin(group_lr, ", "),
-                     "] for step ", step, ", another rank sent [", absl::StrJoin(it->second, ", "),
-                     "]: every rank must set the same rates"));
+                     "] for step ", step, ", another rank sent [",
+                     absl::StrJoin(it->second.lr, ", "), "]: every rank must set the same rates"));
+  }
+  if (!first && it->second.hyper != sent.hyper) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dp rank ", dp_rank, " sent other betas, eps or weight decay for step ", step,
+                     " than another rank: every rank must set the same"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepCoordinator::CheckGroupHyper(
+    absl::Span<const ParamGroupConfig> group_hyper) const {
+  if (group_hyper.empty()) return absl::OkStatus();
+  const Config& config = *options_.config;
+  if (config.optimizer.type != OptimizerType::kAdam &&
+      config.optimizer.type != OptimizerType::kAdamW) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_, " runs ", std::string(EnumName(config.optimizer.type)),
+                     ": betas, eps and weight decay per step are for Adam and AdamW"));
+  }
+  if (config.zo.dpu.compensation != DpuCompensation::kNone) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_,
+                     " has zo.dpu.compensation, whose terms take the job's own betas and "
+                     "weight decay: they cannot change per step"));
+  }
+  if (static_cast<int>(group_hyper.size()) != options_.num_groups) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(group_hyper.size(), " groups' betas, eps and weight decay for job ", job_,
+                     ", which has ", options_.num_groups, " parameter groups"));
+  }
+  for (size_t g = 0; g < group_hyper.size(); ++g) {
+    const ParamGroupConfig& h = group_hyper[g];
+    const auto bad = [&](const char* what, double value, const char* rule) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " of parameter group ", g, " is ", value, ": must be ", rule));
+    };
+    for (int b = 0; b < 2; ++b) {
+      if (!(h.betas[b] >= 0 && h.betas[b] < 1)) {
+        return bad(b == 0 ? "beta1" : "beta2", h.betas[b], "in [0, 1)");
+      }
+    }
+    if (!(std::isfinite(h.eps) && h.eps > 0)) return bad("eps", h.eps, "finite and > 0");
+    if (!(std::isfinite(h.weight_decay) && h.weight_decay >= 0)) {
+      return bad("weight_decay", h.weight_decay, "finite and >= 0");
+    }
   }
   return absl::OkStatus();
 }

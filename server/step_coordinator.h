@@ -93,7 +93,13 @@ class StepCoordinator {
   // re-sending it). A lead's round that finds no rates for its step fails
   // the job (a client that does not send them cannot be trained with
   // zo.client_lr).
-  absl::Status OnStepLr(int64_t step, int dp_rank, absl::Span<const double> group_lr);
+  // `group_hyper`, empty or one per group, is the groups' betas, eps and
+  // weight decay for the step (torch.optim's param_groups as a scheduler
+  // left them), held to zo.param_groups' rules; FAILED_PRECONDITION for a
+  // job that cannot take them (not Adam or AdamW, or zo.dpu.compensation,
+  // whose terms assume the job's own).
+  absl::Status OnStepLr(int64_t step, int dp_rank, absl::Span<const double> group_lr,
+                        absl::Span<const ParamGroupConfig> group_hyper = {});
 
   // What the commit of the open step will say if it is applied unclipped,
   // its gradients carrying `loss_scale_used`: a speculative update's guess
@@ -125,6 +131,8 @@ class StepCoordinator {
   StepCoordinator& operator=(const StepCoordinator&) = delete;
 
  private:
+  // OnStepLr's rules for a step's betas, eps and weight decay.
+  absl::Status CheckGroupHyper(absl::Span<const ParamGroupConfig> group_hyper) const;
   bool AbortedLocked(int64_t generation) const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return stop_ || generation != generation_;
   }
@@ -159,9 +167,14 @@ class StepCoordinator {
   std::optional<StepDecider> decider_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, std::map<int, v1::StepStats>> partials_
       ABSL_GUARDED_BY(mu_);  // step -> server -> stats
-  // With zo.client_lr: step -> each group's rate (the lead decides with
-  // them; a follower guesses with them).
-  std::map<int64_t, std::vector<double>> client_lr_ ABSL_GUARDED_BY(mu_);
+  // With zo.client_lr: what the workers sent for a step (the lead decides
+  // with it; a follower guesses with it).
+  struct ClientRates {
+    std::vector<double> lr;               // one per group
+    std::vector<ParamGroupConfig> hyper;  // empty: the job's
+    bool operator==(const ClientRates&) const = default;
+  };
+  std::map<int64_t, ClientRates> client_lr_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace zo

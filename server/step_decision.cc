@@ -78,6 +78,7 @@ StepInputs UnclippedStepInputs(const LrSchedule& schedule, int dp_world_size, in
   return {.grad_multiplier = UnclippedGradMultiplier(dp_world_size, loss_scale_used),
           .lr = schedule.LrAt(applied_steps),
           .group_lr = {},
+          .group_hyper = {},
           .applied_steps = applied_steps + 1};
 }
 

@@ -50,6 +50,9 @@ struct StepInputs {
   double grad_multiplier = 0.0;
   double lr = 0.0;
   std::vector<double> group_lr;  // with zo.client_lr; empty: `lr` for every group
+  // With zo.client_lr, where the workers sent them: each group's betas, eps
+  // and weight decay for the step; empty: the job's (ParamGroupsOf).
+  std::vector<ParamGroupConfig> group_hyper;
   int64_t applied_steps = 0;
   bool operator==(const StepInputs&) const = default;
 };

@@ -17,6 +17,10 @@ void StepRecord::Record(const v1::StepCommit& commit) {
   if (!commit.skip()) {
     last_lr_ = commit.lr();
     last_group_lr_.assign(commit.group_lr().begin(), commit.group_lr().end());
+    last_group_hyper_.clear();
+    for (const v1::GroupHyper& g : commit.group_hyper()) {
+      last_group_hyper_.push_back(GroupHyperOf(g));
+    }
   }
   scale_after_version_[commit.step()] = commit.next_loss_scale();
   while (scale_after_version_.size() > kScaleHistory) {
@@ -31,6 +35,7 @@ void StepRecord::Restore(const CheckpointMeta& meta, const LastStep& last, bool 
   last_grad_norm_ = last.grad_norm;
   last_lr_ = last.lr;
   last_group_lr_ = meta.last_group_lr;
+  last_group_hyper_ = meta.last_group_hyper;
   last_skipped_ = last.skipped;
 }
 
@@ -39,6 +44,7 @@ void StepRecord::Describe(CheckpointMeta& meta) const {
   meta.last_grad_norm = last_grad_norm_;
   meta.last_lr = last_lr_;
   meta.last_group_lr = last_group_lr_;
+  meta.last_group_hyper = last_group_hyper_;
   meta.last_skipped = last_skipped_;
 }
 

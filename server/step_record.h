@@ -1,7 +1,7 @@
 // What a job's steps left behind on one server: the loss scale after each
 // of the newest versions (a pull of a version gets the scale its gradients
 // are to carry), the count of applied steps, and the last step's gradient
-// norm, learning rate(s) and skip, as JobStatus shows them and a checkpoint
+// norm, learning rate(s), group settings and skip, as JobStatus shows them and a checkpoint
 // keeps them.
 //
 // A value: not thread-safe on its own (JobPosition guards it with its mutex).
@@ -15,6 +15,7 @@
 #include "offload/checkpoint/checkpoint_dir.h"
 #include "proto/zo/v1/coordination.pb.h"
 #include "proto/zo/v1/job.pb.h"
+#include "server/group_hyper.h"
 #include "server/state_checkpoint.h"
 
 namespace zo {
@@ -51,7 +52,8 @@ class StepRecord {
   double last_grad_norm_ = 0.0;
   bool last_skipped_ = false;
   double last_lr_ = 0.0;
-  std::vector<double> last_group_lr_;  // with zo.client_lr; else empty
+  std::vector<double> last_group_lr_;               // with zo.client_lr; else empty
+  std::vector<ParamGroupConfig> last_group_hyper_;  // where the workers sent them
 };
 
 }  // namespace zo

@@ -62,6 +62,8 @@ void ExpectSameMeta(const CheckpointMeta& a, const CheckpointMeta& b) {
     EXPECT_EQ(a.last_grad_norm, b.last_grad_norm);
   }
   EXPECT_EQ(a.last_lr, b.last_lr);
+  EXPECT_EQ(a.last_group_lr, b.last_group_lr);
+  EXPECT_EQ(a.last_group_hyper, b.last_group_hyper);
   EXPECT_EQ(a.last_skipped, b.last_skipped);
   EXPECT_EQ(a.has_previous, b.has_previous);
   EXPECT_EQ(a.previous_version, b.previous_version);
@@ -200,6 +202,11 @@ TEST_F(CheckpointDirTest, TheLastStepRoundTripsNonFiniteNormIncluded) {
     meta.last_grad_norm = norm;
     meta.last_lr = 6e-4;
     meta.last_skipped = !std::isfinite(norm);
+    if (std::isfinite(norm)) {  // a step the worker gave its groups' settings
+      meta.last_group_lr = {6e-4, 3e-4};
+      meta.last_group_hyper = {{.betas = {0.85, 0.99}, .eps = 1e-6, .weight_decay = 0.1},
+                               {.betas = {0.9, 0.95}, .eps = 3e-8, .weight_decay = 0.0}};
+    }
     for (int server = 0; server < 2; ++server) {
       ZO_ASSERT_OK_AND_ASSIGN(CheckpointPartSummary part, WriteTestPart(tmp, s, server));
       meta.parts.push_back(part);
@@ -490,6 +497,13 @@ TEST_F(CheckpointDirTest, ReadMetaNamesTheFileAndTheField) {
   j = doc;
   j["last_step"] = {{"grad_norm", 1.0}, {"lr", "fast"}, {"skipped", false}};
   expect_error("last step", j, absl::StatusCode::kDataLoss, "\"last_step.lr\" = \"fast\"");
+  j = doc;
+  j["last_step"] = {{"grad_norm", 1.0},
+                    {"lr", 0.1},
+                    {"skipped", false},
+                    {"group_hyper", {{{"betas", {0.9}}, {"eps", 1e-8}, {"weight_decay", 0}}}}};
+  expect_error("group settings", j, absl::StatusCode::kDataLoss,
+               "\"last_step.group_hyper\" is not an array of {\"betas\": [b1, b2]");
   j = doc;
   j["init_fingerprint"] = 12345;
   expect_error("fingerprint type", j, absl::StatusCode::kDataLoss,

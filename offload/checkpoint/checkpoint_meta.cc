@@ -128,6 +128,10 @@ OrderedJson MetaToJson(const CheckpointMeta& meta) {
     doc["last_step"] = {
         {"grad_norm", std::move(norm)}, {"lr", meta.last_lr}, {"skipped", meta.last_skipped}};
     if (!meta.last_group_lr.empty()) doc["last_step"]["group_lr"] = meta.last_group_lr;
+    for (const ParamGroupConfig& g : meta.last_group_hyper) {
+      doc["last_step"]["group_hyper"].push_back(
+          {{"betas", {g.betas[0], g.betas[1]}}, {"eps", g.eps}, {"weight_decay", g.weight_decay}});
+    }
   }
   if (meta.has_previous) {
     doc["previous"] = {{"version", meta.previous_version},
@@ -182,6 +186,30 @@ absl::Status ReadLastStep(const Json& doc, const std::string& file, CheckpointMe
           absl::StrCat(file, ": field \"last_step.group_lr\" is not an array of numbers"));
     }
     meta.last_group_lr = group_lr->get<std::vector<double>>();
+  }
+  if (const auto hyper = last->find("group_hyper"); hyper != last->end()) {
+    const auto number = [](const Json& x) { return x.is_number(); };
+    const auto well_formed = [&](const Json& g) {
+      if (!g.is_object()) return false;
+      const auto betas = g.find("betas");
+      const auto eps = g.find("eps");
+      const auto decay = g.find("weight_decay");
+      return betas != g.end() && betas->is_array() && betas->size() == 2 &&
+             std::all_of(betas->begin(), betas->end(), number) && eps != g.end() &&
+             eps->is_number() && decay != g.end() && decay->is_number();
+    };
+    if (!hyper->is_array() || !std::all_of(hyper->begin(), hyper->end(), well_formed)) {
+      return absl::DataLossError(
+          absl::StrCat(file,
+                       ": field \"last_step.group_hyper\" is not an array of {\"betas\": [b1, b2], "
+                       "\"eps\", \"weight_decay\"}"));
+    }
+    for (const Json& g : *hyper) {
+      meta.last_group_hyper.push_back(
+          {.betas = {g["betas"][0].get<double>(), g["betas"][1].get<double>()},
+           .eps = g["eps"].get<double>(),
+           .weight_decay = g["weight_decay"].get<double>()});
+    }
   }
   meta.has_last_step = true;
   return absl::OkStatus();

@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/config.h"
 #include "common/dtype.h"
 #include "common/sharding.h"
 #include "offload/checkpoint/checkpoint_part_types.h"
@@ -35,6 +36,9 @@ struct CheckpointMeta {
   // With zo.client_lr, every parameter group's rate of that step (group 0's
   // is last_lr); empty otherwise ("last_step.group_lr", optional).
   std::vector<double> last_group_lr;
+  // Where the workers set them for that step, every group's betas, eps and
+  // weight decay; empty: the job's ("last_step.group_hyper", optional).
+  std::vector<ParamGroupConfig> last_group_hyper;
   bool last_skipped = false;
   // With a delayed parameter update the step after `version` computes on
   // the version before it, which is kept too (optional in checkpoint.json,

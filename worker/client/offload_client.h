@@ -206,8 +206,12 @@ class OffloadClient {
   // `step`, sent to the lead (synchronously) before the step's first Push,
   // so that the step uses them. INVALID_ARGUMENT for the wrong count, a
   // negative or non-finite rate, or rates another dp rank contradicts;
-  // FAILED_PRECONDITION for a job without zo.client_lr.
-  absl::Status SetStepLr(int64_t step, absl::Span<const double> group_lr);
+  // FAILED_PRECONDITION for a job without zo.client_lr. `group_hyper`,
+  // empty (the job's own) or one per group: each group's betas, eps and
+  // weight decay for the step (Adam and AdamW jobs without
+  // zo.dpu.compensation; the rules of zo.param_groups).
+  absl::Status SetStepLr(int64_t step, absl::Span<const double> group_lr,
+                         absl::Span<const ParamGroupConfig> group_hyper = {});
   // zo.dpu.compensation "worker": once the lead has decided `step` (the call
   // waits for it), per manifest tensor the coefficients by which a worker
   // that holds `step`'s gradient moves the version it pulled for step + 1

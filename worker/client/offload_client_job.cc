@@ -18,12 +18,20 @@ void OffloadClient::Impl::SetStatus(const v1::JobStatus& status) {
   base_version = status.base_version();
 }
 
-absl::Status OffloadClient::SetStepLr(int64_t step, absl::Span<const double> group_lr) {
+absl::Status OffloadClient::SetStepLr(int64_t step, absl::Span<const double> group_lr,
+                                      absl::Span<const ParamGroupConfig> group_hyper) {
   v1::StepLrRequest request;
   request.set_job(impl_->options.job);
   request.set_step(step);
   request.set_dp_rank(impl_->options.dp_rank);
   for (double lr : group_lr) request.add_group_lr(lr);
+  for (const ParamGroupConfig& g : group_hyper) {
+    v1::GroupHyper& h = *request.add_group_hyper();
+    h.set_beta1(g.betas[0]);
+    h.set_beta2(g.betas[1]);
+    h.set_eps(g.eps);
+    h.set_weight_decay(g.weight_decay);
+  }
   // The followers decide nothing with the rates; they guess the step with
   // them and update each chunk as its gradients come (the speculative
   // update). One short attempt each, beside the lead's call: one that
