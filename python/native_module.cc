@@ -384,12 +384,19 @@ class Client {
     return PlacesOf(*places, keeper);
   }
 
-  // The step's learning rate of every parameter group (zo.client_lr).
-  void SetStepLr(int64_t step, const std::vector<double>& group_lr) {
+  // The step's learning rate of every parameter group (zo.client_lr), and
+  // where given, every group's (beta1, beta2, eps, weight_decay).
+  void SetStepLr(int64_t step, const std::vector<double>& group_lr,
+                 const std::vector<std::array<double, 4>>& group_hyper) {
+    std::vector<ParamGroupConfig> hyper;
+    hyper.reserve(group_hyper.size());
+    for (const auto& [beta1, beta2, eps, weight_decay] : group_hyper) {
+      hyper.push_back({.betas = {beta1, beta2}, .eps = eps, .weight_decay = weight_decay});
+    }
     absl::Status sent;
     {
       py::gil_scoped_release release;
-      sent = active().SetStepLr(step, group_lr);
+      sent = active().SetStepLr(step, group_lr, hyper);
     }
     CheckNoting(sent);
   }
@@ -714,7 +721,8 @@ PYBIND11_MODULE(_native, m) {
            py::arg("gradients"), py::arg("convert") = false, py::arg("lend") = false)
       .def("push_converted", &Client::PushConverted, py::arg("step"), py::arg("tensor"),
            py::arg("values"))
-      .def("set_step_lr", &Client::SetStepLr, py::arg("step"), py::arg("group_lr"))
+      .def("set_step_lr", &Client::SetStepLr, py::arg("step"), py::arg("group_lr"),
+           py::arg("group_hyper") = std::vector<std::array<double, 4>>())
       .def("region_pull_places", &Client::RegionPullPlaces, py::arg("tensors"))
       .def("region_push_places", &Client::RegionPushPlaces, py::arg("step"), py::arg("tensors"))
       .def("finish_step", &Client::FinishStep)

@@ -1,7 +1,7 @@
 """What a torch.optim training loop says, OffloadOptimizer does: parameter
 groups with their own weight decay, betas and eps; the lr a loop or a torch
-lr_scheduler writes into param_groups (and a write to what the servers keep,
-such as OneCycleLR's cycled betas, refused); frozen parameters left alone. Each
+lr_scheduler writes into param_groups, and so its betas, eps and weight decay
+(OneCycleLR cycles betas[0]); frozen parameters left alone. Each
 against torch.optim.AdamW given the same gradients and the same writes,
 at the tolerances of test_offload_optimizer.py (rtol 2e-5, atol 1e-6), with
 an embedded server and with two zo-server processes."""
@@ -101,55 +101,95 @@ def test_named_groups_and_a_torch_lr_scheduler_match_adamw(servers):
     opt.close()
 
 
-def test_a_one_cycle_schedule_that_cycles_betas_is_refused_and_one_that_does_not_matches():
-    """OneCycleLR cycles betas[0] by default (cycle_momentum=True); the
-    servers keep the betas the job opened with, so that is refused before
-    anything is sent. Without it, the schedule's lr is honoured."""
+def test_a_one_cycle_schedule_cycling_betas_and_weight_decay_and_eps_written_later_match_adamw(
+        servers):
+    """OneCycleLR cycles betas[0] every step by default (cycle_momentum=True);
+    a loop may also write weight_decay or eps between steps. torch.optim
+    takes each step with what param_groups hold then; so do the servers,
+    told with the step's rates. Two groups with their own values."""
     model, ref = reference_and_model()
-    opt = zo.torch.OffloadOptimizer(model.named_parameters(), plain_config(), job="one-cycle")
-    torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=2e-2, total_steps=STEPS)
-    model(batch(1)).backward()
-    with pytest.raises(RuntimeError, match=r"param_groups\[0\]\['betas'\] was set to "
-                                           r"\(0.95, 0.999\), but the job opened with "
-                                           r"\(0.9, 0.999\) .*cycle_momentum=False"):
-        opt.step()
-    assert opt._client.job_status()["version"] == 0
-    opt.close()
-    model.zero_grad()
-    opt = zo.torch.OffloadOptimizer(model.named_parameters(), plain_config(), job="one-cycle-lr")
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.0)
-    schedulers = [torch.optim.lr_scheduler.OneCycleLR(o, max_lr=2e-2, total_steps=STEPS,
-                                                      cycle_momentum=False)
+    opt = zo.torch.OffloadOptimizer(nanogpt_groups(model), plain_config(), model=model,
+                                    servers=servers, job="one-cycle")
+    ref_opt = torch.optim.AdamW(nanogpt_groups(ref), lr=1e-2)
+    schedulers = [torch.optim.lr_scheduler.OneCycleLR(o, max_lr=2e-2, total_steps=STEPS)
                   for o in (opt, ref_opt)]
-    train_both(model, ref, opt, ref_opt, schedulers=schedulers)
-    assert_same_weights(model, ref, "OneCycleLR without cycle_momentum")
+
+    def write_later(step):
+        if step == 8:
+            for o in (opt, ref_opt):
+                o.param_groups[0]["weight_decay"] = 0.05
+                o.param_groups[1]["eps"] = 1e-4
+        return 0  # no lr of its own: the schedulers' holds
+
+    def train(steps):
+        for step in steps:
+            write_later(step)
+            model(batch(step)).backward()
+            for p, q in zip(model.parameters(), ref.parameters()):
+                q.grad = p.grad.clone()
+            for o in (opt, ref_opt):
+                o.step()
+                o.zero_grad()
+            for sch in schedulers:
+                sch.step()
+
+    train(range(1, STEPS + 1))
+    assert opt.param_groups[0]["betas"] != (0.9, 0.999), "the schedule cycled no betas"
+    assert opt.param_groups[0]["betas"] == ref_opt.param_groups[0]["betas"]
+    assert_same_weights(model, ref, "OneCycleLR cycling betas, weight decay and eps written")
     opt.close()
 
 
-def test_weight_decay_eps_or_a_default_only_key_written_later_is_refused_and_changes_nothing():
+def test_betas_or_weight_decay_the_servers_cannot_take_per_step_are_refused_and_change_nothing():
+    """With the config's scheduler the servers take no rates from the loop,
+    and DPU compensation's terms assume the job's betas and weight decay: a
+    write there is refused before anything is sent, naming why; so is one
+    to a key zo runs only at its default, and a change made after backward
+    sent the step."""
     model, _ = reference_and_model()
+    scheduled = plain_config(scheduler={"type": "WarmupLR", "params": {
+        "warmup_min_lr": 0.0, "warmup_max_lr": 1e-2, "warmup_num_steps": 5}})
+    compensated = plain_config(zo={"dpu": {"enabled": True, "compensation": "worker"}})
+    for cfg, why in ((scheduled, "the config's scheduler sets the job's rates on the servers"),
+                     (compensated, "zo.dpu.compensation's terms take the job's own betas")):
+        opt = zo.torch.OffloadOptimizer(model.named_parameters(), cfg)
+        torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=2e-2, total_steps=STEPS)
+        if "scheduler" in cfg:  # OneCycleLR wrote an lr too, refused on its own
+            opt.param_groups[0]["lr"] = opt._shown_lr[0]
+        model(batch(1)).backward()
+        with pytest.raises(RuntimeError, match=rf"param_groups\[0\]\['betas'\] was set to "
+                                               rf"\(0.95, 0.999\), but the job opened with "
+                                               rf"\(0.9, 0.999\) .*cycle_momentum=False.*{why}"):
+            opt.step()
+        assert opt._client.job_status()["version"] == 0
+        opt.close()
+        model.zero_grad()
+
     opt = zo.torch.OffloadOptimizer(nanogpt_groups(model), plain_config(), model=model)
     model(batch(1)).backward()
     opt.step()
     opt.zero_grad()
     after_one = {n: p.detach().clone() for n, p in model.named_parameters()}
     model(batch(2)).backward()
-    for g, key, value, opened in ((0, "weight_decay", 0.05, "0.1"), (1, "eps", 1e-5, "1e-06"),
-                                  (1, "maximize", True, "False")):
-        before = opt.param_groups[g].get(key)
-        opt.param_groups[g][key] = value
-        with pytest.raises(RuntimeError, match=rf"param_groups\[{g}\]\['{key}'\] was set to "
-                                               rf"{value}, but the job opened with {opened}: "):
-            opt.step()
-        if before is None:
-            del opt.param_groups[g][key]
-        else:
-            opt.param_groups[g][key] = before
-        assert opt._client.job_status()["version"] == 1
-        for n, p in model.named_parameters():
-            assert torch.equal(p, after_one[n]), n
+    opt.param_groups[1]["maximize"] = True
+    with pytest.raises(RuntimeError, match=r"param_groups\[1\]\['maximize'\] was set to "
+                                           r"True: zo runs maximize=False only"):
+        opt.step()
+    del opt.param_groups[1]["maximize"]
+    assert opt._client.job_status()["version"] == 1
+    for n, p in model.named_parameters():
+        assert torch.equal(p, after_one[n]), n
     opt.step()  # as opened again: taken
     assert opt._client.job_status()["version"] == 2
+    opt.close()
+
+    model.zero_grad()
+    engine, opt, _, _ = zo.torch.initialize(model=model, config=plain_config())
+    engine.backward(engine(batch(1)))  # sends step 1 with its betas
+    opt.param_groups[0]["betas"] = (0.8, 0.999)
+    with pytest.raises(RuntimeError, match=r"betas, eps or weight_decay changed after backward "
+                                           r"sent step 1's gradients: set them before backward"):
+        engine.step()
     opt.close()
 
 

@@ -113,9 +113,12 @@ class Client:
         copying them: leave them unchanged until the step's weights are
         pulled (without a delayed update; with one, lend is ignored). Every
         gradient is checked before any is pushed."""
-    def set_step_lr(self, step: int, group_lr: Sequence[float]) -> None:
+    def set_step_lr(self, step: int, group_lr: Sequence[float],
+                    group_hyper: Sequence[tuple[float, float, float, float]] = ...) -> None:
         """With zo.client_lr: every parameter group's learning rate for the
-        step, sent to the lead before the step's first push."""
+        step, sent to the lead before the step's first push; with
+        group_hyper, every group's (beta1, beta2, eps, weight_decay) for it
+        too (else the job's own; Adam and AdamW)."""
     def region_pull_places(self, tensors: Sequence[int]) -> list[RegionPlace | None]:
         """On the same-host route: where the server writes each tensor's
         pulled weights (None for a tensor with no elements), or [] where some

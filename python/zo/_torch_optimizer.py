@@ -18,6 +18,9 @@ from zo._torch_groups import _fixed_hyper, _lr_value, _named_groups
 from zo._torch_job import _default_job_name, _fingerprint, _owns_its_storage, _raw
 
 
+# The keys of a group that a step may change (with _hyper_per_step).
+_STEP_HYPER_KEYS = ("betas", "eps", "weight_decay")
+
 # torch.optim's zero_grad default: set_to_none True since torch 2.0, False before.
 _SET_TO_NONE = inspect.signature(torch.optim.Optimizer.zero_grad).parameters["set_to_none"].default
 
@@ -111,9 +114,17 @@ class OffloadOptimizer(torch.optim.Optimizer):
             job_cfg["zo"]["client_lr"] = True
         group_hyper = [{"betas": list(g["betas"]), "eps": g["eps"],
                         "weight_decay": g["weight_decay"]} for g in self.param_groups]
-        # What each group opened the job with: the servers keep it, so a
-        # later write (a scheduler cycling betas) is refused, not ignored.
+        # What each group opened the job with. A later write of betas, eps or
+        # weight_decay (a scheduler cycling betas) goes to the servers with
+        # the step's rates where they can take it, and is refused otherwise
+        # (never ignored); so is one of the keys zo runs at their default.
         self._opened_hyper = [_fixed_hyper(g) for g in self.param_groups]
+        compensated = cfg.get("zo", {}).get("dpu", {}).get("compensation", "none") == "worker"
+        self._why_hyper_fixed = (
+            "the config's scheduler sets the job's rates on the servers" if self._schedule_on_servers
+            else "zo.dpu.compensation's terms take the job's own betas and weight decay"
+            if compensated else None)
+        self._hyper_per_step = self._why_hyper_fixed is None
         default_hyper = {"betas": list(defaults["betas"]), "eps": defaults["eps"],
                          "weight_decay": defaults["weight_decay"]}
         if any(h != default_hyper for h in group_hyper) or len(group_hyper) > 1:
@@ -138,7 +149,6 @@ class OffloadOptimizer(torch.optim.Optimizer):
             raise
         # zo.dpu.compensation "worker": the parameters get weights formed from
         # the versions pulled, which are kept apart (so never pulled into them).
-        compensated = (cfg.get("zo", {}).get("dpu", {}).get("compensation", "none") == "worker")
         self._compensation = (DelayedStepCompensation(self._params, self._dtype)
                               if compensated else None)
         # Parameters the client reads and writes directly (CPU, contiguous, the
@@ -477,14 +487,29 @@ class OffloadOptimizer(torch.optim.Optimizer):
             self._zero_grads[index] = torch.zeros(self._params[index].shape, dtype=self._dtype)
         return self._zero_grads[index]
 
+    def _step_settings(self):
+        """What param_groups say a step takes, as the servers are told it:
+        each group's rate, and each group's (beta1, beta2, eps,
+        weight_decay) where some group's differ from those the job opened
+        with (else [], the job's own)."""
+        rates = [_lr_value(g, i) for i, g in enumerate(self.param_groups)]
+        hyper = []
+        if self._hyper_per_step:
+            now = [_fixed_hyper(g) for g in self.param_groups]
+            if any(n[k] != o[k] for n, o in zip(now, self._opened_hyper)
+                   for k in _STEP_HYPER_KEYS):
+                hyper = [(*n["betas"], n["eps"], n["weight_decay"]) for n in now]
+        return rates, hyper
+
     def _send_lr(self, step):
         """With the rate from param_groups (no scheduler in the config): the
-        rates of `step`, to the servers before its first gradient."""
+        rates (and betas, eps, weight decay) of `step`, to the servers
+        before its first gradient."""
         if self._schedule_on_servers or (self._lr_sent is not None and self._lr_sent[0] == step):
             return
-        rates = [_lr_value(g, i) for i, g in enumerate(self.param_groups)]
-        self._client.set_step_lr(step, rates)
-        self._lr_sent = (step, rates)
+        rates, hyper = self._step_settings()
+        self._client.set_step_lr(step, rates, hyper)
+        self._lr_sent = (step, rates, hyper)
 
     def _check_lr(self, step):
         """The rates a step uses are those param_groups hold when it is taken."""
@@ -496,11 +521,17 @@ class OffloadOptimizer(torch.optim.Optimizer):
                         "scheduler sets the learning rate on the servers: remove the config's "
                         "scheduler section to set it from the loop (or a torch lr_scheduler)")
             return
-        rates = [_lr_value(g, i) for i, g in enumerate(self.param_groups)]
-        if self._lr_sent is not None and self._lr_sent[0] == step and self._lr_sent[1] != rates:
+        rates, hyper = self._step_settings()
+        if self._lr_sent is None or self._lr_sent[0] != step:
+            return
+        if self._lr_sent[1] != rates:
             raise RuntimeError(
                 f"param_groups' lr changed to {rates} after backward sent step {step}'s "
                 f"gradients with {self._lr_sent[1]}: set the learning rate before backward")
+        if self._lr_sent[2] != hyper:
+            raise RuntimeError(
+                f"param_groups' betas, eps or weight_decay changed after backward sent step "
+                f"{step}'s gradients: set them before backward")
 
     def _check_resumed(self):
         if self._not_resumed is not None:
@@ -522,23 +553,28 @@ class OffloadOptimizer(torch.optim.Optimizer):
             "GradScaler with a bf16 or fp32 job (remove the config's fp16 section)")
 
     def _check_fixed_hyper(self):
-        """A group's betas, eps and weight_decay (and the keys zo runs only at
-        their default) are the job's from when it opened: the servers hold
-        them. A write since then would be silently ignored, so it is refused
-        before anything of the step is sent."""
+        """The keys zo runs only at their default are the job's from when it
+        opened, and so are a group's betas, eps and weight_decay where the
+        servers cannot take them per step (_hyper_per_step): a write since
+        then would be silently ignored, so it is refused before anything of
+        the step is sent."""
         for g, (group, opened) in enumerate(zip(self.param_groups, self._opened_hyper)):
             now = _fixed_hyper(group)
             for key, value in opened.items():
-                if now[key] == value:
+                if now[key] == value or (self._hyper_per_step and key in _STEP_HYPER_KEYS):
                     continue
+                if key not in _STEP_HYPER_KEYS:
+                    raise RuntimeError(
+                        f"param_groups[{g}]['{key}'] was set to {group.get(key)}: zo runs "
+                        f"{key}={value} only; leave it as it was")
                 cycled = (" (torch's OneCycleLR and CyclicLR cycle betas[0] unless built with "
                           "cycle_momentum=False)" if key == "betas" else "")
                 raise RuntimeError(
                     f"param_groups[{g}]['{key}'] was set to {group.get(key)}, but the job opened "
-                    f"with {value}{cycled}: zo's servers keep each group's betas, eps "
-                    "and weight_decay as the optimizer opened the job and cannot change them "
-                    "between steps; leave them as they were, or open a new job (another job= "
-                    "name) with the new values")
+                    f"with {value}{cycled}: {self._why_hyper_fixed}, so its servers keep each "
+                    "group's betas, eps and weight_decay as the optimizer opened the job; leave "
+                    "them as they were, or open a new job (another job= name) with the new "
+                    "values")
 
     def _check_frozen(self):
         for name, p in self._frozen:
