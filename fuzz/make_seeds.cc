@@ -149,6 +149,12 @@ void Checkpoint() {
     if (with_previous) {
       meta.version = version;
       meta.previous_version = version - 1;
+      // A step whose rates and group settings came from the worker.
+      meta.has_last_step = true;
+      meta.last_grad_norm = 0.5;
+      meta.last_lr = 1e-3;
+      meta.last_group_lr = {1e-3};
+      meta.last_group_hyper = {{.betas = {0.85, 0.99}, .eps = 1e-6, .weight_decay = 0.1}};
     }
     absl::StatusOr<std::string> dir = zo::CommitCheckpoint(*tmp, meta);
     if (!dir.ok()) zo::fuzz::Fail("CommitCheckpoint", dir.status().ToString());
