@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -75,6 +76,34 @@ absl::Status SendRates(Job& job, int64_t step, std::vector<double> rates, int ra
 
 std::vector<GroupParams> BothHyperOf(int64_t step) { return {HyperOf(0, step), HyperOf(1, step)}; }
 
+// torch.optim.AdamW element by element, in double, over `steps` steps at
+// RateOf with group g's settings at step t `settings(g, t)`, against the
+// served fp32 weights.
+void ExpectAdamW(const std::string& served, int64_t steps,
+                 const std::function<GroupParams(int, int64_t)>& settings) {
+  ASSERT_EQ(served.size(), kElems * sizeof(float));
+  int64_t at = 0;
+  for (const auto& [elems, group] : kTensors) {
+    for (int64_t i = at; i < at + elems; ++i) {
+      double p = InitialWeight(i), m = 0, v = 0;
+      for (int64_t t = 1; t <= steps; ++t) {
+        const GroupParams g = settings(group, t);
+        const double lr = RateOf(group, t);
+        const double grad = GradientOf(t);
+        p *= 1 - lr * g.weight_decay;
+        m = g.beta1 * m + (1 - g.beta1) * grad;
+        v = g.beta2 * v + (1 - g.beta2) * grad * grad;
+        const double denom = std::sqrt(v) / std::sqrt(1 - std::pow(g.beta2, t)) + g.eps;
+        p -= lr / (1 - std::pow(g.beta1, t)) * m / denom;
+      }
+      float got = 0;
+      std::memcpy(&got, served.data() + i * 4, 4);
+      EXPECT_NEAR(got, p, 2e-6 * std::abs(p) + 1e-7) << "element " << i << ", group " << group;
+    }
+    at += elems;
+  }
+}
+
 absl::Status Init(Job& job) {
   for (int64_t chunk = 0; chunk < 2; ++chunk) {
     const int64_t n = chunk == 0 ? 64 : kElems - 64;
@@ -110,28 +139,7 @@ TEST_F(JobParamGroupsTest, EachTensorStepsWithItsGroupsConstantsAndTheWorkersRat
   }
   EXPECT_DOUBLE_EQ(job->Status().last_lr(), RateOf(0, kSteps));
   ZO_ASSERT_OK_AND_ASSIGN(const std::string served, Weights(*job, kSteps));
-  ASSERT_EQ(served.size(), kElems * sizeof(float));
-  // torch.optim.AdamW, element by element, in double.
-  int64_t at = 0;
-  for (const auto& [elems, group] : kTensors) {
-    const GroupParams& g = kGroups[group];
-    for (int64_t i = at; i < at + elems; ++i) {
-      double p = InitialWeight(i), m = 0, v = 0;
-      for (int64_t t = 1; t <= kSteps; ++t) {
-        const double lr = RateOf(group, t);
-        const double grad = GradientOf(t);
-        p *= 1 - lr * g.weight_decay;
-        m = g.beta1 * m + (1 - g.beta1) * grad;
-        v = g.beta2 * v + (1 - g.beta2) * grad * grad;
-        const double denom = std::sqrt(v) / std::sqrt(1 - std::pow(g.beta2, t)) + g.eps;
-        p -= lr / (1 - std::pow(g.beta1, t)) * m / denom;
-      }
-      float got = 0;
-      std::memcpy(&got, served.data() + i * 4, 4);
-      EXPECT_NEAR(got, p, 2e-6 * std::abs(p) + 1e-7) << "element " << i << ", group " << group;
-    }
-    at += elems;
-  }
+  ExpectAdamW(served, kSteps, [](int group, int64_t) { return kGroups[group]; });
 }
 
 // torch.optim takes each step with the betas, eps and weight decay its
@@ -151,26 +159,9 @@ TEST_F(JobParamGroupsTest, EachStepTakesTheBetasEpsAndWeightDecayTheWorkersSent)
     ASSERT_THAT(WaitForVersion(*job, step), IsOk());
   }
   ZO_ASSERT_OK_AND_ASSIGN(const std::string served, Weights(*job, kSteps));
-  int64_t at = 0;
-  for (const auto& [elems, group] : kTensors) {
-    for (int64_t i = at; i < at + elems; ++i) {
-      double p = InitialWeight(i), m = 0, v = 0;
-      for (int64_t t = 1; t <= kSteps; ++t) {
-        const GroupParams g = t == 3 ? kGroups[group] : HyperOf(group, t);
-        const double lr = RateOf(group, t);
-        const double grad = GradientOf(t);
-        p *= 1 - lr * g.weight_decay;
-        m = g.beta1 * m + (1 - g.beta1) * grad;
-        v = g.beta2 * v + (1 - g.beta2) * grad * grad;
-        const double denom = std::sqrt(v) / std::sqrt(1 - std::pow(g.beta2, t)) + g.eps;
-        p -= lr / (1 - std::pow(g.beta1, t)) * m / denom;
-      }
-      float got = 0;
-      std::memcpy(&got, served.data() + i * 4, 4);
-      EXPECT_NEAR(got, p, 2e-6 * std::abs(p) + 1e-7) << "element " << i << ", group " << group;
-    }
-    at += elems;
-  }
+  ExpectAdamW(served, kSteps, [](int group, int64_t step) {
+    return step == 3 ? kGroups[group] : HyperOf(group, step);
+  });
 }
 
 TEST_F(JobParamGroupsTest, StepSettingsThatDoNotFitTheJobAreRefusedNamingWhy) {
