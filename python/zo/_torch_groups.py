@@ -16,11 +16,12 @@ _GROUP_DEFAULT_ONLY = {"amsgrad": False, "maximize": False, "foreach": None, "ca
                        "differentiable": False, "fused": None, "decoupled_weight_decay": None}
 
 
-def _fixed_hyper(group):
-    """The values of a group's keys that the servers take when the job opens
-    and keep (OffloadOptimizer refuses a later write): betas, eps and
-    weight_decay, and the keys zo runs only at their default (absent: that
-    default). Betas as a tuple of floats, however a scheduler wrote them."""
+def _group_settings(group):
+    """A group's values that OffloadOptimizer holds against those the job
+    opened with: betas, eps and weight_decay (a change goes to the servers
+    with the step's rates, or is refused where they cannot take it), and
+    the keys zo runs only at their default (absent: that default; a change
+    is refused). Betas as a tuple of floats, however a scheduler wrote them."""
     fixed = {}
     for key in ("betas", "eps", "weight_decay", *_GROUP_DEFAULT_ONLY):
         value = group.get(key, _GROUP_DEFAULT_ONLY.get(key))

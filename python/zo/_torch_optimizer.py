@@ -14,7 +14,7 @@ from zo import _native
 from zo._torch_compensation import DelayedStepCompensation
 from zo._torch_config import _JOB_DTYPES, _job_dtype, _load_config, _optimizer_defaults
 from zo._torch_device_copies import GradientDownloads, WeightUploads
-from zo._torch_groups import _fixed_hyper, _lr_value, _named_groups
+from zo._torch_groups import _group_settings, _lr_value, _named_groups
 from zo._torch_job import _default_job_name, _fingerprint, _owns_its_storage, _raw
 
 
@@ -118,7 +118,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         # weight_decay (a scheduler cycling betas) goes to the servers with
         # the step's rates where they can take it, and is refused otherwise
         # (never ignored); so is one of the keys zo runs at their default.
-        self._opened_hyper = [_fixed_hyper(g) for g in self.param_groups]
+        self._opened_hyper = [_group_settings(g) for g in self.param_groups]
         compensated = cfg.get("zo", {}).get("dpu", {}).get("compensation", "none") == "worker"
         self._why_hyper_fixed = (
             "the config's scheduler sets the job's rates on the servers" if self._schedule_on_servers
@@ -495,7 +495,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         rates = [_lr_value(g, i) for i, g in enumerate(self.param_groups)]
         hyper = []
         if self._hyper_per_step:
-            now = [_fixed_hyper(g) for g in self.param_groups]
+            now = [_group_settings(g) for g in self.param_groups]
             if any(n[k] != o[k] for n, o in zip(now, self._opened_hyper)
                    for k in _STEP_HYPER_KEYS):
                 hyper = [(*n["betas"], n["eps"], n["weight_decay"]) for n in now]
@@ -552,14 +552,14 @@ class OffloadOptimizer(torch.optim.Optimizer):
             "(loss * opt.loss_scale).backward(), as DeepSpeed's fp16 does, or keep the "
             "GradScaler with a bf16 or fp32 job (remove the config's fp16 section)")
 
-    def _check_fixed_hyper(self):
+    def _check_group_settings(self):
         """The keys zo runs only at their default are the job's from when it
         opened, and so are a group's betas, eps and weight_decay where the
         servers cannot take them per step (_hyper_per_step): a write since
         then would be silently ignored, so it is refused before anything of
         the step is sent."""
         for g, (group, opened) in enumerate(zip(self.param_groups, self._opened_hyper)):
-            now = _fixed_hyper(group)
+            now = _group_settings(group)
             for key, value in opened.items():
                 if now[key] == value or (self._hyper_per_step and key in _STEP_HYPER_KEYS):
                     continue
@@ -597,7 +597,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._check_dense(index, grad)
         step = self._step + 1
         if self._checked_for != step:  # once per step, not once per tensor
-            self._check_fixed_hyper()
+            self._check_group_settings()
             self._check_not_written()
             self._checked_for = step
         self._send_lr(step)
@@ -673,7 +673,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
             self._check_dense(sparse[0], grads[sparse[0]])
         step = self._step + 1
         self._check_lr(step)
-        self._check_fixed_hyper()
+        self._check_group_settings()
         self._check_not_written()
         try:
             return self._step_on(step, grads, loss)
