@@ -156,6 +156,7 @@ absl::StatusOr<GradientAccumulator::PushOutcome> GradientAccumulator::TryPush(
     ++chunk_adding_[index];
   }
   bool kept = false;
+  bool copied = false;
   if (StoresGradients()) {
     // Coverage gave this rank's elements to this push alone: no lock.
     char* slot = accum_.as<char>() + c.local_offset * static_cast<int64_t>(elem);
@@ -171,8 +172,10 @@ absl::StatusOr<GradientAccumulator::PushOutcome> GradientAccumulator::TryPush(
         continue;
       }
       CopySegments(piece.data, from, static_cast<size_t>(g.size()) * elem, dst);
+      copied = true;
     }
   } else {
+    copied = !gaps.empty();
     absl::MutexLock chunk_lock(chunk_mu_[index].get());
     float* acc = accum_.as<float>() + c.local_offset;
     for (const FlatRange& g : gaps) {
@@ -184,6 +187,7 @@ absl::StatusOr<GradientAccumulator::PushOutcome> GradientAccumulator::TryPush(
   {
     absl::MutexLock lock(&mu_);
     if (kept) lent_owners_[index].push_back(std::move(lent));
+    if (copied) copied_step_ = std::max(copied_step_, piece.step);
     --adding_;
     bool filled = false;
     if (--chunk_adding_[index] == 0 && track_filled_ && coverage_[index].complete() &&
@@ -233,6 +237,11 @@ std::vector<int> GradientAccumulator::TakeFilled() {
 bool GradientAccumulator::has_filled() const {
   absl::MutexLock lock(&mu_);
   return !filled_.empty();
+}
+
+bool GradientAccumulator::CopiedPushes(int64_t step) const {
+  absl::MutexLock lock(&mu_);
+  return copied_step_ >= step;
 }
 
 int GradientAccumulator::waiting() const {

@@ -136,6 +136,12 @@ class GradientAccumulator {
   std::vector<int> TakeFilled();
   // Whether TakeFilled would report a chunk now.
   bool has_filled() const;
+  // Whether a push of `step` so far had bytes copied or summed into the
+  // buffer (over gRPC, several ranks or micro-batches summed here) rather
+  // than read where they lie: pushes that take the server's cores. The
+  // ends of a lent piece that fill no block are copied but not counted:
+  // they are small, and most tensors have them.
+  bool CopiedPushes(int64_t step) const;
   // Pushes waiting for their chunk's release (their wakes kept).
   int waiting() const;
 
@@ -241,6 +247,8 @@ class GradientAccumulator {
   std::vector<std::vector<std::shared_ptr<const void>>> lent_owners_ ABSL_GUARDED_BY(mu_);
   int64_t resets_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status closed_ ABSL_GUARDED_BY(mu_);
+  // The last step a push copied or summed bytes for (CopiedPushes).
+  int64_t copied_step_ ABSL_GUARDED_BY(mu_) = -1;
 };
 
 }  // namespace zo

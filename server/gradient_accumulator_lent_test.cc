@@ -205,5 +205,31 @@ TEST(GradientAccumulatorLentTest, WhatCannotBeReadInPlaceIsCopied) {
   }
 }
 
+// What tells the speculation whether pushes take the server's cores
+// (server/job_speculation.cc): a step whose blocks were all lent whole
+// copied nothing; a piece copied whole, or ranks summed, did.
+TEST(GradientAccumulatorLentTest, AStepSaysWhetherItsPushesWereCopied) {
+  Lender l;
+  const std::vector<uint16_t> g = Gradient(1);
+  ASSERT_THAT(l.Push(0, 1, 0, 3 * kB, g, std::make_shared<int>(0)), IsOk());
+  ASSERT_THAT(l.Push(1, 1, 0, kB + 500, g, std::make_shared<int>(1)), IsOk());
+  ASSERT_TRUE(l.acc->Ready());
+  EXPECT_FALSE(l.acc->CopiedPushes(1)) << "every block was lent whole";
+  l.acc->Release(0, 2, 1);
+
+  // Step 2: a lent piece's end inside a block is copied, a small part of
+  // it; a piece with no owner to keep is copied whole.
+  const std::vector<uint16_t> g2 = Gradient(2);
+  ASSERT_THAT(l.Push(0, 2, 0, kB + 10, g2, std::make_shared<int>(2)), IsOk());
+  EXPECT_FALSE(l.acc->CopiedPushes(2));
+  ASSERT_THAT(l.Push(0, 2, kB + 10, 2 * kB - 10, g2, nullptr), IsOk());
+  EXPECT_TRUE(l.acc->CopiedPushes(2));
+  EXPECT_FALSE(l.acc->CopiedPushes(3)) << "a later step has copied nothing yet";
+
+  Lender summed(/*reads_lent=*/true, /*dp=*/2);
+  ASSERT_THAT(summed.Push(1, 1, 0, kB + 500, g, std::make_shared<int>(3)), IsOk());
+  EXPECT_TRUE(summed.acc->CopiedPushes(1)) << "two ranks are summed into the buffer";
+}
+
 }  // namespace
 }  // namespace zo

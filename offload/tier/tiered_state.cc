@@ -516,11 +516,11 @@ absl::Status TieredOptimizerState::SpeculateAdam(const RangedConstants<AdamStepC
   // aligned for the kernel's streaming stores.
   const int64_t first = offset / kTileElems;
   const int64_t count = (offset + n - 1) / kTileElems - first + 1;
-  // While the workers push the step's other gradients, which the server
-  // takes on their threads or its handlers', one core stays theirs (2
-  // cores, 32 Mi bf16 parameters, a compute as long as the step:
-  // speculating on both made the step 1.8-1.95x max(compute, step alone),
-  // on one 1.57-1.65x; zo-bench offload --compute-ms auto).
+  // While the workers push the step's other gradients and the server
+  // copies them on their threads or its handlers', one core stays theirs
+  // (2 cores, 32 Mi bf16 parameters pushed as copies, a compute as long as
+  // the step: speculating on both made the step 1.8-1.95x max(compute,
+  // step alone), on one 1.57-1.65x; zo-bench offload --compute-ms auto).
   RunTiles(
       s.pool, count,
       [&](int worker, int64_t i) {
