@@ -4,8 +4,10 @@
 // which the server's accumulator converts and sums straight from the
 // caller's memory; weights are written from the server's version (or
 // rounded from its master) straight into the caller's buffers. No protobuf
-// payload, no gRPC byte buffer, no thread hop on the data path. The control
-// calls (OpenJob, status, checkpoints) still go over the in-process channel.
+// payload, no gRPC byte buffer, no thread hop on the data path. Of the
+// control calls, the one every step makes (SetStepLr) is a call here too;
+// the others (OpenJob, status, checkpoints) still go over the in-process
+// channel.
 //
 // Only code that holds the server object gets one
 // (OffloadServer::DataRoute), so no token is checked: the caller is the
@@ -26,8 +28,10 @@
 #include <string>
 
 #include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "proto/zo/v1/coordination.pb.h"
 #include "proto/zo/v1/gradients.pb.h"
 #include "proto/zo/v1/params.pb.h"
 
@@ -121,6 +125,10 @@ class InProcessRoute {
   // Ends a registration that will not be taken (the wait failed or was
   // cancelled): once this returns, nothing is written into its places.
   virtual void WithdrawPull(uint64_t id) = 0;
+
+  // A step's learning rates (and group settings) for the job, as the
+  // SetStepLr call gives them; its errors.
+  virtual absl::Status SetStepLr(const v1::StepLrRequest& request) = 0;
 };
 
 }  // namespace zo

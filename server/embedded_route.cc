@@ -25,6 +25,13 @@ absl::StatusOr<std::shared_ptr<Job>> EmbeddedRoute::FindLocked(const std::string
   return registry_->Find(job);
 }
 
+absl::Status EmbeddedRoute::SetStepLr(const v1::StepLrRequest& request) {
+  std::shared_lock lock(mu_);
+  ZO_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindLocked(request.job()));
+  ZO_RETURN_IF_ERROR(job->CheckIncarnation(request.incarnation()));
+  return job->OnStepLr(request);
+}
+
 absl::StatusOr<InProcessRoute::PushOutcome> EmbeddedRoute::TryPush(
     const v1::GradientPiece& header, absl::Span<const std::byte> data, PushWait* wait,
     std::function<void()> wake, std::shared_ptr<const void> lent) {

@@ -42,6 +42,7 @@ class EmbeddedRoute final : public InProcessRoute {
   absl::StatusOr<std::optional<PullResult>> TakeFilledPull(const v1::PullParamsRequest& request,
                                                            uint64_t id) override;
   void WithdrawPull(uint64_t id) override;
+  absl::Status SetStepLr(const v1::StepLrRequest& request) override;
 
   void Detach();
 

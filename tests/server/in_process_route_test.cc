@@ -48,7 +48,8 @@ struct RouteCase {
   int dp;
   bool dpu;
   std::set<int64_t> overflow_steps;
-  const char* extra;  // more of the config
+  const char* extra;          // more of the config
+  bool client_rates = false;  // zo.client_lr: the worker sets each step's rate
 };
 
 void PrintTo(const RouteCase& c, std::ostream* os) { *os << c.name; }
@@ -63,7 +64,8 @@ TEST_P(InProcessRouteTest, TrainsBitIdenticallyToTheGrpcRoute) {
   const std::string config =
       absl::StrCat(R"({"train_batch_size": )", c.dp, R"(, "gradient_clipping": 0.3,
           "optimizer": {"type": "AdamW", "params": {"lr": 0.02, "weight_decay": 0.01}},
-          "zo": {"chunk_elems": 64, "dpu": {"enabled": )",
+          "zo": {"chunk_elems": 64, )",
+                   c.client_rates ? R"("client_lr": true, )" : "", R"("dpu": {"enabled": )",
                    c.dpu ? "true" : "false", R"(, "warmup_steps": 1}})", c.extra, "}");
   constexpr int kSteps = 12;
   std::vector<std::vector<std::vector<float>>> weights(2);  // route, version
@@ -72,6 +74,11 @@ TEST_P(InProcessRouteTest, TrainsBitIdenticallyToTheGrpcRoute) {
     ASSERT_NE(server, nullptr);
     ZO_ASSERT_OK_AND_ASSIGN(auto workers, OpenWorkers(p, c.dtype, "routes", config, {},
                                                       OptionsFor(*server, route == 1)));
+    if (c.client_rates) {
+      // Over the route a call of its own, not through the channel; a step
+      // without them would fail the job.
+      for (auto& w : workers) w->set_step_lr([](int64_t step) { return 0.002 * step; });
+    }
     ASSERT_THAT(workers[0]->InitWeights(), IsOk());
     for (int s = 1; s <= kSteps; ++s) {
       ASSERT_THAT(RunSteps(workers, s, s, c.overflow_steps), IsOk());
@@ -104,7 +111,8 @@ INSTANTIATE_TEST_SUITE_P(
                   {3, 7},
                   R"(, "fp16": {"enabled": true, "initial_scale_power": 12})"},
         RouteCase{"bf16_dpu", DType::kBFloat16, 1, true, {}, R"(, "bf16": {"enabled": true})"},
-        RouteCase{"bf16_dp2_dpu", DType::kBFloat16, 2, true, {}, R"(, "bf16": {"enabled": true})"}),
+        RouteCase{"bf16_dp2_dpu", DType::kBFloat16, 2, true, {}, R"(, "bf16": {"enabled": true})"},
+        RouteCase{"fp32_dp2_client_rates", DType::kFloat32, 2, false, {}, "", true}),
     [](const ::testing::TestParamInfo<RouteCase>& info) { return std::string(info.param.name); });
 
 // A piece for the step after its chunk's (the delayed update's overlap) is
@@ -522,6 +530,13 @@ TEST(InProcessRouteWaitTest, StaleCallsAndAStoppedServerAreRefused) {
                       header, bytes, &wait, [] {}, nullptr)
                   .status(),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  v1::StepLrRequest rates;
+  rates.set_job("stale");
+  rates.set_step(1);
+  rates.add_group_lr(0.01);
+  rates.set_incarnation(status.incarnation() + 1);
+  EXPECT_THAT(route->SetStepLr(rates),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("moved to servers")));
   ZO_ASSERT_OK_AND_ASSIGN(v1::JobStatus unchanged, client->JobStatus());
   EXPECT_EQ(unchanged.version(), 0);
   EXPECT_EQ(unchanged.waiting_pushes(), 0);
@@ -533,6 +548,9 @@ TEST(InProcessRouteWaitTest, StaleCallsAndAStoppedServerAreRefused) {
                   ->TryPush(
                       header, bytes, &wait, [] {}, nullptr)
                   .status(),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("shut down")));
+  rates.set_incarnation(status.incarnation());
+  EXPECT_THAT(route->SetStepLr(rates),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("shut down")));
   v1::PullParamsRequest request;
   request.set_job("stale");

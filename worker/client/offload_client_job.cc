@@ -4,6 +4,7 @@
 #include <string>
 
 #include "common/status_macros.h"
+#include "rpc/in_process_route.h"
 #include "rpc/proto_convert.h"
 #include "worker/client/internal/call.h"
 #include "worker/client/internal/offload_client_impl.h"
@@ -44,6 +45,12 @@ absl::Status OffloadClient::SetStepLr(int64_t step, absl::Span<const double> gro
     const int server = static_cast<int>(i);
     v1::StepLrRequest to_server = request;
     to_server.set_incarnation(impl_->incarnation[i].load(std::memory_order_relaxed));
+    // An embedded server takes them as a call: no round trip through its
+    // channel every step (0.42-0.47 ms of a zo.torch step, 32 Mi parameters).
+    if (const std::shared_ptr<InProcessRoute>& route = impl_->routes[i]; route != nullptr) {
+      const absl::Status set = route->SetStepLr(to_server);
+      return server == 0 ? set : absl::OkStatus();
+    }
     const auto call = [&](v1::Offload::Stub& stub, grpc::ClientContext& context,
                           v1::StepLrResponse& r) {
       return stub.SetStepLr(&context, to_server, &r);
