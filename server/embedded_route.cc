@@ -28,7 +28,6 @@ absl::StatusOr<std::shared_ptr<Job>> EmbeddedRoute::FindLocked(const std::string
 absl::Status EmbeddedRoute::SetStepLr(const v1::StepLrRequest& request) {
   std::shared_lock lock(mu_);
   ZO_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindLocked(request.job()));
-  ZO_RETURN_IF_ERROR(job->CheckIncarnation(request.incarnation()));
   return job->OnStepLr(request);
 }
 

@@ -230,7 +230,8 @@ class Job {
   // Server-to-server calls.
   absl::Status OnStepStats(const v1::StepStats& stats);
   absl::Status OnCommit(const v1::StepCommit& commit);
-  // A worker's learning rates for a step (zo.client_lr): StepCoordinator::OnStepLr.
+  // A worker's learning rates for a step (zo.client_lr), for this instance of
+  // the job (its incarnation checked): StepCoordinator::OnStepLr.
   absl::Status OnStepLr(const v1::StepLrRequest& request);
   // zo.dpu.compensation "worker": once `step` is decided here (at most until
   // `deadline`), the terms of this server's tensor parts

@@ -329,6 +329,7 @@ absl::Status Job::OnStepStats(const v1::StepStats& stats) {
 absl::Status Job::OnCommit(const v1::StepCommit& commit) { return coordinator_->OnCommit(commit); }
 
 absl::Status Job::OnStepLr(const v1::StepLrRequest& request) {
+  ZO_RETURN_IF_ERROR(CheckIncarnation(request.incarnation()));
   std::vector<ParamGroupConfig> hyper;
   hyper.reserve(static_cast<size_t>(request.group_hyper_size()));
   for (const v1::GroupHyper& g : request.group_hyper()) hyper.push_back(GroupHyperOf(g));

@@ -200,7 +200,6 @@ grpc::ServerUnaryReactor* OffloadService::SetStepLr(grpc::CallbackServerContext*
                                                     v1::StepLrResponse*) {
   return Unary(context, [this, request]() -> absl::Status {
     ZO_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, registry_->Find(request->job()));
-    ZO_RETURN_IF_ERROR(job->CheckIncarnation(request->incarnation()));
     return job->OnStepLr(*request);
   });
 }
