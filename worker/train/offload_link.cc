@@ -367,7 +367,12 @@ absl::Status OffloadLink::LoadWeights(int64_t step, absl::Span<model::Param* con
       if (abort_ != nullptr && !abort_->reason().ok()) return abort_->reason();
       return prefetch_status_;
     }
-    if (prefetch_changed_) {
+    // Read before AwaitWeights, which may start the next step's prefetch,
+    // whose thread writes prefetch_* again (a compensated step once took
+    // the next prefetch's "unchanged" for its own and computed on the
+    // version before).
+    const bool changed = prefetch_changed_;
+    if (changed) {
       // The tensors the uploads go on writing into, in layer order.
       for (size_t i = 0; i < params_.size(); ++i) std::swap(params_[i]->value, idle_[i]);
       arriving_ = true;
@@ -377,7 +382,7 @@ absl::Status OffloadLink::LoadWeights(int64_t step, absl::Span<model::Param* con
     loss_scale_ = prefetch_loss_scale_;
     if (compensate_) {
       ZO_RETURN_IF_ERROR(AwaitWeights(params_));  // it combines whole versions
-      ZO_RETURN_IF_ERROR(Compensate(step, prefetch_changed_));
+      ZO_RETURN_IF_ERROR(Compensate(step, changed));
     }
   } else {
     // A prefetch for another step (a step retried): its version may never
