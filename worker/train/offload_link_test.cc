@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -39,7 +40,7 @@ struct Fixture {
   std::vector<TensorSpec> manifest;
 };
 
-void StartServerAndParams(Fixture& f) {
+void StartServerAndParams(Fixture& f, DType dtype = DType::kBFloat16) {
   ServerOptions server_options;
   server_options.listen = "";
   auto server = OffloadServer::Start(server_options);
@@ -50,10 +51,10 @@ void StartServerAndParams(Fixture& f) {
     p.name = name;
     p.shape = shape;
     p.init = model::ParamInit::Normal(0.5);
-    p.value = f.cpu->Zeros(DType::kBFloat16, shape);
+    p.value = f.cpu->Zeros(dtype, shape);
     p.grad = f.cpu->Zeros(DType::kFloat32, shape);
     f.params.push_back(std::move(p));
-    f.manifest.push_back({name, shape, DType::kBFloat16});
+    f.manifest.push_back({name, shape, dtype});
   }
   for (model::Param& p : f.params) f.pointers.push_back(&p);
 }
@@ -311,6 +312,111 @@ TEST(OffloadLinkTest, CompensatedStepsComputeOnTheLastTwoVersionsAndTheGradient)
     ASSERT_THAT(link.FinishStep(step), IsOk());
   }
   EXPECT_GE(compensated, 4) << "steps with the version before";
+}
+
+// The same around a skipped step (fp16, an inf in step 4's gradient): the
+// step after it computes on the version before it as pulled (its terms
+// leave the inf gradient out); the next takes the skipped version, whose
+// data is unchanged, without the version before (the momentum of a skipped
+// step is none); the one after that has both again. Each step's weights
+// against the versions the test pulls itself and the servers' terms, and
+// the link's notion of "changed" against the servers' own answer.
+TEST(OffloadLinkTest, CompensatedStepsAroundASkippedStep) {
+  Fixture f;
+  ASSERT_NO_FATAL_FAILURE(StartServerAndParams(f, DType::kFloat16));
+  ClientOptions options;
+  options.job = "compensated-skip";
+  options.channels = {f.server->InProcessChannel()};
+  options.applies_dpu_compensation = true;
+  auto client = OffloadClient::Open(options, R"({"train_batch_size": 1,
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.05, "weight_decay": 0.1}},
+      "fp16": {"enabled": true, "initial_scale_power": 4},
+      "zo": {"dpu": {"enabled": true, "warmup_steps": 1, "compensation": "worker"}}})",
+                                    f.manifest);
+  ASSERT_TRUE(client.ok()) << client.status();
+  OffloadLink link(client->get(), *f.cpu, f.manifest, DType::kFloat16);
+  link.CompensateDelayedSteps();
+  ASSERT_THAT(link.InitializeIfFresh(f.pointers, 7), IsOk());
+  constexpr int64_t kSkipped = 4;
+  const std::vector<int> all = {0, 1};
+  // The last two distinct versions pulled, as the link keeps them.
+  std::vector<std::vector<float>> last, before;
+  int64_t last_version = -1, before_version = -1;
+  std::vector<std::vector<float>> last_grads;
+  std::map<std::string, int> seen;  // which branches the steps took
+  for (int64_t step = 1; step <= 8; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    ASSERT_THAT(link.LoadWeights(step, f.pointers), IsOk());
+    ASSERT_THAT(link.AwaitWeights(f.pointers), IsOk());
+    const int64_t version = VersionForStep((*client)->config().zo.dpu, step);
+    if (version != last_version) {
+      std::vector<std::byte> a(30), b(14);
+      const std::vector<absl::Span<std::byte>> raw = {absl::MakeSpan(a), absl::MakeSpan(b)};
+      ZO_ASSERT_OK_AND_ASSIGN(const bool changed, (*client)->Pull(version, -1, all, raw));
+      ASSERT_TRUE(changed);
+      std::vector<std::vector<float>> w;
+      for (const auto& r : raw) {
+        w.emplace_back(r.size() / 2);
+        HalfToFloat(reinterpret_cast<const uint16_t*>(r.data()), w.back().data(), w.back().size());
+      }
+      // The servers' answer to "version over the last one": unchanged only
+      // for the skipped step's version.
+      std::vector<std::byte> a2(30), b2(14);
+      ZO_ASSERT_OK_AND_ASSIGN(
+          const bool differs,
+          (*client)->Pull(version, last_version, all, {absl::MakeSpan(a2), absl::MakeSpan(b2)}));
+      EXPECT_EQ(differs, version != kSkipped || last_version < 0) << "version " << version;
+      if (differs) {
+        before = std::move(last);
+        before_version = last_version;
+      }
+      last = std::move(w);
+      last_version = version;
+    }
+    const bool delayed = version == step - 2;
+    std::vector<WeightsCompensation> c(2);
+    if (delayed) {
+      const bool have_before = before_version == version - 1;
+      ZO_ASSERT_OK_AND_ASSIGN(c, (*client)->StepCompensation(step - 1, have_before));
+      if (step - 1 == kSkipped) {
+        EXPECT_EQ(c[0].last, 1.0);
+        EXPECT_EQ(c[0].grad, 0.0);
+        ++seen["after the skip"];
+      }
+      if (version == kSkipped) {
+        EXPECT_EQ(c[0].before, 0.0) << "a skipped step brings no momentum";
+        EXPECT_GT(c[0].grad, 0.0);
+        ++seen["on the skipped version"];
+      }
+      if (c[0].before != 0) ++seen["with the version before"];
+    }
+    for (size_t i = 0; i < f.params.size(); ++i) {
+      std::vector<float> want(last[i].size());
+      for (size_t j = 0; j < want.size(); ++j) {
+        float w = static_cast<float>(c[i].last) * last[i][j];
+        if (c[i].before != 0) w = std::fma(static_cast<float>(c[i].before), before[i][j], w);
+        if (c[i].grad != 0) w = std::fma(-static_cast<float>(c[i].grad), last_grads[i][j], w);
+        want[j] = w;
+      }
+      std::vector<std::byte> want_bytes(want.size() * 2), got(want.size() * 2);
+      FloatToDType(want.data(), DType::kFloat16, want_bytes.data(), want.size());
+      ASSERT_THAT(f.cpu->Download(f.params[i].value, absl::MakeSpan(got)), IsOk());
+      EXPECT_EQ(got, want_bytes) << f.params[i].name;
+    }
+    last_grads.clear();
+    for (model::Param& p : f.params) {
+      std::vector<float> g(static_cast<size_t>(p.numel()));
+      for (size_t j = 0; j < g.size(); ++j) g[j] = (j % 3 == 0 ? -1.0f : 1.0f) * (step + j);
+      if (step == kSkipped) g[1] = std::numeric_limits<float>::infinity();
+      ASSERT_THAT(f.cpu->UploadFloat(g, p.grad), IsOk());
+      ASSERT_THAT(link.PushGradient(step, p, -1), IsOk());
+      last_grads.push_back(std::move(g));
+    }
+    ASSERT_THAT(link.FinishStep(step), IsOk());
+  }
+  EXPECT_EQ(seen["after the skip"], 1);
+  EXPECT_EQ(seen["on the skipped version"], 1);
+  EXPECT_GE(seen["with the version before"], 2);
 }
 
 // Streaming: each step's host bytes are the version the DPU policy names,
