@@ -21,11 +21,20 @@ backward sums into it, which on the same-host route puts .grad in the
 shared region where the server reads it. The backward is a copy of the
 step's gradient into .grad (fresh) or added to it (kept), outside the time.
 
+--rounds R (default 3) pairs the two in time: each round times the Adam
+alone, then each route, so that a machine whose speed drifts (the Adam
+alone read 14-25 ms between runs of one afternoon on a shared 2-core host)
+moves both sides of a ratio together. step_s and adam_s are medians over
+the rounds (each round's own figure a median over --steps steps, or over
+zo-bench's rounds), ratio the median of the rounds' own ratios, with their
+least and greatest.
+
 Rows: {"bench": "torch_step", "api", "grads", "route", "dtype", "params",
-"tensors", "step_s", "adam_s", "ratio"} (ratio = step_s / adam_s), then per
-dtype and grads {"bench": "torch_step_routes", "api", "grads", "dtype",
-"same_host_over_embedded"}. Targets (issue 34): embedded <= 1.5 x the Adam,
-same_host <= 1.3 x embedded.
+"tensors", "rounds", "step_s", "adam_s", "ratio", "ratio_min",
+"ratio_max"} (ratio = step / adam, round by round), then per dtype and
+grads {"bench": "torch_step_routes", "api", "grads", "dtype",
+"same_host_over_embedded"} (likewise paired). Targets (issue 34): embedded
+<= 1.5 x the Adam, same_host <= 1.3 x embedded.
 
 --api engine times zo.torch.initialize's engine instead: a whole iteration
 (a forward of one multiply-and-sum per tensor, engine.backward, whose hooks
@@ -177,6 +186,8 @@ def main():
                     help=f"jobs to time, of {', '.join(DTYPES)}")
     ap.add_argument("--routes", default="embedded,same_host")
     ap.add_argument("--steps", type=int, default=7, help="timed steps, after one warm-up")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="rounds of the Adam alone and each route, alternating")
     ap.add_argument("--threads", type=int, default=os.cpu_count(),
                     help="the servers' optimizer threads and the Adam's")
     ap.add_argument("--zo-server", default=None)
@@ -189,6 +200,8 @@ def main():
                          "zeroed (zero_grad(set_to_none=False)), or both")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
+    if a.rounds < 1 or a.steps < 1:
+        ap.error("--rounds and --steps take at least 1")
     zo_bench = binary("zo-bench", a.zo_bench)
     zo_server = binary("zo-server", a.zo_server)
     if zo_bench is None or ("same_host" in a.routes and zo_server is None):
@@ -205,29 +218,40 @@ def main():
         # The engine keeps .grad (zeroed) between its steps.
         grad_modes = ["kept"] if a.api == "engine" else a.grads.split(",")
         for dtype in a.dtypes.split(","):
-            adam_s = adam_alone(zo_bench, a.params, dtype, a.threads)
-            for grads in grad_modes:
-                steps = {}
-                for route in a.routes.split(","):
+            # Per round: the Adam alone, then each grads mode and route.
+            adam = []
+            steps = {(g, r): [] for g in grad_modes for r in a.routes.split(",")}
+            for round_ in range(a.rounds):
+                adam.append(adam_alone(zo_bench, a.params, dtype, a.threads))
+                for grads, route in steps:
                     servers = None if route == "embedded" else [address]
-                    print(f"torch_step: {a.api} {dtype} {grads} {route}: {a.steps} steps",
-                          file=sys.stderr)
+                    print(f"torch_step: round {round_ + 1} of {a.rounds}: {a.api} {dtype} "
+                          f"{grads} {route}: {a.steps} steps", file=sys.stderr)
                     if a.api == "engine":
-                        steps[route] = time_engine_steps(a.params, a.tensors, dtype, servers,
-                                                         a.steps)
+                        t = time_engine_steps(a.params, a.tensors, dtype, servers, a.steps)
                     else:
-                        steps[route] = time_steps(a.params, a.tensors, dtype, servers, a.steps,
-                                                  grads)
+                        t = time_steps(a.params, a.tensors, dtype, servers, a.steps, grads)
+                    steps[grads, route].append(t)
+            adam_s = statistics.median(adam)
+            for grads in grad_modes:
+                for route in a.routes.split(","):
+                    ts = steps[grads, route]
+                    ratios = [t / x for t, x in zip(ts, adam)]
                     row = {"bench": "torch_step", "api": a.api, "grads": grads, "route": route,
                            "dtype": dtype, "params": a.params, "tensors": a.tensors,
-                           "step_s": steps[route], "adam_s": adam_s,
-                           "ratio": steps[route] / adam_s}
+                           "rounds": a.rounds, "step_s": statistics.median(ts),
+                           "adam_s": adam_s, "ratio": statistics.median(ratios),
+                           "ratio_min": min(ratios), "ratio_max": max(ratios)}
                     print(json.dumps(row) if a.json else
                           f"{a.api:9} {dtype:14} {grads:5} {route:10} step "
                           f"{1e3 * row['step_s']:7.1f} ms   adam {1e3 * adam_s:6.1f} ms   "
-                          f"ratio {row['ratio']:.2f}", flush=True)
-                if "embedded" in steps and "same_host" in steps:
-                    r = steps["same_host"] / steps["embedded"]
+                          f"ratio {row['ratio']:.2f} ({row['ratio_min']:.2f}-"
+                          f"{row['ratio_max']:.2f})", flush=True)
+                if ("embedded" in a.routes.split(",") and
+                        "same_host" in a.routes.split(",")):
+                    r = statistics.median(
+                        sh / em for sh, em in zip(steps[grads, "same_host"],
+                                                  steps[grads, "embedded"]))
                     print(json.dumps({"bench": "torch_step_routes", "api": a.api, "grads": grads,
                                       "dtype": dtype, "same_host_over_embedded": r}) if a.json else
                           f"{a.api:9} {dtype:14} {grads:5} same_host / embedded = {r:.2f}",
