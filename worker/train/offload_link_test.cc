@@ -235,6 +235,47 @@ TEST(OffloadLinkTest, TheFirstLayersComputeWhileLaterWeightsStillArrive) {
   ASSERT_NO_FATAL_FAILURE(push(3));
 }
 
+// A client of job `job` with zo.dpu.compensation "worker" from step 3
+// (one warm-up step), AdamW with decay; `precision` the config's 16-bit
+// section.
+absl::StatusOr<std::unique_ptr<OffloadClient>> OpenCompensated(Fixture& f, const std::string& job,
+                                                               const std::string& precision) {
+  ClientOptions options;
+  options.job = job;
+  options.channels = {f.server->InProcessChannel()};
+  options.applies_dpu_compensation = true;
+  const std::string config = absl::StrCat(
+      R"({"train_batch_size": 1,
+          "optimizer": {"type": "AdamW", "params": {"lr": 0.05, "weight_decay": 0.1}},
+          "zo": {"dpu": {"enabled": true, "warmup_steps": 1, "compensation": "worker"}}, )",
+      precision, "}");
+  return OffloadClient::Open(options, config, f.manifest);
+}
+
+// The weights a compensated step computes on, as the link forms them
+// (common/dpu_compensation.h): the version pulled moved by the servers'
+// terms; a zero coefficient leaves its term out (`before` and `grad` may
+// then be empty).
+std::vector<float> Compensated(const WeightsCompensation& c, const std::vector<float>& last,
+                               const std::vector<float>& before, const std::vector<float>& grad) {
+  std::vector<float> want(last.size());
+  for (size_t j = 0; j < want.size(); ++j) {
+    float w = static_cast<float>(c.last) * last[j];
+    if (c.before != 0) w = std::fma(static_cast<float>(c.before), before[j], w);
+    if (c.grad != 0) w = std::fma(-static_cast<float>(c.grad), grad[j], w);
+    want[j] = w;
+  }
+  return want;
+}
+
+// Param `i` holds `want` rounded to `dtype`, bit for bit.
+void ExpectValue(Fixture& f, size_t i, DType dtype, const std::vector<float>& want) {
+  std::vector<std::byte> want_bytes(want.size() * DTypeSize(dtype)), got(want_bytes.size());
+  FloatToDType(want.data(), dtype, want_bytes.data(), want.size());
+  ASSERT_THAT(f.cpu->Download(f.params[i].value, absl::MakeSpan(got)), IsOk());
+  EXPECT_EQ(got, want_bytes) << f.params[i].name;
+}
+
 // zo.dpu.compensation "worker": a delayed step computes on the version it
 // pulled moved by the servers' coefficients of the step before, with that
 // step's gradients and the version before (common/dpu_compensation.h);
@@ -242,15 +283,7 @@ TEST(OffloadLinkTest, TheFirstLayersComputeWhileLaterWeightsStillArrive) {
 TEST(OffloadLinkTest, CompensatedStepsComputeOnTheLastTwoVersionsAndTheGradient) {
   Fixture f;
   ASSERT_NO_FATAL_FAILURE(StartServerAndParams(f));
-  ClientOptions options;
-  options.job = "compensated";
-  options.channels = {f.server->InProcessChannel()};
-  options.applies_dpu_compensation = true;
-  auto client = OffloadClient::Open(options, R"({"train_batch_size": 1,
-      "optimizer": {"type": "AdamW", "params": {"lr": 0.05, "weight_decay": 0.1}},
-      "bf16": {"enabled": true},
-      "zo": {"dpu": {"enabled": true, "warmup_steps": 1, "compensation": "worker"}}})",
-                                    f.manifest);
+  auto client = OpenCompensated(f, "compensated", R"("bf16": {"enabled": true})");
   ASSERT_TRUE(client.ok()) << client.status();
   OffloadLink link(client->get(), *f.cpu, f.manifest, DType::kBFloat16);
   link.CompensateDelayedSteps();
@@ -284,19 +317,10 @@ TEST(OffloadLinkTest, CompensatedStepsComputeOnTheLastTwoVersionsAndTheGradient)
     }
     for (size_t i = 0; i < f.params.size(); ++i) {
       const std::vector<float>& last = pulled[version][i];
-      std::vector<float> want(last.size());
-      for (size_t j = 0; j < want.size(); ++j) {
-        float w = static_cast<float>(c[i].last) * last[j];
-        if (c[i].before != 0) {
-          w = std::fma(static_cast<float>(c[i].before), pulled[version - 1][i][j], w);
-        }
-        if (c[i].grad != 0) w = std::fma(-static_cast<float>(c[i].grad), last_grads[i][j], w);
-        want[j] = w;
-      }
-      std::vector<std::byte> want_bytes(want.size() * 2), got(want.size() * 2);
-      FloatToDType(want.data(), DType::kBFloat16, want_bytes.data(), want.size());
-      ASSERT_THAT(f.cpu->Download(f.params[i].value, absl::MakeSpan(got)), IsOk());
-      EXPECT_EQ(got, want_bytes) << f.params[i].name;
+      const std::vector<float> want =
+          Compensated(c[i], last, c[i].before != 0 ? pulled[version - 1][i] : std::vector<float>{},
+                      c[i].grad != 0 ? last_grads[i] : std::vector<float>{});
+      ASSERT_NO_FATAL_FAILURE(ExpectValue(f, i, DType::kBFloat16, want));
       if (delayed) {
         EXPECT_NE(want, last) << f.params[i].name << " moved";
       }
@@ -324,15 +348,8 @@ TEST(OffloadLinkTest, CompensatedStepsComputeOnTheLastTwoVersionsAndTheGradient)
 TEST(OffloadLinkTest, CompensatedStepsAroundASkippedStep) {
   Fixture f;
   ASSERT_NO_FATAL_FAILURE(StartServerAndParams(f, DType::kFloat16));
-  ClientOptions options;
-  options.job = "compensated-skip";
-  options.channels = {f.server->InProcessChannel()};
-  options.applies_dpu_compensation = true;
-  auto client = OffloadClient::Open(options, R"({"train_batch_size": 1,
-      "optimizer": {"type": "AdamW", "params": {"lr": 0.05, "weight_decay": 0.1}},
-      "fp16": {"enabled": true, "initial_scale_power": 4},
-      "zo": {"dpu": {"enabled": true, "warmup_steps": 1, "compensation": "worker"}}})",
-                                    f.manifest);
+  auto client = OpenCompensated(f, "compensated-skip",
+                                R"("fp16": {"enabled": true, "initial_scale_power": 4})");
   ASSERT_TRUE(client.ok()) << client.status();
   OffloadLink link(client->get(), *f.cpu, f.manifest, DType::kFloat16);
   link.CompensateDelayedSteps();
@@ -391,17 +408,10 @@ TEST(OffloadLinkTest, CompensatedStepsAroundASkippedStep) {
       if (c[0].before != 0) ++seen["with the version before"];
     }
     for (size_t i = 0; i < f.params.size(); ++i) {
-      std::vector<float> want(last[i].size());
-      for (size_t j = 0; j < want.size(); ++j) {
-        float w = static_cast<float>(c[i].last) * last[i][j];
-        if (c[i].before != 0) w = std::fma(static_cast<float>(c[i].before), before[i][j], w);
-        if (c[i].grad != 0) w = std::fma(-static_cast<float>(c[i].grad), last_grads[i][j], w);
-        want[j] = w;
-      }
-      std::vector<std::byte> want_bytes(want.size() * 2), got(want.size() * 2);
-      FloatToDType(want.data(), DType::kFloat16, want_bytes.data(), want.size());
-      ASSERT_THAT(f.cpu->Download(f.params[i].value, absl::MakeSpan(got)), IsOk());
-      EXPECT_EQ(got, want_bytes) << f.params[i].name;
+      ASSERT_NO_FATAL_FAILURE(ExpectValue(
+          f, i, DType::kFloat16,
+          Compensated(c[i], last[i], c[i].before != 0 ? before[i] : std::vector<float>{},
+                      c[i].grad != 0 ? last_grads[i] : std::vector<float>{})));
     }
     last_grads.clear();
     for (model::Param& p : f.params) {
