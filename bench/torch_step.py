@@ -217,10 +217,11 @@ def main():
     try:
         # The engine keeps .grad (zeroed) between its steps.
         grad_modes = ["kept"] if a.api == "engine" else a.grads.split(",")
+        routes = a.routes.split(",")
         for dtype in a.dtypes.split(","):
             # Per round: the Adam alone, then each grads mode and route.
             adam = []
-            steps = {(g, r): [] for g in grad_modes for r in a.routes.split(",")}
+            steps = {(g, r): [] for g in grad_modes for r in routes}
             for round_ in range(a.rounds):
                 adam.append(adam_alone(zo_bench, a.params, dtype, a.threads))
                 for grads, route in steps:
@@ -234,7 +235,7 @@ def main():
                     steps[grads, route].append(t)
             adam_s = statistics.median(adam)
             for grads in grad_modes:
-                for route in a.routes.split(","):
+                for route in routes:
                     ts = steps[grads, route]
                     ratios = [t / x for t, x in zip(ts, adam)]
                     row = {"bench": "torch_step", "api": a.api, "grads": grads, "route": route,
@@ -247,11 +248,9 @@ def main():
                           f"{1e3 * row['step_s']:7.1f} ms   adam {1e3 * adam_s:6.1f} ms   "
                           f"ratio {row['ratio']:.2f} ({row['ratio_min']:.2f}-"
                           f"{row['ratio_max']:.2f})", flush=True)
-                if ("embedded" in a.routes.split(",") and
-                        "same_host" in a.routes.split(",")):
-                    r = statistics.median(
-                        sh / em for sh, em in zip(steps[grads, "same_host"],
-                                                  steps[grads, "embedded"]))
+                if "embedded" in routes and "same_host" in routes:
+                    r = statistics.median([sh / em for sh, em in zip(steps[grads, "same_host"],
+                                                                     steps[grads, "embedded"])])
                     print(json.dumps({"bench": "torch_step_routes", "api": a.api, "grads": grads,
                                       "dtype": dtype, "same_host_over_embedded": r}) if a.json else
                           f"{a.api:9} {dtype:14} {grads:5} same_host / embedded = {r:.2f}",
