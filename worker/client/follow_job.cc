@@ -1,6 +1,7 @@
 #include "worker/client/follow_job.h"
 
 #include <algorithm>
+#include <chrono>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -47,23 +48,26 @@ absl::Status CheckArrived(OffloadClient& client, const JobMove& move) {
 
 absl::Status FollowJob(const JobMove& move, absl::FunctionRef<absl::Status()> attach,
                        const FollowOptions& options) {
-  const absl::Time start = absl::Now();
-  absl::Time next_note = start + options.first_note;
+  // The bound is on time waited, not on the wall clock: a clock stepped
+  // forward (NTP, a paused VM resumed) once ended a follow at its first
+  // retry, "within 5m", half a minute in.
+  const auto start = std::chrono::steady_clock::now();
+  absl::Duration next_note = options.first_note;
   absl::Duration pause = absl::Milliseconds(50);
   for (;;) {
     const absl::Status why = attach();
     if (why.ok()) return why;
     if (!WorthWaiting(why, move)) return why;
-    const absl::Duration waited = absl::Now() - start;
+    const absl::Duration waited = absl::FromChrono(std::chrono::steady_clock::now() - start);
     if (waited >= options.give_up) {
       return absl::DeadlineExceededError(
           absl::StrCat("job ", move.job, " did not come up on ", absl::StrJoin(move.servers, ","),
                        " within ", absl::FormatDuration(options.give_up), ": ", why.message()));
     }
     if (options.retrying) options.retrying(waited, why);
-    if (options.note && absl::Now() >= next_note) {
+    if (options.note && waited >= next_note) {
       options.note(waited, why);
-      next_note = absl::Now() + options.note_every;
+      next_note = waited + options.note_every;
     }
     // Each try opens a connection to every server: back off to a second.
     absl::SleepFor(pause);

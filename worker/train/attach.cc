@@ -1,5 +1,6 @@
 #include "worker/train/attach.h"
 
+#include <chrono>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -146,8 +147,10 @@ ClientOptions MakeClientOptions(const TrainOptions& o) {
 
 absl::StatusOr<Attached> AttachAtStart(const TrainOptions& o, Plan& plan, backend::Backend& backend,
                                        model::BatchSource& source) {
-  const absl::Time start = absl::Now();
-  absl::Time next_note = start;
+  // Time waited on a monotonic clock, as FollowJob's: a stepped wall clock
+  // must not end the wait early.
+  const auto start = std::chrono::steady_clock::now();
+  absl::Duration next_note;
   for (;;) {
     absl::StatusOr<Attached> at = Attach(o, plan, backend, source, /*attach_only=*/false);
     const absl::Status why = at.status();
@@ -155,17 +158,18 @@ absl::StatusOr<Attached> AttachAtStart(const TrainOptions& o, Plan& plan, backen
         !(absl::IsUnavailable(why) || absl::IsDeadlineExceeded(why))) {
       return at;
     }
-    if (absl::Now() - start > absl::Minutes(5)) {
+    const absl::Duration waited = absl::FromChrono(std::chrono::steady_clock::now() - start);
+    if (waited > absl::Minutes(5)) {
       return WithContext(why, absl::StrCat("the servers of job ", o.job,
                                            " were still unreachable after 5 minutes"));
     }
-    if (absl::Now() >= next_note) {
+    if (waited >= next_note) {
       std::fprintf(o.out, "zo-train: waiting for the servers (%s), %lld s (%s)\n",
                    absl::StrJoin(o.servers, ",").c_str(),
-                   static_cast<long long>(absl::ToInt64Seconds(absl::Now() - start)),
+                   static_cast<long long>(absl::ToInt64Seconds(waited)),
                    std::string(why.message()).c_str());
       std::fflush(o.out);
-      next_note = absl::Now() + absl::Seconds(10);
+      next_note = waited + absl::Seconds(10);
     }
     absl::SleepFor(absl::Milliseconds(500));
   }
