@@ -120,6 +120,10 @@ struct JobResources {
   // Tests: called on the step thread once a step is decided and about to
   // be applied, before its update takes the state.
   std::function<void(int64_t step)> applying;
+  // Tests: called on the step thread when a kept speculation's step has
+  // every chunk updated and its version begun, before the version is
+  // written whole.
+  std::function<void(int64_t step)> committing;
 };
 
 class Job {
@@ -378,7 +382,10 @@ class Job {
   // Whether a pull of `version` may be registered for its update to write
   // (the next version; checked again when registering).
   bool CanFill(int64_t version) const;
-  absl::StatusOr<PullFills::Id> RegisterCopies(int64_t version,
+  // A pull of some of the tensors (not all) is answered as soon as its
+  // ranges are written (PullFills, `early`); one of the whole version once
+  // the version is the job's.
+  absl::StatusOr<PullFills::Id> RegisterCopies(const v1::PullParamsRequest& request,
                                                std::vector<PullFills::Copy> copies);
   // Where the request's elements lie in this server's local index space.
   std::vector<PullCursor::Range> PullRanges(const v1::PullParamsRequest& request) const;

@@ -266,15 +266,17 @@ absl::Status JobPosition::RestoredWhileOpening() const {
 
 bool JobPosition::MayFill(int64_t version) const {
   std::lock_guard lock(mu_);
-  return !health_.restoring() && !stop_ && version == version_ + 1;
+  return !health_.restoring() && !stop_ && (version == version_ + 1 || version == version_ + 2);
 }
 
 uint64_t JobPosition::RegisterFill(int64_t version, const std::function<uint64_t()>& before,
                                    const std::function<uint64_t()>& during) {
   std::lock_guard lock(mu_);  // BeginWriting's hook runs under it too
   if (health_.restoring() || stop_) return 0;
-  if (version == version_ + 1 && writing_version_ < 0) return before();
   if (version == writing_version_) return during();
+  // Pulls of a version are answered range by range (server/pull_fills.h):
+  // their worker may register for the one after before it is whole.
+  if (version == version_ + 1 || version == version_ + 2) return before();
   return 0;
 }
 

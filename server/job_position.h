@@ -174,7 +174,9 @@ class JobPosition {
   // A pull's answer when a restore replaced the versions as it opened.
   absl::Status RestoredWhileOpening() const;
   // A pull of `version` may be filled by its update: it is the next version
-  // and nothing is restoring or stopped.
+  // or the one after (a worker whose pulls of the next are answered range
+  // by range, server/pull_fills.h, starts pulling the one after before the
+  // next is whole) and nothing is restoring or stopped.
   bool MayFill(int64_t version) const;
   // Under the mutex when a pull of `version` may be filled: `before`
   // (its update has not begun) or `during` (it writes `version`); 0, and

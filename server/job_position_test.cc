@@ -276,18 +276,26 @@ TEST_F(JobPositionTest, AnAttachWaitsForTheDecidedStepToBeApplied) {
   EXPECT_TRUE(attached);
 }
 
+// The next version and the one after register before their updates (a
+// worker answered range by range pulls the one after while the next is
+// written), the version being written during it, and none after it.
 TEST_F(JobPositionTest, AFillRegistersBeforeOrDuringItsUpdateAndNeverAfter) {
   const auto before = [] { return uint64_t{1}; };
   const auto during = [] { return uint64_t{2}; };
   EXPECT_TRUE(position_.MayFill(1));
-  EXPECT_FALSE(position_.MayFill(2));
+  EXPECT_TRUE(position_.MayFill(2));
+  EXPECT_FALSE(position_.MayFill(3));
   EXPECT_EQ(position_.RegisterFill(1, before, during), 1u);
-  EXPECT_EQ(position_.RegisterFill(2, before, during), 0u);
+  EXPECT_EQ(position_.RegisterFill(2, before, during), 1u);
+  EXPECT_EQ(position_.RegisterFill(3, before, during), 0u);
   position_.BeginWriting(1, 1.0, [] {});
   EXPECT_EQ(position_.RegisterFill(1, before, during), 2u);
+  EXPECT_EQ(position_.RegisterFill(2, before, during), 1u);
+  EXPECT_EQ(position_.RegisterFill(3, before, during), 0u);
   End(1, 0);
   EXPECT_EQ(position_.RegisterFill(1, before, during), 0u);
   EXPECT_EQ(position_.RegisterFill(2, before, during), 1u);
+  EXPECT_EQ(position_.RegisterFill(3, before, during), 1u);
   position_.BeginRestore(1);
   EXPECT_FALSE(position_.MayFill(2));
   EXPECT_EQ(position_.RegisterFill(2, before, during), 0u);

@@ -110,7 +110,7 @@ absl::StatusOr<PullFills::Id> Job::RegisterPull(const v1::PullParamsRequest& req
     ZO_ASSIGN_OR_RETURN(std::byte * dst, place({r.tensor, r.tensor_offset, r.elems}));
     copies.push_back({r.local_offset, r.elems, dst});
   }
-  return RegisterCopies(request.version(), std::move(copies));
+  return RegisterCopies(request, std::move(copies));
 }
 
 absl::StatusOr<PullFills::Id> Job::RegisterPullInto(const v1::PullParamsRequest& request,
@@ -124,19 +124,22 @@ absl::StatusOr<PullFills::Id> Job::RegisterPullInto(const v1::PullParamsRequest&
     if ((r.local_offset + r.elems) * elem > static_cast<int64_t>(area.size())) return 0;
     copies.push_back({r.local_offset, r.elems, area.data() + r.local_offset * elem});
   }
-  return RegisterCopies(request.version(), std::move(copies));
+  return RegisterCopies(request, std::move(copies));
 }
 
 bool Job::CanFill(int64_t version) const { return fills_ != nullptr && position_.MayFill(version); }
 
-absl::StatusOr<PullFills::Id> Job::RegisterCopies(int64_t version,
+absl::StatusOr<PullFills::Id> Job::RegisterCopies(const v1::PullParamsRequest& request,
                                                   std::vector<PullFills::Copy> copies) {
+  const int64_t version = request.version();
+  const bool early = !request.tensors().empty() &&
+                     request.tensors().size() < static_cast<int>(map_.tensors().size());
   // Under the position's mutex, which the update begins under too.
   return position_.RegisterFill(
-      version, [&] { return fills_->Register(version, std::move(copies), nullptr); },
+      version, [&] { return fills_->Register(version, std::move(copies), nullptr, early); },
       [&] {
-        return fills_->Register(version, std::move(copies),
-                                [&] { return versions_->DoneRanges(version); });
+        return fills_->Register(
+            version, std::move(copies), [&] { return versions_->DoneRanges(version); }, early);
       });
 }
 

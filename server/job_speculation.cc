@@ -108,7 +108,14 @@ void Job::Speculate(const JobPosition::Work& work) {
     speculation_.stats[static_cast<size_t>(speculation_.waiting[i])] = stats[i];
   }
   int64_t done = 0;
+  const bool lone = spec_.servers.size() == 1;
   for (const int index : speculation_.waiting) {
+    // Every gradient is in and this server alone decides (at once): the
+    // step goes on to its decision, whose update takes the chunks left in
+    // layer order (ApplySpeculated), rather than in the order the backward
+    // filled them, last layers first. With other servers the decision's
+    // round trip overlaps what is left here.
+    if (lone && accum_->Ready()) break;
     // A plain hold, chunk by chunk: unlike the step's update this runs while
     // the workers still compute, when a checkpoint part's background capture
     // should not have to stand back (JobStateLock).
@@ -188,28 +195,43 @@ bool Job::SpeculationHolds(const v1::StepCommit& commit) const {
 
 absl::Status Job::ApplySpeculated(const v1::StepCommit& commit) {
   own_part_->BeforeUpdateLocked();
+  // No DPU and the state all in RAM (WhyNoSpeculation): the versions are
+  // served from the master and the previous one is not kept. The version
+  // begins before the chunks left are updated: what the speculation wrote
+  // into pulls registered by now is decided, and a pull whose ranges are
+  // all written is answered while the rest of the version is not.
+  versions_->BeginWrite();
+  position_.BeginWriting(commit.step(), commit.next_loss_scale(),
+                         [&] { fills_->BeginUpdate(commit.step(), /*ahead_holds=*/true); });
+  // A chunk in the bank is done with its gradients (the commit reads
+  // none): it takes the next step's pushes at once, which the worker,
+  // answered range by range, may send while the last chunks are written
+  // (held until the update's end, they were copied rather than read where
+  // they lay, and the next step speculated on one core).
+  for (size_t i = 0; i < chunks().size(); ++i) {
+    if (speculation_.in_bank[i]) accum_->Release(i, i + 1, commit.step());
+  }
   // The chunks not in the bank yet go there as the speculated ones did,
-  // before the version is begun: pulls registered by now take their
-  // weights from the tiles in cache, where the commit would round them
-  // from the master in memory once more. With Speculate's chunks on every
-  // worker once the gradients are in: 2 cores, 32 Mi bf16 parameters, the
-  // step (push, update, pull) 46 ms before, 37 after, medians of 6 runs
-  // alternating; zo-bench offload --routes in_process.
+  // first layers first (the next forward needs them first): pulls
+  // registered by now take their weights from the tiles in cache, where
+  // the commit would round them from the master in memory once more. With
+  // Speculate's chunks on every worker once the gradients are in: 2 cores,
+  // 32 Mi bf16 parameters, the step (push, update, pull) 46 ms before, 37
+  // after, medians of 6 runs alternating; zo-bench offload --routes
+  // in_process.
   const RangedConstants<AdamStepConstants> c = ConstantsOf(InputsOf(commit));
   for (size_t i = 0; i < chunks().size(); ++i) {
     if (speculation_.in_bank[i]) continue;
     if (absl::Status s =
             SpeculateChunk(static_cast<int>(i), c, commit.step(), /*all_workers=*/true);
         !s.ok()) {
+      versions_->AbortWrite();
       own_part_->DropLocked(s);
       return s;
     }
+    accum_->Release(i, i + 1, commit.step());
   }
-  // No DPU and the state all in RAM (WhyNoSpeculation): the versions are
-  // served from the master and the previous one is not kept.
-  versions_->BeginWrite();
-  position_.BeginWriting(commit.step(), commit.next_loss_scale(),
-                         [&] { fills_->BeginUpdate(commit.step(), /*ahead_holds=*/true); });
+  if (resources_.committing) resources_.committing(commit.step());
   // The checkpoint part in progress takes each tile as it was; pulls of
   // the new version read it once the bank is the state (those registered
   // before a chunk was speculated have its weights already).
@@ -225,7 +247,6 @@ absl::Status Job::ApplySpeculated(const v1::StepCommit& commit) {
     return committed;
   }
   versions_->CommitWrite(commit.step());
-  accum_->Release(0, chunks().size(), commit.step());
   return absl::OkStatus();
 }
 

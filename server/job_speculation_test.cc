@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -212,6 +213,71 @@ TEST_F(JobSpeculationTest, TheScheduleAndWeightDecayAreGuessedRight) {
        .scales = {1e-3f, 2e-3f, 3e-3f, 4e-3f}});
   EXPECT_EQ(st.confirmed_chunks(), 4);
   EXPECT_EQ(st.redone_chunks(), 0);
+}
+
+// The chunks left when a speculated step is decided go first layers
+// first, and a pull of the first layers' tensors is answered once they are
+// written, before the version is whole: the next forward starts on them
+// while the servers still write the last layers.
+TEST_F(JobSpeculationTest, APullOfTheFirstLayersIsAnsweredBeforeTheVersionIsWhole) {
+  tensors_ = {{64, 0}, {kElems - 64, 0}};  // a chunk each
+  SpeculationWatch watch;
+  speculated_ = watch.Hook();
+  std::mutex mu;
+  std::condition_variable cv;
+  bool committing = false, go_on = false;
+  committing_ = [&](int64_t) {
+    std::unique_lock lock(mu);
+    committing = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return go_on; });
+  };
+  std::unique_ptr<Job> job = Open(R"("gradient_clipping": 0)");
+  speculated_ = nullptr;
+  committing_ = nullptr;
+  std::unique_ptr<Job> plain =
+      Open(R"("gradient_clipping": 0, "zo": {"chunk_elems": 64, "speculative_update": false})");
+  ASSERT_NE(job, nullptr);
+  ASSERT_NE(plain, nullptr);
+  absl::Cleanup release = [&] {
+    std::lock_guard lock(mu);
+    go_on = true;
+    cv.notify_all();
+  };
+  ASSERT_THAT(PushChunk(*plain, 1, 0, 0.25f, 0, 0), IsOk());
+  ASSERT_THAT(PushChunk(*plain, 1, 1, 0.5f, 0, 0), IsOk());
+  ZO_ASSERT_OK_AND_ASSIGN(const std::string want, Weights(*plain, 1));
+
+  std::string area(kElems * 4, '\xff');
+  v1::PullParamsRequest request;
+  request.set_job("job");
+  request.set_version(1);
+  request.set_have_version(-1);
+  request.add_tensors(0);
+  ZO_ASSERT_OK_AND_ASSIGN(
+      const PullFills::Id id,
+      job->RegisterPullInto(
+          request, absl::MakeSpan(reinterpret_cast<std::byte*>(area.data()), area.size())));
+  ASSERT_NE(id, 0u);
+  // The backward: the last layer's gradient first.
+  ASSERT_THAT(PushChunk(*job, 1, 1, 0.5f, 0, 0), IsOk());
+  watch.WaitFor(1, 1);
+  ASSERT_THAT(PushChunk(*job, 1, 0, 0.25f, 0, 0), IsOk());
+  {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return committing; });
+  }
+  ZO_ASSERT_OK_AND_ASSIGN(const std::optional<InProcessRoute::PullResult> taken,
+                          job->TakeFilledPull(1, id));
+  ASSERT_TRUE(taken.has_value()) << "the first layer's weights are written: the pull is answered";
+  EXPECT_EQ(taken->bytes, 64 * 4);
+  EXPECT_TRUE(area.compare(0, 64 * 4, want, 0, 64 * 4) == 0) << "the weights differ";
+  EXPECT_EQ(area.substr(64 * 4), std::string((kElems - 64) * 4, '\xff'));
+  EXPECT_EQ(job->Status().version(), 0) << "the version is not whole yet";
+  std::move(release).Invoke();
+  ZO_ASSERT_OK_AND_ASSIGN(const std::string got, Weights(*job, 1));
+  EXPECT_TRUE(got == want) << "the weights differ";
+  EXPECT_EQ(job->Status().confirmed_chunks(), 1);
 }
 
 // A restore while a step is speculated on: the step the speculation

@@ -74,6 +74,7 @@ class JobTest : public ::testing::Test {
     resources.nvme_latency = nvme_latency_;
     resources.speculated = speculated_;
     resources.applying = applying_;
+    resources.committing = committing_;
     return Job::Create(std::move(spec), resources);
   }
   // What Open lends a job, for a JobRegistry of the test's own.
@@ -159,6 +160,7 @@ class JobTest : public ::testing::Test {
   absl::Duration nvme_latency_;                            // JobResources::nvme_latency
   std::function<void(int64_t, int64_t)> speculated_;       // JobResources::speculated
   std::function<void(int64_t)> applying_;                  // JobResources::applying
+  std::function<void(int64_t)> committing_;                // JobResources::committing
   uint64_t init_fingerprint_ = 0;  // OpenJobRequest.init_fingerprint of the next Open
   // The manifest of the next Open: (elements, parameter group) per tensor,
   // adding up to kElems.

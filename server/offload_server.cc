@@ -93,6 +93,7 @@ absl::StatusOr<std::unique_ptr<OffloadServer>> OffloadServer::Start(const Server
       .nvme_latency = options.inject_nvme_latency,
       .speculated = {},
       .applying = {},
+      .committing = {},
   });
   impl->route = std::make_shared<EmbeddedRoute>(impl->registry.get());
   impl->metrics = std::make_shared<ServerMetrics>(impl->registry.get());

@@ -164,7 +164,7 @@ TEST(PullFillsTest, ARegistrationAfterTheUpdateEndedIsRefused) {
 
 TEST(PullFillsTest, TakeWaitsForTheUpdateToEnd) {
   PullFills fills(2);
-  Destination dst(0, kElems);
+  Destination dst(0, 16);  // tiles 0 and 1 only
   const PullFills::Id id = fills.Register(1, dst.Copies(16), nullptr);
   Update update(fills, 1);
   update.Begin();
@@ -176,11 +176,80 @@ TEST(PullFillsTest, TakeWaitsForTheUpdateToEnd) {
     taken = true;
   });
   for (int64_t t = 1; t < 8; ++t) update.Tile(t);
-  EXPECT_FALSE(taken) << "the update has not ended";
+  EXPECT_FALSE(taken) << "the update has not ended, though its ranges are written";
   update.End(true);
+  puller.join();
+  EXPECT_THAT(bytes, testing::Optional(int64_t{16 * 2}));
+  EXPECT_EQ(dst.Holding(1), 16);
+}
+
+// Registered early, Take answers once every range of the registration is
+// written, before the rest of the version: a puller of the first layers'
+// tensors has them while the update still writes the last ones.
+TEST(PullFillsTest, TakeOfAnEarlyRegistrationWaitsForItsRangesOnly) {
+  PullFills fills(2);
+  Destination dst(4, 28);  // tiles 0 to 3, the first and last in part
+  const PullFills::Id id = fills.Register(1, dst.Copies(5), nullptr, /*early=*/true);
+  Update update(fills, 1);
+  update.Begin();
+  for (int64_t t : {7, 3, 0, 2}) update.Tile(t);
+  std::atomic<bool> taken{false};
+  std::optional<int64_t> bytes;
+  std::thread puller([&] {
+    bytes = fills.Take(id);
+    taken = true;
+  });
+  update.Tile(5);
+  EXPECT_FALSE(taken) << "tile 1 is not written";
+  update.Tile(1);
+  puller.join();
+  EXPECT_THAT(bytes, testing::Optional(int64_t{24 * 2}));
+  EXPECT_EQ(dst.Holding(1), 24);
+  EXPECT_EQ(fills.size(), 0);
+  update.Tile(4);
+  update.Tile(6);
+  update.End(true);
+  EXPECT_EQ(dst.Holding(1), 24) << "nothing written after it was taken";
+}
+
+TEST(PullFillsTest, TakeOfAnEarlyRegistrationOfAWholeVersionWaitsForItsLastTile) {
+  PullFills fills(2);
+  Destination dst(0, kElems);
+  const PullFills::Id id = fills.Register(1, dst.Copies(16), nullptr, /*early=*/true);
+  Update update(fills, 1);
+  update.Begin();
+  update.Tile(0);
+  std::atomic<bool> taken{false};
+  std::optional<int64_t> bytes;
+  std::thread puller([&] {
+    bytes = fills.Take(id);
+    taken = true;
+  });
+  for (int64_t t = 1; t < 7; ++t) update.Tile(t);
+  EXPECT_FALSE(taken) << "tile 7 is not written";
+  update.Tile(7);
   puller.join();
   EXPECT_THAT(bytes, testing::Optional(int64_t{kElems * 2}));
   EXPECT_EQ(dst.Holding(1), kElems);
+  update.End(true);
+}
+
+// An early registration taken whole before its update failed holds the
+// decided step's weights; one not yet taken is told it was not filled.
+TEST(PullFillsTest, AnUpdateThatFailsAfterARegistrationWasWholeLeavesItUnfilledUntilTaken) {
+  PullFills fills(2);
+  Destination first(0, 16), last(48, 64);
+  const PullFills::Id a = fills.Register(1, first.Copies(16), nullptr, /*early=*/true);
+  const PullFills::Id b = fills.Register(1, last.Copies(16), nullptr, /*early=*/true);
+  Update update(fills, 1);
+  update.Begin();
+  update.Tile(0);
+  update.Tile(1);
+  EXPECT_THAT(fills.Take(a), testing::Optional(int64_t{16 * 2}));
+  update.Tile(6);
+  update.Tile(7);
+  update.End(/*whole=*/false);
+  EXPECT_EQ(fills.Take(b), std::nullopt);
 }
 
 TEST(PullFillsTest, AWithdrawnRegistrationIsNotWrittenAgain) {
@@ -213,6 +282,46 @@ TEST(PullFillsTest, AKeptSpeculationsRangesAreNotWrittenAgain) {
   EXPECT_THAT(fills.Take(id), testing::Optional(int64_t{58 * 2}));
   EXPECT_EQ(dst.Holding(7), 9 + 12) << "written ahead: left alone";
   EXPECT_EQ(dst.Holding(2), 58 - 21) << "the rest, tiles cut by a chunk's edge too";
+}
+
+// The update that keeps a speculation counts what it wrote ahead as
+// written, and what it writes ahead after it began too (the chunks left
+// when the step was decided): a registration all written ahead is answered
+// without a tile of the update's own.
+TEST(PullFillsTest, AKeptSpeculationAnswersTheRangesItWroteAhead) {
+  PullFills fills(2);
+  Destination first(0, 20), rest(20, kElems);
+  const PullFills::Id a = fills.Register(2, first.Copies(16), nullptr, /*early=*/true);
+  const PullFills::Id b = fills.Register(2, rest.Copies(16), nullptr, /*early=*/true);
+  FillAhead(fills, 2, /*marker=*/7, 40, 64);  // the last layers, during the backward
+  Update update(fills, 2);
+  update.Begin(/*ahead_holds=*/true);
+  FillAhead(fills, 2, 7, 0, 24);  // the first, once decided
+  EXPECT_THAT(fills.Take(a), testing::Optional(int64_t{20 * 2}));
+  EXPECT_EQ(first.Holding(7), 20);
+  FillAhead(fills, 2, 7, 24, 40);
+  EXPECT_THAT(fills.Take(b), testing::Optional(int64_t{44 * 2}));
+  EXPECT_EQ(rest.Holding(7), 44);
+  for (int64_t t = 0; t < 8; ++t) update.Tile(t);
+  update.End(true);
+  EXPECT_EQ(first.Holding(7) + rest.Holding(7), kElems) << "not written again";
+}
+
+// Written ahead after an update began that does not keep the speculation,
+// or for another version's: not the registration's weights.
+TEST(PullFillsTest, WritesAheadIntoAnUpdateThatDropsTheSpeculationAreNotItsWeights) {
+  PullFills fills(2);
+  Destination dst(0, kElems);
+  const PullFills::Id id = fills.Register(2, dst.Copies(16), nullptr, /*early=*/true);
+  Update update(fills, 2);
+  update.Begin(/*ahead_holds=*/false);
+  FillAhead(fills, 2, 7, 0, kElems);
+  FillAhead(fills, 3, 8, 0, kElems);
+  EXPECT_EQ(dst.Holding(7) + dst.Holding(8), 0);
+  for (int64_t t = 0; t < 8; ++t) update.Tile(t);
+  EXPECT_THAT(fills.Take(id), testing::Optional(int64_t{kElems * 2}));
+  EXPECT_EQ(dst.Holding(2), kElems);
+  update.End(true);
 }
 
 TEST(PullFillsTest, ADroppedSpeculationIsWrittenAgain) {

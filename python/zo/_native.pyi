@@ -137,7 +137,10 @@ class Client:
     ) -> tuple[bool, float]:
         """Writes the weights the step computes on into dst (writable,
         contiguous buffers of the job's dtype, one per tensor index); returns
-        (whether dst changed, the loss scale of those weights)."""
+        (whether dst changed, the loss scale of those weights). With an
+        embedded server, a pull of some of the job's tensors may return
+        before the version is the job's (job_status may show the one
+        before); a pull of every tensor returns once it is."""
     @property
     def last_pulled_version(self) -> int:
         """The version the last pull_for_step brought or found unchanged (-1:

@@ -229,7 +229,12 @@ class OffloadClient {
   // servers until it exists. Returns false, leaving dst untouched, when the
   // weights equal those of `have_version` (only skipped steps between).
   // After an error dst may hold part of the version. `cancel` (may be null)
-  // ends the wait from another thread.
+  // ends the wait from another thread. Through an embedded server's
+  // in-process route, a pull of some of the job's tensors returns as soon
+  // as their weights are written, which may be before the version is the
+  // job's (JobStatus may still show the one before): a forward can start
+  // on its first layers while the servers write the last ones. A pull of
+  // every tensor returns once the version is the job's.
   absl::StatusOr<bool> Pull(int64_t version, int64_t have_version, absl::Span<const int> tensors,
                             absl::Span<const absl::Span<std::byte>> dst,
                             PullCancellation* cancel = nullptr);
