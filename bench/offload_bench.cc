@@ -207,6 +207,11 @@ class BenchJob {
   absl::Status Pull(int64_t version) {
     return client_->Pull(version, -1, all_tensors_, dst_).status();
   }
+  absl::Status PullTensor(int64_t version, int tensor) {
+    const std::vector<int> one = {tensor};
+    const std::vector<absl::Span<std::byte>> into = {dst_[static_cast<size_t>(tensor)]};
+    return client_->Pull(version, -1, one, into).status();
+  }
 
  private:
   BenchJob() = default;
@@ -361,35 +366,58 @@ class BackgroundPushes {
 
 struct OverlapResult {
   UpdateMode mode;
+  bool per_tensor = false;  // the forward waited for each tensor's pull
   double step_s = 0;
 };
 
 // Steps around a simulated compute of `compute_s`, as a worker takes
 // them: it has the version its step computes on (the step before's; with
 // DPU the one before that), starts pulling the next step's version in the
-// background at once (the servers make it from this step's gradients; with
-// DPU they are applying it), idles through a third of the compute
-// (the forward), then through the rest in one slice per tensor, handing
-// each tensor's gradients after its slice to BackgroundPushes, last tensor
+// background at once, a pull per tensor (or one for the whole version,
+// --overlap-pulls version; the servers make it from this step's
+// gradients; with DPU they are applying it), idles through a third of the
+// compute (the forward, a slice per tensor, each after its tensor's
+// weights are in: a forward needs layer 0's weights first, and a pull of
+// them may be answered before the rest of the version is written), then
+// through the rest in one slice per tensor, handing each
+// tensor's gradients after its slice to BackgroundPushes, last tensor
 // first (the backward, which makes them in that order), and ends the step
-// once they are all pushed. Its length is from the
-// wait for its weights to the acknowledgement, the next step's following
-// at once.
+// once they are all pushed. Its length is from the wait for its first
+// weights to the acknowledgement, the next step's following at once.
 absl::StatusOr<OverlapResult> MeasureOverlap(const OffloadBenchOptions& o, const std::string& route,
                                              UpdateMode mode, double compute_s) {
   ZO_ASSIGN_OR_RETURN(std::unique_ptr<BenchJob> job, BenchJob::Open(o, route, mode));
   const DpuConfig policy{.enabled = mode.dpu, .warmup_steps = 0};
-  const auto idle = [](double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); };
+  // The compute runs as a GPU's stream does: each slice ends its length
+  // after the later of the previous slice's end and its weights' arrival,
+  // however late this thread wakes on a busy CPU (sleeping slice by slice
+  // added every wake-up's delay: up to a third of the backward, with the
+  // servers' update on both cores).
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point device = Clock::now();
+  const auto compute = [&](double s) {
+    device += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+    std::this_thread::sleep_until(device);
+  };
   // Per micro-batch: a forward, then a backward slice per tensor.
   const double forward_s = compute_s / 3 / o.micro_batches;
   const double slice_s = compute_s * 2 / 3 / job->tensors() / o.micro_batches;
+  // With DPU the worker takes whole versions before its forward (below):
+  // pulling them a tensor at a time would only take threads.
+  const bool per_tensor = o.pull_per_tensor && !mode.dpu;
   // Two untimed steps: the first touch of the server's state, and with DPU
   // the first step that computes on an older version.
   constexpr int kWarmup = 2;
-  std::future<absl::Status> prefetch;
+  // The next step's version, a pull per tensor.
+  std::vector<std::future<absl::Status>> prefetch;
   int64_t prefetched = -1;
+  std::vector<std::future<absl::Status>> pulls;  // this step's
   absl::Cleanup join = [&] {
-    if (prefetch.valid()) prefetch.wait();
+    for (auto* futures : {&prefetch, &pulls}) {
+      for (std::future<absl::Status>& f : *futures) {
+        if (f.valid()) f.wait();
+      }
+    }
   };
   std::vector<double> step_s;
   BackgroundPushes pushes(job.get());
@@ -404,25 +432,50 @@ absl::StatusOr<OverlapResult> MeasureOverlap(const OffloadBenchOptions& o, const
     }
     const auto start = std::chrono::steady_clock::now();
     const int64_t version = VersionForStep(policy, step);
+    pulls.clear();
     if (std::exchange(prefetched, -1) == version) {
-      ZO_RETURN_IF_ERROR(prefetch.get());
+      pulls = std::exchange(prefetch, {});
     } else {
       ZO_RETURN_IF_ERROR(job->Pull(version));
     }
-    // The worker's combine itself is left out: on a GPU it reads 10 B per
-    // parameter at device bandwidth, a small fraction of a millisecond here.
+    // With DPU the worker combines whole versions (compensated) or has
+    // them by now: it takes them all before its forward. The combine
+    // itself is left out: on a GPU it reads 10 B per parameter at device
+    // bandwidth, a small fraction of a millisecond here.
+    if (mode.dpu) {
+      for (std::future<absl::Status>& f : pulls) ZO_RETURN_IF_ERROR(f.get());
+      pulls.clear();
+    }
     if (mode.compensated && version == step - 2)
       ZO_RETURN_IF_ERROR(job->AwaitCompensation(step - 1));
-    // The next step's pull waits for its version from now on: on the
-    // in-process route a speculative update fills it as it goes.
+    device = Clock::now();  // what came before the compute was waited for
+    // The next step's pulls wait for its version from now on: on the
+    // in-process route a speculative update fills them as it goes.
     if (const int64_t next = VersionForStep(policy, step + 1); next <= step) {
-      prefetch = std::async(std::launch::async, [&job, next] { return job->Pull(next); });
+      if (per_tensor) {
+        for (int t = 0; t < job->tensors(); ++t) {
+          prefetch.push_back(
+              std::async(std::launch::async, [&job, next, t] { return job->PullTensor(next, t); }));
+        }
+      } else {
+        prefetch.push_back(
+            std::async(std::launch::async, [&job, next] { return job->Pull(next); }));
+      }
       prefetched = next;
     }
     for (int mb = 0; mb < o.micro_batches; ++mb) {
-      idle(forward_s);
+      for (int t = 0; t < job->tensors(); ++t) {
+        // Tensor t's weights: its own pull's, or the whole version's.
+        const size_t pull = per_tensor ? static_cast<size_t>(t) : 0;
+        if (pull < pulls.size() && pulls[pull].valid()) {
+          ZO_RETURN_IF_ERROR(pulls[pull].get());
+          device = std::max(device, Clock::now());
+        }
+        compute(forward_s / job->tensors());
+      }
+      pulls.clear();
       for (int t = job->tensors() - 1; t >= 0; --t) {
-        idle(slice_s);
+        compute(slice_s);
         pushes.Push(step, t, mb);
       }
     }
@@ -430,7 +483,7 @@ absl::StatusOr<OverlapResult> MeasureOverlap(const OffloadBenchOptions& o, const
     ZO_RETURN_IF_ERROR(job->FinishStep(step));
     if (step > kWarmup) step_s.push_back(SecondsSince(start));
   }
-  return OverlapResult{.mode = mode, .step_s = Median(step_s)};
+  return OverlapResult{.mode = mode, .per_tensor = per_tensor, .step_s = Median(step_s)};
 }
 
 // The route's overlap rows: the synchronous update, the same with the
@@ -459,6 +512,7 @@ absl::Status ReportOverlap(const OffloadBenchOptions& o, const std::string& rout
                             {"speculative", r.mode.speculative},
                             {"dpu", r.mode.dpu},
                             {"compensated", r.mode.compensated},
+                            {"pulls", r.per_tensor ? "tensor" : "version"},
                             {"compute_s", compute_s},
                             {"servers_step_s", servers_step_s},
                             {"step_s", r.step_s},
@@ -467,13 +521,13 @@ absl::Status ReportOverlap(const OffloadBenchOptions& o, const std::string& rout
           << "\n";
     } else {
       out << absl::StrFormat(
-          "%-16s %10.1f  overlap: compute %.1f ms, dpu %s, speculative %s, %.2f x max(compute, "
-          "step alone)\n",
+          "%-16s %10.1f  overlap: compute %.1f ms, dpu %s, speculative %s, pulls per %s, %.2f x "
+          "max(compute, step alone)\n",
           route, 1e3 * r.step_s, 1e3 * compute_s,
           !r.mode.dpu          ? "off"
           : r.mode.compensated ? "compensated"
                                : "on",
-          r.mode.speculative ? "on" : "off", ratio);
+          r.mode.speculative ? "on" : "off", r.per_tensor ? "tensor" : "version", ratio);
     }
     out.flush();
   }

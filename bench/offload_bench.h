@@ -46,6 +46,11 @@ struct OffloadBenchOptions {
   // The worker's compute per step; 0: as long as the route's step without
   // compute (the servers' step alone), where overlap matters most.
   double compute_ms = 0;
+  // The overlap rows' worker pulls each tensor on its own and starts each
+  // tensor's part of the forward once that tensor's weights are in (a
+  // forward needing its first layers first); false: one pull of the whole
+  // version, waited for before the forward (as zo-train's worker does).
+  bool pull_per_tensor = false;
   bool json = false;
 };
 

@@ -166,6 +166,11 @@ ABSL_FLAG(std::string, compute_ms, "",
           "step is the whole step). offload: adds rows `overlap` per route, without and with "
           "DPU (plain and compensated), the pushes following the backward's slices; auto: as "
           "long as the route's step without compute");
+ABSL_FLAG(std::string, overlap_pulls, "version",
+          "offload: the overlap rows' worker pulls the next step's weights in one pull waited "
+          "for before the forward, as zo-train does (version), or a tensor at a time, each "
+          "tensor's part of the forward starting once its weights are in (tensor; not with "
+          "DPU, whose worker takes whole versions)");
 ABSL_FLAG(bool, checksums, true,
           "nvme: the step's block checksums, on as a server runs them (--nochecksums: off)");
 
@@ -218,12 +223,15 @@ constexpr char kUsage[] =
     "         DPU, and DPU compensated (each delayed step also waits for the step\n"
     "         before's decision, GetStepCompensation; the worker's combine, a GPU's\n"
     "         fraction of a millisecond, is left out): each step takes the version it\n"
-    "         computes on, starts pulling the next\n"
-    "         one, idles X/3 (a forward), then 2X/3 in 16 slices, handing a tensor to a\n"
-    "         pushing thread after each (a backward; per micro-batch, each 1/N of that),\n"
-    "         and ends the step once all are\n"
-    "         pushed; ratio = median step / max(X, the route's step alone); synchronous\n"
-    "         it is about 2 at auto by construction (target speculative: <= 1.2).\n"
+    "         computes on, starts pulling the next one (in one pull; --overlap-pulls\n"
+    "         tensor: a pull per tensor, and each 16th of the forward waits for its\n"
+    "         tensor's, without DPU), idles X/3 (a forward), then 2X/3 in 16 slices,\n"
+    "         handing a tensor to a pushing thread after each (a backward; per\n"
+    "         micro-batch, each 1/N of that), and ends the step once all are pushed;\n"
+    "         the compute keeps a device's clock (a late wake-up on a busy CPU does not\n"
+    "         lengthen it); ratio = median step / max(X, the route's step alone);\n"
+    "         synchronous it is about 2 at auto by construction (target speculative:\n"
+    "         <= 1.2). Rows add pulls (version or tensor).\n"
     "  scale  network namespaces as hosts: a worker host and --server-hosts server hosts\n"
     "         whose links tc caps at --link-mbit each way (0: uncapped); per count k, k\n"
     "         zo-servers hold a job of --scale-params fp16 elements (chunks of\n"
@@ -446,6 +454,12 @@ absl::StatusOr<bench::OffloadBenchOptions> OffloadOptionsFromFlags() {
     return absl::InvalidArgumentError("offload: --compute-ms wants ms > 0 or auto, got '" +
                                       compute + "'");
   }
+  const std::string pulls = absl::GetFlag(FLAGS_overlap_pulls);
+  if (pulls != "tensor" && pulls != "version") {
+    return absl::InvalidArgumentError("offload: --overlap-pulls wants tensor or version, got '" +
+                                      pulls + "'");
+  }
+  o.pull_per_tensor = pulls == "tensor";
   const int rounds = absl::GetFlag(FLAGS_rounds);
   o.rounds = rounds == 0 ? 5 : rounds;
   o.json = absl::GetFlag(FLAGS_json);
