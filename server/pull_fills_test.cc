@@ -162,6 +162,30 @@ TEST(PullFillsTest, ARegistrationAfterTheUpdateEndedIsRefused) {
   EXPECT_EQ(fills.size(), 0);
 }
 
+// Take on a thread of its own, as a puller waits while the update runs.
+class BackgroundTake {
+ public:
+  BackgroundTake(PullFills& fills, PullFills::Id id)
+      : thread_([this, &fills, id] {
+          bytes_ = fills.Take(id);
+          taken_ = true;
+        }) {}
+  ~BackgroundTake() {
+    if (thread_.joinable()) thread_.join();
+  }
+  bool taken() const { return taken_; }
+  // Waits for Take to return; its bytes.
+  std::optional<int64_t> Join() {
+    thread_.join();
+    return bytes_;
+  }
+
+ private:
+  std::atomic<bool> taken_{false};
+  std::optional<int64_t> bytes_;
+  std::thread thread_;  // last: starts once the rest is made
+};
+
 TEST(PullFillsTest, TakeWaitsForTheUpdateToEnd) {
   PullFills fills(2);
   Destination dst(0, 16);  // tiles 0 and 1 only
@@ -169,17 +193,11 @@ TEST(PullFillsTest, TakeWaitsForTheUpdateToEnd) {
   Update update(fills, 1);
   update.Begin();
   update.Tile(0);
-  std::atomic<bool> taken{false};
-  std::optional<int64_t> bytes;
-  std::thread puller([&] {
-    bytes = fills.Take(id);
-    taken = true;
-  });
+  BackgroundTake puller(fills, id);
   for (int64_t t = 1; t < 8; ++t) update.Tile(t);
-  EXPECT_FALSE(taken) << "the update has not ended, though its ranges are written";
+  EXPECT_FALSE(puller.taken()) << "the update has not ended, though its ranges are written";
   update.End(true);
-  puller.join();
-  EXPECT_THAT(bytes, testing::Optional(int64_t{16 * 2}));
+  EXPECT_THAT(puller.Join(), testing::Optional(int64_t{16 * 2}));
   EXPECT_EQ(dst.Holding(1), 16);
 }
 
@@ -193,17 +211,11 @@ TEST(PullFillsTest, TakeOfAnEarlyRegistrationWaitsForItsRangesOnly) {
   Update update(fills, 1);
   update.Begin();
   for (int64_t t : {7, 3, 0, 2}) update.Tile(t);
-  std::atomic<bool> taken{false};
-  std::optional<int64_t> bytes;
-  std::thread puller([&] {
-    bytes = fills.Take(id);
-    taken = true;
-  });
+  BackgroundTake puller(fills, id);
   update.Tile(5);
-  EXPECT_FALSE(taken) << "tile 1 is not written";
+  EXPECT_FALSE(puller.taken()) << "tile 1 is not written";
   update.Tile(1);
-  puller.join();
-  EXPECT_THAT(bytes, testing::Optional(int64_t{24 * 2}));
+  EXPECT_THAT(puller.Join(), testing::Optional(int64_t{24 * 2}));
   EXPECT_EQ(dst.Holding(1), 24);
   EXPECT_EQ(fills.size(), 0);
   update.Tile(4);
@@ -219,17 +231,11 @@ TEST(PullFillsTest, TakeOfAnEarlyRegistrationOfAWholeVersionWaitsForItsLastTile)
   Update update(fills, 1);
   update.Begin();
   update.Tile(0);
-  std::atomic<bool> taken{false};
-  std::optional<int64_t> bytes;
-  std::thread puller([&] {
-    bytes = fills.Take(id);
-    taken = true;
-  });
+  BackgroundTake puller(fills, id);
   for (int64_t t = 1; t < 7; ++t) update.Tile(t);
-  EXPECT_FALSE(taken) << "tile 7 is not written";
+  EXPECT_FALSE(puller.taken()) << "tile 7 is not written";
   update.Tile(7);
-  puller.join();
-  EXPECT_THAT(bytes, testing::Optional(int64_t{kElems * 2}));
+  EXPECT_THAT(puller.Join(), testing::Optional(int64_t{kElems * 2}));
   EXPECT_EQ(dst.Holding(1), kElems);
   update.End(true);
 }
