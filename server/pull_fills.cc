@@ -73,7 +73,6 @@ void PullFills::FillAhead(
   // After its update began keeping the speculation, what is written ahead
   // is the version's.
   const bool holds = updating_ == version && ahead_holds_;
-  bool whole = false;
   for (auto& [id, r] : registrations_) {
     if (r.version != version || !r.Overlaps(offset, n)) continue;
     const bool filling = r.state == State::kFilling && holds;
@@ -82,9 +81,8 @@ void PullFills::FillAhead(
     std::lock_guard hold(*r.ahead_mu);
     r.ahead.Add(offset, offset + n);
     r.written_ahead.Add(offset, offset + n);
-    if (filling) whole |= AddWritten(r, offset, n);
+    if (filling && AddWritten(r, offset, n)) r.changed->notify_all();
   }
-  if (whole) filled_.notify_all();
 }
 
 void PullFills::ForgetAhead() {
@@ -102,12 +100,11 @@ void PullFills::BeginUpdate(int64_t version, bool ahead_holds) {
       if (!ahead_holds) r.ahead.Clear();
       if (r.early) {
         r.written = r.ahead;
-        AddWritten(r, 0, 0);
+        if (AddWritten(r, 0, 0)) r.changed->notify_all();
       }
       ++filling_;
     }
   }
-  filled_.notify_all();
 }
 
 void PullFills::Fill(int64_t offset, int64_t n,
@@ -115,7 +112,6 @@ void PullFills::Fill(int64_t offset, int64_t n,
   if (filling_.load(std::memory_order_acquire) == 0) return;
   std::shared_lock lock(mu_);
   const int64_t end = offset + n;
-  bool whole = false;
   for (auto& entry : registrations_) {
     Registration& r = entry.second;  // a lambda below takes it
     // A tile done before the registration is the puller's to read; one
@@ -138,9 +134,8 @@ void PullFills::Fill(int64_t offset, int64_t n,
     }
     if (!wrote || !r.early) continue;
     std::lock_guard hold(*r.ahead_mu);
-    whole |= AddWritten(r, offset, n);
+    if (AddWritten(r, offset, n)) r.changed->notify_all();
   }
-  if (whole) filled_.notify_all();
 }
 
 void PullFills::EndUpdate(int64_t version, bool whole) {
@@ -151,9 +146,9 @@ void PullFills::EndUpdate(int64_t version, bool whole) {
     if (r.version == version && r.state == State::kFilling) {
       r.state = whole ? State::kFilled : State::kUnfilled;
       --filling_;
+      r.changed->notify_all();
     }
   }
-  filled_.notify_all();
 }
 
 absl::Status PullFills::ReadDoneBefore(
@@ -180,7 +175,8 @@ std::optional<int64_t> PullFills::Take(Id id, std::vector<Copy>* written_ahead) 
   auto it = registrations_.find(id);
   if (it == registrations_.end()) return std::nullopt;
   // (Only a registration made early becomes whole before its update ends.)
-  filled_.wait(lock, [&] { return it->second.state != State::kFilling || it->second.whole; });
+  it->second.changed->wait(lock,
+                           [&] { return it->second.state != State::kFilling || it->second.whole; });
   const Registration& r = it->second;
   std::optional<int64_t> bytes;
   if (r.state == State::kFilling) --filling_;  // whole before its update ended

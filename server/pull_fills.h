@@ -147,6 +147,11 @@ class PullFills {
     size_t first_unwritten = 0;  // into copies
     bool whole = false;
     std::unique_ptr<std::mutex> ahead_mu = std::make_unique<std::mutex>();
+    // It became whole or its update ended: its own, so that one puller's
+    // answer wakes no other (a worker pulling tensor by tensor waits on
+    // many at once).
+    std::unique_ptr<std::condition_variable_any> changed =
+        std::make_unique<std::condition_variable_any>();
   };
   // round() for the part of [offset, offset + n) that r's copies cover;
   // whether there was any.
@@ -160,7 +165,6 @@ class PullFills {
   // Fill holds mu_ shared, so that Register, Take and Withdraw (exclusive)
   // are ordered with each tile's fill.
   mutable std::shared_mutex mu_;
-  std::condition_variable_any filled_;  // a registration became whole, or its update ended
   std::map<Id, Registration> registrations_;
   Id next_ = 1;
   int64_t updating_ = -1;        // the version an update is writing, between Begin and EndUpdate
