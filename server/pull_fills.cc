@@ -17,10 +17,6 @@ PullFills::Id PullFills::Register(int64_t version, std::vector<Copy> copies,
   r.version = version;
   r.early = early;
   r.copies = std::move(copies);
-  for (const Copy& c : r.copies) {
-    r.extent_begin = std::min(r.extent_begin, c.local_offset);
-    r.extent_end = std::max(r.extent_end, c.local_offset + c.n);
-  }
   if (done_so_far) {
     // Counted before the snapshot: a tile marked done after the snapshot
     // finds filling_ set when its Fill looks.

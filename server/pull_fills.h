@@ -125,12 +125,11 @@ class PullFills {
     int64_t version = 0;
     State state = State::kWaiting;
     std::vector<Copy> copies;  // sorted by local_offset
-    // [extent_begin, extent_end): from the first copy's start to the last's
-    // end; a tile outside it is none of this registration's.
-    int64_t extent_begin = INT64_MAX;
-    int64_t extent_end = 0;
+    // Whether the tile [offset, offset + n) meets the span from the first
+    // copy's start to the last one's end (copies are sorted and disjoint).
     bool Overlaps(int64_t offset, int64_t n) const {
-      return offset < extent_end && offset + n > extent_begin;
+      return !copies.empty() && offset < copies.back().local_offset + copies.back().n &&
+             offset + n > copies.front().local_offset;
     }
     RangeSet done_before;
     // Written by FillAhead (several workers at once: under ahead_mu): what
