@@ -373,14 +373,14 @@ struct OverlapResult {
 // Steps around a simulated compute of `compute_s`, as a worker takes
 // them: it has the version its step computes on (the step before's; with
 // DPU the one before that), starts pulling the next step's version in the
-// background at once, a pull per tensor (or one for the whole version,
-// --overlap-pulls version; the servers make it from this step's
-// gradients; with DPU they are applying it), idles through a third of the
-// compute (the forward, a slice per tensor, each after its tensor's
-// weights are in: a forward needs layer 0's weights first, and a pull of
-// them may be answered before the rest of the version is written), then
-// through the rest in one slice per tensor, handing each
-// tensor's gradients after its slice to BackgroundPushes, last tensor
+// background at once, in one pull (or, --overlap-pulls tensor, a pull per
+// tensor; the servers make it from this step's gradients; with DPU they
+// are applying it), idles through a third of the compute (the forward, a
+// slice per tensor, each after its tensor's weights are in: a forward
+// needs layer 0's weights first, and a pull of them alone may be answered
+// before the rest of the version is written), then through the rest in
+// one slice per tensor, handing each tensor's gradients after its slice
+// to BackgroundPushes, last tensor
 // first (the backward, which makes them in that order), and ends the step
 // once they are all pushed. Its length is from the wait for its first
 // weights to the acknowledgement, the next step's following at once.
@@ -408,7 +408,7 @@ absl::StatusOr<OverlapResult> MeasureOverlap(const OffloadBenchOptions& o, const
   // Two untimed steps: the first touch of the server's state, and with DPU
   // the first step that computes on an older version.
   constexpr int kWarmup = 2;
-  // The next step's version, a pull per tensor.
+  // The next step's version: one pull, or one per tensor.
   std::vector<std::future<absl::Status>> prefetch;
   int64_t prefetched = -1;
   std::vector<std::future<absl::Status>> pulls;  // this step's
