@@ -91,9 +91,9 @@ absl::StatusOr<std::unique_ptr<OffloadServer>> OffloadServer::Start(const Server
       .max_jobs = options.max_jobs,
       .available_ram = {},  // /proc/meminfo
       .nvme_latency = options.inject_nvme_latency,
-      .speculated = {},
+      .speculated = options.test_speculated,
       .applying = {},
-      .committing = {},
+      .committing = options.test_committing,
   });
   impl->route = std::make_shared<EmbeddedRoute>(impl->registry.get());
   impl->metrics = std::make_shared<ServerMetrics>(impl->registry.get());

@@ -10,6 +10,7 @@
 #define ZO_SERVER_OFFLOAD_SERVER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -54,6 +55,9 @@ struct ServerOptions {
   absl::Duration accept_pings_every = kPingsAcceptedEvery;
   // Testing: every NVMe swap read and write takes at least this long.
   absl::Duration inject_nvme_latency;
+  // Tests: every job's step hooks (JobResources::speculated, committing).
+  std::function<void(int64_t step, int64_t chunks)> test_speculated;
+  std::function<void(int64_t step)> test_committing;
 };
 
 class OffloadServer {
