@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
+#include <set>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -180,6 +182,94 @@ TEST(EmbeddedServerTest, PullForStepInBatchesHandsOverEachBatchThroughOneBuffer)
   EXPECT_EQ(handed, (std::vector<size_t>{0, 1}));
   client.reset();
   server->Shutdown(absl::Seconds(1));
+}
+
+// The batches of a pull as written all arrive, together equal to one pull
+// of everything, over the in-process route (where each is registered for
+// the update to write) and over a channel; `registered` runs once per
+// pull; an unchanged version hands over nothing; a failing hand-over ends
+// the pull with its error and the next call pulls whole again.
+TEST(EmbeddedServerTest, PullForStepAsWrittenHandsOverEveryBatch) {
+  for (const bool route : {true, false}) {
+    SCOPED_TRACE(route ? "in-process route" : "in-process channel");
+    ServerOptions server_options;
+    server_options.listen = "";
+    ZO_ASSERT_OK_AND_ASSIGN(auto server, OffloadServer::Start(server_options));
+    ClientOptions options;
+    options.job = "as-written";
+    options.channels = {server->InProcessChannel()};
+    if (route) options.routes = {server->DataRoute()};
+    const std::string config = R"({"train_batch_size": 1,
+        "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "zo": {"chunk_elems": 8}})";
+    ZO_ASSERT_OK_AND_ASSIGN(auto client, OffloadClient::Open(options, config,
+                                                             {{"a", {12}, DType::kFloat32},
+                                                              {"b", {5}, DType::kFloat32},
+                                                              {"c", {20}, DType::kFloat32}}));
+    std::vector<float> g(37);
+    for (size_t i = 0; i < g.size(); ++i) g[i] = 0.01f * static_cast<float>(i % 7) - 0.02f;
+    auto push = [&](int64_t step) {
+      const auto* bytes = reinterpret_cast<const std::byte*>(g.data());
+      for (const auto& [tensor, from, n] : {std::tuple{0, 0, 12}, {1, 12, 5}, {2, 17, 20}}) {
+        ZO_RETURN_IF_ERROR(client->Push(step, tensor, {bytes + from * 4, size_t{4} * n}));
+      }
+      return client->FinishStep(step);
+    };
+    ASSERT_THAT(push(1), IsOk());
+    std::vector<std::byte> whole(37 * 4);
+    const auto spans = [](std::vector<std::byte>& v) {
+      return std::vector<absl::Span<std::byte>>{absl::MakeSpan(v).subspan(0, 48),
+                                                absl::MakeSpan(v).subspan(48, 20),
+                                                absl::MakeSpan(v).subspan(68, 80)};
+    };
+    const std::vector<absl::Span<std::byte>> whole_dst = spans(whole);
+    ASSERT_THAT(client->Pull(1, -1, {0, 1, 2}, whole_dst).status(), IsOk());
+
+    // Batches {a, b} and {c}, each into its own part of `got`.
+    std::vector<std::byte> got(37 * 4);
+    const std::vector<absl::Span<std::byte>> got_dst = spans(got);
+    const std::vector<int> first = {0, 1}, second = {2};
+    const std::vector<OffloadClient::PullBatch> batches = {
+        {first, absl::MakeConstSpan(got_dst).subspan(0, 2)},
+        {second, absl::MakeConstSpan(got_dst).subspan(2, 1)}};
+    std::mutex mu;
+    std::set<size_t> handed;
+    int registered = 0;
+    const auto arrived = [&](size_t b) {
+      std::lock_guard lock(mu);
+      EXPECT_TRUE(handed.insert(b).second) << "batch " << b << " handed over twice";
+      return absl::OkStatus();
+    };
+    const auto count = [&] {
+      std::lock_guard lock(mu);
+      ++registered;
+    };
+    ZO_ASSERT_OK_AND_ASSIGN(bool changed, client->PullForStepAsWritten(2, batches, arrived, count));
+    EXPECT_TRUE(changed);
+    EXPECT_EQ(handed, (std::set<size_t>{0, 1}));
+    EXPECT_EQ(registered, 1);
+    EXPECT_EQ(got, whole);
+
+    handed.clear();
+    ZO_ASSERT_OK_AND_ASSIGN(bool again, client->PullForStepAsWritten(2, batches, arrived, count));
+    EXPECT_FALSE(again);
+    EXPECT_TRUE(handed.empty());
+    EXPECT_EQ(registered, 2);
+
+    ASSERT_THAT(push(2), IsOk());
+    EXPECT_THAT(client
+                    ->PullForStepAsWritten(
+                        3, batches, [](size_t) { return absl::DataLossError("device gone"); })
+                    .status(),
+                StatusIs(absl::StatusCode::kDataLoss, HasSubstr("device gone")));
+    handed.clear();
+    ZO_ASSERT_OK_AND_ASSIGN(bool retried, client->PullForStepAsWritten(3, batches, arrived));
+    EXPECT_TRUE(retried);
+    EXPECT_EQ(handed, (std::set<size_t>{0, 1}));
+    ASSERT_THAT(client->Pull(2, -1, {0, 1, 2}, whole_dst).status(), IsOk());
+    EXPECT_EQ(got, whole);
+    client.reset();
+    server->Shutdown(absl::Seconds(1));
+  }
 }
 
 // A client keeps the instance of the job it opened: once the job is closed

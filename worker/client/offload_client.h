@@ -261,7 +261,8 @@ class OffloadClient {
   // its own dst, and `pulled(b)` (may be null) is called once batch b is
   // there, before the next is pulled, so the batches' dst may share memory.
   // When the version is unchanged nothing is pulled and `pulled` is not
-  // called. An error from `pulled` ends the pull with it.
+  // called. An error from `pulled` ends the pull with it. `loss_scale` is
+  // written before the first `pulled` call.
   struct PullBatch {
     absl::Span<const int> tensors;
     absl::Span<const absl::Span<std::byte>> dst;
@@ -270,6 +271,27 @@ class OffloadClient {
                                             const std::function<absl::Status(size_t batch)>& pulled,
                                             double* loss_scale = nullptr,
                                             PullCancellation* cancel = nullptr);
+
+  // PullForStep with the tensors cut into batches that are all pulled at
+  // once (their dst must not overlap): `arrived(b)` runs as soon as batch b
+  // is there, on the batch's own thread, so in any order and possibly for
+  // several at once. Through the in-process route the servers answer a
+  // batch of some of the job's tensors as soon as they have written it
+  // (Pull): a forward can start on its first layers' batch while the
+  // servers still write the last ones, and since every batch registers
+  // at once, an update or a speculation writes each straight into its dst.
+  // When the version is unchanged nothing is pulled and `arrived` is not
+  // called; an error from `arrived` ends the pull with it. `loss_scale` is
+  // written before the first `arrived` call. `registered` (may be null)
+  // runs once, as soon as every batch is registered where its servers
+  // write it (or its call has begun, off the in-process route), or the
+  // pull ended: a caller that waits for it knows that gradients pushed
+  // from then on make weights written straight into dst.
+  absl::StatusOr<bool> PullForStepAsWritten(
+      int64_t step, absl::Span<const PullBatch> batches,
+      const std::function<absl::Status(size_t batch)>& arrived,
+      const std::function<void()>& registered = nullptr, double* loss_scale = nullptr,
+      PullCancellation* cancel = nullptr);
 
   // Bytes queued by the pushes and written into dst by the pulls so far
   // (the payload, not the wire framing): for metrics.

@@ -1,9 +1,12 @@
 // OffloadClient's pulls of weights, over any route, and their cancellation.
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
@@ -30,7 +33,8 @@ using client_internal::RunInParallel;
 
 absl::Status OffloadClient::Impl::PullFrom(int server, int stripe, int stripes, int64_t version,
                                            int64_t have_version, PullReceiver& receiver,
-                                           CallGroup& group) {
+                                           CallGroup& group,
+                                           const std::function<void()>& registered) {
   v1::PullParamsRequest request;
   request.set_job(options.job);
   request.set_version(version);
@@ -41,7 +45,8 @@ absl::Status OffloadClient::Impl::PullFrom(int server, int stripe, int stripes, 
     request.set_stripe(stripe);
     request.set_stripes(stripes);
   }
-  if (routes[server] != nullptr) return PullLocal(server, request, receiver, group);
+  if (routes[server] != nullptr) return PullLocal(server, request, receiver, group, registered);
+  if (registered) registered();  // nothing to register: the call begins
   // Once RegionPullBuffers lent the weights area's bytes, a pull into other
   // buffers takes gRPC: the region would change what the lent ones hold.
   uint64_t region = RegionId(server);
@@ -77,7 +82,7 @@ absl::Status OffloadClient::Impl::PullFrom(int server, int stripe, int stripes, 
     // The server lost this worker's region (it restarted): over gRPC.
     DropRegion(server, pulled);
     region_lock.unlock();
-    return PullFrom(server, stripe, stripes, version, have_version, receiver, group);
+    return PullFrom(server, stripe, stripes, version, have_version, receiver, group, nullptr);
   }
   return pulled;
 }
@@ -134,15 +139,19 @@ absl::Status OffloadClient::Impl::AwaitLocalVersion(int server,
 }
 
 absl::Status OffloadClient::Impl::PullLocal(int server, const v1::PullParamsRequest& request,
-                                            PullReceiver& receiver, CallGroup& group) {
+                                            PullReceiver& receiver, CallGroup& group,
+                                            const std::function<void()>& registered) {
   InProcessRoute& route = *routes[server];
   const auto place = [&](const InProcessRoute::PulledRange& r) {
     return receiver.Place(r.tensor, r.offset, r.elems);
   };
+  bool said = false;
   return RetryCall(call, names[server], &group, [&](grpc::ClientContext&) -> absl::Status {
     receiver.Reset();
     // The next version's update writes the weights here itself when it can.
-    ZO_ASSIGN_OR_RETURN(const uint64_t fill, route.RegisterPull(request, place));
+    absl::StatusOr<uint64_t> registration = route.RegisterPull(request, place);
+    if (registered && !std::exchange(said, true)) registered();
+    ZO_ASSIGN_OR_RETURN(const uint64_t fill, std::move(registration));
     if (fill == 0) receiver.Reset();  // it may have asked for places before saying no
     absl::Cleanup withdraw = [&] {
       if (fill != 0) route.WithdrawPull(fill);
@@ -185,7 +194,16 @@ absl::Status OffloadClient::Impl::WithStuckPeer(absl::Status error) {
 absl::StatusOr<bool> OffloadClient::Impl::Pull(int64_t version, int64_t have_version,
                                                absl::Span<const int> tensors,
                                                absl::Span<const absl::Span<std::byte>> dst,
-                                               double* loss_scale, CallGroup* cancel) {
+                                               double* loss_scale, CallGroup* cancel,
+                                               const std::function<void()>& registered) {
+  // Runs `registered` once, when it is called for the last part or when
+  // this returns, whichever comes first.
+  std::atomic<size_t> unregistered{0};
+  std::once_flag said;
+  const auto say = [&] {
+    if (registered) std::call_once(said, registered);
+  };
+  absl::Cleanup say_at_end = say;
   ZO_RETURN_IF_ERROR(CheckState());
   if (version < 0 || have_version < -1) {
     return absl::InvalidArgumentError(
@@ -234,9 +252,13 @@ absl::StatusOr<bool> OffloadClient::Impl::Pull(int64_t version, int64_t have_ver
   if (cancel != nullptr && !cancel->AddChild(&group)) {
     return absl::CancelledError(absl::StrCat("the pull of version ", version, " was cancelled"));
   }
+  unregistered = receivers.size();
+  const std::function<void()> part_registered = [&] {
+    if (unregistered.fetch_sub(1) == 1) say();
+  };
   absl::Status pulled = RunInParallel(receivers.size(), group, [&](size_t i) {
     return PullFrom(parts[i].server, parts[i].stripe, parts[i].stripes, version, have_version,
-                    *receivers[i], group);
+                    *receivers[i], group, registered ? part_registered : nullptr);
   });
   if (cancel != nullptr) cancel->RemoveChild(&group);
   if (!pulled.ok()) return WithStuckPeer(std::move(pulled));
@@ -294,23 +316,24 @@ absl::StatusOr<bool> OffloadClient::PullForStep(int64_t step, absl::Span<const i
   return PullForStepInBatches(step, {&whole, 1}, nullptr, loss_scale, cancel);
 }
 
-absl::StatusOr<bool> OffloadClient::PullForStepInBatches(
-    int64_t step, absl::Span<const PullBatch> batches,
-    const std::function<absl::Status(size_t batch)>& pulled, double* loss_scale,
-    PullCancellation* cancel) {
+absl::StatusOr<int64_t> OffloadClient::Impl::StepVersion(int64_t step) {
   if (step < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot pull for step ", step, ": steps are numbered from 1"));
   }
+  // After a restore to v_r the servers hold v_{r-1} only when the
+  // checkpoint kept it; otherwise the first step of a resumed DPU run
+  // computes on v_r rather than v_{r-1}.
+  std::lock_guard state_lock(state_mu);
+  return std::max(VersionForStep(config.zo.dpu, step), base_version);
+}
+
+absl::StatusOr<bool> OffloadClient::PullForStepInBatches(
+    int64_t step, absl::Span<const PullBatch> batches,
+    const std::function<absl::Status(size_t batch)>& pulled, double* loss_scale,
+    PullCancellation* cancel) {
   std::lock_guard lock(impl_->pull_for_step_mu);
-  int64_t version = VersionForStep(impl_->config.zo.dpu, step);
-  {
-    // After a restore to v_r the servers hold v_{r-1} only when the
-    // checkpoint kept it; otherwise the first step of a resumed DPU run
-    // computes on v_r rather than v_{r-1}.
-    std::lock_guard state_lock(impl_->state_mu);
-    version = std::max(version, impl_->base_version);
-  }
+  ZO_ASSIGN_OR_RETURN(const int64_t version, impl_->StepVersion(step));
   bool changed = false;
   if (version != impl_->pulled_version) {
     const int64_t have = impl_->pulled_version;
@@ -330,12 +353,86 @@ absl::StatusOr<bool> OffloadClient::PullForStepInBatches(
         return absl::InternalError(absl::StrCat("the pull of version ", version, " over version ",
                                                 have, " changed batch 0 but not batch ", b));
       }
-      if (pulled) ZO_RETURN_IF_ERROR(pulled(b));
+      if (pulled) {
+        if (loss_scale != nullptr) *loss_scale = impl_->pulled_loss_scale;
+        ZO_RETURN_IF_ERROR(pulled(b));
+      }
     }
     impl_->pulled_version = version;
   }
   if (loss_scale != nullptr) *loss_scale = impl_->pulled_loss_scale;
   return changed;
+}
+
+absl::StatusOr<bool> OffloadClient::PullForStepAsWritten(
+    int64_t step, absl::Span<const PullBatch> batches,
+    const std::function<absl::Status(size_t batch)>& arrived,
+    const std::function<void()>& registered, double* loss_scale, PullCancellation* cancel) {
+  std::once_flag said;
+  const auto say = [&] {
+    if (registered) std::call_once(said, registered);
+  };
+  absl::Cleanup say_at_end = say;
+  std::lock_guard lock(impl_->pull_for_step_mu);
+  ZO_ASSIGN_OR_RETURN(const int64_t version, impl_->StepVersion(step));
+  if (version != impl_->pulled_version) {
+    const int64_t have = impl_->pulled_version;
+    // A failed pull may have written part of dst: the next call pulls whole.
+    impl_->pulled_version = -1;
+    // A batch of tensors without elements holds any version: it is not
+    // pulled, and arrives once the others said whether the version changed.
+    const auto empty = [&](size_t b) {
+      return std::all_of(batches[b].dst.begin(), batches[b].dst.end(),
+                         [](const absl::Span<std::byte>& d) { return d.empty(); });
+    };
+    std::mutex mu;
+    std::optional<bool> changed;  // guarded by mu; the first batch's answer
+    double scale = 1;             // guarded by mu
+    CallGroup group;
+    if (cancel != nullptr && !cancel->group_->AddChild(&group)) {
+      return absl::CancelledError(absl::StrCat("the pull of version ", version, " was cancelled"));
+    }
+    std::atomic<size_t> unregistered{0};
+    for (size_t b = 0; b < batches.size(); ++b) unregistered += empty(b) ? 0 : 1;
+    if (unregistered == 0) say();
+    const std::function<void()> batch_registered = [&] {
+      if (unregistered.fetch_sub(1) == 1) say();
+    };
+    absl::Status pulled = RunInParallel(batches.size(), group, [&](size_t b) -> absl::Status {
+      if (empty(b)) return absl::OkStatus();
+      double batch_scale = 1;
+      ZO_ASSIGN_OR_RETURN(
+          const bool batch_changed,
+          impl_->Pull(version, have, batches[b].tensors, batches[b].dst, &batch_scale, &group,
+                      registered ? batch_registered : nullptr));
+      {
+        std::lock_guard batch_lock(mu);
+        if (!changed.has_value()) {
+          changed = batch_changed;
+          scale = batch_scale;
+          if (loss_scale != nullptr) *loss_scale = scale;
+        } else if (*changed != batch_changed) {
+          // One version against another is unchanged everywhere or nowhere.
+          return absl::InternalError(absl::StrCat("the pull of version ", version, " over version ",
+                                                  have, " changed some batches but not others"));
+        }
+      }
+      return batch_changed && arrived ? arrived(b) : absl::OkStatus();
+    });
+    if (cancel != nullptr) cancel->group_->RemoveChild(&group);
+    ZO_RETURN_IF_ERROR(pulled);
+    if (changed.value_or(true) && arrived) {
+      for (size_t b = 0; b < batches.size(); ++b) {
+        if (empty(b)) ZO_RETURN_IF_ERROR(arrived(b));
+      }
+    }
+    impl_->pulled_loss_scale = scale;
+    impl_->pulled_version = version;
+    if (loss_scale != nullptr) *loss_scale = scale;
+    return changed.value_or(true);
+  }
+  if (loss_scale != nullptr) *loss_scale = impl_->pulled_loss_scale;
+  return false;
 }
 
 }  // namespace zo

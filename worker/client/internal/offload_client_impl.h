@@ -163,17 +163,23 @@ struct OffloadClient::Impl {
   // One server's part of InitParams, retried (a range sent again overwrites).
   absl::Status InitParamsOn(int server, const std::vector<PushPiece>& pieces,
                             absl::Span<const float> values, client_internal::CallGroup& group);
+  // `registered` (may be null) runs once, as soon as every server's part
+  // is registered where its server writes it (the in-process route) or
+  // has begun (the others), or the pull ended.
   absl::StatusOr<bool> Pull(int64_t version, int64_t have_version, absl::Span<const int> tensors,
                             absl::Span<const absl::Span<std::byte>> dst, double* loss_scale,
-                            client_internal::CallGroup* cancel);
+                            client_internal::CallGroup* cancel,
+                            const std::function<void()>& registered = nullptr);
   // One server's part of a Pull (stripe `stripe` of `stripes`, over
-  // connection `stripe`), retried.
+  // connection `stripe`), retried; `registered` (may be null) runs when
+  // its first attempt is registered or has begun, at most once.
   absl::Status PullFrom(int server, int stripe, int stripes, int64_t version, int64_t have_version,
-                        client_internal::PullReceiver& receiver, client_internal::CallGroup& group);
+                        client_internal::PullReceiver& receiver, client_internal::CallGroup& group,
+                        const std::function<void()>& registered = nullptr);
   // The same over server `server`'s in-process route.
   absl::Status PullLocal(int server, const v1::PullParamsRequest& request,
-                         client_internal::PullReceiver& receiver,
-                         client_internal::CallGroup& group);
+                         client_internal::PullReceiver& receiver, client_internal::CallGroup& group,
+                         const std::function<void()>& registered = nullptr);
   // Waits on the in-process route until the request's version exists, at
   // most until `deadline`; `group` cancels the wait.
   absl::Status AwaitLocalVersion(int server, const v1::PullParamsRequest& request,
@@ -395,6 +401,8 @@ struct OffloadClient::Impl {
   int64_t base_version = 0;  // guarded by state_mu
 
   // Serializes PullForStep (and Restore, which invalidates what it pulled).
+  // The version PullForStep pulls for `step` (InvalidArgument below 1).
+  absl::StatusOr<int64_t> StepVersion(int64_t step);
   std::mutex pull_for_step_mu;
   int64_t pulled_version = -1;   // guarded by pull_for_step_mu; -1: nothing pulled
   double pulled_loss_scale = 1;  // its steps' loss scale; guarded by pull_for_step_mu
