@@ -264,44 +264,140 @@ void OffloadLink::MaybePrefetch(int64_t step) {
   prefetch_ =
       std::thread([this, client = client_, step, cancel = prefetch_cancel_.get(), a = arrivals_] {
         const int64_t version = VersionForStep(client->config().zo.dpu, step);
+        const std::vector<size_t> ends = PullBatchEnds(*client);
+        std::vector<OffloadClient::PullBatch> batches;
+        for (size_t b = 0, begin = 0; b < ends.size(); begin = ends[b++]) {
+          batches.push_back(
+              {.tensors = absl::MakeConstSpan(pulled_tensors_).subspan(begin, ends[b] - begin),
+               .dst = absl::MakeConstSpan(host_).subspan(begin, ends[b] - begin)});
+        }
+        // Batches arrive in any order; their uploads are queued in layer order
+        // (a device copies the first layers first), each batch once those
+        // before it are there.
+        std::mutex order_mu;
+        std::shared_ptr<const void> mark;         // guarded by order_mu
+        bool decided = false;                     // guarded by order_mu; a->pulled is set
+        std::vector<char> there(ends.size(), 0);  // guarded by order_mu
+        size_t queued = 0;                        // batches queued; guarded by order_mu
+        double loss_scale = 1;
+        // On the in-process route the servers answer a batch once they have
+        // written it, so the first layers compute while the last are still
+        // being updated.
+        const auto arrived = [&](size_t b) -> absl::Status {
+          std::lock_guard<std::mutex> order(order_mu);
+          if (!decided) {
+            // Before the step these weights are for can queue any compute:
+            // the uploads wait for the work queued up to here (the step
+            // before, whose weights these tensors held), not for the first
+            // layers of their own step.
+            mark = backend_.QueuedWorkMark();
+            prefetch_changed_ = true;
+            prefetch_status_ = absl::OkStatus();
+            prefetch_loss_scale_ = loss_scale;
+            decided = true;
+            {
+              std::lock_guard<std::mutex> lock(a->mu);
+              a->pulled = true;
+              a->done.assign(a->targets.size(), 0);
+            }
+            a->changed.notify_all();
+          }
+          there[b] = 1;
+          for (; queued < ends.size() && there[queued]; ++queued) {
+            const size_t begin = queued == 0 ? 0 : ends[queued - 1];
+            {
+              std::lock_guard<std::mutex> lock(a->mu);
+              a->uploads = ends[queued];
+            }
+            for (size_t i = begin; i < ends[queued]; ++i) {
+              backend_.UploadAsyncAfter(host_[i], a->targets[i], mark, [a, i](absl::Status s) {
+                {
+                  std::lock_guard<std::mutex> lock(a->mu);
+                  a->done[i] = s.ok() ? 1 : 0;  // a failed one is never ready
+                  if (!s.ok() && a->error.ok()) a->error = std::move(s);
+                  ++a->finished;
+                  while (a->ready < a->done.size() && a->done[a->ready]) ++a->ready;
+                }
+                a->changed.notify_all();
+              });
+            }
+          }
+          return absl::OkStatus();
+        };
         absl::StatusOr<bool> changed;
+        bool any = false;
         do {
-          changed =
-              client->PullForStep(step, pulled_tensors_, host_, &prefetch_loss_scale_, cancel);
+          changed = client->PullForStepAsWritten(
+              step, batches, arrived,
+              [a] {
+                {
+                  std::lock_guard<std::mutex> lock(a->mu);
+                  a->registered = true;
+                }
+                a->changed.notify_all();
+              },
+              &loss_scale, cancel);
+          std::lock_guard<std::mutex> order(order_mu);
+          any = decided;
           // A pull that outwaits the client's call timeout while this worker's
           // own step, whose pushes make the version, still runs (a long step,
-          // not a stuck server) waits again.
-        } while (absl::IsDeadlineExceeded(changed.status()) && !cancel->cancelled() &&
+          // not a stuck server) waits again, unless part of it came.
+        } while (!any && absl::IsDeadlineExceeded(changed.status()) && !cancel->cancelled() &&
                  pushed_.load() < version);
-        prefetch_changed_ = changed.ok() && *changed;
+        if (any) {
+          // The step may be computing on the first batches: one that failed
+          // fails the layers that await it.
+          if (!changed.ok()) {
+            {
+              std::lock_guard<std::mutex> lock(a->mu);
+              if (a->error.ok()) a->error = changed.status();
+            }
+            a->changed.notify_all();
+          }
+          return;
+        }
+        prefetch_changed_ = false;
         prefetch_status_ = changed.status();
-        // Before the step these weights are for can queue any compute: the
-        // uploads wait for the work queued up to here (the step before,
-        // whose weights these tensors held), not for the first layers of
-        // their own step.
-        const std::shared_ptr<const void> mark =
-            prefetch_changed_ ? backend_.QueuedWorkMark() : nullptr;
+        prefetch_loss_scale_ = loss_scale;
         {
           std::lock_guard<std::mutex> lock(a->mu);
           a->pulled = true;
-          a->uploads = prefetch_changed_ ? a->targets.size() : 0;
-          a->done.assign(a->uploads, 0);
         }
         a->changed.notify_all();
-        // In layer order, for the layers to wait for one by one.
-        for (size_t i = 0; i < a->uploads; ++i) {
-          backend_.UploadAsyncAfter(host_[i], a->targets[i], mark, [a, i](absl::Status s) {
-            {
-              std::lock_guard<std::mutex> lock(a->mu);
-              a->done[i] = s.ok() ? 1 : 0;  // a failed one is never ready
-              if (!s.ok() && a->error.ok()) a->error = std::move(s);
-              ++a->finished;
-              while (a->ready < a->done.size() && a->done[a->ready]) ++a->ready;
-            }
-            a->changed.notify_all();
-          });
-        }
       });
+  // Its pulls are registered before the step goes on: the servers' update
+  // of the version, a speculative one during this step's backward, then
+  // writes into them as it goes (one registered after its chunk was
+  // speculated waits for the version's commit).
+  std::unique_lock<std::mutex> lock(arrivals_->mu);
+  arrivals_->changed.wait(lock, [a = arrivals_.get()] { return a->registered; });
+}
+
+std::vector<size_t> OffloadLink::PullBatchEnds(OffloadClient& client) const {
+  // Only the in-process route answers a pull of some tensors before the
+  // version is whole; elsewhere batches would only add round trips.
+  const std::vector<std::string> routes = client.routes();
+  const bool early = std::all_of(routes.begin(), routes.end(),
+                                 [](const std::string& r) { return r == "in_process"; });
+  if (!early || params_.size() < 2) return {params_.size()};
+  // Batches of about a kPullBatches-th of the stage's bytes each: fewer
+  // calls than one per tensor, and the first layers still come early.
+  size_t total = 0;
+  for (const absl::Span<std::byte>& h : host_) total += h.size();
+  const size_t target = std::max<size_t>(1, total / kPullBatches);
+  std::vector<size_t> ends;
+  size_t bytes = 0;
+  for (size_t i = 0; i < host_.size(); ++i) {
+    bytes += host_[i].size();
+    if (bytes >= target) {
+      ends.push_back(i + 1);
+      bytes = 0;
+    }
+  }
+  // What is left after the last full batch joins it.
+  if (ends.empty()) ends.push_back(host_.size());
+  ends.back() = host_.size();
+  return ends;
 }
 
 void OffloadLink::JoinPrefetch() {

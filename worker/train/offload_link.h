@@ -8,10 +8,13 @@
 // route the servers' update, a speculative one as it goes, writes straight
 // into it); with DPU that version is the one before, which the servers
 // are applying, so the update, the pull and the upload all overlap step s.
-// The step boundary waits for the pull only: the uploads, in layer order,
-// go on while the first layers compute (AwaitWeights holds a layer until
-// its own weights are there), except with the DPU compensation, which
-// combines whole versions.
+// The step boundary waits for the pull's first batch only: the rest of the
+// pull and the uploads, in layer order, go on while the first layers
+// compute (AwaitWeights holds a layer until its own weights are there),
+// except with the DPU compensation, which combines whole versions. On the
+// in-process route the pull is cut into batches that the servers answer
+// as soon as they wrote them, so the next step's first layers compute
+// while its last ones are still being updated; elsewhere it is one batch.
 //
 // Streaming (LoadHostWeights, zero_optimization.offload_param): the stage's
 // window uploads the weights layer by layer; there is no device set and no
@@ -136,8 +139,14 @@ class OffloadLink final : public model::ParamLink {
   // Starts the prefetch of `step` when none runs, the step before's
   // uploads are all there, and its version's gradients are pushed, or are
   // the ones the step now running pushes (a step that fails cancels it:
-  // LoadWeights of any other step does).
+  // LoadWeights of any other step does), and returns once its pulls are
+  // registered with the servers.
   void MaybePrefetch(int64_t step);
+  // Where the prefetch's pull of the stage's weights is cut into batches
+  // (ends of ranges of params_, in order): one batch unless every route is
+  // the in-process one, which answers a batch once the servers wrote it.
+  std::vector<size_t> PullBatchEnds(OffloadClient& client) const;
+  static constexpr size_t kPullBatches = 16;
   // Waits for the prefetch thread and for every upload it queued; their
   // outcome stays in prefetch_* and arrivals_.
   void JoinPrefetch();
@@ -199,12 +208,16 @@ class OffloadLink final : public model::ParamLink {
   struct Arrivals {
     std::mutex mu;
     std::condition_variable changed;
-    bool pulled = false;  // the pull ended: prefetch_* hold its outcome
-    size_t uploads = 0;   // queued once pulled (0: nothing to upload)
+    // The pull's first batch came, or the pull ended before it (failed or
+    // unchanged): prefetch_* hold its outcome.
+    bool pulled = false;
+    // Its pulls are registered with the servers (or the pull ended).
+    bool registered = false;
+    size_t uploads = 0;   // queued so far (0: nothing to upload)
     size_t finished = 0;  // completions so far, in any order
     std::vector<char> done;
     size_t ready = 0;                      // params [0, ready) are uploaded
-    absl::Status error;                    // the first failed upload
+    absl::Status error;                    // the first failed upload or later batch
     std::vector<backend::Tensor> targets;  // idle_ when the prefetch began
   };
   std::shared_ptr<Arrivals> arrivals_;  // of the prefetch in flight or last

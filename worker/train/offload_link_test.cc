@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <limits>
 #include <map>
 #include <memory>
@@ -20,6 +21,7 @@
 #include "common/convert.h"
 #include "common/dpu_policy.h"
 #include "common/memory_estimate.h"
+#include "common/status_macros.h"
 #include "common/testing/status_matchers.h"
 #include "gtest/gtest.h"
 #include "server/offload_server.h"
@@ -40,13 +42,16 @@ struct Fixture {
   std::vector<TensorSpec> manifest;
 };
 
-void StartServerAndParams(Fixture& f, DType dtype = DType::kBFloat16) {
-  ServerOptions server_options;
+// An embedded server with `server_options` (listening nowhere) and the
+// params `shapes`, in layer order.
+void StartServerWithParams(Fixture& f, ServerOptions server_options,
+                           const std::vector<std::pair<std::string, backend::Shape>>& shapes,
+                           DType dtype = DType::kBFloat16) {
   server_options.listen = "";
   auto server = OffloadServer::Start(server_options);
   ASSERT_TRUE(server.ok()) << server.status();
   f.server = std::move(*server);
-  for (auto [name, shape] : {std::pair<std::string, backend::Shape>{"a", {3, 5}}, {"b", {7}}}) {
+  for (const auto& [name, shape] : shapes) {
     model::Param p;
     p.name = name;
     p.shape = shape;
@@ -57,6 +62,10 @@ void StartServerAndParams(Fixture& f, DType dtype = DType::kBFloat16) {
     f.manifest.push_back({name, shape, dtype});
   }
   for (model::Param& p : f.params) f.pointers.push_back(&p);
+}
+
+void StartServerAndParams(Fixture& f, DType dtype = DType::kBFloat16) {
+  StartServerWithParams(f, ServerOptions{}, {{"a", {3, 5}}, {"b", {7}}}, dtype);
 }
 
 TEST(OffloadLinkTest, EveryStepComputesOnTheVersionTheDpuPolicyNames) {
@@ -233,6 +242,100 @@ TEST(OffloadLinkTest, TheFirstLayersComputeWhileLaterWeightsStillArrive) {
   EXPECT_EQ(value(1), version(2, 1));
   EXPECT_NE(version(2, 1), b1);
   ASSERT_NO_FATAL_FAILURE(push(3));
+}
+
+// On the in-process route the next step's weights are pulled in batches
+// that the servers answer as soon as they wrote them: the step starts, and
+// its first layers get their weights, while the servers still write the
+// version (a kept speculation's commit, held here), and every layer
+// computes on the version's exact bits.
+TEST(OffloadLinkTest, TheNextStepStartsBeforeTheServersWroteItsWholeVersion) {
+  Fixture f;
+  std::mutex mu;
+  std::condition_variable cv;
+  int64_t speculated = 0;  // chunks of step 1
+  bool committing = false, go_on = false;
+  ServerOptions server_options;
+  server_options.test_speculated = [&](int64_t step, int64_t chunks) {
+    std::lock_guard lock(mu);
+    if (step == 1) speculated = chunks;
+    cv.notify_all();
+  };
+  server_options.test_committing = [&](int64_t step) {
+    std::unique_lock lock(mu);
+    if (step != 1) return;
+    committing = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return go_on; });
+  };
+  // With chunks of 64 elements: a is chunks 0 and 1, b chunk 2.
+  ASSERT_NO_FATAL_FAILURE(StartServerWithParams(f, server_options, {{"a", {8, 16}}, {"b", {64}}}));
+  const auto release = [&] {
+    std::lock_guard lock(mu);
+    go_on = true;
+    cv.notify_all();
+  };
+  absl::Cleanup release_on_failure = release;
+  ClientOptions options;
+  options.job = "written";
+  options.channels = {f.server->InProcessChannel()};
+  options.routes = {f.server->DataRoute()};
+  auto client = OffloadClient::Open(options, R"({"train_batch_size": 1,
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.05}}, "bf16": {"enabled": true},
+      "gradient_clipping": 0, "zo": {"chunk_elems": 64}})",
+                                    f.manifest);
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_EQ((*client)->routes(), std::vector<std::string>{"in_process"});
+  auto link = std::make_unique<OffloadLink>(client->get(), *f.cpu, f.manifest, DType::kBFloat16);
+  ASSERT_THAT(link->InitializeIfFresh(f.pointers, 7), IsOk());
+  ASSERT_THAT(link->LoadWeights(1, f.pointers), IsOk());
+  ASSERT_THAT(link->AwaitWeights(f.pointers), IsOk());
+  const auto push = [&](model::Param& p) {
+    std::vector<float> g(static_cast<size_t>(p.numel()));
+    for (size_t j = 0; j < g.size(); ++j) g[j] = (j % 3 == 0 ? -1.0f : 1.0f) * (1 + j % 5);
+    ASSERT_THAT(f.cpu->UploadFloat(g, p.grad), IsOk());
+    ASSERT_THAT(link->PushGradient(1, p, -1), IsOk());
+  };
+  // The backward: the last layer first; the servers speculate on it, so
+  // the decided step is a kept speculation's commit.
+  ASSERT_NO_FATAL_FAILURE(push(f.params[1]));
+  {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return speculated >= 1; });
+  }
+  ASSERT_NO_FATAL_FAILURE(push(f.params[0]));
+  ASSERT_THAT(link->FinishStep(1), IsOk());  // prefetches step 2
+  {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return committing; });
+  }
+  // Step 2 while the commit is held. A LoadWeights that waited for the
+  // whole version would not return before the release: the bound below,
+  // not a sleep, says so.
+  std::future<absl::Status> started = std::async(std::launch::async, [&] {
+    ZO_RETURN_IF_ERROR(link->LoadWeights(2, f.pointers));
+    return link->AwaitWeights(f.pointers);
+  });
+  if (started.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+    release();
+    FAIL() << "step 2 waited for the servers to write its whole version";
+  }
+  ASSERT_THAT(started.get(), IsOk());
+  ZO_ASSERT_OK_AND_ASSIGN(const v1::JobStatus during, (*client)->JobStatus());
+  EXPECT_EQ(during.version(), 0) << "the version was whole before step 2 started";
+  std::vector<std::vector<std::byte>> got;
+  for (model::Param& p : f.params) {
+    got.emplace_back(static_cast<size_t>(p.value.nbytes()));
+    ASSERT_THAT(f.cpu->Download(p.value, absl::MakeSpan(got.back())), IsOk());
+  }
+  std::move(release_on_failure).Invoke();
+  std::vector<std::byte> a(256), b(128);
+  ASSERT_THAT((*client)->Pull(1, -1, {0, 1}, {absl::MakeSpan(a), absl::MakeSpan(b)}).status(),
+              IsOk());
+  EXPECT_EQ(got[0], a) << "layer 0 computes on other weights than version 1's";
+  EXPECT_EQ(got[1], b) << "layer 1 computes on other weights than version 1's";
+  ZO_ASSERT_OK_AND_ASSIGN(const v1::JobStatus after, (*client)->JobStatus());
+  EXPECT_GE(after.confirmed_chunks(), 1) << "the step was not a kept speculation";
 }
 
 // A client of job `job` with zo.dpu.compensation "worker" from step 3
