@@ -100,38 +100,61 @@ TEST(EmbeddedServerTest, PullForStepGivesTheLossScaleOfTheVersionTheStepComputes
   server->Shutdown(absl::Seconds(1));
 }
 
-// A streamed stage whose weights live in a file pulls them batch by batch
-// through one buffer: each batch is there when the client hands it over, the
-// whole equals one pull of everything, and an unchanged version hands over
-// nothing.
-TEST(EmbeddedServerTest, PullForStepInBatchesHandsOverEachBatchThroughOneBuffer) {
-  ServerOptions server_options;
-  server_options.listen = "";
-  ZO_ASSERT_OK_AND_ASSIGN(auto server, OffloadServer::Start(server_options));
-  ClientOptions options;
-  options.job = "batched";
-  options.channels = {server->InProcessChannel()};
-  const std::string config = R"({"train_batch_size": 1,
-      "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "zo": {"chunk_elems": 8}})";
-  ZO_ASSERT_OK_AND_ASSIGN(auto client, OffloadClient::Open(options, config,
-                                                           {{"a", {12}, DType::kFloat32},
-                                                            {"b", {5}, DType::kFloat32},
-                                                            {"c", {20}, DType::kFloat32}}));
-  std::vector<float> init(37);
-  for (size_t i = 0; i < init.size(); ++i) init[i] = 0.1f * static_cast<float>(i) - 1.5f;
-  ASSERT_THAT(client->InitParams(0, absl::MakeConstSpan(init).subspan(0, 12)), IsOk());
-  ASSERT_THAT(client->InitParams(1, absl::MakeConstSpan(init).subspan(12, 5)), IsOk());
-  ASSERT_THAT(client->InitParams(2, absl::MakeConstSpan(init).subspan(17, 20)), IsOk());
-  std::vector<float> g(37);
-  for (size_t i = 0; i < g.size(); ++i) g[i] = 0.01f * static_cast<float>(i % 7) - 0.02f;
-  auto push = [&](int64_t step) {
+// A job of three fp32 tensors a {12}, b {5}, c {20} (37 elements, chunks
+// of 8) on an embedded server, through its in-process channel and, with
+// `route`, its in-process route.
+struct ThreeTensorJob {
+  std::unique_ptr<OffloadServer> server;
+  std::unique_ptr<OffloadClient> client;
+
+  static absl::StatusOr<ThreeTensorJob> Open(const std::string& job, bool route) {
+    ServerOptions server_options;
+    server_options.listen = "";
+    ThreeTensorJob j;
+    ZO_ASSIGN_OR_RETURN(j.server, OffloadServer::Start(server_options));
+    ClientOptions options;
+    options.job = job;
+    options.channels = {j.server->InProcessChannel()};
+    if (route) options.routes = {j.server->DataRoute()};
+    const std::string config = R"({"train_batch_size": 1,
+        "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "zo": {"chunk_elems": 8}})";
+    ZO_ASSIGN_OR_RETURN(j.client, OffloadClient::Open(options, config,
+                                                      {{"a", {12}, DType::kFloat32},
+                                                       {"b", {5}, DType::kFloat32},
+                                                       {"c", {20}, DType::kFloat32}}));
+    return j;
+  }
+  // Step `step`'s gradients, the same every step, and its end.
+  absl::Status Push(int64_t step) {
+    std::vector<float> g(37);
+    for (size_t i = 0; i < g.size(); ++i) g[i] = 0.01f * static_cast<float>(i % 7) - 0.02f;
     const auto* bytes = reinterpret_cast<const std::byte*>(g.data());
     for (const auto& [tensor, from, n] : {std::tuple{0, 0, 12}, {1, 12, 5}, {2, 17, 20}}) {
       ZO_RETURN_IF_ERROR(client->Push(step, tensor, {bytes + from * 4, size_t{4} * n}));
     }
     return client->FinishStep(step);
-  };
-  ASSERT_THAT(push(1), IsOk());
+  }
+  ~ThreeTensorJob() {
+    client.reset();
+    if (server != nullptr) server->Shutdown(absl::Seconds(1));
+  }
+  ThreeTensorJob() = default;
+  ThreeTensorJob(ThreeTensorJob&&) = default;
+};
+
+// A streamed stage whose weights live in a file pulls them batch by batch
+// through one buffer: each batch is there when the client hands it over, the
+// whole equals one pull of everything, and an unchanged version hands over
+// nothing.
+TEST(EmbeddedServerTest, PullForStepInBatchesHandsOverEachBatchThroughOneBuffer) {
+  ZO_ASSERT_OK_AND_ASSIGN(ThreeTensorJob job, ThreeTensorJob::Open("batched", /*route=*/false));
+  OffloadClient* client = job.client.get();
+  std::vector<float> init(37);
+  for (size_t i = 0; i < init.size(); ++i) init[i] = 0.1f * static_cast<float>(i) - 1.5f;
+  ASSERT_THAT(client->InitParams(0, absl::MakeConstSpan(init).subspan(0, 12)), IsOk());
+  ASSERT_THAT(client->InitParams(1, absl::MakeConstSpan(init).subspan(12, 5)), IsOk());
+  ASSERT_THAT(client->InitParams(2, absl::MakeConstSpan(init).subspan(17, 20)), IsOk());
+  ASSERT_THAT(job.Push(1), IsOk());
 
   std::vector<std::byte> whole(37 * 4);
   const std::vector<absl::Span<std::byte>> whole_dst = {absl::MakeSpan(whole).subspan(0, 48),
@@ -170,7 +193,7 @@ TEST(EmbeddedServerTest, PullForStepInBatchesHandsOverEachBatchThroughOneBuffer)
 
   // A failing hand-over ends the pull with its error, and the next call
   // pulls whole again.
-  ASSERT_THAT(push(2), IsOk());
+  ASSERT_THAT(job.Push(2), IsOk());
   handed.clear();
   EXPECT_THAT(client
                   ->PullForStepInBatches(3, batches,
@@ -180,8 +203,6 @@ TEST(EmbeddedServerTest, PullForStepInBatchesHandsOverEachBatchThroughOneBuffer)
   ZO_ASSERT_OK_AND_ASSIGN(bool retried, client->PullForStepInBatches(3, batches, pulled));
   EXPECT_TRUE(retried);
   EXPECT_EQ(handed, (std::vector<size_t>{0, 1}));
-  client.reset();
-  server->Shutdown(absl::Seconds(1));
 }
 
 // The batches of a pull as written all arrive, together equal to one pull
@@ -192,29 +213,9 @@ TEST(EmbeddedServerTest, PullForStepInBatchesHandsOverEachBatchThroughOneBuffer)
 TEST(EmbeddedServerTest, PullForStepAsWrittenHandsOverEveryBatch) {
   for (const bool route : {true, false}) {
     SCOPED_TRACE(route ? "in-process route" : "in-process channel");
-    ServerOptions server_options;
-    server_options.listen = "";
-    ZO_ASSERT_OK_AND_ASSIGN(auto server, OffloadServer::Start(server_options));
-    ClientOptions options;
-    options.job = "as-written";
-    options.channels = {server->InProcessChannel()};
-    if (route) options.routes = {server->DataRoute()};
-    const std::string config = R"({"train_batch_size": 1,
-        "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "zo": {"chunk_elems": 8}})";
-    ZO_ASSERT_OK_AND_ASSIGN(auto client, OffloadClient::Open(options, config,
-                                                             {{"a", {12}, DType::kFloat32},
-                                                              {"b", {5}, DType::kFloat32},
-                                                              {"c", {20}, DType::kFloat32}}));
-    std::vector<float> g(37);
-    for (size_t i = 0; i < g.size(); ++i) g[i] = 0.01f * static_cast<float>(i % 7) - 0.02f;
-    auto push = [&](int64_t step) {
-      const auto* bytes = reinterpret_cast<const std::byte*>(g.data());
-      for (const auto& [tensor, from, n] : {std::tuple{0, 0, 12}, {1, 12, 5}, {2, 17, 20}}) {
-        ZO_RETURN_IF_ERROR(client->Push(step, tensor, {bytes + from * 4, size_t{4} * n}));
-      }
-      return client->FinishStep(step);
-    };
-    ASSERT_THAT(push(1), IsOk());
+    ZO_ASSERT_OK_AND_ASSIGN(ThreeTensorJob job, ThreeTensorJob::Open("as-written", route));
+    OffloadClient* client = job.client.get();
+    ASSERT_THAT(job.Push(1), IsOk());
     std::vector<std::byte> whole(37 * 4);
     const auto spans = [](std::vector<std::byte>& v) {
       return std::vector<absl::Span<std::byte>>{absl::MakeSpan(v).subspan(0, 48),
@@ -255,7 +256,7 @@ TEST(EmbeddedServerTest, PullForStepAsWrittenHandsOverEveryBatch) {
     EXPECT_TRUE(handed.empty());
     EXPECT_EQ(registered, 2);
 
-    ASSERT_THAT(push(2), IsOk());
+    ASSERT_THAT(job.Push(2), IsOk());
     EXPECT_THAT(client
                     ->PullForStepAsWritten(
                         3, batches, [](size_t) { return absl::DataLossError("device gone"); })
@@ -267,8 +268,6 @@ TEST(EmbeddedServerTest, PullForStepAsWrittenHandsOverEveryBatch) {
     EXPECT_EQ(handed, (std::set<size_t>{0, 1}));
     ASSERT_THAT(client->Pull(2, -1, {0, 1, 2}, whole_dst).status(), IsOk());
     EXPECT_EQ(got, whole);
-    client.reset();
-    server->Shutdown(absl::Seconds(1));
   }
 }
 
