@@ -1,6 +1,5 @@
 // OffloadClient's pulls of weights, over any route, and their cancellation.
 #include <algorithm>
-#include <atomic>
 #include <condition_variable>
 #include <functional>
 #include <memory>
@@ -25,6 +24,7 @@ namespace zo {
 namespace {
 
 using client_internal::CallGroup;
+using client_internal::OnceAllArrived;
 using client_internal::PullReceiver;
 using client_internal::RetryCall;
 using client_internal::RunInParallel;
@@ -196,14 +196,7 @@ absl::StatusOr<bool> OffloadClient::Impl::Pull(int64_t version, int64_t have_ver
                                                absl::Span<const absl::Span<std::byte>> dst,
                                                double* loss_scale, CallGroup* cancel,
                                                const std::function<void()>& registered) {
-  // Runs `registered` once, when it is called for the last part or when
-  // this returns, whichever comes first.
-  std::atomic<size_t> unregistered{0};
-  std::once_flag said;
-  const auto say = [&] {
-    if (registered) std::call_once(said, registered);
-  };
-  absl::Cleanup say_at_end = say;
+  OnceAllArrived parts_registered(registered);
   ZO_RETURN_IF_ERROR(CheckState());
   if (version < 0 || have_version < -1) {
     return absl::InvalidArgumentError(
@@ -252,13 +245,11 @@ absl::StatusOr<bool> OffloadClient::Impl::Pull(int64_t version, int64_t have_ver
   if (cancel != nullptr && !cancel->AddChild(&group)) {
     return absl::CancelledError(absl::StrCat("the pull of version ", version, " was cancelled"));
   }
-  unregistered = receivers.size();
-  const std::function<void()> part_registered = [&] {
-    if (unregistered.fetch_sub(1) == 1) say();
-  };
+  parts_registered.Expect(receivers.size());
+  const std::function<void()> part_registered = parts_registered.ArriveFn();
   absl::Status pulled = RunInParallel(receivers.size(), group, [&](size_t i) {
     return PullFrom(parts[i].server, parts[i].stripe, parts[i].stripes, version, have_version,
-                    *receivers[i], group, registered ? part_registered : nullptr);
+                    *receivers[i], group, part_registered);
   });
   if (cancel != nullptr) cancel->RemoveChild(&group);
   if (!pulled.ok()) return WithStuckPeer(std::move(pulled));
@@ -368,11 +359,7 @@ absl::StatusOr<bool> OffloadClient::PullForStepAsWritten(
     int64_t step, absl::Span<const PullBatch> batches,
     const std::function<absl::Status(size_t batch)>& arrived,
     const std::function<void()>& registered, double* loss_scale, PullCancellation* cancel) {
-  std::once_flag said;
-  const auto say = [&] {
-    if (registered) std::call_once(said, registered);
-  };
-  absl::Cleanup say_at_end = say;
+  OnceAllArrived batches_registered(registered);
   std::lock_guard lock(impl_->pull_for_step_mu);
   ZO_ASSIGN_OR_RETURN(const int64_t version, impl_->StepVersion(step));
   if (version != impl_->pulled_version) {
@@ -392,19 +379,16 @@ absl::StatusOr<bool> OffloadClient::PullForStepAsWritten(
     if (cancel != nullptr && !cancel->group_->AddChild(&group)) {
       return absl::CancelledError(absl::StrCat("the pull of version ", version, " was cancelled"));
     }
-    std::atomic<size_t> unregistered{0};
-    for (size_t b = 0; b < batches.size(); ++b) unregistered += empty(b) ? 0 : 1;
-    if (unregistered == 0) say();
-    const std::function<void()> batch_registered = [&] {
-      if (unregistered.fetch_sub(1) == 1) say();
-    };
+    size_t pulled_batches = 0;
+    for (size_t b = 0; b < batches.size(); ++b) pulled_batches += empty(b) ? 0 : 1;
+    batches_registered.Expect(pulled_batches);
+    const std::function<void()> batch_registered = batches_registered.ArriveFn();
     absl::Status pulled = RunInParallel(batches.size(), group, [&](size_t b) -> absl::Status {
       if (empty(b)) return absl::OkStatus();
       double batch_scale = 1;
-      ZO_ASSIGN_OR_RETURN(
-          const bool batch_changed,
-          impl_->Pull(version, have, batches[b].tensors, batches[b].dst, &batch_scale, &group,
-                      registered ? batch_registered : nullptr));
+      ZO_ASSIGN_OR_RETURN(const bool batch_changed,
+                          impl_->Pull(version, have, batches[b].tensors, batches[b].dst,
+                                      &batch_scale, &group, batch_registered));
       {
         std::lock_guard batch_lock(mu);
         if (!changed.has_value()) {

@@ -5,6 +5,7 @@
 #ifndef ZO_WORKER_CLIENT_INTERNAL_CALL_H_
 #define ZO_WORKER_CLIENT_INTERNAL_CALL_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <functional>
@@ -13,6 +14,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <utility>
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
@@ -91,6 +93,39 @@ absl::Status RetryCall(const CallSettings& settings, absl::string_view server, C
 // overlap). The first fn to fail cancels `group`, which fn's calls should
 // use; its error is returned, not the cancellations it caused.
 absl::Status RunInParallel(size_t n, CallGroup& group, absl::FunctionRef<absl::Status(size_t)> fn);
+
+// Runs `done` (may be null) once: when the last of the parts it expects
+// arrives, or when it is destroyed, whichever comes first, so that a caller
+// waiting for `done` is not left waiting by a path that returned early (a
+// pull's parts, each registered with its server). Arrive is thread-safe.
+class OnceAllArrived {
+ public:
+  explicit OnceAllArrived(std::function<void()> done) : done_(std::move(done)) {}
+  ~OnceAllArrived() { Fire(); }
+  OnceAllArrived(const OnceAllArrived&) = delete;
+  OnceAllArrived& operator=(const OnceAllArrived&) = delete;
+
+  // Before any Arrive: the number of parts; 0 fires now.
+  void Expect(size_t parts) {
+    left_ = parts;
+    if (parts == 0) Fire();
+  }
+  void Arrive() {
+    if (left_.fetch_sub(1) == 1) Fire();
+  }
+  // Arrive as a callable for a part, or null when there is no `done`.
+  std::function<void()> ArriveFn() {
+    return done_ ? std::function<void()>([this] { Arrive(); }) : nullptr;
+  }
+
+ private:
+  void Fire() {
+    if (done_) std::call_once(once_, done_);
+  }
+  std::function<void()> done_;
+  std::atomic<size_t> left_{0};
+  std::once_flag once_;
+};
 
 }  // namespace zo::client_internal
 
